@@ -1,0 +1,394 @@
+"""`megatron-rl plan`: per-GPU memory estimate for a model x TP x PP x DP x micro-batch x seq-len.
+
+Run it before sending a job. It imports neither torch nor megatron, so it works on a login node.
+The model is a HF ``config.json`` (file or folder) or a built-in preset name (``--list-models``).
+
+Notation: h hidden, L layers, a query heads, k KV heads, d head dim, q = a·d, kv = k·d, f FFN size,
+V vocab padded to a multiple of 128·t (Megatron's ``make_vocab_size_divisible_by``), t TP, p PP,
+r DP, s seq-len, b micro-batch, e bytes per activation element (2 bf16/fp16, 4 fp32),
+σ = t with sequence parallelism else 1.
+
+Parameters per GPU (the heaviest pipeline stage)::
+
+    layer  = (h·(q + 2kv) + q·h + 3·h·f + qkv_bias·(q + 2kv)) / t + 2h + qk_norm·2d
+    stage0 = V·h/t + (L/p)·layer                       (embedding)
+    stageN = (L/p)·layer + h + [untied or p > 1]·V·h/t (final norm, output layer / tied copy)
+
+Training state per parameter (Megatron distributed-optimizer table; ``--no-dist-opt`` sets r' = 1)::
+
+    bf16/fp16:  2 (param) + 4 (fp32 main grad) + 12/r' (fp32 master, Adam m, v)
+    fp32:       4 (param) + 4 (grad)           +  8/r' (Adam m, v)
+
+Activations (rough; after Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+Transformer Models", eq. 1-2, generalised to GQA + SwiGLU and no dropout), bytes per token per layer::
+
+    norms   e·2h/σ                       (inputs of the two RMSNorms)
+    attn    e·(h/σ + (q + 2kv)/t + q/t)  (QKV input, Q/K/V, out-proj input)
+            + e·a·s/t                    (softmax probs; 0 with flash attention / selective recompute)
+    mlp     e·(h/σ + 3f/t)               (fc1 input, gate+up outputs, SwiGLU output)
+
+With 1F1B the first stage keeps p micro-batches of L/p layers in flight, i.e. L layers' worth
+(Korthikanti §4.2.3): activations = s·b·L·per_layer. Full recompute keeps only each layer's input
+(e·h/σ per token per layer) plus one layer's activations. The last stage also holds the logits:
+s·b·(V/t)·(e + 4 + 4) (logits, fp32 copy, fp32 softmax for log-prob/entropy backward).
+
+Colocated rollout engine (vLLM, TP t_r) on the same GPU::
+
+    weights  = e_w · P_total / t_r
+    KV cache = 2 · L · ceil(k / t_r) · d · e_kv · n_seqs · (prompt + response tokens)
+
+Engines sleep during training by default, so the colocated peak is max(train, rollout); without
+sleep (``--no-engine-sleep``) it is the sum. Separate mode reports the rollout GPUs on their own.
+All figures exclude allocator fragmentation; ``--overhead-gib`` (default 2) stands for the CUDA
+context, NCCL buffers and workspaces.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, NamedTuple, Sequence
+
+GIB = 1024 ** 3
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """The shape facts of a decoder-only model that memory depends on."""
+
+    name: str
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    tied: bool
+    qkv_bias: bool
+    qk_norm: bool
+
+    @classmethod
+    def from_hf(cls, cfg: Mapping, name: str = "model") -> "ArchSpec":
+        """Build from a HF ``config.json`` dict (Llama / Qwen2 / Qwen3 families)."""
+        arch = (cfg.get("architectures") or ["?"])[0]
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ValueError(f"{name}: architecture {arch!r} is not supported; supported: {list(SUPPORTED_ARCHITECTURES)}")
+        try:
+            h, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
+            spec = cls(name=name, hidden=h, layers=int(cfg["num_hidden_layers"]), heads=heads,
+                       kv_heads=int(cfg.get("num_key_value_heads") or heads),
+                       head_dim=int(cfg.get("head_dim") or h // heads), ffn=int(cfg["intermediate_size"]),
+                       vocab=int(cfg["vocab_size"]), tied=bool(cfg.get("tie_word_embeddings", False)),
+                       qkv_bias=arch == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias", False)),
+                       qk_norm=arch == "Qwen3ForCausalLM")
+        except KeyError as e:
+            raise ValueError(f"{name}: config.json lacks the field {e.args[0]!r}") from None
+        if spec.heads % spec.kv_heads:
+            raise ValueError(f"{name}: num_attention_heads {spec.heads} is not a multiple of num_key_value_heads {spec.kv_heads}")
+        return spec
+
+    def total_params(self) -> int:
+        """Unpadded parameter count, as HF reports it (sum of numel over the state dict)."""
+        q, kv, h = self.heads * self.head_dim, self.kv_heads * self.head_dim, self.hidden
+        layer = h * (q + 2 * kv) + q * h + 3 * h * self.ffn + 2 * h
+        layer += self.qkv_bias * (q + 2 * kv) + self.qk_norm * 2 * self.head_dim
+        return self.layers * layer + self.vocab * h * (1 if self.tied else 2) + h
+
+
+def _preset(arch, h, L, a, k, f, v, tied, d=128, **kw) -> dict:
+    return {"architectures": [arch], "hidden_size": h, "num_hidden_layers": L, "num_attention_heads": a,
+            "num_key_value_heads": k, "head_dim": d, "intermediate_size": f, "vocab_size": v,
+            "tie_word_embeddings": tied, **kw}
+
+
+#: Published shapes (config.json) of the models the example configs use.
+PRESETS: dict[str, dict] = {
+    "qwen3-1.7b": _preset("Qwen3ForCausalLM", 2048, 28, 16, 8, 6144, 151936, True),
+    "qwen3-4b": _preset("Qwen3ForCausalLM", 2560, 36, 32, 8, 9728, 151936, True),
+    "qwen3-8b": _preset("Qwen3ForCausalLM", 4096, 36, 32, 8, 12288, 151936, False),
+    "qwen3-14b": _preset("Qwen3ForCausalLM", 5120, 40, 40, 8, 17408, 151936, False),
+    "qwen2.5-3b": _preset("Qwen2ForCausalLM", 2048, 36, 16, 2, 11008, 151936, True),
+    "qwen2.5-7b": _preset("Qwen2ForCausalLM", 3584, 28, 28, 4, 18944, 152064, False),
+    "qwen2.5-14b": _preset("Qwen2ForCausalLM", 5120, 48, 40, 8, 13824, 152064, False),
+    "llama3.1-8b": _preset("LlamaForCausalLM", 4096, 32, 32, 8, 14336, 128256, False),
+}
+
+
+def load_arch(model: str) -> ArchSpec:
+    """``model`` is a preset name, a ``config.json`` path, or a folder holding one."""
+    key = model.lower().replace("_", "-")
+    if key in PRESETS:
+        return ArchSpec.from_hf(PRESETS[key], name=key)
+    p = Path(model)
+    if p.is_dir():
+        p = p / "config.json"
+    if not p.is_file():
+        raise ValueError(f"model {model!r}: not a preset ({', '.join(sorted(PRESETS))}) "
+                         f"and no config.json found at {p}")
+    try:
+        cfg = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{p}: not valid JSON ({e})") from None
+    return ArchSpec.from_hf(cfg, name=str(model))
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """Parallel layout, batch shape and precision of a planned job."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    micro_batch: int = 1
+    seq_len: int = 4096
+    dtype: str = "bf16"
+    dist_opt: bool = True
+    sequence_parallel: bool = False
+    flash_attn: bool = True
+    recompute: str = "none"          # none | selective | full
+    extra_weight_copies: int = 0     # reference policy / teacher snapshot kept on the GPU
+    colocated: bool = True
+    engine_sleep: bool = True
+    rollout_tp: int = 1
+    rollout_seqs: int = 64           # concurrent sequences in the engine's KV cache
+    rollout_len: int | None = None   # prompt + response tokens (default: seq_len)
+    kv_dtype: str = "bf16"
+    overhead_gib: float = 2.0
+    gpu_mem_gib: float = 80.0
+    vocab_multiple: int = 128
+
+    def __post_init__(self):
+        for f in ("tp", "pp", "dp", "micro_batch", "seq_len", "rollout_tp", "rollout_seqs", "vocab_multiple"):
+            if getattr(self, f) < 1:
+                raise ValueError(f"{f} must be >= 1, got {getattr(self, f)}")
+        if self.dtype not in DTYPE_BYTES or self.kv_dtype not in DTYPE_BYTES:
+            raise ValueError(f"dtype/kv_dtype must be one of {sorted(DTYPE_BYTES)}, got {self.dtype!r}/{self.kv_dtype!r}")
+        if self.recompute not in ("none", "selective", "full"):
+            raise ValueError(f"recompute must be none|selective|full, got {self.recompute!r}")
+        if self.sequence_parallel and self.tp == 1:
+            raise ValueError("sequence_parallel needs tp > 1")
+
+
+class ParamCounts(NamedTuple):
+    """Parameters held by one GPU of the first and of the last pipeline stage."""
+
+    first_stage: int
+    last_stage: int
+    padded_vocab: int
+
+    @property
+    def max(self) -> int:
+        return max(self.first_stage, self.last_stage)
+
+
+def check_layout(arch: ArchSpec, inp: PlanInputs) -> None:
+    """Megatron's divisibility rules; the message names the offending sizes."""
+    for what, n, by, byname in (("num_attention_heads", arch.heads, inp.tp, "tp"),
+                                ("num_key_value_heads", arch.kv_heads, inp.tp, "tp"),
+                                ("num_hidden_layers", arch.layers, inp.pp, "pp")):
+        if n % by:
+            raise ValueError(f"{arch.name}: {what}={n} is not divisible by {byname}={by}")
+
+
+def padded_vocab(vocab: int, tp: int, multiple: int = 128) -> int:
+    """Megatron pads the vocabulary to a multiple of ``multiple * tp``."""
+    m = multiple * tp
+    return int(math.ceil(vocab / m) * m)
+
+
+def params_per_gpu(arch: ArchSpec, inp: PlanInputs) -> ParamCounts:
+    """Parameters on one GPU of the first and last pipeline stage (module docstring formula)."""
+    check_layout(arch, inp)
+    t, h, d = inp.tp, arch.hidden, arch.head_dim
+    q, kv = arch.heads * d, arch.kv_heads * d
+    sharded = h * (q + 2 * kv) + q * h + 3 * h * arch.ffn + arch.qkv_bias * (q + 2 * kv)
+    layer = sharded // t + 2 * h + arch.qk_norm * 2 * d
+    v = padded_vocab(arch.vocab, t, inp.vocab_multiple)
+    emb = v * h // t
+    body = (arch.layers // inp.pp) * layer
+    if inp.pp == 1:
+        n = body + emb + h + (0 if arch.tied else emb)
+        return ParamCounts(n, n, v)
+    return ParamCounts(body + emb, body + h + emb, v)  # last stage: output layer or tied copy
+
+
+def activation_bytes(arch: ArchSpec, inp: PlanInputs, padded_v: int) -> tuple[int, int, int]:
+    """Activation bytes for one GPU: (first stage, last stage without logits, logits).
+
+    First stage: 1F1B keeps p micro-batches of L/p layers in flight = L layers' worth. The last
+    stage keeps one micro-batch of its L/p layers, plus the logits. With p = 1 both are L layers.
+    """
+    e = DTYPE_BYTES[inp.dtype]
+    t, sig = inp.tp, (inp.tp if inp.sequence_parallel else 1)
+    h, q, kv = arch.hidden, arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
+    tokens = inp.seq_len * inp.micro_batch
+    per_tok = e * (2 * h / sig + h / sig + (q + 2 * kv) / t + q / t + h / sig + 3 * arch.ffn / t)
+    if not inp.flash_attn and inp.recompute == "none":
+        per_tok += e * arch.heads * inp.seq_len / t
+
+    def layers_worth(n: int) -> float:
+        if inp.recompute == "full":  # layer inputs only, plus one layer being recomputed
+            return tokens * (n * e * h / sig + per_tok)
+        return tokens * n * per_tok
+
+    logits = tokens * (padded_v / t) * (e + 4 + 4)
+    return int(layers_worth(arch.layers)), int(layers_worth(arch.layers // inp.pp)), int(logits)
+
+
+@dataclass(frozen=True)
+class PlanReport:
+    """Per-GPU memory estimate; every field in bytes except the counts."""
+
+    arch: ArchSpec
+    inputs: PlanInputs
+    params: ParamCounts
+    stage: str                       # the heaviest pipeline stage: "only" | "first" | "last"
+    weights: int
+    grads: int
+    optimizer: int
+    extra_copies: int
+    activations: int
+    logits: int
+    overhead: int
+    rollout_weights: int
+    rollout_kv: int
+
+    @property
+    def train_total(self) -> int:
+        return (self.weights + self.grads + self.optimizer + self.extra_copies + self.activations
+                + self.logits + self.overhead)
+
+    @property
+    def rollout_total(self) -> int:
+        return self.rollout_weights + self.rollout_kv + self.overhead
+
+    @property
+    def peak(self) -> int:
+        """Training GPU peak: colocated engines add to it (sum) unless they sleep (max)."""
+        if not self.inputs.colocated:
+            return self.train_total
+        if self.inputs.engine_sleep:
+            return max(self.train_total, self.rollout_total)
+        return self.train_total + self.rollout_weights + self.rollout_kv
+
+
+def estimate(arch: ArchSpec, inp: PlanInputs) -> PlanReport:
+    """Per-GPU estimate of the heaviest pipeline stage (formulas in the module docstring)."""
+    counts = params_per_gpu(arch, inp)
+    acts_first, acts_last, logits = activation_bytes(arch, inp, counts.padded_vocab)
+    e = DTYPE_BYTES[inp.dtype]
+    rl = inp.rollout_len or inp.seq_len
+    kv_heads = math.ceil(arch.kv_heads / inp.rollout_tp)
+    common = dict(arch=arch, inputs=inp, params=counts, overhead=int(inp.overhead_gib * GIB),
+                  rollout_weights=arch.total_params() * e // inp.rollout_tp,
+                  rollout_kv=2 * arch.layers * kv_heads * arch.head_dim * DTYPE_BYTES[inp.kv_dtype] * inp.rollout_seqs * rl)
+    if inp.pp == 1:
+        return _stage(common, "only", counts.first_stage, acts_first, logits)
+    first = _stage(common, "first", counts.first_stage, acts_first, 0)
+    last = _stage(common, "last", counts.last_stage, acts_last, logits)
+    return first if first.train_total >= last.train_total else last
+
+
+def _stage(common: dict, stage: str, n: int, acts: int, logits: int) -> PlanReport:
+    inp: PlanInputs = common["inputs"]
+    e = DTYPE_BYTES[inp.dtype]
+    grad_b, opt_b = (4, 12) if e == 2 else (4, 8)
+    r = inp.dp if inp.dist_opt else 1
+    return PlanReport(**common, stage=stage, weights=n * e, grads=n * grad_b, optimizer=int(n * opt_b / r),
+                      extra_copies=inp.extra_weight_copies * n * e, activations=acts, logits=logits)
+
+
+def format_report(rep: PlanReport) -> str:
+    """Render the table printed by ``megatron-rl plan``."""
+    i, a = rep.inputs, rep.arch
+    g = lambda b: f"{b / GIB:9.2f}"  # noqa: E731
+    lines = [
+        f"model {a.name}: {a.total_params() / 1e9:.3f} B params, {a.layers} layers, hidden {a.hidden}, "
+        f"heads {a.heads}/{a.kv_heads} (q/kv), ffn {a.ffn}, vocab {a.vocab} (padded {rep.params.padded_vocab})",
+        f"layout TP={i.tp} PP={i.pp} DP={i.dp} ({i.tp * i.pp * i.dp} GPUs), micro-batch {i.micro_batch} x seq {i.seq_len}, "
+        f"{i.dtype}, dist-opt {'on' if i.dist_opt else 'off'}, SP {'on' if i.sequence_parallel else 'off'}, "
+        f"recompute {i.recompute}, flash-attn {'on' if i.flash_attn else 'off'}",
+        f"params per GPU: first stage {rep.params.first_stage / 1e6:.1f} M, last stage {rep.params.last_stage / 1e6:.1f} M",
+        "",
+        f"{'component (' + rep.stage + ' pipeline stage)':<44}{'GiB/GPU':>9}",
+        f"{'-' * 53}",
+        f"{'weights':<44}{g(rep.weights)}",
+        f"{'gradients (fp32 main grads)':<44}{g(rep.grads)}",
+        f"{'optimizer (Adam' + (' + fp32 master' if i.dtype != 'fp32' else '') + (', /DP' if i.dist_opt else '') + ')':<44}{g(rep.optimizer)}",
+        f"{'reference/teacher weight copies (x' + str(i.extra_weight_copies) + ')':<44}{g(rep.extra_copies)}",
+        f"{'activations (1F1B)':<44}{g(rep.activations)}",
+        f"{'logits + fp32 softmax':<44}{g(rep.logits)}",
+        f"{'overhead (CUDA context, NCCL, workspaces)':<44}{g(rep.overhead)}",
+        f"{'= training total':<44}{g(rep.train_total)}",
+        f"{'rollout engine weights (TP=' + str(i.rollout_tp) + ')':<44}{g(rep.rollout_weights)}",
+        f"{'rollout KV cache (' + str(i.rollout_seqs) + ' seqs x ' + str(i.rollout_len or i.seq_len) + ' tok)':<44}{g(rep.rollout_kv)}",
+        f"{'= rollout engine total':<44}{g(rep.rollout_total)}",
+    ]
+    mode = ("colocated, engines sleep during training: max(train, rollout)" if i.colocated and i.engine_sleep
+            else "colocated, engines stay resident: train + rollout" if i.colocated
+            else "separate: training GPUs only (rollout GPUs: see 'rollout engine total')")
+    lines += [f"{'-' * 53}", f"{'PEAK per training GPU':<44}{g(rep.peak)}   [{mode}]"]
+    verdict = "fits" if rep.peak <= i.gpu_mem_gib * GIB else "DOES NOT FIT"
+    lines.append(f"{verdict} in {i.gpu_mem_gib:g} GiB" + ("" if verdict == "fits" else
+                 " - raise TP/PP/DP, lower micro-batch, enable --recompute full or --sequence-parallel"))
+    return "\n".join(lines)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The ``plan`` options (shared by ``megatron-rl plan`` and ``python -m megatron_rl.plan``)."""
+    d = PlanInputs()
+    p.add_argument("--model", help="preset name or HF config.json (file or folder); see --list-models")
+    p.add_argument("--list-models", action="store_true", help="print the preset names and exit")
+    p.add_argument("--tp", type=int, default=d.tp, help="tensor-parallel size")
+    p.add_argument("--pp", type=int, default=d.pp, help="pipeline-parallel size")
+    p.add_argument("--dp", type=int, default=d.dp, help="data-parallel size")
+    p.add_argument("--micro-batch", type=int, default=d.micro_batch, help="sequences per micro-batch")
+    p.add_argument("--seq-len", type=int, default=d.seq_len, help="training sequence length (prompt + response)")
+    p.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default=d.dtype, help="parameter/activation precision")
+    p.add_argument("--no-dist-opt", dest="dist_opt", action="store_false", help="optimizer state not sharded over DP")
+    p.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (needs TP > 1)")
+    p.add_argument("--no-flash-attn", dest="flash_attn", action="store_false", help="store the s x s softmax")
+    p.add_argument("--recompute", choices=("none", "selective", "full"), default=d.recompute, help="activation recompute")
+    p.add_argument("--extra-weight-copies", type=int, default=d.extra_weight_copies,
+                   help="reference policy / teacher snapshot copies kept on the GPU")
+    p.add_argument("--separate", dest="colocated", action="store_false", help="rollout engines on other GPUs")
+    p.add_argument("--no-engine-sleep", dest="engine_sleep", action="store_false",
+                   help="colocated engines keep weights + KV cache during training")
+    p.add_argument("--rollout-tp", type=int, default=d.rollout_tp, help="tensor-parallel size of each rollout engine")
+    p.add_argument("--rollout-seqs", type=int, default=d.rollout_seqs, help="concurrent sequences in the KV cache")
+    p.add_argument("--rollout-len", type=int, default=None, help="tokens per rollout sequence (default: --seq-len)")
+    p.add_argument("--kv-dtype", choices=sorted(DTYPE_BYTES), default=d.kv_dtype, help="KV-cache precision")
+    p.add_argument("--overhead-gib", type=float, default=d.overhead_gib, help="fixed per-GPU overhead")
+    p.add_argument("--gpu-mem-gib", type=float, default=d.gpu_mem_gib, help="GPU memory to check the peak against")
+    return p
+
+
+def run(args: argparse.Namespace) -> PlanReport | None:
+    """Execute parsed ``plan`` arguments: print the table, return the report."""
+    if args.list_models:
+        for name in sorted(PRESETS):
+            print(f"{name:<14}{ArchSpec.from_hf(PRESETS[name], name).total_params() / 1e9:7.3f} B")
+        return None
+    if not args.model:
+        raise ValueError("plan: --model is required (a preset name or a config.json path)")
+    fields = set(PlanInputs.__dataclass_fields__)
+    inp = PlanInputs(**{k: v for k, v in vars(args).items() if k in fields})
+    rep = estimate(load_arch(args.model), inp)
+    print(format_report(rep))
+    return rep
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m megatron_rl.plan ...`` (same options as ``megatron-rl plan``)."""
+    args = add_arguments(argparse.ArgumentParser(prog="megatron-rl plan", description=__doc__.splitlines()[0])).parse_args(argv)
+    run(args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,155 @@
+"""`megatron-rl plan`: parameter counts vs real HF / Megatron models, closed-form memory terms, errors."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from megatron_rl.plan import (GIB, PRESETS, ArchSpec, PlanInputs, add_arguments, estimate, format_report,
+                              load_arch, padded_vocab, params_per_gpu)
+
+TINY = {  # hidden 64, 2 layers, GQA 4/2, head_dim 16, vocab 256 (a multiple of 128: no padding)
+    "Qwen3ForCausalLM": dict(architectures=["Qwen3ForCausalLM"], hidden_size=64, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
+                             vocab_size=256, tie_word_embeddings=False),
+    "Qwen2ForCausalLM": dict(architectures=["Qwen2ForCausalLM"], hidden_size=64, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+                             vocab_size=256, tie_word_embeddings=True),
+    "LlamaForCausalLM": dict(architectures=["LlamaForCausalLM"], hidden_size=64, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=1, intermediate_size=96,
+                             vocab_size=256, tie_word_embeddings=False),
+}
+
+
+@pytest.mark.parametrize("arch", sorted(TINY))
+def test_total_params_match_transformers(arch):
+    import transformers
+
+    cfg_cls = getattr(transformers, arch.replace("ForCausalLM", "Config"))
+    model = getattr(transformers, arch)(cfg_cls(**{k: v for k, v in TINY[arch].items() if k != "architectures"}))
+    expected = sum(p.numel() for p in model.parameters())  # tied weights are counted once
+    assert ArchSpec.from_hf(TINY[arch], arch).total_params() == expected
+
+
+@pytest.mark.parametrize("name,billions", [("qwen3-8b", 8.191), ("llama3.1-8b", 8.030), ("qwen2.5-14b", 14.770),
+                                           ("qwen2.5-7b", 7.616), ("qwen3-4b", 4.022)])
+def test_presets_match_published_sizes(name, billions):
+    # published model-card sizes: Qwen3-8B 8.2B, Llama-3.1-8B 8.03B, Qwen2.5-14B 14.7B, Qwen2.5-7B 7.61B, Qwen3-4B 4.0B
+    assert load_arch(name).total_params() / 1e9 == pytest.approx(billions, abs=5e-4)
+
+
+MEGATRON_COUNT = textwrap.dedent("""
+    import json, os, sys, warnings
+    warnings.filterwarnings("ignore")
+    import torch, torch.distributed as dist
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2], RANK="0", WORLD_SIZE="1")
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    from megatron.core import parallel_state as ps
+    ps.initialize_model_parallel(1, 1)
+    from megatron_rl.models import provider
+    hf = json.loads(sys.argv[1])
+    model = provider.build_model(hf)
+    print("COUNT", sum(p.numel() for p in model.parameters()))
+""")
+
+
+@pytest.mark.parametrize("arch", ["Qwen3ForCausalLM", "Qwen2ForCausalLM"])
+def test_params_per_gpu_match_megatron_model_from_provider(arch, tmp_path):
+    """Build the tiny model with the project's provider (real megatron-core, gloo, 1 rank)."""
+    from tests.helpers.dist import free_port
+
+    provider = pytest.importorskip("megatron_rl.models.provider")
+    if not hasattr(provider, "build_model"):
+        pytest.skip("megatron_rl.models.provider.build_model not available")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, "-c", MEGATRON_COUNT, json.dumps(TINY[arch]), str(free_port())],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-4000:]
+    count = int(p.stdout.split("COUNT")[-1])
+    planned = params_per_gpu(ArchSpec.from_hf(TINY[arch], arch), PlanInputs(tp=1, pp=1))
+    assert planned.first_stage == planned.last_stage == count
+
+
+def test_tp_pp_split_closed_form():
+    a = ArchSpec.from_hf(TINY["Qwen3ForCausalLM"], "tiny")
+    # per layer: qkv 64*(64+2*32) + proj 64*64 + mlp 3*64*128 = 36864 sharded; norms 2*64 + qk-norm 2*16 = 160
+    # TP=2: vocab padded to 256 -> embedding 256*64/2 = 8192
+    c = params_per_gpu(a, PlanInputs(tp=2, pp=2))
+    layer = 36864 // 2 + 160
+    assert c.first_stage == 8192 + layer and c.last_stage == layer + 64 + 8192
+    assert padded_vocab(151936, 8) == 152576 and padded_vocab(100, 1) == 128
+
+
+def test_memory_terms_closed_form():
+    a = ArchSpec.from_hf(TINY["Qwen3ForCausalLM"], "tiny")
+    inp = PlanInputs(tp=1, pp=1, dp=4, micro_batch=2, seq_len=8, overhead_gib=0, rollout_seqs=3, rollout_len=10)
+    r = estimate(a, inp)
+    n = a.total_params()
+    assert (r.weights, r.grads, r.optimizer) == (2 * n, 4 * n, 12 * n // 4)  # bf16 + fp32 grads + 12/DP
+    # per token per layer, e=2: norms 2*64 + qkv-in 64 + qkv (64+64) + ctx 64 + fc1-in 64 + 3*128 = 832 -> 1664 B
+    assert r.activations == 16 * 2 * 1664
+    assert r.logits == 16 * 256 * (2 + 4 + 4)
+    # KV: 2 (K,V) * 2 layers * 2 kv heads * 16 dim * 2 B * 3 seqs * 10 tokens
+    assert r.rollout_kv == 2 * 2 * 2 * 16 * 2 * 30
+    assert r.peak == max(r.train_total, r.rollout_total)
+    no_dist = estimate(a, PlanInputs(dp=4, dist_opt=False, overhead_gib=0))
+    assert no_dist.optimizer == 12 * n
+    resident = estimate(a, PlanInputs(engine_sleep=False, overhead_gib=0))
+    assert resident.peak == resident.train_total + resident.rollout_weights + resident.rollout_kv
+
+
+def test_parallelism_and_recompute_reduce_memory():
+    a = load_arch("qwen3-8b")
+    base = estimate(a, PlanInputs(tp=2, dp=4, seq_len=8192))
+    sp = estimate(a, PlanInputs(tp=2, dp=4, seq_len=8192, sequence_parallel=True))
+    full = estimate(a, PlanInputs(tp=2, dp=4, seq_len=8192, recompute="full"))
+    noflash = estimate(a, PlanInputs(tp=2, dp=4, seq_len=8192, flash_attn=False))
+    assert full.activations < sp.activations < base.activations < noflash.activations
+    pp = estimate(a, PlanInputs(tp=2, pp=2, dp=2, seq_len=8192))
+    assert pp.weights < base.weights and pp.stage in ("first", "last")
+    assert 7.5 * GIB < base.weights < 7.7 * GIB  # 4.1 B params per GPU at TP=2, 2 bytes each
+    assert "PEAK per training GPU" in format_report(base)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(tp=3), "num_attention_heads=32 is not divisible by tp=3"),
+    (dict(tp=16), "num_key_value_heads=8 is not divisible by tp=16"),
+    (dict(pp=5), "num_hidden_layers=36 is not divisible by pp=5"),
+], ids=["heads-tp", "kv-heads-tp", "layers-pp"])
+def test_bad_layout_names_the_sizes(kw, match):
+    with pytest.raises(ValueError, match=match):
+        estimate(load_arch("qwen3-8b"), PlanInputs(**kw))
+
+
+def test_bad_inputs(tmp_path):
+    with pytest.raises(ValueError, match="sequence_parallel needs tp > 1"):
+        PlanInputs(sequence_parallel=True)
+    with pytest.raises(ValueError, match="micro_batch must be >= 1"):
+        PlanInputs(micro_batch=0)
+    with pytest.raises(ValueError, match="not a preset .* no config.json found"):
+        load_arch(str(tmp_path / "nowhere"))
+    (tmp_path / "config.json").write_text(json.dumps({**TINY["LlamaForCausalLM"], "architectures": ["GPT2LMHeadModel"]}))
+    with pytest.raises(ValueError, match="'GPT2LMHeadModel' is not supported"):
+        load_arch(str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": 8}))
+    with pytest.raises(ValueError, match="lacks the field 'num_attention_heads'"):
+        load_arch(str(tmp_path / "config.json"))
+
+
+def test_config_json_folder_and_cli_args(tmp_path, capsys):
+    import argparse
+
+    (tmp_path / "config.json").write_text(json.dumps(PRESETS["qwen3-1.7b"]))
+    assert load_arch(str(tmp_path)).total_params() == load_arch("qwen3-1.7b").total_params()
+    args = add_arguments(argparse.ArgumentParser()).parse_args(
+        ["--model", str(tmp_path), "--tp", "2", "--dp", "2", "--micro-batch", "2", "--seq-len", "1024", "--separate"])
+    from megatron_rl.plan import run
+
+    rep = run(args)
+    out = capsys.readouterr().out
+    assert rep.inputs.tp == 2 and not rep.inputs.colocated
+    assert "layout TP=2 PP=1 DP=2 (4 GPUs), micro-batch 2 x seq 1024" in out
