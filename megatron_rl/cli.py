@@ -1,0 +1,180 @@
+"""The ``megatron-rl`` console script: ``train | demo | eval | convert | plan``.
+
+Each subcommand dispatches to the ``main`` of the module that owns it; this file only parses,
+dispatches and turns user errors into one clear line (``--debug`` shows the traceback)::
+
+    megatron-rl train --config examples/configs/tiny_cpu_grpo.yaml [a.b=c ...] [--resume auto|PATH]
+    megatron-rl demo [--algo bicc_rcc] ...            -> megatron_rl.demo.main(argv)
+    megatron-rl eval ...                              -> megatron_rl.eval main(argv)
+    megatron-rl convert hf-to-mcore|mcore-to-hf ...   -> megatron_rl.convert.cli.main(argv)
+    megatron-rl plan --model qwen3-8b --tp 2 --pp 1 --dp 4 --micro-batch 1 --seq-len 8192
+
+``demo``, ``eval`` and ``convert`` pass every argument after the subcommand unchanged to the
+owner's parser, so ``megatron-rl convert --help`` prints the converter's own help.
+Under ``torchrun`` every rank runs the same command line.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import re
+import sys
+import traceback
+from pathlib import Path
+from typing import Callable, NamedTuple, Sequence
+
+from megatron_rl import __version__
+
+#: pass-through subcommands -> candidate ``module:function`` owners of ``main(argv)``, in order.
+PASSTHROUGH: dict[str, tuple[str, ...]] = {
+    "demo": ("megatron_rl.demo:main",),
+    "eval": ("megatron_rl.eval.cli:main", "megatron_rl.eval:main"),
+    "convert": ("megatron_rl.convert.cli:main",),
+}
+HELP = {
+    "train": "run RL training from a YAML config (+ dotted overrides); resumable",
+    "demo": "tiny CPU end-to-end run: warm start, RL, held-out accuracy before/after",
+    "eval": "evaluate a checkpoint on a held-out prompt set",
+    "convert": "checkpoint conversion: hf-to-mcore | mcore-to-hf",
+    "plan": "estimate per-GPU memory for a model x TP x PP x DP x micro-batch x seq-len",
+}
+COMMANDS = tuple(HELP)
+#: exception types reported as one ``error:`` line instead of a traceback.
+USER_ERRORS = (ValueError, KeyError, FileNotFoundError, FileExistsError, NotADirectoryError, ImportError)
+OVERRIDE_RE = re.compile(r"^[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*)*=.*$", re.S)
+
+
+class CliError(Exception):
+    """A user-facing error: printed as ``megatron-rl <cmd>: error: <message>``."""
+
+
+class ParsedCommand(NamedTuple):
+    """Result of :func:`parse_command`: the command, its argparse namespace, pass-through argv."""
+
+    command: str | None
+    args: argparse.Namespace
+    rest: list[str]
+
+
+def override(text: str) -> str:
+    """argparse type for ``a.b=c``: a dotted key, ``=``, any value (parsed as YAML by the config)."""
+    if not OVERRIDE_RE.match(text):
+        raise argparse.ArgumentTypeError(f"override {text!r} is not of the form section.key=value (e.g. algo.kind=grpo)")
+    return text
+
+
+def resume_value(text: str) -> str | None:
+    """``--resume``: ``auto`` (newest complete checkpoint), ``none`` (fresh run) or a checkpoint path."""
+    return None if text.lower() == "none" else text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full ``megatron-rl`` parser (pass-through subcommands take no options here)."""
+    from megatron_rl import plan
+
+    p = argparse.ArgumentParser(prog="megatron-rl", description="RL post-training on Megatron-core with vLLM rollouts.",
+                                epilog="Run 'megatron-rl <command> --help' for the options of a command.")
+    p.add_argument("--version", action="version", version=f"megatron-rl {__version__}")
+    p.add_argument("--debug", action="store_true", help="show the full traceback on errors")
+    sub = p.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}")
+
+    t = sub.add_parser("train", help=HELP["train"], description=HELP["train"])
+    t.add_argument("--config", required=True, help="YAML config (see examples/configs/)")
+    t.add_argument("overrides", nargs="*", type=override, metavar="a.b=c",
+                   help="dotted overrides applied on top of the YAML, e.g. algo.kind=dapo trainer.steps=10")
+    t.add_argument("--resume", type=resume_value, default=None, metavar="auto|PATH",
+                   help="'auto': newest complete checkpoint in the run directory; PATH: that checkpoint; "
+                        "default: fresh run")
+    t.add_argument("--check", action="store_true", help="load and validate the config, print it, and exit")
+
+    for name in PASSTHROUGH:
+        sub.add_parser(name, help=HELP[name], add_help=False,
+                       description=f"{HELP[name]} (options: megatron-rl {name} --help)")
+
+    pl = sub.add_parser("plan", help=HELP["plan"], description=plan.__doc__.split("\n\n")[0])
+    plan.add_arguments(pl)
+    return p
+
+
+def parse_command(argv: Sequence[str]) -> ParsedCommand:
+    """Parse ``argv``; for pass-through commands everything after the command name is ``rest``."""
+    argv = list(argv)
+    parser = build_parser()
+    idx = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
+    if idx is not None and argv[idx] in PASSTHROUGH:
+        return ParsedCommand(argv[idx], parser.parse_args(argv[: idx + 1]), argv[idx + 1:])
+    args = parser.parse_args(argv)
+    return ParsedCommand(args.command, args, [])
+
+
+def resolve_main(command: str) -> Callable[[list[str]], int | None]:
+    """Import the owner's ``main(argv)`` for a pass-through command (first candidate that exists)."""
+    tried = []
+    for spec in PASSTHROUGH[command]:
+        mod_name, fn = spec.split(":")
+        try:
+            mod = importlib.import_module(mod_name)
+        except ModuleNotFoundError as e:
+            if e.name and mod_name.startswith(e.name):  # the module itself is missing: try the next one
+                tried.append(spec)
+                continue
+            raise
+        if callable(getattr(mod, fn, None)):
+            return getattr(mod, fn)
+        tried.append(spec)
+    raise CliError(f"this installation has no implementation of '{command}' (looked for {', '.join(tried)})")
+
+
+def run_train(args: argparse.Namespace) -> int:
+    """``train``: ``load_config(yaml, overrides)`` then ``trainer.loop.main(cfg, resume=...)``."""
+    if not Path(args.config).is_file():
+        raise CliError(f"config file not found: {args.config}")
+    from megatron_rl.config import load_config
+
+    cfg = load_config(args.config, list(args.overrides))
+    if args.check:
+        print(f"config OK: {args.config}" + (f" with {len(args.overrides)} override(s)" if args.overrides else ""))
+        print(cfg)
+        return 0
+    from megatron_rl.trainer import loop
+
+    return _exit_code(loop.main(cfg, resume=args.resume))
+
+
+def _exit_code(result) -> int:
+    return result if isinstance(result, int) and not isinstance(result, bool) else 0
+
+
+def dispatch(cmd: ParsedCommand) -> int:
+    """Run a parsed command and return its exit status."""
+    if cmd.command == "train":
+        return run_train(cmd.args)
+    if cmd.command == "plan":
+        from megatron_rl import plan
+
+        plan.run(cmd.args)
+        return 0
+    return _exit_code(resolve_main(cmd.command)(list(cmd.rest)))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console-script entry point. Exit status: 0 ok, 1 error, 2 usage error."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cmd = parse_command(argv)
+    if cmd.command is None:
+        build_parser().print_help()
+        return 2
+    try:
+        return dispatch(cmd)
+    except (CliError, *USER_ERRORS) as e:
+        if cmd.args.debug:
+            traceback.print_exc()
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        hint = "" if cmd.args.debug else " (run 'megatron-rl --debug ...' for the traceback)"
+        kind = "" if isinstance(e, CliError) else f"{type(e).__name__}: "
+        print(f"megatron-rl {cmd.command}: error: {kind}{msg}{hint}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
