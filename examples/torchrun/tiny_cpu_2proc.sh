@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# CPU smoke run with 2 trainer ranks on gloo (no GPU): the tiny GRPO config with DP=2.
+#
+#   examples/torchrun/tiny_cpu_2proc.sh [a.b=c ...]
+#
+# Environment: CONFIG (default examples/configs/tiny_cpu_grpo.yaml), VENV (default .venv).
+# Extra arguments are dotted config overrides (e.g. parallel.tp=2 parallel.dp=1).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+CONFIG=${CONFIG:-examples/configs/tiny_cpu_grpo.yaml}
+VENV=${VENV:-.venv}
+export OMP_NUM_THREADS=1 WANDB_MODE=${WANDB_MODE:-offline} RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
+
+exec "$VENV/bin/torchrun" --standalone --nproc_per_node=2 \
+  -m megatron_rl.cli train --config "$CONFIG" parallel.dp=2 "$@"
