@@ -17,6 +17,7 @@ temp file + ``os.replace``. Re-running steps k+1.. then yields the same file as 
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -68,6 +69,19 @@ def to_float(name: str, value: Any) -> float:
     raise TypeError(f"metric {name!r}: expected a float or 0-d tensor, got {type(value).__name__}")
 
 
+def config_as_dict(config: Any) -> dict:
+    """A config for wandb: a mapping, a dataclass (``asdict``) or an object with ``to_dict()``."""
+    if config is None:
+        return {}
+    if isinstance(config, Mapping):
+        return dict(config)
+    if callable(getattr(config, "to_dict", None)):
+        return dict(config.to_dict())
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        return dataclasses.asdict(config)
+    raise TypeError(f"config_dict must be a mapping, a dataclass or have to_dict(), got {type(config).__name__}")
+
+
 def read_metrics(path: str | Path) -> list[dict]:
     """Parse a ``metrics.jsonl`` file; a torn (unparseable) last line is skipped, any other raises."""
     rows: list[dict] = []
@@ -117,7 +131,8 @@ class RunLogger:
 
     Args:
         run_dir: output folder of the run (created).
-        config_dict: the resolved config, stored in wandb's run config.
+        config_dict: the resolved config (mapping, dataclass or ``to_dict()`` object), stored in
+            wandb's run config.
         wandb_mode: ``offline`` (default; real wandb, files only), ``online`` or ``disabled``.
             ``$WANDB_MODE`` does not override an explicit argument.
         project / run_name: wandb project and display name (default: the run folder's name).
@@ -127,7 +142,7 @@ class RunLogger:
         rank: override the detected global rank (tests).
     """
 
-    def __init__(self, run_dir: str | Path, config_dict: Mapping[str, Any] | None = None, *,
+    def __init__(self, run_dir: str | Path, config_dict: Any = None, *,
                  wandb_mode: str = "offline", project: str = "megatron_rl", run_name: str | None = None,
                  total_steps: int | None = None, resume_step: int | None = None, progress: bool = True,
                  rank: int | None = None):
@@ -157,7 +172,7 @@ class RunLogger:
                 raise FileExistsError(f"{self.metrics_path} already holds {len(rows)} steps; "
                                       f"pass resume_step (--resume) or use a new run directory")
         self._fd = os.open(self.metrics_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        self._wandb_run = self._init_wandb(dict(config_dict or {}), wandb_mode, project,
+        self._wandb_run = self._init_wandb(config_as_dict(config_dict), wandb_mode, project,
                                            run_name or self.run_dir.name, resume_step is not None)
         if progress:
             from tqdm.auto import tqdm

@@ -144,3 +144,27 @@ def test_progress_bar_on_rank0_shows_metrics(tmp_path):
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert p.returncode == 0, p.stderr
     assert "4/4" in p.stderr and "reward/mean=1" in p.stderr and "reward/acc=0.5" in p.stderr
+
+
+def test_config_as_dict_accepts_dataclass_and_to_dict():
+    import dataclasses
+
+    from megatron_rl.logging import config_as_dict
+
+    @dataclasses.dataclass(frozen=True)
+    class Algo:
+        kind: str = "grpo"
+
+    @dataclasses.dataclass(frozen=True)
+    class Cfg:
+        algo: Algo = Algo()
+
+    class WithToDict:
+        def to_dict(self):
+            return {"a": 1}
+
+    assert config_as_dict(Cfg()) == {"algo": {"kind": "grpo"}}
+    assert config_as_dict(WithToDict()) == {"a": 1}
+    assert config_as_dict(None) == {}
+    with pytest.raises(TypeError, match="got int"):
+        config_as_dict(3)
