@@ -1,0 +1,155 @@
+"""Per-token log-probs and entropy with the vocabulary split over tensor-parallel ranks.
+
+Notation (one token position; ``z`` the full logits row over the true vocabulary V, split into
+contiguous shards of width ``W = V_pad / tp``; rank r holds columns ``[r W, (r+1) W)``; columns
+``>= V`` are padding and are treated as ``-inf``):
+
+    m        = max_j z_j                                  (all-reduce MAX of local maxima)
+    s        = sum_j exp(z_j - m)                         (all-reduce SUM of local sums)
+    lse      = m + log s
+    logp_t   = z_t - lse                                  (z_t: all-reduce SUM, only the owner is non-zero)
+    p_j      = exp(z_j - lse)
+    H        = lse - sum_j p_j z_j                        (all-reduce SUM of local sum p_j z_j)
+
+Gradients (local to each shard; no communication in backward):
+
+    d logp_t / d z_j = 1[j = t] - p_j
+    d H      / d z_j = -p_j (z_j - sum_k p_k z_k) = -p_j (z_j - lse + H)
+
+Only shard-sized tensors are materialised; the full ``[..., V]`` logits never exist on any rank.
+This is the scheme of Megatron's vocab-parallel cross-entropy, extended with the entropy term.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+
+
+class LogProbs(NamedTuple):
+    """``logp``: ``[...]`` log-prob of each target; ``entropy``: ``[...]`` entropy of each row."""
+
+    logp: torch.Tensor
+    entropy: torch.Tensor
+
+
+def _world(group) -> tuple[int, int]:
+    if group is None or not dist.is_available() or not dist.is_initialized():
+        return 0, 1
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def _all_reduce(t: torch.Tensor, op, group) -> torch.Tensor:
+    if _world(group)[1] > 1:
+        dist.all_reduce(t, op=op, group=group)
+    return t
+
+
+def _valid_width(lo: int, width: int, vocab_size: int | None) -> int:
+    """Number of leading columns of a shard starting at ``lo`` that are real (not padding)."""
+    if vocab_size is None:
+        return width
+    return max(0, min(width, vocab_size - lo))
+
+
+def _target_index(targets: torch.Tensor, lo: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(owned mask ``[...]``, clamped local index ``[..., 1]``) of each target in this shard."""
+    local_t = targets - lo
+    own = (local_t >= 0) & (local_t < width)
+    return own, local_t.clamp(0, width - 1).unsqueeze(-1)
+
+
+def _upcast(x: torch.Tensor) -> torch.Tensor:
+    """fp32 for half types; fp32/fp64 inputs are used as they are (no copy)."""
+    return x if x.dtype in (torch.float32, torch.float64) else x.float()
+
+
+class _VocabParallelLogProbs(torch.autograd.Function):
+    """Autograd function; see the module docstring for the forward and backward formulas.
+
+    Padded columns are excluded from the max and have ``exp`` set to 0; their raw (finite) logits
+    then drop out of every sum because they are multiplied by ``p_j = 0``. Peak extra memory is
+    two fp32 shards (plus one fp32 copy when the input is not fp32).
+    """
+
+    @staticmethod
+    def forward(ctx, logits, targets, group, vocab_size):
+        rank, _ = _world(group)
+        width = logits.shape[-1]
+        lo = rank * width
+        nv = _valid_width(lo, width, vocab_size)
+        z = _upcast(logits)
+        if nv > 0:
+            m = z[..., :nv].max(dim=-1).values
+        else:
+            m = torch.full(z.shape[:-1], float("-inf"), dtype=z.dtype, device=z.device)
+        _all_reduce(m, dist.ReduceOp.MAX, group)
+        e = torch.exp(z - m.unsqueeze(-1))
+        if nv < width:
+            e[..., nv:] = 0.0
+        s = _all_reduce(e.sum(dim=-1), dist.ReduceOp.SUM, group)
+        lse = m + torch.log(s)
+        own, idx = _target_index(targets, lo, width)
+        z_t = torch.where(own, z.gather(-1, idx).squeeze(-1), torch.zeros_like(m))
+        _all_reduce(z_t, dist.ReduceOp.SUM, group)
+        pz = _all_reduce(e.mul_(z).sum(dim=-1), dist.ReduceOp.SUM, group) / s   # sum_j p_j z_j
+        del e
+        ctx.save_for_backward(logits, targets, lse, pz)
+        ctx.meta = (lo, nv)
+        return z_t - lse, lse - pz
+
+    @staticmethod
+    def backward(ctx, g_logp, g_ent):
+        logits, targets, lse, pz = ctx.saved_tensors
+        lo, nv = ctx.meta
+        width = logits.shape[-1]
+        z = _upcast(logits)
+        p = torch.exp(z - lse.unsqueeze(-1))
+        if nv < width:
+            p[..., nv:] = 0.0
+        g_logp = torch.zeros_like(lse) if g_logp is None else g_logp
+        g_ent = torch.zeros_like(lse) if g_ent is None else g_ent
+        # grad_j = g_logp * (1[j=t] - p_j) - g_ent * p_j * (z_j - pz)
+        grad = (z - pz.unsqueeze(-1)).mul_(g_ent.unsqueeze(-1)).add_(g_logp.unsqueeze(-1)).mul_(p).neg_()
+        del p, z
+        own, idx = _target_index(targets, lo, width)
+        grad.scatter_add_(-1, idx, (g_logp * own).unsqueeze(-1))
+        return grad.to(logits.dtype), None, None, None
+
+
+def vocab_parallel_logprobs(logits_shard: torch.Tensor, targets: torch.Tensor, tp_group=None,
+                            vocab_size: int | None = None) -> LogProbs:
+    """Log-prob of ``targets`` and entropy under ``softmax(logits)``, vocab split over ``tp_group``.
+
+    Args:
+        logits_shard: ``[..., W]`` this rank's contiguous vocab shard (rank r: columns ``[rW, (r+1)W)``).
+            Any float dtype; computed in fp32 (fp64 kept as is). Temperature must already be applied (``z / T``).
+        targets: ``[...]`` int64 global vocab ids (must be ``< vocab_size``).
+        tp_group: tensor-parallel process group; ``None`` (or an uninitialised world) means no split.
+        vocab_size: the true vocabulary size; columns at global index ``>= vocab_size`` (padding
+            added for TP divisibility) are excluded from the softmax. ``None``: no padding.
+
+    Returns:
+        :class:`LogProbs` ``(logp [...], entropy [...])`` in fp32, both differentiable w.r.t. logits.
+    """
+    if logits_shard.shape[:-1] != targets.shape:
+        raise ValueError(f"vocab_parallel_logprobs: logits {tuple(logits_shard.shape)} do not match "
+                         f"targets {tuple(targets.shape)} on the leading dims")
+    rank, world = _world(tp_group)
+    if vocab_size is not None and vocab_size > logits_shard.shape[-1] * world:
+        raise ValueError(f"vocab_parallel_logprobs: vocab_size={vocab_size} exceeds the padded vocab "
+                         f"{logits_shard.shape[-1]} x {world} ranks")
+    logp, ent = _VocabParallelLogProbs.apply(logits_shard, targets.long(), tp_group, vocab_size)
+    return LogProbs(logp, ent)
+
+
+def full_vocab_logprobs(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int | None = None) -> LogProbs:
+    """Reference on full logits ``[..., V]``: ``log_softmax`` + gather, ``H = -sum p log p``."""
+    z = _upcast(logits)
+    if vocab_size is not None:
+        z = z[..., :vocab_size]
+    lp = torch.log_softmax(z, dim=-1)
+    logp = lp.gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)
+    ent = -(lp.exp() * lp).sum(-1)
+    return LogProbs(logp, ent)
