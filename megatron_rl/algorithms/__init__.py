@@ -1,0 +1,64 @@
+"""megatron_rl.algorithms — advantages, policy losses, KL, contrastive inputs (torch + stdlib only).
+
+Public functions (1-D tensors are per sample [N]; [N, T] per token; ``group_ids`` int [N]):
+
+    grpo_advantage(rewards, group_ids, *, scale="std", eps=1e-6)      -> [N]
+    rloo_advantage(rewards, group_ids)                                -> [N]
+    remax_advantage(rewards, greedy_rewards)                          -> [N]
+    bicc_advantage(rewards, group_ids)                                -> [N]
+    rcc_advantage(rewards, delta, group_ids, *, base="grpo")          -> [N]
+    papo_advantage(outcome, process, correct, group_ids, *, lam=1.0, eps=1e-6) -> [N]
+    ppo_clip_loss(logp, old_logp, advantages, mask, *, clip_low=0.2, clip_high=0.2, dual_clip=None)
+                                                                      -> LossOutput(loss_mat [N, T], metrics)
+    aggregate(loss_mat, mask, mode)                                   -> scalar
+    kl_penalty(logp, ref_logp, kind)                                  -> [N, T]
+    rlcsd_signal(pos_logp [N,T], neg_logp [N,K,T], neg_mask [N,K])    -> e [N, T]
+    rlcsd_advantage(adv, signal, mask, **hparams)                     -> RLCSDAdvantage(advantages, adv_hat, gate, residual)
+
+Trainer interface (stable):
+
+* ``ALGO_KINDS[kind] -> AlgoKind(advantage, loss, hparams)`` for grpo, dapo, drgrpo, remax, rloo,
+  bicc, bicc_rcc (``base`` ∈ grpo/dapo/drgrpo/bicc/remax), rlcsd, opsd, sdpo, srpo, rlsd,
+  opsd_ectr, rlsd_ectr, papo, score; ``KIND_DATA_PATH[kind]`` names the extra data path.
+* One frozen :class:`AlgoInputs` bundle per step / mini-batch. Registered functions:
+  advantage ``fn(inputs, hp) -> Tensor[N]``; loss ``fn(inputs, advantages, hp) -> LossOutput``
+  (``loss_mat`` [N, T], ``metrics`` of 0-d tensors, optional ``mask`` override); aggregation is
+  separate (``aggregate``). ``compute_advantages(kind, inputs, hp)`` and
+  ``compute_policy_loss(kind, inputs, adv, hp) -> PolicyObjective(loss, pg_loss, kl_loss, metrics)``
+  wrap lookup, input checks, aggregation and the KL-loss term.
+* ``register_advantage(name, needs=...)`` / ``register_policy_loss(name, needs=...)`` (duplicates
+  raise), ``get_advantage`` / ``get_policy_loss`` (unknown names raise listing the sorted valid
+  names), ``advantage_names()``, ``policy_loss_names()``, ``required_inputs(adv, loss, hp=None)``,
+  ``kind_required_inputs(kind, hp)`` (adds ``ref_logp`` when the KL loss is on).
+* Data-path helpers: ``dapo_overlong_penalty``, ``dynamic_sampling_keep``, ``DynamicSampler``,
+  ``build_bicc_contexts``, ``bicc_old_logp``, ``select_rlcsd_hints``, ``rlcsd_teacher_prompt``,
+  ``topk_tail_support``, ``first_eos_mask``.
+
+Each module's docstring lists where it departs from the reference code and why.
+"""
+from .advantages import (PAPOAdvantage, ReMaxTokenAdvantage, bicc_advantage, drgrpo_advantage, grpo_advantage,
+                         papo_advantage, papo_components, rcc_advantage, rcc_delta, remax_advantage,
+                         remax_token_advantage, rloo_advantage)
+from .builtin import (ALGO_KINDS, KIND_DATA_PATH, AlgoKind, PolicyObjective, algo_kind, compute_advantages,
+                      compute_policy_loss, kind_required_inputs)
+from .contrastive import (BiCCBatch, BiCCSample, HintAssignment, HintSelection, RLCSDAdvantage, bicc_old_logp,
+                          build_bicc_contexts, hint_answer, last_boxed, rlcsd_advantage, rlcsd_signal,
+                          rlcsd_teacher_prompt, select_rlcsd_hints, student_prompt)
+from .dapo import DynamicSampler, dapo_overlong_penalty, dynamic_sampling_keep
+from .distill import (generalized_jsd, opsd_ectr_loss, opsd_loss, opsd_token_loss, sdpo_loss, srpo_loss,
+                      topk_tail_support)
+from .hparams import (BiCCHParams, BiCCRCCHParams, DAPOHParams, DrGRPOHParams, GRPOHParams, OPSDECTRHParams,
+                      OPSDHParams, PAPOHParams, PPOHParams, ReMaxHParams, RLCSDHParams, RLOOHParams,
+                      RLSDECTRHParams, RLSDHParams, ScoreHParams, SDPOHParams, SRPOHParams)
+from .inputs import AlgoInputs
+from .kl import AdaptiveKLController, apply_kl_in_reward, kl_penalty
+from .losses import (AGG_MODES, LossOutput, aggregate, plain_clip_loss, ppo_clip_loss, rlcsd_loss, rlsd_advantage,
+                     rlsd_ectr_advantage, rlsd_lambda)
+from .registry import (advantage_names, check_inputs, get_advantage, get_policy_loss, policy_loss_names,
+                       register_advantage, register_policy_loss, required_inputs)
+from .score import (first_eos_mask, score_k3, score_loss_mat, score_stage1_loss, score_stage2_loss,
+                    shaped_reward)
+
+import types as _types
+
+__all__ = sorted(n for n, v in dict(globals()).items() if not n.startswith("_") and not isinstance(v, _types.ModuleType))

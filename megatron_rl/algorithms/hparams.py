@@ -1,0 +1,253 @@
+"""Typed, frozen hyper-parameter dataclasses, one per algorithm kind (defaults from the specs).
+
+Selected as ``algo.kind`` + ``algo.<kind>.*``; :data:`ALGO_KINDS` in :mod:`.registry` maps each
+kind to (advantage name, policy-loss name, dataclass). Every field is validated in
+``__post_init__``. Fields shared by all PPO-style kinds live in :class:`PPOHParams`.
+Trainer-side knobs that the loss functions do not read (teacher mode, grad clip) are kept here
+so that one dataclass describes a method completely.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from .kl import kl_kinds
+from .losses import AGG_MODES
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+@dataclass(frozen=True)
+class PPOHParams:
+    """Shared PPO knobs (verl ``vanilla`` loss, GRPO defaults of the RLCSD spec §1.2)."""
+
+    clip_low: float = 0.2            #: ε_low
+    clip_high: float = 0.2           #: ε_high (DAPO clip-higher: 0.28)
+    dual_clip: float | None = 3.0    #: dual-clip constant c > 1, None = off
+    loss_agg_mode: str = "token-mean"  #: see ``aggregate``
+    loss_scale_factor: float | None = None  #: constant normaliser for seq-mean-token-sum-norm
+    kl_loss_coef: float = 0.0        #: β of the KL-to-reference loss term
+    kl_loss_type: str = "k3"         #: estimator of that term
+    grad_clip: float = 1.0           #: gradient-norm clip (trainer knob)
+
+    def __post_init__(self) -> None:
+        _check(0 <= self.clip_low < 1 and self.clip_high >= 0, f"clip ranges invalid: {self.clip_low}/{self.clip_high}")
+        _check(self.dual_clip is None or self.dual_clip > 1, f"dual_clip must be > 1 or None, got {self.dual_clip}")
+        _check(self.loss_agg_mode in AGG_MODES, f"loss_agg_mode {self.loss_agg_mode!r} not in {sorted(AGG_MODES)}")
+        _check(self.loss_scale_factor is None or self.loss_scale_factor > 0, "loss_scale_factor must be > 0")
+        _check(self.kl_loss_coef >= 0, f"kl_loss_coef must be >= 0, got {self.kl_loss_coef}")
+        base = self.kl_loss_type[:-1] if self.kl_loss_type.endswith("+") else self.kl_loss_type
+        _check(base in kl_kinds(), f"kl_loss_type {self.kl_loss_type!r} not in {kl_kinds()}")
+
+    def to_dict(self) -> dict:
+        """Plain dict of the fields (for logging)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class GRPOHParams(PPOHParams):
+    """GRPO (verl): std_u + ε scaling, dual clip 3, k3 KL loss 0.001."""
+
+    eps: float = 1e-6
+    scale: str = "std"
+    kl_loss_coef: float = 0.001
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.scale in ("std", "std_pop", "none"), f"scale {self.scale!r} not in ['none', 'std', 'std_pop']")
+
+
+@dataclass(frozen=True)
+class DAPOHParams(GRPOHParams):
+    """DAPO: clip-higher 0.28, token-mean, no KL, overlong shaping, dynamic sampling."""
+
+    clip_high: float = 0.28
+    kl_loss_coef: float = 0.0
+    overlong_enable: bool = True
+    overlong_buffer_len: int = 4096
+    overlong_penalty_factor: float = 1.0
+    filter_groups: bool = True
+    filter_metric: str = "acc"
+    max_num_gen_batches: int = 0     #: ≤ 0 = unlimited
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.overlong_buffer_len > 0, "overlong_buffer_len must be > 0")
+        _check(self.filter_metric in ("acc", "score", "seq_reward", "seq_final_reward"),
+               f"filter_metric {self.filter_metric!r} invalid")
+
+
+@dataclass(frozen=True)
+class DrGRPOHParams(GRPOHParams):
+    """Dr.GRPO: no std division, constant normaliser (seq-mean-token-sum-norm), no KL."""
+
+    scale: str = "none"
+    loss_agg_mode: str = "seq-mean-token-sum-norm"
+    kl_loss_coef: float = 0.0
+
+
+@dataclass(frozen=True)
+class ReMaxHParams(PPOHParams):
+    """ReMax: greedy-response baseline, no normalisation."""
+
+
+@dataclass(frozen=True)
+class RLOOHParams(PPOHParams):
+    """RLOO: leave-one-out baseline."""
+
+
+@dataclass(frozen=True)
+class BiCCHParams(PPOHParams):
+    """BiCC (released recipe): clip 0.2/0.28, dual clip 10, token-mean; 40 % context budget."""
+
+    clip_high: float = 0.28
+    dual_clip: float | None = 10.0
+    context_frac: float = 0.4                 #: L_ctx = floor(frac · L_max)
+    old_logprob_context: str = "plain"        #: plain (paper) | conditioned
+    threshold: float = 0.5                    #: correct iff reward > threshold
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(0 < self.context_frac < 1, f"context_frac must be in (0, 1), got {self.context_frac}")
+        _check(self.old_logprob_context in ("plain", "conditioned"),
+               f"old_logprob_context {self.old_logprob_context!r} not in ['conditioned', 'plain']")
+
+    def context_budget(self, max_len: int) -> int:
+        """floor(context_frac · max_len) tokens."""
+        return int(self.context_frac * max_len)
+
+
+@dataclass(frozen=True)
+class BiCCRCCHParams(BiCCHParams):
+    """BiCC + RCC: baseline r̄ + 2·Cov(R, δ) on top of ``base``'s scale."""
+
+    base: str = "grpo"          #: grpo | dapo | drgrpo | bicc | remax
+    rcc_delta: str = "sum"      #: sum (literal) | mean
+    eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.base in ("grpo", "dapo", "drgrpo", "bicc", "remax"), f"rcc base {self.base!r} invalid")
+        _check(self.rcc_delta in ("sum", "mean"), f"rcc_delta {self.rcc_delta!r} not in ['mean', 'sum']")
+
+
+@dataclass(frozen=True)
+class RLCSDHParams(PPOHParams):
+    """RLCSD (spec §1.5.4)."""
+
+    tau: float = 0.02
+    beta: float = 1.0
+    lam: float = 0.5
+    delta: float = 0.02
+    eta: float = 1.0
+    clip_lo: float = -2.0
+    clip_hi: float = 2.0
+    k_max: int = 4
+    source: str = "self_rollout"
+    dual_clip: float | None = None
+    loss_agg_mode: str = "token-sum"
+    teacher_mode: str = "snapshot"
+    teacher_sync_interval: int = 10
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.tau > 0 and self.k_max >= 1 and self.clip_lo <= self.clip_hi, "RLCSD tau/k_max/clip invalid")
+        _check(self.source in ("self_rollout", "gt_cot"), f"rlcsd source {self.source!r} invalid")
+        _check(self.loss_agg_mode == "token-sum", "rlcsd carries its own two-path normalisers: loss_agg_mode must be 'token-sum'")
+
+    def signal_kwargs(self) -> dict:
+        """Keyword arguments of ``rlcsd_advantage``."""
+        return dict(tau=self.tau, beta=self.beta, lam=self.lam, delta=self.delta,
+                    clip_lo=self.clip_lo, clip_hi=self.clip_hi)
+
+
+@dataclass(frozen=True)
+class OPSDHParams(PPOHParams):
+    """OPSD: teacher top-100 + tail, per-element clip 0.05, teacher = current θ, grad clip 0.1."""
+
+    top_k: int = 100
+    jsd_token_clip: float = 0.05
+    teacher_mode: str = "fixed"
+    grad_clip: float = 0.1
+
+
+@dataclass(frozen=True)
+class SDPOHParams(PPOHParams):
+    """SDPO: JSD α 0.5 on student top-100 + tail, IS clip 2, EMA teacher 0.95."""
+
+    top_k: int = 100
+    alpha: float = 0.5
+    is_clip: float = 2.0
+    teacher_mode: str = "ema"
+    ema_decay: float = 0.95
+
+
+@dataclass(frozen=True)
+class SRPOHParams(SDPOHParams):
+    """SRPO: GRPO (ε 0.2, c 3) on correct rows, entropy-weighted SDPO on the rest."""
+
+    srpo_beta: float = 1.0
+
+
+@dataclass(frozen=True)
+class RLSDHParams(PPOHParams):
+    """RLSD: ε 0.2, ε_w 0.2, λ₀ 0.5 (decay switch off by default, spec §1.6e), snapshot/10."""
+
+    dual_clip: float | None = None
+    eps_w: float = 0.2
+    lam: float = 0.5
+    lam_decay: bool = False
+    lam_decay_steps: int = 50
+    teacher_mode: str = "snapshot"
+    teacher_sync_interval: int = 10
+
+
+@dataclass(frozen=True)
+class RLSDECTRHParams(RLSDHParams):
+    """RLSD-ECTR: RLSD with the pos/neg teacher gap; launcher KL 0.001."""
+
+    kl_loss_coef: float = 0.001
+    k_max: int = 1
+
+
+@dataclass(frozen=True)
+class OPSDECTRHParams(OPSDHParams):
+    """OPSD-ECTR: α_E 0.5, floor −5, τ_cw 1, clip 0.05, KL 0.001, grad clip 0.1."""
+
+    alpha: float = 0.5
+    log_w_floor: float = -5.0
+    cw_tau: float = 1.0
+    kl_loss_coef: float = 0.001
+    k_max: int = 1
+
+
+@dataclass(frozen=True)
+class PAPOHParams(GRPOHParams):
+    """PAPO: A_out + λ·A_proc (λ 1.0), clip 0.2/0.28 as in every released run, no KL."""
+
+    lam: float = 1.0
+    process_norm: str = "correct"   #: correct | full (Fullnorm ablation)
+    clip_high: float = 0.28
+    kl_loss_coef: float = 0.0
+
+
+@dataclass(frozen=True)
+class ScoreHParams(PPOHParams):
+    """SCoRe (BY571 arithmetic config): β1 0.01, β2 0.1, α 10, sequence length norm."""
+
+    stage: int = 1
+    beta1: float = 0.01
+    beta2: float = 0.1
+    alpha: float = 10.0
+    length_norm: str = "sequence"
+    max_new_attempt1: int = 768
+    max_new_attempt2: int = 768
+    loss_agg_mode: str = "seq-mean-token-sum"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.stage in (1, 2), f"SCoRe stage must be 1 or 2, got {self.stage}")
+        _check(self.length_norm in ("sequence", "constant"), f"length_norm {self.length_norm!r} invalid")
+        _check(self.loss_agg_mode == "seq-mean-token-sum", "SCoRe's objective is a mean over samples: loss_agg_mode must be 'seq-mean-token-sum'")

@@ -1,0 +1,199 @@
+"""Policy-gradient surrogates (per-token loss matrices) and loss aggregation.
+
+Every loss returns :class:`LossOutput` ``(loss_mat [N, T], metrics)``; masked positions of
+``loss_mat`` are exactly 0 and metrics are 0-d tensors (reduced once per step by the logger).
+Aggregation is a separate axis: :func:`aggregate` (STYLE.md §3).
+
+Notation: lp = current log-prob (gradient), old = behaviour log-prob, A = advantage ([N] per
+sample or [N, T] per token), m = mask, ρ = exp(lp − old), w = optional TIS weights [N, T].
+
+Contents
+* :func:`ppo_clip_loss` — verl ``vanilla``: ρ = exp(clamp(lp − old, ±20)), asymmetric clip
+  (clip-higher, DAPO) and optional dual clip c (Ye et al. 2020).
+* :func:`plain_clip_loss` — RLCSD-family clip: no ±20 clamp, no dual clip.
+* :func:`rlcsd_loss` — RLCSD two-path loss, each path normalised by its own token count.
+* :func:`rlsd_advantage`, :func:`rlsd_ectr_advantage`, :func:`rlsd_lambda` — RLSD teacher-gap
+  modulation (use with :func:`plain_clip_loss`, token-mean).
+
+Departures from the reference code:
+* ``aggregate`` excludes all-masked rows from the sequence count in every ``seq-mean-*`` mode
+  (verl's new engine path does this for token-sum only) and returns 0 for an empty mask instead
+  of dividing by 1e-8.
+* RLCSD's two token counts are taken over the tensors passed in (call it on the whole
+  mini-batch of a rank), not per token-budget micro-batch as in the reference code; the result
+  is aggregated with ``"token-sum"`` because the loss carries its own normalisers.
+* RLSD's λ decay is a switch defaulting to the constant λ₀ (the reference runs never decayed,
+  spec §1.6e).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm", "token-sum")
+
+
+class LossOutput(NamedTuple):
+    """loss_mat: [N, T] per-token loss (0 off-mask); metrics: name → 0-d tensor;
+    mask: the mask to aggregate with when it differs from the inputs' (SCoRe: [y1 | y2])."""
+
+    loss_mat: Tensor
+    metrics: dict
+    mask: Tensor | None = None
+
+
+def _per_token(adv: Tensor, like: Tensor) -> Tensor:
+    adv = adv.detach().to(like.dtype)
+    if adv.dim() == 1:
+        return adv[:, None].expand_as(like)
+    if adv.shape != like.shape:
+        raise ValueError(f"advantages shape {tuple(adv.shape)} does not match log-probs {tuple(like.shape)}")
+    return adv
+
+
+def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
+    """Σ(x·m)/Σm over all entries; 0 when the mask is empty (0-d tensor)."""
+    m = mask.to(x.dtype)
+    n = m.sum()
+    return torch.where(n > 0, (torch.where(m > 0, x, 0.0) * m).sum() / n.clamp_min(1e-30), 0.0 * n)
+
+
+def _finish(loss: Tensor, mask: Tensor, tis_weights: Tensor | None) -> Tensor:
+    if tis_weights is not None:
+        loss = loss * tis_weights.detach().to(loss.dtype)
+    return torch.where(mask.bool(), loss, torch.zeros_like(loss))
+
+
+def ppo_clip_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, clip_low: float = 0.2,
+                  clip_high: float = 0.2, dual_clip: float | None = None,
+                  tis_weights: Tensor | None = None) -> LossOutput:
+    """PPO clipped surrogate, verl ``vanilla`` (Schulman et al. 2017; DAPO clip-higher).
+
+    Δ = clamp(lp − old, −20, 20); ρ = e^Δ; L1 = −Aρ; L2 = −A·clip(ρ, 1−ε_low, 1+ε_high);
+    Lc = max(L1, L2); with dual clip c > 1: L = min(−A·c, Lc) where A < 0, else Lc.
+    Times w (TIS) when given. Metrics: pg_clipfrac, ppo_kl (= mean −Δ), pg_clipfrac_lower.
+    Shapes: logp/old_logp/mask [N, T]; advantages [N] or [N, T] → loss_mat [N, T].
+    """
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+    a = _per_token(advantages, logp)
+    delta = torch.clamp(logp - old_logp.detach(), -20.0, 20.0)
+    ratio = torch.exp(delta)
+    l1 = -a * ratio
+    l2 = -a * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    lc = torch.maximum(l1, l2)
+    lower = torch.zeros_like(mask, dtype=torch.bool)
+    loss = lc
+    if dual_clip is not None:
+        l3 = -a * dual_clip
+        lower = (lc > l3) & (a < 0)
+        loss = torch.where(a < 0, torch.minimum(l3, lc), lc)
+    metrics = {"pg_clipfrac": masked_mean((l2 > l1).to(logp.dtype), mask).detach(),
+               "ppo_kl": masked_mean(-delta, mask).detach(),
+               "pg_clipfrac_lower": masked_mean(lower.to(logp.dtype), mask).detach()}
+    return LossOutput(_finish(loss, mask, tis_weights), metrics)
+
+
+def clipped_surrogate(logp: Tensor, old_logp: Tensor, adv: Tensor, eps: float) -> Tensor:
+    """−min(ρA, clip(ρ, 1−ε, 1+ε)A) with ρ = exp(lp − old) (no clamp). Shapes: [N, T]."""
+    ratio = torch.exp(logp - old_logp.detach())
+    return -torch.minimum(ratio * adv, torch.clamp(ratio, 1.0 - eps, 1.0 + eps) * adv)
+
+
+def plain_clip_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, clip_eps: float = 0.2,
+                    tis_weights: Tensor | None = None) -> LossOutput:
+    """RLCSD-family PPO clip (no ±20 clamp, no dual clip). Shapes as :func:`ppo_clip_loss`."""
+    a = _per_token(advantages, logp)
+    loss = clipped_surrogate(logp, old_logp, a, clip_eps)
+    ratio = torch.exp((logp - old_logp).detach())
+    clipped = ((ratio < 1 - clip_eps) & (a < 0)) | ((ratio > 1 + clip_eps) & (a > 0))
+    metrics = {"pg_clipfrac": masked_mean(clipped.to(logp.dtype), mask),
+               "ppo_kl": masked_mean(-(logp - old_logp).detach(), mask)}
+    return LossOutput(_finish(loss, mask, tis_weights), metrics)
+
+
+def aggregate(loss_mat: Tensor, mask: Tensor, mode: str = "token-mean", *, scale_factor: float | None = None) -> Tensor:
+    """Reduce a per-token loss [N, T] to a scalar.
+
+    token-mean:              Σ(L·m)/Σm                        (DAPO; global token average)
+    seq-mean-token-sum:      mean_i Σ_t L·m                   (rows with Σm = 0 not counted)
+    seq-mean-token-mean:     mean_i [Σ_t L·m / Σ_t m]         (GRPO paper; same row rule)
+    seq-mean-token-sum-norm: Σ(L·m)/C, C = scale_factor or T  (Dr.GRPO constant normaliser:
+                             cancels the length bias of per-sequence 1/|o|)
+    token-sum:               Σ(L·m)                           (losses carrying own normalisers)
+    Empty masks give 0 (with a zero gradient), never NaN.
+    """
+    if mode not in AGG_MODES:
+        raise ValueError(f"unknown loss aggregation mode {mode!r}; valid: {sorted(AGG_MODES)}")
+    m = mask.to(loss_mat.dtype)
+    lm = torch.where(m > 0, loss_mat, torch.zeros_like(loss_mat)) * m
+    if mode == "token-mean":
+        n = m.sum()
+        return lm.sum() / n.clamp_min(1e-30) if bool(n > 0) else lm.sum() * 0.0
+    if mode == "token-sum":
+        return lm.sum()
+    if mode == "seq-mean-token-sum-norm":
+        c = float(scale_factor) if scale_factor is not None else float(loss_mat.shape[-1])
+        return lm.sum() / c
+    per_row = m.sum(-1)
+    valid = per_row > 0
+    seq = lm.sum(-1)
+    if mode == "seq-mean-token-mean":
+        seq = seq / per_row.clamp_min(1e-30)
+    n_rows = valid.sum()
+    return torch.where(valid, seq, 0.0).sum() / n_rows if bool(n_rows > 0) else lm.sum() * 0.0
+
+
+def rlcsd_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, adv_hat: Tensor, gate: Tensor, mask: Tensor, *,
+               clip_eps: float = 0.2, eta: float = 1.0, tis_weights: Tensor | None = None) -> LossOutput:
+    """RLCSD two-path loss (spec §1.5.3); aggregate the result with ``"token-sum"``.
+
+    M_non = m(1−g), M_sel = m·g; ℓ_non = clipped(A), ℓ_sel = clipped(Â), both times w.
+    L = Σ M_non ℓ_non / max(N_non, 1) + η Σ M_sel ℓ_sel / max(N_sel, 1); the returned matrix holds
+    each token's share, so ``aggregate(loss_mat, mask, "token-sum") == L``.
+    Shapes: logp/old/adv_hat/gate/mask [N, T]; advantages [N] or [N, T].
+    """
+    a = _per_token(advantages, logp)
+    m = mask.bool()
+    sel = m & gate.bool()
+    non = m & ~gate.bool()
+    n_sel = sel.sum().clamp_min(1).to(logp.dtype)
+    n_non = non.sum().clamp_min(1).to(logp.dtype)
+    l_non = clipped_surrogate(logp, old_logp, a, clip_eps)
+    l_sel = clipped_surrogate(logp, old_logp, adv_hat.detach().to(logp.dtype), clip_eps)
+    loss = torch.where(sel, eta * l_sel / n_sel, l_non / n_non)
+    loss = _finish(loss, mask, tis_weights)
+    metrics = {"rlcsd_sel_frac": masked_mean(sel.to(logp.dtype), mask),
+               "rlcsd_loss_non": (torch.where(non, loss, 0.0)).sum().detach(),
+               "rlcsd_loss_sel": (torch.where(sel, loss, 0.0)).sum().detach()}
+    return LossOutput(loss, metrics)
+
+
+def rlsd_lambda(step: int | None, lam0: float = 0.5, decay_steps: int = 50, decay: bool = False) -> float:
+    """λ_s = λ₀·max(0, 1 − min((s−1)/D, 1)) when ``decay`` (and a step is known), else λ₀."""
+    if not decay or step is None:
+        return lam0
+    return lam0 * max(0.0, 1.0 - min((step - 1) / decay_steps, 1.0))
+
+
+def _modulate(adv: Tensor, gap: Tensor, lam: float, eps_w: float, exp_clamp: float | None) -> Tensor:
+    a = _per_token(adv, gap)
+    x = torch.sign(a) * gap.detach()
+    if exp_clamp is not None:
+        x = torch.clamp(x, -exp_clamp, exp_clamp)
+    w = torch.clamp(torch.exp(x), 1.0 - eps_w, 1.0 + eps_w)
+    return a * ((1.0 - lam) + lam * w)
+
+
+def rlsd_advantage(advantages: Tensor, teacher_logp: Tensor, logp: Tensor, *, lam: float = 0.5,
+                   eps_w: float = 0.2) -> Tensor:
+    """RLSD: Δ = ℓ_T − sg(lp); w = clip(exp(sign(A)Δ), 1±ε_w); Â = A((1−λ) + λw). [N, T], no grad."""
+    return _modulate(advantages, teacher_logp.detach() - logp.detach(), lam, eps_w, None)
+
+
+def rlsd_ectr_advantage(advantages: Tensor, pos_logp: Tensor, neg_logp: Tensor, *, lam: float = 0.5,
+                        eps_w: float = 0.2) -> Tensor:
+    """RLSD-ECTR: Δ = ℓ_T(z⁺) − ℓ_T(z⁻); exponent clamped to ±60; otherwise as RLSD. [N, T]."""
+    return _modulate(advantages, pos_logp.detach() - neg_logp.detach(), lam, eps_w, 60.0)

@@ -1,0 +1,115 @@
+"""Registries of advantage estimators and policy losses, strict at both ends (STYLE.md §1–2).
+
+* ``@register_advantage(name, needs=(...))`` — ``fn(inputs: AlgoInputs, hp) -> Tensor[N]``.
+* ``@register_policy_loss(name, needs=(...))`` — ``fn(inputs, advantages, hp) -> LossOutput``
+  (per-token ``loss_mat`` + metrics; aggregation is separate).
+* Registering a name twice raises; an unknown name raises listing the sorted valid names.
+* ``needs`` names the optional :class:`~.inputs.AlgoInputs` fields a function reads;
+  ``required_inputs(adv, loss, hp)`` is their union (plus what ``hp`` implies, e.g. ``ref_logp``
+  for a KL loss) for start-up checks; ``check_inputs`` validates a concrete bundle.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from .inputs import FIELD_SHAPES, AlgoInputs, missing_fields
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A registered function, the optional inputs it needs, and an optional hp → extra needs hook."""
+
+    name: str
+    fn: Callable
+    needs: frozenset
+    hp_needs: Callable | None = None
+
+    def needs_for(self, hp=None) -> set:
+        """Static needs plus those implied by ``hp``."""
+        extra = self.hp_needs(hp) if (self.hp_needs is not None and hp is not None) else set()
+        return set(self.needs) | set(extra)
+
+
+_ADVANTAGES: dict = {}
+_LOSSES: dict = {}
+
+
+def _register(table: dict, kind: str, name: str, needs, hp_needs):
+    unknown = sorted(set(needs) - set(FIELD_SHAPES))
+    if unknown:
+        raise ValueError(f"{kind} {name!r} declares unknown input field(s) {unknown}; valid: {sorted(FIELD_SHAPES)}")
+
+    def deco(fn: Callable) -> Callable:
+        if name in table:
+            raise ValueError(f"{kind} {name!r} is already registered (by {table[name].fn.__qualname__})")
+        table[name] = Entry(name, fn, frozenset(needs), hp_needs)
+        return fn
+    return deco
+
+
+def register_advantage(name: str, needs=(), hp_needs: Callable | None = None):
+    """Decorator registering ``fn(inputs, hp) -> Tensor[N]`` under ``name``."""
+    return _register(_ADVANTAGES, "advantage", name, needs, hp_needs)
+
+
+def register_policy_loss(name: str, needs=(), hp_needs: Callable | None = None):
+    """Decorator registering ``fn(inputs, advantages, hp) -> LossOutput`` under ``name``."""
+    return _register(_LOSSES, "policy loss", name, needs, hp_needs)
+
+
+def _load_builtins() -> None:
+    from . import builtin  # noqa: F401  (registers the built-in functions on first import)
+
+
+def _lookup(table: dict, kind: str, name: str) -> Entry:
+    _load_builtins()
+    if name not in table:
+        raise KeyError(f"unknown {kind} {name!r}; valid: {sorted(table)}")
+    return table[name]
+
+
+def get_advantage(name: str) -> Callable:
+    """The registered advantage function ``name`` (KeyError listing valid names otherwise)."""
+    return _lookup(_ADVANTAGES, "advantage", name).fn
+
+
+def get_policy_loss(name: str) -> Callable:
+    """The registered policy-loss function ``name`` (KeyError listing valid names otherwise)."""
+    return _lookup(_LOSSES, "policy loss", name).fn
+
+
+def advantage_names() -> list:
+    """Sorted registered advantage names."""
+    _load_builtins()
+    return sorted(_ADVANTAGES)
+
+
+def policy_loss_names() -> list:
+    """Sorted registered policy-loss names."""
+    _load_builtins()
+    return sorted(_LOSSES)
+
+
+def required_inputs(adv_name: str, loss_name: str, hp=None) -> set:
+    """Optional AlgoInputs fields the pair needs (advantage time ∪ update time)."""
+    adv = _lookup(_ADVANTAGES, "advantage", adv_name)
+    loss = _lookup(_LOSSES, "policy loss", loss_name)
+    return adv.needs_for(hp) | loss.needs_for(hp)
+
+
+def advantage_inputs(adv_name: str, hp=None) -> set:
+    """Optional fields needed by the advantage alone (what the rollout side must produce)."""
+    return _lookup(_ADVANTAGES, "advantage", adv_name).needs_for(hp)
+
+
+def loss_inputs(loss_name: str, hp=None) -> set:
+    """Optional fields needed by the loss alone (update time)."""
+    return _lookup(_LOSSES, "policy loss", loss_name).needs_for(hp)
+
+
+def check_inputs(inputs: AlgoInputs, needed: set, where: str) -> None:
+    """Raise ``ValueError`` naming the missing fields of ``inputs`` for ``where``."""
+    missing = missing_fields(inputs, set(needed))
+    if missing:
+        raise ValueError(f"{where} needs input field(s) {missing} that this step's AlgoInputs does not provide")
