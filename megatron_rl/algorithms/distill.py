@@ -13,7 +13,9 @@ log p(tail) = log(1 − exp(min(LSE(top-k), −1e-7))). Supports are [N, T, k+1]
 * OPSD-ECTR: OPSD towards a CFG-style guided target q = softmax((1+α)log p_c − α·max(log p_w, f)),
   weighted by ω = KL(p_c‖p_w)/(KL + τ).
 
-Departures: the tail uses log(−expm1(x)) (same value, stable). JSD_α at α ∈ {0, 1} is the
+Departures: ties in the top-k go to the lowest vocabulary index (stable sort; ``torch.topk``'s
+tie order is unspecified and changes the support when tied logits differ in the other model).
+The tail uses log(−expm1(x)) (same value, stable). JSD_α at α ∈ {0, 1} is the
 limit the reference special-cases (forward / reverse KL), not the degenerate mixture formula.
 The legacy per-token (instead of per-element) OPSD clip is not reproduced.
 """
@@ -36,7 +38,8 @@ def topk_tail_support(select_logits: Tensor, *other_logits: Tensor, k: int = 100
     tensor per input, ``select`` first. Shapes: logits [N, T, V] each (same V)."""
     if k < 1 or k >= select_logits.shape[-1]:
         raise ValueError(f"top-k support needs 1 <= k < V={select_logits.shape[-1]}, got k={k}")
-    idx = torch.topk(select_logits.detach(), k, dim=-1).indices
+    # stable descending sort: ties go to the lowest vocabulary index (deterministic across backends)
+    idx = torch.sort(select_logits.detach(), dim=-1, descending=True, stable=True).indices[..., :k]
     return tuple(_with_tail(torch.log_softmax(x, dim=-1), idx) for x in (select_logits, *other_logits))
 
 
