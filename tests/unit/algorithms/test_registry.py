@@ -1,0 +1,145 @@
+"""Registries, the algo-kind table, hyper-parameter dataclasses and the AlgoInputs bundle."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import megatron_rl.algorithms as A
+from megatron_rl.algorithms import registry as R
+
+from algo_builders import D, random_inputs
+
+REQUIRED_KINDS = {"grpo", "dapo", "drgrpo", "remax", "rloo", "bicc", "bicc_rcc", "rlcsd", "opsd", "sdpo", "srpo",
+                  "rlsd", "opsd_ectr", "rlsd_ectr", "papo", "score"}
+
+
+def test_public_names_exist():
+    for name in ("grpo_advantage", "rloo_advantage", "remax_advantage", "bicc_advantage", "rcc_advantage",
+                 "papo_advantage", "ppo_clip_loss", "aggregate", "kl_penalty", "rlcsd_signal", "rlcsd_advantage",
+                 "register_advantage", "register_policy_loss", "get_advantage", "get_policy_loss",
+                 "advantage_names", "policy_loss_names", "required_inputs", "AlgoInputs", "ALGO_KINDS"):
+        assert callable(getattr(A, name)) or isinstance(getattr(A, name), dict), name
+        assert getattr(A, name).__doc__ or isinstance(getattr(A, name), dict), f"{name} lacks a docstring"
+
+
+def test_every_kind_is_registered_and_defaults_construct():
+    assert REQUIRED_KINDS <= set(A.ALGO_KINDS)
+    for kind, (adv, loss, hp_cls) in A.ALGO_KINDS.items():
+        assert adv in A.advantage_names() and loss in A.policy_loss_names(), kind
+        hp = hp_cls()
+        assert dataclasses.is_dataclass(hp) and hp_cls.__dataclass_params__.frozen
+
+
+def test_duplicate_registration_raises():
+    with pytest.raises(ValueError, match="already registered"):
+        A.register_advantage("grpo")(lambda x, hp: x.rewards)
+    with pytest.raises(ValueError, match="already registered"):
+        A.register_policy_loss("ppo_clip")(lambda x, a, hp: None)
+
+
+def test_unknown_name_lists_sorted_valid_names():
+    with pytest.raises(KeyError) as e:
+        A.get_advantage("grpoo")
+    assert str(sorted(A.advantage_names())) in str(e.value)
+    with pytest.raises(KeyError) as e:
+        A.get_policy_loss("ppo")
+    assert str(A.policy_loss_names()) in str(e.value)
+    with pytest.raises(KeyError, match="valid"):
+        A.algo_kind("grpo2")
+
+
+def test_register_custom_and_declared_needs_checked():
+    with pytest.raises(ValueError, match="unknown input field"):
+        A.register_advantage("tmp_bad_needs", needs=("not_a_field",))
+    try:
+        @A.register_advantage("tmp_scaled", needs=("process",))
+        def _tmp(x, hp):
+            """test estimator: reward times process score"""
+            return x.rewards * x.process
+        assert A.get_advantage("tmp_scaled") is _tmp
+        assert A.required_inputs("tmp_scaled", "rlsd") == {"process", "logp", "old_logp", "teacher_logp"}
+    finally:
+        R._ADVANTAGES.pop("tmp_scaled", None)
+
+
+@pytest.mark.parametrize("kind,expected", [
+    ("grpo", {"logp", "old_logp", "ref_logp"}),   # KL loss 0.001 needs ref
+    ("dapo", {"logp", "old_logp"}),
+    ("remax", {"logp", "old_logp", "greedy_rewards"}),
+    ("papo", {"logp", "old_logp", "process"}),
+    ("rlcsd", {"logp", "old_logp", "teacher_logp", "teacher_neg_logp", "teacher_neg_mask"}),
+    ("opsd", {"student_topk", "teacher_topk"}),
+    ("srpo", {"logp", "old_logp", "student_topk", "teacher_topk", "teacher_entropy"}),
+    ("bicc_rcc", {"logp", "old_logp", "ref_logp"}),
+])
+def test_kind_required_inputs(kind, expected):
+    assert A.kind_required_inputs(kind) == expected
+
+
+def test_rcc_remax_base_needs_greedy():
+    hp = A.BiCCRCCHParams(base="remax")
+    assert "greedy_rewards" in A.kind_required_inputs("bicc_rcc", hp)
+    assert "greedy_rewards" not in A.kind_required_inputs("bicc_rcc")
+
+
+def test_missing_inputs_fail_clearly():
+    x = A.AlgoInputs(rewards=torch.tensor([1.0, 0.0]), group_ids=torch.tensor([0, 0]), mask=torch.ones(2, 3))
+    with pytest.raises(ValueError, match=r"advantage 'remax' needs input field\(s\) \['greedy_rewards'\]"):
+        A.compute_advantages("remax", x)
+    with pytest.raises(ValueError, match=r"\['logp', 'old_logp'\]"):
+        A.compute_policy_loss("dapo", x, torch.zeros(2))
+
+
+def test_inputs_shape_validation_names_field():
+    with pytest.raises(ValueError, match="AlgoInputs.old_logp has shape"):
+        A.AlgoInputs(rewards=torch.zeros(2), group_ids=torch.zeros(2, dtype=torch.long), mask=torch.ones(2, 3),
+                     old_logp=torch.zeros(2, 4))
+    x = random_inputs()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        x.rewards = torch.zeros(3)
+
+
+@pytest.mark.parametrize("cls,kw,msg", [
+    (A.GRPOHParams, {"scale": "x"}, "scale"),
+    (A.PPOHParams, {"dual_clip": 1.0}, "dual_clip"),
+    (A.PPOHParams, {"loss_agg_mode": "mean"}, "loss_agg_mode"),
+    (A.PPOHParams, {"kl_loss_type": "k4"}, "kl_loss_type"),
+    (A.BiCCHParams, {"old_logprob_context": "both"}, "old_logprob_context"),
+    (A.BiCCRCCHParams, {"rcc_delta": "max"}, "rcc_delta"),
+    (A.RLCSDHParams, {"loss_agg_mode": "token-mean"}, "token-sum"),
+    (A.ScoreHParams, {"stage": 3}, "stage"),
+])
+def test_hparams_validate(cls, kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        cls(**kw)
+
+
+def test_spec_defaults():
+    assert A.DAPOHParams().clip_high == 0.28 and A.DAPOHParams().kl_loss_coef == 0
+    assert A.DrGRPOHParams().loss_agg_mode == "seq-mean-token-sum-norm"
+    r = A.RLCSDHParams()
+    assert (r.tau, r.beta, r.lam, r.delta, r.eta, r.k_max, r.clip_lo, r.clip_hi) == (0.02, 1.0, 0.5, 0.02, 1.0, 4, -2, 2)
+    assert A.RLSDECTRHParams().kl_loss_coef == 0.001 and A.RLSDHParams().lam_decay is False
+    assert A.OPSDHParams().grad_clip == 0.1 and A.SDPOHParams().alpha == 0.5
+    assert A.BiCCHParams().context_budget(5120) == 2048
+    assert A.ScoreHParams().alpha == 10.0 and A.PAPOHParams().lam == 1.0
+
+
+@pytest.mark.parametrize("kind", sorted(REQUIRED_KINDS))
+def test_end_to_end_every_kind(kind):
+    x = random_inputs(seed=7)
+    hp = A.ALGO_KINDS[kind].hparams()
+    adv = A.compute_advantages(kind, x, hp)
+    assert adv.shape == x.rewards.shape and torch.isfinite(adv).all()
+    obj = A.compute_policy_loss(kind, x, adv, hp)
+    assert obj.loss.dim() == 0 and torch.isfinite(obj.loss)
+    assert all(v.dim() == 0 for v in obj.metrics.values())
+    torch.testing.assert_close(obj.loss, obj.pg_loss + hp.kl_loss_coef * obj.kl_loss)
+
+
+def test_registered_grpo_equals_public_function():
+    x = random_inputs(seed=8)
+    torch.testing.assert_close(A.get_advantage("grpo")(x, A.GRPOHParams()), A.grpo_advantage(x.rewards, x.group_ids))
+    assert x.rewards.dtype == D
