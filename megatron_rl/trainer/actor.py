@@ -1,0 +1,316 @@
+"""The Megatron policy: per-token log-probs / entropy and the training step.
+
+``PolicyActor``     model chunks (provider) in megatron ``DistributedDataParallel``, megatron
+                    optimizer + LR scheduler, ``forward_logprobs`` and ``train_step``.
+``ReferencePolicy`` a frozen second model instance (no DDP, no optimizer) for KL reference log-probs.
+
+Log-probs of a batch (both classes): for response targets ``y_t = tokens[:, t+1]``
+
+    logp[n, t] = log softmax(z[n, t] / T)[y_t],    H[n, t] = entropy of softmax(z[n, t] / T)
+
+computed vocab-parallel on the last pipeline stage (``trainer/vocab_parallel.py``). The temperature
+``T`` must equal the rollout engine's sampling temperature so that old/rollout log-probs and
+trainer log-probs describe the same distribution.
+
+Training objective (``train_step``): ``loss_fn(logp, entropy, mb) -> (loss_sum, normaliser, metrics)``
+is called once per micro-batch ``mb``; the step minimises
+
+    L = sum_{mb, DP ranks} loss_sum  /  sum_{mb, DP ranks} normaliser      (normaliser None: no division)
+
+i.e. the normaliser is taken over the GLOBAL batch (see ``trainer/objective.py``), so ``L`` and its
+gradient do not depend on micro-batch size, DP or PP. Mechanism: megatron's
+``calculate_per_token_loss=True`` keeps each micro-batch loss un-normalised, DDP sums (not averages)
+grads over DP, and ``finalize_model_grads`` divides all grads by the all-reduced normaliser.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from functools import partial
+from typing import Any, Callable, Iterator, NamedTuple
+
+import torch
+
+from megatron_rl.trainer.batch import TrainBatch
+from megatron_rl.trainer.optim import OptimSpec, build_optimizer, current_lr
+from megatron_rl.trainer.schedule import (Groups, from_last_stage, gather_dp, run_schedule, sum_dp,
+                                          tensor_from_last_stage)
+from megatron_rl.trainer.vocab_parallel import vocab_parallel_logprobs
+
+LossFn = Callable[[torch.Tensor, torch.Tensor, TrainBatch], tuple]
+"""``(logp [n,S-1], entropy [n,S-1], mb) -> (loss_sum scalar, normaliser scalar | None, metrics dict)``."""
+
+
+class LogProbResult(NamedTuple):
+    """``logp`` ``[N, S-1]`` fp32 on every rank; ``entropy`` likewise or None."""
+
+    logp: torch.Tensor
+    entropy: torch.Tensor | None
+
+
+@dataclasses.dataclass
+class TrainStepResult:
+    """What one optimizer step reports (identical on every rank)."""
+
+    loss: float
+    grad_norm: float
+    lr: float
+    update_successful: bool
+    normaliser: float
+    metrics: dict[str, float]
+    timings: dict[str, float]
+
+    def to_dict(self) -> dict[str, float]:
+        out = {"loss": self.loss, "grad_norm": self.grad_norm, "lr": self.lr,
+               "update_successful": float(self.update_successful), "normaliser": self.normaliser}
+        out.update(self.metrics)
+        out.update({f"time/{k}": v for k, v in self.timings.items()})
+        return out
+
+
+def unwrap(module: torch.nn.Module) -> torch.nn.Module:
+    """The bare ``GPTModel`` inside DDP / Float16Module wrappers."""
+    while hasattr(module, "module"):
+        module = module.module
+    return module
+
+
+def _build_chunks(hf_cfg, bf16: bool, g: Groups, sequence_parallel: bool):
+    """(list of model chunks, TransformerConfig) from the provider for this pipeline stage."""
+    from megatron_rl.models.provider import build_gpt_model, transformer_config_from_hf
+
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    config = transformer_config_from_hf(
+        hf_cfg, tp=g.tp_size, pp=g.pp_size, sequence_parallel=sequence_parallel, params_dtype=dtype,
+        calculate_per_token_loss=True, bf16=bf16, pipeline_dtype=dtype)
+    model = build_gpt_model(hf_cfg, config, pre_process=g.is_first_stage, post_process=g.is_last_stage)
+    if bf16:
+        from megatron.core.transformer.module import Float16Module
+        model = Float16Module(config, model)
+    return [model], config
+
+
+class _LogProbModel:
+    """Shared forward machinery: model chunks -> per-token log-probs / entropy on every rank."""
+
+    def __init__(self, hf_cfg, chunks, config, temperature: float, sequence_parallel: bool):
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        self.hf_cfg = hf_cfg
+        self.chunks = chunks
+        self.config = config
+        self.temperature = float(temperature)
+        self.sequence_parallel = sequence_parallel
+        self.groups = Groups.current()
+        self.vocab_size = int(hf_cfg.vocab_size)
+
+    # ----- helpers -------------------------------------------------------------------------
+    def _local_batch(self, batch: TrainBatch, micro_batch_size: int) -> tuple[TrainBatch, list[TrainBatch]]:
+        g = self.groups
+        if batch.num_samples % (g.dp_size * micro_batch_size):
+            raise ValueError(f"batch of {batch.num_samples} samples is not divisible by data-parallel size "
+                             f"{g.dp_size} x micro_batch_size {micro_batch_size}")
+        local = batch.shard(g.dp_rank, g.dp_size)
+        if self.sequence_parallel:
+            local = local.pad_to_multiple(g.tp_size)
+        return local, local.micro_batches(micro_batch_size)
+
+    def _logprobs(self, logits: torch.Tensor, mb: TrainBatch, temperature: float):
+        z = logits[:, :-1]
+        if temperature != 1.0:
+            z = z / temperature
+        return vocab_parallel_logprobs(z, mb.targets, self.groups.tp, vocab_size=self.vocab_size)
+
+    def _forward_step(self, loss_func: Callable, data_iterator: Iterator, model):
+        mb = next(data_iterator)
+        out = model(mb.tokens, mb.position_ids(), mb.attention_mask())
+        return out, partial(loss_func, mb)
+
+    def _collect_logprobs(self, mb: TrainBatch, temperature: float, with_entropy: bool, logits: torch.Tensor):
+        with torch.no_grad():
+            lp = self._logprobs(logits, mb, temperature)
+        data = {"logp": lp.logp}
+        if with_entropy:
+            data["entropy"] = lp.entropy
+        return torch.zeros((), dtype=torch.float32), torch.zeros((), dtype=torch.int), data
+
+    # ----- public --------------------------------------------------------------------------
+    def forward_logprobs(self, batch: TrainBatch, micro_batch_size: int, temperature: float | None = None,
+                         with_entropy: bool = False) -> LogProbResult:
+        """Log-probs (and entropy) of ``batch`` (the GLOBAL batch, same on all ranks) on every rank.
+
+        Each DP rank computes its contiguous shard through the forward-only schedule; the last
+        stage's results are broadcast over PP and all-gathered over DP. Shapes ``[N, S-1]``.
+        """
+        g = self.groups
+        t = self.temperature if temperature is None else float(temperature)
+        local, mbs = self._local_batch(batch, micro_batch_size)
+        for c in self.chunks:
+            c.eval()
+        with torch.no_grad():
+            store = run_schedule(self.chunks, mbs, partial(self._forward_step, partial(
+                self._collect_logprobs, temperature=t, with_entropy=with_entropy)), forward_only=True)
+        shape = (local.num_samples, local.seq_len - 1)
+        outs = []
+        for key in ("logp", "entropy") if with_entropy else ("logp",):
+            x = torch.cat([d[key] for d in store], dim=0).float() if g.is_last_stage else None
+            x = tensor_from_last_stage(g, x, shape)
+            outs.append(gather_dp(g, x)[:, : batch.seq_len - 1])
+        return LogProbResult(outs[0], outs[1] if with_entropy else None)
+
+    def bare_models(self) -> list[torch.nn.Module]:
+        """The unwrapped ``GPTModel`` chunks (for conversion / weight sync)."""
+        return [unwrap(c) for c in self.chunks]
+
+    def hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full HF-named tensors gathered over TP/PP (``convert.iter_hf_tensors``), for weight sync."""
+        from megatron_rl.convert import iter_hf_tensors
+        return iter_hf_tensors(self.bare_models(), self.hf_cfg)
+
+    def export_hf(self, out_dir: str) -> None:
+        """Write an HF checkpoint (safetensors + config) of the current weights to ``out_dir``."""
+        from megatron_rl.convert import export_hf
+        export_hf(self.bare_models(), self.hf_cfg, out_dir)
+
+
+class PolicyActor(_LogProbModel):
+    """Trainable Megatron policy (DDP + distributed optimizer + LR schedule).
+
+    Args:
+        hf_cfg: HF ``PretrainedConfig`` (``models.provider.load_hf_config``) describing the model.
+        parallel_info: the ``ParallelInfo`` from ``init_parallel`` (kept for the converter).
+        optim: :class:`OptimSpec`.
+        temperature: sampling temperature of the rollout engine (default for log-prob passes).
+        sequence_parallel: use Megatron sequence parallelism (TP > 1 only).
+    """
+
+    def __init__(self, hf_cfg, parallel_info, optim: OptimSpec, temperature: float = 1.0,
+                 sequence_parallel: bool = False):
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+        g = Groups.current()
+        sp = bool(sequence_parallel and g.tp_size > 1)
+        chunks, config = _build_chunks(hf_cfg, optim.bf16, g, sp)
+        ddp_cfg = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+            use_distributed_optimizer=optim.use_distributed_optimizer)
+        chunks = [DistributedDataParallel(config, ddp_cfg, c) for c in chunks]
+        for c in chunks:
+            c.broadcast_params()
+        super().__init__(hf_cfg, chunks, config, temperature, sp)
+        self.parallel_info = parallel_info
+        self.optim_spec = optim
+        self.optimizer, self.scheduler = build_optimizer(optim, chunks)
+        config.no_sync_func = chunks[0].no_sync if len(chunks) == 1 else [c.no_sync for c in chunks]
+        config.finalize_model_grads_func = self._finalize_grads
+        config.grad_scale_func = self.optimizer.scale_loss
+        self._step_state: dict[str, Any] = {}
+        self.steps_done = 0
+
+    # ----- loading -------------------------------------------------------------------------
+    def load_hf(self, hf_dir: str) -> None:
+        """Load an HF checkpoint directory into the model (converter maps, TP/PP slicing)."""
+        from megatron_rl.convert import load_hf_into_model
+        load_hf_into_model(self.bare_models(), hf_dir, self.parallel_info)
+        self.optimizer.reload_model_params()
+
+    # ----- training ------------------------------------------------------------------------
+    def _finalize_grads(self, model, num_tokens=None, pg_collection=None, force_all_reduce=False):
+        """megatron ``finalize_model_grads`` with OUR float normaliser instead of its int token count.
+
+        The normaliser lives on the last stage (0 elsewhere; broadcast inside finalize). A global
+        value of 0 — every ``loss_fn`` returned None — means no division.
+        """
+        from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+        norm = self._step_state["norm"].clone()
+        finalize_model_grads(model, norm, pg_collection=pg_collection, force_all_reduce=force_all_reduce)
+
+    def _train_loss(self, loss_fn: LossFn, temperature: float, mb: TrainBatch, logits: torch.Tensor):
+        lp = self._logprobs(logits, mb, temperature)
+        out = loss_fn(lp.logp, lp.entropy, mb)
+        if not (isinstance(out, tuple) and len(out) == 3):
+            raise TypeError("loss_fn must return (loss_sum, normaliser_or_None, metrics)")
+        loss_sum, norm, metrics = out
+        st = self._step_state
+        kind = norm is None
+        if st.setdefault("norm_is_none", kind) != kind:
+            raise ValueError("loss_fn returned a normaliser for some micro-batches and None for others")
+        if norm is not None:
+            st["norm"] += torch.as_tensor(norm, dtype=torch.float64).detach().reshape(())
+        st["loss_sum"] += loss_sum.detach().double()
+        for k, v in (metrics or {}).items():
+            st["metrics"].setdefault(k, []).append(float(torch.as_tensor(v).detach().float().mean()))
+        return loss_sum, torch.zeros((), dtype=torch.int), {}
+
+    def train_step(self, batch: TrainBatch, loss_fn: LossFn, micro_batch_size: int,
+                   temperature: float | None = None) -> TrainStepResult:
+        """One optimizer step on the GLOBAL ``batch`` (same on every rank); see the module docstring."""
+        g = self.groups
+        t = self.temperature if temperature is None else float(temperature)
+        t0 = time.perf_counter()
+        local, mbs = self._local_batch(batch, micro_batch_size)
+        for c in self.chunks:
+            c.train()
+            c.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        self._step_state = {"norm": torch.zeros((), dtype=torch.float64), "loss_sum": torch.zeros((), dtype=torch.float64),
+                            "metrics": {}}
+        t1 = time.perf_counter()
+        run_schedule(self.chunks, mbs, partial(self._forward_step, partial(self._train_loss, loss_fn, t)),
+                     forward_only=False)
+        t2 = time.perf_counter()
+        ok, grad_norm, _ = self.optimizer.step()
+        if ok:
+            self.scheduler.step(increment=1)
+        t3 = time.perf_counter()
+        result = self._reduce_step(ok, grad_norm)
+        result.timings = {"prepare": t1 - t0, "forward_backward": t2 - t1, "optimizer": t3 - t2,
+                          "reduce": time.perf_counter() - t3, "step": time.perf_counter() - t0}
+        self.steps_done += 1
+        return result
+
+    def _reduce_step(self, ok: bool, grad_norm) -> TrainStepResult:
+        """Global loss / normaliser / metrics from the last stage, summed over DP, on every rank."""
+        g = self.groups
+        st = self._step_state
+        payload = None
+        if g.is_last_stage:
+            tot = sum_dp(g, torch.stack([st["loss_sum"], st["norm"]]))
+            keys = sorted(st["metrics"])
+            means = torch.tensor([sum(st["metrics"][k]) / len(st["metrics"][k]) for k in keys], dtype=torch.float64)
+            means = sum_dp(g, means) / g.dp_size
+            payload = (tot.tolist(), dict(zip(keys, means.tolist())))
+        (loss_sum, norm), metrics = from_last_stage(g, payload)
+        loss = loss_sum / norm if norm > 0 else loss_sum
+        gn = float(grad_norm) if grad_norm is not None else float("nan")
+        return TrainStepResult(loss=loss, grad_norm=gn, lr=current_lr(self.optimizer), update_successful=bool(ok),
+                               normaliser=norm, metrics=metrics, timings={})
+
+
+class ReferencePolicy(_LogProbModel):
+    """Frozen policy copy for reference (KL) log-probs: its own model instance, no DDP, no optimizer."""
+
+    def __init__(self, hf_cfg, temperature: float = 1.0, sequence_parallel: bool = False, bf16: bool = False):
+        g = Groups.current()
+        sp = bool(sequence_parallel and g.tp_size > 1)
+        chunks, config = _build_chunks(hf_cfg, bf16, g, sp)
+        for c in chunks:
+            c.requires_grad_(False)
+            c.eval()
+        super().__init__(hf_cfg, chunks, config, temperature, sp)
+
+    @classmethod
+    def from_actor(cls, actor: PolicyActor) -> "ReferencePolicy":
+        """A frozen copy of ``actor``'s current weights (same parallel layout)."""
+        ref = cls(actor.hf_cfg, actor.temperature, actor.sequence_parallel, actor.optim_spec.bf16)
+        ref.copy_from(actor)
+        return ref
+
+    def copy_from(self, actor: PolicyActor) -> None:
+        """Overwrite the weights with ``actor``'s (e.g. to refresh the reference)."""
+        for mine, theirs in zip(self.bare_models(), actor.bare_models()):
+            sd = {k: v for k, v in theirs.state_dict().items() if not k.endswith("_extra_state")}
+            missing, unexpected = mine.load_state_dict(sd, strict=False)
+            bad = [k for k in missing if not k.endswith("_extra_state")]
+            if bad or unexpected:
+                raise RuntimeError(f"ReferencePolicy.copy_from: missing {bad}, unexpected {unexpected}")

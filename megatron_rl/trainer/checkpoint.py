@@ -1,0 +1,176 @@
+"""Atomic, resumable checkpoints of a :class:`~megatron_rl.trainer.actor.PolicyActor`.
+
+Layout of ``<run_dir>/checkpoints/step_<N>/`` (complete checkpoints only)::
+
+    dist/               megatron dist_checkpointing (torch_dist): model, optimizer (fully
+                        reshardable over TP / PP / DP), LR scheduler, actor step counter
+    rng/rank_<r>.pt     python / numpy / torch RNG + megatron RNG-tracker states of global rank r
+    extra_state.pt      the caller's ``extra_state`` dict (sampler cursor, loop counters, algorithm state)
+    COMPLETE            JSON marker {step, world_size, tp, pp, dp}; written last
+
+Protocol: every rank writes into ``checkpoints/.tmp-step_<N>``; after a barrier rank 0 writes
+``COMPLETE`` and renames the directory to ``step_<N>`` (one atomic ``rename`` on the same file
+system), then deletes the oldest complete checkpoints beyond ``keep_last``. A crash at any point
+leaves either a ``.tmp-*`` directory or a ``step_*`` without ``COMPLETE``; :func:`find_latest`
+ignores both.
+
+Resharding: model and optimizer load into any TP / PP / DP layout. RNG states are restored only
+when the layout (world size, TP, PP) is unchanged — otherwise they are skipped and the fact is
+returned (``rng_restored=False``) and logged.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger("megatron_rl.checkpoint")
+
+_STEP_RE = re.compile(r"^step_(\d+)$")
+_MARKER = "COMPLETE"
+
+
+class LoadedCheckpoint(NamedTuple):
+    """What :func:`load_checkpoint` restored."""
+
+    step: int
+    extra_state: dict
+    rng_restored: bool
+    path: Path
+
+
+def checkpoints_dir(run_dir: str | os.PathLike) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def find_latest(run_dir: str | os.PathLike) -> Path | None:
+    """Newest ``step_N`` directory that has its ``COMPLETE`` marker (half-written ones are ignored)."""
+    root = checkpoints_dir(run_dir)
+    if not root.is_dir():
+        return None
+    done = [(int(m.group(1)), p) for p in root.iterdir()
+            if (m := _STEP_RE.match(p.name)) and (p / _MARKER).is_file()]
+    return max(done)[1] if done else None
+
+
+def _layout() -> dict[str, int]:
+    from megatron.core import parallel_state as ps
+
+    return {"world_size": dist.get_world_size(), "tp": ps.get_tensor_model_parallel_world_size(),
+            "pp": ps.get_pipeline_model_parallel_world_size(), "dp": ps.get_data_parallel_world_size()}
+
+
+def _sharded_state(actor, is_loading: bool) -> dict[str, Any]:
+    """The dist_checkpointing state dict: model (per chunk), optimizer, scheduler, counters."""
+    models = actor.bare_models()
+    if len(models) == 1:
+        model_sd = {"model": models[0].sharded_state_dict(prefix="")}
+    else:
+        model_sd = {f"model{i}": m.sharded_state_dict(prefix="") for i, m in enumerate(models)}
+    state = dict(model_sd)
+    state["optimizer"] = actor.optimizer.sharded_state_dict(
+        model_sd, is_loading=is_loading, metadata={"distrib_optim_sharding_type": "fully_sharded_model_space"})
+    state["scheduler"] = actor.scheduler.state_dict()
+    state["actor_steps"] = actor.steps_done
+    return state
+
+
+def _rng_state() -> dict[str, Any]:
+    from megatron.core import tensor_parallel
+
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+            "tracker": tensor_parallel.get_cuda_rng_tracker().get_states()}
+
+
+def _set_rng_state(st: dict[str, Any]) -> None:
+    from megatron.core import tensor_parallel
+
+    random.setstate(st["python"])
+    np.random.set_state(st["numpy"])
+    torch.set_rng_state(st["torch"])
+    tensor_parallel.get_cuda_rng_tracker().set_states(st["tracker"])
+
+
+def save_checkpoint(run_dir: str | os.PathLike, step: int, actor, extra_state: dict,
+                    keep_last: int | None = 3) -> Path:
+    """Collective: save ``actor`` (model, optimizer, scheduler), RNG and ``extra_state`` as step ``step``.
+
+    Returns the final ``checkpoints/step_<step>`` path (on every rank).
+    """
+    from megatron.core import dist_checkpointing
+
+    if step < 0:
+        raise ValueError(f"save_checkpoint: step must be >= 0, got {step}")
+    rank = dist.get_rank()
+    root = checkpoints_dir(run_dir)
+    tmp, final = root / f".tmp-step_{step}", root / f"step_{step}"
+    rng = _rng_state()          # captured before anything below can touch the generators
+    if rank == 0:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        (tmp / "dist").mkdir(parents=True)
+        (tmp / "rng").mkdir()
+    dist.barrier()
+    dist_checkpointing.save(_sharded_state(actor, is_loading=False), str(tmp / "dist"))
+    torch.save(rng, tmp / "rng" / f"rank_{rank}.pt")
+    dist.barrier()
+    if rank == 0:
+        torch.save(dict(extra_state), tmp / "extra_state.pt")
+        (tmp / _MARKER).write_text(json.dumps({"step": step, **_layout()}))
+        if final.exists():                       # re-saving a step: replace the old copy
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        _prune(root, keep_last)
+    dist.barrier()
+    return final
+
+
+def _prune(root: Path, keep_last: int | None) -> None:
+    if not keep_last:
+        return
+    done = sorted((int(m.group(1)), p) for p in root.iterdir()
+                  if (m := _STEP_RE.match(p.name)) and (p / _MARKER).is_file())
+    for _, p in done[:-keep_last]:
+        shutil.rmtree(p, ignore_errors=True)
+        log.info("pruned old checkpoint %s (keep_last=%d)", p, keep_last)
+
+
+def load_checkpoint(path: str | os.PathLike, actor, restore_rng: bool = True) -> LoadedCheckpoint:
+    """Collective: restore ``actor`` from a complete checkpoint directory ``step_<N>``.
+
+    Any TP / PP / DP layout can load any checkpoint; RNG states only when the layout matches.
+    """
+    from megatron.core import dist_checkpointing
+
+    path = Path(path)
+    marker = path / _MARKER
+    if not marker.is_file():
+        raise FileNotFoundError(f"load_checkpoint: {path} is not a complete checkpoint (no {_MARKER} marker)")
+    meta = json.loads(marker.read_text())
+    state = dist_checkpointing.load(_sharded_state(actor, is_loading=True), str(path / "dist"))
+    models = actor.bare_models()
+    for i, m in enumerate(models):
+        m.load_state_dict(state["model"] if len(models) == 1 else state[f"model{i}"], strict=True)
+    actor.optimizer.load_state_dict(state["optimizer"])
+    actor.scheduler.load_state_dict(state["scheduler"])
+    actor.steps_done = int(state["actor_steps"])
+    extra = torch.load(path / "extra_state.pt", weights_only=False)
+    same = all(meta.get(k) == v for k, v in _layout().items())
+    rng_file = path / "rng" / f"rank_{dist.get_rank()}.pt"
+    restored = bool(restore_rng and same and rng_file.is_file())
+    if restored:
+        _set_rng_state(torch.load(rng_file, weights_only=False))
+    elif restore_rng:
+        log.warning("checkpoint %s was saved with layout %s; now %s: RNG states not restored",
+                    path, {k: meta.get(k) for k in _layout()}, _layout())
+    dist.barrier()
+    return LoadedCheckpoint(step=int(meta["step"]), extra_state=extra, rng_restored=restored, path=path)
