@@ -22,7 +22,8 @@ Trainer interface (stable):
   opsd_ectr, rlsd_ectr, papo, score; ``KIND_DATA_PATH[kind]`` names the extra data path.
 * One frozen :class:`AlgoInputs` bundle per step / mini-batch. Registered functions:
   advantage ``fn(inputs, hp) -> Tensor[N]``; loss ``fn(inputs, advantages, hp) -> LossOutput``
-  (``loss_mat`` [N, T], ``metrics`` of 0-d tensors, optional ``mask`` override); aggregation is
+  (``loss_mat`` [N, T], ``metrics`` of 0-d tensors) or ``MaskedLossOutput`` (adds the ``mask`` to
+  aggregate with, when the token axis differs, e.g. SCoRe's [y1 | y2]); aggregation is
   separate (``aggregate``). ``compute_advantages(kind, inputs, hp)`` and
   ``compute_policy_loss(kind, inputs, adv, hp) -> PolicyObjective(loss, pg_loss, kl_loss, metrics)``
   wrap lookup, input checks, aggregation and the KL-loss term.
@@ -32,7 +33,8 @@ Trainer interface (stable):
   ``kind_required_inputs(kind, hp)`` (adds ``ref_logp`` when the KL loss is on).
 * Data-path helpers: ``dapo_overlong_penalty``, ``dynamic_sampling_keep``, ``DynamicSampler``,
   ``build_bicc_contexts``, ``bicc_old_logp``, ``select_rlcsd_hints``, ``rlcsd_teacher_prompt``,
-  ``topk_tail_support``, ``first_eos_mask``.
+  ``topk_tail_support`` / ``distill_support_fields`` (the right top-k chooser per loss),
+  ``full_entropy``, ``first_eos_mask``.
 
 Each module's docstring lists where it departs from the reference code and why.
 """
@@ -45,14 +47,14 @@ from .contrastive import (BiCCBatch, BiCCSample, HintAssignment, HintSelection, 
                           build_bicc_contexts, hint_answer, last_boxed, rlcsd_advantage, rlcsd_signal,
                           rlcsd_teacher_prompt, select_rlcsd_hints, student_prompt)
 from .dapo import DynamicSampler, dapo_overlong_penalty, dynamic_sampling_keep
-from .distill import (generalized_jsd, opsd_ectr_loss, opsd_loss, opsd_token_loss, sdpo_loss, srpo_loss,
+from .distill import (SUPPORT_CHOOSER, distill_support_fields, full_entropy, generalized_jsd, opsd_ectr_loss, opsd_loss, opsd_token_loss, sdpo_loss, srpo_loss,
                       topk_tail_support)
 from .hparams import (BiCCHParams, BiCCRCCHParams, DAPOHParams, DrGRPOHParams, GRPOHParams, OPSDECTRHParams,
                       OPSDHParams, PAPOHParams, PPOHParams, ReMaxHParams, RLCSDHParams, RLOOHParams,
                       RLSDECTRHParams, RLSDHParams, ScoreHParams, SDPOHParams, SRPOHParams)
 from .inputs import AlgoInputs
 from .kl import AdaptiveKLController, apply_kl_in_reward, kl_penalty
-from .losses import (AGG_MODES, LossOutput, aggregate, plain_clip_loss, ppo_clip_loss, rlcsd_loss, rlsd_advantage,
+from .losses import (AGG_MODES, LossOutput, MaskedLossOutput, aggregate, plain_clip_loss, ppo_clip_loss, rlcsd_loss, rlsd_advantage,
                      rlsd_ectr_advantage, rlsd_lambda)
 from .registry import (advantage_names, check_inputs, get_advantage, get_policy_loss, policy_loss_names,
                        register_advantage, register_policy_loss, required_inputs)

@@ -25,7 +25,7 @@ from .contrastive import rlcsd_advantage, rlcsd_signal
 from .distill import generalized_jsd, opsd_ectr_loss, opsd_loss, sdpo_loss, srpo_loss
 from .inputs import AlgoInputs
 from .kl import kl_penalty
-from .losses import (LossOutput, aggregate, plain_clip_loss, ppo_clip_loss, rlcsd_loss, rlsd_advantage,
+from .losses import (LossOutput, MaskedLossOutput, aggregate, plain_clip_loss, ppo_clip_loss, rlcsd_loss, rlsd_advantage,
                      rlsd_ectr_advantage, rlsd_lambda)
 from .registry import (_lookup, check_inputs, get_advantage, get_policy_loss, register_advantage,
                        register_policy_loss, _ADVANTAGES, _LOSSES)
@@ -142,12 +142,12 @@ def _opsd_ectr(x: AlgoInputs, adv: Tensor, hp) -> LossOutput:
 
 @register_policy_loss("score", needs=("logp", "ref_logp", "first_logp", "first_ref_logp", "first_mask",
                                       "first_rewards"))
-def _score(x: AlgoInputs, adv: Tensor, hp) -> LossOutput:
+def _score(x: AlgoInputs, adv: Tensor, hp) -> MaskedLossOutput:
     """``adv`` is attempt 2's credit from the "score" advantage (r2 or r̃2); r1 = first_rewards."""
     out = score_loss_mat(hp.stage, x.first_logp, x.first_ref_logp, x.first_mask, x.logp, x.ref_logp, x.mask,
                          x.first_rewards, adv, beta1=hp.beta1, beta2=hp.beta2, length_norm=hp.length_norm,
                          max_new=(hp.max_new_attempt1, hp.max_new_attempt2))
-    return LossOutput(out.loss_mat, out.metrics, out.mask)
+    return MaskedLossOutput(out.loss_mat, out.metrics, out.mask)
 
 # ------------------------------------------------------------------------------------ algo kinds
 
@@ -231,7 +231,8 @@ def compute_policy_loss(name: str, inputs: AlgoInputs, advantages: Tensor, hp=No
         need |= {"logp", "ref_logp"}
     check_inputs(inputs, need, f"policy loss {k.loss!r}")
     out = get_policy_loss(k.loss)(inputs, advantages, hp)
-    mask = out.mask if out.mask is not None else inputs.mask
+    mask = getattr(out, "mask", None)
+    mask = inputs.mask if mask is None else mask
     pg = aggregate(out.loss_mat, mask, hp.loss_agg_mode, scale_factor=hp.loss_scale_factor)
     kl = pg.new_zeros(())
     if hp.kl_loss_coef > 0:

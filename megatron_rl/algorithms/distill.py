@@ -127,3 +127,34 @@ def opsd_ectr_loss(student: Tensor, teacher_pos: Tensor, teacher_neg: Tensor, ma
     omega = kl / (kl + cw_tau) if cw_tau > 0 else torch.ones_like(kl)
     metrics = {"distill_loss": masked_mean(loss.detach(), mask), "ectr_weight": masked_mean(omega, mask)}
     return LossOutput(_finish(loss * omega, mask, tis_weights), metrics)
+
+
+#: which distribution picks the top-k support for each distillation loss (spec §1.8)
+SUPPORT_CHOOSER = {"opsd": "teacher", "opsd_ectr": "teacher", "sdpo": "student", "srpo": "student"}
+
+
+def distill_support_fields(loss_name: str, student_logits: Tensor, teacher_logits: Tensor,
+                           teacher_neg_logits: Tensor | None = None, k: int = 100) -> dict:
+    """AlgoInputs fields (``student_topk``, ``teacher_topk``, optionally ``teacher_neg_topk``) for
+    ``loss_name``, with the support chosen as that loss requires (teacher top-k for opsd and
+    opsd_ectr, where the correct-hint teacher chooses and the wrong-hint teacher is gathered at the
+    same indices; student top-k for sdpo and srpo). Shapes: logits [N, T, V] → [N, T, k+1]."""
+    side = SUPPORT_CHOOSER.get(loss_name)
+    if side is None:
+        raise KeyError(f"{loss_name!r} uses no top-k support; valid: {sorted(SUPPORT_CHOOSER)}")
+    extra = () if teacher_neg_logits is None else (teacher_neg_logits,)
+    if side == "teacher":
+        sup = topk_tail_support(teacher_logits, student_logits, *extra, k=k)
+        out = {"teacher_topk": sup[0], "student_topk": sup[1]}
+    else:
+        sup = topk_tail_support(student_logits, teacher_logits, *extra, k=k)
+        out = {"student_topk": sup[0], "teacher_topk": sup[1]}
+    if extra:
+        out["teacher_neg_topk"] = sup[2]
+    return out
+
+
+def full_entropy(logits: Tensor) -> Tensor:
+    """Full-vocabulary entropy H = −Σ p log p per position, no grad (SRPO's teacher weight). [N, T, V] → [N, T]."""
+    lp = torch.log_softmax(logits.detach(), dim=-1)
+    return -(lp.exp() * lp).sum(-1)

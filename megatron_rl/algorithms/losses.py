@@ -36,12 +36,19 @@ AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mea
 
 
 class LossOutput(NamedTuple):
-    """loss_mat: [N, T] per-token loss (0 off-mask); metrics: name → 0-d tensor;
-    mask: the mask to aggregate with when it differs from the inputs' (SCoRe: [y1 | y2])."""
+    """loss_mat: [N, T] per-token loss (0 off-mask); metrics: name → 0-d tensor."""
 
     loss_mat: Tensor
     metrics: dict
-    mask: Tensor | None = None
+
+
+class MaskedLossOutput(NamedTuple):
+    """A loss whose token axis differs from the inputs' mask (SCoRe: [y1 | y2]); ``mask`` is the
+    one to aggregate with."""
+
+    loss_mat: Tensor
+    metrics: dict
+    mask: Tensor
 
 
 def _per_token(adv: Tensor, like: Tensor) -> Tensor:

@@ -2,7 +2,7 @@
 
 * ``@register_advantage(name, needs=(...))`` — ``fn(inputs: AlgoInputs, hp) -> Tensor[N]``.
 * ``@register_policy_loss(name, needs=(...))`` — ``fn(inputs, advantages, hp) -> LossOutput``
-  (per-token ``loss_mat`` + metrics; aggregation is separate).
+  (per-token ``loss_mat`` + metrics; aggregation is separate) or ``MaskedLossOutput``.
 * Registering a name twice raises; an unknown name raises listing the sorted valid names.
 * ``needs`` names the optional :class:`~.inputs.AlgoInputs` fields a function reads;
   ``required_inputs(adv, loss, hp)`` is their union (plus what ``hp`` implies, e.g. ``ref_logp``

@@ -115,3 +115,20 @@ def test_public_functions_have_docstrings():
         obj = getattr(A, name)
         if inspect.isfunction(obj) or inspect.isclass(obj):
             assert inspect.getdoc(obj), f"megatron_rl.algorithms.{name} has no docstring"
+
+
+def test_distill_support_fields_pick_the_right_chooser():
+    teacher = t([[[2, 1, 0.5, -1, -2], [0, 3, 0, -1, 1]]])
+    student = t([[[1, 1.5, 0, 0, -1], [0.5, 2, 0.5, 0, 0.5]]])
+    f = A.distill_support_fields("opsd", student, teacher, k=3)
+    torch.testing.assert_close(f["teacher_topk"][0, 0, :3].exp(), t([0.602732, 0.221733, 0.134488]), atol=1e-6,
+                               rtol=0)  # teacher's own top-3 = its three largest probabilities
+    g = A.distill_support_fields("sdpo", student, teacher, teacher_neg_logits=teacher, k=3)
+    torch.testing.assert_close(A.generalized_jsd(g["student_topk"], g["teacher_topk"])[0], t([0.067689, 0.038209]),
+                               atol=1e-6, rtol=0)
+    assert set(g) == {"student_topk", "teacher_topk", "teacher_neg_topk"}
+    with pytest.raises(KeyError, match="valid"):
+        A.distill_support_fields("rlsd", student, teacher)
+    h = A.full_entropy(teacher)
+    p = torch.softmax(teacher, -1)
+    torch.testing.assert_close(h, -(p * p.log()).sum(-1))
