@@ -38,7 +38,12 @@ from megatron_rl.trainer.schedule import (Groups, from_last_stage, gather_dp, ru
 from megatron_rl.trainer.vocab_parallel import vocab_parallel_logprobs
 
 LossFn = Callable[[torch.Tensor, torch.Tensor, TrainBatch], tuple]
-"""``(logp [n,S-1], entropy [n,S-1], mb) -> (loss_sum scalar, normaliser scalar | None, metrics dict)``."""
+"""``(logp [n,S-1], entropy [n,S-1], mb) -> (loss_sum scalar, normaliser scalar | None, metrics dict)``.
+
+Metric values: a scalar tensor (reported as its mean over micro-batches and DP ranks) or a
+``(numerator, denominator)`` pair (reported as sum of numerators / sum of denominators over the
+global batch — use this for token means so they are invariant to micro-batching).
+"""
 
 
 class LogProbResult(NamedTuple):
@@ -126,7 +131,7 @@ class _LogProbModel:
         out = model(mb.tokens, mb.position_ids(), mb.attention_mask())
         return out, partial(loss_func, mb)
 
-    def _collect_logprobs(self, mb: TrainBatch, temperature: float, with_entropy: bool, logits: torch.Tensor):
+    def _collect_logprobs(self, temperature: float, with_entropy: bool, mb: TrainBatch, logits: torch.Tensor):
         with torch.no_grad():
             lp = self._logprobs(logits, mb, temperature)
         data = {"logp": lp.logp}
@@ -149,7 +154,7 @@ class _LogProbModel:
             c.eval()
         with torch.no_grad():
             store = run_schedule(self.chunks, mbs, partial(self._forward_step, partial(
-                self._collect_logprobs, temperature=t, with_entropy=with_entropy)), forward_only=True)
+                self._collect_logprobs, t, with_entropy)), forward_only=True)
         shape = (local.num_samples, local.seq_len - 1)
         outs = []
         for key in ("logp", "entropy") if with_entropy else ("logp",):
@@ -239,7 +244,10 @@ class PolicyActor(_LogProbModel):
             st["norm"] += torch.as_tensor(norm, dtype=torch.float64).detach().reshape(())
         st["loss_sum"] += loss_sum.detach().double()
         for k, v in (metrics or {}).items():
-            st["metrics"].setdefault(k, []).append(float(torch.as_tensor(v).detach().float().mean()))
+            num, den = v if isinstance(v, tuple) else (torch.as_tensor(v).detach().float().mean(), 1.0)
+            acc = st["metrics"].setdefault(k, [0.0, 0.0])
+            acc[0] += float(num)
+            acc[1] += float(den)
         return loss_sum, torch.zeros((), dtype=torch.int), {}
 
     def train_step(self, batch: TrainBatch, loss_fn: LossFn, micro_batch_size: int,
@@ -277,9 +285,8 @@ class PolicyActor(_LogProbModel):
         if g.is_last_stage:
             tot = sum_dp(g, torch.stack([st["loss_sum"], st["norm"]]))
             keys = sorted(st["metrics"])
-            means = torch.tensor([sum(st["metrics"][k]) / len(st["metrics"][k]) for k in keys], dtype=torch.float64)
-            means = sum_dp(g, means) / g.dp_size
-            payload = (tot.tolist(), dict(zip(keys, means.tolist())))
+            nd = sum_dp(g, torch.tensor([st["metrics"][k] for k in keys], dtype=torch.float64).reshape(-1, 2))
+            payload = (tot.tolist(), {k: n / d if d else float("nan") for k, (n, d) in zip(keys, nd.tolist())})
         (loss_sum, norm), metrics = from_last_stage(g, payload)
         loss = loss_sum / norm if norm > 0 else loss_sum
         gn = float(grad_norm) if grad_norm is not None else float("nan")

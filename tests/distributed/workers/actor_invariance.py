@@ -1,0 +1,64 @@
+"""Worker: one layout (TP, PP, DP from the world size) runs the same two training steps.
+
+Usage: actor_invariance.py HF_DIR OUT_JSON TP PP SP MICRO_BATCH
+Records (rank 0): sum of log-probs / entropies of the forward pass, and per step the loss,
+grad norm and a metric. Also checks ReferencePolicy.from_actor matches the actor bit-for-bit.
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from actor_common import build_actor, fixed_batch, rl_loss, write_json
+
+
+def check_against_hf(hf_dir: str, batch, logp: torch.Tensor, temperature: float) -> None:
+    """The actor's log-probs (temperature-scaled) equal HF eager Qwen3's on response tokens."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    # Built from config + load_state_dict: from_pretrained leaves the non-persistent rotary
+    # ``inv_freq`` buffer wrong for this tiny random model (transformers 5.x, observed).
+    cfg = AutoConfig.from_pretrained(hf_dir)
+    cfg._attn_implementation = "eager"
+    hf = AutoModelForCausalLM.from_config(cfg).float()
+    hf.load_state_dict(load_file(f"{hf_dir}/model.safetensors"), strict=True)
+    with torch.no_grad():
+        logits = hf(batch.tokens).logits[:, :-1] / temperature
+    ref = torch.log_softmax(logits, -1).gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
+    diff = ((ref - logp) * batch.loss_mask).abs().max().item()
+    print(f"max |logp - HF logp| on response tokens = {diff:.2e}", flush=True)
+    assert diff <= 1e-4, diff
+
+
+def main() -> None:
+    hf_dir, out, tp, pp, sp, mbs = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1", int(sys.argv[6])
+    from megatron_rl.trainer.actor import ReferencePolicy
+    from megatron_rl.trainer.batch import TrainBatch
+
+    actor = build_actor(hf_dir, tp, pp, sp)
+    ref = ReferencePolicy.from_actor(actor)
+    batch = fixed_batch()
+    lp = actor.forward_logprobs(batch, micro_batch_size=mbs, with_entropy=True)
+    rlp = ref.forward_logprobs(batch, micro_batch_size=mbs)
+    assert torch.equal(lp.logp, rlp.logp), "reference copy differs from the actor"
+    m = batch.loss_mask
+    if torch.distributed.get_world_size() == 1:
+        check_against_hf(hf_dir, batch, lp.logp, actor.temperature)
+    rec = {"logp_sum": float((lp.logp * m).sum()), "ent_sum": float((lp.entropy * m).sum()),
+           "logp_first": lp.logp[0, :6].tolist(), "steps": []}
+    batch = TrainBatch(batch.tokens, batch.loss_mask, {**batch.extras, "old_logp": lp.logp.detach()})
+    for mode in ("token-mean", "seq-mean-token-mean", "token-sum"):
+        r = actor.train_step(batch, rl_loss(mode), micro_batch_size=mbs)
+        rec["steps"].append({"mode": mode, "loss": r.loss, "grad_norm": r.grad_norm, "lr": r.lr,
+                             "ratio_mean": r.metrics["ratio_mean"], "ok": r.update_successful})
+    after = actor.forward_logprobs(batch, micro_batch_size=mbs)
+    rec["logp_sum_after"] = float((after.logp * m).sum())
+    rec["ref_unchanged"] = bool(torch.equal(ref.forward_logprobs(batch, micro_batch_size=mbs).logp, lp.logp))
+    write_json(out, rec)
+    print("OK", rec, flush=True)
+
+
+if __name__ == "__main__":
+    main()
