@@ -26,7 +26,7 @@ from packaging.version import Version
 log = logging.getLogger("megatron_rl.patches")
 
 # Module names (relative to this package), applied in this order.
-_MODULES: tuple[str, ...] = ()
+_MODULES: tuple[str, ...] = ("megatron_distopt_torch_adam_load",)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -267,17 +267,17 @@ class PolicyActor(_LogProbModel):
         run_schedule(self.chunks, mbs, partial(self._forward_step, partial(self._train_loss, loss_fn, t)),
                      forward_only=False)
         t2 = time.perf_counter()
+        self.scheduler.step(increment=1)          # LR of optimizer step n is the schedule at n (1-based)
+        lr = current_lr(self.optimizer)
         ok, grad_norm, _ = self.optimizer.step()
-        if ok:
-            self.scheduler.step(increment=1)
         t3 = time.perf_counter()
-        result = self._reduce_step(ok, grad_norm)
+        result = self._reduce_step(ok, grad_norm, lr)
         result.timings = {"prepare": t1 - t0, "forward_backward": t2 - t1, "optimizer": t3 - t2,
                           "reduce": time.perf_counter() - t3, "step": time.perf_counter() - t0}
         self.steps_done += 1
         return result
 
-    def _reduce_step(self, ok: bool, grad_norm) -> TrainStepResult:
+    def _reduce_step(self, ok: bool, grad_norm, lr: float) -> TrainStepResult:
         """Global loss / normaliser / metrics from the last stage, summed over DP, on every rank."""
         g = self.groups
         st = self._step_state
@@ -290,7 +290,7 @@ class PolicyActor(_LogProbModel):
         (loss_sum, norm), metrics = from_last_stage(g, payload)
         loss = loss_sum / norm if norm > 0 else loss_sum
         gn = float(grad_norm) if grad_norm is not None else float("nan")
-        return TrainStepResult(loss=loss, grad_norm=gn, lr=current_lr(self.optimizer), update_successful=bool(ok),
+        return TrainStepResult(loss=loss, grad_norm=gn, lr=lr, update_successful=bool(ok),
                                normaliser=norm, metrics=metrics, timings={})
 
 

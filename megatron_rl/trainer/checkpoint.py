@@ -33,6 +33,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from megatron_rl.device import has_cuda
+
 log = logging.getLogger("megatron_rl.checkpoint")
 
 _STEP_RE = re.compile(r"^step_(\d+)$")
@@ -78,7 +80,10 @@ def _sharded_state(actor, is_loading: bool) -> dict[str, Any]:
         model_sd = {f"model{i}": m.sharded_state_dict(prefix="") for i, m in enumerate(models)}
     state = dict(model_sd)
     state["optimizer"] = actor.optimizer.sharded_state_dict(
-        model_sd, is_loading=is_loading, metadata={"distrib_optim_sharding_type": "fully_sharded_model_space"})
+        model_sd, is_loading=is_loading, metadata={
+            "distrib_optim_sharding_type": "fully_reshardable",
+            # CPU/gloo: gather optimizer shards over the gloo DP group (no .cuda() staging copies)
+            "distrib_optim_fully_reshardable_mem_efficient": not has_cuda()})
     state["scheduler"] = actor.scheduler.state_dict()
     state["actor_steps"] = actor.steps_done
     return state
@@ -144,6 +149,15 @@ def _prune(root: Path, keep_last: int | None) -> None:
         log.info("pruned old checkpoint %s (keep_last=%d)", p, keep_last)
 
 
+def _ensure_optimizer_state(optimizer) -> None:
+    """A fresh DistributedOptimizer has no Adam state yet, and its ``state_dict`` (needed to build
+    the load-time sharded state dict) asserts on it. Megatron's own remedy: one dummy step with zero
+    grads; every tensor it touches (params, moments, step) is then overwritten by the load."""
+    for o in getattr(optimizer, "chained_optimizers", [optimizer]):
+        if hasattr(o, "_init_optimizer_states_with_dummy_values") and len(o.optimizer.state) == 0:
+            o._init_optimizer_states_with_dummy_values()
+
+
 def load_checkpoint(path: str | os.PathLike, actor, restore_rng: bool = True) -> LoadedCheckpoint:
     """Collective: restore ``actor`` from a complete checkpoint directory ``step_<N>``.
 
@@ -156,6 +170,7 @@ def load_checkpoint(path: str | os.PathLike, actor, restore_rng: bool = True) ->
     if not marker.is_file():
         raise FileNotFoundError(f"load_checkpoint: {path} is not a complete checkpoint (no {_MARKER} marker)")
     meta = json.loads(marker.read_text())
+    _ensure_optimizer_state(actor.optimizer)
     state = dist_checkpointing.load(_sharded_state(actor, is_loading=True), str(path / "dist"))
     models = actor.bare_models()
     for i, m in enumerate(models):

@@ -15,10 +15,10 @@ _DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root")
 class OptimSpec:
     """Adam(W) settings and the LR schedule.
 
-    Schedule (megatron ``OptimizerParamScheduler``): linear warm-up from 0 to ``lr`` over
-    ``warmup_steps``, then ``decay_style`` from ``lr`` to ``min_lr`` until ``decay_steps``
-    (``None``: ``max(warmup_steps + 1, 1)`` steps, i.e. effectively constant after warm-up when
-    ``decay_style="constant"``).
+    Schedule (megatron ``OptimizerParamScheduler``, evaluated at the 1-based step n before that
+    step's update): ``lr * n / warmup_steps`` for ``n <= warmup_steps``, then ``decay_style`` from
+    ``lr`` to ``min_lr`` reached at ``n = decay_steps`` (``None``: ``warmup_steps + 1``, i.e.
+    constant ``lr`` after warm-up with ``decay_style="constant"``).
     """
 
     lr: float = 1e-6

@@ -79,6 +79,8 @@ def init_parallel(tp: int = 1, pp: int = 1, *, seed: int, sequence_parallel: boo
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     _patch_cpu()
+    from megatron_rl import patches
+    patches.apply_all(("megatron",))
     if not dist.is_initialized():
         dist.init_process_group("gloo")
     ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
