@@ -98,7 +98,7 @@ def _build_chunks(hf_cfg, bf16: bool, g: Groups, sequence_parallel: bool):
 class _LogProbModel:
     """Shared forward machinery: model chunks -> per-token log-probs / entropy on every rank."""
 
-    def __init__(self, hf_cfg, chunks, config, temperature: float, sequence_parallel: bool):
+    def __init__(self, hf_cfg, chunks, config, temperature: float, sequence_parallel: bool, parallel_info=None):
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
         self.hf_cfg = hf_cfg
@@ -108,6 +108,7 @@ class _LogProbModel:
         self.sequence_parallel = sequence_parallel
         self.groups = Groups.current()
         self.vocab_size = int(hf_cfg.vocab_size)
+        self.parallel_info = parallel_info
 
     # ----- helpers -------------------------------------------------------------------------
     def _local_batch(self, batch: TrainBatch, micro_batch_size: int) -> tuple[TrainBatch, list[TrainBatch]]:
@@ -163,6 +164,11 @@ class _LogProbModel:
             outs.append(gather_dp(g, x)[:, : batch.seq_len - 1])
         return LogProbResult(outs[0], outs[1] if with_entropy else None)
 
+    def load_hf(self, hf_dir: str) -> None:
+        """Load an HF checkpoint directory into the model (converter maps, TP/PP slicing)."""
+        from megatron_rl.convert import load_hf_into_model
+        load_hf_into_model(self.bare_models(), hf_dir, self.parallel_info)
+
     def bare_models(self) -> list[torch.nn.Module]:
         """The unwrapped ``GPTModel`` chunks (for conversion / weight sync)."""
         return [unwrap(c) for c in self.chunks]
@@ -202,8 +208,7 @@ class PolicyActor(_LogProbModel):
         chunks = [DistributedDataParallel(config, ddp_cfg, c) for c in chunks]
         for c in chunks:
             c.broadcast_params()
-        super().__init__(hf_cfg, chunks, config, temperature, sp)
-        self.parallel_info = parallel_info
+        super().__init__(hf_cfg, chunks, config, temperature, sp, parallel_info)
         self.optim_spec = optim
         self.optimizer, self.scheduler = build_optimizer(optim, chunks)
         config.no_sync_func = chunks[0].no_sync if len(chunks) == 1 else [c.no_sync for c in chunks]
@@ -214,9 +219,8 @@ class PolicyActor(_LogProbModel):
 
     # ----- loading -------------------------------------------------------------------------
     def load_hf(self, hf_dir: str) -> None:
-        """Load an HF checkpoint directory into the model (converter maps, TP/PP slicing)."""
-        from megatron_rl.convert import load_hf_into_model
-        load_hf_into_model(self.bare_models(), hf_dir, self.parallel_info)
+        """Load HF weights, then refresh the optimizer's fp32 main copies from them."""
+        super().load_hf(hf_dir)
         self.optimizer.reload_model_params()
 
     # ----- training ------------------------------------------------------------------------
@@ -297,19 +301,20 @@ class PolicyActor(_LogProbModel):
 class ReferencePolicy(_LogProbModel):
     """Frozen policy copy for reference (KL) log-probs: its own model instance, no DDP, no optimizer."""
 
-    def __init__(self, hf_cfg, temperature: float = 1.0, sequence_parallel: bool = False, bf16: bool = False):
+    def __init__(self, hf_cfg, temperature: float = 1.0, sequence_parallel: bool = False, bf16: bool = False,
+                 parallel_info=None):
         g = Groups.current()
         sp = bool(sequence_parallel and g.tp_size > 1)
         chunks, config = _build_chunks(hf_cfg, bf16, g, sp)
         for c in chunks:
             c.requires_grad_(False)
             c.eval()
-        super().__init__(hf_cfg, chunks, config, temperature, sp)
+        super().__init__(hf_cfg, chunks, config, temperature, sp, parallel_info)
 
     @classmethod
     def from_actor(cls, actor: PolicyActor) -> "ReferencePolicy":
         """A frozen copy of ``actor``'s current weights (same parallel layout)."""
-        ref = cls(actor.hf_cfg, actor.temperature, actor.sequence_parallel, actor.optim_spec.bf16)
+        ref = cls(actor.hf_cfg, actor.temperature, actor.sequence_parallel, actor.optim_spec.bf16, actor.parallel_info)
         ref.copy_from(actor)
         return ref
 

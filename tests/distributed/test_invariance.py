@@ -1,5 +1,6 @@
 """Parallelism invariance of the policy actor (fp32): the same batch and weights give the same
-log-probs, loss and gradient norm at TP=1, TP=2(+SP), PP=2 and DP=2, and for two micro-batch sizes.
+log-probs, loss and gradient norm at TP=1, TP=2(+SP), PP=2 and DP=2 (distributed optimizer and
+plain megatron Adam), and for micro-batch sizes 1, 2 and 8.
 
 Each layout is a separate torchrun (gloo) launch on the same tiny HF checkpoint; three optimizer
 steps (token-mean, seq-mean-token-mean, token-sum aggregation) also check the updates agree.
@@ -14,12 +15,13 @@ import pytest
 from tests.helpers.dist import torchrun
 
 WORKERS = Path(__file__).parent / "workers"
-LAYOUTS = {  # name: (nproc, tp, pp, sp, micro_batch)
-    "tp1": (1, 1, 1, 0, 2),
-    "tp1_mb8": (1, 1, 1, 0, 8),
-    "tp2_sp": (2, 2, 1, 1, 2),
-    "pp2": (2, 1, 2, 0, 2),
-    "dp2": (2, 1, 1, 0, 2),
+LAYOUTS = {  # name: (nproc, tp, pp, sp, micro_batch, distributed optimizer)
+    "tp1": (1, 1, 1, 0, 2, 1),
+    "tp1_mb8": (1, 1, 1, 0, 8, 1),
+    "tp2_sp": (2, 2, 1, 1, 2, 1),
+    "pp2": (2, 1, 2, 0, 2, 1),
+    "dp2": (2, 1, 1, 0, 2, 1),
+    "dp2_plain_adam": (2, 1, 1, 0, 1, 0),
 }
 
 
@@ -32,9 +34,9 @@ def results(tmp_path_factory):
     d = tmp_path_factory.mktemp("inv")
     hf = make_tiny_hf(d / "hf")
     out = {}
-    for name, (nproc, tp, pp, sp, mbs) in LAYOUTS.items():
+    for name, (nproc, tp, pp, sp, mbs, distopt) in LAYOUTS.items():
         f = d / f"{name}.json"
-        torchrun(WORKERS / "actor_invariance.py", str(hf), str(f), tp, pp, sp, mbs, nproc=nproc, timeout=300)
+        torchrun(WORKERS / "actor_invariance.py", str(hf), str(f), tp, pp, sp, mbs, distopt, nproc=nproc, timeout=300)
         out[name] = json.loads(f.read_text())
     return out
 

@@ -1,6 +1,6 @@
 """Worker: one layout (TP, PP, DP from the world size) runs the same two training steps.
 
-Usage: actor_invariance.py HF_DIR OUT_JSON TP PP SP MICRO_BATCH
+Usage: actor_invariance.py HF_DIR OUT_JSON TP PP SP MICRO_BATCH [DISTOPT=1]
 Records (rank 0): sum of log-probs / entropies of the forward pass, and per step the loss,
 grad norm and a metric. Also checks ReferencePolicy.from_actor matches the actor bit-for-bit.
 """
@@ -37,7 +37,8 @@ def main() -> None:
     from megatron_rl.trainer.actor import ReferencePolicy
     from megatron_rl.trainer.batch import TrainBatch
 
-    actor = build_actor(hf_dir, tp, pp, sp)
+    distopt = len(sys.argv) <= 7 or sys.argv[7] == "1"
+    actor = build_actor(hf_dir, tp, pp, sp, use_distributed_optimizer=distopt)
     ref = ReferencePolicy.from_actor(actor)
     batch = fixed_batch()
     lp = actor.forward_logprobs(batch, micro_batch_size=mbs, with_entropy=True)

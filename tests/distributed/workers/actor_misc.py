@@ -1,0 +1,51 @@
+"""Worker (2 ranks, TP=2, bf16): broadcast_batch, a bf16 SFT-style run that must lower the loss,
+clear errors on bad batch sizes, and ReferencePolicy staying frozen. Prints OK."""
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.distributed as dist
+
+from actor_common import build_actor, fixed_batch
+
+
+def main() -> None:
+    hf_dir = sys.argv[1]
+    from megatron_rl.trainer.actor import ReferencePolicy
+    from megatron_rl.trainer.batch import broadcast_batch
+    from megatron_rl.trainer.objective import partial_aggregate
+
+    actor = build_actor(hf_dir, 2, 1, sp=True, bf16=True, lr=3e-3)
+    rank = dist.get_rank()
+    src = fixed_batch(seed=7) if rank == 0 else None
+    batch = broadcast_batch(src, src=0)
+    ref_batch = fixed_batch(seed=7)
+    assert torch.equal(batch.tokens, ref_batch.tokens) and torch.equal(batch.loss_mask, ref_batch.loss_mask)
+    assert torch.equal(batch.extras["advantages"], ref_batch.extras["advantages"])
+
+    ref = ReferencePolicy.from_actor(actor)
+    before = ref.forward_logprobs(batch, micro_batch_size=4).logp
+
+    def sft(logp, entropy, mb):
+        s, d = partial_aggregate(-logp, mb.loss_mask, "token-mean")
+        return s, d, {"nll": (-(logp * mb.loss_mask).sum(), mb.loss_mask.sum())}
+
+    losses = [actor.train_step(batch, sft, micro_batch_size=4).loss for _ in range(6)]
+    assert all(torch.isfinite(torch.tensor(losses))), losses
+    assert losses[-1] < losses[0] - 0.5, losses
+    assert torch.equal(ref.forward_logprobs(batch, micro_batch_size=4).logp, before), "reference moved"
+    for bad, msg in ((3, "micro_batch_size 3"), (16, "micro_batch_size 16")):
+        try:
+            actor.forward_logprobs(batch, micro_batch_size=bad)
+        except ValueError as e:
+            assert msg in str(e), e
+        else:
+            raise AssertionError(f"micro_batch_size={bad} should fail")
+    if rank == 0:
+        print("bf16 losses", [round(x, 4) for x in losses])
+        print("OK", flush=True)
+
+
+if __name__ == "__main__":
+    main()
