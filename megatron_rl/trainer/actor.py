@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterator, NamedTuple
 
 import torch
 
+from megatron_rl.device import default_device
 from megatron_rl.trainer.batch import TrainBatch
 from megatron_rl.trainer.optim import OptimSpec, build_optimizer, current_lr
 from megatron_rl.trainer.schedule import (Groups, from_last_stage, gather_dp, run_schedule, sum_dp,
@@ -109,6 +110,7 @@ class _LogProbModel:
         self.groups = Groups.current()
         self.vocab_size = int(hf_cfg.vocab_size)
         self.parallel_info = parallel_info
+        self.device = default_device()
 
     # ----- helpers -------------------------------------------------------------------------
     def _local_batch(self, batch: TrainBatch, micro_batch_size: int) -> tuple[TrainBatch, list[TrainBatch]]:
@@ -128,7 +130,7 @@ class _LogProbModel:
         return vocab_parallel_logprobs(z, mb.targets, self.groups.tp, vocab_size=self.vocab_size)
 
     def _forward_step(self, loss_func: Callable, data_iterator: Iterator, model):
-        mb = next(data_iterator)
+        mb = next(data_iterator).to(self.device)
         out = model(mb.tokens, mb.position_ids(), mb.attention_mask())
         return out, partial(loss_func, mb)
 
@@ -138,7 +140,7 @@ class _LogProbModel:
         data = {"logp": lp.logp}
         if with_entropy:
             data["entropy"] = lp.entropy
-        return torch.zeros((), dtype=torch.float32), torch.zeros((), dtype=torch.int), data
+        return torch.zeros((), device=logits.device), torch.zeros((), dtype=torch.int, device=logits.device), data
 
     # ----- public --------------------------------------------------------------------------
     def forward_logprobs(self, batch: TrainBatch, micro_batch_size: int, temperature: float | None = None,
@@ -245,14 +247,14 @@ class PolicyActor(_LogProbModel):
         if st.setdefault("norm_is_none", kind) != kind:
             raise ValueError("loss_fn returned a normaliser for some micro-batches and None for others")
         if norm is not None:
-            st["norm"] += torch.as_tensor(norm, dtype=torch.float64).detach().reshape(())
+            st["norm"] += torch.as_tensor(norm, dtype=torch.float64, device=self.device).detach().reshape(())
         st["loss_sum"] += loss_sum.detach().double()
         for k, v in (metrics or {}).items():
             num, den = v if isinstance(v, tuple) else (torch.as_tensor(v).detach().float().mean(), 1.0)
             acc = st["metrics"].setdefault(k, [0.0, 0.0])
             acc[0] += float(num)
             acc[1] += float(den)
-        return loss_sum, torch.zeros((), dtype=torch.int), {}
+        return loss_sum, torch.zeros((), dtype=torch.int, device=loss_sum.device), {}
 
     def train_step(self, batch: TrainBatch, loss_fn: LossFn, micro_batch_size: int,
                    temperature: float | None = None) -> TrainStepResult:
@@ -265,8 +267,8 @@ class PolicyActor(_LogProbModel):
             c.train()
             c.zero_grad_buffer()
         self.optimizer.zero_grad()
-        self._step_state = {"norm": torch.zeros((), dtype=torch.float64), "loss_sum": torch.zeros((), dtype=torch.float64),
-                            "metrics": {}}
+        z = torch.zeros((), dtype=torch.float64, device=self.device)
+        self._step_state = {"norm": z.clone(), "loss_sum": z.clone(), "metrics": {}}
         t1 = time.perf_counter()
         run_schedule(self.chunks, mbs, partial(self._forward_step, partial(self._train_loss, loss_fn, t)),
                      forward_only=False)
@@ -289,7 +291,8 @@ class PolicyActor(_LogProbModel):
         if g.is_last_stage:
             tot = sum_dp(g, torch.stack([st["loss_sum"], st["norm"]]))
             keys = sorted(st["metrics"])
-            nd = sum_dp(g, torch.tensor([st["metrics"][k] for k in keys], dtype=torch.float64).reshape(-1, 2))
+            nd = sum_dp(g, torch.tensor([st["metrics"][k] for k in keys], dtype=torch.float64,
+                                        device=self.device).reshape(-1, 2))
             payload = (tot.tolist(), {k: n / d if d else float("nan") for k, (n, d) in zip(keys, nd.tolist())})
         (loss_sum, norm), metrics = from_last_stage(g, payload)
         loss = loss_sum / norm if norm > 0 else loss_sum

@@ -14,6 +14,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from megatron_rl.device import default_device
 from megatron_rl.trainer.batch import TrainBatch
 
 
@@ -83,7 +84,7 @@ def tensor_from_last_stage(g: Groups, t: torch.Tensor | None, shape: tuple[int, 
     """Tensor of known ``shape`` from the last pipeline stage onto every stage."""
     if g.pp_size == 1:
         return t
-    buf = t.contiguous() if g.is_last_stage else torch.empty(shape, dtype=dtype)
+    buf = t.contiguous() if g.is_last_stage else torch.empty(shape, dtype=dtype, device=default_device())
     dist.broadcast(buf, src=g.pp_last_global_rank, group=g.pp)
     return buf
 

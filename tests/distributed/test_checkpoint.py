@@ -1,6 +1,6 @@
 """Checkpoint save at step 2 / resume (torchrun, gloo): the continuation reproduces the
 uninterrupted run's losses exactly at the same layout (TP=2) and to 1e-5 after resharding
-TP=2 -> TP=1; half-written checkpoints are ignored.
+TP=2 -> TP=1 and TP=2 -> PP=2; half-written checkpoints are ignored; keep_last prunes.
 """
 from __future__ import annotations
 
@@ -34,6 +34,8 @@ def runs(tmp_path_factory):
     out["same"] = json.loads((d / "same.json").read_text())
     torchrun(WORKERS / "actor_checkpoint.py", hf, run, d / "tp1.json", 1, "resume", nproc=1, timeout=300)
     out["tp1"] = json.loads((d / "tp1.json").read_text())
+    torchrun(WORKERS / "actor_checkpoint.py", hf, run, d / "pp2.json", 1, "resume", 2, nproc=2, timeout=300)
+    out["pp2"] = json.loads((d / "pp2.json").read_text())
     return out
 
 
@@ -50,10 +52,12 @@ def test_resume_same_layout_is_bit_identical(runs):
         assert s["lr"] == ref["lr"] and s["rng"] == ref["rng"]
 
 
-def test_resume_resharded_tp2_to_tp1(runs):
+@pytest.mark.parametrize("layout", ["tp1", "pp2"])
+def test_resume_resharded(runs, layout):
+    """TP=2 checkpoint loaded at TP=1 (1 process) and at PP=2 (2 processes)."""
     full = {s["step"]: s for s in runs["full"]["steps"]}
-    assert runs["tp1"]["rng_restored"] is False          # layout changed: RNG deliberately skipped
-    for s in runs["tp1"]["steps"]:
+    assert runs[layout]["rng_restored"] is False         # layout changed: RNG deliberately skipped
+    for s in runs[layout]["steps"]:
         ref = full[s["step"]]
         assert abs(s["loss"] - ref["loss"]) <= 1e-5 * abs(ref["loss"]), (s, ref)
         assert abs(s["grad_norm"] - ref["grad_norm"]) <= 1e-5 * ref["grad_norm"], (s, ref)

@@ -1,6 +1,6 @@
 """Worker: checkpoint save / resume of the policy actor.
 
-Usage: actor_checkpoint.py HF_DIR RUN_DIR OUT_JSON TP PHASE
+Usage: actor_checkpoint.py HF_DIR RUN_DIR OUT_JSON TP PHASE [PP=1]
   PHASE=full    4 training steps, checkpoint after steps 1 and 2 (keep_last=2); records every
                 step's loss / grad norm and a post-step RNG draw.
   PHASE=resume  find_latest(RUN_DIR) -> load_checkpoint -> steps 3 and 4; records the same.
@@ -28,10 +28,11 @@ def one_step(actor, step: int) -> dict:
 
 def main() -> None:
     hf_dir, run_dir, out, tp, phase = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+    pp = int(sys.argv[6]) if len(sys.argv) > 6 else 1
     from megatron_rl.trainer.checkpoint import find_latest, load_checkpoint, save_checkpoint
 
     # warm-up + cosine decay so the scheduler state matters on resume
-    actor = build_actor(hf_dir, tp, 1, lr=1e-3, warmup_steps=1, decay_steps=6, decay_style="cosine", min_lr=1e-5)
+    actor = build_actor(hf_dir, tp, pp, lr=1e-3, warmup_steps=1, decay_steps=6, decay_style="cosine", min_lr=1e-5)
     rec: dict = {"steps": []}
     if phase == "full":
         for step in (1, 2, 3, 4):
