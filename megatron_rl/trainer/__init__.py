@@ -39,6 +39,7 @@ Checkpoints (``trainer/checkpoint.py``)
     ``save_checkpoint(run_dir, step, actor, extra_state: dict, keep_last=3) -> Path``
     ``find_latest(run_dir) -> Path | None`` (complete checkpoints only)
     ``load_checkpoint(path, actor) -> LoadedCheckpoint(step, extra_state, rng_restored, path)``
+    ``load_model_weights(path, actor_or_reference) -> step`` (weights only, e.g. start RL from SFT)
     Scripts that save must guard their top level with ``if __name__ == "__main__":``.
 
 Vocab-parallel math (``trainer/vocab_parallel.py``)

@@ -158,6 +158,34 @@ def _ensure_optimizer_state(optimizer) -> None:
             o._init_optimizer_states_with_dummy_values()
 
 
+def load_model_weights(path: str | os.PathLike, model) -> int:
+    """Collective: load only the model weights of checkpoint ``path`` into ``model`` (a PolicyActor
+    or ReferencePolicy) — e.g. to start RL from an SFT run's Megatron checkpoint. Optimizer,
+    scheduler and RNG are left untouched (an actor's fp32 main params are refreshed). Returns the step.
+    """
+    from megatron.core import dist_checkpointing
+
+    path, meta = _complete(path)
+    models = model.bare_models()
+    req = {"model": models[0].sharded_state_dict(prefix="")} if len(models) == 1 else \
+        {f"model{i}": m.sharded_state_dict(prefix="") for i, m in enumerate(models)}
+    state = dist_checkpointing.load(req, str(path / "dist"))
+    for i, m in enumerate(models):
+        m.load_state_dict(state["model"] if len(models) == 1 else state[f"model{i}"], strict=True)
+    if getattr(model, "optimizer", None) is not None:
+        model.optimizer.reload_model_params()
+    dist.barrier()
+    return int(meta["step"])
+
+
+def _complete(path: str | os.PathLike) -> tuple[Path, dict]:
+    path = Path(path)
+    marker = path / _MARKER
+    if not marker.is_file():
+        raise FileNotFoundError(f"{path} is not a complete checkpoint (no {_MARKER} marker)")
+    return path, json.loads(marker.read_text())
+
+
 def load_checkpoint(path: str | os.PathLike, actor, restore_rng: bool = True) -> LoadedCheckpoint:
     """Collective: restore ``actor`` from a complete checkpoint directory ``step_<N>``.
 
@@ -165,11 +193,7 @@ def load_checkpoint(path: str | os.PathLike, actor, restore_rng: bool = True) ->
     """
     from megatron.core import dist_checkpointing
 
-    path = Path(path)
-    marker = path / _MARKER
-    if not marker.is_file():
-        raise FileNotFoundError(f"load_checkpoint: {path} is not a complete checkpoint (no {_MARKER} marker)")
-    meta = json.loads(marker.read_text())
+    path, meta = _complete(path)
     _ensure_optimizer_state(actor.optimizer)
     state = dist_checkpointing.load(_sharded_state(actor, is_loading=True), str(path / "dist"))
     models = actor.bare_models()

@@ -47,8 +47,16 @@ def main() -> None:
         assert loaded.step == 2 and loaded.extra_state == {"sampler_pos": 20, "counters": {"step": 2}}, loaded
         assert actor.steps_done == 2
         rec["rng_restored"] = loaded.rng_restored
+        probe = fixed_batch(seed=3)
+        at_load = actor.forward_logprobs(probe, 2).logp          # consumes no RNG
         for step in (3, 4):
             rec["steps"].append(one_step(actor, step))
+        # model-only load into a frozen reference reproduces the restored actor's log-probs
+        from megatron_rl.trainer.actor import ReferencePolicy
+        from megatron_rl.trainer.checkpoint import load_model_weights
+        ref = ReferencePolicy(actor.hf_cfg, actor.temperature, parallel_info=actor.parallel_info)
+        assert load_model_weights(latest, ref) == 2
+        assert torch.equal(ref.forward_logprobs(probe, 2).logp, at_load)
     write_json(out, rec)
     print("OK", rec, flush=True)
 
