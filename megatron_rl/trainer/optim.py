@@ -53,6 +53,8 @@ class OptimSpec:
             raise ValueError(f"OptimSpec.warmup_steps must be >= 0, got {self.warmup_steps}")
         if self.decay_steps is not None and self.decay_steps <= self.warmup_steps:
             raise ValueError(f"OptimSpec.decay_steps={self.decay_steps} must exceed warmup_steps={self.warmup_steps}")
+        if self.decay_style != "constant" and self.decay_steps is None:
+            raise ValueError(f"OptimSpec.decay_style={self.decay_style!r} needs decay_steps (the step where lr reaches min_lr)")
         if self.decay_style not in _DECAY_STYLES:
             raise ValueError(f"OptimSpec.decay_style {self.decay_style!r} not in {_DECAY_STYLES}")
         if self.clip_grad < 0 or self.weight_decay < 0:

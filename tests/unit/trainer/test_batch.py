@@ -45,3 +45,4 @@ def test_pad_to_multiple_pads_per_token_extras():
 def test_validation_names_the_field(kw, msg):
     with pytest.raises((ValueError, TypeError), match=msg):
         TrainBatch(**kw)
+
