@@ -26,7 +26,15 @@ from packaging.version import Version
 log = logging.getLogger("megatron_rl.patches")
 
 # Module names (relative to this package), applied in this order.
-_MODULES: tuple[str, ...] = ("megatron_distopt_torch_adam_load",)
+_MODULES: tuple[str, ...] = (
+    "cpu_cuda_device",
+    "cpu_cuda_rng",
+    "cpu_cuda_synchronize",
+    "cpu_cuda_factories",
+    "cpu_megatron_tensor_type",
+    "cpu_megatron_norm_sp",
+    "megatron_distopt_torch_adam_load",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +49,9 @@ class Patch:
         max_version: first version NOT covered (exclusive) — an upper bound is mandatory.
         needed: returns True when the patch is required on this machine (e.g. no CUDA).
         apply: performs the patch; must be idempotent.
+        symbols: the upstream symbols the patch replaces or wraps, as
+            ``("pkg.module:attr.sub", ("param", ...) or None)``; the test suite asserts each still
+            exists with exactly those parameter names (``None``: existence only).
     """
 
     name: str
@@ -50,6 +61,7 @@ class Patch:
     max_version: str
     needed: Callable[[], bool]
     apply: Callable[[], None]
+    symbols: tuple[tuple[str, tuple[str, ...] | None], ...] = ()
 
 
 _applied: dict[str, str] = {}
@@ -92,6 +104,15 @@ def apply_all(groups: tuple[str, ...] = ("megatron",), only: tuple[str, ...] | N
             status[p.name] = "applied"
         log.info("patch %-32s %s", p.name, status[p.name])
     return status
+
+
+def resolve_symbol(path: str):
+    """Return the object named ``"pkg.module:attr.sub"`` (imports the module)."""
+    mod, _, attr = path.partition(":")
+    obj = importlib.import_module(mod)
+    for part in attr.split(".") if attr else ():
+        obj = getattr(obj, part)
+    return getattr(obj, "_mrl_orig", obj)  # the upstream object, even after apply_all()
 
 
 def applied() -> dict[str, str]:

@@ -1,0 +1,255 @@
+"""HF ``config.json`` -> Megatron ``TransformerConfig`` + layer spec + ``GPTModel``.
+
+Supported: ``LlamaForCausalLM`` (incl. Llama-3 ``rope_type="llama3"`` scaling), ``Qwen2ForCausalLM``
+(q/k/v bias), ``Qwen3ForCausalLM`` (q/k RMSNorm), tied and untied embeddings, GQA with any ratio
+that divides the heads. Everything else fails at start-up with a message naming what is supported.
+
+Flags that parity with HF depends on (measured; see notes/cpu_megatron_ray.md §3 probe 5):
+``kv_channels=head_dim`` (HF's head_dim need not be hidden/heads), ``layernorm_epsilon=rms_norm_eps``
+(megatron's default 1e-5 is off by ~6e-4 in the logits for Qwen), ``rotary_base=rope_theta``,
+``gated_linear_unit`` + SiLU, no linear biases, dropout 0, ``rotary_interleaved=False`` (HF
+rotate_half).
+
+Vocabulary padding: megatron splits the embedding and output layer over TP ranks, so the vocab is
+padded up to a multiple of ``VOCAB_DIVISIBLE_BY * tp`` (as Megatron-LM's
+``make_vocab_size_divisible_by``). Padded rows are zero in converted checkpoints and are masked out
+of every log-softmax (``trainer/vocab_parallel.py``); HF exports drop them again.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+VOCAB_DIVISIBLE_BY = 128
+_MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
+def load_hf_config(src: Any):
+    """Return a ``transformers.PretrainedConfig`` from a model dir, a ``config.json`` path, a dict,
+    or a ``PretrainedConfig`` (returned as is). Raises ``ValueError`` for unsupported architectures."""
+    from transformers import AutoConfig, PretrainedConfig
+
+    if isinstance(src, PretrainedConfig):
+        cfg = src
+    elif isinstance(src, dict):
+        d = dict(src)
+        cfg = AutoConfig.for_model(d.pop("model_type"), **d) if "model_type" in d else None
+        if cfg is None:
+            raise ValueError("HF config dict has no 'model_type'")
+    elif isinstance(src, (str, os.PathLike)):
+        p = Path(src)
+        if p.is_file():
+            return load_hf_config(json.loads(p.read_text()))
+        if not (p / "config.json").is_file():
+            raise FileNotFoundError(f"no config.json in {p}")
+        return load_hf_config(json.loads((p / "config.json").read_text()))
+    else:
+        raise TypeError(f"cannot read an HF config from {type(src).__name__}")
+    architecture(cfg)  # validates
+    return cfg
+
+
+def architecture(cfg) -> str:
+    """The HF architecture name (``architectures[0]`` or derived from ``model_type``), validated."""
+    archs = getattr(cfg, "architectures", None) or []
+    arch = archs[0] if archs else _MODEL_TYPES.get(getattr(cfg, "model_type", ""), getattr(cfg, "model_type", "?"))
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(f"unsupported architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+    return arch
+
+
+@dataclasses.dataclass(frozen=True)
+class ArchInfo:
+    """Shape facts of a supported HF decoder, used by the provider, converter and weight sync."""
+
+    architecture: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    ffn_hidden_size: int
+    vocab_size: int
+    tied_embeddings: bool
+    qkv_bias: bool
+    qk_norm: bool
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None
+    max_position_embeddings: int
+
+
+def _rope(cfg) -> tuple[float, dict | None]:
+    params = dict(getattr(cfg, "rope_parameters", None) or {})
+    legacy = getattr(cfg, "rope_scaling", None)
+    if legacy and not params.get("rope_type"):
+        params.update(legacy)
+    theta = params.get("rope_theta", getattr(cfg, "rope_theta", None) or 10000.0)
+    kind = params.get("rope_type", params.get("type", "default")) or "default"
+    if kind == "default":
+        return float(theta), None
+    if kind != "llama3":
+        raise ValueError(f"unsupported rope scaling {kind!r}; supported: default, llama3")
+    return float(theta), {k: params[k] for k in ("factor", "low_freq_factor", "high_freq_factor",
+                                                  "original_max_position_embeddings")}
+
+
+def model_arch_info(cfg) -> ArchInfo:
+    """Validated :class:`ArchInfo` of an HF config (any form :func:`load_hf_config` accepts)."""
+    cfg = load_hf_config(cfg)
+    arch = architecture(cfg)
+    heads = int(cfg.num_attention_heads)
+    kv = int(getattr(cfg, "num_key_value_heads", None) or heads)
+    if heads % kv:
+        raise ValueError(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv}")
+    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+    if arch == "LlamaForCausalLM" and (getattr(cfg, "attention_bias", False) or getattr(cfg, "mlp_bias", False)):
+        raise ValueError("Llama with attention_bias/mlp_bias is not supported")
+    theta, scaling = _rope(cfg)
+    return ArchInfo(
+        architecture=arch, num_layers=int(cfg.num_hidden_layers), hidden_size=int(cfg.hidden_size),
+        num_heads=heads, num_kv_heads=kv, head_dim=head_dim, ffn_hidden_size=int(cfg.intermediate_size),
+        vocab_size=int(cfg.vocab_size), tied_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
+        qkv_bias=arch == "Qwen2ForCausalLM" or bool(getattr(cfg, "attention_bias", False)),
+        qk_norm=arch == "Qwen3ForCausalLM", rms_norm_eps=float(cfg.rms_norm_eps), rope_theta=theta,
+        rope_scaling=scaling, max_position_embeddings=int(getattr(cfg, "max_position_embeddings", 4096)))
+
+
+def padded_vocab_size(cfg, tp: int = 1, divisible_by: int = VOCAB_DIVISIBLE_BY) -> int:
+    """Vocab rounded up to a multiple of ``divisible_by * tp`` (Megatron-LM's rule)."""
+    v, m = model_arch_info(cfg).vocab_size, divisible_by * tp
+    return -(-v // m) * m
+
+
+def validate_layout(cfg, tp: int = 1, pp: int = 1) -> None:
+    """Raise ``ValueError`` when TP / PP do not divide the model's heads / KV heads / layers."""
+    a = model_arch_info(cfg)
+    if tp < 1 or pp < 1:
+        raise ValueError(f"tp and pp must be >= 1, got tp={tp}, pp={pp}")
+    for what, n in (("num_attention_heads", a.num_heads), ("num_key_value_heads", a.num_kv_heads),
+                    ("intermediate_size", a.ffn_hidden_size)):
+        if n % tp:
+            raise ValueError(f"{what}={n} is not divisible by tensor parallel size {tp}")
+    if a.num_layers % pp:
+        raise ValueError(f"num_hidden_layers={a.num_layers} is not divisible by pipeline parallel size {pp}")
+
+
+def transformer_config_from_hf(cfg, *, tp: int = 1, pp: int = 1, sequence_parallel: bool = False,
+                               params_dtype: torch.dtype = torch.float32, fp8: str | None = None,
+                               **overrides):
+    """Megatron ``TransformerConfig`` equivalent to the HF config, for a TP x PP layout.
+
+    ``fp8``: ``None`` or a Transformer Engine fp8 format (``"e4m3"`` / ``"hybrid"``); GPU + TE only.
+    ``overrides`` are passed through to ``TransformerConfig`` last (e.g. ``recompute_granularity``).
+    """
+    import torch.nn.functional as F
+    from megatron.core.transformer import TransformerConfig
+
+    a = model_arch_info(cfg)
+    validate_layout(cfg, tp, pp)
+    if fp8 is not None:
+        from megatron_rl.device import has_cuda
+
+        if not has_cuda():
+            raise ValueError("fp8 needs a CUDA GPU with Transformer Engine; set model.fp8=null on CPU")
+    kw: dict[str, Any] = dict(
+        num_layers=a.num_layers, hidden_size=a.hidden_size, num_attention_heads=a.num_heads,
+        num_query_groups=a.num_kv_heads, kv_channels=a.head_dim, ffn_hidden_size=a.ffn_hidden_size,
+        normalization="RMSNorm", layernorm_epsilon=a.rms_norm_eps, gated_linear_unit=True,
+        activation_func=F.silu, add_bias_linear=False, add_qkv_bias=a.qkv_bias, qk_layernorm=a.qk_norm,
+        hidden_dropout=0.0, attention_dropout=0.0, tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp, sequence_parallel=sequence_parallel and tp > 1,
+        params_dtype=params_dtype, pipeline_dtype=params_dtype, bf16=params_dtype == torch.bfloat16,
+        fp16=params_dtype == torch.float16, batch_p2p_sync=False, use_cpu_initialization=True,
+        apply_rope_fusion=False, bias_activation_fusion=False, masked_softmax_fusion=False,
+        persist_layer_norm=False, gradient_accumulation_fusion=False)
+    if fp8 is not None:
+        kw.update(fp8=fp8, fp8_recipe="delayed")
+    kw.update(overrides)
+    return TransformerConfig(**kw)
+
+
+def layer_spec(cfg, backend: str = "local"):
+    """Layer spec: ``"local"`` (torch ops; CPU and GPU) or ``"te"`` (Transformer Engine; GPU only)."""
+    a = model_arch_info(cfg)
+    if backend == "local":
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+        return get_gpt_layer_local_spec(qk_layernorm=a.qk_norm, normalization="RMSNorm")
+    if backend == "te":
+        try:
+            import transformer_engine  # noqa: F401
+        except ImportError as e:
+            raise ValueError("model.backend='te' needs Transformer Engine (pip install -e .[gpu]) on a "
+                             "CUDA machine; use backend='local' on CPU") from e
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+
+        return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=a.qk_norm)
+    raise ValueError(f"unknown layer backend {backend!r}; supported: local, te, auto")
+
+
+def resolve_backend(backend: str = "auto") -> str:
+    """``auto`` -> ``te`` when CUDA and Transformer Engine are present, else ``local``."""
+    if backend != "auto":
+        return backend
+    from megatron_rl.device import has_cuda
+
+    if not has_cuda():
+        return "local"
+    try:
+        import transformer_engine  # noqa: F401
+        return "te"
+    except ImportError:
+        return "local"
+
+
+def llama3_inv_freq(inv_freq: torch.Tensor, factor: float, low_freq_factor: float,
+                    high_freq_factor: float, original_max_position_embeddings: int) -> torch.Tensor:
+    """Llama-3 frequency scaling of RoPE inverse frequencies (Meta's Llama 3.1 formula).
+
+    wavelength λ = 2π / f.  λ < L/hi: keep f;  λ > L/lo: f / factor;  otherwise blend with
+    s = (L/λ − lo) / (hi − lo):  (1 − s)·f/factor + s·f, where L = original_max_position_embeddings.
+    """
+    wavelen = 2 * math.pi / inv_freq
+    lo_wl, hi_wl = original_max_position_embeddings / low_freq_factor, original_max_position_embeddings / high_freq_factor
+    s = (original_max_position_embeddings / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    blended = (1 - s) * inv_freq / factor + s * inv_freq
+    out = torch.where(wavelen > lo_wl, inv_freq / factor, inv_freq)
+    medium = (wavelen >= hi_wl) & (wavelen <= lo_wl)
+    return torch.where(medium, blended, out)
+
+
+def build_gpt_model(cfg, config=None, *, pre_process: bool | None = None, post_process: bool | None = None,
+                    backend: str = "auto", vp_stage: int | None = None):
+    """Build this rank's ``GPTModel`` chunk. ``pre_process``/``post_process`` default to whether
+    this rank is the first / last pipeline stage. ``config`` defaults to
+    :func:`transformer_config_from_hf` at the current TP/PP sizes."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt import GPTModel
+
+    cfg = load_hf_config(cfg)
+    a = model_arch_info(cfg)
+    tp = ps.get_tensor_model_parallel_world_size() if ps.model_parallel_is_initialized() else 1
+    if config is None:
+        pp = ps.get_pipeline_model_parallel_world_size() if ps.model_parallel_is_initialized() else 1
+        config = transformer_config_from_hf(cfg, tp=tp, pp=pp)
+    if pre_process is None:
+        pre_process = ps.is_pipeline_first_stage() if ps.model_parallel_is_initialized() else True
+    if post_process is None:
+        post_process = ps.is_pipeline_last_stage() if ps.model_parallel_is_initialized() else True
+    model = GPTModel(
+        config, layer_spec(cfg, resolve_backend(backend)), vocab_size=padded_vocab_size(cfg, tp),
+        max_sequence_length=a.max_position_embeddings, pre_process=pre_process, post_process=post_process,
+        share_embeddings_and_output_weights=a.tied_embeddings, position_embedding_type="rope",
+        rotary_percent=1.0, rotary_base=int(a.rope_theta), vp_stage=vp_stage)
+    if a.rope_scaling is not None:
+        rope = model.rotary_pos_emb
+        rope.inv_freq = llama3_inv_freq(rope.inv_freq, **a.rope_scaling)
+    return model

@@ -1,0 +1,103 @@
+"""Process setup for Megatron: torch.distributed, CPU patches, model-parallel groups, seeds.
+
+``init_parallel`` is the single start-up call of every trainer process (under ``torchrun`` or as a
+plain single process). Order matters: the CPU patches must be applied before megatron builds
+anything (``patches.apply_all(("megatron",))``; skipped on CUDA machines where not needed).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+from megatron_rl import device
+
+log = logging.getLogger("megatron_rl.parallel")
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelInfo:
+    """This process's place in the TP x PP x DP grid (megatron order: tp fastest, then dp, then pp)."""
+
+    rank: int
+    world: int
+    tp: int
+    pp: int
+    dp: int
+    tp_rank: int
+    pp_rank: int
+    dp_rank: int
+    sequence_parallel: bool = False
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.pp_rank == self.pp - 1
+
+    @property
+    def is_driver(self) -> bool:
+        """Global rank 0 drives the rollout engines (Ray driver)."""
+        return self.rank == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed() -> None:
+    """Initialise ``torch.distributed`` from torchrun's env, or as a 1-process world."""
+    if dist.is_initialized():
+        return
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    device.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend=device.dist_backend())
+
+
+def init_parallel(tp: int = 1, pp: int = 1, *, seed: int = 1234, sequence_parallel: bool = False) -> ParallelInfo:
+    """Start-up: patches, process group, megatron model-parallel groups, seeds. Idempotent for the
+    same layout; a different layout after initialisation raises."""
+    from megatron_rl import patches
+
+    patches.apply_all(("megatron",))
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    init_distributed()
+    world = dist.get_world_size()
+    if tp < 1 or pp < 1 or world % (tp * pp):
+        raise ValueError(f"tensor parallel {tp} x pipeline parallel {pp} does not divide world size {world}")
+    if ps.model_parallel_is_initialized():
+        if (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()) != (tp, pp):
+            raise RuntimeError("model parallel already initialised with a different layout; call destroy_parallel() first")
+    else:
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    # Same seed on every rank for replicated params; megatron offsets the TP tracker per TP rank.
+    torch.manual_seed(seed)
+    model_parallel_cuda_manual_seed(seed)
+    info = ParallelInfo(
+        rank=dist.get_rank(), world=world, tp=tp, pp=pp, dp=world // (tp * pp),
+        tp_rank=ps.get_tensor_model_parallel_rank(), pp_rank=ps.get_pipeline_model_parallel_rank(),
+        dp_rank=ps.get_data_parallel_rank(), sequence_parallel=bool(sequence_parallel and tp > 1))
+    log.info("parallel: %s", info)
+    return info
+
+
+def destroy_parallel(process_group: bool = False) -> None:
+    """Tear down megatron's groups (and the process group when ``process_group``)."""
+    from megatron.core import parallel_state as ps
+
+    ps.destroy_model_parallel()
+    if process_group and dist.is_initialized():
+        dist.destroy_process_group()
