@@ -61,5 +61,10 @@ def _apply() -> None:
     D.load_state_dict = load_state_dict
 
 
+_D = "megatron.core.optimizer.distrib_optimizer:DistributedOptimizer"
 PATCH = Patch(name="megatron_distopt_torch_adam_load", group="megatron", package="megatron-core",
-              min_version="0.16.0", max_version="0.17.0", needed=_needed, apply=_apply)
+              min_version="0.16.0", max_version="0.17.0", needed=_needed, apply=_apply,
+              symbols=((f"{_D}._set_main_param_and_optimizer_states", ("self", "model_param", "tensors")),
+                       (f"{_D}.load_state_dict", ("self", "state_dict")),
+                       (f"{_D}._get_main_param_and_optimizer_states", ("self", "model_param")),
+                       (f"{_D}._init_optimizer_states_with_dummy_values", ("self",))))
