@@ -96,6 +96,17 @@ def _build_chunks(hf_cfg, bf16: bool, g: Groups, sequence_parallel: bool):
     return [model], config
 
 
+def _pad_rows(batch: TrainBatch, multiple: int) -> TrainBatch:
+    """Append copies of the last row (loss mask 0) until N is a multiple of ``multiple``."""
+    extra = (-batch.num_samples) % multiple
+    if extra == 0:
+        return batch
+    idx = torch.cat([torch.arange(batch.num_samples), torch.full((extra,), batch.num_samples - 1)])
+    mask = batch.loss_mask[idx].clone()
+    mask[batch.num_samples:] = 0
+    return TrainBatch(batch.tokens[idx], mask, {k: v[idx] for k, v in batch.extras.items()})
+
+
 class _LogProbModel:
     """Shared forward machinery: model chunks -> per-token log-probs / entropy on every rank."""
 
@@ -149,9 +160,13 @@ class _LogProbModel:
 
         Each DP rank computes its contiguous shard through the forward-only schedule; the last
         stage's results are broadcast over PP and all-gathered over DP. Shapes ``[N, S-1]``.
+        ``N`` need not divide by ``dp_size * micro_batch_size``: the batch is padded with copies
+        of its last row (results dropped).
         """
         g = self.groups
         t = self.temperature if temperature is None else float(temperature)
+        n = batch.num_samples
+        batch = _pad_rows(batch, g.dp_size * micro_batch_size)
         local, mbs = self._local_batch(batch, micro_batch_size)
         for c in self.chunks:
             c.eval()
@@ -163,7 +178,7 @@ class _LogProbModel:
         for key in ("logp", "entropy") if with_entropy else ("logp",):
             x = torch.cat([d[key] for d in store], dim=0).float() if g.is_last_stage else None
             x = tensor_from_last_stage(g, x, shape)
-            outs.append(gather_dp(g, x)[:, : batch.seq_len - 1])
+            outs.append(gather_dp(g, x)[:n, : batch.seq_len - 1])
         return LogProbResult(outs[0], outs[1] if with_entropy else None)
 
     def load_hf(self, hf_dir: str) -> None:

@@ -35,9 +35,14 @@ def main() -> None:
     assert all(torch.isfinite(torch.tensor(losses))), losses
     assert losses[-1] < losses[0] - 0.5, losses
     assert torch.equal(ref.forward_logprobs(batch, micro_batch_size=4).logp, before), "reference moved"
+    # forward passes pad odd sizes internally; training refuses them with a clear message
+    full = actor.forward_logprobs(batch, micro_batch_size=4).logp
+    odd = actor.forward_logprobs(batch.slice(0, 5), micro_batch_size=2).logp
+    assert odd.shape == (5, batch.seq_len - 1)
+    torch.testing.assert_close(odd, full[:5], rtol=0, atol=1e-3)   # bf16, different micro-batching
     for bad, msg in ((3, "micro_batch_size 3"), (16, "micro_batch_size 16")):
         try:
-            actor.forward_logprobs(batch, micro_batch_size=bad)
+            actor.train_step(batch, sft, micro_batch_size=bad)
         except ValueError as e:
             assert msg in str(e), e
         else:
