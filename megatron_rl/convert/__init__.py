@@ -1,1 +1,27 @@
-"""megatron_rl.convert"""
+"""HF <-> Megatron conversion.
+
+Name maps (``name_maps.py``) are the single source of truth for Megatron <-> HF names; QKV grouping
+and gate/up fusion are the named transforms of ``transforms.py``.
+
+Live models (collective when torch.distributed is up):
+    ``load_hf_into_model(model_chunks, hf_dir, parallel_info=None)`` fill this rank's shard
+    ``iter_hf_tensors(model_chunks, hf_cfg)`` -> ``(hf_name, full tensor)`` on every rank
+    ``export_hf(model_chunks, hf_cfg, out_dir, force=True, tokenizer_dir=None)`` (rank 0 writes)
+Offline (``megatron-rl convert ...``):
+    ``hf_to_mcore(hf_dir, out_dir, tp, pp, force)`` / ``mcore_to_hf(ckpt_dir, out_dir, force)``
+"""
+from megatron_rl.convert.live import export_hf, iter_hf_tensors, load_hf_into_model
+
+__all__ = ["export_hf", "iter_hf_tensors", "load_hf_into_model", "hf_to_mcore", "mcore_to_hf"]
+
+
+def hf_to_mcore(*args, **kwargs):
+    from megatron_rl.convert.checkpoints import hf_to_mcore as f
+
+    return f(*args, **kwargs)
+
+
+def mcore_to_hf(*args, **kwargs):
+    from megatron_rl.convert.checkpoints import mcore_to_hf as f
+
+    return f(*args, **kwargs)

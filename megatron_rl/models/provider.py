@@ -103,6 +103,8 @@ def _rope(cfg) -> tuple[float, dict | None]:
 
 def model_arch_info(cfg) -> ArchInfo:
     """Validated :class:`ArchInfo` of an HF config (any form :func:`load_hf_config` accepts)."""
+    if isinstance(cfg, ArchInfo):
+        return cfg
     cfg = load_hf_config(cfg)
     arch = architecture(cfg)
     heads = int(cfg.num_attention_heads)

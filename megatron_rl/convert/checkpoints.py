@@ -1,0 +1,120 @@
+"""Offline conversion between HF safetensors dirs and Megatron ``dist_checkpointing`` checkpoints.
+
+Megatron checkpoint layout written here (the trainer's ``load_model_weights`` reads it too)::
+
+    OUT/dist/        megatron-core dist_checkpointing (torch_dist), key "model" — loads at ANY TP/PP
+    OUT/hf/          config.json (+ tokenizer files): what the model is
+    OUT/COMPLETE     JSON marker, written last: {"step": 0, "tp": .., "pp": .., "source": ..}
+
+Both directions run as one process or under ``torchrun`` (then each rank builds and saves only its
+TP/PP shard; memory per process ~ model / (tp·pp)). Outputs are written to a temp dir and renamed.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import torch.distributed as dist
+
+log = logging.getLogger("megatron_rl.convert")
+
+
+def _init(tp: int, pp: int):
+    from megatron_rl.parallel import init_parallel
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1 and (tp, pp) != (1, 1):
+        log.info("single process: writing at TP=1/PP=1 (dist_checkpointing reshards to tp=%d pp=%d on load)", tp, pp)
+        tp, pp = 1, 1
+    if world % (tp * pp):
+        raise ValueError(f"world size {world} is not a multiple of tp*pp={tp * pp}")
+    return init_parallel(tp, pp, seed=0)
+
+
+def _is_writer() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def _shared_tmp(out: Path, force: bool) -> Path:
+    """Rank 0 picks (and checks) the temp dir; every rank gets the same path."""
+    from megatron_rl.convert.atomic import holds_checkpoint
+
+    payload = [None]
+    if _is_writer():
+        if holds_checkpoint(out) and not force:
+            payload = [f"ERROR:{out} already holds a checkpoint; pass --force to overwrite it"]
+        else:
+            payload = [str(out.parent / f".tmp-{out.name}-{os.getpid()}")]
+    if dist.is_initialized():
+        dist.broadcast_object_list(payload, src=0)
+    if payload[0].startswith("ERROR:"):
+        raise FileExistsError(payload[0][6:])
+    return Path(payload[0])
+
+
+def hf_to_mcore(hf_dir: str | os.PathLike, out_dir: str | os.PathLike, tp: int = 1, pp: int = 1,
+                force: bool = False) -> Path:
+    """Convert an HF checkpoint dir into a Megatron distributed checkpoint at ``out_dir``."""
+    import shutil
+
+    from megatron.core import dist_checkpointing
+
+    from megatron_rl.convert.hf_io import copy_tokenizer_files
+    from megatron_rl.convert.live import load_hf_into_model
+    from megatron_rl.models.provider import build_gpt_model, load_hf_config, validate_layout
+
+    hf_dir, out = Path(hf_dir), Path(out_dir).resolve()
+    cfg = load_hf_config(hf_dir)
+    validate_layout(cfg, tp, pp)
+    info = _init(tp, pp)
+    tmp = _shared_tmp(out, force)
+    try:
+        model = build_gpt_model(cfg)
+        load_hf_into_model([model], hf_dir, info)
+        if _is_writer():
+            (tmp / "hf").mkdir(parents=True, exist_ok=True)
+            (tmp / "dist").mkdir(parents=True, exist_ok=True)
+            cfg.save_pretrained(str(tmp / "hf"))
+            copy_tokenizer_files(hf_dir, tmp / "hf")
+        if dist.is_initialized():
+            dist.barrier()
+        dist_checkpointing.save({"model": model.sharded_state_dict(prefix="")}, str(tmp / "dist"))
+        if dist.is_initialized():
+            dist.barrier()
+        if _is_writer():
+            (tmp / "COMPLETE").write_text(json.dumps({"step": 0, "tp": info.tp, "pp": info.pp, "source": str(hf_dir)}))
+            if out.exists():
+                shutil.rmtree(out)
+            os.replace(tmp, out)
+    except BaseException:
+        if _is_writer():
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if dist.is_initialized():
+        dist.barrier()
+    return out
+
+
+def mcore_to_hf(ckpt_dir: str | os.PathLike, out_dir: str | os.PathLike, force: bool = False,
+                max_shard_bytes: int = 2 << 30, tp: int = 1, pp: int = 1) -> Path:
+    """Convert a Megatron checkpoint (this module's layout, or a trainer ``step_N`` dir with an
+    ``hf/`` config) into an HF safetensors dir loadable by ``AutoModelForCausalLM``."""
+    from megatron.core import dist_checkpointing
+
+    from megatron_rl.convert.live import export_hf
+    from megatron_rl.models.provider import build_gpt_model, load_hf_config
+
+    ckpt = Path(ckpt_dir)
+    if not (ckpt / "COMPLETE").is_file():
+        raise FileNotFoundError(f"{ckpt} is not a complete Megatron checkpoint (no COMPLETE marker)")
+    if not (ckpt / "hf" / "config.json").is_file():
+        raise FileNotFoundError(f"{ckpt}/hf/config.json missing: cannot tell the architecture")
+    cfg = load_hf_config(ckpt / "hf")
+    _init(tp, pp)
+    model = build_gpt_model(cfg)
+    state = dist_checkpointing.load({"model": model.sharded_state_dict(prefix="")}, str(ckpt / "dist"))
+    model.load_state_dict(state["model"], strict=True)
+    export_hf([model], cfg, out_dir, force=force, tokenizer_dir=ckpt / "hf", max_shard_bytes=max_shard_bytes)
+    return Path(out_dir)

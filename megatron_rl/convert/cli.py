@@ -1,0 +1,47 @@
+"""``megatron-rl convert hf-to-mcore | mcore-to-hf`` (also ``tools/convert/*.py``).
+
+Runs as one process or under ``torchrun --nproc_per_node=TP*PP`` (each rank converts its shard).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="megatron-rl convert", description=__doc__)
+    sub = p.add_subparsers(dest="direction", required=True)
+    a = sub.add_parser("hf-to-mcore", help="HF safetensors dir -> Megatron dist checkpoint")
+    a.add_argument("--hf", required=True, help="HF model dir (config.json + *.safetensors)")
+    a.add_argument("--out", required=True, help="output checkpoint dir")
+    a.add_argument("--tp", type=int, default=1, help="tensor parallel size (the checkpoint loads at any TP)")
+    a.add_argument("--pp", type=int, default=1, help="pipeline parallel size (the checkpoint loads at any PP)")
+    a.add_argument("--force", action="store_true", help="overwrite an existing checkpoint in --out")
+    b = sub.add_parser("mcore-to-hf", help="Megatron dist checkpoint -> HF safetensors dir")
+    b.add_argument("--ckpt", required=True, help="Megatron checkpoint dir (with COMPLETE and hf/config.json)")
+    b.add_argument("--out", required=True, help="output HF dir")
+    b.add_argument("--max-shard-gb", type=float, default=2.0, help="max safetensors shard size")
+    b.add_argument("--force", action="store_true", help="overwrite an existing checkpoint in --out")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from megatron_rl.convert.checkpoints import hf_to_mcore, mcore_to_hf
+
+    try:
+        if args.direction == "hf-to-mcore":
+            out = hf_to_mcore(args.hf, args.out, tp=args.tp, pp=args.pp, force=args.force)
+        else:
+            out = mcore_to_hf(args.ckpt, args.out, force=args.force, max_shard_bytes=int(args.max_shard_gb * (1 << 30)))
+    except (FileExistsError, FileNotFoundError, KeyError, ValueError) as e:
+        print(f"megatron-rl convert: error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""Conversion against LIVE (sharded) Megatron models: load HF weights into this rank's chunks,
+and gather full HF-named tensors back out (weight sync, HF export).
+
+Both functions are collective over the model-parallel grid when ``torch.distributed`` is
+initialised; they also work in a single process (TP = PP = 1).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Iterable, Iterator
+
+import torch
+import torch.distributed as dist
+
+from megatron_rl.convert import name_maps, transforms
+from megatron_rl.convert.hf_io import HFReader
+from megatron_rl.models.provider import ArchInfo, model_arch_info, padded_vocab_size
+
+log = logging.getLogger("megatron_rl.convert")
+
+
+def _grid() -> tuple[int, int, int, int]:
+    """(tp size, tp rank, pp size, pp rank) of this process."""
+    from megatron.core import parallel_state as ps
+
+    if not ps.model_parallel_is_initialized():
+        return 1, 0, 1, 0
+    return (ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank(),
+            ps.get_pipeline_model_parallel_world_size(), ps.get_pipeline_model_parallel_rank())
+
+
+def _layer_offset(model) -> int:
+    layers = getattr(getattr(model, "decoder", None), "layers", None)
+    return int(layers[0].layer_number) - 1 if layers is not None and len(layers) else 0
+
+
+def local_params(model_chunks: Iterable[torch.nn.Module], arch: ArchInfo) -> dict[str, torch.nn.Parameter]:
+    """``{global local-spec Megatron name: parameter}`` for this rank's chunks."""
+    out = {}
+    for m in model_chunks:
+        off = _layer_offset(m)
+        for name, p in m.named_parameters():
+            g = name_maps.canonical_local_name(name_maps.local_to_global(name, off))
+            if arch.tied_embeddings and g == "output_layer.weight":
+                g = "output_layer.weight(tied)"
+            out[g] = p
+    return out
+
+
+def build_full(rule: name_maps.Rule, tensors: list[torch.Tensor], arch: ArchInfo) -> torch.Tensor:
+    """HF tensors of ``rule`` -> the full (TP=1) Megatron tensor."""
+    if rule.transform == "qkv":
+        return transforms.fuse_qkv(*tensors, arch.num_heads, arch.num_kv_heads, arch.head_dim)
+    if rule.transform == "gate_up":
+        return transforms.fuse_gate_up(*tensors)
+    return tensors[0]
+
+
+def split_full(rule: name_maps.Rule, full: torch.Tensor, arch: ArchInfo) -> list[torch.Tensor]:
+    """Inverse of :func:`build_full`."""
+    if rule.transform == "qkv":
+        return list(transforms.split_qkv(full, arch.num_heads, arch.num_kv_heads, arch.head_dim))
+    if rule.transform == "gate_up":
+        return list(transforms.split_gate_up(full))
+    return [full]
+
+
+def check_hf_names(names: Iterable[str], arch: ArchInfo) -> None:
+    """Raise naming missing / unexpected HF tensors (``lm_head`` tolerated for tied models)."""
+    names = set(names)
+    expected = name_maps.expected_hf_names(arch)
+    missing = sorted(expected - names)
+    extra = sorted(names - expected - ({"lm_head.weight"} if arch.tied_embeddings else set()))
+    if missing:
+        raise KeyError(f"HF checkpoint is missing {len(missing)} tensor(s): {missing[:8]}")
+    if extra:
+        raise ValueError(f"HF checkpoint has {len(extra)} unexpected tensor(s) for {arch.architecture}: {extra[:8]}")
+
+
+def load_hf_into_model(model_chunks, hf_dir, parallel_info=None) -> int:
+    """Fill this rank's Megatron chunks from an HF safetensors dir, reading only needed tensors.
+
+    Every parameter of the chunks must be covered and the checkpoint must hold exactly the
+    architecture's tensors (else ``KeyError`` / ``ValueError`` naming them). Returns #params set.
+    """
+    from megatron_rl.models.provider import load_hf_config
+
+    arch = model_arch_info(load_hf_config(hf_dir))
+    reader = HFReader(hf_dir)
+    check_hf_names(reader.names(), arch)
+    tp, tp_rank, _, _ = _grid()
+    params = local_params(model_chunks, arch)
+    by_name = {r.mcore: r for r in name_maps.expand(arch)}
+    emb = by_name["embedding.word_embeddings.weight"]
+    vpad = padded_vocab_size(arch, tp)
+    done = 0
+    with torch.no_grad():
+        for g, p in params.items():
+            rule = emb if g == "output_layer.weight(tied)" else by_name.get(g)
+            if rule is None:
+                raise KeyError(f"Megatron parameter {g!r} has no rule in the {arch.architecture} name map")
+            full = build_full(rule, [reader.get(h) for h in rule.hf], arch)
+            part = transforms.shard(full, rule.tp, rule.transform, tp, tp_rank, vpad)
+            if part.shape != p.shape:
+                raise ValueError(f"{g}: HF-derived shard {tuple(part.shape)} != Megatron {tuple(p.shape)}")
+            p.copy_(part.to(p.dtype))
+            done += 1
+    return done
+
+
+def full_shape(rule: name_maps.Rule, arch: ArchInfo) -> tuple[int, ...]:
+    """Shape of the full (TP=1, unpadded) Megatron tensor of a rule."""
+    h, d = arch.hidden_size, arch.head_dim
+    qkv = (arch.num_heads + 2 * arch.num_kv_heads) * d
+    m = rule.mcore
+    if rule.tp == "vocab":
+        return (arch.vocab_size, h)
+    if m.endswith("linear_qkv.weight"):
+        return (qkv, h)
+    if m.endswith("linear_qkv.bias"):
+        return (qkv,)
+    if m.endswith("linear_proj.weight"):
+        return (h, arch.num_heads * d)
+    if m.endswith("linear_fc1.weight"):
+        return (2 * arch.ffn_hidden_size, h)
+    if m.endswith("linear_fc2.weight"):
+        return (h, arch.ffn_hidden_size)
+    if "q_layernorm" in m or "k_layernorm" in m:
+        return (d,)
+    return (h,)
+
+
+def _owner_stage(rule: name_maps.Rule, arch: ArchInfo, pp: int) -> int:
+    if rule.per_layer or rule.mcore.startswith("decoder.layers."):
+        return int(rule.mcore.split(".")[2]) // (arch.num_layers // pp)
+    return 0 if rule.mcore.startswith("embedding") else pp - 1
+
+
+def iter_hf_tensors(model_chunks, hf_cfg) -> Iterator[tuple[str, torch.Tensor]]:
+    """Collective: yield ``(hf_name, full tensor)`` for the whole model, in HF order, ON EVERY RANK.
+
+    Per tensor: the owning pipeline stage all-gathers the TP shards and joins them
+    (``transforms.unshard``), then broadcasts the full Megatron tensor over the pipeline group;
+    HF tensors are split out of it (``split_qkv``, ``split_gate_up``). Peak extra memory: one
+    layer's largest tensor. All ranks must consume the iterator completely.
+    """
+    from megatron.core import parallel_state as ps
+
+    arch = model_arch_info(hf_cfg)
+    tp, _, pp, pp_rank = _grid()
+    params = local_params(model_chunks, arch)
+    for rule in name_maps.expand(arch):
+        owner = _owner_stage(rule, arch, pp)
+        dtype = next(iter(params.values())).dtype
+        full = None
+        if pp_rank == owner:
+            local = params[rule.mcore].detach()
+            dtype = local.dtype
+            if tp > 1:
+                group = ps.get_tensor_model_parallel_group()
+                shards = [torch.empty_like(local) for _ in range(tp)]
+                dist.all_gather(shards, local.contiguous(), group=group)
+            else:
+                shards = [local]
+            full = transforms.unshard(shards, rule.tp, rule.transform, arch.vocab_size)
+        if pp > 1:
+            group = ps.get_pipeline_model_parallel_group()
+            if full is None:
+                full = torch.empty(full_shape(rule, arch), dtype=dtype, device=local_device(params))
+            full = full.contiguous()
+            dist.broadcast(full, src=dist.get_process_group_ranks(group)[owner], group=group)
+        for hf_name, t in zip(rule.hf, split_full(rule, full, arch)):
+            yield hf_name, t
+
+
+def local_device(params: dict) -> torch.device:
+    return next(iter(params.values())).device
+
+
+def export_hf(model_chunks, hf_cfg, out_dir, *, force: bool = True, tokenizer_dir=None,
+              max_shard_bytes: int = 2 << 30) -> None:
+    """Collective: write an HF checkpoint (safetensors shards + config.json [+ tokenizer files]) of
+    the live model to ``out_dir`` (rank 0 writes, atomically)."""
+    from megatron_rl.convert.atomic import atomic_dir
+    from megatron_rl.convert.hf_io import HFWriter, copy_tokenizer_files
+    from megatron_rl.models.provider import load_hf_config
+
+    cfg = load_hf_config(hf_cfg)
+    writer_rank = not dist.is_initialized() or dist.get_rank() == 0
+    with atomic_dir(out_dir, force=force, enabled=writer_rank) as tmp:
+        writer = HFWriter(tmp, max_shard_bytes) if writer_rank else None
+        for name, t in iter_hf_tensors(model_chunks, cfg):
+            if writer is not None:
+                writer.add(name, t.to("cpu", copy=True))
+        if writer_rank:
+            writer.close()
+            cfg.save_pretrained(str(tmp))
+            if tokenizer_dir is not None:
+                copy_tokenizer_files(tokenizer_dir, tmp)
+    if dist.is_initialized():
+        dist.barrier()
