@@ -11,12 +11,6 @@ from pathlib import Path
 
 import torch
 
-try:                                   # TEMPORARY until parallel / provider / convert land
-    import actor_fallback
-except ImportError:                    # imported as tests.distributed.workers.actor_common
-    from tests.distributed.workers import actor_fallback
-actor_fallback.install()
-
 VOCAB = 250          # not a multiple of 128: TP=2 pads to 256 -> padded rows are exercised
 SEQ = 16
 N = 8

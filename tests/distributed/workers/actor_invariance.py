@@ -15,21 +15,56 @@ from actor_common import build_actor, fixed_batch, rl_loss, write_json
 
 def check_against_hf(hf_dir: str, batch, logp: torch.Tensor, temperature: float) -> None:
     """The actor's log-probs (temperature-scaled) equal HF eager Qwen3's on response tokens."""
-    from safetensors.torch import load_file
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    # Built from config + load_state_dict: from_pretrained leaves the non-persistent rotary
-    # ``inv_freq`` buffer wrong for this tiny random model (transformers 5.x, observed).
-    cfg = AutoConfig.from_pretrained(hf_dir)
-    cfg._attn_implementation = "eager"
-    hf = AutoModelForCausalLM.from_config(cfg).float()
-    hf.load_state_dict(load_file(f"{hf_dir}/model.safetensors"), strict=True)
+    hf = _hf_model(hf_dir)
     with torch.no_grad():
         logits = hf(batch.tokens).logits[:, :-1] / temperature
     ref = torch.log_softmax(logits, -1).gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
     diff = ((ref - logp) * batch.loss_mask).abs().max().item()
     print(f"max |logp - HF logp| on response tokens = {diff:.2e}", flush=True)
     assert diff <= 1e-4, diff
+
+
+def _hf_model(hf_dir: str):
+    """HF model from config + state dict. Not ``from_pretrained``: in a process where the megatron
+    CPU patches are applied (they wrap ``torch.tensor``), transformers 5.x ``from_pretrained``
+    leaves the non-persistent rotary ``inv_freq`` buffer uninitialised (observed)."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from pathlib import Path
+
+    cfg = AutoConfig.from_pretrained(hf_dir)
+    cfg._attn_implementation = "eager"
+    hf = AutoModelForCausalLM.from_config(cfg).float()
+    sd = {}
+    for f in sorted(Path(hf_dir).glob("*.safetensors")):
+        sd.update(load_file(str(f)))
+    hf.load_state_dict(sd, strict=True)
+    return hf
+
+
+def check_hf_round_trip(actor, hf_dir: str) -> None:
+    """Right after load_hf, hf_weights() gives back every HF tensor bit-for-bit (on every rank)."""
+    from safetensors.torch import load_file
+
+    orig = load_file(f"{hf_dir}/model.safetensors")
+    got = dict(actor.hf_weights())
+    assert set(got) == set(orig), (set(got) ^ set(orig))
+    for k, v in orig.items():
+        assert torch.equal(got[k].cpu(), v), k
+
+
+def check_export(actor, batch, logp: torch.Tensor, out_dir: str) -> None:
+    """export_hf of the trained actor; HF (eager, fp32) reproduces the actor's log-probs."""
+    actor.export_hf(out_dir)
+    if torch.distributed.get_rank() == 0:
+        hf = _hf_model(out_dir)
+        with torch.no_grad():
+            logits = hf(batch.tokens).logits[:, :-1] / actor.temperature
+        ref = torch.log_softmax(logits, -1).gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
+        diff = ((ref - logp) * batch.loss_mask).abs().max().item()
+        print(f"exported HF vs actor max |dlogp| = {diff:.2e}", flush=True)
+        assert diff <= 1e-4, diff
+    torch.distributed.barrier()
 
 
 def main() -> None:
@@ -39,6 +74,7 @@ def main() -> None:
 
     distopt = len(sys.argv) <= 7 or sys.argv[7] == "1"
     actor = build_actor(hf_dir, tp, pp, sp, use_distributed_optimizer=distopt)
+    check_hf_round_trip(actor, hf_dir)
     ref = ReferencePolicy.from_actor(actor)
     batch = fixed_batch()
     lp = actor.forward_logprobs(batch, micro_batch_size=mbs, with_entropy=True)
@@ -57,6 +93,7 @@ def main() -> None:
     after = actor.forward_logprobs(batch, micro_batch_size=mbs)
     rec["logp_sum_after"] = float((after.logp * m).sum())
     rec["ref_unchanged"] = bool(torch.equal(ref.forward_logprobs(batch, micro_batch_size=mbs).logp, lp.logp))
+    check_export(actor, batch, after.logp, out + ".hf")
     write_json(out, rec)
     print("OK", rec, flush=True)
 
