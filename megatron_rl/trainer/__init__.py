@@ -18,7 +18,8 @@ Actor (``trainer/actor.py``)
         -> ``LogProbResult(logp [N,S-1], entropy [N,S-1] | None)`` (fp32, every rank; multiply by
         ``loss_mask`` — values at non-response positions are log-probs of whatever token is there)
     ``actor.train_step(batch, loss_fn, micro_batch_size)`` -> ``TrainStepResult``
-        (``loss, grad_norm, lr, update_successful, normaliser, metrics, timings``; ``.to_dict()``)
+        (``loss, grad_norm, lr, update_successful, normaliser, metrics, timings``; ``.to_dict()``);
+        raises ``NonFiniteLossError`` (naming the step) BEFORE the update when the loss is NaN/inf
         ``loss_fn(logp [n,S-1], entropy [n,S-1], mb: TrainBatch) -> (loss_sum, normaliser | None, metrics)``
         is called per micro-batch; the step minimises ``sum(loss_sum) / sum(normaliser)`` over the
         GLOBAL batch (``None``: plain sum). Build the pair with

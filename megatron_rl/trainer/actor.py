@@ -25,6 +25,7 @@ grads over DP, and ``finalize_model_grads`` divides all grads by the all-reduced
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from functools import partial
 from typing import Any, Callable, Iterator, NamedTuple
@@ -45,6 +46,10 @@ Metric values: a scalar tensor (reported as its mean over micro-batches and DP r
 ``(numerator, denominator)`` pair (reported as sum of numerators / sum of denominators over the
 global batch — use this for token means so they are invariant to micro-batching).
 """
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The global loss of a step was NaN/inf; raised BEFORE the optimizer step (weights unchanged)."""
 
 
 class LogProbResult(NamedTuple):
@@ -288,18 +293,27 @@ class PolicyActor(_LogProbModel):
         run_schedule(self.chunks, mbs, partial(self._forward_step, partial(self._train_loss, loss_fn, t)),
                      forward_only=False)
         t2 = time.perf_counter()
-        self.scheduler.step(increment=1)          # LR of optimizer step n is the schedule at n (1-based)
-        lr = current_lr(self.optimizer)
-        ok, grad_norm, _ = self.optimizer.step()
+        result = self._reduce_step()
+        if not math.isfinite(result.loss):
+            for c in self.chunks:
+                c.zero_grad_buffer()
+            raise NonFiniteLossError(
+                f"train_step: non-finite loss {result.loss} at optimizer step {self.steps_done + 1} "
+                f"(normaliser {result.normaliser}); the update was skipped, weights are unchanged")
         t3 = time.perf_counter()
-        result = self._reduce_step(ok, grad_norm, lr)
-        result.timings = {"prepare": t1 - t0, "forward_backward": t2 - t1, "optimizer": t3 - t2,
-                          "reduce": time.perf_counter() - t3, "step": time.perf_counter() - t0}
+        self.scheduler.step(increment=1)          # LR of optimizer step n is the schedule at n (1-based)
+        result.lr = current_lr(self.optimizer)
+        ok, grad_norm, _ = self.optimizer.step()
+        result.update_successful = bool(ok)
+        result.grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
+        result.timings = {"prepare": t1 - t0, "forward_backward": t2 - t1, "reduce": t3 - t2,
+                          "optimizer": time.perf_counter() - t3, "step": time.perf_counter() - t0}
         self.steps_done += 1
         return result
 
-    def _reduce_step(self, ok: bool, grad_norm, lr: float) -> TrainStepResult:
-        """Global loss / normaliser / metrics from the last stage, summed over DP, on every rank."""
+    def _reduce_step(self) -> TrainStepResult:
+        """Global loss / normaliser / metrics from the last stage, summed over DP, on every rank
+        (grad norm, lr and success are filled in after the optimizer step)."""
         g = self.groups
         st = self._step_state
         payload = None
@@ -311,8 +325,7 @@ class PolicyActor(_LogProbModel):
             payload = (tot.tolist(), {k: n / d if d else float("nan") for k, (n, d) in zip(keys, nd.tolist())})
         (loss_sum, norm), metrics = from_last_stage(g, payload)
         loss = loss_sum / norm if norm > 0 else loss_sum
-        gn = float(grad_norm) if grad_norm is not None else float("nan")
-        return TrainStepResult(loss=loss, grad_norm=gn, lr=lr, update_successful=bool(ok),
+        return TrainStepResult(loss=loss, grad_norm=float("nan"), lr=float("nan"), update_successful=False,
                                normaliser=norm, metrics=metrics, timings={})
 
 

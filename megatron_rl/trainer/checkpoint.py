@@ -120,8 +120,8 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, actor, extra_state: d
     tmp, final = root / f".tmp-step_{step}", root / f"step_{step}"
     rng = _rng_state()          # captured before anything below can touch the generators
     if rank == 0:
-        if tmp.exists():
-            shutil.rmtree(tmp)
+        for stale in root.glob(".tmp-step_*") if root.is_dir() else ():   # left by crashed saves
+            shutil.rmtree(stale, ignore_errors=True)
         (tmp / "dist").mkdir(parents=True)
         (tmp / "rng").mkdir()
     dist.barrier()

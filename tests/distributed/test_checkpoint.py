@@ -24,6 +24,7 @@ def runs(tmp_path_factory):
     hf = make_tiny_hf(d / "hf")
     run = d / "run"
     out = {}
+    (run / "checkpoints" / ".tmp-step_0" / "dist").mkdir(parents=True)     # stale: crashed earlier save
     torchrun(WORKERS / "actor_checkpoint.py", hf, run, d / "full.json", 2, "full", nproc=2, timeout=300)
     out["full"] = json.loads((d / "full.json").read_text())
     out["listing_after_full"] = sorted(p.name for p in (run / "checkpoints").iterdir())
@@ -39,7 +40,7 @@ def runs(tmp_path_factory):
     return out
 
 
-def test_keep_last_and_atomic_layout(runs):
+def test_keep_last_and_stale_tmp_removed(runs):
     assert runs["listing_after_full"] == ["step_1", "step_2"]
 
 

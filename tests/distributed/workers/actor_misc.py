@@ -35,6 +35,17 @@ def main() -> None:
     assert all(torch.isfinite(torch.tensor(losses))), losses
     assert losses[-1] < losses[0] - 0.5, losses
     assert torch.equal(ref.forward_logprobs(batch, micro_batch_size=4).logp, before), "reference moved"
+    # a NaN loss stops the step before the optimizer touches the weights, naming the step
+    from megatron_rl.trainer.actor import NonFiniteLossError
+    w_before = actor.forward_logprobs(batch, micro_batch_size=4).logp
+    try:
+        actor.train_step(batch, lambda lp, ent, mb: (lp.sum() * float("nan"), None, {}), micro_batch_size=4)
+    except NonFiniteLossError as e:
+        assert "optimizer step 7" in str(e), e
+    else:
+        raise AssertionError("NaN loss was not reported")
+    assert actor.steps_done == 6
+    assert torch.equal(actor.forward_logprobs(batch, micro_batch_size=4).logp, w_before)
     # forward passes pad odd sizes internally; training refuses them with a clear message
     full = actor.forward_logprobs(batch, micro_batch_size=4).logp
     odd = actor.forward_logprobs(batch.slice(0, 5), micro_batch_size=2).logp
