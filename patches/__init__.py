@@ -34,6 +34,7 @@ _MODULES: tuple[str, ...] = (
     "cpu_megatron_tensor_type",
     "cpu_megatron_norm_sp",
     "megatron_distopt_torch_adam_load",
+    "vllm_cpu_keep_linear_weights",
 )
 
 

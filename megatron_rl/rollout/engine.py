@@ -1,0 +1,99 @@
+"""The rollout-engine interface: token ids in, token ids + sampling log-probs out.
+
+Engines never see text: prompts are token-id lists (the trainer owns tokenisation), so vLLM runs
+with ``skip_tokenizer_init=True`` and any tokenizer (HF or sentencepiece) works.
+
+Log-probs: ``Completion.logprobs[t]`` is log π(y_t | prefix) of the sampled token under the
+engine's weights at temperature 1 applied AFTER dividing the logits by ``SamplingParams.temperature``
+— i.e. the log-prob of the distribution actually sampled from (vLLM ``logprobs_mode=
+"processed_logprobs"``). The trainer computes its log-probs with the same temperature, so the two
+agree (checked in tests and logged every step as the trainer-rollout gap). ``top_p``/``top_k``
+truncation is NOT reflected (both sides use the full softmax); keep them at 1.0 / -1 for RL.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable, Protocol, runtime_checkable
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """Sampling settings for one ``generate`` call.
+
+    Attributes:
+        n: samples per prompt (the GRPO group size).
+        temperature: softmax temperature (> 0; use a tiny value for greedy-like decoding or ``greedy``).
+        top_p, top_k: nucleus / top-k truncation (RL: keep 1.0 / -1).
+        max_tokens: response length cap (finish_reason "length" when hit).
+        seed: base seed; prompt i uses ``seed + i`` so results do not depend on batching.
+        stop_token_ids: tokens that end a response (included in the response ids).
+        greedy: argmax decoding (evaluation); log-probs are then those of temperature 1.
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 64
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    greedy: bool = False
+
+    def __post_init__(self):
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if not self.greedy and not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0 (or greedy=True), got {self.temperature}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+    """One sampled response. ``logprobs`` has one entry per ``response_ids`` token."""
+
+    prompt_index: int
+    sample_index: int
+    prompt_ids: tuple[int, ...]
+    response_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: str  # "stop" | "length"
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """What the trainer needs from an inference engine."""
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Completion]:
+        """All ``n`` samples of every prompt, ordered by (prompt_index, sample_index)."""
+
+    def score(self, sequences: list[list[int]], prompt_lens: list[int], temperature: float = 1.0) -> list[list[float]]:
+        """Log-probs of the given response tokens ``sequences[i][prompt_lens[i]:]``."""
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Load HF-named tensors (any subset of the model); returns the number loaded."""
+
+    def sleep(self) -> None:
+        """Release engine memory (KV cache) while the trainer runs (colocated mode)."""
+
+    def wake(self) -> None:
+        """Restore what ``sleep`` released."""
+
+    def shutdown(self) -> None:
+        """Free everything."""
+
+
+def validate_prompts(prompts: list[list[int]], max_model_len: int, max_tokens: int, vocab_size: int | None = None) -> None:
+    """Raise ``ValueError`` naming the first bad prompt (empty, too long, out-of-vocab ids)."""
+    if not prompts:
+        raise ValueError("generate() called with no prompts")
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise ValueError(f"prompt {i} is empty")
+        if len(p) + max_tokens > max_model_len:
+            raise ValueError(f"prompt {i} has {len(p)} tokens; with max_tokens={max_tokens} it exceeds "
+                             f"the engine's max_model_len={max_model_len}")
+        if vocab_size is not None and (min(p) < 0 or max(p) >= vocab_size):
+            raise ValueError(f"prompt {i} has token ids outside [0, {vocab_size})")

@@ -1,0 +1,100 @@
+"""HF ``transformers`` rollout engine: the no-vLLM fallback and the independent reference in tests.
+
+Sampling is plain ancestral sampling with a KV cache (``model.generate`` with
+``output_scores``); log-probs are those of the processed (temperature-scaled) distribution, like
+:class:`~megatron_rl.rollout.vllm_engine.VLLMEngine`. Eager attention for exact parity.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+from megatron_rl.rollout.engine import Completion, SamplingParams, validate_prompts
+
+
+class HFEngine:
+    """``RolloutEngine`` on ``AutoModelForCausalLM`` (CPU or one GPU)."""
+
+    def __init__(self, model_dir: str, *, dtype: str = "float32", seed: int = 0, max_model_len: int = 512, **_):
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype),
+                                                          attn_implementation="eager").eval()
+        self.max_model_len = max_model_len
+        self.seed = seed
+        cfg = self.model.config
+        self.vocab_size = cfg.vocab_size
+        self.eos = cfg.eos_token_id if isinstance(cfg.eos_token_id, list) else [cfg.eos_token_id]
+        self.pad = cfg.pad_token_id if cfg.pad_token_id is not None else self.eos[0]
+
+    @torch.no_grad()
+    def _one(self, prompt: list[int], s: SamplingParams, gen: torch.Generator) -> tuple[list[int], list[float], str]:
+        stops = set(s.stop_token_ids) | {e for e in self.eos if e is not None}
+        ids = torch.tensor([prompt])
+        out = self.model(ids, use_cache=True)
+        past, logits = out.past_key_values, out.logits[0, -1]
+        resp, lps = [], []
+        for _ in range(s.max_tokens):
+            z = logits.float() if s.greedy else logits.float() / s.temperature
+            logp = torch.log_softmax(z, -1)
+            tok = int(logp.argmax()) if s.greedy else int(torch.multinomial(logp.exp(), 1, generator=gen))
+            resp.append(tok)
+            lps.append(float(logp[tok]))
+            if tok in stops:
+                return resp, lps, "stop"
+            out = self.model(torch.tensor([[tok]]), past_key_values=past, use_cache=True)
+            past, logits = out.past_key_values, out.logits[0, -1]
+        return resp, lps, "length"
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Completion]:
+        validate_prompts(prompts, self.max_model_len, sampling.max_tokens, self.vocab_size)
+        res = []
+        for i, p in enumerate(prompts):
+            gen = torch.Generator().manual_seed((sampling.seed if sampling.seed is not None else self.seed) + i)
+            for j in range(sampling.n):
+                r, lp, fin = self._one(list(p), sampling, gen)
+                res.append(Completion(i, j, tuple(p), tuple(r), tuple(lp), fin))
+        return res
+
+    @torch.no_grad()
+    def score(self, sequences: list[list[int]], prompt_lens: list[int], temperature: float = 1.0) -> list[list[float]]:
+        res = []
+        for s, n in zip(sequences, prompt_lens):
+            logits = self.model(torch.tensor([s])).logits[0].float() / temperature
+            logp = torch.log_softmax(logits, -1)
+            res.append([float(logp[t - 1, s[t]]) for t in range(n, len(s))])
+        return res
+
+    @torch.no_grad()
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        params = dict(self.model.named_parameters())
+        n = 0
+        for name, t in named_tensors:
+            if name not in params:
+                if name == "lm_head.weight" and self.model.config.tie_word_embeddings:
+                    continue
+                raise KeyError(f"HF engine: unknown weight {name!r}")
+            params[name].copy_(t.to(params[name].dtype))
+            n += 1
+        return n
+
+    def sleep(self) -> None:
+        return None
+
+    def wake(self) -> None:
+        return None
+
+    def shutdown(self) -> None:
+        del self.model
+
+
+def make_engine(kind: str, model_dir: str, **kwargs):
+    """``"vllm"`` (default) or ``"hf"``."""
+    if kind == "vllm":
+        from megatron_rl.rollout.vllm_engine import VLLMEngine
+
+        return VLLMEngine(model_dir, **kwargs)
+    if kind == "hf":
+        return HFEngine(model_dir, **kwargs)
+    raise ValueError(f"unknown rollout engine {kind!r}; supported: vllm, hf")

