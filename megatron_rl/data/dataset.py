@@ -1,0 +1,109 @@
+"""Parquet prompt datasets (verl columns) and the deterministic, resumable sampler."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Any
+
+import torch
+
+log = logging.getLogger("megatron_rl.data")
+REQUIRED = ("prompt", "data_source", "reward_model")
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptRow:
+    index: int
+    prompt_ids: tuple[int, ...]
+    data_source: str
+    ground_truth: Any
+    extra_info: dict
+
+
+class PromptDataset:
+    """Rows of a verl-convention parquet file, chat-templated and tokenised."""
+
+    def __init__(self, rows: list[PromptRow], skipped: int = 0):
+        if not rows:
+            raise ValueError("prompt dataset is empty")
+        self.rows, self.skipped = rows, skipped
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> PromptRow:
+        return self.rows[i]
+
+    @classmethod
+    def from_parquet(cls, path: str | os.PathLike, tokenizer, max_prompt_len: int, on_error: str = "raise",
+                     add_bos: bool = True) -> "PromptDataset":
+        """Load, template and tokenise. ``on_error="skip"`` drops bad rows (counted, logged)."""
+        import pyarrow.parquet as pq
+
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        table = pq.read_table(path)
+        missing = [c for c in REQUIRED if c not in table.column_names]
+        if missing:
+            raise ValueError(f"{path}: missing column(s) {missing}; a verl prompt file needs {list(REQUIRED)}")
+        rows, skipped = [], 0
+        for i, r in enumerate(table.to_pylist()):
+            try:
+                rows.append(_row(i, r, tokenizer, max_prompt_len, add_bos))
+            except ValueError as e:
+                if on_error == "raise":
+                    raise ValueError(f"{path}: row {i}: {e}") from None
+                skipped += 1
+                log.warning("%s: skipping row %d: %s", path, i, e)
+        return cls(rows, skipped)
+
+
+def _row(i: int, r: dict, tokenizer, max_len: int, add_bos: bool) -> PromptRow:
+    msgs = r["prompt"]
+    if not isinstance(msgs, list) or not all(isinstance(m, dict) and "content" in m for m in msgs):
+        raise ValueError("'prompt' must be a list of chat messages {role, content}")
+    text = tokenizer.apply_chat_template(msgs, add_generation_prompt=True)
+    if not text.strip():
+        raise ValueError("empty prompt")
+    ids = tokenizer.encode(text)
+    if add_bos and tokenizer.bos_id is not None and tokenizer.bos_id >= 0:
+        ids = [tokenizer.bos_id] + ids
+    if len(ids) > max_len:
+        raise ValueError(f"prompt has {len(ids)} tokens > max_prompt_len={max_len}")
+    gt = (r.get("reward_model") or {}).get("ground_truth")
+    if gt is None:
+        raise ValueError("reward_model.ground_truth is missing")
+    return PromptRow(i, tuple(ids), str(r["data_source"]), gt, dict(r.get("extra_info") or {}))
+
+
+class DeterministicSampler:
+    """Epoch-wise shuffled index batches; ``state_dict()`` (epoch, position) resumes exactly."""
+
+    def __init__(self, n: int, batch_size: int, seed: int = 0):
+        if batch_size < 1 or batch_size > n:
+            raise ValueError(f"batch_size must be in [1, {n}], got {batch_size}")
+        self.n, self.batch_size, self.seed = n, batch_size, seed
+        self.epoch, self.pos = 0, 0
+        self._perm = self._make_perm()
+
+    def _make_perm(self) -> list[int]:
+        g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        return torch.randperm(self.n, generator=g).tolist()
+
+    def next_batch(self) -> list[int]:
+        if self.pos + self.batch_size > self.n:
+            self.epoch, self.pos = self.epoch + 1, 0
+            self._perm = self._make_perm()
+        out = self._perm[self.pos:self.pos + self.batch_size]
+        self.pos += self.batch_size
+        return out
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "pos": self.pos, "seed": self.seed, "n": self.n}
+
+    def load_state_dict(self, st: dict) -> None:
+        if st["n"] != self.n or st["seed"] != self.seed:
+            raise ValueError(f"sampler state is for n={st['n']} seed={st['seed']}, this dataset has n={self.n} seed={self.seed}")
+        self.epoch, self.pos = int(st["epoch"]), int(st["pos"])
+        self._perm = self._make_perm()

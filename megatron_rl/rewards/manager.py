@@ -1,0 +1,63 @@
+"""Reward composition: a registry of verifiers chosen per row's ``data_source``."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable, Sequence
+
+import torch
+
+from megatron_rl.rewards.exact import exact_match
+
+_REWARDS: dict[str, Callable[[str, object], float]] = {}
+
+
+def register_reward(name: str):
+    """Register ``fn(response_text, ground_truth) -> float`` under ``name`` (twice raises)."""
+    def deco(fn):
+        if name in _REWARDS:
+            raise ValueError(f"reward {name!r} registered twice")
+        _REWARDS[name] = fn
+        return fn
+    return deco
+
+
+def get_reward(name: str):
+    try:
+        return _REWARDS[name]
+    except KeyError:
+        raise KeyError(f"unknown reward {name!r}; valid: {sorted(_REWARDS)}") from None
+
+
+register_reward("exact")(exact_match)
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardBatch:
+    reward: torch.Tensor        # [N] float
+    correct: torch.Tensor       # [N] bool
+    process: torch.Tensor | None
+    info: list
+
+
+class RewardManager:
+    """``score(rows, texts)``: the verifier of each row's ``data_source`` (``by_source`` map, else
+    ``default``). Non-finite rewards raise naming the sample."""
+
+    def __init__(self, by_source: dict[str, str] | None = None, default: str = "exact"):
+        self.by_source = {"reverse": "exact", "addition": "exact", **(by_source or {})}
+        self.default = default
+        for name in {*self.by_source.values(), default}:
+            get_reward(name)
+
+    def score(self, rows: Sequence, texts: Sequence[str]) -> RewardBatch:
+        if len(rows) != len(texts):
+            raise ValueError(f"{len(rows)} rows but {len(texts)} responses")
+        vals = []
+        for i, (r, t) in enumerate(zip(rows, texts)):
+            v = float(get_reward(self.by_source.get(r.data_source, self.default))(t, r.ground_truth))
+            if not math.isfinite(v):
+                raise ValueError(f"reward of sample {i} (data_source={r.data_source!r}) is {v}")
+            vals.append(v)
+        rew = torch.tensor(vals, dtype=torch.float32)
+        return RewardBatch(rew, rew > 0.5, None, [{} for _ in vals])
