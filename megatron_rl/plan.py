@@ -101,7 +101,8 @@ class ArchSpec:
 
 
 def _preset(arch, h, L, a, k, f, v, tied, d=128, **kw) -> dict:
-    return {"architectures": [arch], "hidden_size": h, "num_hidden_layers": L, "num_attention_heads": a,
+    model_type = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}[arch]
+    return {"architectures": [arch], "model_type": model_type, "hidden_size": h, "num_hidden_layers": L, "num_attention_heads": a,
             "num_key_value_heads": k, "head_dim": d, "intermediate_size": f, "vocab_size": v,
             "tie_word_embeddings": tied, **kw}
 

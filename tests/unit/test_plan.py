@@ -13,13 +13,13 @@ from megatron_rl.plan import (GIB, PRESETS, ArchSpec, PlanInputs, add_arguments,
                               load_arch, padded_vocab, params_per_gpu)
 
 TINY = {  # hidden 64, 2 layers, GQA 4/2, head_dim 16, vocab 256 (a multiple of 128: no padding)
-    "Qwen3ForCausalLM": dict(architectures=["Qwen3ForCausalLM"], hidden_size=64, num_hidden_layers=2,
+    "Qwen3ForCausalLM": dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_size=64, num_hidden_layers=2,
                              num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
                              vocab_size=256, tie_word_embeddings=False),
-    "Qwen2ForCausalLM": dict(architectures=["Qwen2ForCausalLM"], hidden_size=64, num_hidden_layers=2,
+    "Qwen2ForCausalLM": dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_size=64, num_hidden_layers=2,
                              num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
                              vocab_size=256, tie_word_embeddings=True),
-    "LlamaForCausalLM": dict(architectures=["LlamaForCausalLM"], hidden_size=64, num_hidden_layers=2,
+    "LlamaForCausalLM": dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=64, num_hidden_layers=2,
                              num_attention_heads=4, num_key_value_heads=1, intermediate_size=96,
                              vocab_size=256, tie_word_embeddings=False),
 }
@@ -30,7 +30,7 @@ def test_total_params_match_transformers(arch):
     import transformers
 
     cfg_cls = getattr(transformers, arch.replace("ForCausalLM", "Config"))
-    model = getattr(transformers, arch)(cfg_cls(**{k: v for k, v in TINY[arch].items() if k != "architectures"}))
+    model = getattr(transformers, arch)(cfg_cls(**{k: v for k, v in TINY[arch].items() if k not in ("architectures", "model_type")}))
     expected = sum(p.numel() for p in model.parameters())  # tied weights are counted once
     assert ArchSpec.from_hf(TINY[arch], arch).total_params() == expected
 
