@@ -335,8 +335,13 @@ def format_report(rep: PlanReport) -> str:
             else "separate: training GPUs only (rollout GPUs: see 'rollout engine total')")
     lines += [f"{'-' * 53}", f"{'PEAK per training GPU':<44}{g(rep.peak)}   [{mode}]"]
     verdict = "fits" if rep.peak <= i.gpu_mem_gib * GIB else "DOES NOT FIT"
-    lines.append(f"{verdict} in {i.gpu_mem_gib:g} GiB" + ("" if verdict == "fits" else
-                 " - raise TP/PP/DP, lower micro-batch, enable --recompute full or --sequence-parallel"))
+    if verdict == "fits":
+        hint = ""
+    elif i.colocated and rep.rollout_total > rep.train_total:
+        hint = " - the rollout engine dominates: lower --rollout-seqs / --rollout-len or raise --rollout-tp"
+    else:
+        hint = " - raise TP/PP/DP, lower micro-batch, enable --recompute full or --sequence-parallel"
+    lines.append(f"{verdict} in {i.gpu_mem_gib:g} GiB{hint}")
     return "\n".join(lines)
 
 

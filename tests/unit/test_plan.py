@@ -155,3 +155,13 @@ def test_config_json_folder_and_cli_args(tmp_path, capsys):
     out = capsys.readouterr().out
     assert rep.inputs.tp == 2 and not rep.inputs.colocated
     assert "layout TP=2 PP=1 DP=2 (4 GPUs), micro-batch 2 x seq 1024" in out
+
+
+def test_verdict_hint_names_the_dominant_side():
+    a = load_arch("qwen3-8b")
+    roll = format_report(estimate(a, PlanInputs(tp=4, dp=2, seq_len=18432, sequence_parallel=True, rollout_seqs=32)))
+    assert "DOES NOT FIT in 80 GiB - the rollout engine dominates" in roll
+    train = format_report(estimate(a, PlanInputs(tp=1, seq_len=32768, rollout_seqs=1)))
+    assert "DOES NOT FIT in 80 GiB - raise TP/PP/DP" in train
+    ok = format_report(estimate(a, PlanInputs(tp=4, dp=2, seq_len=18432, sequence_parallel=True, rollout_seqs=16)))
+    assert ok.endswith("fits in 80 GiB")
