@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# CPU smoke run with 2 trainer ranks on gloo (no GPU): the tiny GRPO config with DP=2.
+# CPU smoke run with 2 trainer ranks on gloo (no GPU): the tiny GRPO config with DP=2
+# (data-parallel size = ranks / (TP x PP)).
 #
 #   examples/torchrun/tiny_cpu_2proc.sh [a.b=c ...]
 #
 # Environment: CONFIG (default examples/configs/tiny_cpu_grpo.yaml), VENV (default .venv).
-# Extra arguments are dotted config overrides (e.g. parallel.tp=2 parallel.dp=1).
+# Extra arguments are dotted config overrides (e.g. parallel.tp=2 for TP=2 instead of DP=2).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 CONFIG=${CONFIG:-examples/configs/tiny_cpu_grpo.yaml}
@@ -12,4 +13,4 @@ VENV=${VENV:-.venv}
 export OMP_NUM_THREADS=1 WANDB_MODE=${WANDB_MODE:-offline} RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
 
 exec "$VENV/bin/torchrun" --standalone --nproc_per_node=2 \
-  -m megatron_rl.cli train --config "$CONFIG" parallel.dp=2 "$@"
+  -m megatron_rl.cli train --config "$CONFIG" "$@"

@@ -1,0 +1,93 @@
+"""The README matches the code: opening commands, Makefile targets, CLI subcommands, paths, modules."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from megatron_rl import cli
+
+REPO = Path(__file__).resolve().parents[2]
+README = (REPO / "README.md").read_text()
+
+
+def makefile_targets() -> set[str]:
+    text = (REPO / "Makefile").read_text()
+    return {m.group(1) for m in re.finditer(r"^([A-Za-z][\w-]*)\s*:(?!=)", text, re.M)}
+
+
+def code_blocks(text: str) -> list[str]:
+    return re.findall(r"```(?:bash|sh)?\n(.*?)```", text, re.S)
+
+
+def test_readme_opens_with_exactly_make_demo_and_make_test():
+    lines = README.splitlines()
+    assert lines[0].startswith("# ")
+    first = README.index("```")
+    assert README[:first].strip() == lines[0].strip(), "nothing but the title may precede the two commands"
+    assert code_blocks(README)[0] == "make demo\nmake test\n"
+
+
+def test_make_commands_in_readme_are_makefile_targets():
+    targets = makefile_targets()
+    used = set(re.findall(r"`make ([\w-]+)", README)) | {
+        m for block in code_blocks(README) for m in re.findall(r"^make ([\w-]+)", block, re.M)}
+    assert {"demo", "test"} <= used
+    missing = sorted(used - targets)
+    assert not missing, f"README mentions make targets missing from the Makefile: {missing}"
+
+
+def test_cli_subcommands_match_readme():
+    mentioned = set(re.findall(r"megatron-rl ([a-z][\w-]*)", README)) - {"plan`"}
+    unknown = sorted(mentioned - set(cli.COMMANDS))
+    assert not unknown, f"README uses subcommands the CLI does not have: {unknown}"
+    undocumented = sorted(set(cli.COMMANDS) - mentioned)
+    assert not undocumented, f"CLI subcommands missing from the README: {undocumented}"
+    parser_cmds = set(cli.build_parser()._subparsers._group_actions[0].choices)
+    assert parser_cmds == set(cli.COMMANDS)
+
+
+def test_repo_paths_in_readme_exist():
+    paths = set(re.findall(r"`((?:megatron_rl|examples|tests|patches|benchmarks|tools|requirements)/[\w./*-]*)`", README))
+    paths |= set(re.findall(r"\b(examples/(?:torchrun|slurm|configs)/[\w.-]+\.(?:sh|sbatch|yaml))", README))
+    assert paths
+    missing = sorted(p for p in paths if not list(REPO.glob(p.rstrip("/"))))
+    assert not missing, f"README names paths that do not exist: {missing}"
+
+
+def test_plan_presets_listed_in_readme():
+    from megatron_rl.plan import PRESETS
+
+    section = README[README.index("### `megatron-rl plan`"):]
+    for name in PRESETS:
+        family, _, size = name.rpartition("-")
+        assert family in section and size in section, f"plan preset {name} not described in the README"
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in (REPO / "examples").glob("*/*.s*")))
+def test_launch_scripts_are_documented(script):
+    assert script in README or script.endswith(".sh") and "examples/torchrun" in README
+
+
+def test_algorithms_table_matches_algo_kinds():
+    from megatron_rl.algorithms import ALGO_KINDS
+
+    section = README[README.index("## Algorithms"):]
+    section = section[: section.index("\n## ", 4)]
+    documented = re.findall(r"^\| `([a-z_]+)` \|", section, re.M)
+    assert sorted(documented) == sorted(ALGO_KINDS), "README algorithms table != ALGO_KINDS"
+
+
+def test_architecture_section_covers_the_package():
+    """Every subpackage and top-level module of megatron_rl appears in the README's architecture table."""
+    section = README[README.index("## Architecture"):]
+    section = section[: section.index("\n## ", 4)]
+    pkg = REPO / "megatron_rl"
+    names = {f"megatron_rl/{p.name}/" for p in pkg.iterdir() if (p / "__init__.py").exists()}
+    names |= {f"megatron_rl/{p.name}" for p in pkg.glob("*.py") if p.name != "__init__.py"}
+    missing = sorted(n for n in names if f"`{n}`" not in section)
+    assert not missing, f"README architecture section lacks: {missing}"
+    listed = re.findall(r"^\| `((?:megatron_rl|patches|tools)/[\w./]*)` \|", section, re.M)
+    absent = sorted(n for n in listed if not (REPO / n).exists())
+    assert not absent, f"README architecture section lists paths that do not exist: {absent}"
