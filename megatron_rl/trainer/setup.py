@@ -1,0 +1,144 @@
+"""Composition root of a run: builds every component from the config once (configs stop here),
+plus the stages that need the whole run: weight sync, greedy evaluation, checkpoint/resume."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger("megatron_rl.setup")
+
+
+@dataclasses.dataclass
+class Run:
+    cfg: Any
+    info: Any
+    tok: Any
+    train_set: Any
+    val_set: Any
+    sampler: Any
+    actor: Any
+    ref: Any
+    client: Any
+    rewards: Any
+    logger: Any
+    step: int = 0
+    last_checkpoint: str | None = None
+
+    def seq_len(self, prompts, responses) -> int:
+        """Padded sequence length of a batch (multiple of 8 and of TP for sequence parallel)."""
+        m = max(len(p) + len(r) for p, r in zip(prompts, responses))
+        q = 8 * max(1, self.info.tp)
+        return -(-m // q) * q
+
+    def checkpoint(self) -> None:
+        from megatron_rl.trainer.checkpoint import save_checkpoint
+
+        extra = {"step": self.step, "sampler": self.sampler.state_dict() if self.sampler else None}
+        path = save_checkpoint(self.cfg.trainer.run_dir, self.step, self.actor, extra, keep_last=self.cfg.trainer.keep_last)
+        self.last_checkpoint = str(path)
+
+    def close(self, own_client: bool = True) -> None:
+        if own_client and self.client is not None:
+            self.client.shutdown()
+
+
+def _optim_spec(cfg):
+    from megatron_rl.trainer.optim import OptimSpec
+
+    o = cfg.optim
+    decay = cfg.trainer.steps if o.decay_style != "constant" else None
+    return OptimSpec(lr=o.lr, min_lr=o.min_lr, warmup_steps=o.warmup_steps, decay_steps=decay,
+                     decay_style=o.decay_style, weight_decay=o.weight_decay, betas=(o.beta1, o.beta2),
+                     clip_grad=getattr(cfg.algo.hparams, "grad_clip", o.clip_grad),
+                     use_distributed_optimizer=o.use_distributed_optimizer, bf16=cfg.model.bf16)
+
+
+def build_client(cfg):
+    from megatron_rl.rollout.ray_bridge import RolloutClient
+
+    r = cfg.rollout
+    kw = {"max_model_len": r.max_model_len, "seed": cfg.trainer.seed, "dtype": "bfloat16" if cfg.model.bf16 else "float32"}
+    if r.engine == "vllm":
+        kw["kv_cache_gib"] = r.kv_cache_gib
+    return RolloutClient(r.engine, cfg.model.hf_path, r.num_engines, kw, cpus_per_engine=r.cpus_per_engine,
+                         ray_address=r.ray_address)
+
+
+def setup_run(cfg, resume: str | None = None, client=None) -> Run:
+    """init_parallel -> tokenizer, data, reward manager, actor (+ reference), engines, logger;
+    ``resume``: ``"auto"`` (newest complete checkpoint, if any), a checkpoint path, or None."""
+    from megatron_rl import algorithms as A
+    from megatron_rl.config import validate
+    from megatron_rl.data.dataset import DeterministicSampler, PromptDataset
+    from megatron_rl.data.tokenizer import load_tokenizer
+    from megatron_rl.logging import RunLogger
+    from megatron_rl.models.provider import load_hf_config
+    from megatron_rl.parallel import init_parallel
+    from megatron_rl.rewards.manager import RewardManager
+    from megatron_rl.trainer.actor import PolicyActor, ReferencePolicy
+    from megatron_rl.trainer.checkpoint import find_latest, load_checkpoint
+
+    info = init_parallel(cfg.parallel.tp, cfg.parallel.pp, seed=cfg.trainer.seed,
+                         sequence_parallel=cfg.parallel.sequence_parallel)
+    validate(cfg, world_size=info.world)
+    if not cfg.model.hf_path:
+        raise ValueError("model.hf_path is required (HF model dir with config.json + safetensors)")
+    tok = load_tokenizer(cfg.model.tokenizer_path or cfg.model.hf_path)
+    train = PromptDataset.from_parquet(cfg.data.train, tok, cfg.data.max_prompt_len, cfg.data.on_error)
+    val = PromptDataset.from_parquet(cfg.data.val, tok, cfg.data.max_prompt_len, cfg.data.on_error) if cfg.data.val else None
+    sampler = DeterministicSampler(len(train), cfg.data.prompts_per_step, cfg.data.seed)
+    hf_cfg = load_hf_config(cfg.model.hf_path)
+    actor = PolicyActor(hf_cfg, info, _optim_spec(cfg), temperature=cfg.rollout.temperature,
+                        sequence_parallel=info.sequence_parallel)
+    actor.load_hf(cfg.model.hf_path)
+    need = A.kind_required_inputs(cfg.algo.kind, cfg.algo.hparams)
+    ref = None
+    if "ref_logp" in need:
+        ref = ReferencePolicy(hf_cfg, cfg.rollout.temperature, info.sequence_parallel, cfg.model.bf16, parallel_info=info)
+        ref.load_hf(cfg.model.hf_path)
+    step, last = 0, None
+    path = (find_latest(cfg.trainer.run_dir) if resume == "auto" else Path(resume)) if resume else None
+    if path is not None:
+        loaded = load_checkpoint(path, actor)
+        step, last = loaded.step, str(path)
+        if loaded.extra_state.get("sampler"):
+            sampler.load_state_dict(loaded.extra_state["sampler"])
+        log.info("resumed from %s at step %d", path, step)
+    if info.is_driver and client is None:
+        client = build_client(cfg)
+    logger = RunLogger(cfg.trainer.run_dir, cfg.to_dict(), wandb_mode=cfg.logging.wandb_mode,
+                       project=cfg.logging.project, run_name=cfg.logging.run_name, total_steps=cfg.trainer.steps,
+                       resume_step=step if path is not None else None, progress=cfg.logging.progress)
+    run = Run(cfg, info, tok, train, val, sampler, actor, ref, client, RewardManager(cfg.reward.by_source, cfg.reward.default),
+              logger, step, last)
+    sync_weights(run)  # engines start from the HF dir; after a resume they must get the checkpoint's weights
+    return run
+
+
+def sync_weights(run: Run) -> None:
+    """Collective: gather HF-named weights from the TP/PP shards; rank 0 pushes them to every engine."""
+    it = run.actor.hf_weights()
+    if run.info.is_driver:
+        run.client.update_weights(it, bucket_bytes=run.cfg.rollout.bucket_mb << 20)
+    else:
+        for _ in it:
+            pass
+
+
+def eval_greedy(run: Run, step: int) -> float:
+    """Held-out greedy accuracy of the current engine weights (rank 0 runs it; broadcast)."""
+    from megatron_rl.trainer.rollout_stage import broadcast_object, generate, sampling_params, score
+
+    acc = None
+    if run.info.is_driver:
+        n = min(run.cfg.trainer.eval_prompts, len(run.val_set))
+        ro = score(generate(run.client, run.val_set, list(range(n)),
+                            sampling_params(run.cfg, step, greedy=True, eos_id=run.tok.eos_id), run.tok), run.rewards)
+        acc = float(ro.correct.float().mean())
+    return broadcast_object(acc)

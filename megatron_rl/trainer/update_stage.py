@@ -1,0 +1,92 @@
+"""Loop stages that consume rollouts: batch building, old/ref log-probs, advantages, BiCC
+conditioned inputs, and the policy update.
+
+Per-token quantities are kept in the RESPONSE frame ``[N, R]`` (token r of sample n's response),
+because BiCC moves a sample's response to a different position when a context is inserted; each
+row's ``resp_pos[n, r]`` indexes the actor's target frame ``[N, S-1]`` (``logp.gather``).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from megatron_rl import algorithms as A
+from megatron_rl.trainer.batch import TrainBatch, make_batch
+from megatron_rl.trainer.objective import partial_aggregate
+
+
+@dataclasses.dataclass
+class SeqBatch:
+    """A TrainBatch plus the response-frame index of each row."""
+
+    batch: TrainBatch
+    resp_pos: torch.Tensor    # [N, R] long (clamped to 0 where masked)
+    resp_mask: torch.Tensor   # [N, R] float
+
+
+def build_seq_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int, seq_len: int,
+                    max_resp: int, extras: dict | None = None) -> SeqBatch:
+    """Right-padded sequences ``prompt ++ response``; response-frame positions and mask."""
+    n = len(prompts)
+    pos = torch.zeros(n, max_resp, dtype=torch.long)
+    mask = torch.zeros(n, max_resp)
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        k = min(len(r), max_resp)
+        pos[i, :k] = torch.arange(len(p) - 1, len(p) - 1 + k)
+        mask[i, :k] = 1.0
+    ex = {"resp_pos": pos, "resp_mask": mask, **(extras or {})}
+    return SeqBatch(make_batch(prompts, responses, pad_id, ex, seq_len), pos, mask)
+
+
+def response_frame(x: torch.Tensor, sb: SeqBatch) -> torch.Tensor:
+    """``[N, S-1]`` -> ``[N, R]`` (zeros off the mask)."""
+    return x.gather(1, sb.resp_pos) * sb.resp_mask
+
+
+def bicc_inputs(rollouts, hp, pad_id: int, seq_len: int, max_resp: int):
+    """BiCC bilateral contexts: conditioned sequences for targets of mixed groups, plain otherwise.
+    Returns (conditioned prompts list, #conditioned, #fallback)."""
+    bb = A.build_bicc_contexts(rollouts.prompts, rollouts.responses, rollouts.rewards.tolist(),
+                               rollouts.group_ids.tolist(), budget_tokens=hp.context_budget(seq_len),
+                               max_total_len=seq_len, threshold=hp.threshold)
+    prompts = [list(p) for p in rollouts.prompts]
+    for s in bb.samples:
+        prompts[s.index] = list(s.input_ids[: s.response_start])
+        assert list(s.input_ids[s.response_start:]) == list(rollouts.responses[s.index]), "BiCC changed target tokens"
+    return prompts, len(bb.samples), bb.n_fallback
+
+
+def advantage_inputs(rollouts, mask: torch.Tensor, old_logp=None, ref_logp=None) -> A.AlgoInputs:
+    return A.AlgoInputs(rewards=rollouts.rewards.double(), group_ids=rollouts.group_ids, mask=mask,
+                        old_logp=old_logp, ref_logp=ref_logp, correct=rollouts.correct,
+                        greedy_rewards=None if rollouts.greedy_rewards is None else rollouts.greedy_rewards.double())
+
+
+def make_loss_fn(kind: str, hp):
+    """Per-micro-batch objective for ``PolicyActor.train_step`` (global-batch normalised)."""
+    k = A.algo_kind(kind)
+    loss = A.get_policy_loss(k.loss)
+
+    def loss_fn(logp, entropy, mb: TrainBatch):
+        ex = mb.extras
+        pos, m = ex["resp_pos"], ex["resp_mask"]
+        lp = logp.gather(1, pos)
+        inputs = A.AlgoInputs(rewards=ex["rewards"], group_ids=ex["group_ids"], mask=m, logp=lp,
+                              old_logp=ex["old_logp"], ref_logp=ex.get("ref_logp"))
+        out = loss(inputs, ex["advantages"], hp)
+        s, d = partial_aggregate(out.loss_mat, m, hp.loss_agg_mode, scale_factor=hp.loss_scale_factor)
+        kl_num = lp.new_zeros(())
+        if hp.kl_loss_coef > 0:
+            kl_mat = A.kl_penalty(lp, ex["ref_logp"], hp.kl_loss_type)
+            kl_num, _ = partial_aggregate(kl_mat, m, hp.loss_agg_mode, scale_factor=hp.loss_scale_factor)
+            s = s + hp.kl_loss_coef * kl_num
+        ent = entropy.gather(1, pos) if entropy is not None else torch.zeros_like(lp)
+        ratio = torch.exp((lp - ex["old_logp"]) * m)
+        clipped = ((ratio > 1 + hp.clip_high) | (ratio < 1 - hp.clip_low)).float() * m
+        metrics = {"actor/entropy": ((ent * m).sum().detach(), m.sum()),
+                   "actor/clipfrac": (clipped.sum(), m.sum()),
+                   "actor/ppo_kl": (((ex["old_logp"] - lp.detach()) * m).sum(), m.sum()),
+                   "actor/kl_loss": (kl_num.detach(), d if d is not None else m.sum())}
+        return s, d, metrics
+    return loss_fn
