@@ -11,6 +11,9 @@ Files under ``run_dir``::
     wandb/          wandb's own files (offline runs: ``wandb sync runs/<name>/wandb/offline-run-*``)
     curve.png       reward / accuracy vs step, drawn by :meth:`RunLogger.finish`
 
+A fresh run (no ``resume_step``) in a folder that already holds ``metrics.jsonl`` moves the old
+file to ``metrics.<timestamp>.jsonl`` (logged) instead of mixing two runs in one file.
+
 Exact resume: ``RunLogger(..., resume_step=k)`` rewrites ``metrics.jsonl`` keeping only the lines
 with ``step <= k`` (and dropping a torn last line left by a kill mid-write), atomically through a
 temp file + ``os.replace``. Re-running steps k+1.. then yields the same file as an uninterrupted run.
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import os
 import time
@@ -26,6 +30,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
+
+_log = logging.getLogger("megatron_rl.logging")
 
 METRICS_FILE = "metrics.jsonl"
 CURVE_FILE = "curve.png"
@@ -161,16 +167,17 @@ class RunLogger:
         self._fd: int | None = None
         self._t0 = time.monotonic()
         self._finished = False
+        self.previous_metrics: Path | None = None
         if not self.is_writer:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if resume_step is not None:
             truncate_metrics(self.metrics_path, resume_step)
-        else:
-            rows = read_metrics(self.metrics_path)
-            if rows:
-                raise FileExistsError(f"{self.metrics_path} already holds {len(rows)} steps; "
-                                      f"pass resume_step (--resume) or use a new run directory")
+        elif self.metrics_path.exists() and self.metrics_path.stat().st_size > 0:
+            # a fresh run in a used run_dir: keep the old file next to it, never append to it
+            self.previous_metrics = self.metrics_path.with_name(f"metrics.{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
+            os.replace(self.metrics_path, self.previous_metrics)
+            _log.warning("fresh run in %s: previous metrics.jsonl moved to %s", self.run_dir, self.previous_metrics.name)
         self._fd = os.open(self.metrics_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self._wandb_run = self._init_wandb(config_as_dict(config_dict), wandb_mode, project,
                                            run_name or self.run_dir.name, resume_step is not None)

@@ -50,12 +50,15 @@ def test_resume_truncates_to_equal_uninterrupted_run(tmp_path):
     assert (part / "metrics.jsonl").read_bytes() == (full / "metrics.jsonl").read_bytes()
 
 
-def test_fresh_run_refuses_existing_metrics(tmp_path):
+def test_fresh_run_moves_previous_metrics_aside(tmp_path):
     lg = RunLogger(tmp_path, {}, wandb_mode="disabled", progress=False)
     lg.log(1, {"x": 1.0})
     lg.finish()
-    with pytest.raises(FileExistsError, match="already holds 1 steps"):
-        RunLogger(tmp_path, {}, wandb_mode="disabled", progress=False)
+    lg = RunLogger(tmp_path, {}, wandb_mode="disabled", progress=False)
+    assert lg.previous_metrics is not None and read_metrics(lg.previous_metrics) == [{"step": 1, "x": 1.0}]
+    lg.log(1, {"x": 2.0})
+    lg.finish()
+    assert read_metrics(tmp_path / "metrics.jsonl") == [{"step": 1, "x": 2.0}]
 
 
 @pytest.mark.parametrize("value,err,match", [
