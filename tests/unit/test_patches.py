@@ -1,0 +1,83 @@
+"""Every patch: upstream symbols still exist with the expected signatures; bounds and idempotence."""
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from megatron_rl import patches
+from megatron_rl.patches import Patch, all_patches, resolve_symbol
+
+PATCHES = all_patches()
+
+
+def test_every_patch_declares_bounds_and_symbols():
+    names = [p.name for p in PATCHES]
+    assert len(names) == len(set(names))
+    for p in PATCHES:
+        assert p.group in ("megatron", "vllm"), p.name
+        assert p.min_version and p.max_version, f"{p.name}: upper bound is mandatory"
+        assert p.symbols, f"{p.name} declares no upstream symbol"
+        mod = __import__(f"megatron_rl.patches.{_module_of(p)}", fromlist=["x"])
+        doc = mod.__doc__ or ""
+        assert "eplaces" in doc and p.min_version.split(".")[0] + "." in doc, \
+            f"{p.name}: header must say what it replaces and the versions it covers"
+
+
+def _module_of(p: Patch) -> str:
+    for m in patches._MODULES:
+        if __import__(f"megatron_rl.patches.{m}", fromlist=["PATCH"]).PATCH is p:
+            return m
+    raise AssertionError(p.name)
+
+
+@pytest.mark.parametrize("patch", PATCHES, ids=lambda p: p.name)
+def test_upstream_symbols_have_expected_signature(patch):
+    for path, params in patch.symbols:
+        obj = resolve_symbol(path)
+        if params is None:
+            continue
+        got = tuple(n for n, prm in inspect.signature(obj).parameters.items()
+                    if prm.kind not in (prm.VAR_POSITIONAL, prm.VAR_KEYWORD))
+        assert got[: len(params)] == params, f"{path}: signature changed: {got}"
+
+
+def test_apply_all_skips_out_of_bounds(monkeypatch):
+    calls = []
+    fake = Patch(name="test_oob", group="megatron", package="megatron-core", min_version="0.1",
+                 max_version="0.2", needed=lambda: True, apply=lambda: calls.append(1))
+    monkeypatch.setattr(patches, "all_patches", lambda: [fake])
+    st = patches.apply_all(("megatron",))
+    assert st["test_oob"].startswith("skipped: megatron-core") and not calls
+
+
+def test_apply_all_is_idempotent_and_logged(caplog):
+    caplog.set_level("INFO", logger="megatron_rl.patches")
+    first = patches.apply_all(("megatron",))
+    second = patches.apply_all(("megatron",))
+    assert all(v in ("applied", "already") or v.startswith("skipped") for v in first.values())
+    assert all(v == "already" or v.startswith("skipped") for v in second.values())
+    assert "patch" in caplog.text
+
+
+def test_cpu_patches_route_cuda_to_cpu():
+    import torch
+
+    patches.apply_all(("megatron",))
+    assert torch.zeros(2, device="cuda").device.type == "cpu"
+    assert torch.cuda.current_device() == "cpu"
+    torch.cuda.manual_seed(3)
+    a = torch.rand(3)
+    torch.cuda.manual_seed(3)
+    assert torch.equal(a, torch.rand(3)), "cuda.manual_seed must seed the CPU generator (P5)"
+    x = torch.ones(2)
+    assert x.type() == "torch.FloatTensor", "non-megatron callers see the true type"
+
+
+def test_not_applied_at_import():
+    import subprocess
+    import sys
+
+    code = ("import torch; orig = torch.zeros; import megatron_rl.patches, megatron_rl.parallel, "
+            "megatron_rl.trainer.actor; assert torch.zeros is orig, 'patched at import'")
+    subprocess.run([sys.executable, "-c", code], check=True)
