@@ -91,3 +91,22 @@ def test_architecture_section_covers_the_package():
     listed = re.findall(r"^\| `((?:megatron_rl|patches|tools)/[\w./]*)` \|", section, re.M)
     absent = sorted(n for n in listed if not (REPO / n).exists())
     assert not absent, f"README architecture section lists paths that do not exist: {absent}"
+
+
+def test_config_reference_matches_config_dataclasses():
+    """Every config section is in the README table; every `section.key` / main key listed there exists."""
+    import dataclasses
+    import typing
+
+    from megatron_rl import config as C
+
+    section = README[README.index("## Config reference"):]
+    section = section[: section.index("\n## ", 4)]
+    rows = dict(re.findall(r"^\| `(\w+)` \| (.*?) \|", section, re.M))
+    sections = {f.name for f in dataclasses.fields(C.Config)}
+    assert set(rows) == sections, f"README config sections {sorted(rows)} != Config {sorted(sections)}"
+    hints = typing.get_type_hints(C.Config)
+    for name, keys in rows.items():
+        fields = {f.name for f in dataclasses.fields(hints[name])}
+        listed = {k for k in re.findall(r"`(\w+)`", keys)} - {"algo"}
+        assert listed <= fields, f"README lists {name}.{sorted(listed - fields)} which Config lacks"
