@@ -134,7 +134,10 @@ def run_train(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, list(args.overrides))
     if args.check:
         print(f"config OK: {args.config}" + (f" with {len(args.overrides)} override(s)" if args.overrides else ""))
-        print(cfg)
+        import yaml
+
+        tree = cfg.to_dict() if callable(getattr(cfg, "to_dict", None)) else cfg
+        print(yaml.safe_dump(tree, sort_keys=False, default_flow_style=False) if isinstance(tree, dict) else tree)
         return 0
     from megatron_rl.trainer import loop
 

@@ -100,3 +100,41 @@ def test_passthrough_help_is_the_owners_help(command, module):
     p = run_cli(command, "--help")
     assert p.returncode == 0, p.stderr
     assert "usage:" in p.stdout
+
+
+def _stand_in_model(tmp_path: Path) -> Path:
+    import json
+
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(dict(
+        architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, intermediate_size=512, vocab_size=32,
+        tie_word_embeddings=True)))
+    return d
+
+
+def test_train_check_loads_config_with_overrides(tmp_path):
+    """`train --check` goes through the real load_config: overrides applied, config printed as YAML."""
+    import yaml
+
+    model = _stand_in_model(tmp_path)
+    p = run_cli("train", "--config", "examples/configs/tiny_cpu_grpo.yaml", f"model.hf_path={model}",
+                "trainer.steps=7", "algo.kind=dapo", "--check")
+    assert p.returncode == 0, p.stderr
+    head, _, body = p.stdout.partition("\n")
+    assert head == "config OK: examples/configs/tiny_cpu_grpo.yaml with 3 override(s)"
+    tree = yaml.safe_load(body)
+    assert tree["trainer"]["steps"] == 7 and tree["algo"]["kind"] == "dapo" and "dapo" in tree["algo"]
+
+
+def test_train_bad_config_key_is_one_clear_line(tmp_path):
+    model = _stand_in_model(tmp_path)
+    p = run_cli("train", "--config", "examples/configs/tiny_cpu_grpo.yaml", f"model.hf_path={model}",
+                "trainer.stepz=3", "--check")
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("megatron-rl train: error: ValueError: trainer: unknown key(s) ['stepz']"), last
+    p = run_cli("train", "--config", "examples/configs/tiny_cpu_grpo.yaml", f"model.hf_path={model}",
+                "parallel.tp=3", "--check")
+    assert p.returncode == 1 and "not divisible by tensor parallel size 3" in p.stderr
