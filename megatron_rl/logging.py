@@ -38,7 +38,7 @@ CURVE_FILE = "curve.png"
 WANDB_ID_FILE = "wandb_id.txt"
 
 #: Metrics shown in the progress bar's postfix, in this order, when present.
-BAR_KEYS = ("reward/mean", "reward/acc", "loss/policy", "loss", "kl", "entropy", "eval/acc")
+BAR_KEYS = ("reward/mean", "reward/acc", "actor/loss", "actor/entropy", "rollout/logprob_gap", "eval/acc")
 #: Curves drawn by ``finish()``: training reward/accuracy and held-out accuracy, when present.
 CURVE_KEYS = ("reward/mean", "reward/acc", "eval/acc")
 WANDB_MODES = ("offline", "online", "disabled")
