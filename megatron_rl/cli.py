@@ -20,8 +20,9 @@ import importlib
 import re
 import sys
 import traceback
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, NamedTuple, Sequence
+from typing import NamedTuple
 
 from megatron_rl import __version__
 
@@ -41,7 +42,7 @@ HELP = {
 COMMANDS = tuple(HELP)
 #: exception types reported as one ``error:`` line instead of a traceback.
 USER_ERRORS = (ValueError, KeyError, FileNotFoundError, FileExistsError, NotADirectoryError, ImportError)
-OVERRIDE_RE = re.compile(r"^[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*)*=.*$", re.S)
+OVERRIDE_RE = re.compile(r"^[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*)*=.*$", re.DOTALL)
 
 
 class CliError(Exception):

@@ -27,9 +27,10 @@ import math
 import os
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 _log = logging.getLogger("megatron_rl.logging")
 
@@ -115,8 +116,7 @@ def truncate_metrics(path: str | Path, keep_through_step: int) -> int:
     kept = [r for r in read_metrics(path) if int(r["step"]) <= keep_through_step]
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "w") as f:
-        for r in kept:
-            f.write(json.dumps(r) + "\n")
+        f.writelines(json.dumps(r) + "\n" for r in kept)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -282,7 +282,7 @@ class RunLogger:
             self._wandb_run = None
         return png
 
-    def __enter__(self) -> "RunLogger":
+    def __enter__(self) -> RunLogger:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -47,9 +47,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, NamedTuple, Sequence
+from typing import NamedTuple
 
 GIB = 1024 ** 3
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
@@ -73,7 +74,7 @@ class ArchSpec:
     qk_norm: bool
 
     @classmethod
-    def from_hf(cls, cfg: Mapping, name: str = "model") -> "ArchSpec":
+    def from_hf(cls, cfg: Mapping, name: str = "model") -> ArchSpec:
         """Build from a HF ``config.json`` dict (Llama / Qwen2 / Qwen3 families)."""
         arch = (cfg.get("architectures") or ["?"])[0]
         if arch not in SUPPORTED_ARCHITECTURES:
@@ -307,7 +308,9 @@ def _stage(common: dict, stage: str, n: int, acts: int, logits: int) -> PlanRepo
 def format_report(rep: PlanReport) -> str:
     """Render the table printed by ``megatron-rl plan``."""
     i, a = rep.inputs, rep.arch
-    g = lambda b: f"{b / GIB:9.2f}"  # noqa: E731
+    def g(b: float) -> str:
+        return f"{b / GIB:9.2f}"
+
     lines = [
         f"model {a.name}: {a.total_params() / 1e9:.3f} B params, {a.layers} layers, hidden {a.hidden}, "
         f"heads {a.heads}/{a.kv_heads} (q/kv), ffn {a.ffn}, vocab {a.vocab} (padded {rep.params.padded_vocab})",

@@ -147,7 +147,9 @@ def test_train_end_to_end_and_resume_through_the_cli(tmp_path):
     """
     import json
 
-    from megatron_rl.demo import prepare  # the demo's own asset writer: data, tokenizer, tiny policy
+    from megatron_rl.demo import (
+        prepare,  # the demo's own asset writer: data, tokenizer, tiny policy
+    )
 
     paths, _, hf = prepare(tmp_path / "assets", seed=0)
     run_dir = tmp_path / "run"

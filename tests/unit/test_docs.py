@@ -14,11 +14,11 @@ README = (REPO / "README.md").read_text()
 
 def makefile_targets() -> set[str]:
     text = (REPO / "Makefile").read_text()
-    return {m.group(1) for m in re.finditer(r"^([A-Za-z][\w-]*)\s*:(?!=)", text, re.M)}
+    return {m.group(1) for m in re.finditer(r"^([A-Za-z][\w-]*)\s*:(?!=)", text, re.MULTILINE)}
 
 
 def code_blocks(text: str) -> list[str]:
-    return re.findall(r"```(?:bash|sh)?\n(.*?)```", text, re.S)
+    return re.findall(r"```(?:bash|sh)?\n(.*?)```", text, re.DOTALL)
 
 
 def test_readme_opens_with_exactly_make_demo_and_make_test():
@@ -32,7 +32,7 @@ def test_readme_opens_with_exactly_make_demo_and_make_test():
 def test_make_commands_in_readme_are_makefile_targets():
     targets = makefile_targets()
     used = set(re.findall(r"`make ([\w-]+)", README)) | {
-        m for block in code_blocks(README) for m in re.findall(r"^make ([\w-]+)", block, re.M)}
+        m for block in code_blocks(README) for m in re.findall(r"^make ([\w-]+)", block, re.MULTILINE)}
     assert {"demo", "test"} <= used
     missing = sorted(used - targets)
     assert not missing, f"README mentions make targets missing from the Makefile: {missing}"
@@ -75,7 +75,7 @@ def test_algorithms_table_matches_algo_kinds():
 
     section = README[README.index("## Algorithms"):]
     section = section[: section.index("\n## ", 4)]
-    documented = re.findall(r"^\| `([a-z_]+)` \|", section, re.M)
+    documented = re.findall(r"^\| `([a-z_]+)` \|", section, re.MULTILINE)
     assert sorted(documented) == sorted(ALGO_KINDS), "README algorithms table != ALGO_KINDS"
 
 
@@ -88,7 +88,7 @@ def test_architecture_section_covers_the_package():
     names |= {f"megatron_rl/{p.name}" for p in pkg.glob("*.py") if p.name != "__init__.py"}
     missing = sorted(n for n in names if f"`{n}`" not in section)
     assert not missing, f"README architecture section lacks: {missing}"
-    listed = re.findall(r"^\| `((?:megatron_rl|patches|tools)/[\w./]*)` \|", section, re.M)
+    listed = re.findall(r"^\| `((?:megatron_rl|patches|tools)/[\w./]*)` \|", section, re.MULTILINE)
     absent = sorted(n for n in listed if not (REPO / n).exists())
     assert not absent, f"README architecture section lists paths that do not exist: {absent}"
 
@@ -102,7 +102,7 @@ def test_config_reference_matches_config_dataclasses():
 
     section = README[README.index("## Config reference"):]
     section = section[: section.index("\n## ", 4)]
-    rows = dict(re.findall(r"^\| `(\w+)` \| (.*?) \|", section, re.M))
+    rows = dict(re.findall(r"^\| `(\w+)` \| (.*?) \|", section, re.MULTILINE))
     sections = {f.name for f in dataclasses.fields(C.Config)}
     assert set(rows) == sections, f"README config sections {sorted(rows)} != Config {sorted(sections)}"
     hints = typing.get_type_hints(C.Config)

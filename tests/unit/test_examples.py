@@ -85,7 +85,7 @@ def test_example_config_loads_and_validates(path, tmp_path):
         pytest.skip(f"the trainer does not run algo.kind={kind} yet (config rejects it)")
     cfg = load(path, [f"model.hf_path={stand_in_model(path, tmp_path)}"])
     assert cfg.algo.kind == kind
-    layout = re.search(r"^# layout: TP=(\d+) PP=(\d+) DP=(\d+) \((\d+) GPUs\)", path.read_text(), re.M)
+    layout = re.search(r"^# layout: TP=(\d+) PP=(\d+) DP=(\d+) \((\d+) GPUs\)", path.read_text(), re.MULTILINE)
     if layout:  # the header's layout is the config's, and the batch divides over it
         tp, pp, dp, world = map(int, layout.groups())
         assert (cfg.parallel.tp, cfg.parallel.pp, tp * pp * dp) == (tp, pp, world), f"{path.name}: header layout"
@@ -99,7 +99,7 @@ def test_example_config_loads_and_validates(path, tmp_path):
                          ids=[p.stem for p in YAMLS if not p.stem.startswith("tiny_cpu_")])
 def test_large_config_plan_command_fits(path, capsys):
     """The `megatron-rl plan` line in each large config's header runs and reports that it fits in 80 GiB."""
-    line = re.search(r"^#\s+(megatron-rl plan .*)$", path.read_text(), re.M)
+    line = re.search(r"^#\s+(megatron-rl plan .*)$", path.read_text(), re.MULTILINE)
     assert line, f"{path.name}: header lacks a 'megatron-rl plan ...' line"
     cmd = cli.parse_command(shlex.split(line.group(1))[1:])
     from megatron_rl import plan
@@ -113,7 +113,7 @@ def test_large_config_plan_command_fits(path, capsys):
 def readme_cli_lines() -> list[str]:
     text = (REPO / "README.md").read_text()
     lines = []
-    for block in re.findall(r"```(?:bash|sh)?\n(.*?)```", text, re.S):
+    for block in re.findall(r"```(?:bash|sh)?\n(.*?)```", text, re.DOTALL):
         for line in block.splitlines():
             line = line.strip()
             if line.startswith("megatron-rl "):

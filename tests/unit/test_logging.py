@@ -10,7 +10,13 @@ import textwrap
 import pytest
 import torch
 
-from megatron_rl.logging import RunLogger, plot_curve, read_metrics, to_float, truncate_metrics
+from megatron_rl.logging import (
+    RunLogger,
+    plot_curve,
+    read_metrics,
+    to_float,
+    truncate_metrics,
+)
 
 
 def _metrics(step: int) -> dict:

@@ -9,8 +9,18 @@ import textwrap
 
 import pytest
 
-from megatron_rl.plan import (GIB, PRESETS, ArchSpec, PlanInputs, add_arguments, estimate, format_report,
-                              load_arch, padded_vocab, params_per_gpu)
+from megatron_rl.plan import (
+    GIB,
+    PRESETS,
+    ArchSpec,
+    PlanInputs,
+    add_arguments,
+    estimate,
+    format_report,
+    load_arch,
+    padded_vocab,
+    params_per_gpu,
+)
 
 TINY = {  # hidden 64, 2 layers, GQA 4/2, head_dim 16, vocab 256 (a multiple of 128: no padding)
     "Qwen3ForCausalLM": dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_size=64, num_hidden_layers=2,
