@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -161,6 +162,10 @@ def test_train_end_to_end_and_resume_through_the_cli(tmp_path):
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and all("reward/mean" in r and "actor/loss" in r for r in rows)
     assert (run_dir / "curve.png").read_bytes()[:4] == b"\x89PNG"
+    readme = (REPO / "README.md").read_text()
+    table = readme[readme.index("Main keys of a `metrics.jsonl` line"):readme.index("After `--resume auto`")]
+    documented = set(re.findall(r"`([a-z_]+/[a-z_]+)`", table)) - {"eval/acc"}  # eval/acc: eval steps only
+    assert documented and documented <= set(rows[0]), f"README metric keys not logged: {documented - set(rows[0])}"
     run_id = (run_dir / "wandb_id.txt").read_text().strip()
 
     p = run_cli("train", "--config", "examples/configs/tiny_cpu_grpo.yaml", *common, "trainer.steps=3",
