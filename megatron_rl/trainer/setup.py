@@ -29,6 +29,8 @@ class Run:
     logger: Any
     step: int = 0
     last_checkpoint: str | None = None
+    bicc_insert_at: int | None = None
+    bicc_sep: tuple = ()
 
     def seq_len(self, prompts, responses) -> int:
         """Padded sequence length of a batch (multiple of 8 and of TP for sequence parallel)."""
@@ -117,6 +119,9 @@ def setup_run(cfg, resume: str | None = None, client=None) -> Run:
                        resume_step=step if path is not None else None, progress=cfg.logging.progress)
     run = Run(cfg, info, tok, train, val, sampler, actor, ref, client, RewardManager(cfg.reward.by_source, cfg.reward.default),
               logger, step, last)
+    if cfg.algo.kind in ("bicc", "bicc_rcc") and hasattr(tok, "sp"):
+        # template-less SentencePiece tasks: context right after BOS, traces separated by a space
+        run.bicc_insert_at, run.bicc_sep = (1 if tok.bos_id is not None and tok.bos_id >= 0 else 0), tuple(tok.encode(" "))
     sync_weights(run)  # engines start from the HF dir; after a resume they must get the checkpoint's weights
     return run
 

@@ -44,16 +44,30 @@ def response_frame(x: torch.Tensor, sb: SeqBatch) -> torch.Tensor:
     return x.gather(1, sb.resp_pos) * sb.resp_mask
 
 
-def bicc_inputs(rollouts, hp, pad_id: int, seq_len: int, max_resp: int):
+def bicc_inputs(rollouts, hp, l_max: int, max_total_len: int, insert_at: int | None = None,
+                sep_ids: tuple[int, ...] = (), eos_id: int | None = None):
     """BiCC bilateral contexts: conditioned sequences for targets of mixed groups, plain otherwise.
-    Returns (conditioned prompts list, #conditioned, #fallback)."""
-    bb = A.build_bicc_contexts(rollouts.prompts, rollouts.responses, rollouts.rewards.tolist(),
-                               rollouts.group_ids.tolist(), budget_tokens=hp.context_budget(seq_len),
-                               max_total_len=seq_len, threshold=hp.threshold)
+
+    Budget ``floor(context_frac * L_max)`` with ``L_max = max_prompt_len + max_response_len`` (spec
+    §1.3 item 3). ``insert_at``: token index inside the prompt where the context goes (None = end of
+    the prompt, i.e. the end of the user turn for chat templates; the template-less CPU demo task
+    inserts right after BOS so the question stays adjacent to its answer). Context traces are the
+    opposite responses WITHOUT their final EOS (the spec serialises decoded text); the target keeps
+    its exact token ids (asserted). Returns (prompts with contexts, #conditioned, #budget fallbacks).
+    """
+    def strip(r):
+        return list(r[:-1]) if eos_id is not None and len(r) > 1 and r[-1] == eos_id else list(r)
+
+    at = None if insert_at is None else [min(insert_at, len(p)) for p in rollouts.prompts]
+    bb = A.build_bicc_contexts(rollouts.prompts, [strip(r) for r in rollouts.responses], rollouts.rewards.tolist(),
+                               rollouts.group_ids.tolist(), budget_tokens=hp.context_budget(l_max),
+                               sep_ids=sep_ids, insert_at=at, max_total_len=max_total_len, threshold=hp.threshold)
     prompts = [list(p) for p in rollouts.prompts]
     for s in bb.samples:
         prompts[s.index] = list(s.input_ids[: s.response_start])
-        assert list(s.input_ids[s.response_start:]) == list(rollouts.responses[s.index]), "BiCC changed target tokens"
+        target = list(s.input_ids[s.response_start:]) + list(rollouts.responses[s.index][len(strip(rollouts.responses[s.index])):])
+        if target != list(rollouts.responses[s.index]):
+            raise AssertionError(f"BiCC changed the target tokens of sample {s.index}")
     return prompts, len(bb.samples), bb.n_fallback
 
 
