@@ -1,0 +1,50 @@
+"""Typed config: YAML + dotted overrides, clear errors, cross-component validation."""
+from __future__ import annotations
+
+import pytest
+
+from megatron_rl.config import Config, load_config, validate
+
+
+def test_defaults_and_overrides(tmp_path):
+    y = tmp_path / "c.yaml"
+    y.write_text("algo:\n  kind: bicc_rcc\n  bicc_rcc:\n    base: drgrpo\ntrainer:\n  steps: 7\n")
+    c = load_config(y, ["optim.lr=1e-3", "algo.bicc_rcc.rcc_delta=mean", "rollout.n=4", "parallel.sequence_parallel=true"])
+    assert isinstance(c, Config) and c.trainer.steps == 7 and c.optim.lr == 1e-3 and c.rollout.n == 4
+    assert c.algo.kind == "bicc_rcc" and c.algo.hparams.base == "drgrpo" and c.algo.hparams.rcc_delta == "mean"
+    assert c.parallel.sequence_parallel is True
+    d = c.to_dict()
+    assert d["algo"] == {"kind": "bicc_rcc", "bicc_rcc": d["algo"]["bicc_rcc"]} and d["trainer"]["steps"] == 7
+
+
+@pytest.mark.parametrize("ov,msg", [
+    (["trainer.stepz=3"], r"trainer: unknown key\(s\) \['stepz'\]"),
+    (["algo.kind=nope"], "unknown algo.kind 'nope'; valid: "),
+    (["optim.lr=abc"], "expected a number"),
+    (["optim.lr=-1"], "optim.lr must be > 0"),
+    (["rollout.engine=sglang"], "rollout.engine must be vllm|hf"),
+    (["algo.bicc_rcc.base=ppo", "algo.kind=bicc_rcc"], "rcc base 'ppo' invalid"),
+    (["nosection.x=1"], r"unknown section\(s\)"),
+    (["trainer.steps"], "must look like section.key=value"),
+])
+def test_bad_input_is_named(ov, msg):
+    with pytest.raises(ValueError, match=msg):
+        load_config(None, ov)
+
+
+def test_unsupported_data_path_fails_at_startup():
+    with pytest.raises(ValueError, match="needs the 'rlcsd_hints' data path"):
+        load_config(None, ["algo.kind=rlcsd"])
+
+
+def test_world_size_and_batch_divisibility():
+    c = load_config(None, ["parallel.tp=2", "data.prompts_per_step=3", "rollout.n=3", "trainer.micro_batch_size=2"])
+    with pytest.raises(ValueError, match="world size 3 is not divisible by tp\\*pp=2"):
+        validate(c, world_size=3)
+    with pytest.raises(ValueError, match="batch of 9 sequences"):
+        validate(c, world_size=2)
+
+
+def test_missing_file():
+    with pytest.raises(FileNotFoundError):
+        load_config("/nonexistent.yaml")
