@@ -165,3 +165,15 @@ def test_launch_script_syntax_and_default_config(script, tmp_path):
         extra = re.findall(r"train --config \"\$CONFIG\" ([\w.]+=\S+)", script.read_text())
         load(REPO / cfg, [*extra, f"model.hf_path={stand_in_model(REPO / cfg, tmp_path)}"])
     assert script.stat().st_mode & 0o111 or script.suffix == ".sbatch", f"{script.name} is not executable"
+
+
+@pytest.mark.parametrize("path", YAMLS, ids=[p.stem for p in YAMLS])
+def test_example_reward_names_are_registered(path):
+    """reward.default and reward.by_source name registered reward functions (checked before any run)."""
+    import yaml
+
+    from megatron_rl.rewards.manager import get_reward
+
+    sec = yaml.safe_load(path.read_text()).get("reward") or {}
+    for name in [sec.get("default", "exact"), *(sec.get("by_source") or {}).values()]:
+        assert callable(get_reward(name)), f"{path.name}: reward {name!r}"
