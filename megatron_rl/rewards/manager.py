@@ -32,6 +32,22 @@ def get_reward(name: str):
 register_reward("exact")(exact_match)
 
 
+def _register_builtin() -> None:
+    from megatron_rl.rewards.format import format_and_match, strict_format_and_match
+    from megatron_rl.rewards.knights_knaves import verify_kk
+    from megatron_rl.rewards.math_verify import math_reward
+
+    register_reward("math")(math_reward)
+    register_reward("kk")(verify_kk)
+    register_reward("format_and_match")(format_and_match)
+    register_reward("strict_format_and_match")(strict_format_and_match)
+
+
+_register_builtin()
+DEFAULT_BY_SOURCE = {"reverse": "exact", "addition": "exact", "knights_knaves": "kk", "kk": "kk",
+                     "math": "math", "gsm8k": "math", "aime": "math", "amc": "math", "math500": "math"}
+
+
 @dataclasses.dataclass(frozen=True)
 class RewardBatch:
     reward: torch.Tensor        # [N] float
@@ -45,7 +61,7 @@ class RewardManager:
     ``default``). Non-finite rewards raise naming the sample."""
 
     def __init__(self, by_source: dict[str, str] | None = None, default: str = "exact"):
-        self.by_source = {"reverse": "exact", "addition": "exact", **(by_source or {})}
+        self.by_source = {**DEFAULT_BY_SOURCE, **(by_source or {})}
         self.default = default
         for name in {*self.by_source.values(), default}:
             get_reward(name)

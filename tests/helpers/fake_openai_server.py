@@ -1,0 +1,83 @@
+"""A REAL local HTTP server speaking OpenAI chat-completions, for grader tests (127.0.0.1 only).
+
+Run: ``python tests/helpers/fake_openai_server.py PORT LIFETIME_S``. It exits by itself after
+LIFETIME_S seconds. Behaviour is switched at runtime: ``POST /control {"mode": M, "delay": s,
+"score": "0.5"}`` with M in ok | slow | error500 | malformed | unparsable. ``GET /stats`` returns
+the request count. ``start_server(lifetime)`` starts it as a subprocess and returns (proc, base_url).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+
+def start_server(lifetime: float = 120.0):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, __file__, str(port), str(lifetime)])
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(100):
+        try:
+            urllib.request.urlopen(url + "/stats", timeout=0.5)
+            return proc, url + "/v1"
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("fake OpenAI server did not start")
+
+
+def control(url: str, **kw) -> None:
+    base = url.rsplit("/v1", 1)[0]
+    req = urllib.request.Request(base + "/control", data=json.dumps(kw).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(req, timeout=5).read()
+
+
+def _main(port: int, lifetime: float) -> None:
+    from aiohttp import web
+
+    state = {"mode": "ok", "delay": 0.0, "score": "1", "requests": 0}
+
+    async def chat(req):
+        state["requests"] += 1
+        body = await req.json()
+        mode = state["mode"]
+        if mode == "slow":
+            await asyncio.sleep(state["delay"])
+        if mode == "error500":
+            return web.Response(status=500, text="internal error")
+        if mode == "malformed":
+            return web.Response(status=200, text="{not json", content_type="application/json")
+        text = "I cannot decide." if mode == "unparsable" else f"Step by step ... final \\boxed{{{state['score']}}}"
+        return web.json_response({"id": "x", "object": "chat.completion", "model": body.get("model"),
+                                  "choices": [{"index": 0, "finish_reason": "stop",
+                                               "message": {"role": "assistant", "content": text}}]})
+
+    async def ctl(req):
+        state.update(await req.json())
+        return web.json_response(state)
+
+    async def stats(req):
+        return web.json_response(state)
+
+    app = web.Application()
+    app.add_routes([web.post("/v1/chat/completions", chat), web.post("/control", ctl), web.get("/stats", stats)])
+
+    async def run():
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        await asyncio.sleep(lifetime)
+        await runner.cleanup()
+
+    asyncio.run(run())
+
+
+if __name__ == "__main__":
+    _main(int(sys.argv[1]), float(sys.argv[2]))
