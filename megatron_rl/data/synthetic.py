@@ -61,6 +61,35 @@ def write_parquet(rows: list[tuple[str, str]], task: str, split: str, out_path: 
     return out
 
 
+def write_knights_knaves(out_path: str | os.PathLike, n_people: int | tuple[int, int], count: int, seed: int = 0,
+                         split: str = "train") -> Path:
+    """Knights & Knaves puzzles (unique solution, brute-force checked) as verl parquet; ``n_people``
+    an int or an inclusive range (e.g. (4, 8) for training, 9 / 10 / 11 for OOD evaluation)."""
+    import random
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from megatron_rl.rewards.knights_knaves import generate_puzzle
+
+    lo, hi = (n_people, n_people) if isinstance(n_people, int) else n_people
+    rng = random.Random(seed)
+    puzzles = [generate_puzzle(rng.randint(lo, hi), seed * 1_000_003 + i) for i in range(count)]
+    instr = ("A very special island is inhabited only by knights and knaves. Knights always tell the truth, "
+             "and knaves always lie. {q} Who is a knight and who is a knave? Give the final answer in \\boxed{{}}.")
+    table = pa.table({
+        "prompt": [[{"role": "user", "content": instr.format(q=p["question"])}] for p in puzzles],
+        "data_source": ["knights_knaves"] * count,
+        "reward_model": [{"ground_truth": ", ".join(f"{k} is a {v}" for k, v in p["solution"].items()), "style": "rule"}
+                         for p in puzzles],
+        "extra_info": [{"split": split, "index": i, "n_people": len(p["names"])} for i, p in enumerate(puzzles)],
+    })
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, out)
+    return out
+
+
 def write_task(task: str, out_dir: str | os.PathLike, seed: int = 0,
                sizes: dict[str, int] | None = None) -> dict[str, Path]:
     """Write ``{split}.parquet`` for each split; returns their paths."""

@@ -42,3 +42,17 @@ def test_verifier_accepts_paraphrases_rejects_partial():
 def test_score_rewards_spec_vectors(pred, target, fm, strict):
     assert format_and_match(pred, target) == fm
     assert strict_format_and_match(pred, target) == strict
+
+
+def test_kk_parquet_round_trip(tmp_path):
+    import pyarrow.parquet as pq
+
+    from megatron_rl.data.synthetic import write_knights_knaves
+    from megatron_rl.rewards.manager import RewardManager
+
+    p = write_knights_knaves(tmp_path / "kk9.parquet", 9, count=2, seed=1, split="ood")
+    rows = pq.read_table(p).to_pylist()
+    assert [r["extra_info"]["n_people"] for r in rows] == [9, 9]
+    gt = rows[0]["reward_model"]["ground_truth"]
+    from megatron_rl.rewards.manager import get_reward
+    assert get_reward(RewardManager().by_source["knights_knaves"])("\\boxed{" + gt + "}", gt) == 1.0
