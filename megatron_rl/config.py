@@ -128,6 +128,22 @@ class RewardConfig:
     """``data_source -> reward name`` overrides (default map: synthetic tasks -> exact)."""
     default: str = "exact"
     """Reward for data sources not in the map."""
+    grader_url: str = ""
+    """OpenAI-compatible endpoint of the PAPO rubric grader (e.g. a vLLM server's ``/v1``)."""
+    grader_model: str = "judge"
+    """Model name sent to the grader."""
+    grader_timeout: float = 120.0
+    """Seconds per grader request."""
+    grader_retries: int = 3
+    """Retries per request (exponential backoff 1 s, 2 s, ...)."""
+    grader_concurrency: int = 8
+    """Concurrent grader requests."""
+    grader_fallback: float = 0.0
+    """Process score used (and counted) when the grader fails after all retries: 0, 0.5 or 1."""
+
+    def __post_init__(self):
+        _check(self.grader_fallback in (0.0, 0.5, 1.0), f"reward.grader_fallback must be 0, 0.5 or 1, got {self.grader_fallback}")
+        _check(self.grader_timeout > 0 and self.grader_retries >= 0, "reward.grader_timeout > 0 and grader_retries >= 0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -318,10 +334,13 @@ def validate(cfg: Config, world_size: int | None = None) -> None:
     from megatron_rl.algorithms import KIND_DATA_PATH
 
     path = KIND_DATA_PATH.get(cfg.algo.kind)
-    supported = {None, "bicc_context", "greedy"}
+    supported = {None, "bicc_context", "greedy", "process_reward"}
     if path not in supported:
         raise ValueError(f"algo.kind={cfg.algo.kind!r} needs the {path!r} data path, which this trainer "
-                         f"does not run yet; supported kinds: grpo, dapo, drgrpo, rloo, remax, bicc, bicc_rcc")
+                         f"does not run yet; supported kinds: grpo, dapo, drgrpo, rloo, remax, bicc, bicc_rcc, papo")
+    if path == "process_reward" and not cfg.reward.grader_url:
+        raise ValueError(f"algo.kind={cfg.algo.kind!r} needs a rubric grader: set reward.grader_url "
+                         "(an OpenAI-compatible endpoint, e.g. http://host:8000/v1)")
     hp = cfg.algo.hparams
     if getattr(hp, "base", None) in ("remax",) and cfg.algo.kind == "bicc_rcc":
         pass

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-DEMO_ALGOS = ("bicc_rcc", "bicc", "grpo", "dapo", "drgrpo", "rloo", "remax")
+DEMO_ALGOS = ("bicc_rcc", "bicc", "grpo", "dapo", "drgrpo", "rloo", "remax", "papo")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -37,6 +37,8 @@ def collect(run: Run, step: int) -> R.Rollouts:
             idx = run.sampler.next_batch()
             part = R.generate(run.client, run.train_set, idx, R.sampling_params(cfg, step, rounds, eos_id=run.tok.eos_id), run.tok)
             part = R.score(part, run.rewards)
+            if run.grader is not None:
+                part = R.grade_process(part, run.grader)
             rounds += 1
             if A.KIND_DATA_PATH.get(cfg.algo.kind) == "greedy" or getattr(hp, "base", None) == "remax":
                 g = R.score(R.generate(run.client, run.train_set, idx, R.sampling_params(cfg, step, rounds, greedy=True,
@@ -130,6 +132,9 @@ def rl_step(run: Run, step: int) -> dict:
     metrics["perf/tokens_per_s"] = tokens / metrics["time/step"]
     if run.info.is_driver:
         metrics.update(run.client.stats())
+        if run.grader is not None:
+            metrics.update(run.grader.stats())
+            metrics["reward/process_mean"] = float(ro.process[ro.correct].mean()) if bool(ro.correct.any()) else 0.0
     for k in ("actor/loss", "reward/mean"):
         if k in metrics and not math.isfinite(metrics[k]):
             raise FloatingPointError(f"step {step}: {k} is {metrics[k]}")

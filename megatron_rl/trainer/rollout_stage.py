@@ -30,6 +30,7 @@ class Rollouts:
     correct: torch.Tensor | None = None   # [N] bool
     greedy_rewards: torch.Tensor | None = None  # [N] (ReMax)
     stats: dict = dataclasses.field(default_factory=dict)
+    process: torch.Tensor | None = None   # [N] PAPO process scores (0 for incorrect)
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -42,7 +43,7 @@ class Rollouts:
         t = lambda x: None if x is None else x[idx]  # noqa: E731
         return Rollouts(pick(self.rows), pick(self.prompts), pick(self.responses), pick(self.rollout_logp),
                         pick(self.finish), torch.tensor(gids, dtype=torch.long), pick(self.texts) if self.texts else [],
-                        t(self.rewards), t(self.correct), t(self.greedy_rewards), dict(self.stats))
+                        t(self.rewards), t(self.correct), t(self.greedy_rewards), dict(self.stats), t(self.process))
 
 
 def broadcast_object(obj: Any, src: int = 0) -> Any:
@@ -106,5 +107,24 @@ def concat(parts: list[Rollouts]) -> Rollouts:
         out = Rollouts(out.rows + p.rows, out.prompts + p.prompts, out.responses + p.responses,
                        out.rollout_logp + p.rollout_logp, out.finish + p.finish, torch.cat([out.group_ids, g]),
                        out.texts + p.texts, torch.cat([out.rewards, p.rewards]), torch.cat([out.correct, p.correct]),
-                       None, out.stats)
+                       None, out.stats, None if out.process is None else torch.cat([out.process, p.process]))
     return out
+
+
+def grade_process(rollouts: Rollouts, grader) -> Rollouts:
+    """PAPO process scores: the rubric grader is called for CORRECT responses only (incorrect -> 0
+    without a call). Reference = the row's worked solution (``extra_info.solution`` /
+    ``reference_solution``), else its ground-truth answer (synthetic tasks have no worked solution)."""
+    proc = torch.zeros(len(rollouts))
+    idx = [i for i in range(len(rollouts)) if bool(rollouts.correct[i])]
+    if idx:
+        items = []
+        for i in idx:
+            row = rollouts.rows[i]
+            ref = row.extra_info.get("reference_solution") or row.extra_info.get("solution") or str(row.ground_truth)
+            problem = row.extra_info.get("problem") or str(row.prompt_ids)
+            items.append((problem, ref, rollouts.texts[i]))
+        scores = grader.grade_batch(items)
+        proc[idx] = torch.tensor(scores, dtype=torch.float32)
+    rollouts.process = proc
+    return rollouts

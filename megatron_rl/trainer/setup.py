@@ -31,6 +31,7 @@ class Run:
     last_checkpoint: str | None = None
     bicc_insert_at: int | None = None
     bicc_sep: tuple = ()
+    grader: Any = None
 
     def seq_len(self, prompts, responses) -> int:
         """Padded sequence length of a batch (multiple of 8 and of TP for sequence parallel)."""
@@ -119,6 +120,12 @@ def setup_run(cfg, resume: str | None = None, client=None) -> Run:
                        resume_step=step if path is not None else None, progress=cfg.logging.progress)
     run = Run(cfg, info, tok, train, val, sampler, actor, ref, client, RewardManager(cfg.reward.by_source, cfg.reward.default),
               logger, step, last)
+    if info.is_driver and A.KIND_DATA_PATH.get(cfg.algo.kind) == "process_reward":
+        from megatron_rl.rewards.grader import RubricGrader
+
+        r = cfg.reward
+        run.grader = RubricGrader(r.grader_url, r.grader_model, concurrency=r.grader_concurrency, timeout=r.grader_timeout,
+                                  retries=r.grader_retries, fallback=r.grader_fallback)
     if cfg.algo.kind in ("bicc", "bicc_rcc") and hasattr(tok, "sp"):
         # template-less SentencePiece tasks: context right after BOS, traces separated by a space
         run.bicc_insert_at, run.bicc_sep = (1 if tok.bos_id is not None and tok.bos_id >= 0 else 0), tuple(tok.encode(" "))

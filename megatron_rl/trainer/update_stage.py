@@ -74,6 +74,7 @@ def bicc_inputs(rollouts, hp, l_max: int, max_total_len: int, insert_at: int | N
 def advantage_inputs(rollouts, mask: torch.Tensor, old_logp=None, ref_logp=None) -> A.AlgoInputs:
     return A.AlgoInputs(rewards=rollouts.rewards.double(), group_ids=rollouts.group_ids, mask=mask,
                         old_logp=old_logp, ref_logp=ref_logp, correct=rollouts.correct,
+                        process=None if rollouts.process is None else rollouts.process.double(),
                         greedy_rewards=None if rollouts.greedy_rewards is None else rollouts.greedy_rewards.double())
 
 
