@@ -32,6 +32,7 @@ _MODULES: tuple[str, ...] = (
     "cpu_cuda_synchronize",
     "cpu_cuda_factories",
     "cpu_megatron_tensor_type",
+    "cpu_megatron_tensor_cuda",
     "cpu_megatron_norm_sp",
     "megatron_distopt_torch_adam_load",
     "vllm_cpu_keep_linear_weights",
