@@ -119,6 +119,8 @@ def main() -> None:
     }
     print(f"advantages, {n} samples x {t} tokens, groups of {a.group}, threads={torch.get_num_threads()}")
     ratios = []
+    for vec, loop in cases.values():  # warm-up: allocator and thread-pool first-touch costs out of the timing
+        vec(), loop()
     for name, (vec, loop) in cases.items():
         torch.testing.assert_close(vec(), loop(), atol=1e-4, rtol=1e-4)
         tv, tl = best_of(vec, a.repeats), best_of(loop, max(1, a.repeats // 2))
