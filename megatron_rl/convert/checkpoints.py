@@ -63,7 +63,8 @@ def hf_to_mcore(hf_dir: str | os.PathLike, out_dir: str | os.PathLike, tp: int =
 
     from megatron_rl.convert.hf_io import copy_tokenizer_files
     from megatron_rl.convert.live import load_hf_into_model
-    from megatron_rl.models.provider import build_gpt_model, load_hf_config, validate_layout
+    from megatron_rl.models.provider import (build_gpt_model, load_hf_config, transformer_config_from_hf,
+                                             validate_layout)
 
     hf_dir, out = Path(hf_dir), Path(out_dir).resolve()
     cfg = load_hf_config(hf_dir)
@@ -71,7 +72,8 @@ def hf_to_mcore(hf_dir: str | os.PathLike, out_dir: str | os.PathLike, tp: int =
     info = _init(tp, pp)
     tmp = _shared_tmp(out, force)
     try:
-        model = build_gpt_model(cfg)
+        # every parameter is overwritten from the HF files: skip megatron's (slow) random init
+        model = build_gpt_model(cfg, transformer_config_from_hf(cfg, tp=info.tp, pp=info.pp, perform_initialization=False))
         load_hf_into_model([model], hf_dir, info)
         if _is_writer():
             (tmp / "hf").mkdir(parents=True, exist_ok=True)
