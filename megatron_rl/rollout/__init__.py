@@ -5,6 +5,6 @@ Never imports megatron. Public: ``SamplingParams``, ``Completion``, ``RolloutEng
 with ``generate(prompt_ids, sampling)``, ``score(seqs, prompt_lens, temperature)``,
 ``update_weights(named_iter)``, ``kill_engine(i)``, ``stats()``, ``shutdown()``.
 """
-from megatron_rl.rollout.engine import Completion, RolloutEngine, SamplingParams
+from .engine import Completion, RolloutEngine, SamplingParams
 
 __all__ = ["Completion", "RolloutEngine", "SamplingParams"]

@@ -10,7 +10,7 @@ from typing import Iterable
 
 import torch
 
-from megatron_rl.rollout.engine import Completion, SamplingParams, validate_prompts
+from .engine import Completion, SamplingParams, validate_prompts
 
 
 class HFEngine:
@@ -92,7 +92,7 @@ class HFEngine:
 def make_engine(kind: str, model_dir: str, **kwargs):
     """``"vllm"`` (default) or ``"hf"``."""
     if kind == "vllm":
-        from megatron_rl.rollout.vllm_engine import VLLMEngine
+        from .vllm_engine import VLLMEngine
 
         return VLLMEngine(model_dir, **kwargs)
     if kind == "hf":

@@ -20,8 +20,8 @@ from typing import Iterable
 
 import torch
 
-from megatron_rl.rollout.engine import Completion, SamplingParams
-from megatron_rl.rollout.weight_sync import bucket_tensors
+from .engine import Completion, SamplingParams
+from .weight_sync import bucket_tensors
 
 log = logging.getLogger("megatron_rl.rollout.ray")
 
@@ -31,7 +31,7 @@ class _EngineActor:
 
     def __init__(self, kind: str, model_dir: str, engine_kwargs: dict):
         torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
-        from megatron_rl.rollout.hf_engine import make_engine
+        from .hf_engine import make_engine
 
         self.engine = make_engine(kind, model_dir, **engine_kwargs)
 

@@ -15,7 +15,7 @@ from typing import Iterable
 
 import torch
 
-from megatron_rl.rollout.engine import Completion, SamplingParams, validate_prompts
+from .engine import Completion, SamplingParams, validate_prompts
 
 log = logging.getLogger("megatron_rl.rollout.vllm")
 
@@ -39,7 +39,7 @@ class VLLMEngine:
                  enable_sleep_mode: bool = False):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(kv_cache_gib))))
-        from megatron_rl import patches
+        from .. import patches
 
         patches.apply_all(("vllm",))
         from vllm import LLM
