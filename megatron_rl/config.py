@@ -344,6 +344,9 @@ def validate(cfg: Config, world_size: int | None = None) -> None:
     hp = cfg.algo.hparams
     if getattr(hp, "base", None) in ("remax",) and cfg.algo.kind == "bicc_rcc":
         pass
+    if getattr(hp, "overlong_enable", False) and hp.overlong_buffer_len > cfg.rollout.max_tokens:
+        raise ValueError(f"algo.{cfg.algo.kind}.overlong_buffer_len={hp.overlong_buffer_len} must be <= rollout.max_tokens="
+                         f"{cfg.rollout.max_tokens} (DAPO overlong shaping); lower it or set overlong_enable=false")
     n = cfg.data.prompts_per_step * cfg.rollout.n
     if world_size is not None:
         mp = cfg.parallel.tp * cfg.parallel.pp

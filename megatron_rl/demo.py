@@ -74,6 +74,9 @@ def demo_config(args, run_dir: Path, paths: dict, hf_dir: Path):
         # L_max = 16 + 6 = 22 tokens; 0.25 -> a 5-token budget = exactly one whole 4-digit trace + separator.
         # (The spec's 40 % would cut a second trace mid-answer, which garbles this tiny task's prompt.)
         ov.append(f"algo.{args.algo}.context_frac=0.25")
+    if args.algo == "dapo":
+        # DAPO's soft overlong buffer (4096 of 20480 tokens in the paper) scaled to the 6-token cap
+        ov.append("algo.dapo.overlong_buffer_len=2")
     if args.algo == "bicc_rcc":
         # RCC's delta as the per-token mean log-ratio (spec's "safer" reading): with no KL anchor the
         # tiny policy drifts nats away from the reference within ~20 steps, and the literal sum makes

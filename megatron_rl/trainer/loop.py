@@ -37,6 +37,8 @@ def collect(run: Run, step: int) -> R.Rollouts:
             idx = run.sampler.next_batch()
             part = R.generate(run.client, run.train_set, idx, R.sampling_params(cfg, step, rounds, eos_id=run.tok.eos_id), run.tok)
             part = R.score(part, run.rewards)
+            if getattr(hp, "overlong_enable", False):
+                part = R.overlong_shaping(part, hp, cfg.rollout.max_tokens)
             if run.grader is not None:
                 part = R.grade_process(part, run.grader)
             rounds += 1
@@ -47,7 +49,8 @@ def collect(run: Run, step: int) -> R.Rollouts:
             if not dyn:
                 ro = part
                 break
-            keep = A.dynamic_sampling_keep(part.rewards, part.group_ids)
+            metric = part.correct.float() if getattr(hp, "filter_metric", "acc") == "acc" else part.rewards
+            keep = A.dynamic_sampling_keep(metric, part.group_ids)
             informative = part.select(torch.nonzero(keep).flatten().tolist())
             parts.append(informative)
             kept_groups += int(torch.unique(informative.group_ids).numel()) if len(informative) else 0
@@ -67,7 +70,7 @@ def _fill(parts, last, cfg, kept_groups: int, rounds: int) -> R.Rollouts:
         padded = need - kept_groups
         ro = R.concat([ro, last.select(list(range(padded * n)))]) if kept_groups else last
     ro = ro.select(list(range(need * n)))
-    ro.stats = {"dynamic/gen_rounds": rounds, "dynamic/padded_groups": padded}
+    ro.stats = {**last.stats, "dynamic/gen_rounds": rounds, "dynamic/padded_groups": padded}
     return ro
 
 

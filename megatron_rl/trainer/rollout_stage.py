@@ -95,6 +95,17 @@ def score(rollouts: Rollouts, reward_manager) -> Rollouts:
     return rollouts
 
 
+def overlong_shaping(rollouts: Rollouts, hp, max_tokens: int) -> Rollouts:
+    """DAPO soft overlong punishment added to the reward (``correct`` stays the binary outcome)."""
+    from megatron_rl.algorithms import dapo_overlong_penalty
+
+    lens = torch.tensor([len(r) for r in rollouts.responses])
+    pen = dapo_overlong_penalty(lens, max_tokens, hp.overlong_buffer_len, hp.overlong_penalty_factor).float()
+    rollouts.rewards = rollouts.rewards + pen
+    rollouts.stats = {**rollouts.stats, "reward/overlong_penalty": float(pen.mean())}
+    return rollouts
+
+
 def concat(parts: list[Rollouts]) -> Rollouts:
     """Join rollouts of several generation rounds (group ids offset to stay distinct)."""
     out, off = None, 0

@@ -48,3 +48,10 @@ def test_world_size_and_batch_divisibility():
 def test_missing_file():
     with pytest.raises(FileNotFoundError):
         load_config("/nonexistent.yaml")
+
+
+def test_dapo_overlong_buffer_must_fit():
+    with pytest.raises(ValueError, match="overlong_buffer_len=4096 must be <= rollout.max_tokens=8"):
+        load_config(None, ["algo.kind=dapo"])
+    c = load_config(None, ["algo.kind=dapo", "algo.dapo.overlong_buffer_len=4"])
+    assert c.algo.hparams.overlong_enable
