@@ -21,7 +21,7 @@ from typing import Iterable
 import torch
 
 from .engine import Completion, SamplingParams
-from .weight_sync import bucket_tensors
+from .weight_sync import bucket_tensors, pack_bucket, unpack_bucket
 
 log = logging.getLogger("megatron_rl.rollout.ray")
 
@@ -44,8 +44,11 @@ class _EngineActor:
     def score(self, seqs, lens, temperature):
         return self.engine.score(seqs, lens, temperature)
 
-    def update_weights(self, *buckets) -> int:
-        return sum(self.engine.update_weights(b) for b in buckets)
+    def update_weights(self, metas, *flats) -> int:
+        """``flats`` / ``metas``: buckets from ``weight_sync.pack_bucket`` (Ray resolves the top-level
+        refs to zero-copy views of its shared memory)."""
+        named = [nt for flat, meta in zip(flats, metas) for nt in unpack_bucket(flat, meta)]
+        return self.engine.update_weights(named)
 
     def sleep(self):
         self.engine.sleep()
@@ -88,7 +91,7 @@ class RolloutClient:
         self.engine_kwargs = dict(engine_kwargs or {})
         self.cpus, self.threads = cpus_per_engine, threads_per_engine
         self.max_restarts = max_restarts
-        self._latest: list = []  # ObjectRefs of the latest full weight push
+        self._latest: tuple = ()  # (metas, ObjectRefs) of the latest full weight push
         self._stats = RolloutStats()
         self.actors = [self._spawn() for _ in range(num_engines)]
         ray.get([a.ping.remote() for a in self.actors])
@@ -111,7 +114,8 @@ class RolloutClient:
             pass
         self.actors[i] = self._spawn()
         if self._latest:
-            self._ray.get(self.actors[i].update_weights.remote(*self._latest))
+            metas, refs = self._latest
+            self._ray.get(self.actors[i].update_weights.remote(metas, *refs))
         else:
             self._ray.get(self.actors[i].ping.remote())
 
@@ -164,11 +168,13 @@ class RolloutClient:
         t0 = time.perf_counter()
         refs, nbytes = [], 0
         for bucket in bucket_tensors(named_tensors, bucket_bytes):
-            nbytes += sum(t.numel() * t.element_size() for _, t in bucket)
-            refs.append(self._ray.put(bucket))
+            flat, meta = pack_bucket(bucket)
+            nbytes += flat.nbytes
+            refs.append((self._ray.put(flat), meta))
         shares = [True] * len(self.actors)
-        self._call_all(lambda a, _s: a.update_weights.remote(*refs), shares)
-        self._latest = refs
+        metas, flat_refs = [m for _, m in refs], [r for r, _ in refs]
+        self._call_all(lambda a, _s: a.update_weights.remote(metas, *flat_refs), shares)
+        self._latest = (metas, flat_refs)
         self._stats.weight_version += 1
         self._stats.sync_bytes += nbytes
         self._stats.sync_seconds += time.perf_counter() - t0
