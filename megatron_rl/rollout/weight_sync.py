@@ -42,6 +42,7 @@ def pack_bucket(bucket: list[tuple[str, torch.Tensor]]):
     meta, off = [], 0
     for name, t in bucket:
         n = t.numel() * t.element_size()
+        off = -(-off // 64) * 64  # aligned views for every dtype
         meta.append((name, str(t.dtype).removeprefix("torch."), tuple(t.shape), off))
         off += n
     flat = np.empty(off, dtype=np.uint8)
