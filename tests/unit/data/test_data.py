@@ -70,3 +70,21 @@ def test_sampler_resumes_exactly():
     assert [c.next_batch() for _ in range(3)] == seq[4:]
     with pytest.raises(ValueError):
         DeterministicSampler(10, 3, seed=6).load_state_dict(b.state_dict())
+
+
+def test_hf_tokenizer_from_local_files(tmp_path):
+    """HF tokenizers path: a WordLevel tokenizer built locally (no download), saved, reloaded, templated."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, **{c: i + 4 for i, c in enumerate("R 0123456789=")}}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    fast = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                   unk_token="<unk>")
+    fast.save_pretrained(str(tmp_path))
+    tok = load_tokenizer(tmp_path)
+    assert type(tok).__name__ == "HFTokenizer" and tok.eos_id == 2 and tok.pad_id == 0
+    ids = tok.encode("R 12=")
+    assert tok.decode(ids) .replace(" ", "") == "R12="
+    assert tok.apply_chat_template([{"role": "user", "content": "R 12="}]) == "R 12="
