@@ -73,7 +73,7 @@ class RewardManager:
         for i, (r, t) in enumerate(zip(rows, texts)):
             v = float(get_reward(self.by_source.get(r.data_source, self.default))(t, r.ground_truth))
             if not math.isfinite(v):
-                raise ValueError(f"reward of sample {i} (data_source={r.data_source!r}) is {v}")
+                raise FloatingPointError(f"reward of sample {i} (data_source={r.data_source!r}, row {r.index}) is {v}")
             vals.append(v)
         rew = torch.tensor(vals, dtype=torch.float32)
         return RewardBatch(rew, rew > 0.5, None, [{} for _ in vals])

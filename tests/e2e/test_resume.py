@@ -87,3 +87,37 @@ def test_resume_after_sigkill_is_bit_identical(warm, tmp_path):
     for a, b in zip(ref, got):
         for k in KEYS:
             assert a[k] == b[k], f"step {a['step']} {k}: uninterrupted {a[k]!r} != resumed {b[k]!r}"
+
+
+NAN_DRIVER = '''
+import sys
+from megatron_rl.rewards.manager import register_reward
+from megatron_rl.rewards.exact import exact_match
+calls = [0]
+
+@register_reward("nan_from_step_4")
+def _r(text, gt):  # a user reward that breaks: NaN from the 4th step on (32 prompts x 8 samples per step)
+    calls[0] += 1
+    return float("nan") if calls[0] > 3 * 256 else exact_match(text, gt)
+
+from megatron_rl.cli import main
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
+'''
+
+
+@pytest.mark.slow
+def test_nan_reward_stops_naming_step_after_last_good_checkpoint(warm, tmp_path):
+    drv = tmp_path / "drv.py"
+    drv.write_text(NAN_DRIVER)
+    run_dir = tmp_path / "nan"
+    cmd = [sys.executable, str(drv)] + _cmd(warm, run_dir, resume=False)[3:] + ["reward.default=nan_from_step_4",
+                                                                                "reward.by_source={reverse: nan_from_step_4}"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[2],
+                       env={**os.environ, "OMP_NUM_THREADS": "2"})
+    assert p.returncode != 0
+    err = p.stdout + p.stderr
+    assert "stopping at step 4" in err and "reward of sample" in err and "is nan" in err, err[-3000:]
+    assert "Last good checkpoint:" in err and "step_2" in err
+    assert (run_dir / "checkpoints" / "step_2" / "COMPLETE").exists()
+    assert [r["step"] for r in _rows(run_dir)] == [1, 2, 3], "no metrics row may be written for the failed step"
