@@ -54,7 +54,7 @@ from .hparams import (BiCCHParams, BiCCRCCHParams, DAPOHParams, DrGRPOHParams, G
                       RLSDECTRHParams, RLSDHParams, ScoreHParams, SDPOHParams, SRPOHParams)
 from .inputs import AlgoInputs
 from .kl import AdaptiveKLController, apply_kl_in_reward, kl_penalty
-from .losses import (AGG_MODES, LossOutput, MaskedLossOutput, aggregate, plain_clip_loss, ppo_clip_loss, rlcsd_loss, rlsd_advantage,
+from .losses import (AGG_MODES, LossOutput, MaskedLossOutput, RLCSDPaths, aggregate, rlcsd_paths, tis_weights, plain_clip_loss, ppo_clip_loss, rlcsd_loss, rlsd_advantage,
                      rlsd_ectr_advantage, rlsd_lambda)
 from .registry import (advantage_names, check_inputs, get_advantage, get_policy_loss, policy_loss_names,
                        register_advantage, register_policy_loss, required_inputs)

@@ -245,9 +245,12 @@ class ScoreHParams(PPOHParams):
     max_new_attempt1: int = 768
     max_new_attempt2: int = 768
     loss_agg_mode: str = "seq-mean-token-sum"
+    stage1_steps: int = 0        #: trainer: stage I for loop steps 1..stage1_steps, II after (0: fixed ``stage``)
+    instruction: str = ""        #: trainer: self-correction instruction text ("" -> the CPU demo's "R=")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check(self.stage in (1, 2), f"SCoRe stage must be 1 or 2, got {self.stage}")
         _check(self.length_norm in ("sequence", "constant"), f"length_norm {self.length_norm!r} invalid")
+        _check(self.stage1_steps >= 0, f"stage1_steps must be >= 0, got {self.stage1_steps}")
         _check(self.loss_agg_mode == "seq-mean-token-sum", "SCoRe's objective is a mean over samples: loss_agg_mode must be 'seq-mean-token-sum'")

@@ -153,29 +153,51 @@ def aggregate(loss_mat: Tensor, mask: Tensor, mode: str = "token-mean", *, scale
     return torch.where(valid, seq, 0.0).sum() / n_rows if bool(n_rows > 0) else lm.sum() * 0.0
 
 
+class RLCSDPaths(NamedTuple):
+    """Per-token losses and masks of the two RLCSD paths (each [N, T]); ``mask_sel = m·g``,
+    ``mask_non = m(1−g)``. A trainer that normalises over the global batch aggregates each path
+    with token-mean over its own mask: L = TokenMean_non(loss_non) + η·TokenMean_sel(loss_sel)."""
+
+    loss_non: Tensor
+    mask_non: Tensor
+    loss_sel: Tensor
+    mask_sel: Tensor
+
+
+def rlcsd_paths(logp: Tensor, old_logp: Tensor, advantages: Tensor, adv_hat: Tensor, gate: Tensor, mask: Tensor, *,
+                clip_eps: float = 0.2, tis_weights: Tensor | None = None) -> RLCSDPaths:
+    """ℓ_non = clipped(A)·w on m(1−g); ℓ_sel = clipped(Â)·w on m·g (spec §1.5.3). Shapes [N, T]."""
+    a = _per_token(advantages, logp)
+    m = mask.bool()
+    sel, non = m & gate.bool(), m & ~gate.bool()
+    l_non = _finish(clipped_surrogate(logp, old_logp, a, clip_eps), non, tis_weights)
+    l_sel = _finish(clipped_surrogate(logp, old_logp, adv_hat.detach().to(logp.dtype), clip_eps), sel, tis_weights)
+    return RLCSDPaths(l_non, non.to(logp.dtype), l_sel, sel.to(logp.dtype))
+
+
 def rlcsd_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, adv_hat: Tensor, gate: Tensor, mask: Tensor, *,
                clip_eps: float = 0.2, eta: float = 1.0, tis_weights: Tensor | None = None) -> LossOutput:
     """RLCSD two-path loss (spec §1.5.3); aggregate the result with ``"token-sum"``.
 
     M_non = m(1−g), M_sel = m·g; ℓ_non = clipped(A), ℓ_sel = clipped(Â), both times w.
     L = Σ M_non ℓ_non / max(N_non, 1) + η Σ M_sel ℓ_sel / max(N_sel, 1); the returned matrix holds
-    each token's share, so ``aggregate(loss_mat, mask, "token-sum") == L``.
+    each token's share, so ``aggregate(loss_mat, mask, "token-sum") == L`` with both counts taken
+    over the tensors passed in (see :func:`rlcsd_paths` for global-batch normalisation).
     Shapes: logp/old/adv_hat/gate/mask [N, T]; advantages [N] or [N, T].
     """
-    a = _per_token(advantages, logp)
-    m = mask.bool()
-    sel = m & gate.bool()
-    non = m & ~gate.bool()
-    n_sel = sel.sum().clamp_min(1).to(logp.dtype)
-    n_non = non.sum().clamp_min(1).to(logp.dtype)
-    l_non = clipped_surrogate(logp, old_logp, a, clip_eps)
-    l_sel = clipped_surrogate(logp, old_logp, adv_hat.detach().to(logp.dtype), clip_eps)
-    loss = torch.where(sel, eta * l_sel / n_sel, l_non / n_non)
-    loss = _finish(loss, mask, tis_weights)
-    metrics = {"rlcsd_sel_frac": masked_mean(sel.to(logp.dtype), mask),
-               "rlcsd_loss_non": (torch.where(non, loss, 0.0)).sum().detach(),
-               "rlcsd_loss_sel": (torch.where(sel, loss, 0.0)).sum().detach()}
+    p = rlcsd_paths(logp, old_logp, advantages, adv_hat, gate, mask, clip_eps=clip_eps, tis_weights=tis_weights)
+    n_sel, n_non = p.mask_sel.sum().clamp_min(1), p.mask_non.sum().clamp_min(1)
+    loss = p.loss_non / n_non + eta * p.loss_sel / n_sel
+    metrics = {"rlcsd_sel_frac": masked_mean(p.mask_sel, mask),
+               "rlcsd_loss_non": (p.loss_non.sum() / n_non).detach(),
+               "rlcsd_loss_sel": (p.loss_sel.sum() / n_sel).detach()}
     return LossOutput(loss, metrics)
+
+
+def tis_weights(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, cap: float = 2.0) -> Tensor:
+    """Truncated IS weights w = min(exp(clamp(old − rollout, ±20)), cap)·m, no grad (spec §1.3.3). [N, T]."""
+    w = torch.clamp(torch.exp(torch.clamp(old_logp.detach() - rollout_logp.detach(), -20.0, 20.0)), max=cap)
+    return w * mask.to(w.dtype)
 
 
 def rlsd_lambda(step: int | None, lam0: float = 0.5, decay_steps: int = 50, decay: bool = False) -> float:

@@ -50,9 +50,9 @@ def test_32_dual_clip_k3_tis():
     close(k3, [[0.004837, 0.005171, 0.148721], [0.018731, 0.021403, 0.018731]])
     close(aggregate(k3, m, "token-mean"), 0.039773)
     close(pg + 0.001 * aggregate(k3, m, "token-mean"), -0.130324)
-    old_r, rollout = t([-0.1, 0.0, 0.9]), t([0.0, 0.0, 0.0])
-    w = torch.clamp(torch.exp(torch.clamp(old_r - rollout, -20, 20)), max=2.0)
-    close(w, [0.904837, 1.0, 2.0])
+    from megatron_rl.algorithms import tis_weights
+    w = tis_weights(t([[-0.1, 0.0, 0.9]]), t([[0.0, 0.0, 0.0]]), t([[1, 1, 1]]))
+    close(w, [[0.904837, 1.0, 2.0]])
 
 
 def _r1():
@@ -104,6 +104,11 @@ def test_33_R2_off_policy_tis():
     close(out.metrics["rlcsd_loss_non"], -4.949748)
     close(out.metrics["rlcsd_loss_sel"], -0.859175)
     close(aggregate(out.loss_mat, mask, "token-sum"), -5.808923)
+    # the same number from the two paths with their own token-mean (global-normaliser form)
+    from megatron_rl.algorithms import rlcsd_paths
+    p = rlcsd_paths(lp, old, a, mod.adv_hat, mod.gate, mask, tis_weights=w)
+    close(aggregate(p.loss_non, p.mask_non, "token-mean") + aggregate(p.loss_sel, p.mask_sel, "token-mean"),
+          -5.808923)
 
 
 def test_33_R3_sign_clamp_and_zero_adv():
