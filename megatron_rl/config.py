@@ -334,10 +334,10 @@ def validate(cfg: Config, world_size: int | None = None) -> None:
     from megatron_rl.algorithms import KIND_DATA_PATH
 
     path = KIND_DATA_PATH.get(cfg.algo.kind)
-    supported = {None, "bicc_context", "greedy", "process_reward"}
+    supported = {None, "bicc_context", "greedy", "process_reward", "two_attempts"}
     if path not in supported:
         raise ValueError(f"algo.kind={cfg.algo.kind!r} needs the {path!r} data path, which this trainer "
-                         f"does not run yet; supported kinds: grpo, dapo, drgrpo, rloo, remax, bicc, bicc_rcc, papo")
+                         f"does not run yet; supported kinds: grpo, dapo, drgrpo, rloo, remax, bicc, bicc_rcc, papo, score")
     if path == "process_reward" and not cfg.reward.grader_url:
         raise ValueError(f"algo.kind={cfg.algo.kind!r} needs a rubric grader: set reward.grader_url "
                          "(an OpenAI-compatible endpoint, e.g. http://host:8000/v1)")

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-DEMO_ALGOS = ("bicc_rcc", "bicc", "grpo", "dapo", "drgrpo", "rloo", "remax", "papo")
+DEMO_ALGOS = ("bicc_rcc", "bicc", "grpo", "dapo", "drgrpo", "rloo", "remax", "papo", "score")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,6 +83,10 @@ def demo_config(args, run_dir: Path, paths: dict, hf_dir: Path):
         # 2*Cov(R, delta) exceed the reward range (baseline > 1, every advantage negative): measured
         # collapse 0.32 -> 0.21 with "sum", gain 0.32 -> 0.58 with "mean" (60 steps).
         ov.append("algo.bicc_rcc.rcc_delta=mean")
+    if args.algo == "score":
+        # SCoRe: stage I for the first half of the steps, stage II after; attempt-2 prompt
+        # x1 ++ y1 ++ "R=" (<= 16 + 6 + 2 tokens) fits max_model_len - max_tokens
+        ov.append(f"algo.score.stage1_steps={max(1, args.steps // 2)}")
     ov += list(args.override)
     return load_config(None, ov)
 
@@ -146,6 +150,8 @@ def warm_start_phase(cfg, run_dir: Path, tok, args) -> Path:
             for _ in range(rng.randint(1, 2)):
                 ctx += rng.choice(answers) + sep
             pairs[i] = ([tok.bos_id] + ctx + pairs[i][0][1:], pairs[i][1])
+    if args.algo == "score":
+        pairs = _score_warm_pairs(pairs, tok, args.seed)
     val = [([tok.bos_id] + enc(p), a) for p, a in items["val"]]
 
     def evaluate() -> float:
@@ -161,6 +167,27 @@ def warm_start_phase(cfg, run_dir: Path, tok, args) -> Path:
     out = run_dir / "sft_hf"
     actor.export_hf(str(out), tokenizer_dir=None) if False else actor.export_hf(str(out))
     tok.save(out)
+    return out
+
+
+def _score_warm_pairs(pairs: list, tok, seed: int) -> list:
+    """SCoRe's corrector turn ``x1 ++ y1 ++ "R=" -> answer``: a real LLM follows a "review and
+    rewrite" instruction from pre-training, the tiny policy has never seen one, so every other
+    warm-start example becomes a second turn whose first answer is right (1/2) or has 1-2 digits
+    changed (1/2); the target is always the right answer."""
+    import random
+
+    from megatron_rl.trainer.score_stage import DEMO_INSTRUCTION
+
+    rng, instr, digits = random.Random(seed + 7), tok.encode(DEMO_INSTRUCTION), [tok.encode(str(d))[0] for d in range(10)]
+    out = list(pairs)
+    for i in range(1, len(out), 2):
+        prompt, target = out[i]
+        y1 = list(target[:-1])
+        if rng.random() < 0.5:
+            for j in rng.sample(range(len(y1)), rng.randint(1, 2)):
+                y1[j] = rng.choice([d for d in digits if d != y1[j]])
+        out[i] = (list(prompt) + y1 + [tok.eos_id] + instr, target)
     return out
 
 

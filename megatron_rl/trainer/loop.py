@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from megatron_rl import algorithms as A
 from megatron_rl.trainer import rollout_stage as R
+from megatron_rl.trainer import score_stage as S
 from megatron_rl.trainer import update_stage as U
 from megatron_rl.trainer.setup import Run, eval_greedy, setup_run, sync_weights
 
@@ -122,10 +123,12 @@ def step_metrics(ro: R.Rollouts, cfg) -> dict:
 def rl_step(run: Run, step: int) -> dict:
     """One RL step; returns the metrics row."""
     t0 = time.perf_counter()
-    ro = collect(run, step)
+    two = A.KIND_DATA_PATH.get(run.cfg.algo.kind) == "two_attempts"   # SCoRe: trainer/score_stage.py
+    pair = S.collect_two(run, step) if two else None
+    ro = pair.second if two else collect(run, step)
     t_gen = time.perf_counter() - t0
-    metrics = step_metrics(ro, run.cfg)
-    metrics.update(update(run, ro, step))
+    metrics = step_metrics(pair.first if two else ro, run.cfg)
+    metrics.update(S.update_two(run, pair, step) if two else update(run, ro, step))
     t1 = time.perf_counter()
     sync_weights(run)
     metrics["time/sync"] = time.perf_counter() - t1

@@ -1,0 +1,186 @@
+"""SCoRe data path (``algo.kind=score``, KIND_DATA_PATH "two_attempts"): two-attempt rollouts and
+the training batch for the two-stage self-correction objective (spec Part 2, ``algorithms/score.py``).
+
+Rollout (rank 0 drives the engines, the result is broadcast):
+
+    x1 = prompt;                 y1 ~ π_θ(· | x1)        (``rollout.n`` samples per prompt)
+    x2 = x1 ++ y1 ++ instr;      y2 ~ π_θ(· | x2)        (one sample per attempt 1)
+    r1 = R(y1), r2 = R(y2)       (the run's reward manager, same row / ground truth)
+
+``y1`` stays in the history WITH its EOS: the EOS closes the assistant turn like a chat template's
+end-of-turn token (``<|im_end|>`` is Qwen's EOS), and ``instr`` opens the next "user" turn. With a
+chat-template tokenizer ``instr`` would be a rendered user turn carrying the self-correction text;
+the template-less CPU demo task (character-level tokenizer over ``R 0123456789=``) uses the short
+instruction :data:`DEMO_INSTRUCTION` = ``"R="`` ("redo:"), built only from characters that
+tokenizer has.
+
+Training batch: because x2 starts with x1 ++ y1, ONE causal forward over ``x2 ++ y2`` yields both
+attempts' log-probs: attempt-1 token t sits at sequence position ``len(x1)+t`` (target frame
+``len(x1)-1+t``), attempt-2 token t at ``len(x2)-1+t``. Gathering them gives ``[N, R]`` matrices
+``lp1``/``lp2`` (and ``ref1``/``ref2`` from the reference policy), which are exactly the inputs of
+the registered "score" advantage and loss:
+
+    Stage I:  L_I  = mean_i [ −r2·N[lp2] + β2·N[K3(y1)] ]
+    Stage II: L_II = mean_i [ −r1·N[lp1] − r̃2·N[lp2] + β1·(N[K3(y1)] + N[K3(y2)]) ],  r̃2 = r2 + α(r2 − r1)
+
+The stage is a function of the loop step (``algo.score.stage1_steps``: stage I for steps
+1..stage1_steps, stage II after; 0 keeps the fixed ``algo.score.stage``), so a run resumed from a
+stage-I checkpoint (whose extra_state holds the step) continues in the right stage.
+
+Departure from the reference (BY571/SCoRe): the reference trains a LoRA adapter (π_ref = adapter
+disabled); here the policy is trained full-parameter on Megatron and π_ref is a frozen copy of the
+initial weights (the trainer's ``ReferencePolicy``).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from megatron_rl import algorithms as A
+from megatron_rl.rollout.engine import SamplingParams
+from megatron_rl.trainer import rollout_stage as R
+from megatron_rl.trainer import update_stage as U
+from megatron_rl.trainer.objective import partial_aggregate
+
+DEMO_INSTRUCTION = "R="
+"""Self-correction instruction of the CPU demo task ("redo:"; characters of its tokenizer)."""
+
+
+@dataclasses.dataclass
+class TwoAttempts:
+    """Sample-aligned attempts: ``second.prompts[i] == first.prompts[i] + first.responses[i] + instr``."""
+
+    first: R.Rollouts
+    second: R.Rollouts
+
+    def __len__(self) -> int:
+        return len(self.first)
+
+
+def stage_of(hp, step: int) -> int:
+    """SCoRe stage at loop ``step`` (1-based): 1 for step <= stage1_steps, else 2; fixed if 0."""
+    n = getattr(hp, "stage1_steps", 0)
+    return hp.stage if n <= 0 else (1 if step <= n else 2)
+
+
+def instruction_ids(run) -> list[int]:
+    """Token ids of the self-correction instruction (``algo.score.instruction``; empty -> demo's)."""
+    text = getattr(run.cfg.algo.hparams, "instruction", "") or DEMO_INSTRUCTION
+    ids = list(run.tok.encode(text))
+    if not ids:
+        raise ValueError(f"algo.score.instruction {text!r} encodes to no tokens")
+    return ids
+
+
+def second_prompts(first: R.Rollouts, instr: list[int], max_len: int) -> list[list[int]]:
+    """x2 = x1 ++ y1 ++ instr; a prompt longer than ``max_len`` is an error naming the sample
+    (truncating would cut the instruction, spec §2.1)."""
+    out = []
+    for i, (p, r) in enumerate(zip(first.prompts, first.responses)):
+        x2 = list(p) + list(r) + list(instr)
+        if len(x2) > max_len:
+            raise ValueError(f"SCoRe attempt-2 prompt of sample {i} has {len(x2)} tokens > {max_len} "
+                             "(rollout.max_model_len - rollout.max_tokens); raise max_model_len")
+        out.append(x2)
+    return out
+
+
+def _second_rollouts(run, first: R.Rollouts, prompts: list[list[int]], sampling: SamplingParams) -> R.Rollouts:
+    comps = run.client.generate(prompts, dataclasses.replace(sampling, n=1))
+    if len(comps) != len(prompts):
+        raise RuntimeError(f"attempt 2: {len(comps)} completions for {len(prompts)} prompts")
+    resps = [list(c.response_ids) for c in comps]
+    for i, r in enumerate(resps):
+        if not r:
+            raise RuntimeError(f"engine returned an empty attempt-2 response for sample {i}")
+    return R.Rollouts(list(first.rows), [list(c.prompt_ids) for c in comps], resps, [list(c.logprobs) for c in comps],
+                      [c.finish_reason for c in comps], first.group_ids.clone(),
+                      [run.tok.decode(c.response_ids) for c in comps])
+
+
+def collect_two(run, step: int) -> TwoAttempts:
+    """Attempt 1 (``rollout.n`` per prompt), attempt 2 (one per attempt 1), both scored; broadcast."""
+    cfg = run.cfg
+    out = None
+    if run.info.is_driver:
+        idx = run.sampler.next_batch()
+        first = R.score(R.generate(run.client, run.train_set, idx, R.sampling_params(cfg, step, eos_id=run.tok.eos_id),
+                                   run.tok), run.rewards)
+        x2 = second_prompts(first, instruction_ids(run), cfg.rollout.max_model_len - cfg.rollout.max_tokens)
+        sp2 = R.sampling_params(cfg, step, round_=1, n=1, eos_id=run.tok.eos_id)
+        second = R.score(_second_rollouts(run, first, x2, sp2), run.rewards)
+        out = TwoAttempts(first, second)
+    return R.broadcast_object(out)
+
+
+def first_positions(two: TwoAttempts, max_resp: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attempt-1 target-frame positions inside ``x2 ++ y2`` and their mask, ``[N, R]`` each."""
+    n = len(two)
+    pos = torch.zeros(n, max_resp, dtype=torch.long)
+    mask = torch.zeros(n, max_resp)
+    for i, (p, r) in enumerate(zip(two.first.prompts, two.first.responses)):
+        k = min(len(r), max_resp)
+        pos[i, :k] = torch.arange(len(p) - 1, len(p) - 1 + k)
+        mask[i, :k] = 1.0
+    return pos, mask
+
+
+def make_score_loss_fn(hp):
+    """Per-micro-batch SCoRe objective (registered "score" loss) for ``PolicyActor.train_step``:
+    returns (Σ_i per-sample loss, #samples, metrics) so the global result is the batch mean."""
+    loss = A.get_policy_loss(A.algo_kind("score").loss)
+
+    def loss_fn(logp, entropy, mb):
+        ex = mb.extras
+        lp2, lp1 = logp.gather(1, ex["resp_pos"]), logp.gather(1, ex["first_pos"])
+        m2, m1 = ex["resp_mask"], ex["first_mask"]
+        x = A.AlgoInputs(rewards=ex["rewards"], group_ids=ex["group_ids"], mask=m2, logp=lp2,
+                         ref_logp=ex["ref_logp"], first_logp=lp1, first_ref_logp=ex["first_ref_logp"],
+                         first_mask=m1, first_rewards=ex["first_rewards"])
+        out = loss(x, ex["advantages"], hp)
+        s, d = partial_aggregate(out.loss_mat, out.mask, hp.loss_agg_mode)
+        n = torch.ones((), dtype=torch.float64)
+        metrics = {f"score/{k[6:]}" if k.startswith("score_") else k: (v.double() * m2.shape[0], m2.shape[0] * n)
+                   for k, v in out.metrics.items()}
+        ent = entropy.gather(1, ex["resp_pos"]) if entropy is not None else torch.zeros_like(lp2)
+        metrics["actor/entropy"] = ((ent * m2).sum().detach(), m2.sum())
+        return s, d, metrics
+    return loss_fn
+
+
+def update_two(run, two: TwoAttempts, step: int) -> dict:
+    """ref log-probs of both attempts (one forward over x2 ++ y2) -> credit -> one optimizer step."""
+    cfg, kind = run.cfg, run.cfg.algo.kind
+    hp = dataclasses.replace(cfg.algo.hparams, stage=stage_of(cfg.algo.hparams, step))
+    mbs, R_max, pad = cfg.trainer.micro_batch_size, cfg.rollout.max_tokens, run.tok.pad_id
+    sec = two.second
+    sb = U.build_seq_batch(sec.prompts, sec.responses, pad, run.seq_len(sec.prompts, sec.responses), R_max)
+    fpos, fmask = first_positions(two, R_max)
+    if run.ref is None:
+        raise RuntimeError("algo.kind=score needs the reference policy (KL anchors), but none was built")
+    ref_full = run.ref.forward_logprobs(sb.batch, mbs).logp
+    ref2 = U.response_frame(ref_full, sb)
+    ref1 = ref_full.gather(1, fpos) * fmask
+    r1, r2 = two.first.rewards.double(), sec.rewards.double()
+    adv = A.compute_advantages(kind, A.AlgoInputs(rewards=r2, group_ids=sec.group_ids, mask=sb.resp_mask,
+                                                  first_rewards=r1), hp).float()
+    extras = {"rewards": r2.float(), "first_rewards": r1.float(), "group_ids": sec.group_ids, "advantages": adv,
+              "resp_pos": sb.resp_pos, "resp_mask": sb.resp_mask, "first_pos": fpos, "first_mask": fmask,
+              "ref_logp": ref2, "first_ref_logp": ref1}
+    batch = dataclasses.replace(sb.batch, extras=extras)
+    res = run.actor.train_step(batch, make_score_loss_fn(hp), mbs)
+    metrics = {f"actor/{k}" if "/" not in k else k: v for k, v in res.to_dict().items()}
+    metrics.update(score_metrics(two, hp.stage))
+    metrics["adv/mean_abs"] = float(adv.abs().mean())
+    return metrics
+
+
+def score_metrics(two: TwoAttempts, stage: int) -> dict:
+    """score/r1, score/r2 (mean rewards), score/delta = mean(r2 − r1), accuracy flips, stage."""
+    r1, r2 = two.first.rewards.float(), two.second.rewards.float()
+    c1, c2 = two.first.correct.bool(), two.second.correct.bool()
+    return {"score/r1": float(r1.mean()), "score/r2": float(r2.mean()), "score/delta": float((r2 - r1).mean()),
+            "score/acc1": float(c1.float().mean()), "score/acc2": float(c2.float().mean()),
+            "score/wrong_to_right": float((~c1 & c2).float().mean()),
+            "score/right_to_wrong": float((c1 & ~c2).float().mean()), "score/stage": float(stage)}

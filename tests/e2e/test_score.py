@@ -1,0 +1,68 @@
+"""SCoRe end to end on the CPU demo task: ``python -m megatron_rl.demo --algo score`` (real Megatron
+actor + reference, vLLM CPU engines through Ray, two-attempt rollouts, stage I then stage II), then a
+stage-I checkpoint resumed with ``megatron-rl train --resume auto`` must continue in stage II.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = 40  # stage I: steps 1..20, stage II: 21..40 (demo: stage1_steps = steps // 2)
+ENV = {**os.environ, "OMP_NUM_THREADS": "2", "RAY_AUTH_MODE": "disabled", "WANDB_MODE": "offline"}
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    d = tmp_path_factory.mktemp("score_demo")
+    p = subprocess.run([sys.executable, "-m", "megatron_rl.demo", "--algo", "score", "--steps", str(STEPS),
+                        "--run-dir", str(d)], capture_output=True, text=True, timeout=900, cwd=ROOT, env=ENV)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-4000:]
+    return d, p.stdout
+
+
+@pytest.mark.timeout(900)
+def test_score_two_stages_improve_self_correction(demo):
+    run_dir, out = demo
+    m = re.search(r"before RL ([0-9.]+) -> after RL ([0-9.]+)", out)
+    assert m, out[-2000:]
+    before, after = float(m.group(1)), float(m.group(2))
+    rows = [r for r in _rows(run_dir) if "score/r1" in r]
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    assert [r["score/stage"] for r in rows] == [1.0] * (STEPS // 2) + [2.0] * (STEPS // 2)
+    for r in rows:
+        assert abs(r["score/delta"] - (r["score/r2"] - r["score/r1"])) < 1e-6
+    d1 = sum(r["score/delta"] for r in rows if r["score/stage"] == 1) / (STEPS // 2)
+    d2 = sum(r["score/delta"] for r in rows if r["score/stage"] == 2) / (STEPS // 2)
+    print(f"held-out attempt-1 greedy acc {before:.3f} -> {after:.3f}; mean r2-r1 stage I {d1:.3f}, stage II {d2:.3f}")
+    # the issue's criterion: attempt 2 gains more over attempt 1 in stage II (α-shaped) than in stage I
+    # (measured: 0.20 -> 0.41), and attempt 1 itself (greedy, held out) improves (measured 0.29 -> 0.48)
+    assert d2 > d1 + 0.08, (d1, d2)
+    assert after > before + 0.08, (before, after)
+    assert (run_dir / "hf" / "config.json").is_file()
+
+
+@pytest.mark.timeout(600)
+def test_score_resumes_stage1_checkpoint_in_stage2(demo, tmp_path):
+    warm, _ = demo
+    ov = [f"model.hf_path={warm / 'sft_hf'}", f"data.train={warm / 'data' / 'train.parquet'}", "data.val=",
+          "algo.score.stage1_steps=2", "trainer.ckpt_every=2", "trainer.eval_every=0",
+          f"trainer.run_dir={tmp_path}", "trainer.export_hf=false", "logging.progress=false", "rollout.kv_cache_gib=1"]
+    base = [sys.executable, "-m", "megatron_rl.cli", "train", "--config", "examples/configs/tiny_cpu_score.yaml", *ov]
+    for steps, extra in ((2, []), (4, ["--resume", "auto"])):
+        p = subprocess.run(base + [f"trainer.steps={steps}"] + extra, capture_output=True, text=True, timeout=500,
+                           cwd=ROOT, env=ENV)
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-4000:]
+    rows = [r for r in _rows(tmp_path) if "score/stage" in r]
+    assert [(r["step"], r["score/stage"]) for r in rows] == [(1, 1.0), (2, 1.0), (3, 2.0), (4, 2.0)]
+    assert all(r["score/kl1"] >= 0 and r["score/kl2"] >= 0 for r in rows)
