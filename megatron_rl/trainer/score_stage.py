@@ -34,6 +34,7 @@ initial weights (the trainer's ``ReferencePolicy``).
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import torch
 
@@ -159,9 +160,14 @@ def update_two(run, two: TwoAttempts, step: int) -> dict:
     fpos, fmask = first_positions(two, R_max)
     if run.ref is None:
         raise RuntimeError("algo.kind=score needs the reference policy (KL anchors), but none was built")
+    t0 = time.perf_counter()
     ref_full = run.ref.forward_logprobs(sb.batch, mbs).logp
     ref2 = U.response_frame(ref_full, sb)
     ref1 = ref_full.gather(1, fpos) * fmask
+    old_full = run.actor.forward_logprobs(sb.batch, mbs).logp
+    gaps = {"rollout/logprob_gap": _gap(U.response_frame(old_full, sb), sec.rollout_logp, sb.resp_mask),
+            "score/logprob_gap1": _gap(old_full.gather(1, fpos) * fmask, two.first.rollout_logp, fmask),
+            "time/logprobs": time.perf_counter() - t0}
     r1, r2 = two.first.rewards.double(), sec.rewards.double()
     adv = A.compute_advantages(kind, A.AlgoInputs(rewards=r2, group_ids=sec.group_ids, mask=sb.resp_mask,
                                                   first_rewards=r1), hp).float()
@@ -172,8 +178,19 @@ def update_two(run, two: TwoAttempts, step: int) -> dict:
     res = run.actor.train_step(batch, make_score_loss_fn(hp), mbs)
     metrics = {f"actor/{k}" if "/" not in k else k: v for k, v in res.to_dict().items()}
     metrics.update(score_metrics(two, hp.stage))
+    metrics.update(gaps)
     metrics["adv/mean_abs"] = float(adv.abs().mean())
     return metrics
+
+
+def _gap(lp: torch.Tensor, rollout_logp: list, mask: torch.Tensor) -> float:
+    """Mean |trainer − engine| log-prob over valid tokens: checks that the single x2 ++ y2 forward
+    puts each attempt's tokens at the positions the engine sampled them from."""
+    roll = torch.zeros_like(lp)
+    for i, l in enumerate(rollout_logp):
+        k = min(len(l), lp.shape[1])
+        roll[i, :k] = torch.tensor(l[:k], dtype=lp.dtype)
+    return float(((lp - roll).abs() * mask).sum() / mask.sum().clamp_min(1))
 
 
 def score_metrics(two: TwoAttempts, stage: int) -> dict:

@@ -42,6 +42,8 @@ def test_score_two_stages_improve_self_correction(demo):
     assert [r["score/stage"] for r in rows] == [1.0] * (STEPS // 2) + [2.0] * (STEPS // 2)
     for r in rows:
         assert abs(r["score/delta"] - (r["score/r2"] - r["score/r1"])) < 1e-6
+        # both attempts' tokens gathered from ONE x2 ++ y2 forward match the engine's sampling log-probs
+        assert r["score/logprob_gap1"] < 1e-3 and r["rollout/logprob_gap"] < 1e-3, r
     d1 = sum(r["score/delta"] for r in rows if r["score/stage"] == 1) / (STEPS // 2)
     d2 = sum(r["score/delta"] for r in rows if r["score/stage"] == 2) / (STEPS // 2)
     print(f"held-out attempt-1 greedy acc {before:.3f} -> {after:.3f}; mean r2-r1 stage I {d1:.3f}, stage II {d2:.3f}")
