@@ -24,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="megatron-rl demo", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--algo", default=os.environ.get("ALGO", "bicc_rcc"), choices=DEMO_ALGOS, help="RL method")
-    p.add_argument("--steps", type=int, default=100, help="RL steps")
+    p.add_argument("--steps", type=int, default=60, help="RL steps")
     p.add_argument("--run-dir", default=None, help="output dir (default runs/demo_<algo>)")
     p.add_argument("--seed", type=int, default=0, help="seed of data split, init and sampling")
     p.add_argument("--engine", default="vllm", choices=("vllm", "hf"), help="rollout engine")
