@@ -121,7 +121,7 @@ def test_train_check_loads_config_with_overrides(tmp_path):
 
     model = _stand_in_model(tmp_path)
     p = run_cli("train", "--config", "examples/configs/tiny_cpu_grpo.yaml", f"model.hf_path={model}",
-                "trainer.steps=7", "algo.kind=dapo", "--check")
+                "trainer.steps=7", "algo.kind=dapo", "algo.dapo.overlong_buffer_len=2", "--check")
     assert p.returncode == 0, p.stderr
     head, _, body = p.stdout.partition("\n")
     assert head == "config OK: examples/configs/tiny_cpu_grpo.yaml with 3 override(s)"
