@@ -124,7 +124,7 @@ def test_train_check_loads_config_with_overrides(tmp_path):
                 "trainer.steps=7", "algo.kind=dapo", "algo.dapo.overlong_buffer_len=2", "--check")
     assert p.returncode == 0, p.stderr
     head, _, body = p.stdout.partition("\n")
-    assert head == "config OK: examples/configs/tiny_cpu_grpo.yaml with 3 override(s)"
+    assert head == "config OK: examples/configs/tiny_cpu_grpo.yaml with 4 override(s)"
     tree = yaml.safe_load(body)
     assert tree["trainer"]["steps"] == 7 and tree["algo"]["kind"] == "dapo" and "dapo" in tree["algo"]
 
