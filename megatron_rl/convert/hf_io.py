@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Iterator
 
 import torch
 
@@ -112,8 +111,3 @@ def copy_tokenizer_files(src: str | os.PathLike, dst: str | os.PathLike) -> list
             shutil.copy2(p, Path(dst) / name)
             copied.append(name)
     return copied
-
-
-def iter_files_bytes(paths: list[Path]) -> Iterator[int]:
-    for p in paths:
-        yield p.stat().st_size

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
-import torch
-import torch.distributed as dist
 
 log = logging.getLogger("megatron_rl.setup")
 

@@ -7,7 +7,6 @@ import dataclasses
 import logging
 import random
 
-import torch
 
 from megatron_rl.trainer.batch import make_batch
 from megatron_rl.trainer.objective import partial_aggregate
