@@ -205,6 +205,21 @@ class LoggingConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class TeacherConfig:
+    """Teacher inputs of the self-distillation kinds (rlcsd, opsd, sdpo, srpo, rlsd, *_ectr)."""
+
+    template: str = "auto"
+    """Teacher prompt: chat (spec reference-solution turn via the chat template) | inline (hint answer
+    after BOS; template-less SentencePiece tasks) | auto (inline for SentencePiece, else chat)."""
+    pack_len: int = 0
+    """Tokens per packed teacher row (0 = rollout.max_model_len); longer sequences get their own row."""
+
+    def __post_init__(self):
+        _check(self.template in ("auto", "chat", "inline"), f"teacher.template invalid: {self.template!r}")
+        _check(self.pack_len >= 0, "teacher.pack_len must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
@@ -214,6 +229,7 @@ class Config:
     reward: RewardConfig = dataclasses.field(default_factory=RewardConfig)
     algo: AlgoConfig = dataclasses.field(default_factory=AlgoConfig)
     trainer: TrainerConfig = dataclasses.field(default_factory=TrainerConfig)
+    teacher: TeacherConfig = dataclasses.field(default_factory=TeacherConfig)
     logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
 
     def to_dict(self) -> dict:
@@ -334,10 +350,10 @@ def validate(cfg: Config, world_size: int | None = None) -> None:
     from megatron_rl.algorithms import KIND_DATA_PATH
 
     path = KIND_DATA_PATH.get(cfg.algo.kind)
-    supported = {None, "bicc_context", "greedy", "process_reward", "two_attempts"}
+    supported = {None, "bicc_context", "greedy", "process_reward", "two_attempts", "rlcsd_hints", "gt_teacher"}
     if path not in supported:
         raise ValueError(f"algo.kind={cfg.algo.kind!r} needs the {path!r} data path, which this trainer "
-                         f"does not run yet; supported kinds: grpo, dapo, drgrpo, rloo, remax, bicc, bicc_rcc, papo, score")
+                         f"does not run yet")
     if path == "process_reward" and not cfg.reward.grader_url:
         raise ValueError(f"algo.kind={cfg.algo.kind!r} needs a rubric grader: set reward.grader_url "
                          "(an OpenAI-compatible endpoint, e.g. http://host:8000/v1)")

@@ -37,10 +37,16 @@ from megatron_rl.trainer.batch import TrainBatch
 from megatron_rl.trainer.optim import OptimSpec, build_optimizer, current_lr
 from megatron_rl.trainer.schedule import (Groups, from_last_stage, gather_dp, run_schedule, sum_dp,
                                           tensor_from_last_stage)
-from megatron_rl.trainer.vocab_parallel import vocab_parallel_logprobs
+from megatron_rl.trainer.vocab_parallel import (vocab_parallel_gather_logprobs, vocab_parallel_logprobs,
+                                                vocab_parallel_topk)
 
 LossFn = Callable[[torch.Tensor, torch.Tensor, TrainBatch], tuple]
 """``(logp [n,S-1], entropy [n,S-1], mb) -> (loss_sum scalar, normaliser scalar | None, metrics dict)``.
+
+A loss function with a ``support_index`` attribute (the name of an ``mb.extras`` entry holding global
+vocab ids ``[n, S-1, k]``) is called as ``loss_fn(logp, entropy, mb, support)`` with ``support``
+``[n, S-1, k]`` = the student's full-vocab log-probs at those ids (differentiable, vocab-parallel):
+the distillation losses' top-k supports.
 
 Metric values: a scalar tensor (reported as its mean over micro-batches and DP ranks) or a
 ``(numerator, denominator)`` pair (reported as sum of numerators / sum of denominators over the
@@ -158,7 +164,59 @@ class _LogProbModel:
             data["entropy"] = lp.entropy
         return torch.zeros((), device=logits.device), torch.zeros((), dtype=torch.int, device=logits.device), data
 
+    def _collect_support(self, temperature: float, k: int | None, index_key: str | None, mb: TrainBatch,
+                         logits: torch.Tensor):
+        z = logits[:, :-1]
+        if temperature != 1.0:
+            z = z / temperature
+        with torch.no_grad():
+            tok = vocab_parallel_logprobs(z, mb.targets, self.groups.tp, vocab_size=self.vocab_size)
+            data = {"token_logp": tok.logp, "entropy": tok.entropy}
+            if k is not None:
+                tk = vocab_parallel_topk(z, k, self.groups.tp, vocab_size=self.vocab_size)
+                data.update({"idx": tk.idx, "logp": tk.logp})
+            elif index_key is not None:
+                data["logp"] = vocab_parallel_gather_logprobs(z, mb.extras[index_key], self.groups.tp,
+                                                              vocab_size=self.vocab_size)
+        return torch.zeros((), device=logits.device), torch.zeros((), dtype=torch.int, device=logits.device), data
+
     # ----- public --------------------------------------------------------------------------
+    def forward_support(self, batch: TrainBatch, micro_batch_size: int, *, k: int | None = None,
+                        index_key: str | None = None, temperature: float | None = None) -> dict[str, torch.Tensor]:
+        """Per-position teacher/student quantities of ``batch`` (no grad), vocab-parallel, last stage.
+
+        Always ``{"token_logp" [N,S-1], "entropy" [N,S-1]}`` (log-prob of ``tokens[:, 1:]`` and the
+        full-vocab entropy). ``k`` given: also ``"idx" [N,S-1,k]`` long — the k most likely ids
+        (ties -> lowest id) — and ``"logp" [N,S-1,k]`` their full-vocab log-probs. ``index_key``
+        given instead: ``"logp" [N,S-1,k]`` at the ids in ``batch.extras[index_key]``.
+        Padding rows as in :meth:`forward_logprobs`.
+        """
+        if k is not None and index_key is not None:
+            raise ValueError("forward_support: pass at most one of k (choose the top-k) or index_key (gather)")
+        g = self.groups
+        t = self.temperature if temperature is None else float(temperature)
+        n = batch.num_samples
+        batch = _pad_rows(batch, g.dp_size * micro_batch_size)
+        local, mbs = self._local_batch(batch, micro_batch_size)
+        for c in self.chunks:
+            c.eval()
+        with torch.no_grad():
+            store = run_schedule(self.chunks, mbs, partial(self._forward_step, partial(
+                self._collect_support, t, k, index_key)), forward_only=True)
+        rows, cols = local.num_samples, local.seq_len - 1
+        specs = {"token_logp": ((rows, cols), torch.float32), "entropy": ((rows, cols), torch.float32)}
+        if k is not None or index_key is not None:
+            kk = k if k is not None else int(batch.extras[index_key].shape[-1])
+            specs["logp"] = ((rows, cols, kk), torch.float32)
+            if k is not None:
+                specs["idx"] = ((rows, cols, kk), torch.long)
+        out = {}
+        for key, (shape, dtype) in specs.items():
+            x = torch.cat([d[key] for d in store], dim=0).to(dtype) if g.is_last_stage else None
+            x = tensor_from_last_stage(g, x, shape, dtype=dtype)
+            out[key] = gather_dp(g, x)[:n, : batch.seq_len - 1]
+        return out
+
     def forward_logprobs(self, batch: TrainBatch, micro_batch_size: int, temperature: float | None = None,
                          with_entropy: bool = False) -> LogProbResult:
         """Log-probs (and entropy) of ``batch`` (the GLOBAL batch, same on all ranks) on every rank.
@@ -258,7 +316,13 @@ class PolicyActor(_LogProbModel):
 
     def _train_loss(self, loss_fn: LossFn, temperature: float, mb: TrainBatch, logits: torch.Tensor):
         lp = self._logprobs(logits, mb, temperature)
-        out = loss_fn(lp.logp, lp.entropy, mb)
+        key = getattr(loss_fn, "support_index", None)
+        if key is None:
+            out = loss_fn(lp.logp, lp.entropy, mb)
+        else:
+            z = logits[:, :-1] / temperature if temperature != 1.0 else logits[:, :-1]
+            support = vocab_parallel_gather_logprobs(z, mb.extras[key], self.groups.tp, vocab_size=self.vocab_size)
+            out = loss_fn(lp.logp, lp.entropy, mb, support)
         if not (isinstance(out, tuple) and len(out) == 3):
             raise TypeError("loss_fn must return (loss_sum, normaliser_or_None, metrics)")
         loss_sum, norm, metrics = out

@@ -14,6 +14,12 @@ Layout (right padding only):
 Attention: right padding means pad tokens only ever come *after* the real tokens, so the plain
 causal mask is exact for every real position (a pad token can never be attended to by a real one).
 Position ids are ``0..S-1`` for every row.
+
+Packed rows (teacher passes): ``extras["segment_ids"]`` ``[N, S]`` int marks which sequence each
+token belongs to (-1 = padding). The mask is then block-diagonal causal, ``[N, 1, S, S]``: token i
+sees token j iff j <= i and both are in the same segment. Positions stay ``0..S-1``: RoPE scores
+depend only on the offset i - j, so a segment starting at column c gives the same logits as the
+sequence alone (up to float rounding of the larger angles; tested to 1e-5 in fp32).
 """
 from __future__ import annotations
 
@@ -79,7 +85,11 @@ class TrainBatch:
     def attention_mask(self) -> torch.Tensor:
         """``[1, 1, S, S]`` bool causal mask in megatron's convention (True = masked out)."""
         s = self.seq_len
-        return torch.triu(torch.ones(s, s, dtype=torch.bool, device=self.tokens.device), diagonal=1)[None, None]
+        causal = torch.triu(torch.ones(s, s, dtype=torch.bool, device=self.tokens.device), diagonal=1)[None, None]
+        seg = self.extras.get("segment_ids")
+        if seg is None:
+            return causal
+        return causal | (seg[:, None, :, None] != seg[:, None, None, :])
 
     def slice(self, start: int, stop: int) -> "TrainBatch":
         """Rows ``start:stop`` of every tensor (tokens, mask, extras)."""
@@ -113,7 +123,9 @@ class TrainBatch:
         mask = torch.cat([self.loss_mask, self.loss_mask.new_zeros((n, extra))], dim=1)
         extras = {}
         for k, v in self.extras.items():
-            if v.dim() >= 2 and v.shape[1] == s - 1:
+            if k == "segment_ids":
+                v = torch.cat([v, v.new_full((n, extra), -1)], dim=1)
+            elif v.dim() >= 2 and v.shape[1] == s - 1:
                 v = torch.cat([v, v.new_zeros((n, extra, *v.shape[2:]))], dim=1)
             extras[k] = v
         return TrainBatch(tokens, mask, extras)

@@ -6,6 +6,8 @@ Layout of ``<run_dir>/checkpoints/step_<N>/`` (complete checkpoints only)::
                         reshardable over TP / PP / DP), LR scheduler, actor step counter
     rng/rank_<r>.pt     python / numpy / torch RNG + megatron RNG-tracker states of global rank r
     extra_state.pt      the caller's ``extra_state`` dict (sampler cursor, loop counters, algorithm state)
+    teacher/            (self-distillation runs with shadow weights) the teacher θ̄ as a second
+                        dist_checkpointing model, saved/loaded through ``TeacherWeights`` swaps
     COMPLETE            JSON marker {step, world_size, tp, pp, dp}; written last
 
 Protocol: every rank writes into ``checkpoints/.tmp-step_<N>``; after a barrier rank 0 writes
@@ -106,7 +108,7 @@ def _set_rng_state(st: dict[str, Any]) -> None:
 
 
 def save_checkpoint(run_dir: str | os.PathLike, step: int, actor, extra_state: dict,
-                    keep_last: int | None = 3) -> Path:
+                    keep_last: int | None = 3, teacher=None) -> Path:
     """Collective: save ``actor`` (model, optimizer, scheduler), RNG and ``extra_state`` as step ``step``.
 
     Returns the final ``checkpoints/step_<step>`` path (on every rank).
@@ -126,6 +128,12 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, actor, extra_state: d
         (tmp / "rng").mkdir()
     dist.barrier()
     dist_checkpointing.save(_sharded_state(actor, is_loading=False), str(tmp / "dist"))
+    if teacher is not None and teacher.has_shadow:
+        if rank == 0:
+            (tmp / "teacher").mkdir()
+        dist.barrier()
+        with teacher.swapped():
+            dist_checkpointing.save(_model_state(actor), str(tmp / "teacher"))
     torch.save(rng, tmp / "rng" / f"rank_{rank}.pt")
     dist.barrier()
     if rank == 0:
@@ -186,7 +194,12 @@ def _complete(path: str | os.PathLike) -> tuple[Path, dict]:
     return path, json.loads(marker.read_text())
 
 
-def load_checkpoint(path: str | os.PathLike, actor, restore_rng: bool = True) -> LoadedCheckpoint:
+def _model_state(actor) -> dict[str, Any]:
+    models = actor.bare_models()
+    return {f"model{i}": m.sharded_state_dict(prefix="") for i, m in enumerate(models)}
+
+
+def load_checkpoint(path: str | os.PathLike, actor, restore_rng: bool = True, teacher=None) -> LoadedCheckpoint:
     """Collective: restore ``actor`` from a complete checkpoint directory ``step_<N>``.
 
     Any TP / PP / DP layout can load any checkpoint; RNG states only when the layout matches.
@@ -202,6 +215,14 @@ def load_checkpoint(path: str | os.PathLike, actor, restore_rng: bool = True) ->
     actor.optimizer.load_state_dict(state["optimizer"])
     actor.scheduler.load_state_dict(state["scheduler"])
     actor.steps_done = int(state["actor_steps"])
+    if teacher is not None and teacher.has_shadow:
+        if not (path / "teacher").is_dir():
+            raise FileNotFoundError(f"{path} has no teacher/ weights but this run's teacher_mode={teacher.mode!r} "
+                                    "needs them (was it written by a run of another algorithm?)")
+        with teacher.loading():
+            tstate = dist_checkpointing.load(_model_state(actor), str(path / "teacher"))
+            for i, m in enumerate(models):
+                m.load_state_dict(tstate[f"model{i}"], strict=True)
     extra = torch.load(path / "extra_state.pt", weights_only=False)
     same = all(meta.get(k) == v for k, v in _layout().items())
     rng_file = path / "rng" / f"rank_{dist.get_rank()}.pt"

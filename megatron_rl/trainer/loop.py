@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_rl import algorithms as A
+from megatron_rl.trainer import distill_stage as D
 from megatron_rl.trainer import rollout_stage as R
 from megatron_rl.trainer import score_stage as S
 from megatron_rl.trainer import update_stage as U
@@ -128,7 +129,12 @@ def rl_step(run: Run, step: int) -> dict:
     ro = pair.second if two else collect(run, step)
     t_gen = time.perf_counter() - t0
     metrics = step_metrics(pair.first if two else ro, run.cfg)
-    metrics.update(S.update_two(run, pair, step) if two else update(run, ro, step))
+    if two:
+        metrics.update(S.update_two(run, pair, step))
+    elif A.KIND_DATA_PATH.get(run.cfg.algo.kind) in ("rlcsd_hints", "gt_teacher"):
+        metrics.update(D.update_teacher(run, ro, step))
+    else:
+        metrics.update(update(run, ro, step))
     t1 = time.perf_counter()
     sync_weights(run)
     metrics["time/sync"] = time.perf_counter() - t1

@@ -29,6 +29,8 @@ class Run:
     bicc_insert_at: int | None = None
     bicc_sep: tuple = ()
     grader: Any = None
+    teacher: Any = None            # TeacherWeights (self-distillation kinds)
+    teacher_template: Any = None   # ChatHintTemplate | InlineHintTemplate
 
     def seq_len(self, prompts, responses) -> int:
         """Padded sequence length of a batch (multiple of 8 and of TP for sequence parallel)."""
@@ -39,8 +41,10 @@ class Run:
     def checkpoint(self) -> None:
         from megatron_rl.trainer.checkpoint import save_checkpoint
 
-        extra = {"step": self.step, "sampler": self.sampler.state_dict() if self.sampler else None}
-        path = save_checkpoint(self.cfg.trainer.run_dir, self.step, self.actor, extra, keep_last=self.cfg.trainer.keep_last)
+        extra = {"step": self.step, "sampler": self.sampler.state_dict() if self.sampler else None,
+                 "teacher": self.teacher.state_dict() if self.teacher is not None else None}
+        path = save_checkpoint(self.cfg.trainer.run_dir, self.step, self.actor, extra, keep_last=self.cfg.trainer.keep_last,
+                               teacher=self.teacher)
         self.last_checkpoint = str(path)
 
     def close(self, own_client: bool = True) -> None:
@@ -102,10 +106,21 @@ def setup_run(cfg, resume: str | None = None, client=None) -> Run:
     if "ref_logp" in need:
         ref = ReferencePolicy(hf_cfg, cfg.rollout.temperature, info.sequence_parallel, cfg.model.bf16, parallel_info=info)
         ref.load_hf(cfg.model.hf_path)
+    teacher = template = None
+    if A.KIND_DATA_PATH.get(cfg.algo.kind) in ("rlcsd_hints", "gt_teacher"):
+        from megatron_rl.trainer.teacher import TeacherWeights
+        from megatron_rl.trainer.teacher_inputs import make_template
+
+        hp = cfg.algo.hparams
+        teacher = TeacherWeights(actor, hp.teacher_mode, getattr(hp, "teacher_sync_interval", 10),
+                                 getattr(hp, "ema_decay", 0.95))
+        template = make_template(cfg.teacher.template, tok)
     step, last = 0, None
     path = (find_latest(cfg.trainer.run_dir) if resume == "auto" else Path(resume)) if resume else None
     if path is not None:
-        loaded = load_checkpoint(path, actor)
+        loaded = load_checkpoint(path, actor, teacher=teacher)
+        if teacher is not None and loaded.extra_state.get("teacher"):
+            teacher.load_state_dict(loaded.extra_state["teacher"])
         step, last = loaded.step, str(path)
         if loaded.extra_state.get("sampler"):
             sampler.load_state_dict(loaded.extra_state["sampler"])
@@ -116,7 +131,7 @@ def setup_run(cfg, resume: str | None = None, client=None) -> Run:
                        project=cfg.logging.project, run_name=cfg.logging.run_name, total_steps=cfg.trainer.steps,
                        resume_step=step if path is not None else None, progress=cfg.logging.progress)
     run = Run(cfg, info, tok, train, val, sampler, actor, ref, client, RewardManager(cfg.reward.by_source, cfg.reward.default),
-              logger, step, last)
+              logger, step, last, teacher=teacher, teacher_template=template)
     if info.is_driver and A.KIND_DATA_PATH.get(cfg.algo.kind) == "process_reward":
         from megatron_rl.rewards.grader import RubricGrader
 

@@ -153,3 +153,123 @@ def full_vocab_logprobs(logits: torch.Tensor, targets: torch.Tensor, vocab_size:
     logp = lp.gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)
     ent = -(lp.exp() * lp).sum(-1)
     return LogProbs(logp, ent)
+
+
+# ------------------------------------------------------------------ top-k + tail supports (distillation)
+
+def _lse(z: torch.Tensor, lo: int, nv: int, group) -> torch.Tensor:
+    """Global log-sum-exp of each row over the real vocabulary (padding columns excluded)."""
+    width = z.shape[-1]
+    m = z[..., :nv].max(dim=-1).values if nv > 0 else torch.full(z.shape[:-1], float("-inf"), dtype=z.dtype,
+                                                                   device=z.device)
+    _all_reduce(m, dist.ReduceOp.MAX, group)
+    e = torch.exp(z - m.unsqueeze(-1))
+    if nv < width:
+        e[..., nv:] = 0.0
+    return m + torch.log(_all_reduce(e.sum(dim=-1), dist.ReduceOp.SUM, group))
+
+
+class _VocabParallelGather(torch.autograd.Function):
+    """logp[..., u] = z[..., idx_u] - lse for global indices ``idx`` ``[..., k]`` (vocab split over TP).
+
+    Backward: d logp_u / d z_j = 1[j = idx_u] - p_j, so grad_j = scatter(g)_j - p_j * sum_u g_u
+    (local to each shard, no communication).
+    """
+
+    @staticmethod
+    def forward(ctx, logits, idx, group, vocab_size):
+        rank, _ = _world(group)
+        width = logits.shape[-1]
+        lo = rank * width
+        nv = _valid_width(lo, width, vocab_size)
+        z = _upcast(logits)
+        lse = _lse(z, lo, nv, group)
+        own, local = _target_index(idx, lo, width)
+        local = local.squeeze(-1)
+        z_u = torch.where(own, z.gather(-1, local), torch.zeros_like(idx, dtype=z.dtype))
+        _all_reduce(z_u, dist.ReduceOp.SUM, group)
+        ctx.save_for_backward(logits, idx, lse)
+        ctx.meta = (lo, nv)
+        return z_u - lse.unsqueeze(-1)
+
+    @staticmethod
+    def backward(ctx, g):
+        logits, idx, lse = ctx.saved_tensors
+        lo, nv = ctx.meta
+        width = logits.shape[-1]
+        z = _upcast(logits)
+        p = torch.exp(z - lse.unsqueeze(-1))
+        if nv < width:
+            p[..., nv:] = 0.0
+        grad = p.mul_(-g.sum(-1, keepdim=True))
+        own, local = _target_index(idx, lo, width)
+        grad.scatter_add_(-1, local.squeeze(-1), g * own)
+        return grad.to(logits.dtype), None, None, None
+
+
+def vocab_parallel_gather_logprobs(logits_shard: torch.Tensor, idx: torch.Tensor, tp_group=None,
+                                   vocab_size: int | None = None) -> torch.Tensor:
+    """Full-vocabulary-normalised log-probs at global ids ``idx`` ``[..., k]`` (differentiable).
+
+    ``logits_shard`` ``[..., W]`` as in :func:`vocab_parallel_logprobs`; returns ``[..., k]`` fp32.
+    """
+    if logits_shard.shape[:-1] != idx.shape[:-1]:
+        raise ValueError(f"vocab_parallel_gather_logprobs: logits {tuple(logits_shard.shape)} do not match "
+                         f"indices {tuple(idx.shape)} on the leading dims")
+    return _VocabParallelGather.apply(logits_shard, idx.long(), tp_group, vocab_size)
+
+
+class TopK(NamedTuple):
+    """``idx`` ``[..., k]`` global ids (descending logit, ties -> lowest id); ``logp`` ``[..., k]`` their
+    full-vocab log-probs; ``entropy`` ``[...]`` full-vocab entropy."""
+
+    idx: torch.Tensor
+    logp: torch.Tensor
+    entropy: torch.Tensor
+
+
+@torch.no_grad()
+def vocab_parallel_topk(logits_shard: torch.Tensor, k: int, tp_group=None, vocab_size: int | None = None) -> TopK:
+    """Top-k of the full (TP-split) vocabulary without materialising it: each rank takes its local
+    top-k (stable, lowest id first on ties), the ``tp * k`` candidates are all-gathered, and the
+    global top-k is their top-k with the same tie rule. No gradient (supports are chosen under
+    ``sg``). Entropy via the same reductions as :func:`vocab_parallel_logprobs`."""
+    rank, world = _world(tp_group)
+    width = logits_shard.shape[-1]
+    lo = rank * width
+    nv = _valid_width(lo, width, vocab_size)
+    total = vocab_size if vocab_size is not None else width * world
+    if not 1 <= k < total:
+        raise ValueError(f"top-k support needs 1 <= k < V={total}, got k={k}")
+    z = _upcast(logits_shard)
+    lse = _lse(z, lo, nv, tp_group)
+    p = torch.exp(z - lse.unsqueeze(-1))
+    if nv < width:
+        p[..., nv:] = 0.0
+    pz = _all_reduce((p * z).sum(-1), dist.ReduceOp.SUM, tp_group)
+    kk = min(k, nv)
+    if kk > 0:
+        order = torch.sort(z[..., :nv], dim=-1, descending=True, stable=True).indices[..., :kk]
+        vals, gidx = z.gather(-1, order), order + lo
+    else:
+        vals = z.new_empty((*z.shape[:-1], 0))
+        gidx = torch.empty((*z.shape[:-1], 0), dtype=torch.long, device=z.device)
+    if kk < k:   # pad so every rank contributes k candidates (padding never wins)
+        pad = k - kk
+        vals = torch.cat([vals, vals.new_full((*vals.shape[:-1], pad), float("-inf"))], -1)
+        gidx = torch.cat([gidx, gidx.new_full((*gidx.shape[:-1], pad), total)], -1)
+    if world > 1:
+        vs, ids = [torch.empty_like(vals) for _ in range(world)], [torch.empty_like(gidx) for _ in range(world)]
+        dist.all_gather(vs, vals.contiguous(), group=tp_group)
+        dist.all_gather(ids, gidx.contiguous(), group=tp_group)
+        vals, gidx = torch.cat(vs, -1), torch.cat(ids, -1)
+        # candidates are grouped by rank = ascending id blocks; a stable sort keeps lowest id first on ties
+        sel = torch.sort(vals, dim=-1, descending=True, stable=True).indices[..., :k]
+        vals, gidx = vals.gather(-1, sel), gidx.gather(-1, sel)
+    return TopK(gidx, vals - lse.unsqueeze(-1), lse - pz)
+
+
+def with_tail(top_logp: torch.Tensor) -> torch.Tensor:
+    """Append the tail bucket log(1 - exp(min(LSE(top), -1e-7))) to ``[..., k]`` log-probs -> ``[..., k+1]``."""
+    lse = torch.clamp(torch.logsumexp(top_logp, dim=-1, keepdim=True), max=-1e-7)
+    return torch.cat([top_logp, torch.log(-torch.expm1(lse))], dim=-1)

@@ -1,0 +1,214 @@
+"""Teacher inputs of the self-distillation methods: hint plans, teacher prompts, packed sequences.
+
+Data paths (``algorithms.KIND_DATA_PATH``):
+
+* ``rlcsd_hints`` (rlcsd, opsd_ectr, rlsd_ectr; spec §1.5.1): hints are sibling rollouts. Groups
+  without a correct and a usable (answer-bearing) incorrect rollout are dropped, targets whose
+  own pools are empty are dropped, each surviving target i gets one positive c_i and K_i <= K_max
+  negatives. Teacher inputs per target: slot 0 = z(c_i), slots 1..K_i = z(w_i^k).
+* ``gt_teacher`` (opsd, sdpo, srpo, rlsd; spec §1.7): one teacher input per sample, built from the
+  dataset's reference solution and ground-truth answer. Nothing is dropped.
+
+Every teacher input is ``teacher_prompt ++ response_i`` (the student's exact tokens), left-truncated
+in the prompt when longer than ``max_len``. Templates:
+
+* :class:`ChatHintTemplate` (spec §1.3.5): the reference-solution user turn of
+  ``algorithms.rlcsd_teacher_prompt`` through the tokenizer's chat template; a hint's answer is its
+  last ``\\boxed{}`` (GT answer when a positive has none); rollouts with no box cannot be negatives.
+* :class:`InlineHintTemplate` (template-less SentencePiece tasks, the CPU demo): the hint's answer
+  tokens and a separator right after BOS, in front of the unchanged prompt — the serialisation the
+  BiCC contexts use. Positive and negative hints share the same scaffolding (only the hint differs),
+  which is the spec's symmetry invariant.
+
+:func:`pack` bins all teacher sequences of a step into few rows (first-fit decreasing) with
+block-diagonal attention (``TrainBatch`` ``segment_ids``), so the K+1 passes of many samples are a
+handful of forward rows with little padding.
+"""
+from __future__ import annotations
+
+import dataclasses
+import random
+from typing import Sequence
+
+import torch
+
+from megatron_rl import algorithms as A
+from megatron_rl.trainer.batch import TrainBatch
+
+# ------------------------------------------------------------------------------------ templates
+
+
+class ChatHintTemplate:
+    """Spec §1.3.5 teacher prompt through the chat template (thinking on when the template has it)."""
+
+    name = "chat"
+
+    def __init__(self, tokenizer, add_bos: bool = True):
+        self.tok, self.add_bos = tokenizer, add_bos
+
+    def answer_of(self, text: str) -> str | None:
+        return A.last_boxed(text)
+
+    def problem(self, row) -> str:
+        """``extra_info.problem`` (verl convention), else the decoded student prompt."""
+        return str(row.extra_info.get("problem") or self.tok.decode(row.prompt_ids))
+
+    def prompt(self, row, body: str, answer: str) -> list[int]:
+        content = A.rlcsd_teacher_prompt(self.problem(row), body, answer)
+        text = self.tok.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
+        ids = self.tok.encode(text)
+        bos = getattr(self.tok, "bos_id", None)
+        return ([bos] + ids) if self.add_bos and bos is not None and bos >= 0 else ids
+
+
+class InlineHintTemplate:
+    """Hint answer + separator inserted at ``insert_at`` of the student prompt (CPU demo tasks)."""
+
+    name = "inline"
+
+    def __init__(self, tokenizer, insert_at: int = 1, sep: Sequence[int] = ()):
+        self.tok, self.insert_at, self.sep = tokenizer, insert_at, list(sep)
+
+    def answer_of(self, text: str) -> str | None:
+        t = text.strip()
+        return t or None
+
+    def prompt(self, row, body: str, answer: str) -> list[int]:
+        p = list(row.prompt_ids)
+        at = min(self.insert_at, len(p))
+        return p[:at] + self.tok.encode(answer) + self.sep + p[at:]
+
+
+def make_template(name: str, tokenizer):
+    """``chat`` | ``inline`` | ``auto`` (inline for SentencePiece tokenizers without chat templates)."""
+    if name == "auto":
+        name = "inline" if hasattr(tokenizer, "sp") else "chat"
+    if name == "chat":
+        return ChatHintTemplate(tokenizer)
+    if name == "inline":
+        bos = getattr(tokenizer, "bos_id", None)
+        return InlineHintTemplate(tokenizer, 1 if bos is not None and bos >= 0 else 0, tokenizer.encode(" "))
+    raise ValueError(f"unknown teacher_template {name!r}; valid: ['auto', 'chat', 'inline']")
+
+# ------------------------------------------------------------------------------------ hint plans
+
+
+@dataclasses.dataclass
+class TeacherPlan:
+    """keep: sample indices that stay in the update; prompts[j]: teacher prompts of kept sample j
+    (slot 0 positive / GT, then negatives); n_neg[j] = K_j; dropped_* counts (rlcsd_hints only)."""
+
+    keep: list[int]
+    prompts: list[list[list[int]]]
+    n_neg: list[int]
+    dropped_groups: int = 0
+    dropped_targets: int = 0
+
+    @property
+    def k_max(self) -> int:
+        return max(self.n_neg, default=0)
+
+
+def _gt(row) -> tuple[str, str]:
+    """(reference solution body, ground-truth answer) of a row; the answer alone when no solution."""
+    ans = str(row.ground_truth)
+    return str(row.extra_info.get("solution") or ans), ans
+
+
+def plan_teacher(path: str, ro, template, *, k_max: int = 4, source: str = "self_rollout",
+                 rng: random.Random | None = None) -> TeacherPlan:
+    """The hint plan of one step's rollouts ``ro`` (see the module docstring)."""
+    if path == "gt_teacher":
+        prompts = [[template.prompt(row, *_gt(row))] for row in ro.rows]
+        return TeacherPlan(list(range(len(ro))), prompts, [0] * len(ro))
+    if path != "rlcsd_hints":
+        raise ValueError(f"plan_teacher: unknown data path {path!r}")
+    answers = [template.answer_of(t) for t in ro.texts]
+    sel = A.select_rlcsd_hints(ro.rewards.tolist(), ro.group_ids.tolist(), [a is not None for a in answers],
+                               k_max=k_max, source=source, rng=rng)
+    keep, prompts, n_neg = [], [], []
+    for a in sel.assignments:
+        row = ro.rows[a.target]
+        if a.positive is None:
+            pos = template.prompt(row, *_gt(row))
+        else:
+            pos = template.prompt(row, ro.texts[a.positive], answers[a.positive] or _gt(row)[1])
+        negs = [template.prompt(row, ro.texts[j], answers[j]) for j in a.negatives]
+        keep.append(a.target)
+        prompts.append([pos] + negs)
+        n_neg.append(len(negs))
+    return TeacherPlan(keep, prompts, n_neg, sel.dropped_groups, sel.dropped_targets)
+
+# ------------------------------------------------------------------------------------ packing
+
+
+@dataclasses.dataclass
+class Packed:
+    """Packed teacher sequences. ``batch``: rows of length S with ``segment_ids``; ``target_pos``
+    ``[M, R]`` flat index into the ``[rows * (S-1)]`` target frame of sequence m's response token r
+    (0 where ``resp_mask`` is 0); ``pad_frac``: padded slots / all slots."""
+
+    batch: TrainBatch
+    target_pos: torch.Tensor
+    resp_mask: torch.Tensor
+    pad_frac: float
+    real_tokens: int
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        """``[rows, S-1, ...]`` packed-frame values -> ``[M, R, ...]`` per sequence (0 off the mask)."""
+        flat = x.reshape(-1, *x.shape[2:])
+        out = flat[self.target_pos.reshape(-1)].reshape(*self.target_pos.shape, *x.shape[2:])
+        m = self.resp_mask.reshape(*self.resp_mask.shape, *([1] * (x.dim() - 2))) > 0
+        return torch.where(m, out, torch.zeros_like(out))
+
+
+def pack(seqs: Sequence[tuple[Sequence[int], Sequence[int]]], max_resp: int, pad_id: int, row_len: int,
+         multiple: int = 8) -> Packed:
+    """First-fit-decreasing packing of ``(prompt, response)`` pairs into rows of ``row_len`` tokens
+    (raised to the longest sequence, rounded up to ``multiple``). Prompts must be non-empty."""
+    if not seqs:
+        raise ValueError("pack: no sequences")
+    lens = [len(p) + len(r) for p, r in seqs]
+    if min(len(p) for p, _ in seqs) == 0:
+        raise ValueError("pack: an empty teacher prompt (the first response token needs a context)")
+    s = max(row_len, max(lens))
+    s = -(-s // multiple) * multiple
+    order = sorted(range(len(seqs)), key=lambda i: (-lens[i], i))
+    fill: list[int] = []
+    place = [(0, 0)] * len(seqs)
+    for i in order:
+        for r, used in enumerate(fill):
+            if used + lens[i] <= s:
+                place[i] = (r, used)
+                fill[r] += lens[i]
+                break
+        else:
+            place[i] = (len(fill), 0)
+            fill.append(lens[i])
+    rows = len(fill)
+    tokens = torch.full((rows, s), pad_id, dtype=torch.long)
+    seg = torch.full((rows, s), -1, dtype=torch.long)
+    tpos = torch.zeros((len(seqs), max_resp), dtype=torch.long)
+    rmask = torch.zeros((len(seqs), max_resp))
+    loss_mask = torch.zeros((rows, s - 1))
+    for i, ((p, r), (row, off)) in enumerate(zip(seqs, place)):
+        n = len(p) + len(r)
+        tokens[row, off:off + n] = torch.tensor(list(p) + list(r), dtype=torch.long)
+        seg[row, off:off + n] = i
+        k = min(len(r), max_resp)
+        cols = torch.arange(off + len(p) - 1, off + len(p) - 1 + k)
+        tpos[i, :k] = row * (s - 1) + cols
+        rmask[i, :k] = 1.0
+        loss_mask[row, cols] = 1.0
+    real = sum(lens)
+    return Packed(TrainBatch(tokens, loss_mask, {"segment_ids": seg}), tpos, rmask, 1.0 - real / (rows * s), real)
+
+
+def truncate_left(prompt: list[int], response: Sequence[int], max_len: int) -> list[int]:
+    """Drop prompt tokens from the left so ``prompt ++ response`` fits ``max_len`` (spec §1.3.5)."""
+    over = len(prompt) + len(response) - max_len
+    if over <= 0:
+        return prompt
+    if over >= len(prompt):
+        raise ValueError(f"response of {len(response)} tokens leaves no room for a teacher prompt in {max_len}")
+    return prompt[over:]
