@@ -6,8 +6,10 @@ Megatron checkpoint layout written here (the trainer's ``load_model_weights`` re
     OUT/hf/          config.json (+ tokenizer files): what the model is
     OUT/COMPLETE     JSON marker, written last: {"step": 0, "tp": .., "pp": .., "source": ..}
 
-Both directions run as one process or under ``torchrun`` (then each rank builds and saves only its
-TP/PP shard; memory per process ~ model / (tp·pp)). Outputs are written to a temp dir and renamed.
+HF -> Megatron streams by default (``stream.py``: no model, chunk-by-chunk byte copies, bounded memory;
+under ``torchrun`` each rank writes a share of the chunks). The model-building path
+(``engine="model"``) and Megatron -> HF run as one process or under ``torchrun`` (each rank builds
+and saves only its TP/PP shard). Outputs are written to a temp dir and renamed.
 """
 from __future__ import annotations
 
@@ -55,8 +57,23 @@ def _shared_tmp(out: Path, force: bool) -> Path:
 
 
 def hf_to_mcore(hf_dir: str | os.PathLike, out_dir: str | os.PathLike, tp: int = 1, pp: int = 1,
-                force: bool = False) -> Path:
-    """Convert an HF checkpoint dir into a Megatron distributed checkpoint at ``out_dir``."""
+                force: bool = False, engine: str = "stream") -> Path:
+    """Convert an HF checkpoint dir into a Megatron distributed checkpoint at ``out_dir``.
+
+    ``engine="stream"`` (default, ``stream.py``): no model is built; chunks are copied straight from
+    the safetensors files. ``engine="model"``: build the (TP/PP-sharded) GPTModel, load it and
+    ``dist_checkpointing.save`` it (the reference the streaming path is tested against).
+    """
+    if engine == "stream":
+        from megatron_rl.convert.stream import hf_to_mcore_streaming
+
+        return hf_to_mcore_streaming(hf_dir, out_dir, tp=tp, pp=pp, force=force)
+    if engine != "model":
+        raise ValueError(f"unknown conversion engine {engine!r}; supported: stream, model")
+    return _hf_to_mcore_via_model(hf_dir, out_dir, tp, pp, force)
+
+
+def _hf_to_mcore_via_model(hf_dir, out_dir, tp: int, pp: int, force: bool) -> Path:
     import shutil
 
     from megatron.core import dist_checkpointing

@@ -18,6 +18,9 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--tp", type=int, default=1, help="tensor parallel size (the checkpoint loads at any TP)")
     a.add_argument("--pp", type=int, default=1, help="pipeline parallel size (the checkpoint loads at any PP)")
     a.add_argument("--force", action="store_true", help="overwrite an existing checkpoint in --out")
+    a.add_argument("--engine", choices=("stream", "model"), default="stream",
+                   help="stream: copy tensors chunk by chunk without building a model (default); "
+                        "model: build the Megatron model and dist_checkpointing.save it")
     b = sub.add_parser("mcore-to-hf", help="Megatron dist checkpoint -> HF safetensors dir")
     b.add_argument("--ckpt", required=True, help="Megatron checkpoint dir (with COMPLETE and hf/config.json)")
     b.add_argument("--out", required=True, help="output HF dir")
@@ -33,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.direction == "hf-to-mcore":
-            out = hf_to_mcore(args.hf, args.out, tp=args.tp, pp=args.pp, force=args.force)
+            out = hf_to_mcore(args.hf, args.out, tp=args.tp, pp=args.pp, force=args.force, engine=args.engine)
         else:
             out = mcore_to_hf(args.ckpt, args.out, force=args.force, max_shard_bytes=int(args.max_shard_gb * (1 << 30)))
     except (FileExistsError, FileNotFoundError, KeyError, ValueError) as e:

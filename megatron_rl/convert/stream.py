@@ -1,0 +1,169 @@
+"""Streaming HF -> Megatron conversion: no model is built and no tensor is held beyond one chunk.
+
+    1. index the safetensors headers (``SafetensorsIndex``); check names and shapes against the
+       name map (``KeyError`` / ``ValueError`` naming the tensor, before anything is written);
+    2. derive the Megatron dist-checkpoint layout from the config (``mcore_layout``);
+    3. copy every chunk's bytes into ``.distcp`` files (``dcp_writer``; file-to-file, zero copy when
+       the source dtype is the parameter dtype), ``n_files`` writer threads per process;
+    4. write ``.metadata`` / ``common.pt`` / ``metadata.json``, ``hf/`` (config + tokenizer) and
+       ``COMPLETE``, then rename the temp dir onto ``out_dir``.
+
+Under ``torchrun`` (``WORLD_SIZE`` > 1, gloo) rank r writes every world-th chunk (by size) into
+``__<r>_<i>.distcp``; rank 0 gathers the storage indices and writes the metadata. Any rank's error
+is shared, so every rank raises and the temp dir is removed.
+
+Peak memory: the interpreter + torch, plus one chunk only when a dtype cast (or a chunk under
+1 MiB) needs it in memory. Output is identical in content to ``dist_checkpointing.save`` of the
+built model at TP=PP=1 (checked in tests) and loads at any TP / PP.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger("megatron_rl.convert")
+PARAM_DTYPE = torch.float32  # the converted model's params_dtype (transformer_config_from_hf default)
+
+
+def _dist():
+    """(rank, world) from torchrun's env; initialises a gloo group when world > 1."""
+    import torch.distributed as dist
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("gloo")
+    return (dist.get_rank(), dist.get_world_size()) if world > 1 else (0, 1)
+
+
+def _all(obj, world: int) -> list:
+    if world == 1:
+        return [obj]
+    import torch.distributed as dist
+
+    out = [None] * world
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def check_shapes(index, arch) -> None:
+    """Every HF tensor the name map needs has its expected shape (``ValueError`` naming it)."""
+    from megatron_rl.convert import name_maps
+    from megatron_rl.convert.mcore_layout import hf_shapes
+
+    for rule in name_maps.expand(arch):
+        for name, want in zip(rule.hf, hf_shapes(rule, arch)):
+            got = index[name].shape
+            if tuple(got) != tuple(want):
+                raise ValueError(f"HF tensor {name!r} has shape {tuple(got)}, expected {tuple(want)} "
+                                 f"for {arch.architecture}")
+
+
+def _plan(hf_dir: Path, tp: int, pp: int):
+    from megatron_rl.convert.live import check_hf_names
+    from megatron_rl.convert.mcore_layout import mcore_layout
+    from megatron_rl.convert.safetensors_index import SafetensorsIndex
+    from megatron_rl.models.provider import load_hf_config, model_arch_info, validate_layout
+
+    cfg = load_hf_config(hf_dir)
+    validate_layout(cfg, tp, pp)
+    arch = model_arch_info(cfg)
+    index = SafetensorsIndex(hf_dir)
+    check_hf_names(index.names(), arch)
+    check_shapes(index, arch)
+    chunks, objects = mcore_layout(arch, tp)
+    return cfg, index, chunks, objects
+
+
+def _share(items: list, rank: int, world: int, size) -> list:
+    """This rank's items: greedy by size over ranks, deterministic on every rank."""
+    if world == 1:
+        return list(items)
+    load, mine = [0] * world, []
+    for n, it in sorted(enumerate(items), key=lambda p: -size(p[1])):
+        r = load.index(min(load))
+        load[r] += size(it)
+        if r == rank:
+            mine.append(n)
+    return [items[n] for n in sorted(mine)]
+
+
+def hf_to_mcore_streaming(hf_dir: str | os.PathLike, out_dir: str | os.PathLike, tp: int = 1, pp: int = 1,
+                          force: bool = False, n_files: int = 2) -> Path:
+    """Convert an HF safetensors dir into a Megatron dist checkpoint at ``out_dir`` without a model.
+
+    ``tp`` / ``pp`` are validated against the model and recorded in ``COMPLETE``; the vocab is padded
+    for ``tp`` (``padded_vocab_size``). The checkpoint loads at any TP / PP.
+    """
+    from megatron_rl.convert.atomic import holds_checkpoint
+    from megatron_rl.convert.dcp_writer import finish_checkpoint, write_files
+    from megatron_rl.convert.hf_io import copy_tokenizer_files
+
+    t0 = time.perf_counter()
+    hf_dir, out = Path(hf_dir), Path(out_dir).resolve()
+    rank, world = _dist()
+    tmp, plan = out.parent / f".tmp-{out.name}-{os.getpid()}", None
+    try:
+        err = None
+        if rank == 0:
+            try:
+                if holds_checkpoint(out) and not force:
+                    raise FileExistsError(f"{out} already holds a checkpoint; pass --force to overwrite it")
+                plan = _plan(hf_dir, tp, pp)
+                (tmp / "dist").mkdir(parents=True)
+            except Exception as e:
+                err = e
+        tmp = Path(_agree(err, world, str(tmp))[0])
+        storage, err = {}, None
+        try:
+            cfg, index, chunks, objects = plan if plan is not None else _plan(hf_dir, tp, pp)
+            mine = _share(chunks, rank, world, lambda c: c.numel)
+            storage = write_files(tmp / "dist", rank, mine, objects if rank == 0 else [], index, PARAM_DTYPE, n_files)
+        except Exception as e:
+            err = e
+        gathered, err = _agree(err, world, storage), None
+        if rank == 0:
+            try:
+                merged = {k: v for s in gathered for k, v in s.items()}
+                finish_checkpoint(tmp / "dist", chunks, objects, merged, PARAM_DTYPE)
+                (tmp / "hf").mkdir()
+                cfg.save_pretrained(str(tmp / "hf"))
+                copy_tokenizer_files(hf_dir, tmp / "hf")
+                (tmp / "COMPLETE").write_text(json.dumps({"step": 0, "tp": tp, "pp": pp, "source": str(hf_dir)}))
+                if out.exists():
+                    shutil.rmtree(out)
+                os.replace(tmp, out)
+            except Exception as e:
+                err = e
+        _agree(err, world, None)  # nobody returns before the rename (or the failure)
+    except BaseException:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("streamed %s -> %s in %.2f s (%d chunks, %d ranks)", hf_dir, out, time.perf_counter() - t0,
+             len(chunks), world)
+    return out
+
+
+def _agree(err: Exception | None, world: int, payload) -> list:
+    """Collective: gather every rank's ``payload``; if any rank failed, raise on every rank (a rank
+    re-raises its own error, the others an error of the same type and message)."""
+    got = _all((payload, None if err is None else (type(err).__name__, str(err))), world)
+    if err is not None:
+        raise err
+    for _, e in got:
+        if e is not None:
+            raise _rebuild(*e)
+    return [p for p, _ in got]
+
+
+def _rebuild(kind: str, msg: str) -> Exception:
+    """Another rank's error, re-raised here with the same type where it is a plain one."""
+    cls = {"FileExistsError": FileExistsError, "FileNotFoundError": FileNotFoundError, "KeyError": KeyError,
+           "ValueError": ValueError}.get(kind, RuntimeError)
+    return cls(msg.strip("'\"") if cls is KeyError else msg)

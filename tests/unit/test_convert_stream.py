@@ -1,0 +1,226 @@
+"""Streaming HF -> Megatron conversion (``convert/stream.py``) against the model-built reference.
+
+* the derived layout equals ``GPTModel.sharded_state_dict(prefix="")`` of a built tiny model (keys,
+  global shapes, offsets, chunk sizes; every entry a main replica, no flattened ranges);
+* the streamed checkpoint equals ``dist_checkpointing.save`` of the built model: same DCP metadata
+  (keys, dtypes, global shapes, chunks) and bit-identical records, same common.pt / metadata.json /
+  hf config — for Llama / Qwen2 / Qwen3, tied and untied, fp32 and bf16 sources, through the
+  zero-copy (``copy_file_range``), the materialising and the pread/pwrite fallback paths;
+* bad input raises naming the tensor and leaves nothing behind.
+
+The reference runs in a subprocess (this file, run as a script), since it patches torch for megatron.
+"""
+from __future__ import annotations
+
+import errno
+import io
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+CASES = {
+    "llama_untied": ("LlamaForCausalLM", "LlamaConfig", dict(tie_word_embeddings=False), torch.float32),
+    "llama_tied": ("LlamaForCausalLM", "LlamaConfig", dict(tie_word_embeddings=True), torch.float32),
+    "qwen2_untied": ("Qwen2ForCausalLM", "Qwen2Config", dict(tie_word_embeddings=False), torch.float32),
+    "qwen2_tied": ("Qwen2ForCausalLM", "Qwen2Config", dict(tie_word_embeddings=True), torch.float32),
+    "qwen3_untied": ("Qwen3ForCausalLM", "Qwen3Config", dict(head_dim=32, tie_word_embeddings=False), torch.float32),
+    "qwen3_tied_bf16": ("Qwen3ForCausalLM", "Qwen3Config", dict(head_dim=32, tie_word_embeddings=True), torch.bfloat16),
+}
+
+
+def make_hf(case: str, out: Path) -> Path:
+    import transformers
+
+    arch, cfg_cls, kw, dtype = CASES[case]
+    cfg = getattr(transformers, cfg_cls)(vocab_size=100, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                         rms_norm_eps=1e-6, architectures=[arch], **kw)
+    torch.manual_seed(0)
+    m = getattr(transformers, arch)(cfg)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(torch.randn_like(p))
+    m.to(dtype).save_pretrained(str(out))
+    return out
+
+
+def _reference_main(hf_dir: str, ckpt: str, dump: str) -> None:
+    """Subprocess: build the model at TP=PP=1, dump its sharded state dict, convert the old way."""
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor, apply_factories
+
+    from megatron_rl.convert.checkpoints import hf_to_mcore
+    from megatron_rl.models.provider import build_gpt_model, load_hf_config, transformer_config_from_hf
+    from megatron_rl.parallel import init_parallel
+
+    init_parallel(1, 1, seed=0)
+    cfg = load_hf_config(hf_dir)
+    sd = build_gpt_model(cfg, transformer_config_from_hf(cfg, perform_initialization=False)).sharded_state_dict(prefix="")
+    apply_factories(sd)
+    rows = []
+    for v in nested_values(sd):
+        rid = list(v.replica_id) if isinstance(v.replica_id, tuple) else [v.replica_id]
+        if isinstance(v, ShardedTensor):
+            rows.append(dict(kind="tensor", key=v.key, global_shape=list(v.global_shape), offsets=list(v.global_offset),
+                             sizes=[1] * v.prepend_axis_num + list(v.local_shape), replica_id=rid,
+                             flattened=v.flattened_range is not None, dtype=str(v.dtype)))
+        elif isinstance(v, ShardedObject):
+            rows.append(dict(kind="object", key=v.unique_key, replica_id=rid))
+        else:
+            rows.append(dict(kind=type(v).__name__))
+    Path(dump).write_text(json.dumps(rows))
+    hf_to_mcore(hf_dir, ckpt, engine="model")
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def case(request, tmp_path_factory):
+    """(hf dir, model-built checkpoint, sharded-state-dict dump) of one tiny model."""
+    root = tmp_path_factory.mktemp(request.param)
+    hf = make_hf(request.param, root / "hf")
+    p = subprocess.run([sys.executable, __file__, str(hf), str(root / "ref"), str(root / "dump.json")], cwd=REPO,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-4000:]
+    return hf, root / "ref", json.loads((root / "dump.json").read_text())
+
+
+def _records(dist_dir: Path) -> tuple[object, dict]:
+    md = pickle.loads((dist_dir / ".metadata").read_bytes())
+    out = {}
+    for idx, si in md.storage_data.items():
+        with open(dist_dir / si.relative_path, "rb") as f:
+            f.seek(si.offset)
+            raw = f.read(si.length)
+        off = None if idx.offset is None else tuple(idx.offset)
+        out[(idx.fqn, off)] = torch.load(io.BytesIO(raw), weights_only=False)
+    return md, out
+
+
+def assert_same_checkpoint(ref: Path, new: Path) -> None:
+    a_md, a = _records(ref / "dist")
+    b_md, b = _records(new / "dist")
+    assert a_md.state_dict_metadata == b_md.state_dict_metadata
+    assert set(a) == set(b)
+    for k, v in a.items():
+        if isinstance(v, torch.Tensor):
+            assert v.dtype == b[k].dtype and v.shape == b[k].shape and torch.equal(v, b[k]), k
+        else:
+            assert v == b[k], k
+    assert torch.load(ref / "dist/common.pt") == torch.load(new / "dist/common.pt")
+    assert json.loads((ref / "dist/metadata.json").read_text()) == json.loads((new / "dist/metadata.json").read_text())
+    assert json.loads((ref / "hf/config.json").read_text()) == json.loads((new / "hf/config.json").read_text())
+    ca, cb = json.loads((ref / "COMPLETE").read_text()), json.loads((new / "COMPLETE").read_text())
+    assert {k: v for k, v in ca.items() if k != "source"} == {k: v for k, v in cb.items() if k != "source"}
+    assert sorted(p.name for p in (ref / "hf").iterdir()) == sorted(p.name for p in (new / "hf").iterdir())
+
+
+def test_layout_equals_model_sharded_state_dict(case):
+    from megatron_rl.convert.mcore_layout import mcore_layout
+    from megatron_rl.models.provider import model_arch_info
+
+    hf, _, rows = case
+    chunks, objects = mcore_layout(model_arch_info(hf))
+    assert all(r["kind"] in ("tensor", "object") for r in rows), {r["kind"] for r in rows}
+    assert all(set(r["replica_id"]) == {0} for r in rows), "TP=1 model: every entry is a main replica"
+    assert not any(r.get("flattened") for r in rows)
+    want = sorted((r["key"], tuple(r["global_shape"]), tuple(r["offsets"]), tuple(r["sizes"]))
+                  for r in rows if r["kind"] == "tensor")
+    got = sorted((c.key, c.global_shape, c.offsets, c.sizes) for c in chunks)
+    assert got == want
+    assert sorted(o.key for o in objects) == sorted(r["key"] for r in rows if r["kind"] == "object")
+
+
+@pytest.mark.parametrize("path", ["zero_copy", "materialise", "pread_fallback"])
+def test_streamed_checkpoint_equals_model_built(case, path, tmp_path, monkeypatch):
+    from megatron_rl.convert import dcp_writer
+    from megatron_rl.convert.stream import hf_to_mcore_streaming
+
+    hf, ref, _ = case
+    if path != "materialise":
+        monkeypatch.setattr(dcp_writer, "SMALL_RECORD", 0)  # tiny tensors through the byte-copy path
+    if path == "pread_fallback":
+        def no_kernel_copy(*a, **k):
+            raise OSError(errno.EXDEV, "cross-device")
+        monkeypatch.setattr(os, "copy_file_range", no_kernel_copy)
+    out = hf_to_mcore_streaming(hf, tmp_path / "mc")
+    assert_same_checkpoint(ref, out)
+    assert not list(tmp_path.glob(".tmp-*"))
+
+
+def _save_variant(src: Path, dst: Path, edit) -> Path:
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    w = load_file(str(src / "model.safetensors"))
+    save_file(edit(dict(w)), str(dst / "model.safetensors"))
+    return dst
+
+
+@pytest.mark.parametrize("case", ["qwen3_untied"], indirect=True)
+def test_bad_input_names_the_tensor_and_leaves_nothing(case, tmp_path):
+    from megatron_rl.convert.stream import hf_to_mcore_streaming
+
+    hf = case[0]
+    miss = _save_variant(hf, tmp_path / "miss", lambda w: {k: v for k, v in w.items() if "layers.1.mlp.up_proj" not in k})
+    with pytest.raises(KeyError, match="model.layers.1.mlp.up_proj.weight"):
+        hf_to_mcore_streaming(miss, tmp_path / "o1")
+    extra = _save_variant(hf, tmp_path / "extra", lambda w: {**w, "model.layers.0.mystery.weight": torch.zeros(2)})
+    with pytest.raises(ValueError, match="mystery"):
+        hf_to_mcore_streaming(extra, tmp_path / "o2")
+    shape = _save_variant(hf, tmp_path / "shape", lambda w: {**w, "model.layers.0.self_attn.k_proj.weight": torch.zeros(8, 64)})
+    with pytest.raises(ValueError, match=r"model.layers.0.self_attn.k_proj.weight.*\(8, 64\)"):
+        hf_to_mcore_streaming(shape, tmp_path / "o3")
+    cut = _save_variant(hf, tmp_path / "cut", lambda w: w)
+    raw = (cut / "model.safetensors").read_bytes()
+    (cut / "model.safetensors").write_bytes(raw[: len(raw) - 1000])
+    with pytest.raises(ValueError, match="corrupt safetensors file"):
+        hf_to_mcore_streaming(cut, tmp_path / "o4")
+    for i in range(1, 5):
+        assert not (tmp_path / f"o{i}").exists()
+    assert not list(tmp_path.glob(".tmp-*")), "half-written output left behind"
+    out = hf_to_mcore_streaming(hf, tmp_path / "ok")
+    with pytest.raises(FileExistsError, match="--force"):
+        hf_to_mcore_streaming(hf, out)
+    assert hf_to_mcore_streaming(hf, out, force=True) == out and (out / "COMPLETE").is_file()
+    assert not list(tmp_path.glob(".tmp-*"))
+
+
+def test_write_failure_midway_leaves_nothing(tmp_path, monkeypatch):
+    from megatron_rl.convert import dcp_writer
+    from megatron_rl.convert.stream import hf_to_mcore_streaming
+
+    hf = make_hf("llama_untied", tmp_path / "hf")
+    calls = []
+
+    def boom(self, chunk, _orig=dcp_writer.DcpFileWriter.write_chunk):
+        calls.append(chunk.key)
+        if len(calls) == 5:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return _orig(self, chunk)
+
+    monkeypatch.setattr(dcp_writer.DcpFileWriter, "write_chunk", boom)
+    with pytest.raises(OSError, match="No space"):
+        hf_to_mcore_streaming(hf, tmp_path / "out")
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".tmp-*"))
+
+
+def test_frame_plus_raw_bytes_is_torch_save():
+    from megatron_rl.convert.dcp_writer import tensor_frame
+
+    for shape, dtype in (((3, 5, 7), torch.float32), ((1, 600, 512), torch.bfloat16), ((4096,), torch.float16)):
+        t = torch.randn(shape).to(dtype)
+        pre, suf = tensor_frame(shape, dtype)
+        back = torch.load(io.BytesIO(pre + t.reshape(-1).view(torch.uint8).numpy().tobytes() + suf), weights_only=True)
+        assert back.dtype == dtype and back.shape == t.shape and torch.equal(back, t)
+
+
+if __name__ == "__main__":
+    _reference_main(*sys.argv[1:4])
