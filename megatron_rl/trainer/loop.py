@@ -41,8 +41,6 @@ def collect(run: Run, step: int) -> R.Rollouts:
             part = R.score(part, run.rewards)
             if getattr(hp, "overlong_enable", False):
                 part = R.overlong_shaping(part, hp, cfg.rollout.max_tokens)
-            if run.grader is not None:
-                part = R.grade_process(part, run.grader)
             rounds += 1
             if A.KIND_DATA_PATH.get(cfg.algo.kind) == "greedy" or getattr(hp, "base", None) == "remax":
                 g = R.score(R.generate(run.client, run.train_set, idx, R.sampling_params(cfg, step, rounds, greedy=True,
@@ -59,6 +57,8 @@ def collect(run: Run, step: int) -> R.Rollouts:
             if kept_groups >= cfg.data.prompts_per_step or rounds >= cfg.trainer.max_gen_batches:
                 ro = _fill(parts, part, cfg, kept_groups, rounds)
                 break
+        if run.grader is not None:      # PAPO: grade in the background; update() collects the scores
+            run.pending_grades.start(ro, run.grader)
     return R.broadcast_object(ro)
 
 
@@ -90,6 +90,10 @@ def update(run: Run, ro: R.Rollouts, step: int) -> dict:
     m = plain.resp_mask
     metrics = {"rollout/logprob_gap": float(((old - roll).abs() * m).sum() / m.sum().clamp_min(1)),
                "time/logprobs": time.perf_counter() - t0}
+    if A.KIND_DATA_PATH.get(kind) == "process_reward":
+        # the rubric grader ran while the log-probs above were computed; wait for what is left
+        metrics["time/grader_wait"] = run.pending_grades.finish(ro, run.info.is_driver)
+        metrics["time/grader_overlap"] = metrics["time/logprobs"]
     train_sb, old_train = plain, old
     if A.KIND_DATA_PATH.get(kind) == "bicc_context":
         prompts, n_cond, n_fb = U.bicc_inputs(ro, hp, cfg.data.max_prompt_len + R_max, cfg.rollout.max_model_len,

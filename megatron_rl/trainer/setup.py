@@ -31,6 +31,7 @@ class Run:
     grader: Any = None
     teacher: Any = None            # TeacherWeights (self-distillation kinds)
     teacher_template: Any = None   # ChatHintTemplate | InlineHintTemplate
+    pending_grades: Any = None     # rollout_stage.PendingGrades (PAPO)
 
     def seq_len(self, prompts, responses) -> int:
         """Padded sequence length of a batch (multiple of 8 and of TP for sequence parallel)."""
@@ -48,6 +49,8 @@ class Run:
         self.last_checkpoint = str(path)
 
     def close(self, own_client: bool = True) -> None:
+        if self.pending_grades is not None:
+            self.pending_grades.close()
         if own_client and self.client is not None:
             self.client.shutdown()
 
@@ -132,6 +135,10 @@ def setup_run(cfg, resume: str | None = None, client=None) -> Run:
                        resume_step=step if path is not None else None, progress=cfg.logging.progress)
     run = Run(cfg, info, tok, train, val, sampler, actor, ref, client, RewardManager(cfg.reward.by_source, cfg.reward.default),
               logger, step, last, teacher=teacher, teacher_template=template)
+    if A.KIND_DATA_PATH.get(cfg.algo.kind) == "process_reward":
+        from megatron_rl.trainer.rollout_stage import PendingGrades
+
+        run.pending_grades = PendingGrades()
     if info.is_driver and A.KIND_DATA_PATH.get(cfg.algo.kind) == "process_reward":
         from megatron_rl.rewards.grader import RubricGrader
 

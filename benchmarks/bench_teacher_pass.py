@@ -1,0 +1,128 @@
+"""RLCSD teacher-pass cost vs one policy forward on the same response tokens, and padding.
+
+Run:  python benchmarks/bench_teacher_pass.py [--prompts 16] [--group 8] [--k 4] [--hidden 256]
+
+One process, TP=1, a random Qwen3-style model (built from a config, no download) in the real
+Megatron actor. A synthetic step: ``prompts x group`` rollouts with prompt lengths 24..64 and
+response lengths 8..96 tokens (uniform), every target with K negative hints + 1 positive, each
+teacher prompt = the student prompt + a 40-token reference-solution scaffold + the hint rollout
+(the spec's template shape: problem, framing, hint body, answer line, instruction).
+
+Measured in the same run (each timed twice, the second is reported):
+
+* ``policy``: ``actor.forward_logprobs`` of the plain batch (prompt ++ response, right-padded to
+  the longest, the trainer's log-prob pass) — the baseline, ratio 1;
+* ``teacher packed``: the K+1 teacher sequences of every target, packed into rows of
+  ``--pack-len`` tokens (first-fit decreasing, block-diagonal attention; trainer/teacher_inputs.pack)
+  and run by ``distill_stage.teacher_pass`` under snapshot weights;
+* ``teacher naive``: the same sequences one per row, right-padded to the longest (no packing).
+
+Printed: seconds, ratio to the policy forward, rows, and padding fraction (padded slots / all
+slots). Goal (issue): packed ratio <= K+1 with < 10 % padding.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+
+
+def _model(out: str, hidden: int, layers: int, vocab: int) -> str:
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=hidden // 64, num_key_value_heads=max(1, hidden // 128), head_dim=64,
+                      max_position_embeddings=4096, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    Qwen3ForCausalLM(cfg).save_pretrained(out)
+    return out
+
+
+def _timed(fn, repeats: int = 2) -> float:
+    t = 0.0
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        t = time.perf_counter() - t0
+    return t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--vocab", type=int, default=4096)
+    ap.add_argument("--pack-len", type=int, default=1024)
+    ap.add_argument("--micro-batch", type=int, default=16)
+    args = ap.parse_args()
+
+    import tempfile
+
+    import torch
+
+    from megatron_rl.models.provider import load_hf_config
+    from megatron_rl.parallel import init_parallel
+    from megatron_rl.trainer.actor import PolicyActor
+    from megatron_rl.trainer.batch import make_batch
+    from megatron_rl.trainer.distill_stage import teacher_pass
+    from megatron_rl.trainer.optim import OptimSpec
+    from megatron_rl.trainer.teacher import TeacherWeights
+    from megatron_rl.trainer.teacher_inputs import pack
+
+    rng = random.Random(0)
+    tmp = tempfile.mkdtemp()
+    hf = _model(tmp, args.hidden, args.layers, args.vocab)
+    info = init_parallel(1, 1, seed=0)
+    actor = PolicyActor(load_hf_config(hf), info, OptimSpec(lr=1e-5))
+    actor.load_hf(hf)
+    teacher = TeacherWeights(actor, "snapshot")
+    tok = lambda n: [rng.randrange(4, args.vocab) for _ in range(n)]  # noqa: E731
+    prompts, responses = [], []
+    for _ in range(args.prompts):
+        p = tok(rng.randint(24, 64))
+        for _ in range(args.group):
+            prompts.append(p)
+            responses.append(tok(rng.randint(8, 96)))
+    scaffold = tok(40)
+    seqs = []
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        g0 = (i // args.group) * args.group
+        sib = [j for j in range(g0, g0 + args.group) if j != i]
+        for j in rng.sample(sib, args.k + 1):          # 1 positive + K negatives
+            seqs.append((p + scaffold + responses[j], r))
+    max_resp = max(len(r) for r in responses)
+    mbs = args.micro_batch
+
+    plain = make_batch(prompts, responses, pad_id=0)
+    t_policy = _timed(lambda: actor.forward_logprobs(plain, mbs))
+    resp_tokens = sum(len(r) for r in responses)
+    pol_pad = 1 - sum(len(p) + len(r) for p, r in zip(prompts, responses)) / plain.tokens.numel()
+
+    pk = pack(seqs, max_resp, pad_id=0, row_len=args.pack_len)
+    t_packed = _timed(lambda: teacher_pass(actor, teacher, pk, dp=1, mbs=max(1, mbs * plain.seq_len // pk.batch.seq_len)))
+    longest = max(len(p) + len(r) for p, r in seqs)
+    naive_rows = len(seqs)
+    naive_pad = 1 - sum(len(p) + len(r) for p, r in seqs) / (naive_rows * longest)
+    naive_batch = make_batch([p for p, _ in seqs], [r for _, r in seqs], pad_id=0)
+    t_naive = _timed(lambda: actor.forward_logprobs(naive_batch, mbs))
+    print(f"model: hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}; {len(prompts)} rollouts "
+          f"({resp_tokens} response tokens), K={args.k} -> {len(seqs)} teacher sequences")
+    print(f"{'pass':<16}{'seconds':>9}{'x policy':>10}{'rows':>7}{'row len':>9}{'pad frac':>10}")
+    print(f"{'policy':<16}{t_policy:>9.3f}{1.0:>10.2f}{plain.num_samples:>7}{plain.seq_len:>9}{pol_pad:>10.3f}")
+    print(f"{'teacher packed':<16}{t_packed:>9.3f}{t_packed / t_policy:>10.2f}{pk.batch.num_samples:>7}"
+          f"{pk.batch.seq_len:>9}{pk.pad_frac:>10.3f}")
+    print(f"{'teacher naive':<16}{t_naive:>9.3f}{t_naive / t_policy:>10.2f}{naive_rows:>7}{longest:>9}{naive_pad:>10.3f}")
+    ok = t_packed / t_policy <= args.k + 1 and pk.pad_frac < 0.10
+    print(f"goal: packed <= K+1 = {args.k + 1}x policy with < 10% padding: {'met' if ok else 'NOT met'}")
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
