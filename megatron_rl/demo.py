@@ -32,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", default="vllm", choices=("vllm", "hf"), help="rollout engine")
     p.add_argument("--warm-threshold", type=float, default=0.30, help="stop SFT at this greedy val accuracy")
     p.add_argument("--lr", type=float, default=3e-4, help="RL learning rate")
+    p.add_argument("--init-from", default=None, metavar="RUN_DIR",
+                   help="reuse the data, tokenizer and warm-started policy (sft_hf/) of an earlier demo run dir: "
+                        "skips steps 1-5 (the warm start must suit the algo: teacher kinds need a hint warm start)")
     p.add_argument("-o", "--override", action="append", default=[], help="extra config override a.b=c")
     return p
 
@@ -107,9 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     run_dir = Path(args.run_dir or f"runs/demo_{args.algo}").resolve()
     print(f"[demo] run dir {run_dir}")
-    paths, tok, init_hf = prepare(run_dir, args.seed)
-    cfg = demo_config(args, run_dir, paths, init_hf)
-    sft_hf = warm_start_phase(cfg, run_dir, tok, args)
+    if args.init_from:
+        sft_hf, cfg = reuse_warm_start(args, run_dir)
+    else:
+        paths, tok, init_hf = prepare(run_dir, args.seed)
+        cfg = demo_config(args, run_dir, paths, init_hf)
+        sft_hf = warm_start_phase(cfg, run_dir, tok, args)
     import dataclasses
 
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, hf_path=str(sft_hf)))
@@ -126,6 +132,24 @@ def main(argv: list[str] | None = None) -> int:
 
 
 _CLIENT: list = [None]
+
+
+def reuse_warm_start(args, run_dir: Path):
+    """``--init-from``: the earlier run's parquet files and ``sft_hf`` (which holds the tokenizer)."""
+    from megatron_rl.parallel import init_parallel
+    from megatron_rl.trainer.setup import build_client
+
+    src = Path(args.init_from).resolve()
+    paths = {s: src / "data" / f"{s}.parquet" for s in ("train", "val", "test")}
+    missing = [str(p) for p in [*paths.values(), src / "sft_hf" / "config.json"] if not p.is_file()]
+    if missing:
+        raise SystemExit(f"--init-from {src}: not a finished demo run dir (missing {missing})")
+    sft_hf = src / "sft_hf"
+    cfg = demo_config(args, run_dir, paths, sft_hf)
+    init_parallel(1, 1, seed=args.seed)
+    _CLIENT[0] = build_client(cfg)
+    print(f"[demo] reusing data and warm-started policy of {src}")
+    return sft_hf, cfg
 
 
 def warm_start_phase(cfg, run_dir: Path, tok, args) -> Path:

@@ -30,11 +30,11 @@ def warm(tmp_path_factory) -> Path:
     return d
 
 
-def _cmd(warm: Path, run_dir: Path, resume: bool) -> list[str]:
+def _cmd(warm: Path, run_dir: Path, resume: bool, config: str = "tiny_cpu_grpo", extra: tuple = ()) -> list[str]:
     ov = [f"model.hf_path={warm / 'sft_hf'}", f"data.train={warm / 'data' / 'train.parquet'}", "data.val=",
           f"trainer.steps={STEPS}", "trainer.ckpt_every=2", "trainer.keep_last=5", "trainer.eval_every=0",
           f"trainer.run_dir={run_dir}", "trainer.export_hf=false", "logging.progress=false", "rollout.kv_cache_gib=1"]
-    cmd = [sys.executable, "-m", "megatron_rl.cli", "train", "--config", "examples/configs/tiny_cpu_grpo.yaml", *ov]
+    cmd = [sys.executable, "-m", "megatron_rl.cli", "train", "--config", f"examples/configs/{config}.yaml", *ov, *extra]
     return cmd + (["--resume", "auto"] if resume else [])
 
 
@@ -87,6 +87,28 @@ def test_resume_after_sigkill_is_bit_identical(warm, tmp_path):
     for a, b in zip(ref, got):
         for k in KEYS:
             assert a[k] == b[k], f"step {a['step']} {k}: uninterrupted {a[k]!r} != resumed {b[k]!r}"
+
+
+@pytest.mark.slow
+def test_resume_restores_the_rlcsd_snapshot_teacher(warm, tmp_path):
+    """RLCSD with a snapshot teacher synced every 3 optimizer steps: the step-4 checkpoint holds a
+    teacher (θ after step 3) different from the policy, and the resumed run must continue with it."""
+    args = dict(config="tiny_cpu_rlcsd", extra=("algo.rlcsd.teacher_sync_interval=3",))
+    ref_dir, run_dir = tmp_path / "ref", tmp_path / "run"
+    _finish(_run(_cmd(warm, ref_dir, resume=False, **args)))
+    ref = _rows(ref_dir)
+    assert (run_dir / "checkpoints").exists() is False
+    p = _run(_cmd(warm, run_dir, resume=False, **args))
+    _kill_when(p, lambda: (run_dir / "checkpoints" / "step_4" / "COMPLETE").exists())
+    assert (run_dir / "checkpoints" / "step_4" / "teacher").is_dir()
+    _finish(_run(_cmd(warm, run_dir, resume=True, **args)))
+    got = _rows(run_dir)
+    assert [r["step"] for r in got] == list(range(1, STEPS + 1)), [r["step"] for r in got]
+    assert ref[-1]["teacher/syncs"] == 2
+    for a, b in zip(ref, got):
+        for k in ("reward/acc", "actor/loss", "actor/grad_norm", "teacher/kept_frac", "rlcsd/sel_frac",
+                  "distill/teacher_minus_student"):
+            assert a.get(k) == b.get(k), f"step {a['step']} {k}: uninterrupted {a.get(k)!r} != resumed {b.get(k)!r}"
 
 
 NAN_DRIVER = '''
