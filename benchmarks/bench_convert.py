@@ -1,23 +1,32 @@
 """HF -> Megatron conversion throughput vs a plain ``cp`` of the same files, and peak RSS vs model size.
 
 Writes a synthetic Qwen3-style HF checkpoint (random fp32 weights, several safetensors shards,
-written tensor by tensor — never a whole model in memory), then in the same run:
-  * ``cp -r`` of the HF dir (baseline),
-  * ``megatron-rl convert hf-to-mcore`` as one process, and under ``torchrun --nproc_per_node=2 --tp 2``,
-timing each and sampling the peak RSS of the converting process tree (psutil, every 20 ms).
+written tensor by tensor — never a whole model in memory), then in one run:
+  * ``cp -r`` of the HF dir (baseline; page cache warm for every run),
+  * streaming ``megatron-rl convert hf-to-mcore`` (default engine) as one process,
+  * the same under ``torchrun --nproc_per_node=2 --tp 2`` (each rank writes half of the chunks),
+  * the old model-building path (``--engine model``) as one process (``--skip-old`` leaves it out),
+  * an import-only child (python + torch + transformers + the converter modules): the RSS / time floor.
 
-    .venv/bin/python benchmarks/bench_convert.py [--size-gb 1.5] [--keep DIR]
+Time: wall clock of the child (interpreter start and imports included) and, for the streaming runs,
+the converter's own log line ("streamed ... in X s": after imports, until the rename).
+Peak RSS: ``resource.getrusage(RUSAGE_CHILDREN).ru_maxrss`` read in a fresh wrapper process after it
+has waited for the command: the kernel high-water mark of the largest single process of the tree
+(under torchrun: the largest rank). It includes file-backed pages mapped by the process (torch's
+shared libraries); the streaming converter itself neither mmaps nor reads the weights into memory.
+
+    .venv/bin/python benchmarks/bench_convert.py [--size-gb 1.5] [--keep DIR] [--skip-old] [--repeat 3]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -77,39 +86,44 @@ def write_checkpoint(out: Path, size_gb: float) -> int:
     return total
 
 
-def timed(cmd: list[str], env=None) -> tuple[float, int]:
-    """(wall seconds, peak summed RSS bytes of the process tree)."""
-    import psutil
+_WRAP = ("import json, resource, subprocess, sys, time; t = time.perf_counter(); "
+         "p = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE); "
+         "w = time.perf_counter() - t; sys.stderr.write(p.stderr.decode(errors='replace')); "
+         "print(json.dumps({'rc': p.returncode, 'wall': w, "
+         "'maxrss': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024}))")
 
-    t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    peak, stop = [0], threading.Event()
 
-    def sample():
-        proc = psutil.Process(p.pid)
-        while not stop.is_set():
-            try:
-                tree = [proc] + proc.children(recursive=True)
-                per = [q.memory_info().rss for q in tree]
-                peak[0] = max(peak[0], max(per) if len(per) else 0) if "torch.distributed.run" in " ".join(cmd) else max(peak[0], sum(per))
-            except psutil.Error:
-                pass
-            time.sleep(0.02)
+def measured(cmd: list[str], env=None) -> dict:
+    """{"wall": s, "maxrss": bytes, "inner": s or None} of ``cmd`` run under a fresh wrapper process."""
+    p = subprocess.run([sys.executable, "-c", _WRAP, *cmd], cwd=REPO, env={**os.environ, **(env or {})},
+                       capture_output=True, text=True)
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    if res["rc"]:
+        raise RuntimeError(f"{cmd} failed:\n{p.stderr[-3000:]}")
+    m = re.search(r"streamed .* in ([0-9.]+) s", p.stderr)
+    res["inner"] = float(m.group(1)) if m else None
+    return res
 
-    th = threading.Thread(target=sample, daemon=True)
-    th.start()
-    _, err = p.communicate()
-    stop.set()
-    th.join()
-    if p.returncode:
-        raise RuntimeError(f"{cmd} failed:\n{err.decode()[-3000:]}")
-    return time.perf_counter() - t0, peak[0]
+
+def best(cmd: list[str], repeat: int, env=None, before=None) -> dict:
+    """Fastest of ``repeat`` runs (peak RSS: the largest seen)."""
+    runs = []
+    for _ in range(repeat):
+        if before:
+            before()
+        runs.append(measured(cmd, env))
+    r = min(runs, key=lambda r: r["wall"])
+    return {**r, "maxrss": max(x["maxrss"] for x in runs),
+            "inner": min((x["inner"] for x in runs if x["inner"] is not None), default=None)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--size-gb", type=float, default=1.5)
     ap.add_argument("--keep", default=None)
+    ap.add_argument("--repeat", type=int, default=3, help="runs per measurement (the fastest is reported)")
+    ap.add_argument("--skip-old", action="store_true", help="leave out the model-building path (slow, ~5x RSS)")
+    ap.add_argument("--skip-torchrun", action="store_true")
     a = ap.parse_args()
     root = Path(a.keep or tempfile.mkdtemp(prefix="bench_convert_"))
     hf = root / "hf"
@@ -118,19 +132,32 @@ def main() -> None:
     nbytes = write_checkpoint(hf, a.size_gb)
     files = list(hf.glob("*.safetensors"))
     print(f"synthetic Qwen3-style checkpoint: {nbytes / 1e9:.2f} GB in {len(files)} shards")
-    t_cp, _ = timed(["cp", "-r", str(hf), str(root / "hf_copy")])
+    py, env = sys.executable, {"OMP_NUM_THREADS": "1"}
+    cp_out = root / "hf_copy"
+    cp = best(["cp", "-r", str(hf), str(cp_out)], a.repeat, before=lambda: shutil.rmtree(cp_out, ignore_errors=True))
+    t_cp = cp["wall"]
     gbps = lambda t: nbytes / t / 1e9  # noqa: E731
-    print(f"cp -r:                         {t_cp:6.2f} s  {gbps(t_cp):5.2f} GB/s")
-    env = {"OMP_NUM_THREADS": "1"}
-    t1, rss1 = timed([sys.executable, "-m", "megatron_rl.convert.cli", "hf-to-mcore", "--hf", str(hf), "--out",
-                      str(root / "mc1"), "--force"], env)
-    print(f"hf-to-mcore, 1 process:        {t1:6.2f} s  {gbps(t1):5.2f} GB/s  throughput/cp = {t_cp / t1:.2f}x  "
-          f"peak RSS = {rss1 / 1e9:.2f} GB = {rss1 / nbytes:.2f}x model")
-    t2, rss2 = timed([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533",
-                      "-m", "megatron_rl.convert.cli", "hf-to-mcore", "--hf", str(hf), "--out", str(root / "mc2"),
-                      "--tp", "2", "--force"], env)
-    print(f"hf-to-mcore, torchrun TP=2:    {t2:6.2f} s  {gbps(t2):5.2f} GB/s  throughput/cp = {t_cp / t2:.2f}x  "
-          f"peak RSS per rank = {rss2 / 1e9:.2f} GB = {rss2 / nbytes:.2f}x model")
+
+    def report(label: str, r: dict, per_rank: bool = False) -> None:
+        inner = "" if r["inner"] is None else (f"  (conversion itself {r['inner']:5.2f} s = "
+                                              f"{t_cp / r['inner']:.2f}x cp)")
+        print(f"{label:34s}{r['wall']:6.2f} s  {gbps(r['wall']):5.2f} GB/s  throughput/cp = {t_cp / r['wall']:.2f}x"
+              f"{inner}  peak RSS{' per rank' if per_rank else ''} = {r['maxrss'] / 1e9:.2f} GB = "
+              f"{r['maxrss'] / nbytes:.2f}x model")
+
+    print(f"{'cp -r:':34s}{t_cp:6.2f} s  {gbps(t_cp):5.2f} GB/s")
+    floor = best([py, "-c", "import torch, torch.distributed.checkpoint, transformers; "
+                  "import megatron_rl.convert.stream, megatron_rl.convert.dcp_writer; "
+                  "from megatron_rl.models.provider import load_hf_config"], a.repeat, env)
+    report("imports only (floor):", floor)
+    conv = [py, "-m", "megatron_rl.convert.cli", "hf-to-mcore", "--hf", str(hf), "--force"]
+    report("hf-to-mcore stream, 1 process:", best(conv + ["--out", str(root / "mc1")], a.repeat, env))
+    if not a.skip_torchrun:
+        tr = [py, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533",
+              "-m", "megatron_rl.convert.cli", "hf-to-mcore", "--hf", str(hf), "--tp", "2", "--force"]
+        report("hf-to-mcore stream, torchrun TP=2:", best(tr + ["--out", str(root / "mc2")], a.repeat, env), True)
+    if not a.skip_old:
+        report("hf-to-mcore --engine model, 1 proc:", best(conv + ["--out", str(root / "mc0"), "--engine", "model"], 1, env))
     print("goals: throughput >= 0.5x cp; peak RSS <= 0.3x model size")
     if not a.keep:
         shutil.rmtree(root, ignore_errors=True)

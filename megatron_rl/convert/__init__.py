@@ -8,7 +8,10 @@ Live models (collective when torch.distributed is up):
     ``iter_hf_tensors(model_chunks, hf_cfg)`` -> ``(hf_name, full tensor)`` on every rank
     ``export_hf(model_chunks, hf_cfg, out_dir, force=True, tokenizer_dir=None)`` (rank 0 writes)
 Offline (``megatron-rl convert ...``):
-    ``hf_to_mcore(hf_dir, out_dir, tp, pp, force)`` / ``mcore_to_hf(ckpt_dir, out_dir, force)``
+    ``hf_to_mcore(hf_dir, out_dir, tp, pp, force, engine="stream")`` / ``mcore_to_hf(ckpt_dir, out_dir, force)``
+    The default streaming engine builds no model: ``config_json`` (shape facts) -> ``mcore_layout``
+    (the dist-checkpoint chunks) -> ``dcp_writer`` (byte copies from ``safetensors_index``), driven
+    by ``stream.py``; ``engine="model"`` is the model-building reference.
 """
 from megatron_rl.convert.live import export_hf, iter_hf_tensors, load_hf_into_model
 

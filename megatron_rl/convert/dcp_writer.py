@@ -16,7 +16,8 @@ Zero copy: a large tensor record is ``prefix + payload + suffix``. The prefix / 
 except the payload (a memoryview it never reads), with the zip CRC disabled (``torch.load`` does not
 check it). The payload is then copied file-to-file from the safetensors source with
 ``os.copy_file_range`` (page cache to page cache, no user-space buffer), or ``pread``/``pwrite`` in
-8 MiB pieces where the kernel cannot. Sources of another dtype are read tensor by tensor and cast.
+8 MiB pieces where the kernel cannot. Sources of another dtype are read ``CAST_BLOCK`` bytes at a
+time, cast and appended. Memory stays at a few blocks whatever the model size.
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ from megatron_rl.convert.mcore_layout import Chunk, ObjectEntry
 from megatron_rl.convert.safetensors_index import SafetensorsIndex
 
 SMALL_RECORD = 1 << 20  # below this a chunk is materialised and torch.save'd normally
+CAST_BLOCK = 16 << 20  # source bytes read (then cast) at a time when the dtypes differ
 _PIECE = 8 << 20
 _NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EBADF, errno.EPERM}
 MEGATRON_METADATA = {"sharded_backend": "torch_dist", "sharded_backend_version": 1,
@@ -94,7 +96,7 @@ def _saved(obj) -> bytes:
 
 
 class DcpFileWriter:
-    """Appends records to one ``.distcp`` file; ``results`` maps each MetadataIndex to its _StorageInfo."""
+    """Appends records to one ``.distcp`` file; ``results``: {(key, chunk offsets | None): (file, offset, length)}."""
 
     def __init__(self, directory: Path, name: str, source: SafetensorsIndex, dtype: torch.dtype):
         self.rel, self.source, self.dtype = name, source, dtype
@@ -162,14 +164,17 @@ class DcpFileWriter:
                 parts.append(self.source.read_rows(s.hf, s.row0, s.rows).reshape(-1).to(self.dtype))
         return torch.cat(parts).reshape(chunk.sizes) if parts else torch.empty(chunk.sizes, dtype=self.dtype)
 
-    def write_chunk(self, chunk: Chunk) -> None:
-        from torch.distributed.checkpoint.filesystem import _StorageInfo
-        from torch.distributed.checkpoint.metadata import MetadataIndex
+    def _cast(self, s) -> None:
+        """Rows of another dtype: read ``CAST_BLOCK`` bytes at a time, cast, append."""
+        step = max(1, CAST_BLOCK // max(1, self.source[s.hf].row_bytes))
+        for r in range(s.row0, s.row0 + s.rows, step):
+            t = self.source.read_rows(s.hf, r, min(step, s.row0 + s.rows - r)).to(self.dtype)
+            self._put(t.reshape(-1).view(torch.uint8).numpy())
 
+    def write_chunk(self, chunk: Chunk) -> None:
         start = self.pos
         nbytes = chunk.numel * self.itemsize
-        same = all(s.hf is None or self.source[s.hf].dtype == self.dtype for s in chunk.segments)
-        if nbytes < SMALL_RECORD or not same:
+        if nbytes < SMALL_RECORD:
             self._put(_saved(self._materialise(chunk)))
         else:
             key = (chunk.sizes, self.dtype)
@@ -181,26 +186,34 @@ class DcpFileWriter:
             for s in chunk.segments:
                 if s.hf is None:
                     self._zeros(s.rows * row_bytes)
-                else:
+                elif self.source[s.hf].dtype == self.dtype:
                     loc = self.source[s.hf]
                     self._copy(loc.file, loc.offset + s.row0 * loc.row_bytes, s.rows * loc.row_bytes)
+                else:
+                    self._cast(s)
             self._put(suffix)
-        idx = MetadataIndex(chunk.key, torch.Size(chunk.offsets))
-        self.results[idx] = _StorageInfo(self.rel, start, self.pos - start)
+        self.results[(chunk.key, chunk.offsets)] = (self.rel, start, self.pos - start)
 
     def write_object(self, obj: ObjectEntry, data: bytes) -> None:
-        from torch.distributed.checkpoint.filesystem import _StorageInfo
-        from torch.distributed.checkpoint.metadata import MetadataIndex
-
         start = self.pos
         self._put(data)
-        self.results[MetadataIndex(obj.key)] = _StorageInfo(self.rel, start, self.pos - start)
+        self.results[(obj.key, None)] = (self.rel, start, self.pos - start)
+
+
+def preload_metadata_classes() -> None:
+    """Import torch's DCP metadata classes in a background thread (about a second of start-up
+    that then overlaps the copying, which runs in the kernel without the GIL)."""
+    import importlib
+    import threading
+
+    threading.Thread(target=importlib.import_module, args=("torch.distributed.checkpoint.filesystem",),
+                     daemon=True).start()
 
 
 def write_files(directory: Path, rank: int, chunks: list[Chunk], objects: list[ObjectEntry],
                 source: SafetensorsIndex, dtype: torch.dtype, n_files: int = 2) -> dict:
     """Write ``chunks`` + ``objects`` into ``__<rank>_<i>.distcp`` (i < n_files, one thread each,
-    balanced by bytes). Returns {MetadataIndex: _StorageInfo}."""
+    balanced by bytes). Returns {(key, chunk offsets | None): (file, offset, length)}."""
     from concurrent.futures import ThreadPoolExecutor
 
     n_files = max(1, min(n_files, len(chunks) + len(objects)))
@@ -237,9 +250,12 @@ def write_files(directory: Path, rank: int, chunks: list[Chunk], objects: list[O
 
 def build_metadata(chunks: list[Chunk], objects: list[ObjectEntry], storage: dict, dtype: torch.dtype,
                    checkpoint_id: str):
-    """The DCP ``Metadata`` of a checkpoint holding exactly ``chunks`` and ``objects``."""
+    """The DCP ``Metadata`` of a checkpoint holding exactly ``chunks`` and ``objects`` (``storage``
+    as returned by :func:`write_files`)."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
     from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkStorageMetadata, Metadata,
-                                                       StorageMeta, TensorProperties, TensorStorageMetadata)
+                                                       MetadataIndex, StorageMeta, TensorProperties,
+                                                       TensorStorageMetadata)
 
     sdm: dict = {}
     for c in chunks:
@@ -247,7 +263,12 @@ def build_metadata(chunks: list[Chunk], objects: list[ObjectEntry], storage: dic
         md.chunks.append(ChunkStorageMetadata(torch.Size(c.offsets), torch.Size(c.sizes)))
     for o in objects:
         sdm[o.key] = BytesStorageMetadata()
-    return Metadata(state_dict_metadata=sdm, planner_data=None, storage_data=storage,
+    storage_data = {MetadataIndex(k, None if off is None else torch.Size(off)): _StorageInfo(*where)
+                    for (k, off), where in storage.items()}
+    missing = {(c.key, c.offsets) for c in chunks} - set(storage)
+    if missing:
+        raise RuntimeError(f"{len(missing)} chunk(s) were not written, e.g. {sorted(missing)[:3]}")
+    return Metadata(state_dict_metadata=sdm, planner_data=None, storage_data=storage_data,
                     storage_meta=StorageMeta(checkpoint_id=checkpoint_id, save_id=str(uuid.uuid4()), modules=[]),
                     version="1.0.0")
 

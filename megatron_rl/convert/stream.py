@@ -5,16 +5,21 @@
     2. derive the Megatron dist-checkpoint layout from the config (``mcore_layout``);
     3. copy every chunk's bytes into ``.distcp`` files (``dcp_writer``; file-to-file, zero copy when
        the source dtype is the parameter dtype), ``n_files`` writer threads per process;
-    4. write ``.metadata`` / ``common.pt`` / ``metadata.json``, ``hf/`` (config + tokenizer) and
-       ``COMPLETE``, then rename the temp dir onto ``out_dir``.
+    4. write ``.metadata`` / ``common.pt`` / ``metadata.json``, ``hf/`` (config.json as given +
+       tokenizer files) and ``COMPLETE``, then rename the temp dir onto ``out_dir``.
+
+The model facts come from ``config.json`` without transformers (``config_json``), and the DCP
+metadata classes are imported in a background thread while the bytes are copied: start-up cost
+is the interpreter and torch.
 
 Under ``torchrun`` (``WORLD_SIZE`` > 1, gloo) rank r writes every world-th chunk (by size) into
 ``__<r>_<i>.distcp``; rank 0 gathers the storage indices and writes the metadata. Any rank's error
 is shared, so every rank raises and the temp dir is removed.
 
-Peak memory: the interpreter + torch, plus one chunk only when a dtype cast (or a chunk under
-1 MiB) needs it in memory. Output is identical in content to ``dist_checkpointing.save`` of the
-built model at TP=PP=1 (checked in tests) and loads at any TP / PP.
+Peak memory: the interpreter + torch, plus one ``CAST_BLOCK`` (16 MiB) of source and its cast when
+the source dtype is not the parameter dtype (fp32), and chunks under 1 MiB (norms) in memory.
+Output is identical in content to ``dist_checkpointing.save`` of the built model at TP=PP=1
+(checked in tests) and loads at any TP / PP.
 """
 from __future__ import annotations
 
@@ -65,19 +70,34 @@ def check_shapes(index, arch) -> None:
 
 
 def _plan(hf_dir: Path, tp: int, pp: int):
+    """(arch, config-from-JSON?, index, chunks, objects); raises before anything is written."""
+    from megatron_rl.convert.config_json import arch_info
     from megatron_rl.convert.live import check_hf_names
     from megatron_rl.convert.mcore_layout import mcore_layout
     from megatron_rl.convert.safetensors_index import SafetensorsIndex
-    from megatron_rl.models.provider import load_hf_config, model_arch_info, validate_layout
+    from megatron_rl.models.provider import validate_layout
 
-    cfg = load_hf_config(hf_dir)
-    validate_layout(cfg, tp, pp)
-    arch = model_arch_info(cfg)
+    arch, from_json = arch_info(hf_dir)
+    validate_layout(arch, tp, pp)
     index = SafetensorsIndex(hf_dir)
     check_hf_names(index.names(), arch)
     check_shapes(index, arch)
     chunks, objects = mcore_layout(arch, tp)
-    return cfg, index, chunks, objects
+    return arch, from_json, index, chunks, objects
+
+
+def _write_hf_dir(hf_dir: Path, dst: Path, from_json: bool) -> None:
+    """``config.json`` (verbatim when it was read without transformers) + tokenizer files."""
+    from megatron_rl.convert.hf_io import copy_tokenizer_files
+
+    dst.mkdir()
+    if from_json:
+        shutil.copyfile(hf_dir / "config.json", dst / "config.json")
+    else:
+        from megatron_rl.models.provider import load_hf_config
+
+        load_hf_config(hf_dir).save_pretrained(str(dst))
+    copy_tokenizer_files(hf_dir, dst)
 
 
 def _share(items: list, rank: int, world: int, size) -> list:
@@ -101,10 +121,10 @@ def hf_to_mcore_streaming(hf_dir: str | os.PathLike, out_dir: str | os.PathLike,
     for ``tp`` (``padded_vocab_size``). The checkpoint loads at any TP / PP.
     """
     from megatron_rl.convert.atomic import holds_checkpoint
-    from megatron_rl.convert.dcp_writer import finish_checkpoint, write_files
-    from megatron_rl.convert.hf_io import copy_tokenizer_files
+    from megatron_rl.convert.dcp_writer import finish_checkpoint, preload_metadata_classes, write_files
 
     t0 = time.perf_counter()
+    preload_metadata_classes()
     hf_dir, out = Path(hf_dir), Path(out_dir).resolve()
     rank, world = _dist()
     tmp, plan = out.parent / f".tmp-{out.name}-{os.getpid()}", None
@@ -121,19 +141,19 @@ def hf_to_mcore_streaming(hf_dir: str | os.PathLike, out_dir: str | os.PathLike,
         tmp = Path(_agree(err, world, str(tmp))[0])
         storage, err = {}, None
         try:
-            cfg, index, chunks, objects = plan if plan is not None else _plan(hf_dir, tp, pp)
+            arch, from_json, index, chunks, objects = plan if plan is not None else _plan(hf_dir, tp, pp)
             mine = _share(chunks, rank, world, lambda c: c.numel)
+            t_plan = time.perf_counter()
             storage = write_files(tmp / "dist", rank, mine, objects if rank == 0 else [], index, PARAM_DTYPE, n_files)
         except Exception as e:
             err = e
         gathered, err = _agree(err, world, storage), None
+        t_copy = time.perf_counter()
         if rank == 0:
             try:
                 merged = {k: v for s in gathered for k, v in s.items()}
                 finish_checkpoint(tmp / "dist", chunks, objects, merged, PARAM_DTYPE)
-                (tmp / "hf").mkdir()
-                cfg.save_pretrained(str(tmp / "hf"))
-                copy_tokenizer_files(hf_dir, tmp / "hf")
+                _write_hf_dir(hf_dir, tmp / "hf", from_json)
                 (tmp / "COMPLETE").write_text(json.dumps({"step": 0, "tp": tp, "pp": pp, "source": str(hf_dir)}))
                 if out.exists():
                     shutil.rmtree(out)
@@ -145,8 +165,9 @@ def hf_to_mcore_streaming(hf_dir: str | os.PathLike, out_dir: str | os.PathLike,
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
-    log.info("streamed %s -> %s in %.2f s (%d chunks, %d ranks)", hf_dir, out, time.perf_counter() - t0,
-             len(chunks), world)
+    t1 = time.perf_counter()
+    log.info("streamed %s -> %s in %.2f s (plan %.2f s, copy %.2f s, metadata %.2f s; %d chunks, %d ranks)",
+             hf_dir, out, t1 - t0, t_plan - t0, t_copy - t_plan, t1 - t_copy, len(chunks), world)
     return out
 
 
