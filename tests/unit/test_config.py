@@ -32,8 +32,19 @@ def test_bad_input_is_named(ov, msg):
         load_config(None, ov)
 
 
-def test_unsupported_data_path_fails_at_startup():
-    with pytest.raises(ValueError, match="needs the 'rlcsd_hints' data path"):
+@pytest.mark.parametrize("kind", ["rlcsd", "opsd", "sdpo", "srpo", "rlsd", "opsd_ectr", "rlsd_ectr"])
+def test_self_distillation_kinds_are_accepted(kind):
+    """The RLCSD family's data paths (rlcsd_hints, gt_teacher) run: the config accepts every kind."""
+    c = load_config(None, [f"algo.kind={kind}"])
+    assert c.algo.kind == kind
+    validate(c, world_size=1)
+
+
+def test_unsupported_data_path_fails_at_startup(monkeypatch):
+    import megatron_rl.algorithms as A
+
+    monkeypatch.setitem(A.KIND_DATA_PATH, "rlcsd", "no_such_path")
+    with pytest.raises(ValueError, match="needs the 'no_such_path' data path, which this trainer does not run yet"):
         load_config(None, ["algo.kind=rlcsd"])
 
 

@@ -14,17 +14,21 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 YAMLS = sorted(EXAMPLES.rglob("*.yaml"))
 SCRIPTS = sorted([*EXAMPLES.glob("torchrun/*.sh"), *EXAMPLES.glob("slurm/*.sbatch")])
-TINY_ALGOS = ("grpo", "dapo", "drgrpo", "remax", "bicc_rcc", "rlcsd", "opsd", "sdpo", "srpo", "rlsd", "papo", "score")
-LARGE = ("qwen3_8b_grpo", "qwen3_8b_bicc_rcc", "qwen2_5_14b_rlcsd", "llama3_1_8b_dapo")
+TINY_ALGOS = ("grpo", "dapo", "drgrpo", "remax", "bicc_rcc", "rlcsd", "opsd", "sdpo", "srpo", "rlsd", "opsd_ectr",
+              "rlsd_ectr", "papo", "score")
+#: self-distillation kinds that need the teacher: tiny configs set teacher.template=inline, large ones chat
+TEACHER_KINDS = ("rlcsd", "opsd", "sdpo", "srpo", "rlsd", "opsd_ectr", "rlsd_ectr")
+LARGE = ("qwen3_8b_grpo", "qwen3_8b_bicc_rcc", "qwen2_5_14b_rlcsd", "llama3_1_8b_dapo",
+         *(f"qwen3_8b_{k}" for k in TEACHER_KINDS))
 
 
 #: example file prefix -> `megatron-rl plan` preset whose published config.json stands in for the weights
 PRESET_OF = {"qwen3_8b": "qwen3-8b", "qwen3_4b": "qwen3-4b", "qwen2_5_7b": "qwen2.5-7b",
              "qwen2_5_14b": "qwen2.5-14b", "llama3_1_8b": "llama3.1-8b"}
 #: the tiny demo policy's shape (Qwen3-style, notes/cpu_learnability.md)
-TINY_HF = dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_size=128, num_hidden_layers=2,
-               num_attention_heads=4, num_key_value_heads=2, head_dim=32, intermediate_size=512, vocab_size=32,
-               tie_word_embeddings=True, max_position_embeddings=128)
+TINY_HF = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 128, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 512,
+           "vocab_size": 32, "tie_word_embeddings": True, "max_position_embeddings": 128}
 
 
 def load(path: Path, overrides: list[str] | None = None):
@@ -161,7 +165,7 @@ def test_readme_has_cli_examples_for_every_command():
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=[p.name for p in SCRIPTS])
 def test_launch_script_syntax_and_default_config(script, tmp_path):
-    p = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    p = subprocess.run(["bash", "-n", str(script)], check=False, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     for cfg in re.findall(r"CONFIG=\$\{CONFIG:-([^}]+)\}", script.read_text()):
         assert (REPO / cfg).is_file(), f"{script.name}: default config {cfg} does not exist"
@@ -180,3 +184,27 @@ def test_example_reward_names_are_registered(path):
     sec = yaml.safe_load(path.read_text()).get("reward") or {}
     for name in [sec.get("default", "exact"), *(sec.get("by_source") or {}).values()]:
         assert callable(get_reward(name)), f"{path.name}: reward {name!r}"
+
+
+def _kind_of(path: Path) -> str | None:
+    import yaml
+
+    return (yaml.safe_load(path.read_text()).get("algo") or {}).get("kind")
+
+
+TEACHER_YAMLS = [p for p in YAMLS if _kind_of(p) in TEACHER_KINDS]
+
+
+@pytest.mark.parametrize("path", TEACHER_YAMLS, ids=[p.stem for p in TEACHER_YAMLS])
+def test_teacher_examples_set_template_and_support(path):
+    """Self-distillation configs: teacher.template inline (tiny task, no chat template) or chat (LLMs);
+    top-k supports fit the tiny task's 17-token vocabulary and are the spec's 100 on the large models."""
+    import yaml
+
+    tree = yaml.safe_load(path.read_text())
+    kind = tree["algo"]["kind"]
+    tiny = path.stem.startswith("tiny_cpu_")
+    assert (tree.get("teacher") or {}).get("template") == ("inline" if tiny else "chat"), path.name
+    top_k = (tree["algo"].get(kind) or {}).get("top_k")
+    if kind in ("opsd", "sdpo", "srpo", "opsd_ectr"):
+        assert top_k == (8 if tiny else 100), f"{path.name}: top_k {top_k}"
