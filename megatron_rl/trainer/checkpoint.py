@@ -127,6 +127,7 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, actor, extra_state: d
         (tmp / "dist").mkdir(parents=True)
         (tmp / "rng").mkdir()
     dist.barrier()
+    _materialize_fresh_optimizer_state(actor.optimizer)
     dist_checkpointing.save(_sharded_state(actor, is_loading=False), str(tmp / "dist"))
     if teacher is not None and teacher.has_shadow:
         if rank == 0:
@@ -164,6 +165,30 @@ def _ensure_optimizer_state(optimizer) -> None:
     for o in getattr(optimizer, "chained_optimizers", [optimizer]):
         if hasattr(o, "_init_optimizer_states_with_dummy_values") and len(o.optimizer.state) == 0:
             o._init_optimizer_states_with_dummy_values()
+
+
+def _materialize_fresh_optimizer_state(optimizer) -> None:
+    """Saving before the first optimizer step (e.g. every update of a self-distillation run was
+    skipped because hint selection dropped every group): give a stateless DistributedOptimizer the
+    state of a fresh Adam (moments 0, step 0) without changing any parameter, so ``state_dict``
+    works and a resume behaves exactly like the uninterrupted run's first real step."""
+    import torch
+
+    for o in getattr(optimizer, "chained_optimizers", [optimizer]):
+        if not hasattr(o, "_init_optimizer_states_with_dummy_values") or len(o.optimizer.state):
+            continue
+        params = [p for g in o.optimizer.param_groups for p in g["params"]]
+        saved = [p.detach().clone() for p in params]
+        o._init_optimizer_states_with_dummy_values()
+        with torch.no_grad():
+            for p, v in zip(params, saved):
+                p.copy_(v)
+            for st in o.optimizer.state.values():
+                for k, v in st.items():
+                    if torch.is_tensor(v):
+                        v.zero_()
+                    elif k == "step":
+                        st[k] = 0
 
 
 def load_model_weights(path: str | os.PathLike, model) -> int:

@@ -162,20 +162,10 @@ class Packed:
         return torch.where(m, out, torch.zeros_like(out))
 
 
-def pack(seqs: Sequence[tuple[Sequence[int], Sequence[int]]], max_resp: int, pad_id: int, row_len: int,
-         multiple: int = 8) -> Packed:
-    """First-fit-decreasing packing of ``(prompt, response)`` pairs into rows of ``row_len`` tokens
-    (raised to the longest sequence, rounded up to ``multiple``). Prompts must be non-empty."""
-    if not seqs:
-        raise ValueError("pack: no sequences")
-    lens = [len(p) + len(r) for p, r in seqs]
-    if min(len(p) for p, _ in seqs) == 0:
-        raise ValueError("pack: an empty teacher prompt (the first response token needs a context)")
-    s = max(row_len, max(lens))
-    s = -(-s // multiple) * multiple
-    order = sorted(range(len(seqs)), key=lambda i: (-lens[i], i))
+def _ffd(lens: list[int], order: list[int], s: int) -> tuple[list[tuple[int, int]], int]:
+    """First-fit decreasing into rows of ``s`` tokens: (row, offset) per item, and the row count."""
     fill: list[int] = []
-    place = [(0, 0)] * len(seqs)
+    place = [(0, 0)] * len(lens)
     for i in order:
         for r, used in enumerate(fill):
             if used + lens[i] <= s:
@@ -185,7 +175,31 @@ def pack(seqs: Sequence[tuple[Sequence[int], Sequence[int]]], max_resp: int, pad
         else:
             place[i] = (len(fill), 0)
             fill.append(lens[i])
-    rows = len(fill)
+    return place, len(fill)
+
+
+def pack(seqs: Sequence[tuple[Sequence[int], Sequence[int]]], max_resp: int, pad_id: int, row_len: int,
+         multiple: int = 8) -> Packed:
+    """First-fit-decreasing packing of ``(prompt, response)`` pairs into rows of at most ``row_len``
+    tokens (raised to the longest sequence), rounded up to ``multiple``. The row length is chosen
+    among the multiples in ``[row_len / 2, row_len]`` to minimise padded slots (e.g. 19-token
+    sequences waste 14 of 128 slots per row, but only 1 of 96). Prompts must be non-empty."""
+    if not seqs:
+        raise ValueError("pack: no sequences")
+    lens = [len(p) + len(r) for p, r in seqs]
+    if min(len(p) for p, _ in seqs) == 0:
+        raise ValueError("pack: an empty teacher prompt (the first response token needs a context)")
+    longest = -(-max(lens) // multiple) * multiple
+    top = max(longest, -(-row_len // multiple) * multiple)
+    order = sorted(range(len(seqs)), key=lambda i: (-lens[i], i))
+    best = None
+    for s in range(top, max(longest, top // 2) - 1, -multiple):
+        place, rows = _ffd(lens, order, s)
+        if best is None or rows * s < best[1] * best[2]:
+            best = (place, rows, s)
+        if 1.0 - sum(lens) / (rows * s) < 0.02:
+            break
+    place, rows, s = best
     tokens = torch.full((rows, s), pad_id, dtype=torch.long)
     seg = torch.full((rows, s), -1, dtype=torch.long)
     tpos = torch.zeros((len(seqs), max_resp), dtype=torch.long)

@@ -63,3 +63,16 @@ def test_resume_resharded(runs, layout):
         assert abs(s["loss"] - ref["loss"]) <= 1e-5 * abs(ref["loss"]), (s, ref)
         assert abs(s["grad_norm"] - ref["grad_norm"]) <= 1e-5 * ref["grad_norm"], (s, ref)
         assert s["lr"] == ref["lr"]
+
+
+def test_checkpoint_before_the_first_optimizer_step(runs, tmp_path):
+    """Saving with no optimizer state yet leaves every weight alone and the next steps unchanged."""
+    from actor_common import make_tiny_hf
+
+    hf = make_tiny_hf(tmp_path / "hf")
+    torchrun(WORKERS / "actor_checkpoint.py", hf, tmp_path / "run", tmp_path / "fresh.json", 2, "fresh", nproc=2,
+             timeout=300)
+    fresh = json.loads((tmp_path / "fresh.json").read_text())["steps"]
+    full = runs["full"]["steps"][:2]
+    for a, b in zip(fresh, full):
+        assert (a["loss"], a["grad_norm"]) == (b["loss"], b["grad_norm"]), (a, b)

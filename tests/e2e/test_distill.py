@@ -37,6 +37,7 @@ def demo(algo: str, run_dir: Path, *extra: str) -> tuple[float, float, list[dict
     m = re.search(r"before RL ([0-9.]+) -> after RL ([0-9.]+)", p.stdout)
     assert m, p.stdout[-2000:]
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    print(f"[{algo}] held-out greedy accuracy {m.group(1)} -> {m.group(2)}")
     return float(m.group(1)), float(m.group(2)), rows
 
 
@@ -80,4 +81,5 @@ def test_distill_divergence_decreases(algo, metric, tmp_path, warm):
     _teacher_checks(rows)
     first = sum(r[metric] for r in rows[:10]) / 10
     last = sum(r[metric] for r in rows[-10:]) / 10
+    print(f"[{algo}] {metric}: first 10 steps {first:.4f} -> last 10 steps {last:.4f}")
     assert last < DROP * first, f"{algo}: {metric} {first:.4f} (first 10 steps) -> {last:.4f} (last 10)"

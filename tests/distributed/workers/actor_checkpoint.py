@@ -4,6 +4,8 @@ Usage: actor_checkpoint.py HF_DIR RUN_DIR OUT_JSON TP PHASE [PP=1]
   PHASE=full    4 training steps, checkpoint after steps 1 and 2 (keep_last=2); records every
                 step's loss / grad norm and a post-step RNG draw.
   PHASE=resume  find_latest(RUN_DIR) -> load_checkpoint -> steps 3 and 4; records the same.
+  PHASE=fresh   checkpoint BEFORE any optimizer step (a run whose updates were all skipped): the
+                save must not change a weight, and steps 1, 2 must then equal the full run's.
 Each step uses its own batch (seed = step) with old log-probs from a forward pass.
 """
 from __future__ import annotations
@@ -40,6 +42,13 @@ def main() -> None:
             if step in (1, 2):
                 save_checkpoint(run_dir, step, actor, {"sampler_pos": 10 * step, "counters": {"step": step}},
                                 keep_last=2)
+    elif phase == "fresh":
+        probe = fixed_batch(seed=3)
+        before = actor.forward_logprobs(probe, 2).logp
+        save_checkpoint(run_dir, 0, actor, {}, keep_last=2)
+        assert torch.equal(actor.forward_logprobs(probe, 2).logp, before), "saving changed the weights"
+        for step in (1, 2):
+            rec["steps"].append(one_step(actor, step))
     else:
         latest = find_latest(run_dir)
         assert latest is not None and latest.name == "step_2", latest
