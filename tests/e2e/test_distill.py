@@ -83,3 +83,15 @@ def test_distill_divergence_decreases(algo, metric, tmp_path, warm):
     last = sum(r[metric] for r in rows[-10:]) / 10
     print(f"[{algo}] {metric}: first 10 steps {first:.4f} -> last 10 steps {last:.4f}")
     assert last < DROP * first, f"{algo}: {metric} {first:.4f} (first 10 steps) -> {last:.4f} (last 10)"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", ["opsd_ectr", "rlsd_ectr"])
+def test_ectr_plugins_train(algo, tmp_path, warm):
+    """The _ectr plug-ins on the RLCSD hint path (single negative): every step updates, finite loss."""
+    import math
+
+    _, _, rows = run_demo(algo, tmp_path / algo, warm, 8)
+    _teacher_checks(rows)
+    assert all(r["actor/update_successful"] == 1.0 and math.isfinite(r["actor/loss"]) for r in rows)
+    assert all(r["teacher/k_mean"] == 1.0 for r in rows)          # K_max = 1 for the _ectr plug-ins
