@@ -123,9 +123,9 @@ class DcpFileWriter:
         return self._src_fds[path]
 
     def _copy(self, path: Path, off: int, n: int) -> None:
+        """Append ``path[off : off + n]`` (kernel copy, else pread/pwrite pieces)."""
         src = self._src_fd(path)
         while n:
-            k = 0
             if self._kernel_copy:
                 try:
                     k = os.copy_file_range(src, self.fd, n, off, self.pos)
@@ -134,15 +134,14 @@ class DcpFileWriter:
                         raise
                     self._kernel_copy = False
                     continue
+                self.pos += k
             else:
                 buf = os.pread(src, min(n, _PIECE), off)
                 k = len(buf)
-                if k:
-                    self._put(buf)
-                    self.pos -= k  # _put advanced it; the common update below does it once
+                self._put(buf)
             if k == 0:
                 raise ValueError(f"corrupt safetensors file {path}: ends before byte {off + n}")
-            n, off, self.pos = n - k, off + k, self.pos + k
+            n, off = n - k, off + k
 
     def _zeros(self, n: int) -> None:
         block = bytes(min(n, _PIECE))
@@ -200,14 +199,17 @@ class DcpFileWriter:
         self.results[(obj.key, None)] = (self.rel, start, self.pos - start)
 
 
-def preload_metadata_classes() -> None:
+def preload_metadata_classes():
     """Import torch's DCP metadata classes in a background thread (about a second of start-up
-    that then overlaps the copying, which runs in the kernel without the GIL)."""
+    that then overlaps the copying, which runs in the kernel without the GIL). Returns the thread:
+    join it before the process may exit (exiting mid-import can abort the interpreter)."""
     import importlib
     import threading
 
-    threading.Thread(target=importlib.import_module, args=("torch.distributed.checkpoint.filesystem",),
-                     daemon=True).start()
+    t = threading.Thread(target=importlib.import_module, args=("torch.distributed.checkpoint.filesystem",),
+                         daemon=True)
+    t.start()
+    return t
 
 
 def write_files(directory: Path, rank: int, chunks: list[Chunk], objects: list[ObjectEntry],

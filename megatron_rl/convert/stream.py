@@ -36,14 +36,16 @@ log = logging.getLogger("megatron_rl.convert")
 PARAM_DTYPE = torch.float32  # the converted model's params_dtype (transformer_config_from_hf default)
 
 
-def _dist():
-    """(rank, world) from torchrun's env; initialises a gloo group when world > 1."""
+def _dist() -> tuple[int, int, bool]:
+    """(rank, world, created) from torchrun's env; initialises a gloo group when world > 1 and
+    none is up (``created``: this call did, so the converter tears it down again)."""
     import torch.distributed as dist
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1 and not dist.is_initialized():
+    created = world > 1 and not dist.is_initialized()
+    if created:
         dist.init_process_group("gloo")
-    return (dist.get_rank(), dist.get_world_size()) if world > 1 else (0, 1)
+    return (dist.get_rank(), dist.get_world_size(), created) if world > 1 else (0, 1, False)
 
 
 def _all(obj, world: int) -> list:
@@ -124,9 +126,9 @@ def hf_to_mcore_streaming(hf_dir: str | os.PathLike, out_dir: str | os.PathLike,
     from megatron_rl.convert.dcp_writer import finish_checkpoint, preload_metadata_classes, write_files
 
     t0 = time.perf_counter()
-    preload_metadata_classes()
+    preloading = preload_metadata_classes()
     hf_dir, out = Path(hf_dir), Path(out_dir).resolve()
-    rank, world = _dist()
+    rank, world, created = _dist()
     tmp, plan = out.parent / f".tmp-{out.name}-{os.getpid()}", None
     try:
         err = None
@@ -165,6 +167,12 @@ def hf_to_mcore_streaming(hf_dir: str | os.PathLike, out_dir: str | os.PathLike,
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        preloading.join()
+        if created:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
     t1 = time.perf_counter()
     log.info("streamed %s -> %s in %.2f s (plan %.2f s, copy %.2f s, metadata %.2f s; %d chunks, %d ranks)",
              hf_dir, out, t1 - t0, t_plan - t0, t_copy - t_plan, t1 - t_copy, len(chunks), world)
