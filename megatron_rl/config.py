@@ -213,10 +213,14 @@ class TeacherConfig:
     after BOS; template-less SentencePiece tasks) | auto (inline for SentencePiece, else chat)."""
     pack_len: int = 0
     """Tokens per packed teacher row (0 = rollout.max_model_len); longer sequences get their own row."""
+    pack: str = "auto"
+    """Pack teacher sequences with block-diagonal attention: auto (on with the local layer spec, off with
+    Transformer Engine, whose causal kernels ignore a custom mask) | on | off (one sequence per row)."""
 
     def __post_init__(self):
         _check(self.template in ("auto", "chat", "inline"), f"teacher.template invalid: {self.template!r}")
         _check(self.pack_len >= 0, "teacher.pack_len must be >= 0")
+        _check(self.pack in ("auto", "on", "off"), f"teacher.pack invalid: {self.pack!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -354,6 +358,12 @@ def validate(cfg: Config, world_size: int | None = None) -> None:
     if path not in supported:
         raise ValueError(f"algo.kind={cfg.algo.kind!r} needs the {path!r} data path, which this trainer "
                          f"does not run yet")
+    if path in ("rlcsd_hints", "gt_teacher") and cfg.teacher.pack == "on":
+        from megatron_rl.models.provider import resolve_backend
+
+        if resolve_backend(cfg.model.backend) == "te":
+            raise ValueError("teacher.pack=on needs the local attention path (block-diagonal masks); Transformer "
+                             "Engine's causal kernels ignore them. Use teacher.pack=auto/off or model.backend=local")
     if path == "process_reward" and not cfg.reward.grader_url:
         raise ValueError(f"algo.kind={cfg.algo.kind!r} needs a rubric grader: set reward.grader_url "
                          "(an OpenAI-compatible endpoint, e.g. http://host:8000/v1)")

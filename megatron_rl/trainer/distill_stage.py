@@ -5,7 +5,7 @@
     -> teacher tensors in the response frame -> one optimizer step -> teacher schedule
 
 Teacher passes: every teacher sequence of the step (K_i + 1 per kept sample for rlcsd_hints, one
-per sample for gt_teacher) is packed into rows of ``teacher_pack_len`` tokens and run as one
+per sample for gt_teacher) is packed into rows of ``teacher.pack_len`` tokens and run as one
 forward-only schedule; a second pass is needed only by opsd_ectr (negatives gathered at the
 positive teacher's top-k ids). sdpo/srpo choose the support by the STUDENT's top-k: one student
 pass (current θ, no grad) picks the ids before the teacher gathers there; at train time the student
@@ -108,6 +108,7 @@ def build_teacher_tensors(run, ro, keep_sb, plan, hp, kind: str) -> TeacherTenso
             owner.append((j, slot))
     mult = 8 * max(1, run.info.tp)
     row_len = cfg.teacher.pack_len or cfg.rollout.max_model_len
+    packed = run.teacher_packed
     ex, metrics = {}, {}
     student_idx = None
     if chooser == "student":        # sdpo/srpo: the support is the student's top-k at the current θ
@@ -116,16 +117,16 @@ def build_teacher_tensors(run, ro, keep_sb, plan, hp, kind: str) -> TeacherTenso
     if loss == "opsd_ectr":
         pos_i = [m for m, (_, s) in enumerate(owner) if s == 0]
         neg_i = [m for m, (_, s) in enumerate(owner) if s == 1]
-        pk_pos = pack([seqs[m] for m in pos_i], R_max, pad, row_len, mult)
+        pk_pos = pack([seqs[m] for m in pos_i], R_max, pad, row_len, mult, packed)
         pos = teacher_pass(run.actor, run.teacher, pk_pos, dp, mbs, k=top_k)
-        pk_neg = pack([seqs[m] for m in neg_i], R_max, pad, row_len, mult)
+        pk_neg = pack([seqs[m] for m in neg_i], R_max, pad, row_len, mult, packed)
         neg = teacher_pass(run.actor, run.teacher, pk_neg, dp, mbs, index=pos["idx"])
         ex.update({"teacher_topk": with_tail(pos["logp"]), "teacher_neg_topk": with_tail(neg["logp"]),
                    "support_idx_resp": pos["idx"], "teacher_logp": pos["token_logp"]})
         rows, real, slots = pk_pos.batch.num_samples + pk_neg.batch.num_samples, pk_pos.real_tokens + pk_neg.real_tokens, \
             (pk_pos.batch.num_samples * pk_pos.batch.seq_len + pk_neg.batch.num_samples * pk_neg.batch.seq_len)
     else:
-        pk = pack(seqs, R_max, pad, row_len, mult)
+        pk = pack(seqs, R_max, pad, row_len, mult, packed)
         index = None
         if student_idx is not None:
             index = torch.cat([student_idx[j:j + 1] for j, _ in owner], 0)

@@ -32,6 +32,7 @@ class Run:
     teacher: Any = None            # TeacherWeights (self-distillation kinds)
     teacher_template: Any = None   # ChatHintTemplate | InlineHintTemplate
     pending_grades: Any = None     # rollout_stage.PendingGrades (PAPO)
+    teacher_packed: bool = True    # block-diagonal packing of teacher passes (local attention path)
 
     def seq_len(self, prompts, responses) -> int:
         """Padded sequence length of a batch (multiple of 8 and of TP for sequence parallel)."""
@@ -135,6 +136,13 @@ def setup_run(cfg, resume: str | None = None, client=None) -> Run:
                        resume_step=step if path is not None else None, progress=cfg.logging.progress)
     run = Run(cfg, info, tok, train, val, sampler, actor, ref, client, RewardManager(cfg.reward.by_source, cfg.reward.default),
               logger, step, last, teacher=teacher, teacher_template=template)
+    if teacher is not None:
+        from megatron_rl.models.provider import resolve_backend
+
+        run.teacher_packed = cfg.teacher.pack == "on" or (cfg.teacher.pack == "auto"
+                                                          and resolve_backend(cfg.model.backend) == "local")
+        log.info("teacher passes: %s", "packed (block-diagonal attention)" if run.teacher_packed
+                 else "one sequence per row (Transformer Engine attention)")
     if A.KIND_DATA_PATH.get(cfg.algo.kind) == "process_reward":
         from megatron_rl.trainer.rollout_stage import PendingGrades
 

@@ -179,11 +179,14 @@ def _ffd(lens: list[int], order: list[int], s: int) -> tuple[list[tuple[int, int
 
 
 def pack(seqs: Sequence[tuple[Sequence[int], Sequence[int]]], max_resp: int, pad_id: int, row_len: int,
-         multiple: int = 8) -> Packed:
+         multiple: int = 8, packed: bool = True) -> Packed:
     """First-fit-decreasing packing of ``(prompt, response)`` pairs into rows of at most ``row_len``
     tokens (raised to the longest sequence), rounded up to ``multiple``. The row length is chosen
     among the multiples in ``[row_len / 2, row_len]`` to minimise padded slots (e.g. 19-token
-    sequences waste 14 of 128 slots per row, but only 1 of 96). Prompts must be non-empty."""
+    sequences waste 14 of 128 slots per row, but only 1 of 96). Prompts must be non-empty.
+
+    ``packed=False``: one sequence per row, right-padded to the longest, plain causal mask (no
+    ``segment_ids``) — for attention kernels that cannot take a block-diagonal mask."""
     if not seqs:
         raise ValueError("pack: no sequences")
     lens = [len(p) + len(r) for p, r in seqs]
@@ -193,6 +196,9 @@ def pack(seqs: Sequence[tuple[Sequence[int], Sequence[int]]], max_resp: int, pad
     top = max(longest, -(-row_len // multiple) * multiple)
     order = sorted(range(len(seqs)), key=lambda i: (-lens[i], i))
     best = None
+    if not packed:
+        best = ([(i, 0) for i in range(len(seqs))], len(seqs), longest)
+        top = -1
     for s in range(top, max(longest, top // 2) - 1, -multiple):
         place, rows = _ffd(lens, order, s)
         if best is None or rows * s < best[1] * best[2]:
@@ -215,7 +221,8 @@ def pack(seqs: Sequence[tuple[Sequence[int], Sequence[int]]], max_resp: int, pad
         rmask[i, :k] = 1.0
         loss_mask[row, cols] = 1.0
     real = sum(lens)
-    return Packed(TrainBatch(tokens, loss_mask, {"segment_ids": seg}), tpos, rmask, 1.0 - real / (rows * s), real)
+    extras = {"segment_ids": seg} if packed else {}
+    return Packed(TrainBatch(tokens, loss_mask, extras), tpos, rmask, 1.0 - real / (rows * s), real)
 
 
 def truncate_left(prompt: list[int], response: Sequence[int], max_len: int) -> list[int]:

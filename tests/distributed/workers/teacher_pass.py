@@ -62,6 +62,11 @@ def main(hf: str, tp: int, pp: int) -> None:
     # gather mode at given ids (the sdpo/srpo/opsd_ectr path) equals the top-k values there
     gat = teacher_pass(actor, teacher, pk, dp=actor.groups.dp_size, mbs=2, index=top["idx"])
     worst_g = max(float((gat["logp"][m, :len(r)] - ref_top[m]).abs().max()) for m, (_, r) in enumerate(seqs))
+    # teacher.pack=off (one sequence per row, plain causal mask: the Transformer Engine path)
+    flat = teacher_pass(actor, teacher, pack(seqs, max_resp, pad_id=0, row_len=40, multiple=8 * tp, packed=False),
+                        dp=actor.groups.dp_size, mbs=2)
+    worst_u = max(float((flat["token_logp"][m, :len(r)] - ref_lp[m]).abs().max()) for m, (_, r) in enumerate(seqs))
+    assert worst_u < TOL, worst_u
     assert all(torch.equal(a, b) for a, b in zip(live, params)), "live weights not restored after the teacher pass"
     assert max(worst, worst_top, worst_g) < TOL, (worst, worst_top, worst_g)
     if torch.distributed.get_rank() == 0:

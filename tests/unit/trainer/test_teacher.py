@@ -194,3 +194,21 @@ def test_topk_respects_vocab_padding():
 def test_block_diagonal_batch_mask_shape():
     b = make_batch([[1, 2]], [[3]], pad_id=0)
     assert b.attention_mask().shape == (1, 1, 3, 3)
+
+
+def test_pack_off_is_one_sequence_per_row():
+    seqs = [([1, 2], [3, 4]), ([5], [6])]
+    pk = pack(seqs, max_resp=2, pad_id=0, row_len=64, multiple=8, packed=False)
+    assert pk.batch.num_samples == 2 and "segment_ids" not in pk.batch.extras
+    assert pk.batch.tokens[0, :4].tolist() == [1, 2, 3, 4] and pk.batch.tokens[1, :2].tolist() == [5, 6]
+    targets = pk.batch.targets.reshape(-1)
+    assert targets[pk.target_pos[0]].tolist() == [3, 4] and targets[pk.target_pos[1, :1]].tolist() == [6]
+
+
+def test_pack_on_with_transformer_engine_fails_at_startup():
+    from megatron_rl.config import load_config
+
+    with pytest.raises(ValueError, match="teacher.pack=on needs the local attention path"):
+        load_config(None, ["algo.kind=rlsd", "teacher.pack=on", "model.backend=te"])
+    with pytest.raises(ValueError, match="teacher.pack invalid"):
+        load_config(None, ["teacher.pack=maybe"])
