@@ -2,11 +2,12 @@
 
 Writes a synthetic Qwen3-style HF checkpoint (random fp32 weights, several safetensors shards,
 written tensor by tensor — never a whole model in memory), then in one run:
-  * ``cp -r`` of the HF dir (baseline; page cache warm for every run),
+  * ``cp -r`` of the HF dir (baseline; page cache warm for every run; before every run of every
+    command the previous output is removed and ``sync`` flushes dirty pages),
   * streaming ``megatron-rl convert hf-to-mcore`` (default engine) as one process,
   * the same under ``torchrun --nproc_per_node=2 --tp 2`` (each rank writes half of the chunks),
   * the old model-building path (``--engine model``) as one process (``--skip-old`` leaves it out),
-  * an import-only child (python + torch + transformers + the converter modules): the RSS / time floor.
+  * an import-only child (python + torch + torch's DCP + the converter modules): the RSS / time floor.
 
 Time: wall clock of the child (interpreter start and imports included) and, for the streaming runs,
 the converter's own log line ("streamed ... in X s": after imports, until the rename).
@@ -134,7 +135,14 @@ def main() -> None:
     print(f"synthetic Qwen3-style checkpoint: {nbytes / 1e9:.2f} GB in {len(files)} shards")
     py, env = sys.executable, {"OMP_NUM_THREADS": "1"}
     cp_out = root / "hf_copy"
-    cp = best(["cp", "-r", str(hf), str(cp_out)], a.repeat, before=lambda: shutil.rmtree(cp_out, ignore_errors=True))
+    def fresh(path: Path):
+        """Before each run: remove its output and flush dirty pages, so no run pays for another's writeback."""
+        def f():
+            shutil.rmtree(path, ignore_errors=True)
+            os.sync()
+        return f
+
+    cp = best(["cp", "-r", str(hf), str(cp_out)], a.repeat, before=fresh(cp_out))
     t_cp = cp["wall"]
     gbps = lambda t: nbytes / t / 1e9  # noqa: E731
 
@@ -146,18 +154,19 @@ def main() -> None:
               f"{r['maxrss'] / nbytes:.2f}x model")
 
     print(f"{'cp -r:':34s}{t_cp:6.2f} s  {gbps(t_cp):5.2f} GB/s")
-    floor = best([py, "-c", "import torch, torch.distributed.checkpoint, transformers; "
-                  "import megatron_rl.convert.stream, megatron_rl.convert.dcp_writer; "
-                  "from megatron_rl.models.provider import load_hf_config"], a.repeat, env)
+    floor = best([py, "-c", "import torch, torch.distributed.checkpoint, megatron_rl.convert.cli, "
+                  "megatron_rl.convert.checkpoints, megatron_rl.convert.stream"], a.repeat, env)
     report("imports only (floor):", floor)
-    conv = [py, "-m", "megatron_rl.convert.cli", "hf-to-mcore", "--hf", str(hf), "--force"]
-    report("hf-to-mcore stream, 1 process:", best(conv + ["--out", str(root / "mc1")], a.repeat, env))
+    conv = [py, "-m", "megatron_rl.convert.cli", "hf-to-mcore", "--hf", str(hf)]
+    report("hf-to-mcore stream, 1 process:", best(conv + ["--out", str(root / "mc1")], a.repeat, env, fresh(root / "mc1")))
     if not a.skip_torchrun:
         tr = [py, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533",
-              "-m", "megatron_rl.convert.cli", "hf-to-mcore", "--hf", str(hf), "--tp", "2", "--force"]
-        report("hf-to-mcore stream, torchrun TP=2:", best(tr + ["--out", str(root / "mc2")], a.repeat, env), True)
+              "-m", "megatron_rl.convert.cli", "hf-to-mcore", "--hf", str(hf), "--tp", "2"]
+        report("hf-to-mcore stream, torchrun TP=2:", best(tr + ["--out", str(root / "mc2")], a.repeat, env,
+                                                          fresh(root / "mc2")), True)
     if not a.skip_old:
-        report("hf-to-mcore --engine model, 1 proc:", best(conv + ["--out", str(root / "mc0"), "--engine", "model"], 1, env))
+        report("hf-to-mcore --engine model, 1 proc:", best(conv + ["--out", str(root / "mc0"), "--engine", "model"], 1,
+                                                           env, fresh(root / "mc0")))
     print("goals: throughput >= 0.5x cp; peak RSS <= 0.3x model size")
     if not a.keep:
         shutil.rmtree(root, ignore_errors=True)

@@ -199,19 +199,6 @@ class DcpFileWriter:
         self.results[(obj.key, None)] = (self.rel, start, self.pos - start)
 
 
-def preload_metadata_classes():
-    """Import torch's DCP metadata classes in a background thread (about a second of start-up
-    that then overlaps the copying, which runs in the kernel without the GIL). Returns the thread:
-    join it before the process may exit (exiting mid-import can abort the interpreter)."""
-    import importlib
-    import threading
-
-    t = threading.Thread(target=importlib.import_module, args=("torch.distributed.checkpoint.filesystem",),
-                         daemon=True)
-    t.start()
-    return t
-
-
 def write_files(directory: Path, rank: int, chunks: list[Chunk], objects: list[ObjectEntry],
                 source: SafetensorsIndex, dtype: torch.dtype, n_files: int = 2) -> dict:
     """Write ``chunks`` + ``objects`` into ``__<rank>_<i>.distcp`` (i < n_files, one thread each,

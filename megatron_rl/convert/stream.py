@@ -8,9 +8,10 @@
     4. write ``.metadata`` / ``common.pt`` / ``metadata.json``, ``hf/`` (config.json as given +
        tokenizer files) and ``COMPLETE``, then rename the temp dir onto ``out_dir``.
 
-The model facts come from ``config.json`` without transformers (``config_json``), and the DCP
-metadata classes are imported in a background thread while the bytes are copied: start-up cost
-is the interpreter and torch.
+The model facts come from ``config.json`` without transformers (``config_json``): start-up cost is
+the interpreter, torch and (for the metadata pickle) ``torch.distributed.checkpoint``. Importing
+the latter in a thread during the copy was tried: on 2 cores it only moved the time (the copy
+threads then wait for the GIL after every ``copy_file_range``).
 
 Under ``torchrun`` (``WORLD_SIZE`` > 1, gloo) rank r writes every world-th chunk (by size) into
 ``__<r>_<i>.distcp``; rank 0 gathers the storage indices and writes the metadata. Any rank's error
@@ -123,10 +124,9 @@ def hf_to_mcore_streaming(hf_dir: str | os.PathLike, out_dir: str | os.PathLike,
     for ``tp`` (``padded_vocab_size``). The checkpoint loads at any TP / PP.
     """
     from megatron_rl.convert.atomic import holds_checkpoint
-    from megatron_rl.convert.dcp_writer import finish_checkpoint, preload_metadata_classes, write_files
+    from megatron_rl.convert.dcp_writer import finish_checkpoint, write_files
 
     t0 = time.perf_counter()
-    preloading = preload_metadata_classes()
     hf_dir, out = Path(hf_dir), Path(out_dir).resolve()
     rank, world, created = _dist()
     tmp, plan = out.parent / f".tmp-{out.name}-{os.getpid()}", None
@@ -168,7 +168,6 @@ def hf_to_mcore_streaming(hf_dir: str | os.PathLike, out_dir: str | os.PathLike,
             shutil.rmtree(tmp, ignore_errors=True)
         raise
     finally:
-        preloading.join()
         if created:
             import torch.distributed as dist
 
