@@ -1,4 +1,4 @@
-"""Streaming HF -> Megatron conversion: no model is built and no tensor is held beyond one chunk.
+"""Streaming HF -> Megatron conversion: no model is built and the weights never pass through memory.
 
     1. index the safetensors headers (``SafetensorsIndex``); check names and shapes against the
        name map (``KeyError`` / ``ValueError`` naming the tensor, before anything is written);
@@ -13,8 +13,8 @@ the interpreter, torch and (for the metadata pickle) ``torch.distributed.checkpo
 the latter in a thread during the copy was tried: on 2 cores it only moved the time (the copy
 threads then wait for the GIL after every ``copy_file_range``).
 
-Under ``torchrun`` (``WORLD_SIZE`` > 1, gloo) rank r writes every world-th chunk (by size) into
-``__<r>_<i>.distcp``; rank 0 gathers the storage indices and writes the metadata. Any rank's error
+Under ``torchrun`` (``WORLD_SIZE`` > 1, gloo) rank r writes its share of the chunks (greedy balance
+by bytes) into ``__<r>_<i>.distcp``; rank 0 gathers the storage indices and writes the metadata. Any rank's error
 is shared, so every rank raises and the temp dir is removed.
 
 Peak memory: the interpreter + torch, plus one ``CAST_BLOCK`` (16 MiB) of source and its cast when
