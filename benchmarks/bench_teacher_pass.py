@@ -83,7 +83,7 @@ def main() -> None:
     actor = PolicyActor(load_hf_config(hf), info, OptimSpec(lr=1e-5))
     actor.load_hf(hf)
     teacher = TeacherWeights(actor, "snapshot")
-    tok = lambda n: [rng.randrange(4, args.vocab) for _ in range(n)]  # noqa: E731
+    tok = lambda n: [rng.randrange(4, args.vocab) for _ in range(n)]
     prompts, responses = [], []
     for _ in range(args.prompts):
         p = tok(rng.randint(24, 64))

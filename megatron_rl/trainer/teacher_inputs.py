@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

@@ -13,12 +13,12 @@ import sys
 import torch
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from actor_common import VOCAB, build_actor  # noqa: E402
+from actor_common import VOCAB, build_actor
 
-from megatron_rl.trainer.batch import make_batch  # noqa: E402
-from megatron_rl.trainer.distill_stage import teacher_pass  # noqa: E402
-from megatron_rl.trainer.teacher import TeacherWeights  # noqa: E402
-from megatron_rl.trainer.teacher_inputs import pack  # noqa: E402
+from megatron_rl.trainer.batch import make_batch
+from megatron_rl.trainer.distill_stage import teacher_pass
+from megatron_rl.trainer.teacher import TeacherWeights
+from megatron_rl.trainer.teacher_inputs import pack
 
 TOL = 1e-5
 TOPK = 5

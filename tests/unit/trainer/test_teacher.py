@@ -12,9 +12,18 @@ import torch
 from megatron_rl import algorithms as A
 from megatron_rl.trainer.batch import make_batch
 from megatron_rl.trainer.teacher import TeacherWeights
-from megatron_rl.trainer.teacher_inputs import (ChatHintTemplate, InlineHintTemplate, pack, plan_teacher,
-                                                truncate_left)
-from megatron_rl.trainer.vocab_parallel import vocab_parallel_gather_logprobs, vocab_parallel_topk, with_tail
+from megatron_rl.trainer.teacher_inputs import (
+    ChatHintTemplate,
+    InlineHintTemplate,
+    pack,
+    plan_teacher,
+    truncate_left,
+)
+from megatron_rl.trainer.vocab_parallel import (
+    vocab_parallel_gather_logprobs,
+    vocab_parallel_topk,
+    with_tail,
+)
 
 
 class CharTok:
@@ -50,7 +59,7 @@ def make_ro(rewards, texts, gids):
 
 
 def test_plan_rlcsd_drops_and_k():
-    box = lambda a: f"so \\boxed{{{a}}}"  # noqa: E731
+    box = lambda a: f"so \\boxed{{{a}}}"
     # group 0: 1 correct, 3 wrong boxed -> the correct one is dropped (no other positive)
     # group 1: all correct -> dropped; group 2: 2 correct, 1 wrong boxed + 1 wrong unboxed
     texts = [box(42), box(1), box(2), box(3), box(42), box(42), box(42), box(42), box(42), box(42), box(7), "none"]
@@ -152,9 +161,8 @@ def test_teacher_modes_and_swap():
     with snap.swapped():
         assert torch.equal(model.lin.weight, w1)
     assert snap.state_dict() == {"mode": "snapshot", "counter": 0, "syncs": 1}
-    with pytest.raises(RuntimeError):
-        with snap.swapped():
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError), snap.swapped():
+        raise RuntimeError("boom")
     assert torch.equal(model.lin.weight, w1)               # restored on error too
     with pytest.raises(ValueError, match="teacher_mode"):
         TeacherWeights(actor, "lora")
