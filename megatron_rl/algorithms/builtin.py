@@ -54,16 +54,25 @@ def _remax(x: AlgoInputs, hp) -> Tensor:
     return remax_advantage(x.rewards, x.greedy_rewards)
 
 
-@register_advantage("bicc")
-def _bicc(x: AlgoInputs, hp) -> Tensor:
-    return bicc_advantage(x.rewards, x.group_ids, threshold=getattr(hp, "threshold", 0.5))
-
-
-def _rcc_needs(hp) -> set:
+def _base_needs(hp) -> set:
     return {"greedy_rewards"} if getattr(hp, "base", None) == "remax" else set()
 
 
-@register_advantage("rcc", needs=("old_logp", "ref_logp"), hp_needs=_rcc_needs)
+@register_advantage("bicc", hp_needs=_base_needs)
+def _bicc(x: AlgoInputs, hp) -> Tensor:
+    """BiCC changes the ratio's inputs only (spec §1.6): the advantage is the base estimator's —
+    ``bicc`` (the released ±sqrt(n∓/n±) form), GRPO/DAPO (std-scaled), Dr.GRPO (unscaled), ReMax."""
+    base = getattr(hp, "base", "bicc")
+    if base in ("grpo", "dapo"):
+        return grpo_advantage(x.rewards, x.group_ids, eps=getattr(hp, "eps", 1e-6))
+    if base == "drgrpo":
+        return grpo_advantage(x.rewards, x.group_ids, scale="none")
+    if base == "remax":
+        return remax_advantage(x.rewards, x.greedy_rewards)
+    return bicc_advantage(x.rewards, x.group_ids, threshold=getattr(hp, "threshold", 0.5))
+
+
+@register_advantage("rcc", needs=("old_logp", "ref_logp"), hp_needs=_base_needs)
 def _rcc(x: AlgoInputs, hp) -> Tensor:
     delta = x.delta if x.delta is not None else rcc_delta(x.old_logp, x.ref_logp, x.mask, hp.rcc_delta)
     return rcc_advantage(x.rewards, delta, x.group_ids, base=hp.base, eps=hp.eps, greedy_rewards=x.greedy_rewards)

@@ -107,9 +107,20 @@ class BiCCHParams(PPOHParams):
     context_frac: float = 0.4                 #: L_ctx = floor(frac · L_max)
     old_logprob_context: str = "plain"        #: plain (paper) | conditioned
     threshold: float = 0.5                    #: correct iff reward > threshold
+    base: str = "bicc"          #: advantage estimator: bicc (released code) | grpo | dapo | drgrpo | remax (spec §1.6)
+    overlong_enable: bool = False             #: DAPO soft overlong shaping (base dapo's recipe turns it on)
+    overlong_buffer_len: int = 4096
+    overlong_penalty_factor: float = 1.0
+    filter_groups: bool = False               #: DAPO dynamic sampling
+    filter_metric: str = "acc"
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        _check(self.base in ("grpo", "dapo", "drgrpo", "bicc", "remax"), f"bicc base {self.base!r} invalid; "
+               "valid: ['bicc', 'dapo', 'drgrpo', 'grpo', 'remax']")
+        _check(self.overlong_buffer_len > 0, "overlong_buffer_len must be > 0")
+        _check(self.filter_metric in ("acc", "score", "seq_reward", "seq_final_reward"),
+               f"filter_metric {self.filter_metric!r} invalid")
         _check(0 < self.context_frac < 1, f"context_frac must be in (0, 1), got {self.context_frac}")
         _check(self.old_logprob_context in ("plain", "conditioned"),
                f"old_logprob_context {self.old_logprob_context!r} not in ['conditioned', 'plain']")
