@@ -28,7 +28,7 @@ demo: $(STAMP)
 	$(BIN)/megatron-rl demo --algo $(ALGO)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest tests -q -x --timeout=900 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests -q -x --timeout=900 --durations=15 $(PYTEST_ARGS)
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit -q $(PYTEST_ARGS)
