@@ -171,7 +171,13 @@ def hf_to_mcore_streaming(hf_dir: str | os.PathLike, out_dir: str | os.PathLike,
         if created:
             import torch.distributed as dist
 
-            dist.destroy_process_group()
+            # every rank leaves the last collective before any rank tears gloo down: a rank that
+            # closes its pairs while a peer's gloo thread still reads them aborts the peer
+            # ("terminate called without an active exception", seen once under load)
+            try:
+                dist.barrier()
+            finally:
+                dist.destroy_process_group()
     t1 = time.perf_counter()
     log.info("streamed %s -> %s in %.2f s (plan %.2f s, copy %.2f s, metadata %.2f s; %d chunks, %d ranks)",
              hf_dir, out, t1 - t0, t_plan - t0, t_copy - t_plan, t1 - t_copy, len(chunks), world)
