@@ -180,6 +180,26 @@ class _LogProbModel:
                                                               vocab_size=self.vocab_size)
         return torch.zeros((), device=logits.device), torch.zeros((), dtype=torch.int, device=logits.device), data
 
+    def _forward_only(self, batch: TrainBatch, micro_batch_size: int, collect: Callable,
+                      specs: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> dict[str, torch.Tensor]:
+        """Run ``collect`` over ``batch`` (forward-only schedule, padded rows dropped) and return each
+        ``specs`` key as a GLOBAL tensor on every rank. ``specs``: key -> (trailing shape, dtype)."""
+        g = self.groups
+        n = batch.num_samples
+        batch = _pad_rows(batch, g.dp_size * micro_batch_size)
+        local, mbs = self._local_batch(batch, micro_batch_size)
+        for c in self.chunks:
+            c.eval()
+        with torch.no_grad():
+            store = run_schedule(self.chunks, mbs, partial(self._forward_step, collect), forward_only=True)
+        out = {}
+        for key, (trail, dtype) in specs.items():
+            shape = (local.num_samples, local.seq_len - 1, *trail)
+            x = torch.cat([d[key] for d in store], dim=0).to(dtype) if g.is_last_stage else None
+            x = tensor_from_last_stage(g, x, shape, dtype=dtype)
+            out[key] = gather_dp(g, x)[:n, : batch.seq_len - 1]
+        return out
+
     # ----- public --------------------------------------------------------------------------
     def forward_support(self, batch: TrainBatch, micro_batch_size: int, *, k: int | None = None,
                         index_key: str | None = None, temperature: float | None = None) -> dict[str, torch.Tensor]:
@@ -193,29 +213,14 @@ class _LogProbModel:
         """
         if k is not None and index_key is not None:
             raise ValueError("forward_support: pass at most one of k (choose the top-k) or index_key (gather)")
-        g = self.groups
         t = self.temperature if temperature is None else float(temperature)
-        n = batch.num_samples
-        batch = _pad_rows(batch, g.dp_size * micro_batch_size)
-        local, mbs = self._local_batch(batch, micro_batch_size)
-        for c in self.chunks:
-            c.eval()
-        with torch.no_grad():
-            store = run_schedule(self.chunks, mbs, partial(self._forward_step, partial(
-                self._collect_support, t, k, index_key)), forward_only=True)
-        rows, cols = local.num_samples, local.seq_len - 1
-        specs = {"token_logp": ((rows, cols), torch.float32), "entropy": ((rows, cols), torch.float32)}
+        specs = {"token_logp": ((), torch.float32), "entropy": ((), torch.float32)}
         if k is not None or index_key is not None:
             kk = k if k is not None else int(batch.extras[index_key].shape[-1])
-            specs["logp"] = ((rows, cols, kk), torch.float32)
+            specs["logp"] = ((kk,), torch.float32)
             if k is not None:
-                specs["idx"] = ((rows, cols, kk), torch.long)
-        out = {}
-        for key, (shape, dtype) in specs.items():
-            x = torch.cat([d[key] for d in store], dim=0).to(dtype) if g.is_last_stage else None
-            x = tensor_from_last_stage(g, x, shape, dtype=dtype)
-            out[key] = gather_dp(g, x)[:n, : batch.seq_len - 1]
-        return out
+                specs["idx"] = ((kk,), torch.long)
+        return self._forward_only(batch, micro_batch_size, partial(self._collect_support, t, k, index_key), specs)
 
     def forward_logprobs(self, batch: TrainBatch, micro_batch_size: int, temperature: float | None = None,
                          with_entropy: bool = False) -> LogProbResult:
@@ -226,23 +231,12 @@ class _LogProbModel:
         ``N`` need not divide by ``dp_size * micro_batch_size``: the batch is padded with copies
         of its last row (results dropped).
         """
-        g = self.groups
         t = self.temperature if temperature is None else float(temperature)
-        n = batch.num_samples
-        batch = _pad_rows(batch, g.dp_size * micro_batch_size)
-        local, mbs = self._local_batch(batch, micro_batch_size)
-        for c in self.chunks:
-            c.eval()
-        with torch.no_grad():
-            store = run_schedule(self.chunks, mbs, partial(self._forward_step, partial(
-                self._collect_logprobs, t, with_entropy)), forward_only=True)
-        shape = (local.num_samples, local.seq_len - 1)
-        outs = []
-        for key in ("logp", "entropy") if with_entropy else ("logp",):
-            x = torch.cat([d[key] for d in store], dim=0).float() if g.is_last_stage else None
-            x = tensor_from_last_stage(g, x, shape)
-            outs.append(gather_dp(g, x)[:n, : batch.seq_len - 1])
-        return LogProbResult(outs[0], outs[1] if with_entropy else None)
+        specs = {"logp": ((), torch.float32)}
+        if with_entropy:
+            specs["entropy"] = ((), torch.float32)
+        out = self._forward_only(batch, micro_batch_size, partial(self._collect_logprobs, t, with_entropy), specs)
+        return LogProbResult(out["logp"], out.get("entropy"))
 
     def load_hf(self, hf_dir: str) -> None:
         """Load an HF checkpoint directory into the model (converter maps, TP/PP slicing)."""

@@ -229,22 +229,16 @@ def update_teacher(run, ro, step: int) -> dict:
     cfg, hp, kind = run.cfg, run.cfg.algo.hparams, run.cfg.algo.kind
     mbs, R_max, pad = cfg.trainer.micro_batch_size, cfg.rollout.max_tokens, run.tok.pad_id
     path = A.KIND_DATA_PATH[kind]
-    t0 = time.perf_counter()
     plain = U.build_seq_batch(ro.prompts, ro.responses, pad, run.seq_len(ro.prompts, ro.responses), R_max)
-    old = U.response_frame(run.actor.forward_logprobs(plain.batch, mbs).logp, plain)
-    ref = U.response_frame(run.ref.forward_logprobs(plain.batch, mbs).logp, plain) if run.ref is not None else None
-    roll = torch.zeros_like(old)
-    for i, lp in enumerate(ro.rollout_logp):
-        roll[i, : min(len(lp), R_max)] = torch.tensor(lp[:R_max])
+    old, ref, metrics = U.old_ref_logprobs(run, ro, plain)
     m = plain.resp_mask
     adv = A.compute_advantages(kind, U.advantage_inputs(ro, m, old_logp=old, ref_logp=ref), hp).float()
     plan = plan_teacher(path, ro, run.teacher_template, k_max=getattr(hp, "k_max", 1),
                         source=getattr(hp, "source", "self_rollout"), rng=step_rng(cfg.trainer.seed, step))
-    metrics = {"rollout/logprob_gap": float(((old - roll).abs() * m).sum() / m.sum().clamp_min(1)),
-               "time/logprobs": time.perf_counter() - t0, "teacher/kept_frac": len(plan.keep) / len(ro),
+    metrics.update({"teacher/kept_frac": len(plan.keep) / len(ro),
                "teacher/dropped_groups": plan.dropped_groups, "teacher/dropped_targets": plan.dropped_targets,
                "teacher/k_mean": (sum(plan.n_neg) / len(plan.n_neg)) if plan.n_neg else 0.0,
-               "adv/mean_abs": float(adv.abs().mean())}
+               "adv/mean_abs": float(adv.abs().mean())})
     if not plan.keep:
         # spec §1.5.1: no surviving sample -> the update is skipped and the teacher counter stays
         metrics.update({"actor/update_skipped": 1.0, "actor/update_successful": 0.0})

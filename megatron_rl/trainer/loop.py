@@ -80,16 +80,9 @@ def update(run: Run, ro: R.Rollouts, step: int) -> dict:
     """old/ref log-probs -> contrastive inputs -> advantages -> one optimizer step."""
     cfg, hp, kind = run.cfg, run.cfg.algo.hparams, run.cfg.algo.kind
     mbs, R_max, pad = cfg.trainer.micro_batch_size, cfg.rollout.max_tokens, run.tok.pad_id
-    t0 = time.perf_counter()
     plain = U.build_seq_batch(ro.prompts, ro.responses, pad, run.seq_len(ro.prompts, ro.responses), R_max)
-    old = U.response_frame(run.actor.forward_logprobs(plain.batch, mbs).logp, plain)
-    ref = U.response_frame(run.ref.forward_logprobs(plain.batch, mbs).logp, plain) if run.ref is not None else None
-    roll = torch.zeros_like(old)
-    for i, lp in enumerate(ro.rollout_logp):
-        roll[i, : min(len(lp), R_max)] = torch.tensor(lp[:R_max])
+    old, ref, metrics = U.old_ref_logprobs(run, ro, plain)
     m = plain.resp_mask
-    metrics = {"rollout/logprob_gap": float(((old - roll).abs() * m).sum() / m.sum().clamp_min(1)),
-               "time/logprobs": time.perf_counter() - t0}
     if A.KIND_DATA_PATH.get(kind) == "process_reward":
         # the rubric grader ran while the log-probs above were computed; wait for what is left
         metrics["time/grader_wait"] = run.pending_grades.finish(ro, run.info.is_driver)

@@ -71,6 +71,23 @@ def bicc_inputs(rollouts, hp, l_max: int, max_total_len: int, insert_at: int | N
     return prompts, len(bb.samples), bb.n_fallback
 
 
+def old_ref_logprobs(run, ro, plain: SeqBatch) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
+    """Behaviour (old) and reference log-probs of the plain batch in the response frame, and the
+    trainer<->engine agreement metric ``rollout/logprob_gap`` (mean |old − engine log-prob|)."""
+    import time
+
+    t0 = time.perf_counter()
+    mbs, R_max = run.cfg.trainer.micro_batch_size, run.cfg.rollout.max_tokens
+    old = response_frame(run.actor.forward_logprobs(plain.batch, mbs).logp, plain)
+    ref = response_frame(run.ref.forward_logprobs(plain.batch, mbs).logp, plain) if run.ref is not None else None
+    roll = torch.zeros_like(old)
+    for i, lp in enumerate(ro.rollout_logp):
+        roll[i, : min(len(lp), R_max)] = torch.tensor(lp[:R_max])
+    m = plain.resp_mask
+    return old, ref, {"rollout/logprob_gap": float(((old - roll).abs() * m).sum() / m.sum().clamp_min(1)),
+                      "time/logprobs": time.perf_counter() - t0}
+
+
 def advantage_inputs(rollouts, mask: torch.Tensor, old_logp=None, ref_logp=None) -> A.AlgoInputs:
     return A.AlgoInputs(rewards=rollouts.rewards.double(), group_ids=rollouts.group_ids, mask=mask,
                         old_logp=old_logp, ref_logp=ref_logp, correct=rollouts.correct,
