@@ -65,6 +65,27 @@ def _upcast(x: torch.Tensor) -> torch.Tensor:
     return x if x.dtype in (torch.float32, torch.float64) else x.float()
 
 
+def _shard(logits: torch.Tensor, group, vocab_size: int | None) -> tuple[torch.Tensor, int, int]:
+    """(fp32 view of this rank's logits shard, its first global column, its number of real columns)."""
+    rank, _ = _world(group)
+    width = logits.shape[-1]
+    lo = rank * width
+    return _upcast(logits), lo, _valid_width(lo, width, vocab_size)
+
+
+def _max_exp_sum(z: torch.Tensor, nv: int, group) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Global row max ``m``, local ``e = exp(z - m)`` (0 on padding columns) and global ``s = sum e``."""
+    if nv > 0:
+        m = z[..., :nv].max(dim=-1).values
+    else:
+        m = torch.full(z.shape[:-1], float("-inf"), dtype=z.dtype, device=z.device)
+    _all_reduce(m, dist.ReduceOp.MAX, group)
+    e = torch.exp(z - m.unsqueeze(-1))
+    if nv < z.shape[-1]:
+        e[..., nv:] = 0.0
+    return m, e, _all_reduce(e.sum(dim=-1), dist.ReduceOp.SUM, group)
+
+
 class _VocabParallelLogProbs(torch.autograd.Function):
     """Autograd function; see the module docstring for the forward and backward formulas.
 
@@ -75,20 +96,9 @@ class _VocabParallelLogProbs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, targets, group, vocab_size):
-        rank, _ = _world(group)
+        z, lo, nv = _shard(logits, group, vocab_size)
         width = logits.shape[-1]
-        lo = rank * width
-        nv = _valid_width(lo, width, vocab_size)
-        z = _upcast(logits)
-        if nv > 0:
-            m = z[..., :nv].max(dim=-1).values
-        else:
-            m = torch.full(z.shape[:-1], float("-inf"), dtype=z.dtype, device=z.device)
-        _all_reduce(m, dist.ReduceOp.MAX, group)
-        e = torch.exp(z - m.unsqueeze(-1))
-        if nv < width:
-            e[..., nv:] = 0.0
-        s = _all_reduce(e.sum(dim=-1), dist.ReduceOp.SUM, group)
+        m, e, s = _max_exp_sum(z, nv, group)
         lse = m + torch.log(s)
         own, idx = _target_index(targets, lo, width)
         z_t = torch.where(own, z.gather(-1, idx).squeeze(-1), torch.zeros_like(m))
@@ -157,16 +167,10 @@ def full_vocab_logprobs(logits: torch.Tensor, targets: torch.Tensor, vocab_size:
 
 # ------------------------------------------------------------------ top-k + tail supports (distillation)
 
-def _lse(z: torch.Tensor, lo: int, nv: int, group) -> torch.Tensor:
+def _lse(z: torch.Tensor, nv: int, group) -> torch.Tensor:
     """Global log-sum-exp of each row over the real vocabulary (padding columns excluded)."""
-    width = z.shape[-1]
-    m = z[..., :nv].max(dim=-1).values if nv > 0 else torch.full(z.shape[:-1], float("-inf"), dtype=z.dtype,
-                                                                   device=z.device)
-    _all_reduce(m, dist.ReduceOp.MAX, group)
-    e = torch.exp(z - m.unsqueeze(-1))
-    if nv < width:
-        e[..., nv:] = 0.0
-    return m + torch.log(_all_reduce(e.sum(dim=-1), dist.ReduceOp.SUM, group))
+    m, _, s = _max_exp_sum(z, nv, group)
+    return m + torch.log(s)
 
 
 class _VocabParallelGather(torch.autograd.Function):
@@ -178,12 +182,9 @@ class _VocabParallelGather(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, idx, group, vocab_size):
-        rank, _ = _world(group)
+        z, lo, nv = _shard(logits, group, vocab_size)
         width = logits.shape[-1]
-        lo = rank * width
-        nv = _valid_width(lo, width, vocab_size)
-        z = _upcast(logits)
-        lse = _lse(z, lo, nv, group)
+        lse = _lse(z, nv, group)
         own, local = _target_index(idx, lo, width)
         local = local.squeeze(-1)
         z_u = torch.where(own, z.gather(-1, local), torch.zeros_like(idx, dtype=z.dtype))
@@ -242,7 +243,7 @@ def vocab_parallel_topk(logits_shard: torch.Tensor, k: int, tp_group=None, vocab
     if not 1 <= k < total:
         raise ValueError(f"top-k support needs 1 <= k < V={total}, got k={k}")
     z = _upcast(logits_shard)
-    lse = _lse(z, lo, nv, tp_group)
+    lse = _lse(z, nv, tp_group)
     p = torch.exp(z - lse.unsqueeze(-1))
     if nv < width:
         p[..., nv:] = 0.0
