@@ -80,6 +80,13 @@ def _rcc(x: AlgoInputs, hp) -> Tensor:
 
 @register_advantage("papo", needs=("process",))
 def _papo(x: AlgoInputs, hp) -> Tensor:
+    """PAPO A_out + λ·A_proc; ablations (spec §2.4): ``prm_only`` = GRPO on r_proc (graded on every
+    response), ``mult`` = GRPO on r_out·r_proc."""
+    mode = getattr(hp, "reward_mode", "dual")
+    if mode == "prm_only":
+        return grpo_advantage(x.process, x.group_ids, eps=hp.eps)
+    if mode == "mult":
+        return grpo_advantage(x.rewards * x.process, x.group_ids, eps=hp.eps)
     return papo_advantage(x.rewards, x.process, x.correct, x.group_ids, lam=hp.lam, eps=hp.eps,
                           scale="none" if hp.scale == "none" else "std", process_norm=hp.process_norm)
 

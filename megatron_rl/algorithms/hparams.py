@@ -240,8 +240,15 @@ class PAPOHParams(GRPOHParams):
 
     lam: float = 1.0
     process_norm: str = "correct"   #: correct | full (Fullnorm ablation)
+    reward_mode: str = "dual"       #: dual (PAPO) | prm_only (GRPO on r_proc of ALL responses) | mult (GRPO on r_out·r_proc)
     clip_high: float = 0.28
     kl_loss_coef: float = 0.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.process_norm in ("correct", "full"), f"papo process_norm {self.process_norm!r} invalid")
+        _check(self.reward_mode in ("dual", "prm_only", "mult"),
+               f"papo reward_mode {self.reward_mode!r} invalid; valid: ['dual', 'mult', 'prm_only']")
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,7 @@ def collect(run: Run, step: int) -> R.Rollouts:
                 ro = _fill(parts, part, cfg, kept_groups, rounds)
                 break
         if run.grader is not None:      # PAPO: grade in the background; update() collects the scores
-            run.pending_grades.start(ro, run.grader)
+            run.pending_grades.start(ro, run.grader, every=getattr(hp, "reward_mode", "dual") == "prm_only")
     return R.broadcast_object(ro)
 
 

@@ -122,9 +122,10 @@ def concat(parts: list[Rollouts]) -> Rollouts:
     return out
 
 
-def _grade_items(rollouts: Rollouts) -> tuple[list[int], list[tuple[str, str, str]]]:
-    """(indices of CORRECT responses, their grader items (problem, reference, response))."""
-    idx = [i for i in range(len(rollouts)) if bool(rollouts.correct[i])]
+def _grade_items(rollouts: Rollouts, every: bool = False) -> tuple[list[int], list[tuple[str, str, str]]]:
+    """(indices of the CORRECT responses — every response with ``every`` (PRM-only ablation) —,
+    their grader items (problem, reference, response))."""
+    idx = [i for i in range(len(rollouts)) if every or bool(rollouts.correct[i])]
     items = []
     for i in idx:
         row = rollouts.rows[i]
@@ -166,8 +167,8 @@ class PendingGrades:
         self.future = None
         self.idx: list[int] = []
 
-    def start(self, rollouts: Rollouts, grader) -> None:
-        self.idx, items = _grade_items(rollouts)
+    def start(self, rollouts: Rollouts, grader, every: bool = False) -> None:
+        self.idx, items = _grade_items(rollouts, every)
         self.future = self.pool.submit(grader.grade_batch, items) if self.idx else None
 
     def finish(self, rollouts: Rollouts, is_driver: bool) -> float:

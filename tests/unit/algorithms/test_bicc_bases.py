@@ -63,3 +63,22 @@ def test_rcc_composes_with_every_base(base):
                      old_logp=torch.zeros(8, 3), ref_logp=torch.zeros(8, 3))
     a = A.compute_advantages("bicc_rcc", x, hp)
     assert torch.isfinite(a).all() and a.shape == (8,)
+
+
+def _papo(mode: str) -> torch.Tensor:
+    # spec T-P1 inputs: r_out = [1,1,1,0], r_proc = [1,0.5,1,0] (T-P5 ablations)
+    x = A.AlgoInputs(rewards=torch.tensor([1.0, 1, 1, 0], dtype=torch.float64), group_ids=torch.zeros(4, dtype=torch.long),
+                     mask=torch.ones(4, 2), process=torch.tensor([1.0, 0.5, 1, 0], dtype=torch.float64),
+                     correct=torch.tensor([True, True, True, False]))
+    return A.compute_advantages("papo", x, A.PAPOHParams(reward_mode=mode))
+
+
+@pytest.mark.parametrize("mode", ["mult", "prm_only"])
+def test_papo_ablations_spec_t_p5(mode):
+    want = torch.tensor([0.783348, -0.261116, 0.783348, -1.305580], dtype=torch.float64)
+    assert torch.allclose(_papo(mode), want, atol=1e-6)
+
+
+def test_papo_reward_mode_validation():
+    with pytest.raises(ValueError, match="reward_mode 'both' invalid"):
+        A.PAPOHParams(reward_mode="both")
