@@ -97,12 +97,6 @@ class TeacherWeights:
                 for v, p in zip(live, self._params):
                     p.data.copy_(v)
 
-    def max_abs_diff(self) -> float:
-        """max |θ̄ − θ| over this rank's shard (0 in fixed mode): a metric of teacher lag."""
-        if self.shadow is None:
-            return 0.0
-        return max(float((s - p.detach()).abs().max()) for s, p in zip(self.shadow, self._params))
-
     def state_dict(self) -> dict:
         return {"mode": self.mode, "counter": self.counter, "syncs": self.syncs}
 

@@ -41,21 +41,15 @@ class CharTok:
         return "".join(f"<{m['role']}>{m['content']}" for m in msgs) + ("<assistant>" if add_generation_prompt else "")
 
 
-def rollouts(rewards, texts, gids, gt="42"):
-    rows = [SimpleNamespace(prompt_ids=(1, 80, 81), ground_truth=gt, extra_info={"problem": "What?"})
-            for _ in rewards]
-    return SimpleNamespace(rows=rows, texts=texts, rewards=torch.tensor(rewards, dtype=torch.float32),
-                           group_ids=torch.tensor(gids), __len__=lambda: len(rewards))
-
-
 class RO(SimpleNamespace):
     def __len__(self):
         return len(self.rewards)
 
 
-def make_ro(rewards, texts, gids):
-    r = rollouts(rewards, texts, gids)
-    return RO(rows=r.rows, texts=r.texts, rewards=r.rewards, group_ids=r.group_ids)
+def make_ro(rewards, texts, gids, gt="42"):
+    rows = [SimpleNamespace(prompt_ids=(1, 80, 81), ground_truth=gt, extra_info={"problem": "What?"})
+            for _ in rewards]
+    return RO(rows=rows, texts=texts, rewards=torch.tensor(rewards, dtype=torch.float32), group_ids=torch.tensor(gids))
 
 
 def test_plan_rlcsd_drops_and_k():
