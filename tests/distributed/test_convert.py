@@ -108,6 +108,10 @@ def test_dist_checkpoint_round_trip_and_reshard(model_dir, tmp_path):
 
 
 def test_streamed_checkpoint_loads_everywhere_like_the_model_built_one(model_dir, tmp_path):
+    if model_dir.name.startswith(("llama3", "qwen2_tied")):
+        # every architecture / tie combination is checked record-for-record against the model-built
+        # checkpoint in tests/unit/test_convert_stream.py; loading through megatron once is enough here
+        pytest.skip("one architecture (qwen3) suffices for the load-everywhere check")
     ref = model_dir / "ref.pt"
     for engine in ("stream", "model"):
         p = subprocess.run([sys.executable, str(REPO / "tools/convert/hf_to_mcore.py"), "--hf", str(model_dir),

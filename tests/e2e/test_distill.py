@@ -91,7 +91,7 @@ def test_ectr_plugins_train(algo, tmp_path, warm):
     """The _ectr plug-ins on the RLCSD hint path (single negative): every step updates, finite loss."""
     import math
 
-    _, _, rows = run_demo(algo, tmp_path / algo, warm, 8)
+    _, _, rows = run_demo(algo, tmp_path / algo, warm, 5)
     _teacher_checks(rows)
     assert all(r["actor/update_successful"] == 1.0 and math.isfinite(r["actor/loss"]) for r in rows)
     assert all(r["teacher/k_mean"] == 1.0 for r in rows)          # K_max = 1 for the _ectr plug-ins

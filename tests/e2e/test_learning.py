@@ -3,7 +3,8 @@ weight sync every step) must lift held-out greedy accuracy on the 4-digit revers
 the warm start. Each run is `megatron-rl demo` in a subprocess (clean process: Ray, vLLM, patches).
 
 Measured on this machine (60 RL steps x 32 prompts x G=8, seed 0, warm start 0.32-0.33):
-grpo -> 0.99, dapo -> 1.00, bicc_rcc (rcc_delta=mean) -> 0.58, bicc -> 0.57.
+grpo -> 0.99, dapo -> 1.00, bicc_rcc (rcc_delta=mean) -> 0.58, bicc -> 0.57. The test runs grpo and dapo
+for 40 steps from one shared warm start (dapo measured 0.94 at 40 steps) and bicc_rcc for 60.
 The asserted margin (+0.15) is well below every measured gain.
 """
 from __future__ import annotations
@@ -19,8 +20,9 @@ import pytest
 MARGIN = 0.15
 
 
-def run_demo(algo: str, run_dir: Path, steps: int = 60) -> tuple[float, float, list[dict]]:
-    cmd = [sys.executable, "-m", "megatron_rl.demo", "--algo", algo, "--steps", str(steps), "--run-dir", str(run_dir)]
+def run_demo(algo: str, run_dir: Path, steps: int = 60, *extra: str) -> tuple[float, float, list[dict]]:
+    cmd = [sys.executable, "-m", "megatron_rl.demo", "--algo", algo, "--steps", str(steps), "--run-dir", str(run_dir),
+           *extra]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
                        env={**__import__("os").environ, "OMP_NUM_THREADS": "2", "PYTHONUNBUFFERED": "1"})
     assert p.returncode == 0, f"demo {algo} failed:\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}"
@@ -30,11 +32,26 @@ def run_demo(algo: str, run_dir: Path, steps: int = 60) -> tuple[float, float, l
     return float(m.group(1)), float(m.group(2)), rows
 
 
+STEPS = {"grpo": 40, "dapo": 40, "bicc_rcc": 60}
+
+
+@pytest.fixture(scope="module")
+def plain_warm(tmp_path_factory) -> Path:
+    """One plain warm start (+1 RL step) shared by the GRPO and DAPO runs (saves ~1 min each)."""
+    d = tmp_path_factory.mktemp("learning") / "warm"
+    run_demo("grpo", d, 1)
+    return d
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("algo", ["grpo", "dapo", "bicc_rcc"])
-def test_rl_beats_warm_start(algo, tmp_path):
-    before, after, rows = run_demo(algo, tmp_path / algo)
-    assert len(rows) == 60 and [r["step"] for r in rows] == list(range(1, 61))
+def test_rl_beats_warm_start(algo, tmp_path, request):
+    n = STEPS[algo]
+    # BiCC needs its own (context-augmented) warm start; GRPO and DAPO share the plain one
+    extra = () if algo == "bicc_rcc" else ("--init-from", str(request.getfixturevalue("plain_warm")))
+    before, after, rows = run_demo(algo, tmp_path / algo, n, *extra)
+    print(f"[{algo}] held-out greedy accuracy {before:.3f} -> {after:.3f} ({n} steps)")
+    assert len(rows) == n and [r["step"] for r in rows] == list(range(1, n + 1))
     assert after >= before + MARGIN, f"{algo}: held-out accuracy {before:.3f} -> {after:.3f}"
     # trainer <-> vLLM engine agreement after every weight sync (fp32): mean |logp_trainer - logp_engine|
     gaps = [r["rollout/logprob_gap"] for r in rows]
