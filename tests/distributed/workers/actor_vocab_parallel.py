@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from megatron_rl.trainer.vocab_parallel import full_vocab_logprobs, vocab_parallel_logprobs
+from megatron_rl.trainer.vocab_parallel import (full_vocab_logprobs, vocab_parallel_gather_logprobs,
+                                                vocab_parallel_logprobs, vocab_parallel_topk)
 
 
 def check(vocab_size: int, padded: int, dtype: torch.dtype, tol: float) -> None:
@@ -31,12 +32,40 @@ def check(vocab_size: int, padded: int, dtype: torch.dtype, tol: float) -> None:
           f"max|dH|={(out.entropy - ref.entropy).abs().max():.2e}", flush=True)
 
 
+def check_supports(vocab_size: int, padded: int, k: int) -> None:
+    """Top-k ids / log-probs / entropy and the differentiable gather at those ids, vs full vocab."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(1)
+    full = 3 * torch.randn(2, 4, padded, dtype=torch.float64)
+    full[0, 0, 3] = full[0, 0, padded // world + 1] = full[0, 0].max() + 1     # a tie across ranks: lower id wins
+    width = padded // world
+    shard = full[..., rank * width:(rank + 1) * width].clone()
+    tk = vocab_parallel_topk(shard, k, dist.group.WORLD, vocab_size=vocab_size)
+    ref = torch.log_softmax(full[..., :vocab_size], -1)
+    ref_idx = torch.sort(full[..., :vocab_size], dim=-1, descending=True, stable=True).indices[..., :k]
+    assert torch.equal(tk.idx, ref_idx), (tk.idx[0, 0], ref_idx[0, 0])
+    torch.testing.assert_close(tk.logp, ref.gather(-1, ref_idx), rtol=0, atol=1e-12)
+    torch.testing.assert_close(tk.entropy, -(ref.exp() * ref).sum(-1), rtol=0, atol=1e-12)
+    sh = shard.clone().requires_grad_()
+    out = vocab_parallel_gather_logprobs(sh, ref_idx, dist.group.WORLD, vocab_size=vocab_size)
+    w = torch.randn_like(out)
+    (out * w).sum().backward()
+    ref_in = full.clone().requires_grad_()
+    r = torch.log_softmax(ref_in[..., :vocab_size], -1).gather(-1, ref_idx)
+    (r * w).sum().backward()
+    torch.testing.assert_close(out, r.detach(), rtol=0, atol=1e-12)
+    torch.testing.assert_close(sh.grad, ref_in.grad[..., rank * width:(rank + 1) * width], rtol=0, atol=1e-12)
+    print(f"rank{rank} supports V={vocab_size}/{padded} k={k} ok", flush=True)
+
+
 def main() -> None:
     dist.init_process_group("gloo")
     check(vocab_size=16, padded=16, dtype=torch.float64, tol=1e-12)
     check(vocab_size=13, padded=16, dtype=torch.float64, tol=1e-12)   # rank 1 holds 3 padded columns
     check(vocab_size=7, padded=16, dtype=torch.float64, tol=1e-12)    # rank 1 holds only padding
     check(vocab_size=50, padded=64, dtype=torch.float32, tol=1e-5)
+    check_supports(vocab_size=16, padded=16, k=5)
+    check_supports(vocab_size=13, padded=16, k=6)     # padded columns never chosen
     dist.barrier()
     if dist.get_rank() == 0:
         print("OK", flush=True)
