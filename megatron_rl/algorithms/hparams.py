@@ -116,7 +116,8 @@ class BiCCHParams(PPOHParams):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check(self.base in ("grpo", "dapo", "drgrpo", "bicc", "remax"), f"bicc base {self.base!r} invalid; "
+        label = "rcc" if hasattr(self, "rcc_delta") else "bicc"
+        _check(self.base in ("grpo", "dapo", "drgrpo", "bicc", "remax"), f"{label} base {self.base!r} invalid; "
                "valid: ['bicc', 'dapo', 'drgrpo', 'grpo', 'remax']")
         _check(self.overlong_buffer_len > 0, "overlong_buffer_len must be > 0")
         _check(self.filter_metric in ("acc", "score", "seq_reward", "seq_final_reward"),

@@ -35,14 +35,6 @@ def run_demo(algo: str, run_dir: Path, steps: int = 60, *extra: str) -> tuple[fl
 STEPS = {"grpo": 40, "dapo": 40, "bicc_rcc": 60}
 
 
-@pytest.fixture(scope="module")
-def plain_warm(tmp_path_factory) -> Path:
-    """One plain warm start (+1 RL step) shared by the GRPO and DAPO runs (saves ~1 min each)."""
-    d = tmp_path_factory.mktemp("learning") / "warm"
-    run_demo("grpo", d, 1)
-    return d
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("algo", ["grpo", "dapo", "bicc_rcc"])
 def test_rl_beats_warm_start(algo, tmp_path, request):

@@ -20,14 +20,9 @@ STEPS = 6
 
 
 @pytest.fixture(scope="module")
-def warm(tmp_path_factory) -> Path:
-    """A warm-started tiny policy + task data (the demo with one RL step and a low SFT threshold)."""
-    d = tmp_path_factory.mktemp("warm")
-    p = subprocess.run([sys.executable, "-m", "megatron_rl.demo", "--algo", "grpo", "--steps", "1",
-                        "--warm-threshold", "0.1", "--run-dir", str(d)], capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "OMP_NUM_THREADS": "2"})
-    assert p.returncode == 0, p.stderr[-4000:]
-    return d
+def warm(plain_warm) -> Path:
+    """The session's warm-started tiny policy + task data (tests/e2e/conftest.py)."""
+    return plain_warm
 
 
 def _cmd(warm: Path, run_dir: Path, resume: bool, config: str = "tiny_cpu_grpo", extra: tuple = ()) -> list[str]:
