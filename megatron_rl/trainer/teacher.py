@@ -63,15 +63,10 @@ class TeacherWeights:
                 self.syncs += 1
 
     @contextlib.contextmanager
-    def swapped(self):
-        """Run the body with θ̄ in the model params (no-op in ``fixed`` mode); live θ restored after."""
-        if self.shadow is None:
-            yield
-            return
+    def _live_restored(self):
+        """Snapshot the live params; restore them when the body ends (also on error)."""
         with torch.no_grad():
             live = [p.detach().clone() for p in self._params]
-            for s, p in zip(self.shadow, self._params):
-                p.data.copy_(s)
         try:
             yield
         finally:
@@ -80,22 +75,28 @@ class TeacherWeights:
                     p.data.copy_(v)
 
     @contextlib.contextmanager
+    def swapped(self):
+        """Run the body with θ̄ in the model params (no-op in ``fixed`` mode); live θ restored after."""
+        if self.shadow is None:
+            yield
+            return
+        with self._live_restored():
+            with torch.no_grad():
+                for s, p in zip(self.shadow, self._params):
+                    p.data.copy_(s)
+            yield
+
+    @contextlib.contextmanager
     def loading(self):
         """Body loads weights INTO the model params; on exit they become θ̄ and θ is restored."""
         if self.shadow is None:
             yield
             return
-        with torch.no_grad():
-            live = [p.detach().clone() for p in self._params]
-        try:
+        with self._live_restored():
             yield
             with torch.no_grad():
                 for s, p in zip(self.shadow, self._params):
                     s.copy_(p.detach())
-        finally:
-            with torch.no_grad():
-                for v, p in zip(live, self._params):
-                    p.data.copy_(v)
 
     def state_dict(self) -> dict:
         return {"mode": self.mode, "counter": self.counter, "syncs": self.syncs}

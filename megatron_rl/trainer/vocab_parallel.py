@@ -86,6 +86,15 @@ def _max_exp_sum(z: torch.Tensor, nv: int, group) -> tuple[torch.Tensor, torch.T
     return m, e, _all_reduce(e.sum(dim=-1), dist.ReduceOp.SUM, group)
 
 
+def _probs(logits: torch.Tensor, lse: torch.Tensor, nv: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp32 logits shard z, p = exp(z - lse) with 0 on padding columns), for the backward passes."""
+    z = _upcast(logits)
+    p = torch.exp(z - lse.unsqueeze(-1))
+    if nv < z.shape[-1]:
+        p[..., nv:] = 0.0
+    return z, p
+
+
 class _VocabParallelLogProbs(torch.autograd.Function):
     """Autograd function; see the module docstring for the forward and backward formulas.
 
@@ -114,10 +123,7 @@ class _VocabParallelLogProbs(torch.autograd.Function):
         logits, targets, lse, pz = ctx.saved_tensors
         lo, nv = ctx.meta
         width = logits.shape[-1]
-        z = _upcast(logits)
-        p = torch.exp(z - lse.unsqueeze(-1))
-        if nv < width:
-            p[..., nv:] = 0.0
+        z, p = _probs(logits, lse, nv)
         g_logp = torch.zeros_like(lse) if g_logp is None else g_logp
         g_ent = torch.zeros_like(lse) if g_ent is None else g_ent
         # grad_j = g_logp * (1[j=t] - p_j) - g_ent * p_j * (z_j - pz)
@@ -198,10 +204,7 @@ class _VocabParallelGather(torch.autograd.Function):
         logits, idx, lse = ctx.saved_tensors
         lo, nv = ctx.meta
         width = logits.shape[-1]
-        z = _upcast(logits)
-        p = torch.exp(z - lse.unsqueeze(-1))
-        if nv < width:
-            p[..., nv:] = 0.0
+        _, p = _probs(logits, lse, nv)
         grad = p.mul_(-g.sum(-1, keepdim=True))
         own, local = _target_index(idx, lo, width)
         grad.scatter_add_(-1, local.squeeze(-1), g * own)
