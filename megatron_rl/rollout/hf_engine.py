@@ -79,6 +79,20 @@ class HFEngine:
             n += 1
         return n
 
+    def weight_transfer(self, method: str, **kwargs):
+        """The ``mrl_inline`` side of vLLM's weight-transfer lifecycle (the ``ray`` backend), so the
+        HF fallback is driven exactly like a vLLM engine; other backends are refused at start-up."""
+        if method == "update_weights":
+            from .weight_sync import unpack_update
+
+            return self.update_weights(unpack_update(kwargs["update_info"]))
+        if method in ("init_weight_transfer_engine", "start_weight_update", "finish_weight_update",
+                      "shutdown_weight_transfer_engine"):
+            return None
+        if method == "stats":
+            return {}
+        raise ValueError(f"HF engine: unknown weight-transfer method {method!r}")
+
     def sleep(self) -> None:
         return None
 
