@@ -79,6 +79,9 @@ class HFEngine:
             n += 1
         return n
 
+    def named_parameters(self) -> dict[str, torch.Tensor]:
+        return {n: p.detach().clone() for n, p in self.model.named_parameters()}
+
     def weight_transfer(self, method: str, **kwargs):
         """The ``mrl_inline`` side of vLLM's weight-transfer lifecycle (the ``ray`` backend), so the
         HF fallback is driven exactly like a vLLM engine; other backends are refused at start-up."""

@@ -62,6 +62,9 @@ class _EngineActor:
             kwargs = {**kwargs, "update_info": {**kwargs["update_info"], "buffer": buf}}
         return self.engine.weight_transfer(method, **kwargs)
 
+    def named_parameters(self) -> dict:
+        return self.engine.named_parameters()
+
     def sleep(self):
         self.engine.sleep()
 
@@ -316,6 +319,10 @@ class RolloutClient:
     def engine_transfer_stats(self) -> list[dict]:
         """Each engine's receive / load / finish seconds since the last call (benchmarks)."""
         return ActorSyncClient(self.actors).stats()
+
+    def engine_parameters(self, i: int) -> dict[str, torch.Tensor]:
+        """Engine ``i``'s parameters (engine names) — verification in tests."""
+        return self._ray.get(self.actors[i].named_parameters.remote())
 
     def kill_engine(self, i: int) -> None:
         """Kill actor ``i`` (fault-injection for tests and drills)."""

@@ -63,6 +63,17 @@ def resolve_backend(requested: str, engine_kind: str, cuda: bool, trainer_world:
     return requested
 
 
+def _listen(host: str, port: int):
+    """A listening TCP socket on ``host:port`` (port 0: any free one) for the sender's store."""
+    import socket
+
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((host, port))
+    s.listen()
+    return s
+
+
 @dataclasses.dataclass
 class GlooTrainerInitInfo(TrainerInitInfo):
     """Sender-side init info of the ``gloo`` backend (mirrors ``NCCLTrainerInitInfo``)."""
@@ -115,14 +126,18 @@ class GlooTrainerEngine(_Timed):
         eng.bucket_bytes, eng.group = init_info.bucket_bytes, None
         if not eng.is_sender:
             return eng
-        worker = {"master_address": init_info.master_address, "master_port": init_info.master_port,
+        # The sender owns the store: a pre-bound listening socket (vLLM's ``listen_socket`` path)
+        # skips torch's rendezvous, which under torchrun (TORCHELASTIC_USE_AGENT_STORE) would
+        # otherwise join the elastic agent's store as a client and never serve the engines.
+        sock = _listen(init_info.master_address, init_info.master_port)
+        worker = {"master_address": init_info.master_address, "master_port": sock.getsockname()[1],
                   "rank_offset": 1, "world_size": init_info.world_size, "bucket_bytes": init_info.bucket_bytes,
                   "timeout_s": init_info.timeout_s}
         with ThreadPoolExecutor(max_workers=1) as exe:  # workers block in the rendezvous: run it beside ours
             fut = exe.submit(client.init_weight_transfer_engine, worker)
             eng.group = stateless_init_torch_distributed_process_group(
-                init_info.master_address, init_info.master_port, 0, init_info.world_size, "gloo",
-                timeout=timedelta(seconds=init_info.timeout_s))
+                init_info.master_address, worker["master_port"], 0, init_info.world_size, "gloo",
+                listen_socket=sock, timeout=timedelta(seconds=init_info.timeout_s))
             fut.result()
         return eng
 
@@ -217,9 +232,9 @@ def make_init_info(backend: str, bucket_bytes: int, world_size: int, master_addr
 
     if backend == "ray":
         return RayTrainerInitInfo(bucket_bytes=bucket_bytes, rank=0)
+    if backend == "gloo":  # port 0: the sender binds a free one itself (no race)
+        return GlooTrainerInitInfo(master_address, master_port or 0, world_size, bucket_bytes, rank=0)
     port = master_port or free_port(master_address)
-    if backend == "gloo":
-        return GlooTrainerInitInfo(master_address, port, world_size, bucket_bytes, rank=0)
     if backend == "nccl":
         from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 

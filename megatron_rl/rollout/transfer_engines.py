@@ -43,7 +43,7 @@ from vllm.distributed.weight_transfer.base import (
 )
 from vllm.distributed.weight_transfer.packed_tensor import unpack_tensor
 
-from .weight_sync import plan_buckets
+from .weight_sync import plan_buckets, unpack_update
 
 GLOO, INLINE = "gloo", "mrl_inline"
 
@@ -85,9 +85,14 @@ class PackedUpdateInfo(WeightTransferUpdateInfo):
         return [int(torch.Size(s).numel()) * getattr(torch, d).itemsize for s, d in zip(self.shapes, self.dtype_names)]
 
     def unpack(self, buf: torch.Tensor, lo: int, hi: int) -> list[tuple[str, torch.Tensor]]:
-        """Views of ``buf`` (packed tensors ``lo:hi``) via vLLM's ``unpack_tensor``."""
-        return unpack_tensor(buf, self.names[lo:hi], self.shapes[lo:hi],
-                             [getattr(torch, d) for d in self.dtype_names[lo:hi]], self.sizes()[lo:hi])
+        """Views of ``buf`` (packed tensors ``lo:hi``) via vLLM's ``unpack_tensor``; a bucket mixing
+        dtypes whose slices are not aligned for an in-place view goes through ``unpack_update``."""
+        try:
+            return unpack_tensor(buf, self.names[lo:hi], self.shapes[lo:hi],
+                                 [getattr(torch, d) for d in self.dtype_names[lo:hi]], self.sizes()[lo:hi])
+        except RuntimeError:
+            return unpack_update({"names": self.names[lo:hi], "dtype_names": self.dtype_names[lo:hi],
+                                  "shapes": self.shapes[lo:hi], "buffer": buf})
 
 
 class _LayerwiseCPUEngine(WeightTransferEngine):

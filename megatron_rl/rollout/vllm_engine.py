@@ -20,6 +20,10 @@ from .engine import Completion, SamplingParams, validate_prompts
 log = logging.getLogger("megatron_rl.rollout.vllm")
 
 
+def _worker_params(worker) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in worker.get_model().named_parameters()}
+
+
 class VLLMEngine:
     """``RolloutEngine`` backed by ``vllm.LLM`` (token ids in/out, processed log-probs)."""
 
@@ -98,6 +102,11 @@ class VLLMEngine:
         self.weight_transfer("update_weights", update_info=info)
         self.weight_transfer("finish_weight_update")
         return len(info["names"])
+
+    def named_parameters(self) -> dict[str, torch.Tensor]:
+        """Copies of the worker model's parameters under vLLM's names (fused ``qkv_proj``,
+        ``gate_up_proj``) — for verifying a sync bit for bit."""
+        return self.llm.collective_rpc(_worker_params)[0]
 
     def sleep(self) -> None:
         self.llm.reset_prefix_cache()

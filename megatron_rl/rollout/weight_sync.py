@@ -185,6 +185,9 @@ def unpack_update(info: dict) -> list[tuple[str, torch.Tensor]]:
     for name, d, shape in zip(info["names"], info["dtype_names"], info["shapes"]):
         dt = getattr(torch, d)
         n = nbytes(shape, dt)
-        out.append((name, buf[off:off + n].view(dt).view(shape)))
+        piece = buf[off:off + n]
+        if off % dt.itemsize:  # mixed dtypes: an unaligned slice cannot be viewed in place
+            piece = piece.clone()
+        out.append((name, piece.view(dt).view(shape)))
         off += n
     return out
