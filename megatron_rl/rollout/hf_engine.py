@@ -6,7 +6,7 @@ Sampling is plain ancestral sampling with a KV cache (``model.generate`` with
 """
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 
@@ -83,7 +83,7 @@ class HFEngine:
         return {n: p.detach().clone() for n, p in self.model.named_parameters()}
 
     def weight_transfer(self, method: str, **kwargs):
-        """The ``mrl_inline`` side of vLLM's weight-transfer lifecycle (the ``ray`` backend), so the
+        """The object-store (``ray`` backend) side of vLLM's weight-transfer lifecycle (the ``ray`` backend), so the
         HF fallback is driven exactly like a vLLM engine; other backends are refused at start-up."""
         if method == "update_weights":
             from .weight_sync import unpack_update

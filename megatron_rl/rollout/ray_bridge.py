@@ -52,7 +52,7 @@ class _EngineActor:
     def weight_transfer(self, method: str, kwargs: dict, *buffers):
         """A weight-transfer call on the engine (see ``VLLMEngine.weight_transfer``); a top-level
         ``buffers[0]`` (a Ray object: a zero-copy view of the object store) becomes the update's
-        packed ``buffer`` (``mrl_inline``)."""
+        packed ``buffer`` (``ray`` backend)."""
         if buffers:
             import warnings
 
@@ -321,8 +321,23 @@ class RolloutClient:
         return ActorSyncClient(self.actors).stats()
 
     def engine_parameters(self, i: int) -> dict[str, torch.Tensor]:
-        """Engine ``i``'s parameters (engine names) — verification in tests."""
-        return self._ray.get(self.actors[i].named_parameters.remote())
+        """Copies of engine ``i``'s parameters (engine names) — verification in tests. Copied out
+        of the object store at once, so nothing stays pinned there."""
+        return {k: v.clone() for k, v in self._ray.get(self.actors[i].named_parameters.remote()).items()}
+
+    def set_sync_backend(self, backend: str, trainer_world: int = 1) -> None:
+        """Switch the weight transport without restarting the engines (e.g. gloo <-> ray, which
+        share the engines' worker engine); the next sync opens the new one."""
+        from megatron_rl.device import has_cuda
+
+        from .trainer_engines import WORKER_BACKEND, resolve_backend
+
+        new = resolve_backend(backend, self.kind, has_cuda(), trainer_world)
+        if self.kind == "vllm" and WORKER_BACKEND[new] != self.engine_kwargs["weight_transfer"]:
+            raise ValueError(f"sync backend {new} needs engines built for {WORKER_BACKEND[new]!r}; these were built "
+                             f"for {self.engine_kwargs['weight_transfer']!r}")
+        self._close_transfer(reinit=True)
+        self.backend = new
 
     def kill_engine(self, i: int) -> None:
         """Kill actor ``i`` (fault-injection for tests and drills)."""

@@ -15,7 +15,8 @@ over our engine actors):
   two reusable buffers (:class:`~megatron_rl.rollout.weight_sync.BucketPacker`) and broadcast
   asynchronously, instead of ``packed_nccl_broadcast_producer`` (CUDA streams, and one
   ``torch.cat`` per bucket on top of the gathered tensors).
-* ``ray`` — :class:`RayTrainerEngine` (worker engine ``mrl_inline``): each packed bucket is
+* ``ray`` — :class:`RayTrainerEngine` (trainer factory name ``mrl_ray``; the worker engine is the
+  same ``gloo`` engine, which also takes buckets carried in the call): each packed bucket is
   ``ray.put`` once and loaded by every actor; at most two buckets are in the object store at any
   time and nothing is kept after the round (a restarted engine is re-synced by the next round).
 
@@ -34,11 +35,11 @@ from vllm.distributed.weight_transfer.base import (
     TrainerWeightTransferEngine,
 )
 
-from .transfer_engines import GLOO, INLINE, broadcast_async
+from .transfer_engines import GLOO, RAY, broadcast_async
 from .weight_sync import BucketPacker
 
 BACKENDS = ("auto", "ray", "gloo", "nccl", "ipc")
-WORKER_BACKEND = {"ray": INLINE, "gloo": GLOO, "nccl": "nccl", "ipc": "ipc"}
+WORKER_BACKEND = {"ray": GLOO, "gloo": GLOO, "nccl": "nccl", "ipc": "ipc"}  # vLLM worker engine
 
 
 def resolve_backend(requested: str, engine_kind: str, cuda: bool, trainer_world: int = 1) -> str:
@@ -88,7 +89,7 @@ class GlooTrainerInitInfo(TrainerInitInfo):
 
 @dataclasses.dataclass
 class RayTrainerInitInfo(TrainerInitInfo):
-    backend: ClassVar[str] = INLINE
+    backend: ClassVar[str] = RAY
     bucket_bytes: int
 
 
@@ -218,7 +219,7 @@ def register() -> None:
     """Register the trainer engines in vLLM's ``WeightTransferTrainerFactory`` (idempotent)."""
     from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
-    for name, cls in ((GLOO, "GlooTrainerEngine"), (INLINE, "RayTrainerEngine")):
+    for name, cls in ((GLOO, "GlooTrainerEngine"), (RAY, "RayTrainerEngine")):
         try:
             WeightTransferTrainerFactory.register_engine(name, __name__, cls)
         except ValueError:  # already registered in this process

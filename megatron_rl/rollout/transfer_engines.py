@@ -1,7 +1,7 @@
 """Engine-side (vLLM worker) weight-transfer engines for CPU, registered in vLLM's own factory.
 
 vLLM 0.32 ships ``WeightTransferEngineFactory`` with ``nccl`` (separate GPUs) and ``ipc``
-(colocated GPUs); both need CUDA. This module adds two CPU engines under our own names so that the
+(colocated GPUs); both need CUDA. This module adds a CPU engine under our own name (``gloo``) so that the
 SAME worker lifecycle runs here as on GPU — ``init_weight_transfer_engine`` → per step
 ``start_weight_update`` → ``update_weights`` → ``finish_weight_update`` (methods of
 ``vllm/v1/worker/gpu_worker.py``, inherited by the CPU worker), selected by the engine's
@@ -16,9 +16,9 @@ SAME worker lifecycle runs here as on GPU — ``init_weight_transfer_engine`` �
   receive loop is re-written here for CPU (same metadata-derived chunking, with the bucket plan of
   :func:`megatron_rl.rollout.weight_sync.plan_buckets`), and the next bucket's receive is posted
   before the current one is loaded (overlap).
-* ``mrl_inline`` — the ``ray`` fallback: the packed bucket travels through Ray's object store and
-  the update info carries it as a tensor (only possible because the engine core runs in-process,
-  ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so ``collective_rpc`` passes Python objects).
+* the ``ray`` fallback, served by the same engine: the packed bucket travels through Ray's object
+  store and the update info carries it as a tensor (possible because the engine core runs
+  in-process, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so ``collective_rpc`` passes Python objects).
 
 Both load through ``model.load_weights`` inside vLLM's layerwise-reload lifecycle
 (``initialize_layerwise_reload`` / ``finalize_layerwise_reload``, as the ``nccl`` and ``ipc``
@@ -45,7 +45,7 @@ from vllm.distributed.weight_transfer.packed_tensor import unpack_tensor
 
 from .weight_sync import plan_buckets, unpack_update
 
-GLOO, INLINE = "gloo", "mrl_inline"
+GLOO, RAY = "gloo", "mrl_ray"
 
 
 @dataclasses.dataclass
@@ -62,13 +62,13 @@ class GlooInitInfo(WeightTransferInitInfo):
 
 @dataclasses.dataclass
 class InlineInitInfo(WeightTransferInitInfo):
-    """The ``mrl_inline`` engine needs no rendezvous."""
+    """The ``ray`` transport needs no rendezvous (an empty init payload)."""
 
 
 @dataclasses.dataclass
 class PackedUpdateInfo(WeightTransferUpdateInfo):
     """Per-round metadata (the same three lists as ``NCCLWeightTransferUpdateInfo``); ``buffer``:
-    the packed bucket itself for ``mrl_inline`` (one bucket per call), unused by ``gloo``."""
+    the packed bucket itself for the ``ray`` transport (one bucket per call), unset for ``gloo``."""
 
     names: list[str]
     dtype_names: list[str]
@@ -126,36 +126,25 @@ class _LayerwiseCPUEngine(WeightTransferEngine):
         self.stats["load_s"] += time.perf_counter() - t0
 
 
-class InlineWeightTransferEngine(_LayerwiseCPUEngine):
-    """``mrl_inline``: each ``update_weights`` call carries one packed bucket (see module doc)."""
-
-    init_info_cls = InlineInitInfo
-
-    def init_transfer_engine(self, init_info: InlineInitInfo) -> None:
-        return None
-
-    def receive_weights(self, update_info: PackedUpdateInfo) -> None:
-        buf = update_info.buffer
-        if buf is None:
-            raise ValueError("mrl_inline update info carries no buffer")
-        self.stats["bytes"] += int(buf.numel())
-        self._load(update_info.unpack(buf, 0, len(update_info.names)))
-
-    def shutdown(self) -> None:
-        return None
-
-
 class GlooWeightTransferEngine(_LayerwiseCPUEngine):
-    """``gloo``: packed buckets broadcast from the trainer's sender over a stateless gloo group."""
+    """``gloo``: packed buckets broadcast from the trainer's sender over a stateless gloo group —
+    or, for the ``ray`` backend, carried in the update info itself (``buffer``: one bucket per
+    call, from the object store). One worker engine serves both, so a client can switch between
+    the two transports without restarting its engines."""
 
     init_info_cls = GlooInitInfo
+
+    def parse_init_info(self, init_dict: dict[str, Any]):
+        return InlineInitInfo() if not init_dict else super().parse_init_info(init_dict)
 
     def __init__(self, config, vllm_config, device, model) -> None:
         super().__init__(config, vllm_config, device, model)
         self.group = None
         self.bucket_bytes = 0
 
-    def init_transfer_engine(self, init_info: GlooInitInfo) -> None:
+    def init_transfer_engine(self, init_info: GlooInitInfo | InlineInitInfo) -> None:
+        if isinstance(init_info, InlineInitInfo):
+            return  # object-store buckets: no group
         from datetime import timedelta
 
         from vllm.distributed.utils import (
@@ -174,6 +163,10 @@ class GlooWeightTransferEngine(_LayerwiseCPUEngine):
         return buf, broadcast_async(self.group, buf)
 
     def receive_weights(self, update_info: PackedUpdateInfo) -> None:
+        if update_info.buffer is not None:  # ray backend: the bucket came with the call
+            self.stats["bytes"] += int(update_info.buffer.numel())
+            self._load(update_info.unpack(update_info.buffer, 0, len(update_info.names)))
+            return
         if self.group is None:
             raise RuntimeError("gloo weight transfer not initialised: call init_weight_transfer_engine first")
         sizes = update_info.sizes()
@@ -230,13 +223,14 @@ def broadcast_async(group, buf: torch.Tensor, root: int = 0):
 
 
 def register() -> None:
-    """Register both engines in vLLM's ``WeightTransferEngineFactory`` (idempotent; must run in the
+    """Register the engine in vLLM's ``WeightTransferEngineFactory`` (idempotent; must run in the
     engine's process before the ``LLM`` is built)."""
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
-    for name, cls in ((GLOO, "GlooWeightTransferEngine"), (INLINE, "InlineWeightTransferEngine")):
-        if name not in WeightTransferEngineFactory._registry:
-            WeightTransferEngineFactory.register_engine(name, __name__, cls)
+    try:
+        WeightTransferEngineFactory.register_engine(GLOO, __name__, "GlooWeightTransferEngine")
+    except ValueError:  # already registered in this process
+        pass
 
 
 def worker_stats(worker) -> dict:

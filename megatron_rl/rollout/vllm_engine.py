@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 
@@ -29,7 +29,7 @@ class VLLMEngine:
 
     def __init__(self, model_dir: str, *, dtype: str = "float32", seed: int = 0, max_model_len: int = 512,
                  kv_cache_gib: float = 1.0, max_num_seqs: int = 256, gpu_memory_utilization: float = 0.5,
-                 enable_sleep_mode: bool = False, weight_transfer: str = "mrl_inline"):
+                 enable_sleep_mode: bool = False, weight_transfer: str = "gloo"):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(kv_cache_gib))))
         from .. import patches
@@ -92,7 +92,7 @@ class VLLMEngine:
         return self.llm.collective_rpc(method, kwargs=kwargs)[0]
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
-        """One in-process round through the weight-transfer API (``mrl_inline`` engine)."""
+        """One in-process round through the weight-transfer API (bucket carried in the call, as the ``ray`` backend does)."""
         from .weight_sync import RoundSource, pack_round
 
         src = RoundSource.from_tensors(named_tensors)

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from megatron_rl.rollout.weight_sync import BucketPacker, RoundSource, param_meta, plan_buckets, unpack_update
+from megatron_rl.rollout.weight_sync import (
+    BucketPacker,
+    RoundSource,
+    param_meta,
+    plan_buckets,
+    unpack_update,
+)
 
 
 def test_plan_closes_before_overflow_and_isolates_big_tensors():
