@@ -9,7 +9,9 @@ object-store buckets), at TP=2 and at PP=2 in ONE torchrun (engines shared by al
   2 buckets + the largest tensor + allocator slack (far below the model);
 * a killed engine is replaced without any model copy in the object store (usage before/after
   the kill and after the re-sync), stays out of generation until the next sync, and that sync
-  (a fresh one from the trainer) gives it the export bit for bit.
+  (a fresh one from the trainer) gives it the export bit for bit;
+* the start-up gate passes right after a sync and stops, naming both numbers, once the trainer's
+  weights moved without one.
 """
 from __future__ import annotations
 
@@ -86,3 +88,11 @@ def test_killed_engine_resynced_without_object_store_copy(res):
     for case in CASES:
         if case.endswith("/ray"):
             assert res[case]["store_after"] < BUCKET, res[case]
+
+
+def test_startup_gate_passes_after_sync_and_stops_on_stale_engines(res):
+    g = res["gate"]
+    assert g["pass"]["gate/logprob_gap_mean"] <= 1e-5 and g["pass"]["gate/tokens"] > 0
+    msg = g["fail_message"]
+    assert msg is not None and "start-up gate" in msg and "rollout.logprob_gate=0.001" in msg and "max" in msg
+    assert "\n" not in msg

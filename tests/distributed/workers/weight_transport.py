@@ -28,20 +28,25 @@ BACKENDS = ("gloo", "ray")
 
 
 class PeakRSS:
-    """Peak resident set size above the start value, sampled every 2 ms on a thread."""
+    """Peak PRIVATE resident memory (RSS − shared) above the start value, sampled every 2 ms on a
+    thread; shared pages (Ray's object store mapped into the sender by ``ray.put``) separately."""
 
     def __enter__(self):
         import psutil
 
         self._p, self._stop = psutil.Process(), False
-        self.base = self.peak = self._p.memory_info().rss
+        m = self._p.memory_info()
+        self.base = self.peak = m.rss - m.shared
+        self.shared_base = self.shared_peak = m.shared
         self._t = threading.Thread(target=self._run, daemon=True)
         self._t.start()
         return self
 
     def _run(self):
         while not self._stop:
-            self.peak = max(self.peak, self._p.memory_info().rss)
+            m = self._p.memory_info()
+            self.peak = max(self.peak, m.rss - m.shared)
+            self.shared_peak = max(self.shared_peak, m.shared)
             time.sleep(0.002)
 
     def __exit__(self, *exc):
@@ -170,6 +175,29 @@ def restart_case(actor, client, expected, bucket, res):
     res["restart"] = r
 
 
+def gate_case(actor, client, res):
+    """The start-up gate (``sync_stage.startup_gate``) on a minimal run: it passes right after a
+    sync, and stops with both numbers once the trainer's weights moved without a sync."""
+    import types
+
+    from megatron_rl.trainer.sync_stage import LogProbGateError, startup_gate
+
+    rows = [types.SimpleNamespace(prompt_ids=(1, 5 + i, 7, 9 + i)) for i in range(4)]
+    cfg = types.SimpleNamespace(rollout=types.SimpleNamespace(max_tokens=6, logprob_gate=1e-3),
+                                trainer=types.SimpleNamespace(seed=0, micro_batch_size=2))
+    info = types.SimpleNamespace(is_driver=dist.get_rank() == 0)
+    run = types.SimpleNamespace(actor=actor, client=client, cfg=cfg, info=info, train_set=rows,
+                                tok=types.SimpleNamespace(pad_id=0), seq_len=lambda p, r: 16)
+    r = {"pass": startup_gate(run)}
+    perturb(actor, 99)  # the trainer moves on, the engines do not get the weights
+    try:
+        startup_gate(run)
+        r["fail_message"] = None
+    except LogProbGateError as e:
+        r["fail_message"] = str(e)
+    res["gate"] = r
+
+
 def main():
     hf_dir, out, bucket = sys.argv[1], sys.argv[2], int(sys.argv[3])
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -190,6 +218,7 @@ def main():
         print(f"rank {dist.get_rank()}: tp{tp} pp{pp} synced with {', '.join(BACKENDS)}", flush=True)
         if pp == 2:
             restart_case(actor, client, expected, bucket, res)
+            gate_case(actor, client, res)
         destroy_parallel()
     if rank0:
         client.shutdown()
