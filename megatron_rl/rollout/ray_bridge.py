@@ -234,12 +234,12 @@ class RolloutClient:
         return results
 
     def _ray_dead(self, a: int) -> bool:
-        from ray.exceptions import RayActorError
+        from ray.exceptions import RayError
 
         try:
             self._ray.get(self.actors[a].ping.remote(), timeout=60)
             return False
-        except (RayActorError, Exception):
+        except RayError:  # dead actor, or no answer within a minute
             return True
 
     def _split(self, n: int) -> list[tuple[int, int] | None]:
@@ -308,11 +308,13 @@ class RolloutClient:
         """Tear the transfer group down on both sides (the next sync re-opens it with every engine)."""
         if self._transfer is None:
             return
+        from ray.exceptions import RayError
+
         try:
             self._transfer.shutdown()
             live = [a for i, a in enumerate(self.actors) if not self._ray_dead(i)]
             self._ray.get([a.weight_transfer.remote("shutdown_weight_transfer_engine", {}) for a in live])
-        except Exception as e:  # a half-broken group: the engines are re-initialised anyway
+        except (RayError, RuntimeError, OSError) as e:  # a half-broken group: engines are re-initialised anyway
             log.warning("closing the weight-transfer group: %s", e)
         self._transfer = None
 
@@ -350,8 +352,8 @@ class RolloutClient:
         if self._transfer is not None:
             try:
                 self._transfer.shutdown()
-            except Exception:
-                pass
+            except (RuntimeError, OSError) as e:
+                log.warning("closing the weight-transfer group at shutdown: %s", e)
             self._transfer = None
         for a in self.actors:
             try:
@@ -365,7 +367,4 @@ def _node_ip() -> str:
     """Address the engines reach the sender at: this node's IP in the Ray cluster."""
     import ray
 
-    try:
-        return ray.util.get_node_ip_address()
-    except Exception:
-        return "127.0.0.1"
+    return ray.util.get_node_ip_address()

@@ -1,5 +1,6 @@
 """Real vLLM (CPU build) engines as Ray actors: generation, log-probs vs HF, weight update and
-restore, load balancing over two engines, and a killed actor restarted + re-synced mid-generation."""
+restore, load balancing over two engines, and a killed actor replaced mid-generation (its share
+retried on a current engine) and re-synced by the next sync."""
 from __future__ import annotations
 
 import threading
@@ -95,8 +96,13 @@ def test_killed_actor_mid_generation_is_restarted_and_resynced(client, tiny_hf):
     out = box["out"]
     st = client.stats()
     assert st["rollout/restarts"] == restarts + 1 and st["rollout/retries"] >= 1
-    # the replacement engine was re-synced to the 0.7x weights: identical samples to before the kill
+    # the failed share was retried on the engine holding the 0.7x weights: identical samples to before
+    # the kill; the replacement keeps no copy of them and is stale until the next (fresh) sync
     assert [c.response_ids for c in out] == [c.response_ids for c in ref]
+    assert client._stale == {1}
+    client.update_weights([(k, v * 0.7) for k, v in w.items()])
+    assert not client._stale
+    assert [c.response_ids for c in client.generate(prompts, sp)] == [c.response_ids for c in ref]
 
 
 def test_bad_prompts_fail_clearly(client):
