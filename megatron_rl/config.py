@@ -63,13 +63,15 @@ class OptimConfig:
     """Adam beta1."""
     beta2: float = 0.999
     """Adam beta2."""
-    clip_grad: float = 1.0
-    """Global gradient-norm clip."""
+    clip_grad: float | None = None
+    """Global gradient-norm clip; null = the method's recipe value ``algo.<kind>.grad_clip`` (1.0,
+    0.1 for opsd / opsd_ectr). A value set here wins over the method's."""
     use_distributed_optimizer: bool = True
     """Shard optimizer state over data-parallel ranks."""
 
     def __post_init__(self):
         _check(self.lr > 0, f"optim.lr must be > 0, got {self.lr}")
+        _check(self.clip_grad is None or self.clip_grad >= 0, f"optim.clip_grad must be >= 0 or null, got {self.clip_grad}")
         _check(self.decay_style in ("constant", "linear", "cosine"), f"optim.decay_style invalid: {self.decay_style!r}")
 
 
@@ -140,10 +142,14 @@ class RewardConfig:
     """Concurrent grader requests."""
     grader_fallback: float = 0.0
     """Process score used (and counted) when the grader fails after all retries: 0, 0.5 or 1."""
+    grader_max_tokens: int = 16384
+    """``max_tokens`` of each grader request (the reference sends 16384; prompt + this must fit the
+    grader's served context, or the server rejects the request)."""
 
     def __post_init__(self):
         _check(self.grader_fallback in (0.0, 0.5, 1.0), f"reward.grader_fallback must be 0, 0.5 or 1, got {self.grader_fallback}")
         _check(self.grader_timeout > 0 and self.grader_retries >= 0, "reward.grader_timeout > 0 and grader_retries >= 0")
+        _check(self.grader_max_tokens >= 1, f"reward.grader_max_tokens must be >= 1, got {self.grader_max_tokens}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,8 +186,6 @@ class TrainerConfig:
     """Checkpoint every N steps (0 = only at the end)."""
     keep_last: int = 2
     """Checkpoints kept."""
-    max_gen_batches: int = 4
-    """DAPO dynamic sampling: generation rounds per step at most (refill cap)."""
     export_hf: bool = True
     """Write an HF export of the final policy to run_dir/hf."""
 
@@ -349,6 +353,35 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     return from_dict(tree)
 
 
+_BASE_INPUTS = {"rewards", "group_ids", "mask", "logp", "old_logp", "ref_logp", "correct"}
+#: what each data path puts into AlgoInputs (the reference policy runs whenever ``ref_logp`` is needed)
+PATH_PROVIDES = {
+    None: _BASE_INPUTS,
+    "greedy": _BASE_INPUTS | {"greedy_rewards"},
+    "bicc_context": _BASE_INPUTS,
+    "process_reward": _BASE_INPUTS | {"process"},
+    "two_attempts": {"rewards", "group_ids", "mask", "logp", "ref_logp", "first_logp", "first_ref_logp", "first_mask",
+                     "first_rewards"},
+    "rlcsd_hints": _BASE_INPUTS | {"teacher_logp", "teacher_neg_logp", "teacher_neg_mask", "teacher_topk",
+                                   "teacher_neg_topk", "student_topk", "teacher_entropy", "step"},
+    "gt_teacher": _BASE_INPUTS | {"teacher_logp", "teacher_topk", "student_topk", "teacher_entropy", "step",
+                                  "srpo_log_u_mean"},
+}
+
+
+def _check_required_inputs(kind: str, hp, path) -> None:
+    """Every input the method's registered advantage / loss declares must be produced by its data path."""
+    from megatron_rl.algorithms import kind_required_inputs
+
+    have = set(PATH_PROVIDES[path])
+    if path == "bicc_context" and getattr(hp, "base", None) == "remax":
+        have.add("greedy_rewards")
+    missing = sorted(kind_required_inputs(kind, hp) - have)
+    if missing:
+        raise ValueError(f"algo.kind={kind!r} needs input(s) {missing} that its data path {path or 'plain'!r} "
+                         f"does not produce (provides {sorted(have)})")
+
+
 def validate(cfg: Config, world_size: int | None = None) -> None:
     """Cross-component rules (clear messages, at start-up)."""
     from megatron_rl.algorithms import KIND_DATA_PATH
@@ -368,8 +401,7 @@ def validate(cfg: Config, world_size: int | None = None) -> None:
         raise ValueError(f"algo.kind={cfg.algo.kind!r} needs a rubric grader: set reward.grader_url "
                          "(an OpenAI-compatible endpoint, e.g. http://host:8000/v1)")
     hp = cfg.algo.hparams
-    if getattr(hp, "base", None) in ("remax",) and cfg.algo.kind == "bicc_rcc":
-        pass
+    _check_required_inputs(cfg.algo.kind, hp, path)
     if getattr(hp, "overlong_enable", False) and hp.overlong_buffer_len > cfg.rollout.max_tokens:
         raise ValueError(f"algo.{cfg.algo.kind}.overlong_buffer_len={hp.overlong_buffer_len} must be <= rollout.max_tokens="
                          f"{cfg.rollout.max_tokens} (DAPO overlong shaping); lower it or set overlong_enable=false")

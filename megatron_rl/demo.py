@@ -71,7 +71,7 @@ def demo_config(args, run_dir: Path, paths: dict, hf_dir: Path):
     ov = [f"model.hf_path={hf_dir}", f"data.train={paths['train']}", f"data.val={paths['test']}",
           "data.prompts_per_step=32", "data.max_prompt_len=16", f"data.seed={args.seed}",
           f"rollout.engine={args.engine}", "rollout.n=8", "rollout.max_tokens=6", "rollout.max_model_len=128",
-          "rollout.temperature=1.0", f"optim.lr={args.lr}", "optim.clip_grad=1.0",
+          "rollout.temperature=1.0", f"optim.lr={args.lr}",
           f"trainer.steps={args.steps}", "trainer.micro_batch_size=64", f"trainer.seed={args.seed + 1}",
           f"trainer.run_dir={run_dir}", "trainer.eval_every=25", "trainer.eval_prompts=500", "trainer.ckpt_every=50",
           f"algo.kind={args.algo}", "logging.wandb_mode=offline"]
@@ -82,6 +82,8 @@ def demo_config(args, run_dir: Path, paths: dict, hf_dir: Path):
     if args.algo == "dapo":
         # DAPO's soft overlong buffer (4096 of 20480 tokens in the paper) scaled to the 6-token cap
         ov.append("algo.dapo.overlong_buffer_len=2")
+        # near 100 % accuracy almost every group is uniform: cap the refills, complete with uniform groups
+        ov += ["algo.dapo.max_num_gen_batches=4", "algo.dapo.at_cap=fill"]
     if args.algo == "bicc_rcc":
         # RCC's delta as the per-token mean log-ratio (spec's "safer" reading): with no KL anchor the
         # tiny policy drifts nats away from the reference within ~20 steps, and the literal sum makes

@@ -43,7 +43,8 @@ def parse_score(judge_output: str) -> float | None:
     """The judge's score per the spec, or None when it gave no valid score."""
     text = strip_think(judge_output or "")
     box = last_boxed(text)
-    for cand in ([box] if box is not None else []) + _SCORE_RE.findall(text)[-1:]:
+    # spec T-P6: the last box, else the FIRST regex match only (an invalid first match is not retried)
+    for cand in ([box] if box is not None else []) + _SCORE_RE.findall(text)[:1]:
         try:
             v = float(cand.strip())
         except ValueError:

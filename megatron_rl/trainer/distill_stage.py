@@ -173,7 +173,7 @@ def make_teacher_loss_fn(kind: str, hp, step: int, rlcsd_counts: tuple[float, fl
         pos, m = ex["resp_pos"], ex["resp_mask"]
         lp = logp.gather(1, pos)
         fields = {f: ex[f] for f in ("teacher_logp", "teacher_neg_logp", "teacher_neg_mask", "teacher_topk",
-                                     "teacher_neg_topk", "teacher_entropy") if f in ex}
+                                     "teacher_neg_topk", "teacher_entropy", "srpo_log_u_mean") if f in ex}
         if topk:
             sup = support.gather(1, pos[..., None].expand(-1, -1, support.shape[-1]))
             fields["student_topk"] = with_tail(sup)
@@ -216,6 +216,10 @@ def make_teacher_loss_fn(kind: str, hp, step: int, rlcsd_counts: tuple[float, fl
     return loss_fn
 
 
+def k_loss_of(kind: str) -> str:
+    return A.algo_kind(kind).loss
+
+
 def rlcsd_counts(ex: dict, hp) -> tuple[float, float]:
     """(N_non, N_sel) of the whole kept batch, from the teacher tensors and advantages (no grad)."""
     e = A.rlcsd_signal(ex["teacher_logp"], ex["teacher_neg_logp"], ex["teacher_neg_mask"])
@@ -256,6 +260,9 @@ def update_teacher(run, ro, step: int) -> dict:
     extras.update(tt.extras)
     if idx_resp is not None:
         extras["support_idx"] = _support_to_train_frame(idx_resp, keep_sb)
+    if k_loss_of(kind) == "srpo":   # d = u / mean(u) over the whole step's routed tokens (not per micro-batch)
+        lum = A.srpo_log_u_mean(extras["advantages"], extras["resp_mask"], extras["teacher_entropy"], hp.srpo_beta)
+        extras["srpo_log_u_mean"] = lum.expand(len(keep)).clone()
     counts = rlcsd_counts(extras, hp) if kind == "rlcsd" else (float(keep_sb.resp_mask.sum()), 0.0)
     batch = pad_train_rows(dataclasses.replace(keep_sb.batch, extras=extras), run.info.dp * mbs)
     res = run.actor.train_step(batch, make_teacher_loss_fn(kind, hp, step, counts), mbs)

@@ -26,8 +26,8 @@ class Run:
     logger: Any
     step: int = 0
     last_checkpoint: str | None = None
-    bicc_insert_at: int | None = None
-    bicc_sep: tuple = ()
+    bicc_layout: Any = None        # update_stage.BiccLayout (BiCC kinds)
+    score_turn: Any = None         # data.chat.NextUserTurn (SCoRe on a chat template)
     grader: Any = None
     teacher: Any = None            # TeacherWeights (self-distillation kinds)
     teacher_template: Any = None   # ChatHintTemplate | InlineHintTemplate
@@ -56,6 +56,11 @@ class Run:
             self.client.shutdown()
 
 
+def grad_clip(cfg) -> float:
+    """The gradient-norm clip in force: ``optim.clip_grad`` when set, else the method's recipe value."""
+    return float(cfg.optim.clip_grad if cfg.optim.clip_grad is not None else cfg.algo.hparams.grad_clip)
+
+
 def _optim_spec(cfg):
     from megatron_rl.trainer.optim import OptimSpec
 
@@ -63,7 +68,7 @@ def _optim_spec(cfg):
     decay = cfg.trainer.steps if o.decay_style != "constant" else None
     return OptimSpec(lr=o.lr, min_lr=o.min_lr, warmup_steps=o.warmup_steps, decay_steps=decay,
                      decay_style=o.decay_style, weight_decay=o.weight_decay, betas=(o.beta1, o.beta2),
-                     clip_grad=getattr(cfg.algo.hparams, "grad_clip", o.clip_grad),
+                     clip_grad=grad_clip(cfg),
                      use_distributed_optimizer=o.use_distributed_optimizer, bf16=cfg.model.bf16)
 
 
@@ -76,6 +81,23 @@ def build_client(cfg):
         kw["kv_cache_gib"] = r.kv_cache_gib
     return RolloutClient(r.engine, cfg.model.hf_path, r.num_engines, kw, cpus_per_engine=r.cpus_per_engine,
                          ray_address=r.ray_address)
+
+
+def prompt_layouts(cfg, tok) -> tuple:
+    """(BiCC layout, SCoRe second-turn layout) of the method's data path, or None each."""
+    from megatron_rl import algorithms as A
+
+    path = A.KIND_DATA_PATH.get(cfg.algo.kind)
+    bicc = turn = None
+    if path == "bicc_context":
+        from megatron_rl.trainer.update_stage import BiccLayout
+
+        bicc = BiccLayout.of(tok)
+    if path == "two_attempts":
+        from megatron_rl.trainer.score_stage import second_turn
+
+        turn = second_turn(tok, cfg.algo.hparams, cfg.data.max_prompt_len, cfg.rollout.max_tokens, cfg.rollout.max_model_len)
+    return bicc, turn
 
 
 def setup_run(cfg, resume: str | None = None, client=None) -> Run:
@@ -98,6 +120,7 @@ def setup_run(cfg, resume: str | None = None, client=None) -> Run:
     if not cfg.model.hf_path:
         raise ValueError("model.hf_path is required (HF model dir with config.json + safetensors)")
     tok = load_tokenizer(cfg.model.tokenizer_path or cfg.model.hf_path)
+    layouts = prompt_layouts(cfg, tok)     # template errors surface here, before any model is built
     train = PromptDataset.from_parquet(cfg.data.train, tok, cfg.data.max_prompt_len, cfg.data.on_error)
     val = PromptDataset.from_parquet(cfg.data.val, tok, cfg.data.max_prompt_len, cfg.data.on_error) if cfg.data.val else None
     sampler = DeterministicSampler(len(train), cfg.data.prompts_per_step, cfg.data.seed)
@@ -152,10 +175,8 @@ def setup_run(cfg, resume: str | None = None, client=None) -> Run:
 
         r = cfg.reward
         run.grader = RubricGrader(r.grader_url, r.grader_model, concurrency=r.grader_concurrency, timeout=r.grader_timeout,
-                                  retries=r.grader_retries, fallback=r.grader_fallback)
-    if cfg.algo.kind in ("bicc", "bicc_rcc") and hasattr(tok, "sp"):
-        # template-less SentencePiece tasks: context right after BOS, traces separated by a space
-        run.bicc_insert_at, run.bicc_sep = (1 if tok.bos_id is not None and tok.bos_id >= 0 else 0), tuple(tok.encode(" "))
+                                  retries=r.grader_retries, fallback=r.grader_fallback, max_tokens=r.grader_max_tokens)
+    run.bicc_layout, run.score_turn = layouts
     sync_weights(run)  # engines start from the HF dir; after a resume they must get the checkpoint's weights
     return run
 
