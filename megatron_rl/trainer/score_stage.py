@@ -140,6 +140,7 @@ def collect_two(run, step: int) -> TwoAttempts:
         x2 = second_prompts(first, turn, cfg.rollout.max_model_len - cfg.rollout.max_tokens, run.tok.eos_id)
         sp2 = R.sampling_params(cfg, step, round_=1, n=1, eos_id=run.tok.eos_id)
         second = R.score(_second_rollouts(run, first, x2, sp2), run.rewards)
+        run.dump_samples(step, "score_second", [p + r for p, r in zip(second.prompts, second.responses)])
         out = TwoAttempts(first, second)
     return R.broadcast_object(out)
 

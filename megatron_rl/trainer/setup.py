@@ -49,6 +49,21 @@ class Run:
                                teacher=self.teacher)
         self.last_checkpoint = str(path)
 
+    def dump_samples(self, step: int, name: str, seqs) -> None:
+        """Rank 0, ``logging.dump_samples`` > 0: append the first N id sequences of ``name`` with
+        their raw decoding (special tokens kept) to ``run_dir/samples.jsonl``."""
+        n = self.cfg.logging.dump_samples
+        if not n or not self.info.is_driver:
+            return
+        import json
+
+        raw = getattr(getattr(self.tok, "tok", None), "decode", None)
+        with open(Path(self.cfg.trainer.run_dir) / "samples.jsonl", "a") as f:
+            for ids in list(seqs)[:n]:
+                ids = [int(i) for i in ids]
+                text = raw(ids, skip_special_tokens=False) if raw is not None else self.tok.decode(ids)
+                f.write(json.dumps({"step": step, "name": name, "ids": ids, "text": text}) + "\n")
+
     def close(self, own_client: bool = True) -> None:
         if self.pending_grades is not None:
             self.pending_grades.close()
