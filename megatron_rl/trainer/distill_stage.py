@@ -235,6 +235,7 @@ def update_teacher(run, ro, step: int) -> dict:
     mbs, R_max, pad = cfg.trainer.micro_batch_size, cfg.rollout.max_tokens, run.tok.pad_id
     path = A.KIND_DATA_PATH[kind]
     plain = U.build_seq_batch(ro.prompts, ro.responses, pad, run.seq_len(ro.prompts, ro.responses), R_max)
+    run.dump_samples(step, "policy", [p + r for p, r in zip(ro.prompts, ro.responses)])
     old, ref, metrics = U.old_ref_logprobs(run, ro, plain)
     m = plain.resp_mask
     adv = A.compute_advantages(kind, U.advantage_inputs(ro, m, old_logp=old, ref_logp=ref), hp).float()
