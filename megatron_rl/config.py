@@ -42,9 +42,13 @@ class ParallelConfig:
     """Pipeline-parallel size."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism (tp > 1)."""
+    timeout_s: float = 1800.0
+    """torch.distributed collective timeout: a rank whose peer vanished (node loss) fails after this
+    long instead of hanging. Must exceed the longest wait in a collective (rank 0's rollout phase)."""
 
     def __post_init__(self):
         _check(self.tp >= 1 and self.pp >= 1, f"parallel.tp/pp must be >= 1, got {self.tp}/{self.pp}")
+        _check(self.timeout_s > 0, f"parallel.timeout_s must be > 0, got {self.timeout_s}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -130,7 +130,7 @@ def setup_run(cfg, resume: str | None = None, client=None) -> Run:
     from megatron_rl.trainer.checkpoint import find_latest, load_checkpoint
 
     info = init_parallel(cfg.parallel.tp, cfg.parallel.pp, seed=cfg.trainer.seed,
-                         sequence_parallel=cfg.parallel.sequence_parallel)
+                         sequence_parallel=cfg.parallel.sequence_parallel, timeout_s=cfg.parallel.timeout_s)
     validate(cfg, world_size=info.world)
     if not cfg.model.hf_path:
         raise ValueError("model.hf_path is required (HF model dir with config.json + safetensors)")
