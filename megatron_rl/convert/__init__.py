@@ -6,6 +6,8 @@ and gate/up fusion are the named transforms of ``transforms.py``.
 Live models (collective when torch.distributed is up):
     ``load_hf_into_model(model_chunks, hf_dir, parallel_info=None)`` fill this rank's shard
     ``iter_hf_tensors(model_chunks, hf_cfg)`` -> ``(hf_name, full tensor)`` on every rank
+    ``stream_hf_tensors(model_chunks, hf_cfg, sender=0)`` -> the same, on the weight-sync sender only
+    ``hf_tensor_meta(hf_cfg, dtype)`` -> ``(hf_name, dtype, shape)`` of that stream (no gather)
     ``export_hf(model_chunks, hf_cfg, out_dir, force=True, tokenizer_dir=None)`` (rank 0 writes)
 Offline (``megatron-rl convert ...``):
     ``hf_to_mcore(hf_dir, out_dir, tp, pp, force, engine="stream")`` / ``mcore_to_hf(ckpt_dir, out_dir, force)``
@@ -13,9 +15,9 @@ Offline (``megatron-rl convert ...``):
     (the dist-checkpoint chunks) -> ``dcp_writer`` (byte copies from ``safetensors_index``), driven
     by ``stream.py``; ``engine="model"`` is the model-building reference.
 """
-from megatron_rl.convert.live import export_hf, iter_hf_tensors, load_hf_into_model
+from megatron_rl.convert.live import export_hf, hf_tensor_meta, iter_hf_tensors, load_hf_into_model, stream_hf_tensors
 
-__all__ = ["export_hf", "iter_hf_tensors", "load_hf_into_model", "hf_to_mcore", "mcore_to_hf"]
+__all__ = ["export_hf", "hf_tensor_meta", "iter_hf_tensors", "stream_hf_tensors", "load_hf_into_model", "hf_to_mcore", "mcore_to_hf"]
 
 
 def hf_to_mcore(*args, **kwargs):

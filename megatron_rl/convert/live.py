@@ -173,6 +173,60 @@ def iter_hf_tensors(model_chunks, hf_cfg) -> Iterator[tuple[str, torch.Tensor]]:
             yield hf_name, t
 
 
+def hf_tensor_meta(hf_cfg, dtype: torch.dtype) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+    """``(hf_name, dtype, shape)`` of every tensor :func:`stream_hf_tensors` yields, in order, computed
+    on the meta device (no gather, no memory): the weight-sync metadata sent before any bytes."""
+    arch = model_arch_info(hf_cfg)
+    out = []
+    for rule in name_maps.expand(arch):
+        full = torch.empty(full_shape(rule, arch), dtype=dtype, device="meta")
+        out.extend((n, dtype, tuple(t.shape)) for n, t in zip(rule.hf, split_full(rule, full, arch)))
+    return out
+
+
+def stream_hf_tensors(model_chunks, hf_cfg, sender: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
+    """Collective over the trainer: yield ``(hf_name, full tensor)`` ON GLOBAL RANK ``sender`` only.
+
+    Weight-sync producer (unlike :func:`iter_hf_tensors`, which gives every rank every tensor):
+    per tensor, only the data-parallel replica of ``sender`` works. The owning pipeline stage
+    all-gathers the TP shards (``transforms.unshard``); if that stage is not the sender's, its TP-rank-0
+    sends the full tensor point-to-point to the sender — each PP stage contributes its own layers
+    and no other rank receives anything. Peak extra memory on any rank: one full tensor (+ its
+    TP shards). Other ranks yield nothing but must run the iterator to the end.
+    """
+    from megatron.core import parallel_state as ps
+
+    arch = model_arch_info(hf_cfg)
+    tp, _, pp, pp_rank = _grid()
+    me = dist.get_rank() if dist.is_initialized() else 0
+    if me != sender and ps.model_parallel_is_initialized() and ps.get_data_parallel_rank() != 0:
+        return
+    params = local_params(model_chunks, arch)
+    dtype = next(iter(params.values())).dtype
+    pp_ranks = dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group()) if pp > 1 else [me]
+    on_sender_column = sender in pp_ranks
+    for rule in name_maps.expand(arch):
+        owner = _owner_stage(rule, arch, pp)
+        full = None
+        if pp_rank == owner:
+            local = params[rule.mcore].detach()
+            shards = [local]
+            if tp > 1:
+                shards = [torch.empty_like(local) for _ in range(tp)]
+                dist.all_gather(shards, local.contiguous(), group=ps.get_tensor_model_parallel_group())
+            full = transforms.unshard(shards, rule.tp, rule.transform, arch.vocab_size)
+            del shards
+            if me != sender and on_sender_column:
+                dist.send(full.contiguous(), dst=sender)
+                full = None
+        elif me == sender:
+            full = torch.empty(full_shape(rule, arch), dtype=dtype, device=local_device(params))
+            dist.recv(full, src=pp_ranks[owner])
+        if me == sender:
+            yield from zip(rule.hf, split_full(rule, full, arch))
+        full = None
+
+
 def local_device(params: dict) -> torch.device:
     return next(iter(params.values())).device
 

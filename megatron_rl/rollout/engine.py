@@ -13,7 +13,8 @@ truncation is NOT reflected (both sides use the full softmax); keep them at 1.0 
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, Protocol, runtime_checkable
+from collections.abc import Iterable
+from typing import Protocol, runtime_checkable
 
 import torch
 

@@ -6,7 +6,7 @@ Sampling is plain ancestral sampling with a KV cache (``model.generate`` with
 """
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 
@@ -78,6 +78,23 @@ class HFEngine:
             params[name].copy_(t.to(params[name].dtype))
             n += 1
         return n
+
+    def named_parameters(self) -> dict[str, torch.Tensor]:
+        return {n: p.detach().clone() for n, p in self.model.named_parameters()}
+
+    def weight_transfer(self, method: str, **kwargs):
+        """The object-store (``ray`` backend) side of vLLM's weight-transfer lifecycle (the ``ray`` backend), so the
+        HF fallback is driven exactly like a vLLM engine; other backends are refused at start-up."""
+        if method == "update_weights":
+            from .weight_sync import unpack_update
+
+            return self.update_weights(unpack_update(kwargs["update_info"]))
+        if method in ("init_weight_transfer_engine", "start_weight_update", "finish_weight_update",
+                      "shutdown_weight_transfer_engine"):
+            return None
+        if method == "stats":
+            return {}
+        raise ValueError(f"HF engine: unknown weight-transfer method {method!r}")
 
     def sleep(self) -> None:
         return None

@@ -3,12 +3,17 @@
 ``RolloutClient`` starts (or joins) Ray, creates ``num_engines`` engine actors, splits each
 ``generate`` call across them (contiguous, equal shares; results in prompt order; per-prompt seeds
 offset by the global prompt index so results do not depend on the number of engines), and pushes
-weights in buckets after every optimizer step (each bucket ``ray.put`` once, loaded by every actor).
+weights after every optimizer step through vLLM's weight-transfer API with the backend of
+``rollout.sync_backend`` (``trainer_engines``: gloo | ray on CPU, nccl | ipc on GPU). The
+control plane is :class:`ActorSyncClient` (vLLM's four-method ``VLLMWeightSyncClient`` over our
+actors); the data plane is the backend's.
 
-Faults: an actor that dies (``RayActorError``, e.g. killed mid-generation) is replaced by a new one,
-which loads the initial model dir and then replays the latest complete weight push (its bucket
-refs are kept in the object store), and the failed share is retried. Restarts, retries and sync
-volume/time are counted in :meth:`RolloutClient.stats` for the trainer's metrics.
+Faults: an actor that dies (``RayActorError``, e.g. killed mid-generation) is replaced by a new one
+and its share is retried on an engine that holds the current weights. Nothing of the last push is
+kept (no model copy in the object store): the replacement starts from the model dir, is marked
+stale (no work) and receives the current weights with the next sync, for which the transfer group
+is rebuilt with every engine. Restarts, retries and sync volume/time are counted in
+:meth:`RolloutClient.stats` for the trainer's metrics.
 """
 from __future__ import annotations
 
@@ -16,12 +21,12 @@ import dataclasses
 import logging
 import os
 import time
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 
 from .engine import Completion, SamplingParams
-from .weight_sync import bucket_tensors, pack_bucket, unpack_bucket
+from .weight_sync import RoundSource
 
 log = logging.getLogger("megatron_rl.rollout.ray")
 
@@ -44,17 +49,81 @@ class _EngineActor:
     def score(self, seqs, lens, temperature):
         return self.engine.score(seqs, lens, temperature)
 
-    def update_weights(self, metas, *flats) -> int:
-        """``flats`` / ``metas``: buckets from ``weight_sync.pack_bucket`` (Ray resolves the top-level
-        refs to zero-copy views of its shared memory)."""
-        named = [nt for flat, meta in zip(flats, metas) for nt in unpack_bucket(flat, meta)]
-        return self.engine.update_weights(named)
+    def weight_transfer(self, method: str, kwargs: dict, *buffers):
+        """A weight-transfer call on the engine (see ``VLLMEngine.weight_transfer``); a top-level
+        ``buffers[0]`` (a Ray object: a zero-copy view of the object store) becomes the update's
+        packed ``buffer`` (``ray`` backend)."""
+        if buffers:
+            import warnings
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the view is read-only; the engine only reads it
+                buf = torch.frombuffer(buffers[0], dtype=torch.uint8) if len(buffers[0]) else torch.empty(0, dtype=torch.uint8)
+            kwargs = {**kwargs, "update_info": {**kwargs["update_info"], "buffer": buf}}
+        return self.engine.weight_transfer(method, **kwargs)
+
+    def named_parameters(self) -> dict:
+        return self.engine.named_parameters()
 
     def sleep(self):
         self.engine.sleep()
 
     def wake(self):
         self.engine.wake()
+
+
+class ActorSyncClient:
+    """vLLM's ``VLLMWeightSyncClient`` protocol over our engine actors: every call fans out to all
+    actors and blocks on all of them. ``init_weight_transfer_engine`` gives engine ``i`` its own
+    ``rank_offset`` (``1 + i × ranks_per_engine``): our engines are independent ``LLM``s, each
+    with its worker at rank 0 of its own parallel config (vLLM's ``RayVLLMWeightSyncClient`` sends
+    one payload to all handles, which suits one multi-DP engine, not this)."""
+
+    def __init__(self, actors: list, ranks_per_engine: int = 1):
+        import ray
+
+        self._ray, self.actors, self.ranks = ray, list(actors), ranks_per_engine
+
+    def _all(self, method: str, per_actor=None, **kwargs):
+        refs = [a.weight_transfer.remote(method, per_actor(i) if per_actor else kwargs) for i, a in enumerate(self.actors)]
+        return self._ray.get(refs)
+
+    def init_weight_transfer_engine(self, init_info: dict) -> None:
+        def info(i):
+            d = dict(init_info)
+            if "rank_offset" in d:
+                d["rank_offset"] = d["rank_offset"] + i * self.ranks
+            return {"init_info": d}
+        self._all("init_weight_transfer_engine", info)
+
+    def shutdown_weight_transfer_engine(self) -> None:
+        self._all("shutdown_weight_transfer_engine")
+
+    def start_weight_update(self) -> None:
+        self._all("start_weight_update")
+
+    def update_weights(self, update_info) -> None:
+        self._all("update_weights", update_info=update_info)
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self._all("finish_weight_update")
+
+    def submit_update(self, update_info: dict, buffer_ref) -> list:
+        """``update_weights`` with a packed bucket in the object store (``ray`` backend); returns refs."""
+        return [a.weight_transfer.remote("update_weights", {"update_info": update_info}, buffer_ref) for a in self.actors]
+
+    def stats(self) -> list[dict]:
+        """Each engine's transfer stage times since the last call (then reset)."""
+        return self._all("stats")
+
+
+def object_store_bytes() -> int:
+    """Bytes in use in the Ray object store of this cluster (the GCS / raylet store stats)."""
+    import ray
+    from ray._private.internal_api import get_memory_info_reply, get_state_from_address
+
+    reply = get_memory_info_reply(get_state_from_address(ray.get_runtime_context().gcs_address))
+    return int(reply.store_stats.object_store_bytes_used)
 
 
 @dataclasses.dataclass
@@ -67,18 +136,29 @@ class RolloutStats:
 
 
 class RolloutClient:
-    """Trainer-side handle on a pool of engine actors (see module docstring)."""
+    """Trainer-side handle on a pool of engine actors (see module docstring).
+
+    ``sync_backend``: auto | ray | gloo | nccl | ipc (``trainer_engines.resolve_backend``; an
+    impossible choice raises here, at start-up). ``bucket_bytes``: packed bucket size.
+    ``trainer_world``: trainer processes (ipc needs 1). ``gpus_per_engine`` / ``actor_env``: Ray
+    placement of the engine actors on GPU machines.
+    """
 
     def __init__(self, engine_kind: str, model_dir: str, num_engines: int = 1, engine_kwargs: dict | None = None,
                  cpus_per_engine: float = 0.5, threads_per_engine: int = 1, max_restarts: int = 3,
-                 sync_backend: str = "ray", ray_address: str | None = None):
+                 sync_backend: str = "auto", ray_address: str | None = None, bucket_bytes: int = 256 << 20,
+                 trainer_world: int = 1, gpus_per_engine: float = 0.0, actor_env: dict | None = None):
         import ray
 
-        if sync_backend != "ray":
-            raise ValueError(f"sync_backend {sync_backend!r} is not available; supported here: 'ray' "
-                             "(CUDA-IPC / NCCL weight sync is not implemented)")
+        from megatron_rl.device import has_cuda
+
+        from .trainer_engines import WORKER_BACKEND, resolve_backend
+
         if num_engines < 1:
             raise ValueError(f"num_engines must be >= 1, got {num_engines}")
+        if bucket_bytes <= 0:
+            raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
+        self.backend = resolve_backend(sync_backend, engine_kind, has_cuda(), trainer_world)
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         if not ray.is_initialized():
             if ray_address:
@@ -89,23 +169,30 @@ class RolloutClient:
         self._ray = ray
         self.kind, self.model_dir = engine_kind, model_dir
         self.engine_kwargs = dict(engine_kwargs or {})
-        self.cpus, self.threads = cpus_per_engine, threads_per_engine
-        self.max_restarts = max_restarts
-        self._latest: tuple = ()  # (metas, ObjectRefs) of the latest full weight push
+        if engine_kind == "vllm":
+            self.engine_kwargs["weight_transfer"] = WORKER_BACKEND[self.backend]
+        self.cpus, self.threads, self.gpus = cpus_per_engine, threads_per_engine, gpus_per_engine
+        self.actor_env = dict(actor_env or {})
+        self.max_restarts, self.bucket_bytes = max_restarts, bucket_bytes
         self._stats = RolloutStats()
+        self._transfer = None     # the sender's TrainerWeightTransferEngine (opened at the first sync)
+        self._stale: set[int] = set()  # replaced engines that have not received the current weights
+        self.last_sync: dict = {}
         self.actors = [self._spawn() for _ in range(num_engines)]
         ray.get([a.ping.remote() for a in self.actors])
+        log.info("rollout: %d %s engine(s), weight sync backend %s", num_engines, engine_kind, self.backend)
 
     def _spawn(self):
         cls = self._ray.remote(_EngineActor)
-        env = {"OMP_NUM_THREADS": str(self.threads), "RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}
-        return cls.options(num_cpus=self.cpus, runtime_env={"env_vars": env}).remote(
+        env = {"OMP_NUM_THREADS": str(self.threads), "RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false",
+               **self.actor_env}
+        return cls.options(num_cpus=self.cpus, num_gpus=self.gpus, runtime_env={"env_vars": env}).remote(
             self.kind, self.model_dir, self.engine_kwargs)
 
     def _restart(self, i: int) -> None:
         if self._stats.restarts >= self.max_restarts:
             raise RuntimeError(f"rollout engine {i} died and the restart budget ({self.max_restarts}) is spent")
-        log.warning("rollout engine %d died; restarting and re-syncing weights (version %d)", i,
+        log.warning("rollout engine %d died; replacing it (it gets weight version %d at the next sync)", i,
                     self._stats.weight_version)
         self._stats.restarts += 1
         try:
@@ -113,31 +200,50 @@ class RolloutClient:
         except Exception:  # already dead
             pass
         self.actors[i] = self._spawn()
-        if self._latest:
-            metas, refs = self._latest
-            self._ray.get(self.actors[i].update_weights.remote(metas, *refs))
-        else:
-            self._ray.get(self.actors[i].ping.remote())
+        self._ray.get(self.actors[i].ping.remote())
+        if self._stats.weight_version > 0:  # the model dir is not the current policy any more
+            self._stale.add(i)
+        self._close_transfer(reinit=True)
+
+    def _fresh(self) -> list[int]:
+        fresh = [i for i in range(len(self.actors)) if i not in self._stale]
+        if not fresh:
+            raise RuntimeError("no rollout engine holds the current weights (all were replaced since the last sync)")
+        return fresh
 
     def _call_all(self, make_call, shares: list) -> list:
-        """Run one call per actor share; restart + retry actors that die."""
+        """Run one call per share on the fresh engines; a share whose engine died is retried on a
+        fresh engine after the dead one is replaced."""
         from ray.exceptions import RayActorError
 
+        fresh = self._fresh()
         results: list = [None] * len(shares)
-        pending = {i: make_call(self.actors[i], s) for i, s in enumerate(shares) if s is not None}
+        where = {i: fresh[i] for i, s in enumerate(shares) if s is not None}
+        pending = {i: make_call(self.actors[a], shares[i]) for i, a in where.items()}
         while pending:
             for i, ref in list(pending.items()):
                 try:
                     results[i] = self._ray.get(ref)
                     del pending[i]
                 except RayActorError:
-                    self._restart(i)
+                    if where[i] not in self._stale and self._ray_dead(where[i]):
+                        self._restart(where[i])
                     self._stats.retries += 1
-                    pending[i] = make_call(self.actors[i], shares[i])
+                    where[i] = self._fresh()[i % len(self._fresh())]
+                    pending[i] = make_call(self.actors[where[i]], shares[i])
         return results
 
+    def _ray_dead(self, a: int) -> bool:
+        from ray.exceptions import RayActorError
+
+        try:
+            self._ray.get(self.actors[a].ping.remote(), timeout=60)
+            return False
+        except (RayActorError, Exception):
+            return True
+
     def _split(self, n: int) -> list[tuple[int, int] | None]:
-        k = len(self.actors)
+        k = len(self._fresh())
         bounds = [round(j * n / k) for j in range(k + 1)]
         return [(bounds[j], bounds[j + 1]) if bounds[j + 1] > bounds[j] else None for j in range(k)]
 
@@ -163,22 +269,75 @@ class RolloutClient:
         res = self._call_all(lambda a, s: a.score.remote(sequences[s[0]:s[1]], prompt_lens[s[0]:s[1]], temperature), shares)
         return [x for r in res if r is not None for x in r]
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = 256 << 20) -> int:
-        """Push a FULL set of HF-named weights to every engine; returns the new weight version."""
+    def update_weights(self, named_tensors: RoundSource | Iterable[tuple[str, torch.Tensor]],
+                       bucket_bytes: int | None = None) -> int:
+        """Push a FULL set of HF-named weights to every engine; returns the new weight version.
+
+        ``named_tensors``: a :class:`RoundSource` (metadata + streaming iterator: the trainer's
+        path) or materialised ``(name, tensor)`` pairs. The first call (and the first after an
+        engine was replaced) opens the transfer group with every engine (vLLM's rendezvous).
+        """
+        src = named_tensors if isinstance(named_tensors, RoundSource) else RoundSource.from_tensors(named_tensors)
         t0 = time.perf_counter()
-        refs, nbytes = [], 0
-        for bucket in bucket_tensors(named_tensors, bucket_bytes):
-            flat, meta = pack_bucket(bucket)
-            nbytes += flat.nbytes
-            refs.append((self._ray.put(flat), meta))
-        shares = [True] * len(self.actors)
-        metas, flat_refs = [m for _, m in refs], [r for r, _ in refs]
-        self._call_all(lambda a, _s: a.update_weights.remote(metas, *flat_refs), shares)
-        self._latest = (metas, flat_refs)
+        if bucket_bytes is not None and bucket_bytes != self.bucket_bytes:
+            self.bucket_bytes = bucket_bytes
+            self._close_transfer(reinit=True)
+        if self._transfer is None:
+            self._open_transfer()
+        self._transfer.source = src
+        try:
+            self._transfer.send_weights()
+        except Exception as e:
+            self._close_transfer(reinit=True)
+            raise RuntimeError(f"weight sync ({self.backend}) failed: {e}") from e
+        self._stale.clear()
+        self.last_sync = dict(getattr(self._transfer, "last", {}))
         self._stats.weight_version += 1
-        self._stats.sync_bytes += nbytes
+        self._stats.sync_bytes += src.total_bytes()
         self._stats.sync_seconds += time.perf_counter() - t0
         return self._stats.weight_version
+
+    def _open_transfer(self) -> None:
+        from .trainer_engines import trainer_init
+
+        self._sync_client = ActorSyncClient(self.actors)
+        self._transfer = trainer_init(self.backend, self._sync_client, self.bucket_bytes, 1 + len(self.actors),
+                                      master_address=_node_ip())
+
+    def _close_transfer(self, reinit: bool) -> None:
+        """Tear the transfer group down on both sides (the next sync re-opens it with every engine)."""
+        if self._transfer is None:
+            return
+        try:
+            self._transfer.shutdown()
+            live = [a for i, a in enumerate(self.actors) if not self._ray_dead(i)]
+            self._ray.get([a.weight_transfer.remote("shutdown_weight_transfer_engine", {}) for a in live])
+        except Exception as e:  # a half-broken group: the engines are re-initialised anyway
+            log.warning("closing the weight-transfer group: %s", e)
+        self._transfer = None
+
+    def engine_transfer_stats(self) -> list[dict]:
+        """Each engine's receive / load / finish seconds since the last call (benchmarks)."""
+        return ActorSyncClient(self.actors).stats()
+
+    def engine_parameters(self, i: int) -> dict[str, torch.Tensor]:
+        """Copies of engine ``i``'s parameters (engine names) — verification in tests. Copied out
+        of the object store at once, so nothing stays pinned there."""
+        return {k: v.clone() for k, v in self._ray.get(self.actors[i].named_parameters.remote()).items()}
+
+    def set_sync_backend(self, backend: str, trainer_world: int = 1) -> None:
+        """Switch the weight transport without restarting the engines (e.g. gloo <-> ray, which
+        share the engines' worker engine); the next sync opens the new one."""
+        from megatron_rl.device import has_cuda
+
+        from .trainer_engines import WORKER_BACKEND, resolve_backend
+
+        new = resolve_backend(backend, self.kind, has_cuda(), trainer_world)
+        if self.kind == "vllm" and WORKER_BACKEND[new] != self.engine_kwargs["weight_transfer"]:
+            raise ValueError(f"sync backend {new} needs engines built for {WORKER_BACKEND[new]!r}; these were built "
+                             f"for {self.engine_kwargs['weight_transfer']!r}")
+        self._close_transfer(reinit=True)
+        self.backend = new
 
     def kill_engine(self, i: int) -> None:
         """Kill actor ``i`` (fault-injection for tests and drills)."""
@@ -188,9 +347,25 @@ class RolloutClient:
         return {f"rollout/{k}": float(v) for k, v in dataclasses.asdict(self._stats).items()}
 
     def shutdown(self) -> None:
+        if self._transfer is not None:
+            try:
+                self._transfer.shutdown()
+            except Exception:
+                pass
+            self._transfer = None
         for a in self.actors:
             try:
                 self._ray.kill(a)
             except Exception:
                 pass
         self.actors = []
+
+
+def _node_ip() -> str:
+    """Address the engines reach the sender at: this node's IP in the Ray cluster."""
+    import ray
+
+    try:
+        return ray.util.get_node_ip_address()
+    except Exception:
+        return "127.0.0.1"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 
@@ -20,15 +20,8 @@ from .engine import Completion, SamplingParams, validate_prompts
 log = logging.getLogger("megatron_rl.rollout.vllm")
 
 
-def _update_worker(worker, weights: list[tuple[str, torch.Tensor]]) -> int:
-    """Runs inside the vLLM worker: load HF-named tensors, rebuild post-load state."""
-    from vllm.model_executor.model_loader.utils import process_weights_after_loading
-
-    model = worker.get_model()
-    model.load_weights(iter(weights))
-    model_config = worker.model_runner.model_config
-    process_weights_after_loading(model, model_config, torch.device(worker.device) if hasattr(worker, "device") else torch.device("cpu"))
-    return len(weights)
+def _worker_params(worker) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in worker.get_model().named_parameters()}
 
 
 class VLLMEngine:
@@ -36,7 +29,7 @@ class VLLMEngine:
 
     def __init__(self, model_dir: str, *, dtype: str = "float32", seed: int = 0, max_model_len: int = 512,
                  kv_cache_gib: float = 1.0, max_num_seqs: int = 256, gpu_memory_utilization: float = 0.5,
-                 enable_sleep_mode: bool = False):
+                 enable_sleep_mode: bool = False, weight_transfer: str = "gloo"):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(kv_cache_gib))))
         from .. import patches
@@ -44,11 +37,16 @@ class VLLMEngine:
         patches.apply_all(("vllm",))
         from vllm import LLM
 
+        from .transfer_engines import register
+
+        register()  # our CPU engines in vLLM's WeightTransferEngineFactory, before the worker is built
+
         self.max_model_len = max_model_len
         self.llm = LLM(model=model_dir, skip_tokenizer_init=True, dtype=dtype, enforce_eager=True,
                        max_model_len=max_model_len, seed=seed, max_num_seqs=max_num_seqs,
                        gpu_memory_utilization=gpu_memory_utilization, logprobs_mode="processed_logprobs",
-                       enable_sleep_mode=enable_sleep_mode)
+                       enable_sleep_mode=enable_sleep_mode,
+                       weight_transfer_config={"backend": weight_transfer})
         self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
 
     def _params(self, s: SamplingParams, i: int):
@@ -83,9 +81,32 @@ class VLLMEngine:
             res.append([float(o.prompt_logprobs[t][s[t]].logprob) for t in range(n, len(s))])
         return res
 
+    def weight_transfer(self, method: str, **kwargs):
+        """Call a weight-transfer method of vLLM's worker (``init_weight_transfer_engine``,
+        ``start_weight_update``, ``update_weights``, ``finish_weight_update``,
+        ``shutdown_weight_transfer_engine``) or ``"stats"`` (the engine's stage times)."""
+        if method == "stats":
+            from .transfer_engines import worker_stats
+
+            return self.llm.collective_rpc(worker_stats)[0]
+        return self.llm.collective_rpc(method, kwargs=kwargs)[0]
+
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
-        weights = [(k, v) for k, v in named_tensors]
-        return int(self.llm.collective_rpc(_update_worker, args=(weights,))[0])
+        """One in-process round through the weight-transfer API (bucket carried in the call, as the ``ray`` backend does)."""
+        from .weight_sync import RoundSource, pack_round
+
+        src = RoundSource.from_tensors(named_tensors)
+        info = {"names": [m.name for m in src.metadata()], "dtype_names": [str(m.dtype).removeprefix("torch.") for m in src.metadata()],
+                "shapes": [list(m.shape) for m in src.metadata()], "buffer": pack_round(src)}
+        self.weight_transfer("start_weight_update")
+        self.weight_transfer("update_weights", update_info=info)
+        self.weight_transfer("finish_weight_update")
+        return len(info["names"])
+
+    def named_parameters(self) -> dict[str, torch.Tensor]:
+        """Copies of the worker model's parameters under vLLM's names (fused ``qkv_proj``,
+        ``gate_up_proj``) — for verifying a sync bit for bit."""
+        return self.llm.collective_rpc(_worker_params)[0]
 
     def sleep(self) -> None:
         self.llm.reset_prefix_cache()

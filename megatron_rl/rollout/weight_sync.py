@@ -1,68 +1,193 @@
-"""Trainer -> engine weight push: byte-budgeted buckets of HF-named tensors.
+"""Trainer → engine weight stream: per-round metadata, the bucket plan, and the packer.
 
-CPU / this repo: each bucket is ``ray.put`` once and every engine actor loads it
-(``engine.update_weights``). GPU deployments would send CUDA-IPC handles (colocated) or broadcast
-over an NCCL group (separate GPUs) with the same bucket boundaries; that path is not implemented
-here and ``RolloutClient`` refuses ``sync_backend`` values other than ``"ray"``.
+A round is a :class:`RoundSource`: the metadata of every HF tensor (name, dtype, shape — known
+without gathering anything) plus an iterator that produces the tensors one by one (on the
+trainer, ``convert.iter_hf_tensors``: TP shards gathered per tensor, each PP stage contributing its
+own layers). It is a vLLM ``WeightSource`` so that vLLM's own trainer engines (``nccl``, ``ipc``)
+take it unchanged.
+
+The bucket plan (:func:`plan_buckets`) is derived from the metadata alone, so the sender and every
+receiver cut the stream identically without exchanging bucket boundaries (vLLM's packed protocol).
+:class:`BucketPacker` copies each produced tensor straight into one of two reusable uint8 buffers
+(the next bucket is packed while the previous one is in flight), so the sender's extra memory is
+at most ``2 × bucket_bytes`` plus the tensor being produced — never the model.
 """
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+import time
+from collections.abc import Iterable, Iterator
 
 import torch
 
 
-def bucket_tensors(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = 256 << 20) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Group ``(name, tensor)`` pairs into lists of at most ``bucket_bytes`` (a larger single tensor
-    gets its own bucket). Tensors are detached, moved to CPU and made contiguous."""
+def plan_buckets(sizes: list[int], bucket_bytes: int) -> list[tuple[int, int]]:
+    """Split tensors ``0..n-1`` of byte ``sizes`` into consecutive ``[lo, hi)`` buckets.
+
+    A bucket closes before the tensor that would overflow ``bucket_bytes``; a tensor larger than the
+    budget gets a bucket of its own (so a bucket is ≤ max(bucket_bytes, largest tensor)).
+    """
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
-    cur, size = [], 0
-    for name, t in named:
-        t = t.detach().to("cpu").contiguous()
-        n = t.numel() * t.element_size()
-        if cur and size + n > bucket_bytes:
-            yield cur
-            cur, size = [], 0
-        cur.append((name, t))
+    out, lo, size = [], 0, 0
+    for i, n in enumerate(sizes):
+        if i > lo and size + n > bucket_bytes:
+            out.append((lo, i))
+            lo, size = i, 0
         size += n
-    if cur:
-        yield cur
+    if lo < len(sizes):
+        out.append((lo, len(sizes)))
+    return out
 
 
-def pack_bucket(bucket: list[tuple[str, torch.Tensor]]):
-    """One contiguous uint8 numpy buffer + ``[(name, dtype, shape, offset)]``.
+def nbytes(shape, dtype: torch.dtype) -> int:
+    return int(torch.Size(shape).numel()) * dtype.itemsize
 
-    Ray stores numpy buffers without pickling and hands actors zero-copy views of its shared
-    memory, so a bucket costs one copy into the buffer and one into the object store (a list of
-    torch tensors would be pickled element by element: ~10x slower, measured).
+
+def _source_base():
+    try:
+        from vllm.distributed.weight_transfer.base import WeightSource
+        return WeightSource
+    except ImportError:  # HF-engine-only installs: the same two channels, without the vLLM base
+        return object
+
+
+class RoundSource(_source_base()):
+    """One round's weights: ``metadata()`` (vLLM ``ParamMeta`` list) and a single-pass iterator.
+
+    Also times the producer: ``produce_s`` accumulates the seconds spent inside the iterator
+    (gather over TP/PP + HF split on the trainer).
     """
-    import numpy as np
 
-    meta, off = [], 0
-    for name, t in bucket:
-        n = t.numel() * t.element_size()
-        off = -(-off // 64) * 64  # aligned views for every dtype
-        meta.append((name, str(t.dtype).removeprefix("torch."), tuple(t.shape), off))
+    def __init__(self, meta: list, tensors: Iterable[tuple[str, torch.Tensor]]):
+        self._meta, self._it, self.produce_s = list(meta), iter(tensors), 0.0
+
+    @classmethod
+    def from_tensors(cls, named: Iterable[tuple[str, torch.Tensor]]) -> RoundSource:
+        """From already materialised tensors (tests, benchmarks, HF dirs)."""
+        named = [(n, t.detach()) for n, t in named]
+        return cls([param_meta(n, t.dtype, tuple(t.shape)) for n, t in named], named)
+
+    def metadata(self) -> list:
+        return self._meta
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        while True:
+            t0 = time.perf_counter()
+            try:
+                item = next(self._it)
+            except StopIteration:
+                return
+            finally:
+                self.produce_s += time.perf_counter() - t0
+            yield item
+
+    def sizes(self) -> list[int]:
+        return [nbytes(m.shape, m.dtype) for m in self._meta]
+
+    def total_bytes(self) -> int:
+        return sum(self.sizes())
+
+
+def param_meta(name: str, dtype: torch.dtype, shape: tuple[int, ...]):
+    """vLLM's ``ParamMeta`` (a plain tuple-like stand-in when vLLM is absent)."""
+    try:
+        from vllm.distributed.weight_transfer.base import ParamMeta
+    except ImportError:
+        import collections
+        ParamMeta = collections.namedtuple("ParamMeta", "name dtype shape")
+    return ParamMeta(name, dtype, tuple(shape))
+
+
+class BucketPacker:
+    """Packs a :class:`RoundSource` bucket by bucket into two reusable uint8 buffers.
+
+    ``buckets()`` yields ``(k, lo, hi, view)`` where ``view`` is the packed bytes of tensors
+    ``lo:hi``; bucket ``k`` reuses bucket ``k - 2``'s buffer, so :meth:`buckets` calls
+    ``release(k - 2)`` (the caller waits for that transfer) before packing bucket ``k``. Every
+    produced tensor is checked against the metadata (name, dtype, shape) — the receivers sized
+    their buffers from it, so a mismatch would otherwise hang or load garbage.
+    ``alloc(nbytes)`` makes a buffer (torch by default; numpy-backed for Ray).
+    """
+
+    def __init__(self, source: RoundSource, bucket_bytes: int, alloc=None):
+        self.source, self.bucket_bytes = source, bucket_bytes
+        self.sizes = source.sizes()
+        self.plan = plan_buckets(self.sizes, bucket_bytes)
+        self._alloc = alloc or (lambda n: torch.empty(n, dtype=torch.uint8))
+        self._bufs: list = [None, None]
+        self.pack_s = 0.0
+        self.peak_buffer_bytes = 0
+
+    def _buffer(self, slot: int, n: int) -> torch.Tensor:
+        cur = self._bufs[slot]
+        if cur is None or cur.numel() < n:
+            self._bufs[slot] = None
+            self._bufs[slot] = self._alloc(max(n, min(self.bucket_bytes, sum(self.sizes))))
+        self.peak_buffer_bytes = max(self.peak_buffer_bytes, sum(b.numel() for b in self._bufs if b is not None))
+        return self._bufs[slot]
+
+    def buckets(self, release=lambda k: None) -> Iterator[tuple[int, int, int, torch.Tensor]]:
+        meta, it = self.source.metadata(), iter(self.source)
+        for k, (lo, hi) in enumerate(self.plan):
+            if k >= 2:
+                release(k - 2)
+            n = sum(self.sizes[lo:hi])
+            buf = self._buffer(k % 2, n)
+            off = 0
+            for i in range(lo, hi):
+                name, t = next(it)
+                m = meta[i]
+                if name != m.name or t.dtype != m.dtype or tuple(t.shape) != tuple(m.shape):
+                    raise ValueError(f"weight stream: tensor {i} is {name!r} {t.dtype} {tuple(t.shape)}, "
+                                     f"metadata said {m.name!r} {m.dtype} {tuple(m.shape)}")
+                t0 = time.perf_counter()
+                _copy_into(buf, off, t)
+                self.pack_s += time.perf_counter() - t0
+                off += self.sizes[i]
+                del t
+            yield k, lo, hi, buf[:n]
+        if next(it, None) is not None:
+            raise ValueError(f"weight stream yielded more tensors than its metadata ({len(meta)})")
+
+    def close(self) -> None:
+        self._bufs = [None, None]
+
+
+def _copy_into(buf: torch.Tensor, off: int, t: torch.Tensor) -> None:
+    n = t.numel() * t.element_size()
+    dst = buf[off:off + n]
+    if off % t.element_size() == 0:
+        dst.view(t.dtype).view(t.shape).copy_(t)  # one copy, also from non-contiguous views
+    else:
+        dst.copy_(t.contiguous().view(-1).view(torch.uint8))
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` now (rendezvous of the transfer group)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def pack_round(source: RoundSource) -> torch.Tensor:
+    """The whole round as ONE packed uint8 tensor (in-process engines; small models)."""
+    packer = BucketPacker(source, max(1, source.total_bytes()))
+    out = [view.clone() for _k, _lo, _hi, view in packer.buckets()]
+    return out[0] if out else torch.empty(0, dtype=torch.uint8)
+
+
+def unpack_update(info: dict) -> list[tuple[str, torch.Tensor]]:
+    """``(name, view)`` pairs of one packed update (``names``/``dtype_names``/``shapes``/``buffer``),
+    the layout of vLLM's ``packed_tensor.unpack_tensor`` (tensors back to back), without vLLM."""
+    buf, out, off = info["buffer"], [], 0
+    for name, d, shape in zip(info["names"], info["dtype_names"], info["shapes"]):
+        dt = getattr(torch, d)
+        n = nbytes(shape, dt)
+        piece = buf[off:off + n]
+        if off % dt.itemsize:  # mixed dtypes: an unaligned slice cannot be viewed in place
+            piece = piece.clone()
+        out.append((name, piece.view(dt).view(shape)))
         off += n
-    flat = np.empty(off, dtype=np.uint8)
-    buf = torch.from_numpy(flat)
-    for (name, t), (_, _, _, o) in zip(bucket, meta):
-        n = t.numel() * t.element_size()
-        buf[o:o + n].copy_(t.contiguous().view(-1).view(torch.uint8))
-    return flat, meta
-
-
-def unpack_bucket(flat, meta) -> list[tuple[str, torch.Tensor]]:
-    """Inverse of :func:`pack_bucket`; tensors are views of ``flat`` (no copy)."""
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # Ray's views are read-only; the engine only reads them
-        buf = torch.frombuffer(flat, dtype=torch.uint8) if len(flat) else torch.empty(0, dtype=torch.uint8)
-    out = []
-    for name, dtype, shape, off in meta:
-        dt = getattr(torch, dtype)
-        n = int(torch.tensor([], dtype=dt).element_size() * (int(torch.tensor(shape).prod()) if shape else 1))
-        out.append((name, buf[off:off + n].view(dt).view(shape)))
     return out

@@ -33,6 +33,7 @@ class Run:
     teacher_template: Any = None   # ChatHintTemplate | InlineHintTemplate
     pending_grades: Any = None     # rollout_stage.PendingGrades (PAPO)
     teacher_packed: bool = True    # block-diagonal packing of teacher passes (local attention path)
+    gate: dict | None = None       # start-up gate numbers (sync_stage.startup_gate)
 
     def seq_len(self, prompts, responses) -> int:
         """Padded sequence length of a batch (multiple of 8 and of TP for sequence parallel)."""
@@ -87,7 +88,7 @@ def _optim_spec(cfg):
                      use_distributed_optimizer=o.use_distributed_optimizer, bf16=cfg.model.bf16)
 
 
-def build_client(cfg):
+def build_client(cfg, trainer_world: int = 1):
     from megatron_rl.rollout.ray_bridge import RolloutClient
 
     r = cfg.rollout
@@ -95,7 +96,8 @@ def build_client(cfg):
     if r.engine == "vllm":
         kw["kv_cache_gib"] = r.kv_cache_gib
     return RolloutClient(r.engine, cfg.model.hf_path, r.num_engines, kw, cpus_per_engine=r.cpus_per_engine,
-                         ray_address=r.ray_address)
+                         ray_address=r.ray_address, sync_backend=r.sync_backend, bucket_bytes=r.bucket_mb << 20,
+                         trainer_world=trainer_world)
 
 
 def prompt_layouts(cfg, tok) -> tuple:
@@ -168,7 +170,7 @@ def setup_run(cfg, resume: str | None = None, client=None) -> Run:
             sampler.load_state_dict(loaded.extra_state["sampler"])
         log.info("resumed from %s at step %d", path, step)
     if info.is_driver and client is None:
-        client = build_client(cfg)
+        client = build_client(cfg, trainer_world=info.world)
     logger = RunLogger(cfg.trainer.run_dir, cfg.to_dict(), wandb_mode=cfg.logging.wandb_mode,
                        project=cfg.logging.project, run_name=cfg.logging.run_name, total_steps=cfg.trainer.steps,
                        resume_step=step if path is not None else None, progress=cfg.logging.progress)
@@ -193,17 +195,17 @@ def setup_run(cfg, resume: str | None = None, client=None) -> Run:
                                   retries=r.grader_retries, fallback=r.grader_fallback, max_tokens=r.grader_max_tokens)
     run.bicc_layout, run.score_turn = layouts
     sync_weights(run)  # engines start from the HF dir; after a resume they must get the checkpoint's weights
+    from megatron_rl.trainer.sync_stage import startup_gate
+
+    run.gate = startup_gate(run)  # stops the run if trainer and engines disagree after the first sync
     return run
 
 
 def sync_weights(run: Run) -> None:
-    """Collective: gather HF-named weights from the TP/PP shards; rank 0 pushes them to every engine."""
-    it = run.actor.hf_weights()
-    if run.info.is_driver:
-        run.client.update_weights(it, bucket_bytes=run.cfg.rollout.bucket_mb << 20)
-    else:
-        for _ in it:
-            pass
+    """Collective: stream HF-named weights from the TP/PP shards to every engine (``sync_stage.sync``)."""
+    from megatron_rl.trainer.sync_stage import sync
+
+    sync(run)
 
 
 def eval_greedy(run: Run, step: int) -> float:

@@ -1,0 +1,260 @@
+"""Trainer-side (sender) weight-transfer engines and the choice of backend.
+
+Every backend is a vLLM ``TrainerWeightTransferEngine`` driven through a ``VLLMWeightSyncClient``
+(the four-method control plane; here :class:`megatron_rl.rollout.ray_bridge.ActorSyncClient`
+over our engine actors):
+
+* ``nccl`` / ``ipc`` — vLLM's own ``NCCLTrainerWeightTransferEngine`` /
+  ``IPCTrainerWeightTransferEngine``; this module only builds their init info (rendezvous address,
+  group size ``1 + engines × ranks per engine``, packed buffer = ``rollout.bucket_mb``) and hands
+  them the round's :class:`~megatron_rl.rollout.weight_sync.RoundSource`.
+* ``gloo`` — :class:`GlooTrainerEngine`, the CPU twin of vLLM's NCCL trainer engine: same
+  rendezvous (worker init runs on a side thread while the sender opens rank 0 of a stateless
+  group), same round (``start_weight_update``; ``update_weights(metadata)`` on a side thread while
+  the packed buckets are broadcast; ``finish_weight_update``). Departure: buckets are packed into
+  two reusable buffers (:class:`~megatron_rl.rollout.weight_sync.BucketPacker`) and broadcast
+  asynchronously, instead of ``packed_nccl_broadcast_producer`` (CUDA streams, and one
+  ``torch.cat`` per bucket on top of the gathered tensors).
+* ``ray`` — :class:`RayTrainerEngine` (trainer factory name ``mrl_ray``; the worker engine is the
+  same ``gloo`` engine, which also takes buckets carried in the call): each packed bucket is
+  ``ray.put`` once and loaded by every actor; at most two buckets are in the object store at any
+  time and nothing is kept after the round (a restarted engine is re-synced by the next round).
+
+:func:`resolve_backend` maps ``rollout.sync_backend`` (auto|ray|gloo|nccl|ipc) to one of these,
+or raises a one-line ``ValueError`` at start-up.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import ClassVar
+
+from vllm.distributed.weight_transfer.base import (
+    TrainerInitInfo,
+    TrainerWeightTransferEngine,
+)
+
+from .transfer_engines import GLOO, RAY, broadcast_async
+from .weight_sync import BucketPacker
+
+BACKENDS = ("auto", "ray", "gloo", "nccl", "ipc")
+WORKER_BACKEND = {"ray": GLOO, "gloo": GLOO, "nccl": "nccl", "ipc": "ipc"}  # vLLM worker engine
+
+
+def resolve_backend(requested: str, engine_kind: str, cuda: bool, trainer_world: int = 1) -> str:
+    """``rollout.sync_backend`` → the backend used; ``ValueError`` (one line) when impossible.
+
+    auto: ``ray`` for the HF engine, ``nccl`` for vLLM with CUDA (separate placement), ``gloo``
+    for vLLM on CPU. ``ipc`` (colocated, CUDA IPC) is only used when asked for.
+    """
+    if requested not in BACKENDS:
+        raise ValueError(f"rollout.sync_backend must be one of {'|'.join(BACKENDS)}, got {requested!r}")
+    if requested == "auto":
+        return "ray" if engine_kind != "vllm" else ("nccl" if cuda else "gloo")
+    if requested != "ray" and engine_kind != "vllm":
+        raise ValueError(f"rollout.sync_backend={requested} needs rollout.engine=vllm (the {engine_kind} "
+                         "engine only takes the ray backend)")
+    if requested in ("nccl", "ipc") and not cuda:
+        raise ValueError(f"rollout.sync_backend={requested} needs CUDA GPUs and none is visible; "
+                         "use gloo (or ray) on CPU")
+    if requested == "ipc" and trainer_world != 1:
+        raise ValueError(f"rollout.sync_backend=ipc needs a single trainer process colocated with the engine "
+                         f"(vLLM's IPC engine all-gathers handles over the trainer's group); got {trainer_world}")
+    return requested
+
+
+def _listen(host: str, port: int):
+    """A listening TCP socket on ``host:port`` (port 0: any free one) for the sender's store."""
+    import socket
+
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((host, port))
+    s.listen()
+    return s
+
+
+@dataclasses.dataclass
+class GlooTrainerInitInfo(TrainerInitInfo):
+    """Sender-side init info of the ``gloo`` backend (mirrors ``NCCLTrainerInitInfo``)."""
+
+    backend: ClassVar[str] = GLOO
+    master_address: str
+    master_port: int
+    world_size: int
+    bucket_bytes: int
+    timeout_s: float = 600.0
+
+
+@dataclasses.dataclass
+class RayTrainerInitInfo(TrainerInitInfo):
+    backend: ClassVar[str] = RAY
+    bucket_bytes: int
+
+
+def _update_info(meta, lo: int = 0, hi: int | None = None) -> dict:
+    meta = meta[lo:hi]
+    return {"names": [m.name for m in meta], "dtype_names": [str(m.dtype).removeprefix("torch.") for m in meta],
+            "shapes": [list(m.shape) for m in meta]}
+
+
+class _Timed(TrainerWeightTransferEngine):
+    """Per-round stage times of the sender (seconds): produce, pack, transfer (waiting on the wire
+    / the engines), total."""
+
+    def _record(self, t0: float, packer: BucketPacker, source) -> None:
+        total = time.perf_counter() - t0
+        self.last = {"produce_s": source.produce_s, "pack_s": packer.pack_s, "total_s": total,
+                     "transfer_s": max(0.0, total - source.produce_s - packer.pack_s),
+                     "bytes": source.total_bytes(), "buffer_bytes": packer.peak_buffer_bytes}
+
+
+class GlooTrainerEngine(_Timed):
+    """See module docstring. ``self.source`` is replaced by each round's ``RoundSource``."""
+
+    init_info_cls = GlooTrainerInitInfo
+
+    @classmethod
+    def trainer_init(cls, init_info: GlooTrainerInitInfo, *, client, source=None):
+        from datetime import timedelta
+
+        from vllm.distributed.utils import (
+            stateless_init_torch_distributed_process_group,
+        )
+
+        eng = cls(client=client, source=source, is_sender=init_info.is_sender)
+        eng.bucket_bytes, eng.group = init_info.bucket_bytes, None
+        if not eng.is_sender:
+            return eng
+        # The sender owns the store: a pre-bound listening socket (vLLM's ``listen_socket`` path)
+        # skips torch's rendezvous, which under torchrun (TORCHELASTIC_USE_AGENT_STORE) would
+        # otherwise join the elastic agent's store as a client and never serve the engines.
+        sock = _listen(init_info.master_address, init_info.master_port)
+        worker = {"master_address": init_info.master_address, "master_port": sock.getsockname()[1],
+                  "rank_offset": 1, "world_size": init_info.world_size, "bucket_bytes": init_info.bucket_bytes,
+                  "timeout_s": init_info.timeout_s}
+        with ThreadPoolExecutor(max_workers=1) as exe:  # workers block in the rendezvous: run it beside ours
+            fut = exe.submit(client.init_weight_transfer_engine, worker)
+            eng.group = stateless_init_torch_distributed_process_group(
+                init_info.master_address, worker["master_port"], 0, init_info.world_size, "gloo",
+                listen_socket=sock, timeout=timedelta(seconds=init_info.timeout_s))
+            fut.result()
+        return eng
+
+    def send_weights(self) -> None:
+        source, t0 = self.source, time.perf_counter()
+        if not self.is_sender:
+            for _ in source:
+                pass
+            return
+        meta = source.metadata()
+        self.client.start_weight_update()
+        packer, works = BucketPacker(source, self.bucket_bytes), {}
+        exe = ThreadPoolExecutor(max_workers=1)
+        try:
+            fut = exe.submit(self.client.update_weights, _update_info(meta))  # receivers enter the broadcasts
+            for k, _lo, _hi, view in packer.buckets(release=lambda k: works.pop(k).wait()):
+                if fut.done():
+                    fut.result()  # an engine failed before receiving: raise instead of hanging
+                works[k] = broadcast_async(self.group, view)
+            for k in sorted(works):
+                works.pop(k).wait()
+            fut.result()
+        finally:
+            exe.shutdown(wait=False)  # never join a thread stuck in a broken collective
+            packer.close()
+        self.client.finish_weight_update()
+        self._record(t0, packer, source)
+
+    def shutdown(self) -> None:
+        if getattr(self, "group", None) is not None:
+            from vllm.distributed.utils import (
+                stateless_destroy_torch_distributed_process_group,
+            )
+
+            stateless_destroy_torch_distributed_process_group(self.group)
+            self.group = None
+
+
+class RayTrainerEngine(_Timed):
+    """See module docstring; ``client.submit_update(info, ref)`` returns Ray refs to wait on."""
+
+    init_info_cls = RayTrainerInitInfo
+
+    @classmethod
+    def trainer_init(cls, init_info: RayTrainerInitInfo, *, client, source=None):
+        eng = cls(client=client, source=source, is_sender=init_info.is_sender)
+        eng.bucket_bytes = init_info.bucket_bytes
+        if eng.is_sender:
+            client.init_weight_transfer_engine({})
+        return eng
+
+    def send_weights(self) -> None:
+        import numpy as np
+        import ray
+        import torch
+
+        source, t0 = self.source, time.perf_counter()
+        if not self.is_sender:
+            for _ in source:
+                pass
+            return
+        meta = source.metadata()
+        self.client.start_weight_update()
+        packer = BucketPacker(source, self.bucket_bytes, alloc=lambda n: torch.from_numpy(np.empty(n, np.uint8)))
+        pending: dict[int, list] = {}
+        for k, lo, hi, view in packer.buckets(release=lambda k: ray.get(pending.pop(k))):
+            ref = ray.put(view.numpy())  # one copy into the object store; the buffer is free again
+            pending[k] = self.client.submit_update(_update_info(meta, lo, hi), ref)
+            del ref  # only the in-flight calls hold the bucket: freed once every engine loaded it
+        for k in sorted(pending):
+            ray.get(pending.pop(k))
+        packer.close()
+        self.client.finish_weight_update()
+        self._record(t0, packer, source)
+
+
+def register() -> None:
+    """Register the trainer engines in vLLM's ``WeightTransferTrainerFactory`` (idempotent)."""
+    from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+
+    for name, cls in ((GLOO, "GlooTrainerEngine"), (RAY, "RayTrainerEngine")):
+        try:
+            WeightTransferTrainerFactory.register_engine(name, __name__, cls)
+        except ValueError:  # already registered in this process
+            pass
+
+
+def make_init_info(backend: str, bucket_bytes: int, world_size: int, master_address: str = "127.0.0.1",
+                   master_port: int | None = None):
+    """The sender's (rank 0) init info for ``backend``; ``world_size`` = 1 + all engine workers."""
+    from .weight_sync import free_port
+
+    if backend == "ray":
+        return RayTrainerInitInfo(bucket_bytes=bucket_bytes, rank=0)
+    if backend == "gloo":  # port 0: the sender binds a free one itself (no race)
+        return GlooTrainerInitInfo(master_address, master_port or 0, world_size, bucket_bytes, rank=0)
+    port = master_port or free_port(master_address)
+    if backend == "nccl":
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+
+        return NCCLTrainerInitInfo(master_address, port, world_size, packed=True,
+                                   packed_buffer_size_bytes=bucket_bytes, rank=0)
+    if backend == "ipc":
+        from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
+
+        return IPCTrainerInitInfo(packed=True, packed_buffer_size_bytes=bucket_bytes, rank=0)
+    raise ValueError(f"unknown weight-sync backend {backend!r}")
+
+
+def trainer_init(backend: str, client, bucket_bytes: int, world_size: int, master_address: str = "127.0.0.1"):
+    """Rendezvous with every engine and return the ready sender engine (vLLM's factory)."""
+    from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+
+    register()
+    info = make_init_info(backend, bucket_bytes, world_size, master_address)
+    from .weight_sync import RoundSource
+
+    # vLLM's nccl/ipc engines insist on a source at init; each round replaces it (engine.source = ...)
+    return WeightTransferTrainerFactory.trainer_init(info, client=client, source=RoundSource([], []))
