@@ -205,7 +205,7 @@ def warm_start_phase(cfg, run_dir: Path, tok, args) -> Path:
                      progress=lambda s, loss, acc: print(f"[demo] warm start step {s}: loss {loss:.3f}, val acc {acc:.3f}"))
     print(f"[demo] warm start: {res.steps} steps, greedy val acc {res.val_acc:.3f} (threshold {args.warm_threshold})")
     out = run_dir / "sft_hf"
-    actor.export_hf(str(out), tokenizer_dir=None) if False else actor.export_hf(str(out))
+    actor.export_hf(str(out))
     tok.save(out)
     return out
 

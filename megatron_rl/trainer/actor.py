@@ -252,10 +252,11 @@ class _LogProbModel:
         from megatron_rl.convert import iter_hf_tensors
         return iter_hf_tensors(self.bare_models(), self.hf_cfg)
 
-    def export_hf(self, out_dir: str) -> None:
-        """Write an HF checkpoint (safetensors + config) of the current weights to ``out_dir``."""
+    def export_hf(self, out_dir: str, tokenizer_dir: str | None = None) -> None:
+        """Write an HF checkpoint (safetensors + config [+ the tokenizer files of ``tokenizer_dir``])
+        of the current weights to ``out_dir`` (replacing only an earlier export of ours)."""
         from megatron_rl.convert import export_hf
-        export_hf(self.bare_models(), self.hf_cfg, out_dir)
+        export_hf(self.bare_models(), self.hf_cfg, out_dir, tokenizer_dir=tokenizer_dir)
 
 
 class PolicyActor(_LogProbModel):

@@ -108,9 +108,12 @@ def _set_rng_state(st: dict[str, Any]) -> None:
 
 
 def save_checkpoint(run_dir: str | os.PathLike, step: int, actor, extra_state: dict,
-                    keep_last: int | None = 3, teacher=None) -> Path:
+                    keep_last: int | None = 3, teacher=None, hf_dir: str | None = None,
+                    tokenizer_dir: str | None = None) -> Path:
     """Collective: save ``actor`` (model, optimizer, scheduler), RNG and ``extra_state`` as step ``step``.
 
+    ``hf_dir`` / ``tokenizer_dir``: the run's HF model / tokenizer dirs; their ``config.json`` and
+    tokenizer files are copied into ``hf/`` so ``megatron-rl convert mcore-to-hf`` can export any step.
     Returns the final ``checkpoints/step_<step>`` path (on every rank).
     """
     from megatron.core import dist_checkpointing
@@ -138,6 +141,7 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, actor, extra_state: d
     torch.save(rng, tmp / "rng" / f"rank_{rank}.pt")
     dist.barrier()
     if rank == 0:
+        _write_hf_files(tmp / "hf", hf_dir, tokenizer_dir)
         torch.save(dict(extra_state), tmp / "extra_state.pt")
         (tmp / _MARKER).write_text(json.dumps({"step": step, **_layout()}))
         if final.exists():                       # re-saving a step: replace the old copy
@@ -146,6 +150,17 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, actor, extra_state: d
         _prune(root, keep_last)
     dist.barrier()
     return final
+
+
+def _write_hf_files(dst: Path, hf_dir: str | None, tokenizer_dir: str | None) -> None:
+    """``hf/config.json`` (+ tokenizer files): what the checkpoint's model is, for the exporter."""
+    from megatron_rl.convert.hf_io import copy_tokenizer_files
+
+    if not hf_dir or not (Path(hf_dir) / "config.json").is_file():
+        return
+    dst.mkdir()
+    shutil.copyfile(Path(hf_dir) / "config.json", dst / "config.json")
+    copy_tokenizer_files(tokenizer_dir or hf_dir, dst)
 
 
 def _prune(root: Path, keep_last: int | None) -> None:

@@ -45,8 +45,9 @@ class Run:
 
         extra = {"step": self.step, "sampler": self.sampler.state_dict() if self.sampler else None,
                  "teacher": self.teacher.state_dict() if self.teacher is not None else None}
+        m = self.cfg.model
         path = save_checkpoint(self.cfg.trainer.run_dir, self.step, self.actor, extra, keep_last=self.cfg.trainer.keep_last,
-                               teacher=self.teacher)
+                               teacher=self.teacher, hf_dir=m.hf_path, tokenizer_dir=m.tokenizer_path or m.hf_path)
         self.last_checkpoint = str(path)
 
     def close(self, own_client: bool = True) -> None:
