@@ -87,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="'auto': newest complete checkpoint in the run directory; PATH: that checkpoint; "
                         "default: fresh run")
     t.add_argument("--check", action="store_true", help="load and validate the config, print it, and exit")
+    t.add_argument("--overwrite", action="store_true",
+                   help="fresh run in a used trainer.run_dir: move the earlier run to run_dir/archive/<time>/ first")
 
     for name in PASSTHROUGH:
         sub.add_parser(name, help=HELP[name], add_help=False,
@@ -142,7 +144,7 @@ def run_train(args: argparse.Namespace) -> int:
         return 0
     from megatron_rl.trainer import loop
 
-    return _exit_code(loop.main(cfg, resume=args.resume))
+    return _exit_code(loop.main(cfg, resume=args.resume, overwrite=args.overwrite))
 
 
 def _exit_code(result) -> int:

@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     from megatron_rl.trainer.loop import run
 
     print(f"[demo] RL: algo={args.algo}, {args.steps} steps x {cfg.data.prompts_per_step} prompts x G={cfg.rollout.n}")
-    summary = run(cfg, client=_CLIENT[0])
+    summary = run(cfg, client=_CLIENT[0], overwrite=True)   # re-running the demo starts over (old run archived)
     _CLIENT[0].shutdown()
     print(f"[demo] held-out greedy accuracy: before RL {summary['val_acc_before']:.3f} -> after RL "
           f"{summary['val_acc_after']:.3f}")

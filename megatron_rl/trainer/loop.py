@@ -150,9 +150,10 @@ def rl_step(run: Run, step: int) -> dict:
     return metrics
 
 
-def run(cfg, resume: str | None = None, client=None) -> dict:
-    """Train ``cfg`` (SPMD); returns the summary dict (held-out accuracy before/after etc.)."""
-    rn = setup_run(cfg, resume=resume, client=client)
+def run(cfg, resume: str | None = None, client=None, overwrite: bool = False) -> dict:
+    """Train ``cfg`` (SPMD); returns the summary dict (held-out accuracy before/after etc.).
+    ``overwrite``: archive an earlier run in ``trainer.run_dir`` (``trainer/run_dir.py``)."""
+    rn = setup_run(cfg, resume=resume, client=client, overwrite=overwrite)
     summary = {"start_step": rn.step}
     try:
         if rn.val_set is not None and rn.step == 0:
@@ -183,10 +184,10 @@ def run(cfg, resume: str | None = None, client=None) -> dict:
     return summary
 
 
-def main(cfg, resume: str | None = None) -> int:
+def main(cfg, resume: str | None = None, overwrite: bool = False) -> int:
     """``megatron-rl train`` entry point."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    summary = run(cfg, resume=resume)
+    summary = run(cfg, resume=resume, overwrite=overwrite)
     if not dist.is_initialized() or dist.get_rank() == 0:
         print({k: v for k, v in summary.items()})
     return 0

@@ -79,9 +79,10 @@ def build_client(cfg):
                          ray_address=r.ray_address)
 
 
-def setup_run(cfg, resume: str | None = None, client=None) -> Run:
+def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = False) -> Run:
     """init_parallel -> tokenizer, data, reward manager, actor (+ reference), engines, logger;
-    ``resume``: ``"auto"`` (newest complete checkpoint, if any), a checkpoint path, or None."""
+    ``resume``: ``"auto"`` (newest complete checkpoint, if any), a checkpoint path, or None;
+    ``overwrite``: a fresh run in a used ``run_dir`` archives the earlier one (else it is refused)."""
     from megatron_rl import algorithms as A
     from megatron_rl.config import validate
     from megatron_rl.data.dataset import DeterministicSampler, PromptDataset
@@ -93,6 +94,9 @@ def setup_run(cfg, resume: str | None = None, client=None) -> Run:
     from megatron_rl.trainer.actor import PolicyActor, ReferencePolicy
     from megatron_rl.trainer.checkpoint import find_latest, load_checkpoint
 
+    from megatron_rl.trainer.run_dir import archive_run, check_run_dir
+
+    check_run_dir(cfg.trainer.run_dir, resume, overwrite)
     info = init_parallel(cfg.parallel.tp, cfg.parallel.pp, seed=cfg.trainer.seed,
                          sequence_parallel=cfg.parallel.sequence_parallel)
     validate(cfg, world_size=info.world)
@@ -130,6 +134,8 @@ def setup_run(cfg, resume: str | None = None, client=None) -> Run:
         if loaded.extra_state.get("sampler"):
             sampler.load_state_dict(loaded.extra_state["sampler"])
         log.info("resumed from %s at step %d", path, step)
+    if overwrite and info.rank == 0:
+        archive_run(cfg.trainer.run_dir)
     if info.is_driver and client is None:
         client = build_client(cfg)
     logger = RunLogger(cfg.trainer.run_dir, cfg.to_dict(), wandb_mode=cfg.logging.wandb_mode,
