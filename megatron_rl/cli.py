@@ -86,7 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", type=resume_value, default=None, metavar="auto|PATH",
                    help="'auto': newest complete checkpoint in the run directory; PATH: that checkpoint; "
                         "default: fresh run")
-    t.add_argument("--check", action="store_true", help="load and validate the config, print it, and exit")
+    t.add_argument("--check", action="store_true",
+                   help="load and validate the config, run every start-up check (files, run dir, backend, grader), "
+                        "print it, and exit")
     t.add_argument("--overwrite", action="store_true",
                    help="fresh run in a used trainer.run_dir: move the earlier run to run_dir/archive/<time>/ first")
 
@@ -136,6 +138,9 @@ def run_train(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, list(args.overrides))
     if args.check:
+        from megatron_rl.preflight import preflight
+
+        preflight(cfg, args.resume, args.overwrite)   # the start-up checks of `train`, nothing started
         print(f"config OK: {args.config}" + (f" with {len(args.overrides)} override(s)" if args.overrides else ""))
         import yaml
 
@@ -158,8 +163,7 @@ def dispatch(cmd: ParsedCommand) -> int:
     if cmd.command == "plan":
         from megatron_rl import plan
 
-        plan.run(cmd.args)
-        return 0
+        return plan.exit_status(plan.run(cmd.args))
     return _exit_code(resolve_main(cmd.command)(list(cmd.rest)))
 
 

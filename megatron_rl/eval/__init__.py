@@ -47,7 +47,16 @@ def _load_completions(path) -> dict[int, list[str]]:
             idx = int(obj["index"])
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{path}:{ln}: bad completion line ({e})") from None
-        out[idx].extend(obj["responses"] if "responses" in obj else [obj["response"]])
+        try:
+            resp = obj["responses"] if "responses" in obj else [obj["response"]]
+        except KeyError:
+            raise ValueError(f"{path}:{ln}: a completion line needs 'response' (text) or 'responses' (list of text)") from None
+        key = "responses" if "responses" in obj else "response"
+        if not isinstance(resp, list) or not all(isinstance(r, str) for r in resp):
+            got = obj[key]
+            raise ValueError(f"{path}:{ln}: {key!r} must be {'a list of strings' if key == 'responses' else 'a string'}, "
+                             f"got {type(got).__name__} {str(got)[:40]!r}")
+        out[idx].extend(resp)
     return out
 
 
@@ -105,6 +114,20 @@ def generate_completions(eval_parquet, model_dir, k: int, out_jsonl, max_tokens:
     return Path(out_jsonl)
 
 
+def _check_args(a) -> str | None:
+    """The first problem with the parsed arguments (checked before any engine starts), or None."""
+    if a.k < 1:
+        return f"--k must be >= 1 (samples per row), got {a.k}"
+    if a.max_tokens < 1:
+        return f"--max-tokens must be >= 1, got {a.max_tokens}"
+    for flag, path in (("--data", a.data), ("--completions", a.completions)):
+        if path and not Path(path).is_file():
+            return f"{flag} {path}: no such file"
+    if a.model and not (Path(a.model) / "config.json").is_file():
+        return f"--model {a.model}: no config.json (not an HF model dir)"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="megatron-rl eval", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -117,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engine", default="vllm", choices=("vllm", "hf"))
     p.add_argument("--max-tokens", type=int, default=256)
     a = p.parse_args(argv)
+    problem = _check_args(a)
+    if problem:
+        print(f"megatron-rl eval: error: {problem}", file=sys.stderr)
+        return 2
     try:
         comp = a.completions or generate_completions(a.data, a.model, a.k, Path(a.out) / "completions.jsonl",
                                                      a.max_tokens, engine=a.engine)

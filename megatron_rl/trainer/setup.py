@@ -94,9 +94,10 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
     from megatron_rl.trainer.actor import PolicyActor, ReferencePolicy
     from megatron_rl.trainer.checkpoint import find_latest, load_checkpoint
 
-    from megatron_rl.trainer.run_dir import archive_run, check_run_dir
+    from megatron_rl.preflight import preflight
+    from megatron_rl.trainer.run_dir import archive_run
 
-    check_run_dir(cfg.trainer.run_dir, resume, overwrite)
+    backend = preflight(cfg, resume, overwrite)   # every user error before anything starts
     info = init_parallel(cfg.parallel.tp, cfg.parallel.pp, seed=cfg.trainer.seed,
                          sequence_parallel=cfg.parallel.sequence_parallel)
     validate(cfg, world_size=info.world)
@@ -108,12 +109,13 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
     sampler = DeterministicSampler(len(train), cfg.data.prompts_per_step, cfg.data.seed)
     hf_cfg = load_hf_config(cfg.model.hf_path)
     actor = PolicyActor(hf_cfg, info, _optim_spec(cfg), temperature=cfg.rollout.temperature,
-                        sequence_parallel=info.sequence_parallel)
+                        sequence_parallel=info.sequence_parallel, backend=backend, fp8=cfg.model.fp8)
     actor.load_hf(cfg.model.hf_path)
     need = A.kind_required_inputs(cfg.algo.kind, cfg.algo.hparams)
     ref = None
     if "ref_logp" in need:
-        ref = ReferencePolicy(hf_cfg, cfg.rollout.temperature, info.sequence_parallel, cfg.model.bf16, parallel_info=info)
+        ref = ReferencePolicy(hf_cfg, cfg.rollout.temperature, info.sequence_parallel, cfg.model.bf16, parallel_info=info,
+                              backend=backend, fp8=cfg.model.fp8)
         ref.load_hf(cfg.model.hf_path)
     teacher = template = None
     if A.KIND_DATA_PATH.get(cfg.algo.kind) in ("rlcsd_hints", "gt_teacher"):
@@ -143,11 +145,8 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
                        resume_step=step if path is not None else None, progress=cfg.logging.progress)
     run = Run(cfg, info, tok, train, val, sampler, actor, ref, client, RewardManager(cfg.reward.by_source, cfg.reward.default),
               logger, step, last, teacher=teacher, teacher_template=template)
-    if teacher is not None:
-        from megatron_rl.models.provider import resolve_backend
-
-        run.teacher_packed = cfg.teacher.pack == "on" or (cfg.teacher.pack == "auto"
-                                                          and resolve_backend(cfg.model.backend) == "local")
+    if teacher is not None:   # decided from the backend the actor was built with (one resolution)
+        run.teacher_packed = cfg.teacher.pack == "on" or (cfg.teacher.pack == "auto" and actor.backend == "local")
         log.info("teacher passes: %s", "packed (block-diagonal attention)" if run.teacher_packed
                  else "one sequence per row (Transformer Engine attention)")
     if A.KIND_DATA_PATH.get(cfg.algo.kind) == "process_reward":
