@@ -73,7 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     """The full ``megatron-rl`` parser (pass-through subcommands take no options here)."""
     from megatron_rl import plan
 
-    p = argparse.ArgumentParser(prog="megatron-rl", description="RL post-training on Megatron-core with vLLM rollouts.",
+    from megatron_rl.usage import OneLineParser
+
+    p = OneLineParser(prog="megatron-rl", description="RL post-training on Megatron-core with vLLM rollouts.",
                                 epilog="Run 'megatron-rl <command> --help' for the options of a command.")
     p.add_argument("--version", action="version", version=f"megatron-rl {__version__}")
     p.add_argument("--debug", action="store_true", help="show the full traceback on errors")
@@ -170,6 +172,10 @@ def dispatch(cmd: ParsedCommand) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Console-script entry point. Exit status: 0 ok, 1 error, 2 usage error."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "--debug" not in argv:   # megatron-core's "TE/Apex not installed, falling back" on every CPU import
+        import warnings
+
+        warnings.filterwarnings("ignore", message=r".*(Transformer Engine|Apex).* not installed.*", category=UserWarning)
     cmd = parse_command(argv)
     if cmd.command is None:
         build_parser().print_help()

@@ -319,7 +319,7 @@ def _typed(key: str, value: Any, typ) -> Any:
 
 def _build(cls, data: dict, where: str):
     if not isinstance(data, dict):
-        raise ValueError(f"{where}: expected a mapping, got {type(data).__name__}")
+        raise ValueError(f"{where}: expected a mapping of keys (a section), got {str(data)!r}")
     names = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(names))
     if unknown:
@@ -386,7 +386,9 @@ def _read_yaml(p: Path) -> dict:
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(p)
-        what = " ".join(x for x in (e.context, e.problem) if x)
+        what = e.problem or e.context or "invalid YAML"
+        if e.context and e.context_mark is not None and e.problem:
+            what += f" ({e.context} at line {e.context_mark.line + 1})"
         raise ValueError(f"{where}: YAML syntax error: {what}") from None
     except yaml.YAMLError as e:
         raise ValueError(f"{p}: YAML error: {str(e).splitlines()[0]}") from None

@@ -23,7 +23,9 @@ TEACHER_ALGOS = ("rlcsd", "opsd", "sdpo", "srpo", "rlsd", "opsd_ectr", "rlsd_ect
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="megatron-rl demo", description=__doc__,
+    from megatron_rl.usage import OneLineParser
+
+    p = OneLineParser(prog="megatron-rl demo", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--algo", default=os.environ.get("ALGO", "bicc_rcc"), choices=DEMO_ALGOS, help="RL method")
     p.add_argument("--steps", type=int, default=60, help="RL steps")

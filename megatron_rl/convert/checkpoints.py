@@ -128,11 +128,7 @@ def mcore_to_hf(ckpt_dir: str | os.PathLike, out_dir: str | os.PathLike, force: 
     The architecture comes from ``CKPT/hf/config.json`` (both layouts write it); ``hf_config`` (a
     model dir or ``config.json``) stands in for checkpoints written without one. ``--out`` is checked
     before the model is built (``atomic.check_out_dir``)."""
-    from megatron.core import dist_checkpointing
-
     from megatron_rl.convert.atomic import check_out_dir
-    from megatron_rl.convert.live import export_hf
-    from megatron_rl.models.provider import build_gpt_model, load_hf_config
 
     ckpt = Path(ckpt_dir)
     if not (ckpt / "COMPLETE").is_file():
@@ -147,6 +143,11 @@ def mcore_to_hf(ckpt_dir: str | os.PathLike, out_dir: str | os.PathLike, force: 
         raise FileNotFoundError(f"{src}/config.json missing: cannot tell the architecture; pass --hf-config "
                                 "<the run's model.hf_path>")
     check_out_dir(out_dir, force)
+    from megatron.core import dist_checkpointing
+
+    from megatron_rl.convert.live import export_hf
+    from megatron_rl.models.provider import build_gpt_model, load_hf_config
+
     cfg = load_hf_config(src)
     _init(tp, pp)
     model = build_gpt_model(cfg)

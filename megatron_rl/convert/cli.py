@@ -10,7 +10,9 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="megatron-rl convert", description=__doc__)
+    from megatron_rl.usage import OneLineParser
+
+    p = OneLineParser(prog="megatron-rl convert", description=__doc__)
     sub = p.add_subparsers(dest="direction", required=True)
     a = sub.add_parser("hf-to-mcore", help="HF safetensors dir -> Megatron dist checkpoint")
     a.add_argument("--hf", required=True, help="HF model dir (config.json + *.safetensors)")

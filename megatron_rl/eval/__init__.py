@@ -129,7 +129,9 @@ def _check_args(a) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="megatron-rl eval", description=__doc__,
+    from megatron_rl.usage import OneLineParser
+
+    p = OneLineParser(prog="megatron-rl eval", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, help="eval parquet (verl columns)")
     src = p.add_mutually_exclusive_group(required=True)

@@ -185,8 +185,12 @@ def run(cfg, resume: str | None = None, client=None, overwrite: bool = False) ->
 
 
 def main(cfg, resume: str | None = None, overwrite: bool = False) -> int:
-    """``megatron-rl train`` entry point."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    """``megatron-rl train`` entry point: console = progress bar, warnings, summary (INFO -> train.log)."""
+    import os
+
+    from megatron_rl.console import quiet_console
+
+    quiet_console(int(os.environ.get("RANK", "0")))
     summary = run(cfg, resume=resume, overwrite=overwrite)
     if not dist.is_initialized() or dist.get_rank() == 0:
         print({k: v for k, v in summary.items()})

@@ -138,6 +138,9 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
         log.info("resumed from %s at step %d", path, step)
     if overwrite and info.rank == 0:
         archive_run(cfg.trainer.run_dir)
+    from megatron_rl.console import attach_run_log
+
+    attach_run_log(cfg.trainer.run_dir, info.rank)   # INFO (Megatron's dumps included) -> run_dir/train.log
     if info.is_driver and client is None:
         client = build_client(cfg)
     logger = RunLogger(cfg.trainer.run_dir, cfg.to_dict(), wandb_mode=cfg.logging.wandb_mode,
