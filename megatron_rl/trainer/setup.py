@@ -162,6 +162,9 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
         r = cfg.reward
         run.grader = RubricGrader(r.grader_url, r.grader_model, concurrency=r.grader_concurrency, timeout=r.grader_timeout,
                                   retries=r.grader_retries, fallback=r.grader_fallback)
+        from megatron_rl.rewards.breaker import CircuitBreaker
+
+        run.grader.breaker = CircuitBreaker(r.grader_breaker_failures, r.grader_breaker_cooldown)
     if cfg.algo.kind in ("bicc", "bicc_rcc") and hasattr(tok, "sp"):
         # template-less SentencePiece tasks: context right after BOS, traces separated by a space
         run.bicc_insert_at, run.bicc_sep = (1 if tok.bos_id is not None and tok.bos_id >= 0 else 0), tuple(tok.encode(" "))
