@@ -86,9 +86,20 @@ def check_files(cfg, resume: str | None = None) -> None:
     _need_file("data.train", cfg.data.train, "training prompts, parquet")
     if cfg.data.val:
         _need_file("data.val", cfg.data.val, "held-out prompts, parquet")
-    if resume not in (None, "auto") and not (Path(resume) / "COMPLETE").is_file():
-        raise FileNotFoundError(f"--resume {resume}: not a complete checkpoint (no COMPLETE marker); "
-                                "use --resume auto for the newest one of trainer.run_dir")
+    if resume not in (None, "auto"):
+        marker = Path(resume) / "COMPLETE"
+        if not marker.is_file():
+            raise FileNotFoundError(f"--resume {resume}: not a complete checkpoint (no COMPLETE marker); "
+                                    "use --resume auto for the newest one of trainer.run_dir")
+        from megatron_rl.trainer.ckpt_manifest import find_damage
+
+        try:
+            meta = json.loads(marker.read_text())
+        except ValueError:
+            meta = {}
+        problem = find_damage(resume, meta.get("files") if isinstance(meta, dict) else None)
+        if problem:
+            raise ValueError(f"--resume {resume}: the checkpoint is damaged: {problem}")
 
 
 def check_backend(cfg) -> str:
