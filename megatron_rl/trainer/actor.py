@@ -288,7 +288,9 @@ class PolicyActor(_LogProbModel):
         for c in chunks:
             c.broadcast_params()
         super().__init__(hf_cfg, chunks, config, temperature, sp, parallel_info)
-        self.backend, self.fp8 = backend, fp8
+        from megatron_rl.models.provider import resolve_model_backend
+
+        self.backend, self.fp8 = resolve_model_backend(backend, fp8), fp8   # what was built: local | te
         self.optim_spec = optim
         self.optimizer, self.scheduler = build_optimizer(optim, chunks)
         config.no_sync_func = chunks[0].no_sync if len(chunks) == 1 else [c.no_sync for c in chunks]
