@@ -22,9 +22,7 @@ FILE_ONLY_WARNINGS = ("are not installed. Falling back", "Apex is not installed"
 
 class _ConsoleFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.name == "py.warnings" and any(s in record.getMessage() for s in FILE_ONLY_WARNINGS):
-            return False
-        return True
+        return not (record.name == "py.warnings" and any(s in record.getMessage() for s in FILE_ONLY_WARNINGS))
 
 
 def quiet_console(rank: int = 0) -> None:

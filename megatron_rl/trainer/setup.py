@@ -68,15 +68,34 @@ def _optim_spec(cfg):
                      use_distributed_optimizer=o.use_distributed_optimizer, bf16=cfg.model.bf16)
 
 
-def build_client(cfg):
-    from megatron_rl.rollout.ray_bridge import RolloutClient
-
+def client_args(cfg) -> dict:
+    """The rollout pool's arguments (pure: what ``build_client`` passes to ``RolloutClient``)."""
     r = cfg.rollout
     kw = {"max_model_len": r.max_model_len, "seed": cfg.trainer.seed, "dtype": "bfloat16" if cfg.model.bf16 else "float32"}
     if r.engine == "vllm":
         kw["kv_cache_gib"] = r.kv_cache_gib
-    return RolloutClient(r.engine, cfg.model.hf_path, r.num_engines, kw, cpus_per_engine=r.cpus_per_engine,
-                         ray_address=r.ray_address)
+    return {"engine": r.engine, "model": cfg.model.hf_path, "num_engines": r.num_engines, "engine_kwargs": kw,
+            "cpus_per_engine": r.cpus_per_engine, "ray_address": r.ray_address}
+
+
+def build_client(cfg):
+    from megatron_rl.rollout.ray_bridge import RolloutClient
+
+    a = client_args(cfg)
+    return RolloutClient(a["engine"], a["model"], a["num_engines"], a["engine_kwargs"],
+                         cpus_per_engine=a["cpus_per_engine"], ray_address=a["ray_address"])
+
+
+def build_grader(cfg):
+    """The PAPO rubric grader of ``cfg.reward`` with its circuit breaker (no request is made here)."""
+    from megatron_rl.rewards.breaker import CircuitBreaker
+    from megatron_rl.rewards.grader import RubricGrader
+
+    r = cfg.reward
+    grader = RubricGrader(r.grader_url, r.grader_model, concurrency=r.grader_concurrency, timeout=r.grader_timeout,
+                          retries=r.grader_retries, fallback=r.grader_fallback)
+    grader.breaker = CircuitBreaker(r.grader_breaker_failures, r.grader_breaker_cooldown)
+    return grader
 
 
 def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = False) -> Run:
@@ -157,14 +176,7 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
 
         run.pending_grades = PendingGrades()
     if info.is_driver and A.KIND_DATA_PATH.get(cfg.algo.kind) == "process_reward":
-        from megatron_rl.rewards.grader import RubricGrader
-
-        r = cfg.reward
-        run.grader = RubricGrader(r.grader_url, r.grader_model, concurrency=r.grader_concurrency, timeout=r.grader_timeout,
-                                  retries=r.grader_retries, fallback=r.grader_fallback)
-        from megatron_rl.rewards.breaker import CircuitBreaker
-
-        run.grader.breaker = CircuitBreaker(r.grader_breaker_failures, r.grader_breaker_cooldown)
+        run.grader = build_grader(cfg)
     if cfg.algo.kind in ("bicc", "bicc_rcc") and hasattr(tok, "sp"):
         # template-less SentencePiece tasks: context right after BOS, traces separated by a space
         run.bicc_insert_at, run.bicc_sep = (1 if tok.bos_id is not None and tok.bos_id >= 0 else 0), tuple(tok.encode(" "))

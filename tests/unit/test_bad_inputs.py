@@ -64,8 +64,8 @@ CASES = [
     ("prompt-len", ["{T}", "data.max_prompt_len=200"],
      "data.max_prompt_len=200 + rollout.max_tokens=6 exceeds rollout.max_model_len=128"),
     ("max-tokens", ["{T}", "rollout.max_tokens=500"], "rollout.max_tokens=500 exceeds rollout.max_model_len=128"),
-    ("model-len", ["{T}", "rollout.max_model_len=4096"], "rollout.max_model_len=4096 exceeds the model's "
-                                                         "max_position_embeddings=128"),
+    ("model-len", ["{T}", "rollout.max_model_len=4096"],
+     "rollout.max_model_len=4096 exceeds the model's max_position_embeddings=128"),
     ("top-k-vocab", ["{T}", "algo.kind=opsd", "teacher.template=inline", "algo.opsd.top_k=64"],
      "algo.opsd.top_k=64 exceeds the model's vocab_size=32"),
     ("tp-heads", ["{T}", "parallel.tp=3"], "num_attention_heads=4 is not divisible by tensor parallel size 3"),
@@ -77,10 +77,10 @@ CASES = [
     ("model-missing", ["{T}", "model.hf_path={X}/nomodel"], "no config.json in {X}/nomodel"),
     ("model-empty", ["{T}", "model.hf_path="], "model.hf_path is required"),
     ("tokenizer-missing", ["{T}", "model.tokenizer_path={X}/notok"], "model.tokenizer_path={X}/notok: no such directory"),
-    ("run-dir-used", ["{T}", "trainer.run_dir={X}/used"], "already holds a run (checkpoints/step_10, metrics.jsonl): "
-                                                          "pass --resume auto"),
-    ("overwrite-resume", ["{T}", "--overwrite", "--resume", "auto"], "--overwrite starts a fresh run; it cannot be "
-                                                                     "combined with --resume"),
+    ("run-dir-used", ["{T}", "trainer.run_dir={X}/used"],
+     "already holds a run (checkpoints/step_10, metrics.jsonl): pass --resume auto"),
+    ("overwrite-resume", ["{T}", "--overwrite", "--resume", "auto"],
+     "--overwrite starts a fresh run; it cannot be combined with --resume"),
     ("resume-path", ["{T}", "--resume", "{X}/nockpt"], "--resume {X}/nockpt: not a complete checkpoint"),
     ("papo-no-grader", ["{T}", "algo.kind=papo"], "needs a rubric grader: set reward.grader_url"),
     ("grader-down", ["{T}", "algo.kind=papo", "reward.grader_url=http://127.0.0.1:{PORT}/v1"], "grader unreachable"),
