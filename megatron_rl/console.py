@@ -5,8 +5,10 @@ everything at INFO (Megatron's bucket / parameter-count / config dumps, our own 
 ``quiet_console(rank)`` is called by ``megatron-rl train`` before anything is imported that logs;
 ``attach_run_log(run_dir)`` by ``setup_run`` once the run directory is settled (after ``--overwrite``
 archived an earlier run, so the new log is never written into the archive). Python warnings are
-routed through logging; the CPU-only "Transformer Engine and Apex are not installed. Falling back"
-warnings of megatron-core (expected on every CPU machine, one per imported module) go to the file only.
+routed through logging; those raised inside third-party packages (``site-packages``: megatron-core's
+CPU fallbacks and deprecations, torch.distributed's renamed collectives, ...) go to the file only:
+they are facts about the libraries, not about the run, and repeat every step. Warnings logged by
+any logger, and Python warnings raised by megatron_rl itself, stay on the console.
 """
 from __future__ import annotations
 
@@ -22,7 +24,11 @@ FILE_ONLY_WARNINGS = ("are not installed. Falling back", "Apex is not installed"
 
 class _ConsoleFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.name == "py.warnings" and any(s in record.getMessage() for s in FILE_ONLY_WARNINGS))
+        if record.name != "py.warnings":
+            return True
+        msg = record.getMessage()
+        first = msg.split(":", 1)[0]
+        return not (any(s in msg for s in FILE_ONLY_WARNINGS) or "site-packages" in first or "dist-packages" in first)
 
 
 def quiet_console(rank: int = 0) -> None:

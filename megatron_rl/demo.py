@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 import time
@@ -112,7 +111,9 @@ def demo_config(args, run_dir: Path, paths: dict, hf_dir: Path):
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from megatron_rl.console import quiet_console
+
+    quiet_console()   # console: [demo] lines, warnings, progress bar; INFO + library warnings -> run_dir/train.log
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("WANDB_MODE", "offline")
     t0 = time.time()

@@ -94,8 +94,21 @@ def run_eval(eval_parquet, completions_jsonl, k: int, out_dir, reward_by_source:
     return summary
 
 
-def generate_completions(eval_parquet, model_dir, k: int, out_jsonl, max_tokens: int = 256, temperature: float = 1.0,
-                         engine: str = "vllm") -> Path:
+def _lengths(model_dir, longest_prompt: int, max_tokens: int | None) -> tuple[int, int]:
+    """(max_tokens, engine context length) within the model's ``max_position_embeddings``;
+    ``max_tokens=None``: 256 or what the positions leave after the longest prompt."""
+    positions = int(json.loads((Path(model_dir) / "config.json").read_text()).get("max_position_embeddings", 4096))
+    room = positions - longest_prompt
+    if max_tokens is None:
+        max_tokens = min(256, room)
+    if room < 1 or max_tokens > room:
+        raise ValueError(f"the longest prompt ({longest_prompt} tokens) + --max-tokens {max_tokens} exceeds the model's "
+                         f"max_position_embeddings={positions}; lower --max-tokens")
+    return max_tokens, longest_prompt + max_tokens
+
+
+def generate_completions(eval_parquet, model_dir, k: int, out_jsonl, max_tokens: int | None = None,
+                         temperature: float = 1.0, engine: str = "vllm") -> Path:
     """Sample k completions per row with a rollout engine (tokenizer from the model dir)."""
     from megatron_rl.data.dataset import PromptDataset
     from megatron_rl.data.tokenizer import load_tokenizer
@@ -104,7 +117,8 @@ def generate_completions(eval_parquet, model_dir, k: int, out_jsonl, max_tokens:
 
     tok = load_tokenizer(model_dir)
     ds = PromptDataset.from_parquet(eval_parquet, tok, max_prompt_len=4096)
-    eng = make_engine(engine, str(model_dir))
+    max_tokens, context = _lengths(model_dir, max(len(r.prompt_ids) for r in ds.rows), max_tokens)
+    eng = make_engine(engine, str(model_dir), **({"max_model_len": context} if engine == "vllm" else {}))
     comps = eng.generate([list(r.prompt_ids) for r in ds.rows],
                          SamplingParams(n=k, temperature=temperature, max_tokens=max_tokens, seed=0,
                                         stop_token_ids=(tok.eos_id,)))
@@ -118,7 +132,7 @@ def _check_args(a) -> str | None:
     """The first problem with the parsed arguments (checked before any engine starts), or None."""
     if a.k < 1:
         return f"--k must be >= 1 (samples per row), got {a.k}"
-    if a.max_tokens < 1:
+    if a.max_tokens is not None and a.max_tokens < 1:
         return f"--max-tokens must be >= 1, got {a.max_tokens}"
     for flag, path in (("--data", a.data), ("--completions", a.completions)):
         if path and not Path(path).is_file():
@@ -140,13 +154,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k", type=int, default=1, help="samples per row (mean@k, pass@k)")
     p.add_argument("--out", required=True, help="output dir (samples.jsonl, summary.json)")
     p.add_argument("--engine", default="vllm", choices=("vllm", "hf"))
-    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="response length cap (default: 256, or less where the model's positions end)")
     a = p.parse_args(argv)
     problem = _check_args(a)
     if problem:
         print(f"megatron-rl eval: error: {problem}", file=sys.stderr)
         return 2
     try:
+        Path(a.out).mkdir(parents=True, exist_ok=True)
         comp = a.completions or generate_completions(a.data, a.model, a.k, Path(a.out) / "completions.jsonl",
                                                      a.max_tokens, engine=a.engine)
         s = run_eval(a.data, comp, a.k, a.out)

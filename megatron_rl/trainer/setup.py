@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,12 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
     from megatron_rl.trainer.run_dir import archive_run
 
     backend = preflight(cfg, resume, overwrite)   # every user error before anything starts
+    rank = int(os.environ.get("RANK", "0"))           # torchrun's; process groups start below
+    if overwrite and rank == 0:
+        archive_run(cfg.trainer.run_dir)
+    from megatron_rl.console import attach_run_log
+
+    attach_run_log(cfg.trainer.run_dir, rank)   # INFO (patches, Megatron's dumps, stages) -> run_dir/train.log
     info = init_parallel(cfg.parallel.tp, cfg.parallel.pp, seed=cfg.trainer.seed,
                          sequence_parallel=cfg.parallel.sequence_parallel)
     validate(cfg, world_size=info.world)
@@ -155,11 +162,6 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
         if loaded.extra_state.get("sampler"):
             sampler.load_state_dict(loaded.extra_state["sampler"])
         log.info("resumed from %s at step %d", path, step)
-    if overwrite and info.rank == 0:
-        archive_run(cfg.trainer.run_dir)
-    from megatron_rl.console import attach_run_log
-
-    attach_run_log(cfg.trainer.run_dir, info.rank)   # INFO (Megatron's dumps included) -> run_dir/train.log
     if info.is_driver and client is None:
         client = build_client(cfg)
     logger = RunLogger(cfg.trainer.run_dir, cfg.to_dict(), wandb_mode=cfg.logging.wandb_mode,
