@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import types
 import typing
 from pathlib import Path
 from typing import Any
@@ -160,6 +161,13 @@ class RewardConfig:
     grader_max_tokens: int = 16384
     """``max_tokens`` of each grader request (the reference sends 16384; prompt + this must fit the
     grader's served context, or the server rejects the request)."""
+    grader_required: bool = True
+    """Fail at start-up when ``grader_url`` does not accept a connection (false: start anyway and use
+    ``grader_fallback`` while it is down)."""
+    grader_breaker_failures: int = 5
+    """Circuit breaker: after this many consecutive failed requests the grader is skipped (fallback at once)."""
+    grader_breaker_cooldown: float = 60.0
+    """Seconds the breaker stays open before one request probes the grader again."""
 
     def __post_init__(self):
         _check(self.grader_fallback in (0.0, 0.5, 1.0), f"reward.grader_fallback must be 0, 0.5 or 1, got {self.grader_fallback}")
@@ -274,43 +282,74 @@ def _check(cond: bool, msg: str) -> None:
         raise ValueError(msg)
 
 
-def _coerce(text: str, typ) -> Any:
-    """Parse an override value for a field of type ``typ`` (YAML scalar syntax)."""
+class _Override(str):
+    """A command-line override's raw text (``a.b=TEXT``): parsed as a YAML scalar for its field."""
+
+
+def _field_type(typ) -> tuple[Any, bool]:
+    """(base type, accepts None) of a field annotation such as ``int``, ``str | None``."""
+    args = typing.get_args(typ)
+    if typing.get_origin(typ) in (typing.Union, types.UnionType):
+        rest = [a for a in args if a is not type(None)]
+        return (rest[0] if len(rest) == 1 else Any), type(None) in args
+    return typing.get_origin(typ) or typ, False
+
+
+def _typed(key: str, value: Any, typ) -> Any:
+    """``value`` checked against the field type; ``ValueError`` naming ``key`` otherwise.
+
+    Strict: an int field takes integers only (not ``3.7``, not ``true``), a bool field only
+    true/false, a float field numbers (not booleans), a str field text (numbers are kept as their
+    text); ``null`` only where the field is optional. Overrides are parsed as YAML scalars first.
+    """
     import yaml
 
-    val = yaml.safe_load(text)
-    if val is None:
-        return None
-    origin = typing.get_origin(typ)
-    args = [a for a in typing.get_args(typ) if a is not type(None)]
-    base = args[0] if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)) and args else typ
-    if base is float and isinstance(val, (int, str)) and not isinstance(val, bool):
+    base, optional = _field_type(typ)
+    if isinstance(value, _Override):
         try:
-            return float(val)
-        except ValueError:
-            raise ValueError(f"expected a number, got {text!r}") from None
-    if base is int and isinstance(val, str):
-        raise ValueError(f"expected an integer, got {text!r}")
-    if base is str and not isinstance(val, str):
-        return str(text)
-    return val
+            parsed = yaml.safe_load(value)
+        except yaml.YAMLError:
+            parsed = str(value)
+        if base is str and not isinstance(parsed, str) and not (parsed is None and optional):
+            parsed = str(value)          # a text field keeps the text as typed (``data.val=`` is "")
+        value = parsed
+    if value is None:
+        if optional or base is Any:
+            return None
+        raise ValueError(f"{key}: must be set (null given)")
+    kind = type(value).__name__
+    if base is bool and not isinstance(value, bool):
+        raise ValueError(f"{key}: expected true or false, got {value!r} ({kind})")
+    if base is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ValueError(f"{key}: expected an integer, got {value!r} ({kind})")
+    if base is float:
+        if isinstance(value, str):   # PyYAML (YAML 1.1) reads 1e-3 (no dot) as text
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{key}: expected a number, got {value!r} ({kind})")
+        return float(value)
+    if base is str:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        if not isinstance(value, str):
+            raise ValueError(f"{key}: expected a string, got {value!r} ({kind})")
+    if base is dict and not isinstance(value, dict):
+        raise ValueError(f"{key}: expected a mapping, got {value!r} ({kind})")
+    return value
 
 
 def _build(cls, data: dict, where: str):
     if not isinstance(data, dict):
-        raise ValueError(f"{where}: expected a mapping, got {type(data).__name__}")
+        raise ValueError(f"{where}: expected a mapping of keys (a section), got {str(data)!r}")
     names = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(names))
     if unknown:
         raise ValueError(f"{where}: unknown key(s) {unknown}; valid: {sorted(names)}")
     hints = typing.get_type_hints(cls)
-    kw = {}
-    for k, v in data.items():
-        if isinstance(v, str) and hints[k] is not str and "str" not in str(hints[k]):
-            v = _coerce(v, hints[k])
-        elif isinstance(v, int) and hints[k] is float:
-            v = float(v)
-        kw[k] = v
+    kw = {k: _typed(f"{where}.{k}", v, hints[k]) for k, v in data.items()}
     try:
         return cls(**kw)
     except TypeError as e:
@@ -331,6 +370,9 @@ def _build_algo(sec: dict) -> AlgoConfig:
     from megatron_rl.algorithms import ALGO_KINDS
 
     kind = sec.get("kind", "grpo")
+    if not isinstance(kind, str):
+        raise ValueError(f"algo.kind: expected a string, got {kind!r}; valid: {sorted(ALGO_KINDS)}")
+    kind = str(kind)
     if kind not in ALGO_KINDS:
         raise ValueError(f"unknown algo.kind {kind!r}; valid: {sorted(ALGO_KINDS)}")
     extra = sorted(set(sec) - {"kind"} - set(ALGO_KINDS))
@@ -341,6 +383,7 @@ def _build_algo(sec: dict) -> AlgoConfig:
 
 
 def from_dict(tree: dict) -> Config:
+    """Build and validate a :class:`Config` (``validate`` + ``preflight.check_config``)."""
     sections = {f.name: f.type for f in dataclasses.fields(Config)}
     unknown = sorted(set(tree) - set(sections))
     if unknown:
@@ -352,24 +395,48 @@ def from_dict(tree: dict) -> Config:
         kw[name] = _build_algo(sec) if name == "algo" else _build(hints[name], sec, name)
     cfg = Config(**kw)
     validate(cfg)
+    from megatron_rl.preflight import check_config
+
+    check_config(cfg)
     return cfg
+
+
+def _read_yaml(p: Path) -> dict:
+    """The YAML mapping of a config file; a syntax error is one line naming ``file:line:column``."""
+    import yaml
+
+    try:
+        tree = yaml.safe_load(p.read_text())
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(p)
+        what = e.problem or e.context or "invalid YAML"
+        if e.context and e.context_mark is not None and e.problem:
+            what += f" ({e.context} at line {e.context_mark.line + 1})"
+        raise ValueError(f"{where}: YAML syntax error: {what}") from None
+    except yaml.YAMLError as e:
+        raise ValueError(f"{p}: YAML error: {str(e).splitlines()[0]}") from None
+    if tree is None:
+        return {}
+    if not isinstance(tree, dict):
+        raise ValueError(f"{p}: a config file is a mapping of sections (model:, trainer:, ...), got a "
+                         f"{type(tree).__name__}")
+    return tree
 
 
 def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """YAML file (or None for defaults) + ``a.b=c`` overrides -> validated :class:`Config`."""
-    import yaml
-
     tree = {}
     if path is not None:
         p = Path(path)
         if not p.is_file():
             raise FileNotFoundError(f"config file {p} not found")
-        tree = yaml.safe_load(p.read_text()) or {}
+        tree = _read_yaml(p)
     for o in overrides:
         if "=" not in o:
             raise ValueError(f"override {o!r} must look like section.key=value")
         k, v = o.split("=", 1)
-        _set_dotted(tree, k.strip(), v)
+        _set_dotted(tree, k.strip(), _Override(v))
     return from_dict(tree)
 
 

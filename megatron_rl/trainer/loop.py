@@ -179,9 +179,10 @@ def rl_step(run: Run, step: int) -> dict:
     return metrics
 
 
-def run(cfg, resume: str | None = None, client=None) -> dict:
-    """Train ``cfg`` (SPMD); returns the summary dict (held-out accuracy before/after etc.)."""
-    rn = setup_run(cfg, resume=resume, client=client)
+def run(cfg, resume: str | None = None, client=None, overwrite: bool = False) -> dict:
+    """Train ``cfg`` (SPMD); returns the summary dict (held-out accuracy before/after etc.).
+    ``overwrite``: archive an earlier run in ``trainer.run_dir`` (``trainer/run_dir.py``)."""
+    rn = setup_run(cfg, resume=resume, client=client, overwrite=overwrite)
     summary = {"start_step": rn.step}
     try:
         if rn.val_set is not None and rn.step == 0:
@@ -203,7 +204,7 @@ def run(cfg, resume: str | None = None, client=None) -> dict:
         if rn.step > summary["start_step"] and (not cfg.trainer.ckpt_every or rn.step % cfg.trainer.ckpt_every):
             rn.checkpoint()
         if cfg.trainer.export_hf:
-            rn.actor.export_hf(str(Path(cfg.trainer.run_dir) / "hf"))
+            rn.actor.export_hf(str(Path(cfg.trainer.run_dir) / "hf"), tokenizer_dir=cfg.model.tokenizer_path or cfg.model.hf_path)
             summary["hf_export"] = str(Path(cfg.trainer.run_dir) / "hf")
         summary["curve"] = str(rn.logger.finish({k: v for k, v in summary.items() if isinstance(v, (int, float))}) or "")
         summary["metrics"] = str(Path(cfg.trainer.run_dir) / "metrics.jsonl")
@@ -212,10 +213,14 @@ def run(cfg, resume: str | None = None, client=None) -> dict:
     return summary
 
 
-def main(cfg, resume: str | None = None) -> int:
-    """``megatron-rl train`` entry point."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    summary = run(cfg, resume=resume)
+def main(cfg, resume: str | None = None, overwrite: bool = False) -> int:
+    """``megatron-rl train`` entry point: console = progress bar, warnings, summary (INFO -> train.log)."""
+    import os
+
+    from megatron_rl.console import quiet_console
+
+    quiet_console(int(os.environ.get("RANK", "0")))
+    summary = run(cfg, resume=resume, overwrite=overwrite)
     if not dist.is_initialized() or dist.get_rank() == 0:
         print({k: v for k, v in summary.items()})
     return 0
