@@ -47,7 +47,7 @@ def check_config(cfg) -> None:
             raise ValueError(f"trainer.{key} must be >= 0, got {getattr(t, key)}")
     if cfg.reward.grader_breaker_failures < 1 or not cfg.reward.grader_breaker_cooldown > 0:
         raise ValueError("reward.grader_breaker_failures must be >= 1 and reward.grader_breaker_cooldown > 0")
-    for key in ("eval_prompts", "max_gen_batches"):
+    for key in ("eval_prompts",):
         if getattr(t, key) < 1:
             raise ValueError(f"trainer.{key} must be >= 1, got {getattr(t, key)}")
     if cfg.model.hf_path and (Path(cfg.model.hf_path) / "config.json").is_file():

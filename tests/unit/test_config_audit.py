@@ -67,7 +67,8 @@ def _grader(cfg):
     from megatron_rl.trainer.setup import build_grader
 
     g = build_grader(cfg)
-    return (g.url, g.model, g.timeout, g.retries, g.concurrency, g.fallback, g.breaker.failures, g.breaker.cooldown)
+    return (g.url, g.model, g.timeout, g.retries, g.concurrency, g.fallback, g.breaker.failures, g.breaker.cooldown,
+            g.max_tokens)
 
 
 def _preflight(cfg):
@@ -92,6 +93,7 @@ SPEC = {   # key -> (value, observer)
     "reward.grader_timeout": ("5", _grader), "reward.grader_retries": ("1", _grader),
     "reward.grader_concurrency": ("2", _grader), "reward.grader_fallback": ("0.5", _grader),
     "reward.grader_breaker_failures": ("2", _grader), "reward.grader_breaker_cooldown": ("5", _grader),
+    "reward.grader_max_tokens": ("512", _grader), "rollout.sync_backend": ("ray", _client),
 }
 REJECTED = {   # key -> (value, words of the start-up error on this CPU machine)
     "model.backend": ("te", "model.backend=te needs a CUDA GPU"),
@@ -112,16 +114,18 @@ READ = {   # key -> module that consumes it (``cfg.<key>`` or the section alias 
     "data.max_prompt_len": "megatron_rl/trainer/setup.py", "data.on_error": "megatron_rl/trainer/setup.py",
     "trainer.steps": "megatron_rl/trainer/loop.py", "trainer.eval_every": "megatron_rl/trainer/loop.py",
     "trainer.eval_prompts": "megatron_rl/trainer/setup.py", "trainer.ckpt_every": "megatron_rl/trainer/loop.py",
-    "trainer.keep_last": "megatron_rl/trainer/setup.py", "trainer.max_gen_batches": "megatron_rl/trainer/loop.py",
+    "trainer.keep_last": "megatron_rl/trainer/setup.py",
     "trainer.export_hf": "megatron_rl/trainer/loop.py",
     "teacher.template": "megatron_rl/trainer/setup.py", "teacher.pack": "megatron_rl/trainer/setup.py",
     "teacher.pack_len": "megatron_rl/trainer/distill_stage.py",
     "logging.wandb_mode": "megatron_rl/trainer/setup.py", "logging.project": "megatron_rl/trainer/setup.py",
     "logging.run_name": "megatron_rl/trainer/setup.py", "logging.progress": "megatron_rl/trainer/setup.py",
     "algo.kind": "megatron_rl/trainer/loop.py", "algo.hparams": "megatron_rl/trainer/loop.py",
+    "logging.dump_samples": "megatron_rl/trainer/setup.py", "parallel.timeout_s": "megatron_rl/trainer/setup.py",
+    "rollout.logprob_gate": "megatron_rl/trainer/sync_stage.py",
 }
 #: keys whose setting is known to be overridden today (owned elsewhere; the audit records it)
-KNOWN_DEAD = {"optim.clip_grad": "every kind's hparams carry grad_clip, which wins (issue 9 owns the fix)"}
+KNOWN_DEAD: dict[str, str] = {}
 
 
 def _all_keys() -> set[str]:
