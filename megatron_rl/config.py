@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import types
 import typing
 from pathlib import Path
 from typing import Any
@@ -42,9 +43,13 @@ class ParallelConfig:
     """Pipeline-parallel size."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism (tp > 1)."""
+    timeout_s: float = 1800.0
+    """torch.distributed collective timeout: a rank whose peer vanished (node loss) fails after this
+    long instead of hanging. Must exceed the longest wait in a collective (rank 0's rollout phase)."""
 
     def __post_init__(self):
         _check(self.tp >= 1 and self.pp >= 1, f"parallel.tp/pp must be >= 1, got {self.tp}/{self.pp}")
+        _check(self.timeout_s > 0, f"parallel.timeout_s must be > 0, got {self.timeout_s}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,13 +68,15 @@ class OptimConfig:
     """Adam beta1."""
     beta2: float = 0.999
     """Adam beta2."""
-    clip_grad: float = 1.0
-    """Global gradient-norm clip."""
+    clip_grad: float | None = None
+    """Global gradient-norm clip; null = the method's recipe value ``algo.<kind>.grad_clip`` (1.0,
+    0.1 for opsd / opsd_ectr). A value set here wins over the method's."""
     use_distributed_optimizer: bool = True
     """Shard optimizer state over data-parallel ranks."""
 
     def __post_init__(self):
         _check(self.lr > 0, f"optim.lr must be > 0, got {self.lr}")
+        _check(self.clip_grad is None or self.clip_grad >= 0, f"optim.clip_grad must be >= 0 or null, got {self.clip_grad}")
         _check(self.decay_style in ("constant", "linear", "cosine"), f"optim.decay_style invalid: {self.decay_style!r}")
 
 
@@ -151,10 +158,21 @@ class RewardConfig:
     """Concurrent grader requests."""
     grader_fallback: float = 0.0
     """Process score used (and counted) when the grader fails after all retries: 0, 0.5 or 1."""
+    grader_max_tokens: int = 16384
+    """``max_tokens`` of each grader request (the reference sends 16384; prompt + this must fit the
+    grader's served context, or the server rejects the request)."""
+    grader_required: bool = True
+    """Fail at start-up when ``grader_url`` does not accept a connection (false: start anyway and use
+    ``grader_fallback`` while it is down)."""
+    grader_breaker_failures: int = 5
+    """Circuit breaker: after this many consecutive failed requests the grader is skipped (fallback at once)."""
+    grader_breaker_cooldown: float = 60.0
+    """Seconds the breaker stays open before one request probes the grader again."""
 
     def __post_init__(self):
         _check(self.grader_fallback in (0.0, 0.5, 1.0), f"reward.grader_fallback must be 0, 0.5 or 1, got {self.grader_fallback}")
         _check(self.grader_timeout > 0 and self.grader_retries >= 0, "reward.grader_timeout > 0 and grader_retries >= 0")
+        _check(self.grader_max_tokens >= 1, f"reward.grader_max_tokens must be >= 1, got {self.grader_max_tokens}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,8 +209,6 @@ class TrainerConfig:
     """Checkpoint every N steps (0 = only at the end)."""
     keep_last: int = 2
     """Checkpoints kept."""
-    max_gen_batches: int = 4
-    """DAPO dynamic sampling: generation rounds per step at most (refill cap)."""
     export_hf: bool = True
     """Write an HF export of the final policy to run_dir/hf."""
 
@@ -210,9 +226,14 @@ class LoggingConfig:
     """Run name (default: the run dir's name)."""
     progress: bool = True
     """Console progress bar."""
+    dump_samples: int = 0
+    """Write the first N training sequences of each kind per step (the policy sequence, the BiCC
+    conditioned input, SCoRe's second prompt, the teacher inputs) decoded WITH special tokens to
+    ``run_dir/samples.jsonl`` (0 = off). For checking what reaches the loss."""
 
     def __post_init__(self):
         _check(self.wandb_mode in ("offline", "online", "disabled"), f"logging.wandb_mode invalid: {self.wandb_mode!r}")
+        _check(self.dump_samples >= 0, f"logging.dump_samples must be >= 0, got {self.dump_samples}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -261,43 +282,74 @@ def _check(cond: bool, msg: str) -> None:
         raise ValueError(msg)
 
 
-def _coerce(text: str, typ) -> Any:
-    """Parse an override value for a field of type ``typ`` (YAML scalar syntax)."""
+class _Override(str):
+    """A command-line override's raw text (``a.b=TEXT``): parsed as a YAML scalar for its field."""
+
+
+def _field_type(typ) -> tuple[Any, bool]:
+    """(base type, accepts None) of a field annotation such as ``int``, ``str | None``."""
+    args = typing.get_args(typ)
+    if typing.get_origin(typ) in (typing.Union, types.UnionType):
+        rest = [a for a in args if a is not type(None)]
+        return (rest[0] if len(rest) == 1 else Any), type(None) in args
+    return typing.get_origin(typ) or typ, False
+
+
+def _typed(key: str, value: Any, typ) -> Any:
+    """``value`` checked against the field type; ``ValueError`` naming ``key`` otherwise.
+
+    Strict: an int field takes integers only (not ``3.7``, not ``true``), a bool field only
+    true/false, a float field numbers (not booleans), a str field text (numbers are kept as their
+    text); ``null`` only where the field is optional. Overrides are parsed as YAML scalars first.
+    """
     import yaml
 
-    val = yaml.safe_load(text)
-    if val is None:
-        return None
-    origin = typing.get_origin(typ)
-    args = [a for a in typing.get_args(typ) if a is not type(None)]
-    base = args[0] if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)) and args else typ
-    if base is float and isinstance(val, (int, str)) and not isinstance(val, bool):
+    base, optional = _field_type(typ)
+    if isinstance(value, _Override):
         try:
-            return float(val)
-        except ValueError:
-            raise ValueError(f"expected a number, got {text!r}") from None
-    if base is int and isinstance(val, str):
-        raise ValueError(f"expected an integer, got {text!r}")
-    if base is str and not isinstance(val, str):
-        return str(text)
-    return val
+            parsed = yaml.safe_load(value)
+        except yaml.YAMLError:
+            parsed = str(value)
+        if base is str and not isinstance(parsed, str) and not (parsed is None and optional):
+            parsed = str(value)          # a text field keeps the text as typed (``data.val=`` is "")
+        value = parsed
+    if value is None:
+        if optional or base is Any:
+            return None
+        raise ValueError(f"{key}: must be set (null given)")
+    kind = type(value).__name__
+    if base is bool and not isinstance(value, bool):
+        raise ValueError(f"{key}: expected true or false, got {value!r} ({kind})")
+    if base is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ValueError(f"{key}: expected an integer, got {value!r} ({kind})")
+    if base is float:
+        if isinstance(value, str):   # PyYAML (YAML 1.1) reads 1e-3 (no dot) as text
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{key}: expected a number, got {value!r} ({kind})")
+        return float(value)
+    if base is str:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        if not isinstance(value, str):
+            raise ValueError(f"{key}: expected a string, got {value!r} ({kind})")
+    if base is dict and not isinstance(value, dict):
+        raise ValueError(f"{key}: expected a mapping, got {value!r} ({kind})")
+    return value
 
 
 def _build(cls, data: dict, where: str):
     if not isinstance(data, dict):
-        raise ValueError(f"{where}: expected a mapping, got {type(data).__name__}")
+        raise ValueError(f"{where}: expected a mapping of keys (a section), got {str(data)!r}")
     names = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(names))
     if unknown:
         raise ValueError(f"{where}: unknown key(s) {unknown}; valid: {sorted(names)}")
     hints = typing.get_type_hints(cls)
-    kw = {}
-    for k, v in data.items():
-        if isinstance(v, str) and hints[k] is not str and "str" not in str(hints[k]):
-            v = _coerce(v, hints[k])
-        elif isinstance(v, int) and hints[k] is float:
-            v = float(v)
-        kw[k] = v
+    kw = {k: _typed(f"{where}.{k}", v, hints[k]) for k, v in data.items()}
     try:
         return cls(**kw)
     except TypeError as e:
@@ -318,6 +370,9 @@ def _build_algo(sec: dict) -> AlgoConfig:
     from megatron_rl.algorithms import ALGO_KINDS
 
     kind = sec.get("kind", "grpo")
+    if not isinstance(kind, str):
+        raise ValueError(f"algo.kind: expected a string, got {kind!r}; valid: {sorted(ALGO_KINDS)}")
+    kind = str(kind)
     if kind not in ALGO_KINDS:
         raise ValueError(f"unknown algo.kind {kind!r}; valid: {sorted(ALGO_KINDS)}")
     extra = sorted(set(sec) - {"kind"} - set(ALGO_KINDS))
@@ -328,6 +383,7 @@ def _build_algo(sec: dict) -> AlgoConfig:
 
 
 def from_dict(tree: dict) -> Config:
+    """Build and validate a :class:`Config` (``validate`` + ``preflight.check_config``)."""
     sections = {f.name: f.type for f in dataclasses.fields(Config)}
     unknown = sorted(set(tree) - set(sections))
     if unknown:
@@ -339,25 +395,78 @@ def from_dict(tree: dict) -> Config:
         kw[name] = _build_algo(sec) if name == "algo" else _build(hints[name], sec, name)
     cfg = Config(**kw)
     validate(cfg)
+    from megatron_rl.preflight import check_config
+
+    check_config(cfg)
     return cfg
+
+
+def _read_yaml(p: Path) -> dict:
+    """The YAML mapping of a config file; a syntax error is one line naming ``file:line:column``."""
+    import yaml
+
+    try:
+        tree = yaml.safe_load(p.read_text())
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(p)
+        what = e.problem or e.context or "invalid YAML"
+        if e.context and e.context_mark is not None and e.problem:
+            what += f" ({e.context} at line {e.context_mark.line + 1})"
+        raise ValueError(f"{where}: YAML syntax error: {what}") from None
+    except yaml.YAMLError as e:
+        raise ValueError(f"{p}: YAML error: {str(e).splitlines()[0]}") from None
+    if tree is None:
+        return {}
+    if not isinstance(tree, dict):
+        raise ValueError(f"{p}: a config file is a mapping of sections (model:, trainer:, ...), got a "
+                         f"{type(tree).__name__}")
+    return tree
 
 
 def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """YAML file (or None for defaults) + ``a.b=c`` overrides -> validated :class:`Config`."""
-    import yaml
-
     tree = {}
     if path is not None:
         p = Path(path)
         if not p.is_file():
             raise FileNotFoundError(f"config file {p} not found")
-        tree = yaml.safe_load(p.read_text()) or {}
+        tree = _read_yaml(p)
     for o in overrides:
         if "=" not in o:
             raise ValueError(f"override {o!r} must look like section.key=value")
         k, v = o.split("=", 1)
-        _set_dotted(tree, k.strip(), v)
+        _set_dotted(tree, k.strip(), _Override(v))
     return from_dict(tree)
+
+
+_BASE_INPUTS = {"rewards", "group_ids", "mask", "logp", "old_logp", "ref_logp", "correct"}
+#: what each data path puts into AlgoInputs (the reference policy runs whenever ``ref_logp`` is needed)
+PATH_PROVIDES = {
+    None: _BASE_INPUTS,
+    "greedy": _BASE_INPUTS | {"greedy_rewards"},
+    "bicc_context": _BASE_INPUTS,
+    "process_reward": _BASE_INPUTS | {"process"},
+    "two_attempts": {"rewards", "group_ids", "mask", "logp", "ref_logp", "first_logp", "first_ref_logp", "first_mask",
+                     "first_rewards"},
+    "rlcsd_hints": _BASE_INPUTS | {"teacher_logp", "teacher_neg_logp", "teacher_neg_mask", "teacher_topk",
+                                   "teacher_neg_topk", "student_topk", "teacher_entropy", "step"},
+    "gt_teacher": _BASE_INPUTS | {"teacher_logp", "teacher_topk", "student_topk", "teacher_entropy", "step",
+                                  "srpo_log_u_mean"},
+}
+
+
+def _check_required_inputs(kind: str, hp, path) -> None:
+    """Every input the method's registered advantage / loss declares must be produced by its data path."""
+    from megatron_rl.algorithms import kind_required_inputs
+
+    have = set(PATH_PROVIDES[path])
+    if path == "bicc_context" and getattr(hp, "base", None) == "remax":
+        have.add("greedy_rewards")
+    missing = sorted(kind_required_inputs(kind, hp) - have)
+    if missing:
+        raise ValueError(f"algo.kind={kind!r} needs input(s) {missing} that its data path {path or 'plain'!r} "
+                         f"does not produce (provides {sorted(have)})")
 
 
 def validate(cfg: Config, world_size: int | None = None) -> None:
@@ -379,8 +488,7 @@ def validate(cfg: Config, world_size: int | None = None) -> None:
         raise ValueError(f"algo.kind={cfg.algo.kind!r} needs a rubric grader: set reward.grader_url "
                          "(an OpenAI-compatible endpoint, e.g. http://host:8000/v1)")
     hp = cfg.algo.hparams
-    if getattr(hp, "base", None) in ("remax",) and cfg.algo.kind == "bicc_rcc":
-        pass
+    _check_required_inputs(cfg.algo.kind, hp, path)
     if getattr(hp, "overlong_enable", False) and hp.overlong_buffer_len > cfg.rollout.max_tokens:
         raise ValueError(f"algo.{cfg.algo.kind}.overlong_buffer_len={hp.overlong_buffer_len} must be <= rollout.max_tokens="
                          f"{cfg.rollout.max_tokens} (DAPO overlong shaping); lower it or set overlong_enable=false")

@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 import time
@@ -23,7 +22,9 @@ TEACHER_ALGOS = ("rlcsd", "opsd", "sdpo", "srpo", "rlsd", "opsd_ectr", "rlsd_ect
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="megatron-rl demo", description=__doc__,
+    from megatron_rl.usage import OneLineParser
+
+    p = OneLineParser(prog="megatron-rl demo", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--algo", default=os.environ.get("ALGO", "bicc_rcc"), choices=DEMO_ALGOS, help="RL method")
     p.add_argument("--steps", type=int, default=60, help="RL steps")
@@ -71,7 +72,7 @@ def demo_config(args, run_dir: Path, paths: dict, hf_dir: Path):
     ov = [f"model.hf_path={hf_dir}", f"data.train={paths['train']}", f"data.val={paths['test']}",
           "data.prompts_per_step=32", "data.max_prompt_len=16", f"data.seed={args.seed}",
           f"rollout.engine={args.engine}", "rollout.n=8", "rollout.max_tokens=6", "rollout.max_model_len=128",
-          "rollout.temperature=1.0", f"optim.lr={args.lr}", "optim.clip_grad=1.0",
+          "rollout.temperature=1.0", f"optim.lr={args.lr}",
           f"trainer.steps={args.steps}", "trainer.micro_batch_size=64", f"trainer.seed={args.seed + 1}",
           f"trainer.run_dir={run_dir}", "trainer.eval_every=25", "trainer.eval_prompts=500", "trainer.ckpt_every=50",
           f"algo.kind={args.algo}", "logging.wandb_mode=offline"]
@@ -82,6 +83,8 @@ def demo_config(args, run_dir: Path, paths: dict, hf_dir: Path):
     if args.algo == "dapo":
         # DAPO's soft overlong buffer (4096 of 20480 tokens in the paper) scaled to the 6-token cap
         ov.append("algo.dapo.overlong_buffer_len=2")
+        # near 100 % accuracy almost every group is uniform: cap the refills, complete with uniform groups
+        ov += ["algo.dapo.max_num_gen_batches=4", "algo.dapo.at_cap=fill"]
     if args.algo == "bicc_rcc":
         # RCC's delta as the per-token mean log-ratio (spec's "safer" reading): with no KL anchor the
         # tiny policy drifts nats away from the reference within ~20 steps, and the literal sum makes
@@ -110,7 +113,9 @@ def demo_config(args, run_dir: Path, paths: dict, hf_dir: Path):
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from megatron_rl.console import quiet_console
+
+    quiet_console()   # console: [demo] lines, warnings, progress bar; INFO + library warnings -> run_dir/train.log
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("WANDB_MODE", "offline")
     t0 = time.time()
@@ -128,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     from megatron_rl.trainer.loop import run
 
     print(f"[demo] RL: algo={args.algo}, {args.steps} steps x {cfg.data.prompts_per_step} prompts x G={cfg.rollout.n}")
-    summary = run(cfg, client=_CLIENT[0])
+    summary = run(cfg, client=_CLIENT[0], overwrite=True)   # re-running the demo starts over (old run archived)
     _CLIENT[0].shutdown()
     print(f"[demo] held-out greedy accuracy: before RL {summary['val_acc_before']:.3f} -> after RL "
           f"{summary['val_acc_after']:.3f}")
@@ -205,7 +210,7 @@ def warm_start_phase(cfg, run_dir: Path, tok, args) -> Path:
                      progress=lambda s, loss, acc: print(f"[demo] warm start step {s}: loss {loss:.3f}, val acc {acc:.3f}"))
     print(f"[demo] warm start: {res.steps} steps, greedy val acc {res.val_acc:.3f} (threshold {args.warm_threshold})")
     out = run_dir / "sft_hf"
-    actor.export_hf(str(out), tokenizer_dir=None) if False else actor.export_hf(str(out))
+    actor.export_hf(str(out))
     tok.save(out)
     return out
 

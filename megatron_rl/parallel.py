@@ -7,6 +7,7 @@ anything (``patches.apply_all(("megatron",))``; skipped on CUDA machines where n
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import logging
 import os
 import socket
@@ -53,8 +54,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def init_distributed() -> None:
-    """Initialise ``torch.distributed`` from torchrun's env, or as a 1-process world."""
+def init_distributed(timeout_s: float | None = None) -> None:
+    """Initialise ``torch.distributed`` from torchrun's env, or as a 1-process world; ``timeout_s``
+    bounds every collective (torch's default, 30 min, when None)."""
     if dist.is_initialized():
         return
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
@@ -62,10 +64,12 @@ def init_distributed() -> None:
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     device.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(backend=device.dist_backend())
+    kw = {"timeout": datetime.timedelta(seconds=timeout_s)} if timeout_s else {}
+    dist.init_process_group(backend=device.dist_backend(), **kw)
 
 
-def init_parallel(tp: int = 1, pp: int = 1, *, seed: int = 1234, sequence_parallel: bool = False) -> ParallelInfo:
+def init_parallel(tp: int = 1, pp: int = 1, *, seed: int = 1234, sequence_parallel: bool = False,
+                  timeout_s: float | None = None) -> ParallelInfo:
     """Start-up: patches, process group, megatron model-parallel groups, seeds. Idempotent for the
     same layout; a different layout after initialisation raises."""
     from megatron_rl import patches
@@ -74,7 +78,7 @@ def init_parallel(tp: int = 1, pp: int = 1, *, seed: int = 1234, sequence_parall
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
-    init_distributed()
+    init_distributed(timeout_s)
     world = dist.get_world_size()
     if tp < 1 or pp < 1 or world % (tp * pp):
         raise ValueError(f"tensor parallel {tp} x pipeline parallel {pp} does not divide world size {world}")

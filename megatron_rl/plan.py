@@ -174,6 +174,12 @@ class PlanInputs:
             raise ValueError(f"recompute must be none|selective|full, got {self.recompute!r}")
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("sequence_parallel needs tp > 1")
+        if not self.gpu_mem_gib > 0 or self.overhead_gib < 0:
+            raise ValueError(f"--gpu-mem-gib must be > 0 and --overhead-gib >= 0, got {self.gpu_mem_gib} / "
+                             f"{self.overhead_gib}")
+        if self.extra_weight_copies < 0 or (self.rollout_len is not None and self.rollout_len < 1):
+            raise ValueError(f"--extra-weight-copies must be >= 0 and --rollout-len >= 1, got "
+                             f"{self.extra_weight_copies} / {self.rollout_len}")
 
 
 class ParamCounts(NamedTuple):
@@ -192,7 +198,8 @@ def check_layout(arch: ArchSpec, inp: PlanInputs) -> None:
     """Megatron's divisibility rules; the message names the offending sizes."""
     for what, n, by, byname in (("num_attention_heads", arch.heads, inp.tp, "tp"),
                                 ("num_key_value_heads", arch.kv_heads, inp.tp, "tp"),
-                                ("num_hidden_layers", arch.layers, inp.pp, "pp")):
+                                ("num_hidden_layers", arch.layers, inp.pp, "pp"),
+                                ("num_attention_heads", arch.heads, inp.rollout_tp, "--rollout-tp")):
         if n % by:
             raise ValueError(f"{arch.name}: {what}={n} is not divisible by {byname}={by}")
 
@@ -392,11 +399,26 @@ def run(args: argparse.Namespace) -> PlanReport | None:
     return rep
 
 
+def fits(rep: PlanReport | None) -> bool:
+    """Whether the estimated peak fits ``--gpu-mem-gib`` (True for ``--list-models``)."""
+    return rep is None or rep.peak <= rep.inputs.gpu_mem_gib * GIB
+
+
+def exit_status(rep: PlanReport | None) -> int:
+    """0 when the layout fits, else 1 with one line on stderr (scripts can gate a job on it)."""
+    if fits(rep):
+        return 0
+    import sys
+
+    print(f"megatron-rl plan: error: the layout does not fit: peak {rep.peak / GIB:.2f} GiB per GPU > "
+          f"--gpu-mem-gib {rep.inputs.gpu_mem_gib:g}", file=sys.stderr)
+    return 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m megatron_rl.plan ...`` (same options as ``megatron-rl plan``)."""
     args = add_arguments(argparse.ArgumentParser(prog="megatron-rl plan", description=__doc__.splitlines()[0])).parse_args(argv)
-    run(args)
-    return 0
+    return exit_status(run(args))
 
 
 if __name__ == "__main__":

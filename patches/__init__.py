@@ -5,8 +5,9 @@ Rules (STYLE.md §10):
   otherwise unchanged, and the min/max versions of the patched package it was checked on;
 * nothing is applied at import time: :func:`apply_all` is called once at start-up by the
   process that needs it (trainer ranks: group ``"megatron"``; rollout engine actors: ``"vllm"``);
-* a patch whose package version is outside its bounds is *skipped and logged*, never applied
-  blindly; a patch whose ``needed()`` is false (e.g. CPU patches on a CUDA machine) is skipped;
+* a patch whose ``needed()`` is false (e.g. CPU patches on a CUDA machine) is skipped and logged;
+  a NEEDED patch whose package version is outside its bounds is a start-up error (never applied
+  blindly, never silently skipped);
 * each patch has a test asserting the upstream symbol still exists with the expected signature
   (``tests/unit/test_patches.py``).
 
@@ -96,10 +97,14 @@ def apply_all(groups: tuple[str, ...] = ("megatron",), only: tuple[str, ...] | N
         ver = _dist_version(p.package)
         if ver is None:
             status[p.name] = f"skipped: {p.package} not installed"
-        elif not (Version(p.min_version) <= Version(ver.base_version) < Version(p.max_version)):
-            status[p.name] = f"skipped: {p.package} {ver} outside [{p.min_version}, {p.max_version})"
         elif not p.needed():
             status[p.name] = "skipped: not needed on this machine"
+        elif not (Version(p.min_version) <= Version(ver.base_version) < Version(p.max_version)):
+            # needed here but never checked on this version: running unpatched would fail later
+            # (or silently differ), so stop now with what to do
+            raise RuntimeError(f"patch {p.name} is needed on this machine but covers {p.package} "
+                               f"[{p.min_version}, {p.max_version}) and {ver} is installed; install a covered "
+                               f"version (requirements/cpu.txt) or re-check the patch and widen its bounds")
         else:
             p.apply()
             _applied[p.name] = str(ver)

@@ -5,18 +5,24 @@
 #
 #   CONFIG=examples/configs/qwen3_8b_grpo.yaml NPROC=8 examples/torchrun/train_1node.sh [a.b=c ...]
 #
-# Environment:
-#   CONFIG   YAML config (default: examples/configs/qwen3_8b_grpo.yaml)
+# Environment (checked before torchrun starts):
+#   CONFIG   YAML config (default: the repo's examples/configs/qwen3_8b_grpo.yaml)
 #   NPROC    trainer ranks = GPUs used by Megatron (default: 8); must equal TP x PP x DP of the config
-#   RESUME   auto | PATH | none (default: auto — continue from the newest complete checkpoint)
-#   VENV     virtualenv holding megatron_rl (default: .venv)
+#   RESUME   auto | none | PATH (default: auto — continue from the newest complete checkpoint)
+#   VENV     virtualenv holding megatron_rl (default: the repo's .venv)
+# Relative paths (CONFIG, VENV, RESUME, overrides) are taken from the caller's directory.
 # Extra arguments are dotted config overrides, e.g. trainer.steps=100.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-CONFIG=${CONFIG:-examples/configs/qwen3_8b_grpo.yaml}
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+CONFIG=${CONFIG:-$REPO/examples/configs/qwen3_8b_grpo.yaml}
 NPROC=${NPROC:-8}
 RESUME=${RESUME:-auto}
-VENV=${VENV:-.venv}
+VENV=${VENV:-$REPO/.venv}
+die() { echo "train_1node.sh: $*" >&2; exit 2; }
+[[ -f "$CONFIG" ]] || die "CONFIG=$CONFIG: no such file"
+[[ "$NPROC" =~ ^[1-9][0-9]*$ ]] || die "NPROC=$NPROC: want an integer >= 1"
+case "$RESUME" in auto | none) ;; *) [[ -e "$RESUME" ]] || die "RESUME=$RESUME: want auto, none or an existing checkpoint path" ;; esac
+[[ -x "$VENV/bin/torchrun" ]] || die "VENV=$VENV: no bin/torchrun there"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
 export WANDB_MODE=${WANDB_MODE:-offline}
 export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-1}  # Megatron TP/SP comm overlap

@@ -47,7 +47,7 @@ from .contrastive import (BiCCBatch, BiCCSample, HintAssignment, HintSelection, 
                           build_bicc_contexts, hint_answer, last_boxed, rlcsd_advantage, rlcsd_signal,
                           rlcsd_teacher_prompt, select_rlcsd_hints, student_prompt)
 from .dapo import DynamicSampler, dapo_overlong_penalty, dynamic_sampling_keep
-from .distill import (SUPPORT_CHOOSER, distill_support_fields, full_entropy, generalized_jsd, opsd_ectr_loss, opsd_loss, opsd_token_loss, sdpo_loss, srpo_loss,
+from .distill import (SUPPORT_CHOOSER, distill_support_fields, full_entropy, generalized_jsd, opsd_ectr_loss, opsd_loss, opsd_token_loss, sdpo_loss, srpo_log_u_mean, srpo_loss, srpo_routes,
                       topk_tail_support)
 from .hparams import (BiCCHParams, BiCCRCCHParams, DAPOHParams, DrGRPOHParams, GRPOHParams, OPSDECTRHParams,
                       OPSDHParams, PAPOHParams, PPOHParams, ReMaxHParams, RLCSDHParams, RLOOHParams,

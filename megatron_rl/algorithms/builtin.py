@@ -132,7 +132,8 @@ def _sdpo(x: AlgoInputs, adv: Tensor, hp) -> LossOutput:
 def _srpo(x: AlgoInputs, adv: Tensor, hp) -> LossOutput:
     jsd = generalized_jsd(x.student_topk, x.teacher_topk, hp.alpha)
     return srpo_loss(x.logp, x.old_logp, adv, x.mask, jsd, x.teacher_entropy, clip_eps=hp.clip_low,
-                     dual_clip=hp.dual_clip, beta=hp.srpo_beta, is_clip=hp.is_clip, tis_weights=x.tis_weights)
+                     dual_clip=hp.dual_clip, beta=hp.srpo_beta, is_clip=hp.is_clip, tis_weights=x.tis_weights,
+                     log_u_mean=x.srpo_log_u_mean)
 
 
 @register_policy_loss("rlsd", needs=("logp", "old_logp", "teacher_logp"))

@@ -21,6 +21,8 @@ The legacy per-token (instead of per-element) OPSD clip is not reproduced.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -44,9 +46,11 @@ def topk_tail_support(select_logits: Tensor, *other_logits: Tensor, k: int = 100
 
 
 def opsd_token_loss(student: Tensor, teacher: Tensor, clip: float = 0.05) -> Tensor:
-    """Σ_u min(p_T(u)(log p_T(u) − log p_S(u)), clip). Shapes: supports [N, T, K] → [N, T]."""
+    """Σ_u min(p_T(u)(log p_T(u) − log p_S(u)), clip); ``clip`` ≤ 0 means no clip (as in the
+    reference). Shapes: supports [N, T, K] → [N, T]."""
     t = teacher.detach()
-    return torch.clamp(t.exp() * (t - student), max=clip).sum(-1)
+    el = t.exp() * (t - student)
+    return (torch.clamp(el, max=clip) if clip > 0 else el).sum(-1)
 
 
 def generalized_jsd(student: Tensor, teacher: Tensor, alpha: float = 0.5) -> Tensor:
@@ -85,26 +89,51 @@ def sdpo_loss(student: Tensor, teacher: Tensor, logp: Tensor, old_logp: Tensor, 
     return LossOutput(_finish(jsd * w, mask, tis_weights), {"jsd": masked_mean(jsd.detach(), mask)})
 
 
+def srpo_routes(advantages: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """SRPO routing: (grpo_rows [N] bool: ā_i = Σ_t A m / max(Σ m, 1) > 0, routed [N, T] bool: the
+    valid tokens of the other rows, zero-advantage rows included)."""
+    m = mask.to(torch.float64)
+    a = advantages.detach().to(torch.float64)
+    a_tok = a[:, None] * m if a.dim() == 1 else a * m
+    grpo_rows = a_tok.sum(-1) / m.sum(-1).clamp_min(1) > 0
+    return grpo_rows, mask.bool() & ~grpo_rows[:, None]
+
+
+def srpo_log_u_mean(advantages: Tensor, mask: Tensor, teacher_entropy: Tensor, beta: float = 1.0) -> Tensor:
+    """log mean_routed(u), u = exp(−β H_T), over every routed token of the batch given (a scalar;
+    0 when nothing is routed). The trainer evaluates it once on the whole step's batch so that the
+    weight d = u / mean(u) does not depend on micro-batching or DP (the reference normalises per
+    micro-batch, which makes the loss a function of ``micro_batch_size``)."""
+    _, routed = srpo_routes(advantages, mask)
+    if not bool(routed.any()):
+        return teacher_entropy.new_zeros(())
+    x = -beta * teacher_entropy.detach()[routed].to(torch.float64)
+    return (torch.logsumexp(x, 0) - math.log(x.numel())).to(teacher_entropy.dtype)
+
+
 def srpo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, jsd: Tensor,
               teacher_entropy: Tensor, *, clip_eps: float = 0.2, dual_clip: float = 3.0, beta: float = 1.0,
-              is_clip: float = 2.0, tis_weights: Tensor | None = None) -> LossOutput:
+              is_clip: float = 2.0, tis_weights: Tensor | None = None,
+              log_u_mean: Tensor | None = None) -> LossOutput:
     """SRPO routing (spec §1.6d); aggregate with ``"token-mean"`` (one shared denominator).
 
     ā_i = Σ_t A m / max(Σ m, 1); rows with ā_i > 0 → GRPO dual-clip loss; the others (zero-
     advantage rows included) → JSD·IS·d with d = u/mean_routed(u), u = exp(−β H_T).
-    Shapes: [N, T] each; advantages [N] or [N, T].
+    ``log_u_mean``: log mean_routed(u) of the WHOLE step's batch (:func:`srpo_log_u_mean`, a
+    scalar or [N] of equal values); None = this batch's own mean (the reference's per-micro-batch
+    form). Shapes: [N, T] each; advantages [N] or [N, T].
     """
     m = mask.to(logp.dtype)
     a = advantages.detach().to(logp.dtype)
     a_tok = a[:, None] * m if a.dim() == 1 else a * m
-    grpo_rows = a_tok.sum(-1) / m.sum(-1).clamp_min(1) > 0
+    grpo_rows, routed = srpo_routes(advantages, mask)
     grpo = ppo_clip_loss(logp, old_logp, a_tok, mask, clip_low=clip_eps, clip_high=clip_eps,
                          dual_clip=dual_clip).loss_mat
-    routed = mask.bool() & ~grpo_rows[:, None]
     h = teacher_entropy.detach().to(logp.dtype)
-    h_max = torch.where(routed, h, torch.full_like(h, -torch.inf)).max() if bool(routed.any()) else h.new_zeros(())
-    u = torch.where(routed, torch.exp(-beta * (h - h_max)), torch.zeros_like(h))
-    d = u / (u.sum() / routed.sum().clamp_min(1)).clamp_min(1e-30)
+    if log_u_mean is None:
+        log_u_mean = srpo_log_u_mean(advantages, mask, h, beta)
+    lum = log_u_mean.reshape(-1)[0] if log_u_mean.dim() else log_u_mean
+    d = torch.where(routed, torch.exp(-beta * h - lum.to(h.dtype)), torch.zeros_like(h))
     sdpo = jsd * is_weight(logp, old_logp, is_clip) * d
     loss = torch.where(grpo_rows[:, None], grpo, sdpo)
     metrics = {"srpo_grpo_frac": grpo_rows.to(logp.dtype).mean() if grpo_rows.numel() else logp.new_zeros(()),

@@ -70,13 +70,15 @@ class DAPOHParams(GRPOHParams):
     overlong_penalty_factor: float = 1.0
     filter_groups: bool = True
     filter_metric: str = "acc"
-    max_num_gen_batches: int = 0     #: ≤ 0 = unlimited
+    max_num_gen_batches: int = 0     #: generation batches per step at most; ≤ 0 = unlimited
+    at_cap: str = "raise"            #: at max_num_gen_batches: raise (reference) | fill (uniform groups, no duplicates)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check(self.overlong_buffer_len > 0, "overlong_buffer_len must be > 0")
         _check(self.filter_metric in ("acc", "score", "seq_reward", "seq_final_reward"),
                f"filter_metric {self.filter_metric!r} invalid")
+        _check(self.at_cap in ("raise", "fill"), f"at_cap must be raise|fill, got {self.at_cap!r}")
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,8 @@ class BiCCHParams(PPOHParams):
     overlong_penalty_factor: float = 1.0
     filter_groups: bool = False               #: DAPO dynamic sampling
     filter_metric: str = "acc"
+    max_num_gen_batches: int = 0              #: dynamic sampling: generation batches per step at most; ≤ 0 = unlimited
+    at_cap: str = "raise"                     #: at the cap: raise (reference) | fill (uniform groups, no duplicates)
 
     def __post_init__(self) -> None:
         super().__post_init__()

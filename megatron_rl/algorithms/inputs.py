@@ -19,7 +19,7 @@ FIELD_SHAPES = {
     "greedy_rewards": "N", "process": "N", "correct": "N", "delta": "N",
     "teacher_logp": "NT", "teacher_neg_logp": "NKT", "teacher_neg_mask": "NK",
     "student_topk": "NTk", "teacher_topk": "NTk", "teacher_neg_topk": "NTk", "teacher_entropy": "NT",
-    "first_logp": "N*", "first_ref_logp": "N*", "first_mask": "N*", "first_rewards": "N",
+    "first_logp": "N*", "first_ref_logp": "N*", "first_mask": "N*", "first_rewards": "N", "srpo_log_u_mean": "N",
     "step": "int",
 }
 
@@ -37,7 +37,8 @@ class AlgoInputs:
     positive/GT hint; teacher_neg_logp [N, K, T] and teacher_neg_mask [N, K] (RLCSD negatives);
     student_topk / teacher_topk / teacher_neg_topk [N, T, k+1] support log-probs
     (``distill.topk_tail_support``); teacher_entropy [N, T] full-vocab teacher entropy (SRPO);
-    first_* attempt-1 tensors [N, T1] and first_rewards [N] (SCoRe); step: trainer step (RLSD λ).
+    first_* attempt-1 tensors [N, T1] and first_rewards [N] (SCoRe); srpo_log_u_mean [N] (equal
+    values) the whole step's log mean_routed(exp(−β H_T)) so SRPO's weight is batch-global; step: trainer step (RLSD λ).
     """
 
     rewards: Tensor
@@ -63,6 +64,7 @@ class AlgoInputs:
     first_ref_logp: Tensor | None = None
     first_mask: Tensor | None = None
     first_rewards: Tensor | None = None
+    srpo_log_u_mean: Tensor | None = None
     step: int | None = None
 
     def __post_init__(self) -> None:

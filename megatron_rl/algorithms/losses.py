@@ -201,10 +201,12 @@ def tis_weights(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, cap: float
 
 
 def rlsd_lambda(step: int | None, lam0: float = 0.5, decay_steps: int = 50, decay: bool = False) -> float:
-    """λ_s = λ₀·max(0, 1 − min((s−1)/D, 1)) when ``decay`` (and a step is known), else λ₀."""
+    """λ_s = λ₀·max(0, 1 − min(max(s−1, 0)/D, 1)) when ``decay`` (and a step is known), else λ₀.
+
+    The max(·, 0) keeps λ ≤ λ₀ at a step index 0 (the reference formula gives λ₀(1 + 1/D) there)."""
     if not decay or step is None:
         return lam0
-    return lam0 * max(0.0, 1.0 - min((step - 1) / decay_steps, 1.0))
+    return lam0 * max(0.0, 1.0 - min(max(step - 1, 0) / decay_steps, 1.0))
 
 
 def _modulate(adv: Tensor, gap: Tensor, lam: float, eps_w: float, exp_clamp: float | None) -> Tensor:

@@ -40,15 +40,16 @@ def _is_writer() -> bool:
 
 
 def _shared_tmp(out: Path, force: bool) -> Path:
-    """Rank 0 picks (and checks) the temp dir; every rank gets the same path."""
-    from megatron_rl.convert.atomic import holds_checkpoint
+    """Rank 0 checks ``out`` (``atomic.check_out_dir``) and creates the temp dir; every rank gets its path."""
+    from megatron_rl.convert.atomic import check_out_dir, make_temp_dir
 
     payload = [None]
     if _is_writer():
-        if holds_checkpoint(out) and not force:
-            payload = [f"ERROR:{out} already holds a checkpoint; pass --force to overwrite it"]
-        else:
-            payload = [str(out.parent / f".tmp-{out.name}-{os.getpid()}")]
+        try:
+            check_out_dir(out, force)
+            payload = [str(make_temp_dir(out))]
+        except FileExistsError as e:
+            payload = [f"ERROR:{e}"]
     if dist.is_initialized():
         dist.broadcast_object_list(payload, src=0)
     if payload[0].startswith("ERROR:"):
@@ -78,10 +79,15 @@ def _hf_to_mcore_via_model(hf_dir, out_dir, tp: int, pp: int, force: bool) -> Pa
 
     from megatron.core import dist_checkpointing
 
+    from megatron_rl.convert.atomic import replace_dir
     from megatron_rl.convert.hf_io import copy_tokenizer_files
     from megatron_rl.convert.live import load_hf_into_model
-    from megatron_rl.models.provider import (build_gpt_model, load_hf_config, transformer_config_from_hf,
-                                             validate_layout)
+    from megatron_rl.models.provider import (
+        build_gpt_model,
+        load_hf_config,
+        transformer_config_from_hf,
+        validate_layout,
+    )
 
     hf_dir, out = Path(hf_dir), Path(out_dir).resolve()
     cfg = load_hf_config(hf_dir)
@@ -104,9 +110,7 @@ def _hf_to_mcore_via_model(hf_dir, out_dir, tp: int, pp: int, force: bool) -> Pa
             dist.barrier()
         if _is_writer():
             (tmp / "COMPLETE").write_text(json.dumps({"step": 0, "tp": info.tp, "pp": info.pp, "source": str(hf_dir)}))
-            if out.exists():
-                shutil.rmtree(out)
-            os.replace(tmp, out)
+            replace_dir(tmp, out, force)
     except BaseException:
         if _is_writer():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -117,23 +121,38 @@ def _hf_to_mcore_via_model(hf_dir, out_dir, tp: int, pp: int, force: bool) -> Pa
 
 
 def mcore_to_hf(ckpt_dir: str | os.PathLike, out_dir: str | os.PathLike, force: bool = False,
-                max_shard_bytes: int = 2 << 30, tp: int = 1, pp: int = 1) -> Path:
-    """Convert a Megatron checkpoint (this module's layout, or a trainer ``step_N`` dir with an
-    ``hf/`` config) into an HF safetensors dir loadable by ``AutoModelForCausalLM``."""
+                max_shard_bytes: int = 2 << 30, tp: int = 1, pp: int = 1, hf_config: str | None = None) -> Path:
+    """Convert a Megatron checkpoint (this module's layout, or a trainer ``checkpoints/step_N`` dir)
+    into an HF safetensors dir loadable by ``AutoModelForCausalLM``.
+
+    The architecture comes from ``CKPT/hf/config.json`` (both layouts write it); ``hf_config`` (a
+    model dir or ``config.json``) stands in for checkpoints written without one. ``--out`` is checked
+    before the model is built (``atomic.check_out_dir``)."""
+    from megatron_rl.convert.atomic import check_out_dir
+
+    ckpt = Path(ckpt_dir)
+    if not (ckpt / "COMPLETE").is_file():
+        hint = ""
+        if (ckpt / "checkpoints").is_dir():
+            hint = f" (a run directory? pass one of its checkpoints, e.g. {ckpt / 'checkpoints' / 'step_N'})"
+        raise FileNotFoundError(f"{ckpt} is not a complete Megatron checkpoint (no COMPLETE marker){hint}")
+    if not (ckpt / "dist").is_dir():
+        raise FileNotFoundError(f"{ckpt}/dist missing: not a Megatron dist checkpoint")
+    src = Path(hf_config) if hf_config else ckpt / "hf"
+    if not ((src / "config.json").is_file() or (src.is_file() and src.name.endswith(".json"))):
+        raise FileNotFoundError(f"{src}/config.json missing: cannot tell the architecture; pass --hf-config "
+                                "<the run's model.hf_path>")
+    check_out_dir(out_dir, force)
     from megatron.core import dist_checkpointing
 
     from megatron_rl.convert.live import export_hf
     from megatron_rl.models.provider import build_gpt_model, load_hf_config
 
-    ckpt = Path(ckpt_dir)
-    if not (ckpt / "COMPLETE").is_file():
-        raise FileNotFoundError(f"{ckpt} is not a complete Megatron checkpoint (no COMPLETE marker)")
-    if not (ckpt / "hf" / "config.json").is_file():
-        raise FileNotFoundError(f"{ckpt}/hf/config.json missing: cannot tell the architecture")
-    cfg = load_hf_config(ckpt / "hf")
+    cfg = load_hf_config(src)
     _init(tp, pp)
     model = build_gpt_model(cfg)
     state = dist_checkpointing.load({"model": model.sharded_state_dict(prefix="")}, str(ckpt / "dist"))
     model.load_state_dict(state["model"], strict=True)
-    export_hf([model], cfg, out_dir, force=force, tokenizer_dir=ckpt / "hf", max_shard_bytes=max_shard_bytes)
+    tok_dir = src if src.is_dir() else src.parent
+    export_hf([model], cfg, out_dir, force=force, tokenizer_dir=tok_dir, max_shard_bytes=max_shard_bytes)
     return Path(out_dir)

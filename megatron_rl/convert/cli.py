@@ -10,14 +10,17 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="megatron-rl convert", description=__doc__)
+    from megatron_rl.usage import OneLineParser
+
+    p = OneLineParser(prog="megatron-rl convert", description=__doc__)
     sub = p.add_subparsers(dest="direction", required=True)
     a = sub.add_parser("hf-to-mcore", help="HF safetensors dir -> Megatron dist checkpoint")
     a.add_argument("--hf", required=True, help="HF model dir (config.json + *.safetensors)")
     a.add_argument("--out", required=True, help="output checkpoint dir")
     a.add_argument("--tp", type=int, default=1, help="tensor parallel size (the checkpoint loads at any TP)")
     a.add_argument("--pp", type=int, default=1, help="pipeline parallel size (the checkpoint loads at any PP)")
-    a.add_argument("--force", action="store_true", help="overwrite an existing checkpoint in --out")
+    a.add_argument("--force", action="store_true",
+                   help="replace a checkpoint megatron-rl wrote earlier in --out (other non-empty dirs are never touched)")
     a.add_argument("--engine", choices=("stream", "model"), default="stream",
                    help="stream: copy tensors chunk by chunk without building a model (default); "
                         "model: build the Megatron model and dist_checkpointing.save it")
@@ -25,7 +28,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--ckpt", required=True, help="Megatron checkpoint dir (with COMPLETE and hf/config.json)")
     b.add_argument("--out", required=True, help="output HF dir")
     b.add_argument("--max-shard-gb", type=float, default=2.0, help="max safetensors shard size")
-    b.add_argument("--force", action="store_true", help="overwrite an existing checkpoint in --out")
+    b.add_argument("--force", action="store_true",
+                   help="replace an HF export megatron-rl wrote earlier in --out (other non-empty dirs are never touched)")
+    b.add_argument("--hf-config", default=None,
+                   help="HF model dir / config.json for checkpoints without hf/config.json (default: CKPT/hf)")
     return p
 
 
@@ -38,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.direction == "hf-to-mcore":
             out = hf_to_mcore(args.hf, args.out, tp=args.tp, pp=args.pp, force=args.force, engine=args.engine)
         else:
-            out = mcore_to_hf(args.ckpt, args.out, force=args.force, max_shard_bytes=int(args.max_shard_gb * (1 << 30)))
+            out = mcore_to_hf(args.ckpt, args.out, force=args.force, max_shard_bytes=int(args.max_shard_gb * (1 << 30)),
+                              hf_config=args.hf_config)
     except (FileExistsError, FileNotFoundError, KeyError, ValueError) as e:
         print(f"megatron-rl convert: error: {e}", file=sys.stderr)
         return 2

@@ -6,6 +6,7 @@ initialised; they also work in a single process (TP = PP = 1).
 """
 from __future__ import annotations
 
+import json
 import logging
 from typing import Iterable, Iterator
 
@@ -235,7 +236,7 @@ def export_hf(model_chunks, hf_cfg, out_dir, *, force: bool = True, tokenizer_di
               max_shard_bytes: int = 2 << 30) -> None:
     """Collective: write an HF checkpoint (safetensors shards + config.json [+ tokenizer files]) of
     the live model to ``out_dir`` (rank 0 writes, atomically)."""
-    from megatron_rl.convert.atomic import atomic_dir
+    from megatron_rl.convert.atomic import EXPORT_MARKER, atomic_dir
     from megatron_rl.convert.hf_io import HFWriter, copy_tokenizer_files
     from megatron_rl.models.provider import load_hf_config
 
@@ -251,5 +252,6 @@ def export_hf(model_chunks, hf_cfg, out_dir, *, force: bool = True, tokenizer_di
             cfg.save_pretrained(str(tmp))
             if tokenizer_dir is not None:
                 copy_tokenizer_files(tokenizer_dir, tmp)
+            (tmp / EXPORT_MARKER).write_text(json.dumps({"written_by": "megatron-rl", "architecture": cfg.architectures}))
     if dist.is_initialized():
         dist.barrier()

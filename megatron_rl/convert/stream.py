@@ -123,21 +123,21 @@ def hf_to_mcore_streaming(hf_dir: str | os.PathLike, out_dir: str | os.PathLike,
     ``tp`` / ``pp`` are validated against the model and recorded in ``COMPLETE``; the vocab is padded
     for ``tp`` (``padded_vocab_size``). The checkpoint loads at any TP / PP.
     """
-    from megatron_rl.convert.atomic import holds_checkpoint
+    from megatron_rl.convert.atomic import check_out_dir, make_temp_dir, replace_dir
     from megatron_rl.convert.dcp_writer import finish_checkpoint, write_files
 
     t0 = time.perf_counter()
     hf_dir, out = Path(hf_dir), Path(out_dir).resolve()
     rank, world, created = _dist()
-    tmp, plan = out.parent / f".tmp-{out.name}-{os.getpid()}", None
+    tmp, plan = None, None     # only a temp dir this call created is ever deleted
     try:
         err = None
         if rank == 0:
             try:
-                if holds_checkpoint(out) and not force:
-                    raise FileExistsError(f"{out} already holds a checkpoint; pass --force to overwrite it")
+                check_out_dir(out, force)
                 plan = _plan(hf_dir, tp, pp)
-                (tmp / "dist").mkdir(parents=True)
+                tmp = make_temp_dir(out)
+                (tmp / "dist").mkdir()
             except Exception as e:
                 err = e
         tmp = Path(_agree(err, world, str(tmp))[0])
@@ -157,14 +157,12 @@ def hf_to_mcore_streaming(hf_dir: str | os.PathLike, out_dir: str | os.PathLike,
                 finish_checkpoint(tmp / "dist", chunks, objects, merged, PARAM_DTYPE)
                 _write_hf_dir(hf_dir, tmp / "hf", from_json)
                 (tmp / "COMPLETE").write_text(json.dumps({"step": 0, "tp": tp, "pp": pp, "source": str(hf_dir)}))
-                if out.exists():
-                    shutil.rmtree(out)
-                os.replace(tmp, out)
+                replace_dir(tmp, out, force)
             except Exception as e:
                 err = e
         _agree(err, world, None)  # nobody returns before the rename (or the failure)
     except BaseException:
-        if rank == 0:
+        if rank == 0 and tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
     finally:

@@ -19,6 +19,8 @@ class PromptRow:
     data_source: str
     ground_truth: Any
     extra_info: dict
+    messages: tuple = ()
+    """The row's chat messages ({role, content}) as in the parquet ``prompt`` column."""
 
 
 class PromptDataset:
@@ -74,7 +76,20 @@ def _row(i: int, r: dict, tokenizer, max_len: int, add_bos: bool) -> PromptRow:
     gt = (r.get("reward_model") or {}).get("ground_truth")
     if gt is None:
         raise ValueError("reward_model.ground_truth is missing")
-    return PromptRow(i, tuple(ids), str(r["data_source"]), gt, dict(r.get("extra_info") or {}))
+    return PromptRow(i, tuple(ids), str(r["data_source"]), gt, dict(r.get("extra_info") or {}),
+                     tuple({"role": str(m.get("role", "user")), "content": str(m["content"])} for m in msgs))
+
+
+def problem_text(row) -> str:
+    """The problem statement sent to the grader: ``extra_info.problem``, else ``extra_info.question``
+    (the PAPO data's key), else the content of the row's last user message."""
+    for key in ("problem", "question"):
+        if row.extra_info.get(key):
+            return str(row.extra_info[key])
+    users = [m["content"] for m in row.messages if m.get("role") == "user"]
+    if not users:
+        raise ValueError(f"row {row.index}: no extra_info.problem/question and no user message to grade against")
+    return str(users[-1])
 
 
 class DeterministicSampler:

@@ -47,7 +47,16 @@ def _load_completions(path) -> dict[int, list[str]]:
             idx = int(obj["index"])
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{path}:{ln}: bad completion line ({e})") from None
-        out[idx].extend(obj["responses"] if "responses" in obj else [obj["response"]])
+        try:
+            resp = obj["responses"] if "responses" in obj else [obj["response"]]
+        except KeyError:
+            raise ValueError(f"{path}:{ln}: a completion line needs 'response' (text) or 'responses' (list of text)") from None
+        key = "responses" if "responses" in obj else "response"
+        if not isinstance(resp, list) or not all(isinstance(r, str) for r in resp):
+            got = obj[key]
+            raise ValueError(f"{path}:{ln}: {key!r} must be {'a list of strings' if key == 'responses' else 'a string'}, "
+                             f"got {type(got).__name__} {str(got)[:40]!r}")
+        out[idx].extend(resp)
     return out
 
 
@@ -85,8 +94,21 @@ def run_eval(eval_parquet, completions_jsonl, k: int, out_dir, reward_by_source:
     return summary
 
 
-def generate_completions(eval_parquet, model_dir, k: int, out_jsonl, max_tokens: int = 256, temperature: float = 1.0,
-                         engine: str = "vllm") -> Path:
+def _lengths(model_dir, longest_prompt: int, max_tokens: int | None) -> tuple[int, int]:
+    """(max_tokens, engine context length) within the model's ``max_position_embeddings``;
+    ``max_tokens=None``: 256 or what the positions leave after the longest prompt."""
+    positions = int(json.loads((Path(model_dir) / "config.json").read_text()).get("max_position_embeddings", 4096))
+    room = positions - longest_prompt
+    if max_tokens is None:
+        max_tokens = min(256, room)
+    if room < 1 or max_tokens > room:
+        raise ValueError(f"the longest prompt ({longest_prompt} tokens) + --max-tokens {max_tokens} exceeds the model's "
+                         f"max_position_embeddings={positions}; lower --max-tokens")
+    return max_tokens, longest_prompt + max_tokens
+
+
+def generate_completions(eval_parquet, model_dir, k: int, out_jsonl, max_tokens: int | None = None,
+                         temperature: float = 1.0, engine: str = "vllm") -> Path:
     """Sample k completions per row with a rollout engine (tokenizer from the model dir)."""
     from megatron_rl.data.dataset import PromptDataset
     from megatron_rl.data.tokenizer import load_tokenizer
@@ -95,7 +117,8 @@ def generate_completions(eval_parquet, model_dir, k: int, out_jsonl, max_tokens:
 
     tok = load_tokenizer(model_dir)
     ds = PromptDataset.from_parquet(eval_parquet, tok, max_prompt_len=4096)
-    eng = make_engine(engine, str(model_dir))
+    max_tokens, context = _lengths(model_dir, max(len(r.prompt_ids) for r in ds.rows), max_tokens)
+    eng = make_engine(engine, str(model_dir), **({"max_model_len": context} if engine == "vllm" else {}))
     comps = eng.generate([list(r.prompt_ids) for r in ds.rows],
                          SamplingParams(n=k, temperature=temperature, max_tokens=max_tokens, seed=0,
                                         stop_token_ids=(tok.eos_id,)))
@@ -105,8 +128,24 @@ def generate_completions(eval_parquet, model_dir, k: int, out_jsonl, max_tokens:
     return Path(out_jsonl)
 
 
+def _check_args(a) -> str | None:
+    """The first problem with the parsed arguments (checked before any engine starts), or None."""
+    if a.k < 1:
+        return f"--k must be >= 1 (samples per row), got {a.k}"
+    if a.max_tokens is not None and a.max_tokens < 1:
+        return f"--max-tokens must be >= 1, got {a.max_tokens}"
+    for flag, path in (("--data", a.data), ("--completions", a.completions)):
+        if path and not Path(path).is_file():
+            return f"{flag} {path}: no such file"
+    if a.model and not (Path(a.model) / "config.json").is_file():
+        return f"--model {a.model}: no config.json (not an HF model dir)"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="megatron-rl eval", description=__doc__,
+    from megatron_rl.usage import OneLineParser
+
+    p = OneLineParser(prog="megatron-rl eval", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, help="eval parquet (verl columns)")
     src = p.add_mutually_exclusive_group(required=True)
@@ -115,9 +154,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k", type=int, default=1, help="samples per row (mean@k, pass@k)")
     p.add_argument("--out", required=True, help="output dir (samples.jsonl, summary.json)")
     p.add_argument("--engine", default="vllm", choices=("vllm", "hf"))
-    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="response length cap (default: 256, or less where the model's positions end)")
     a = p.parse_args(argv)
+    problem = _check_args(a)
+    if problem:
+        print(f"megatron-rl eval: error: {problem}", file=sys.stderr)
+        return 2
     try:
+        Path(a.out).mkdir(parents=True, exist_ok=True)
         comp = a.completions or generate_completions(a.data, a.model, a.k, Path(a.out) / "completions.jsonl",
                                                      a.max_tokens, engine=a.engine)
         s = run_eval(a.data, comp, a.k, a.out)

@@ -212,6 +212,38 @@ def resolve_backend(backend: str = "auto") -> str:
         return "local"
 
 
+def _has_te() -> bool:
+    try:
+        import transformer_engine  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def resolve_model_backend(backend: str = "auto", fp8: str | None = None) -> str:
+    """The one layer backend a run builds (``local`` | ``te``), from ``model.backend`` and ``model.fp8``.
+
+    Every consumer reads the value this returns (the actor and reference builders, the teacher's
+    ``pack=auto`` rule), so the layers built and the decisions made about them cannot disagree.
+    ``te`` needs CUDA and Transformer Engine; ``fp8`` needs ``te``. A ``ValueError`` names the key.
+    """
+    from megatron_rl.device import has_cuda
+
+    if backend not in ("auto", "local", "te"):
+        raise ValueError(f"model.backend must be auto|local|te, got {backend!r}")
+    resolved = resolve_backend(backend)
+    if resolved == "te" and not (has_cuda() and _has_te()):
+        missing = "no CUDA device" if not has_cuda() else "transformer_engine is not installed"
+        raise ValueError(f"model.backend=te needs a CUDA GPU with Transformer Engine ({missing} here); "
+                         "use model.backend=local (or auto)")
+    if fp8 is not None and resolved != "te":
+        why = "no CUDA device" if not has_cuda() else "Transformer Engine is not installed" if not _has_te() \
+            else "model.backend=local"
+        raise ValueError(f"model.fp8={fp8} needs the Transformer Engine backend on a CUDA GPU ({why}); "
+                         "set model.fp8=null or model.backend=te on a GPU machine")
+    return resolved
+
+
 def llama3_inv_freq(inv_freq: torch.Tensor, factor: float, low_freq_factor: float,
                     high_freq_factor: float, original_max_position_embeddings: int) -> torch.Tensor:
     """Llama-3 frequency scaling of RoPE inverse frequencies (Meta's Llama 3.1 formula).

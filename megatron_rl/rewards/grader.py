@@ -15,6 +15,7 @@ import dataclasses
 import json
 import re
 
+from megatron_rl.rewards.breaker import CircuitBreaker, log
 from megatron_rl.rewards.extract import last_boxed, strip_think
 
 VALID = (0.0, 0.5, 1.0)
@@ -43,7 +44,8 @@ def parse_score(judge_output: str) -> float | None:
     """The judge's score per the spec, or None when it gave no valid score."""
     text = strip_think(judge_output or "")
     box = last_boxed(text)
-    for cand in ([box] if box is not None else []) + _SCORE_RE.findall(text)[-1:]:
+    # spec T-P6: the last box, else the FIRST regex match only (an invalid first match is not retried)
+    for cand in ([box] if box is not None else []) + _SCORE_RE.findall(text)[:1]:
         try:
             v = float(cand.strip())
         except ValueError:
@@ -63,6 +65,8 @@ class GraderStats:
     malformed: int = 0
     unparsable: int = 0
     fallbacks: int = 0
+    breaker_skips: int = 0     # requests not sent because the circuit breaker was open (breaker.py)
+    breaker_opens: int = 0
 
 
 class RubricGrader:
@@ -79,8 +83,10 @@ class RubricGrader:
         self.temperature, self.max_tokens, self.api_key = temperature, max_tokens, api_key
         self.cache: dict[tuple[str, str], float] = {}
         self._stats = GraderStats()
+        self.breaker = CircuitBreaker()     # replaced by setup_run with the configured thresholds
 
     def stats(self) -> dict[str, float]:
+        self._stats.breaker_skips, self._stats.breaker_opens = self.breaker.skips, self.breaker.opens
         return {f"grader/{k}": float(v) for k, v in dataclasses.asdict(self._stats).items()}
 
     async def _one(self, session, sem, problem: str, reference: str, solution: str) -> float:
@@ -100,24 +106,30 @@ class RubricGrader:
                 if attempt:
                     self._stats.retries += 1
                     await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
+                if not self.breaker.allow():
+                    break
                 self._stats.calls += 1
                 try:
                     async with session.post(self.url, json=body, timeout=aiohttp.ClientTimeout(total=self.timeout),
                                             headers={"Authorization": f"Bearer {self.api_key}"}) as r:
                         if r.status != 200:
                             self._stats.http_errors += 1
+                            self.breaker.failure(f"HTTP {r.status}")
                             continue
                         raw = await r.text()
                     content = json.loads(raw)["choices"][0]["message"]["content"]
                 except asyncio.TimeoutError:
                     self._stats.timeouts += 1
+                    self.breaker.failure("timeout")
                     continue
-                except (aiohttp.ClientError, OSError):
+                except (aiohttp.ClientError, OSError) as e:
                     self._stats.http_errors += 1
+                    self.breaker.failure(type(e).__name__)
                     continue
                 except (ValueError, KeyError, IndexError, TypeError):
                     self._stats.malformed += 1
                     continue
+                self.breaker.success()
                 score = parse_score(content)
                 if score is None:
                     self._stats.unparsable += 1
@@ -135,5 +147,12 @@ class RubricGrader:
             return list(await asyncio.gather(*(self._one(s, sem, *it) for it in items)))
 
     def grade_batch(self, items: list[tuple[str, str, str]]) -> list[float]:
-        """Synchronous wrapper: ``[(problem, reference_solution, student_solution)] -> scores``."""
-        return asyncio.run(self.agrade(items))
+        """Synchronous wrapper: ``[(problem, reference_solution, student_solution)] -> scores``.
+        Logs one console warning with the count when any score of the batch is the fallback."""
+        before = self._stats.fallbacks
+        scores = asyncio.run(self.agrade(items))
+        fell = self._stats.fallbacks - before
+        if fell:
+            log.warning("grader: %d of %d grades used the fallback score %.1f (breaker %s, %d requests skipped so far)",
+                        fell, len(items), self.fallback, self.breaker.state, self.breaker.skips)
+        return scores

@@ -33,14 +33,14 @@ register_reward("exact")(exact_match)
 
 
 def _register_builtin() -> None:
-    from megatron_rl.rewards.format import format_and_match, strict_format_and_match
+    from megatron_rl.rewards.format import score_rewards
     from megatron_rl.rewards.knights_knaves import verify_kk
     from megatron_rl.rewards.math_verify import math_reward
 
     register_reward("math")(math_reward)
     register_reward("kk")(verify_kk)
-    register_reward("format_and_match")(format_and_match)
-    register_reward("strict_format_and_match")(strict_format_and_match)
+    for name, fn in score_rewards().items():
+        register_reward(name)(fn)
 
 
 _register_builtin()

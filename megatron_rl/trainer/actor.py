@@ -92,15 +92,19 @@ def unwrap(module: torch.nn.Module) -> torch.nn.Module:
     return module
 
 
-def _build_chunks(hf_cfg, bf16: bool, g: Groups, sequence_parallel: bool):
-    """(list of model chunks, TransformerConfig) from the provider for this pipeline stage."""
-    from megatron_rl.models.provider import build_gpt_model, transformer_config_from_hf
+def _build_chunks(hf_cfg, bf16: bool, g: Groups, sequence_parallel: bool, backend: str = "local",
+                  fp8: str | None = None):
+    """(list of model chunks, TransformerConfig) from the provider for this pipeline stage, with the
+    layer spec of ``backend`` (``models.provider.resolve_model_backend``) and TE ``fp8``."""
+    from megatron_rl.models.provider import build_gpt_model, resolve_model_backend, transformer_config_from_hf
 
+    backend = resolve_model_backend(backend, fp8)
     dtype = torch.bfloat16 if bf16 else torch.float32
     config = transformer_config_from_hf(
         hf_cfg, tp=g.tp_size, pp=g.pp_size, sequence_parallel=sequence_parallel, params_dtype=dtype,
-        calculate_per_token_loss=True, bf16=bf16, pipeline_dtype=dtype)
-    model = build_gpt_model(hf_cfg, config, pre_process=g.is_first_stage, post_process=g.is_last_stage)
+        calculate_per_token_loss=True, bf16=bf16, pipeline_dtype=dtype, fp8=fp8)
+    model = build_gpt_model(hf_cfg, config, pre_process=g.is_first_stage, post_process=g.is_last_stage,
+                            backend=backend)
     if bf16:
         from megatron.core.transformer.module import Float16Module
         model = Float16Module(config, model)
@@ -252,10 +256,11 @@ class _LogProbModel:
         from megatron_rl.convert import iter_hf_tensors
         return iter_hf_tensors(self.bare_models(), self.hf_cfg)
 
-    def export_hf(self, out_dir: str) -> None:
-        """Write an HF checkpoint (safetensors + config) of the current weights to ``out_dir``."""
+    def export_hf(self, out_dir: str, tokenizer_dir: str | None = None) -> None:
+        """Write an HF checkpoint (safetensors + config [+ the tokenizer files of ``tokenizer_dir``])
+        of the current weights to ``out_dir`` (replacing only an earlier export of ours)."""
         from megatron_rl.convert import export_hf
-        export_hf(self.bare_models(), self.hf_cfg, out_dir)
+        export_hf(self.bare_models(), self.hf_cfg, out_dir, tokenizer_dir=tokenizer_dir)
 
 
 class PolicyActor(_LogProbModel):
@@ -270,12 +275,12 @@ class PolicyActor(_LogProbModel):
     """
 
     def __init__(self, hf_cfg, parallel_info, optim: OptimSpec, temperature: float = 1.0,
-                 sequence_parallel: bool = False):
+                 sequence_parallel: bool = False, backend: str = "local", fp8: str | None = None):
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
         g = Groups.current()
         sp = bool(sequence_parallel and g.tp_size > 1)
-        chunks, config = _build_chunks(hf_cfg, optim.bf16, g, sp)
+        chunks, config = _build_chunks(hf_cfg, optim.bf16, g, sp, backend, fp8)
         ddp_cfg = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True, overlap_grad_reduce=False,
             use_distributed_optimizer=optim.use_distributed_optimizer)
@@ -283,6 +288,9 @@ class PolicyActor(_LogProbModel):
         for c in chunks:
             c.broadcast_params()
         super().__init__(hf_cfg, chunks, config, temperature, sp, parallel_info)
+        from megatron_rl.models.provider import resolve_model_backend
+
+        self.backend, self.fp8 = resolve_model_backend(backend, fp8), fp8   # what was built: local | te
         self.optim_spec = optim
         self.optimizer, self.scheduler = build_optimizer(optim, chunks)
         config.no_sync_func = chunks[0].no_sync if len(chunks) == 1 else [c.no_sync for c in chunks]
@@ -391,10 +399,10 @@ class ReferencePolicy(_LogProbModel):
     """Frozen policy copy for reference (KL) log-probs: its own model instance, no DDP, no optimizer."""
 
     def __init__(self, hf_cfg, temperature: float = 1.0, sequence_parallel: bool = False, bf16: bool = False,
-                 parallel_info=None):
+                 parallel_info=None, backend: str = "local", fp8: str | None = None):
         g = Groups.current()
         sp = bool(sequence_parallel and g.tp_size > 1)
-        chunks, config = _build_chunks(hf_cfg, bf16, g, sp)
+        chunks, config = _build_chunks(hf_cfg, bf16, g, sp, backend, fp8)
         for c in chunks:
             c.requires_grad_(False)
             c.eval()
@@ -403,7 +411,8 @@ class ReferencePolicy(_LogProbModel):
     @classmethod
     def from_actor(cls, actor: PolicyActor) -> "ReferencePolicy":
         """A frozen copy of ``actor``'s current weights (same parallel layout)."""
-        ref = cls(actor.hf_cfg, actor.temperature, actor.sequence_parallel, actor.optim_spec.bf16, actor.parallel_info)
+        ref = cls(actor.hf_cfg, actor.temperature, actor.sequence_parallel, actor.optim_spec.bf16, actor.parallel_info,
+                  backend=actor.backend, fp8=actor.fp8)
         ref.copy_from(actor)
         return ref
 

@@ -8,7 +8,10 @@ Layout of ``<run_dir>/checkpoints/step_<N>/`` (complete checkpoints only)::
     extra_state.pt      the caller's ``extra_state`` dict (sampler cursor, loop counters, algorithm state)
     teacher/            (self-distillation runs with shadow weights) the teacher θ̄ as a second
                         dist_checkpointing model, saved/loaded through ``TeacherWeights`` swaps
-    COMPLETE            JSON marker {step, world_size, tp, pp, dp}; written last
+    COMPLETE            JSON marker {step, world_size, tp, pp, dp, files}; written last. ``files`` is
+                        the manifest of every other file (size, CRC-32 for small ones;
+                        ``ckpt_manifest.py``): a damaged checkpoint is skipped by
+                        :func:`find_latest` with a warning naming the bad file
 
 Protocol: every rank writes into ``checkpoints/.tmp-step_<N>``; after a barrier rank 0 writes
 ``COMPLETE`` and renames the directory to ``step_<N>`` (one atomic ``rename`` on the same file
@@ -57,13 +60,29 @@ def checkpoints_dir(run_dir: str | os.PathLike) -> Path:
 
 
 def find_latest(run_dir: str | os.PathLike) -> Path | None:
-    """Newest ``step_N`` directory that has its ``COMPLETE`` marker (half-written ones are ignored)."""
+    """Newest ``step_N`` directory that has its ``COMPLETE`` marker and whose files match the marker's
+    manifest (half-written ones are ignored; damaged ones are skipped with a warning naming the file)."""
     root = checkpoints_dir(run_dir)
     if not root.is_dir():
         return None
-    done = [(int(m.group(1)), p) for p in root.iterdir()
-            if (m := _STEP_RE.match(p.name)) and (p / _MARKER).is_file()]
-    return max(done)[1] if done else None
+    done = sorted(((int(m.group(1)), p) for p in root.iterdir()
+                   if (m := _STEP_RE.match(p.name)) and (p / _MARKER).is_file()), reverse=True)
+    for _, p in done:
+        problem = _damage(p)
+        if problem is None:
+            return p
+        log.warning("skipping damaged checkpoint %s: %s; falling back to the previous complete one", p.name, problem)
+    return None
+
+
+def _damage(path: Path) -> str | None:
+    from megatron_rl.trainer.ckpt_manifest import find_damage
+
+    try:
+        meta = json.loads((path / _MARKER).read_text())
+    except (OSError, ValueError):
+        return f"{path / _MARKER} is not valid JSON"
+    return find_damage(path, meta.get("files") if isinstance(meta, dict) else None)
 
 
 def _layout() -> dict[str, int]:
@@ -108,9 +127,12 @@ def _set_rng_state(st: dict[str, Any]) -> None:
 
 
 def save_checkpoint(run_dir: str | os.PathLike, step: int, actor, extra_state: dict,
-                    keep_last: int | None = 3, teacher=None) -> Path:
+                    keep_last: int | None = 3, teacher=None, hf_dir: str | None = None,
+                    tokenizer_dir: str | None = None) -> Path:
     """Collective: save ``actor`` (model, optimizer, scheduler), RNG and ``extra_state`` as step ``step``.
 
+    ``hf_dir`` / ``tokenizer_dir``: the run's HF model / tokenizer dirs; their ``config.json`` and
+    tokenizer files are copied into ``hf/`` so ``megatron-rl convert mcore-to-hf`` can export any step.
     Returns the final ``checkpoints/step_<step>`` path (on every rank).
     """
     from megatron.core import dist_checkpointing
@@ -138,14 +160,28 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, actor, extra_state: d
     torch.save(rng, tmp / "rng" / f"rank_{rank}.pt")
     dist.barrier()
     if rank == 0:
+        _write_hf_files(tmp / "hf", hf_dir, tokenizer_dir)
         torch.save(dict(extra_state), tmp / "extra_state.pt")
-        (tmp / _MARKER).write_text(json.dumps({"step": step, **_layout()}))
+        from megatron_rl.trainer.ckpt_manifest import build_manifest
+
+        (tmp / _MARKER).write_text(json.dumps({"step": step, **_layout(), "files": build_manifest(tmp)}))
         if final.exists():                       # re-saving a step: replace the old copy
             shutil.rmtree(final)
         os.rename(tmp, final)
         _prune(root, keep_last)
     dist.barrier()
     return final
+
+
+def _write_hf_files(dst: Path, hf_dir: str | None, tokenizer_dir: str | None) -> None:
+    """``hf/config.json`` (+ tokenizer files): what the checkpoint's model is, for the exporter."""
+    from megatron_rl.convert.hf_io import copy_tokenizer_files
+
+    if not hf_dir or not (Path(hf_dir) / "config.json").is_file():
+        return
+    dst.mkdir()
+    shutil.copyfile(Path(hf_dir) / "config.json", dst / "config.json")
+    copy_tokenizer_files(tokenizer_dir or hf_dir, dst)
 
 
 def _prune(root: Path, keep_last: int | None) -> None:
@@ -216,6 +252,9 @@ def _complete(path: str | os.PathLike) -> tuple[Path, dict]:
     marker = path / _MARKER
     if not marker.is_file():
         raise FileNotFoundError(f"{path} is not a complete checkpoint (no {_MARKER} marker)")
+    problem = _damage(path)
+    if problem is not None:
+        raise ValueError(f"checkpoint {path} is damaged: {problem}")
     return path, json.loads(marker.read_text())
 
 

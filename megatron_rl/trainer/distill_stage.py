@@ -90,7 +90,7 @@ class TeacherTensors:
     metrics: dict
 
 
-def build_teacher_tensors(run, ro, keep_sb, plan, hp, kind: str) -> TeacherTensors:
+def build_teacher_tensors(run, ro, keep_sb, plan, hp, kind: str, step: int = 0) -> TeacherTensors:
     """Pack the plan's teacher sequences, run the teacher passes, and lay the results out per sample."""
     cfg = run.cfg
     R_max, pad, mbs, dp = cfg.rollout.max_tokens, run.tok.pad_id, cfg.trainer.micro_batch_size, run.info.dp
@@ -106,6 +106,7 @@ def build_teacher_tensors(run, ro, keep_sb, plan, hp, kind: str) -> TeacherTenso
         for slot, prompt in enumerate(plan.prompts[j]):
             seqs.append((truncate_left(list(prompt), resp, cfg.rollout.max_model_len), resp))
             owner.append((j, slot))
+    run.dump_samples(step, "teacher", [list(p) + list(r) for p, r in seqs])
     mult = 8 * max(1, run.info.tp)
     row_len = cfg.teacher.pack_len or cfg.rollout.max_model_len
     packed = run.teacher_packed
@@ -173,7 +174,7 @@ def make_teacher_loss_fn(kind: str, hp, step: int, rlcsd_counts: tuple[float, fl
         pos, m = ex["resp_pos"], ex["resp_mask"]
         lp = logp.gather(1, pos)
         fields = {f: ex[f] for f in ("teacher_logp", "teacher_neg_logp", "teacher_neg_mask", "teacher_topk",
-                                     "teacher_neg_topk", "teacher_entropy") if f in ex}
+                                     "teacher_neg_topk", "teacher_entropy", "srpo_log_u_mean") if f in ex}
         if topk:
             sup = support.gather(1, pos[..., None].expand(-1, -1, support.shape[-1]))
             fields["student_topk"] = with_tail(sup)
@@ -216,6 +217,10 @@ def make_teacher_loss_fn(kind: str, hp, step: int, rlcsd_counts: tuple[float, fl
     return loss_fn
 
 
+def k_loss_of(kind: str) -> str:
+    return A.algo_kind(kind).loss
+
+
 def rlcsd_counts(ex: dict, hp) -> tuple[float, float]:
     """(N_non, N_sel) of the whole kept batch, from the teacher tensors and advantages (no grad)."""
     e = A.rlcsd_signal(ex["teacher_logp"], ex["teacher_neg_logp"], ex["teacher_neg_mask"])
@@ -230,6 +235,7 @@ def update_teacher(run, ro, step: int) -> dict:
     mbs, R_max, pad = cfg.trainer.micro_batch_size, cfg.rollout.max_tokens, run.tok.pad_id
     path = A.KIND_DATA_PATH[kind]
     plain = U.build_seq_batch(ro.prompts, ro.responses, pad, run.seq_len(ro.prompts, ro.responses), R_max)
+    run.dump_samples(step, "policy", [p + r for p, r in zip(ro.prompts, ro.responses)])
     old, ref, metrics = U.old_ref_logprobs(run, ro, plain)
     m = plain.resp_mask
     adv = A.compute_advantages(kind, U.advantage_inputs(ro, m, old_logp=old, ref_logp=ref), hp).float()
@@ -246,7 +252,7 @@ def update_teacher(run, ro, step: int) -> dict:
     keep = plan.keep
     sub = ro.select(keep)
     keep_sb = U.build_seq_batch(sub.prompts, sub.responses, pad, run.seq_len(sub.prompts, sub.responses), R_max)
-    tt = build_teacher_tensors(run, ro, keep_sb, plan, hp, kind)
+    tt = build_teacher_tensors(run, ro, keep_sb, plan, hp, kind, step)
     metrics.update(tt.metrics)
     extras = {"rewards": ro.rewards[keep].float(), "group_ids": sub.group_ids, "advantages": adv[keep],
               "old_logp": old[keep], "resp_pos": keep_sb.resp_pos, "resp_mask": keep_sb.resp_mask}
@@ -256,6 +262,9 @@ def update_teacher(run, ro, step: int) -> dict:
     extras.update(tt.extras)
     if idx_resp is not None:
         extras["support_idx"] = _support_to_train_frame(idx_resp, keep_sb)
+    if k_loss_of(kind) == "srpo":   # d = u / mean(u) over the whole step's routed tokens (not per micro-batch)
+        lum = A.srpo_log_u_mean(extras["advantages"], extras["resp_mask"], extras["teacher_entropy"], hp.srpo_beta)
+        extras["srpo_log_u_mean"] = lum.expand(len(keep)).clone()
     counts = rlcsd_counts(extras, hp) if kind == "rlcsd" else (float(keep_sb.resp_mask.sum()), 0.0)
     batch = pad_train_rows(dataclasses.replace(keep_sb.batch, extras=extras), run.info.dp * mbs)
     res = run.actor.train_step(batch, make_teacher_loss_fn(kind, hp, step, counts), mbs)

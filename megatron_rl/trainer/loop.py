@@ -30,49 +30,75 @@ log = logging.getLogger("megatron_rl.loop")
 
 def collect(run: Run, step: int) -> R.Rollouts:
     """generate + reward (+ greedy baseline for ReMax) + DAPO dynamic sampling; rank 0 drives."""
-    cfg, hp = run.cfg, run.cfg.algo.hparams
+    hp = run.cfg.algo.hparams
     ro = None
     if run.info.is_driver:
-        parts, kept_groups, rounds = [], 0, 0
-        dyn = getattr(hp, "filter_groups", False)
-        while True:
-            idx = run.sampler.next_batch()
-            part = R.generate(run.client, run.train_set, idx, R.sampling_params(cfg, step, rounds, eos_id=run.tok.eos_id), run.tok)
-            part = R.score(part, run.rewards)
-            if getattr(hp, "overlong_enable", False):
-                part = R.overlong_shaping(part, hp, cfg.rollout.max_tokens)
-            rounds += 1
-            if A.KIND_DATA_PATH.get(cfg.algo.kind) == "greedy" or getattr(hp, "base", None) == "remax":
-                g = R.score(R.generate(run.client, run.train_set, idx, R.sampling_params(cfg, step, rounds, greedy=True,
-                                                                                           eos_id=run.tok.eos_id), run.tok), run.rewards)
-                part.greedy_rewards = g.rewards.repeat_interleave(cfg.rollout.n)
-            if not dyn:
-                ro = part
-                break
-            metric = part.correct.float() if getattr(hp, "filter_metric", "acc") == "acc" else part.rewards
-            keep = A.dynamic_sampling_keep(metric, part.group_ids)
-            informative = part.select(torch.nonzero(keep).flatten().tolist())
-            parts.append(informative)
-            kept_groups += int(torch.unique(informative.group_ids).numel()) if len(informative) else 0
-            if kept_groups >= cfg.data.prompts_per_step or rounds >= cfg.trainer.max_gen_batches:
-                ro = _fill(parts, part, cfg, kept_groups, rounds)
-                break
+        ro = _collect_dynamic(run, step, hp) if getattr(hp, "filter_groups", False) else _round(run, step, 0)
         if run.grader is not None:      # PAPO: grade in the background; update() collects the scores
             run.pending_grades.start(ro, run.grader, every=getattr(hp, "reward_mode", "dual") == "prm_only")
     return R.broadcast_object(ro)
 
 
-def _fill(parts, last, cfg, kept_groups: int, rounds: int) -> R.Rollouts:
-    """Exactly ``prompts_per_step`` groups: informative first; if the cap was hit, pad with the
-    last round's uninformative groups (counted as ``dynamic/padded_groups``)."""
-    ro = R.concat([p for p in parts if len(p)] or [last])
-    n, need = cfg.rollout.n, cfg.data.prompts_per_step
+def _round(run: Run, step: int, round_: int) -> R.Rollouts:
+    """One generation batch: sample ``rollout.n`` per prompt, score, DAPO overlong shaping, and the
+    greedy baseline for ReMax-based methods (rank 0)."""
+    cfg, hp = run.cfg, run.cfg.algo.hparams
+    idx = run.sampler.next_batch()
+    part = R.score(R.generate(run.client, run.train_set, idx, R.sampling_params(cfg, step, round_, eos_id=run.tok.eos_id),
+                              run.tok), run.rewards)
+    if getattr(hp, "overlong_enable", False):
+        part = R.overlong_shaping(part, hp, cfg.rollout.max_tokens)
+    if A.KIND_DATA_PATH.get(cfg.algo.kind) == "greedy" or getattr(hp, "base", None) == "remax":
+        sp = R.sampling_params(cfg, step, round_ + 1, greedy=True, eos_id=run.tok.eos_id)
+        g = R.score(R.generate(run.client, run.train_set, idx, sp, run.tok), run.rewards)
+        part.greedy_rewards = g.rewards.repeat_interleave(cfg.rollout.n)
+    return part
+
+
+def _collect_dynamic(run: Run, step: int, hp) -> R.Rollouts:
+    """DAPO dynamic sampling (spec §3 DAPO): keep groups whose metric is not uniform, over successive
+    generation batches, until ``prompts_per_step`` groups are kept; then the first ``prompts_per_step``.
+    ``max_num_gen_batches`` ≤ 0: unlimited (a warning every 10 batches); at the cap ``at_cap=raise``
+    stops the run (the reference's behaviour), ``at_cap=fill`` completes the batch with uniform
+    groups of this step's batches — each group at most once — counted as ``dynamic/padded_groups``."""
+    need, n = run.cfg.data.prompts_per_step, run.cfg.rollout.n
+    ds = A.DynamicSampler(need, max(0, hp.max_num_gen_batches))
+    kept, spare = [], []
+    while not ds.ready:
+        if hp.max_num_gen_batches > 0 and ds.batches >= hp.max_num_gen_batches:
+            if hp.at_cap == "raise":
+                raise RuntimeError(f"dynamic sampling: {ds.kept_prompts}/{need} informative groups after "
+                                   f"max_num_gen_batches={hp.max_num_gen_batches} generation batches at step {step}; "
+                                   f"raise algo.{run.cfg.algo.kind}.max_num_gen_batches (<= 0: unlimited) or set at_cap=fill")
+            break
+        part = _round(run, step, ds.batches)
+        metric = part.correct.float() if hp.filter_metric == "acc" else part.rewards
+        keep = ds.add(metric, part.group_ids).tolist()
+        kept.append(part.select(keep))
+        drop = sorted(set(range(len(part))) - set(keep))
+        spare.append(part.select(drop))
+        if hp.max_num_gen_batches <= 0 and ds.batches % 10 == 0:
+            log.warning("dynamic sampling: %d generation batches so far at step %d, %d/%d informative groups",
+                        ds.batches, step, ds.kept_prompts, need)
+    return _fill(kept, spare, need, n, ds)
+
+
+def _fill(kept: list, spare: list, need: int, n: int, ds) -> R.Rollouts:
+    """The first ``need`` kept groups, completed (fill mode) by whole uniform groups never used before."""
+    parts = [p for p in kept if len(p)]
+    have = sum(len(p) for p in parts) // n
     padded = 0
-    if kept_groups < need:
-        padded = need - kept_groups
-        ro = R.concat([ro, last.select(list(range(padded * n)))]) if kept_groups else last
-    ro = ro.select(list(range(need * n)))
-    ro.stats = {**last.stats, "dynamic/gen_rounds": rounds, "dynamic/padded_groups": padded}
+    for p in spare:
+        if have + padded >= need:
+            break
+        take = min(len(p) // n, need - have - padded)
+        if take:
+            parts.append(p.select(list(range(take * n))))
+            padded += take
+    ro = R.concat(parts)
+    ro = ro.select(list(range(min(len(ro), need * n))))
+    ro.stats = {**ro.stats, "dynamic/gen_rounds": ds.batches, "dynamic/padded_groups": padded,
+                "dynamic/filtered_groups": ds.filtered_prompts}
     return ro
 
 
@@ -81,6 +107,7 @@ def update(run: Run, ro: R.Rollouts, step: int) -> dict:
     cfg, hp, kind = run.cfg, run.cfg.algo.hparams, run.cfg.algo.kind
     mbs, R_max, pad = cfg.trainer.micro_batch_size, cfg.rollout.max_tokens, run.tok.pad_id
     plain = U.build_seq_batch(ro.prompts, ro.responses, pad, run.seq_len(ro.prompts, ro.responses), R_max)
+    run.dump_samples(step, "policy", [p + r for p, r in zip(ro.prompts, ro.responses)])
     old, ref, metrics = U.old_ref_logprobs(run, ro, plain)
     m = plain.resp_mask
     if A.KIND_DATA_PATH.get(kind) == "process_reward":
@@ -90,8 +117,10 @@ def update(run: Run, ro: R.Rollouts, step: int) -> dict:
     train_sb, old_train = plain, old
     if A.KIND_DATA_PATH.get(kind) == "bicc_context":
         prompts, n_cond, n_fb = U.bicc_inputs(ro, hp, cfg.data.max_prompt_len + R_max, cfg.rollout.max_model_len,
-                                              run.bicc_insert_at, run.bicc_sep, run.tok.eos_id)
+                                              run.bicc_layout, run.tok.eos_id)
         train_sb = U.build_seq_batch(prompts, ro.responses, pad, run.seq_len(prompts, ro.responses), R_max)
+        run.dump_samples(step, "bicc_conditioned", [p + r for p, q, r in zip(prompts, ro.prompts, ro.responses)
+                                                     if list(p) != list(q)])
         if hp.old_logprob_context == "conditioned":
             old_train = U.response_frame(run.actor.forward_logprobs(train_sb.batch, mbs).logp, train_sb)
         metrics.update({"bicc/conditioned_frac": n_cond / len(ro), "bicc/budget_fallbacks": n_fb})
@@ -150,9 +179,10 @@ def rl_step(run: Run, step: int) -> dict:
     return metrics
 
 
-def run(cfg, resume: str | None = None, client=None) -> dict:
-    """Train ``cfg`` (SPMD); returns the summary dict (held-out accuracy before/after etc.)."""
-    rn = setup_run(cfg, resume=resume, client=client)
+def run(cfg, resume: str | None = None, client=None, overwrite: bool = False) -> dict:
+    """Train ``cfg`` (SPMD); returns the summary dict (held-out accuracy before/after etc.).
+    ``overwrite``: archive an earlier run in ``trainer.run_dir`` (``trainer/run_dir.py``)."""
+    rn = setup_run(cfg, resume=resume, client=client, overwrite=overwrite)
     summary = {"start_step": rn.step}
     try:
         if rn.val_set is not None and rn.step == 0:
@@ -174,7 +204,7 @@ def run(cfg, resume: str | None = None, client=None) -> dict:
         if rn.step > summary["start_step"] and (not cfg.trainer.ckpt_every or rn.step % cfg.trainer.ckpt_every):
             rn.checkpoint()
         if cfg.trainer.export_hf:
-            rn.actor.export_hf(str(Path(cfg.trainer.run_dir) / "hf"))
+            rn.actor.export_hf(str(Path(cfg.trainer.run_dir) / "hf"), tokenizer_dir=cfg.model.tokenizer_path or cfg.model.hf_path)
             summary["hf_export"] = str(Path(cfg.trainer.run_dir) / "hf")
         summary["curve"] = str(rn.logger.finish({k: v for k, v in summary.items() if isinstance(v, (int, float))}) or "")
         summary["metrics"] = str(Path(cfg.trainer.run_dir) / "metrics.jsonl")
@@ -183,10 +213,14 @@ def run(cfg, resume: str | None = None, client=None) -> dict:
     return summary
 
 
-def main(cfg, resume: str | None = None) -> int:
-    """``megatron-rl train`` entry point."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    summary = run(cfg, resume=resume)
+def main(cfg, resume: str | None = None, overwrite: bool = False) -> int:
+    """``megatron-rl train`` entry point: console = progress bar, warnings, summary (INFO -> train.log)."""
+    import os
+
+    from megatron_rl.console import quiet_console
+
+    quiet_console(int(os.environ.get("RANK", "0")))
+    summary = run(cfg, resume=resume, overwrite=overwrite)
     if not dist.is_initialized() or dist.get_rank() == 0:
         print({k: v for k, v in summary.items()})
     return 0

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from megatron_rl.data.dataset import problem_text
 from megatron_rl.rollout.engine import SamplingParams
 
 
@@ -106,6 +107,15 @@ def overlong_shaping(rollouts: Rollouts, hp, max_tokens: int) -> Rollouts:
     return rollouts
 
 
+def _cat_opt(a: torch.Tensor | None, b: torch.Tensor | None, name: str) -> torch.Tensor | None:
+    """Concatenate an optional per-sample field; present in one part only is a bug, not a silent drop."""
+    if a is None and b is None:
+        return None
+    if a is None or b is None:
+        raise ValueError(f"concat: {name} is set in some generation rounds but not others")
+    return torch.cat([a, b])
+
+
 def concat(parts: list[Rollouts]) -> Rollouts:
     """Join rollouts of several generation rounds (group ids offset to stay distinct)."""
     out, off = None, 0
@@ -118,7 +128,8 @@ def concat(parts: list[Rollouts]) -> Rollouts:
         out = Rollouts(out.rows + p.rows, out.prompts + p.prompts, out.responses + p.responses,
                        out.rollout_logp + p.rollout_logp, out.finish + p.finish, torch.cat([out.group_ids, g]),
                        out.texts + p.texts, torch.cat([out.rewards, p.rewards]), torch.cat([out.correct, p.correct]),
-                       None, out.stats, None if out.process is None else torch.cat([out.process, p.process]))
+                       _cat_opt(out.greedy_rewards, p.greedy_rewards, "greedy_rewards"), out.stats,
+                       _cat_opt(out.process, p.process, "process"))
     return out
 
 
@@ -130,7 +141,7 @@ def _grade_items(rollouts: Rollouts, every: bool = False) -> tuple[list[int], li
     for i in idx:
         row = rollouts.rows[i]
         ref = row.extra_info.get("reference_solution") or row.extra_info.get("solution") or str(row.ground_truth)
-        problem = row.extra_info.get("problem") or str(row.prompt_ids)
+        problem = problem_text(row)
         items.append((problem, ref, rollouts.texts[i]))
     return idx, items
 

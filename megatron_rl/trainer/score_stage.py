@@ -4,15 +4,24 @@ the training batch for the two-stage self-correction objective (spec Part 2, ``a
 Rollout (rank 0 drives the engines, the result is broadcast):
 
     x1 = prompt;                 y1 ~ π_θ(· | x1)        (``rollout.n`` samples per prompt)
-    x2 = x1 ++ y1 ++ instr;      y2 ~ π_θ(· | x2)        (one sample per attempt 1)
+    x2 = x1 ++ y1 ++ turn;       y2 ~ π_θ(· | x2)        (one sample per attempt 1)
     r1 = R(y1), r2 = R(y2)       (the run's reward manager, same row / ground truth)
 
-``y1`` stays in the history WITH its EOS: the EOS closes the assistant turn like a chat template's
-end-of-turn token (``<|im_end|>`` is Qwen's EOS), and ``instr`` opens the next "user" turn. With a
-chat-template tokenizer ``instr`` would be a rendered user turn carrying the self-correction text;
-the template-less CPU demo task (character-level tokenizer over ``R 0123456789=``) uses the short
-instruction :data:`DEMO_INSTRUCTION` = ``"R="`` ("redo:"), built only from characters that
-tokenizer has.
+On a chat-template model (spec §2.1) x2 is the template over [system, user, assistant(y1),
+user(instruction)] plus the generation prompt: ``turn`` is the template's own text after the
+assistant content (ChatML: ``<|im_end|>\n<|im_start|>user\n{instruction}<|im_end|>\n<|im_start|>assistant\n``,
+:class:`~megatron_rl.data.chat.NextUserTurn`), and y1's sampled ids are kept verbatim instead of
+being decoded and re-encoded (no re-tokenisation drift; a y1 that ended with EOS shares it with the
+closing ``<|im_end|>``, a truncated y1 is closed by it all the same). Departure, on purpose: Qwen3's
+own template drops the ``<think>`` part of an earlier assistant turn when a history is re-rendered,
+so the reference's corrector probably sees only y1's answer (spec §2.1 "decide explicitly"); here it
+sees all of y1, which is what the reference's helper meant to do. An empty
+``algo.score.instruction`` on a chat model is a start-up error, and so is a
+``data.max_prompt_len + 2·rollout.max_tokens + |turn|`` over ``rollout.max_model_len`` (no x2 can
+then be cut).
+
+The template-less CPU demo task (character-level tokenizer over ``R 0123456789=``) has no turns:
+``turn`` is the short instruction :data:`DEMO_INSTRUCTION` = ``"R="`` ("redo:"), after y1 WITH its EOS.
 
 Training batch: because x2 starts with x1 ++ y1, ONE causal forward over ``x2 ++ y2`` yields both
 attempts' log-probs: attempt-1 token t sits at sequence position ``len(x1)+t`` (target frame
@@ -65,8 +74,26 @@ def stage_of(hp, step: int) -> int:
     return hp.stage if n <= 0 else (1 if step <= n else 2)
 
 
+def second_turn(tok, hp, max_prompt_len: int | None = None, max_tokens: int = 0, max_model_len: int | None = None):
+    """Start-up: the chat template's next-user-turn layout (None on a template-less tokenizer)."""
+    from megatron_rl.data import chat
+
+    if not chat.has_chat_template(tok):
+        return None
+    if not hp.instruction.strip():
+        raise ValueError("algo.score.instruction is empty: on a chat-template model SCoRe's second attempt needs "
+                         "the self-correction instruction text (spec §2.1)")
+    turn = chat.NextUserTurn.of(tok, hp.instruction)
+    if max_prompt_len is not None and max_model_len is not None:
+        need = max_prompt_len + 2 * max_tokens + len(turn.suffix)
+        if need > max_model_len:
+            raise ValueError(f"SCoRe: data.max_prompt_len + 2*rollout.max_tokens + {len(turn.suffix)} instruction-turn "
+                             f"tokens = {need} > rollout.max_model_len={max_model_len}; raise max_model_len")
+    return turn
+
+
 def instruction_ids(run) -> list[int]:
-    """Token ids of the self-correction instruction (``algo.score.instruction``; empty -> demo's)."""
+    """Template-less tokenizers: ids of ``algo.score.instruction`` (empty -> the demo's)."""
     text = getattr(run.cfg.algo.hparams, "instruction", "") or DEMO_INSTRUCTION
     ids = list(run.tok.encode(text))
     if not ids:
@@ -74,12 +101,13 @@ def instruction_ids(run) -> list[int]:
     return ids
 
 
-def second_prompts(first: R.Rollouts, instr: list[int], max_len: int) -> list[list[int]]:
-    """x2 = x1 ++ y1 ++ instr; a prompt longer than ``max_len`` is an error naming the sample
-    (truncating would cut the instruction, spec §2.1)."""
+def second_prompts(first: R.Rollouts, turn, max_len: int, eos_id: int | None = None) -> list[list[int]]:
+    """x2 per sample: ``turn.second_prompt(x1, y1)`` for a chat layout, else ``x1 ++ y1 ++ turn`` (ids);
+    a prompt longer than ``max_len`` is an error naming the sample (truncating would cut the
+    instruction, spec §2.1)."""
     out = []
     for i, (p, r) in enumerate(zip(first.prompts, first.responses)):
-        x2 = list(p) + list(r) + list(instr)
+        x2 = turn.second_prompt(p, r, eos_id) if hasattr(turn, "second_prompt") else list(p) + list(r) + list(turn)
         if len(x2) > max_len:
             raise ValueError(f"SCoRe attempt-2 prompt of sample {i} has {len(x2)} tokens > {max_len} "
                              "(rollout.max_model_len - rollout.max_tokens); raise max_model_len")
@@ -108,9 +136,11 @@ def collect_two(run, step: int) -> TwoAttempts:
         idx = run.sampler.next_batch()
         first = R.score(R.generate(run.client, run.train_set, idx, R.sampling_params(cfg, step, eos_id=run.tok.eos_id),
                                    run.tok), run.rewards)
-        x2 = second_prompts(first, instruction_ids(run), cfg.rollout.max_model_len - cfg.rollout.max_tokens)
+        turn = run.score_turn if run.score_turn is not None else instruction_ids(run)
+        x2 = second_prompts(first, turn, cfg.rollout.max_model_len - cfg.rollout.max_tokens, run.tok.eos_id)
         sp2 = R.sampling_params(cfg, step, round_=1, n=1, eos_id=run.tok.eos_id)
         second = R.score(_second_rollouts(run, first, x2, sp2), run.rewards)
+        run.dump_samples(step, "score_second", [p + r for p, r in zip(second.prompts, second.responses)])
         out = TwoAttempts(first, second)
     return R.broadcast_object(out)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +27,8 @@ class Run:
     logger: Any
     step: int = 0
     last_checkpoint: str | None = None
-    bicc_insert_at: int | None = None
-    bicc_sep: tuple = ()
+    bicc_layout: Any = None        # update_stage.BiccLayout (BiCC kinds)
+    score_turn: Any = None         # data.chat.NextUserTurn (SCoRe on a chat template)
     grader: Any = None
     teacher: Any = None            # TeacherWeights (self-distillation kinds)
     teacher_template: Any = None   # ChatHintTemplate | InlineHintTemplate
@@ -46,15 +47,36 @@ class Run:
 
         extra = {"step": self.step, "sampler": self.sampler.state_dict() if self.sampler else None,
                  "teacher": self.teacher.state_dict() if self.teacher is not None else None}
+        m = self.cfg.model
         path = save_checkpoint(self.cfg.trainer.run_dir, self.step, self.actor, extra, keep_last=self.cfg.trainer.keep_last,
-                               teacher=self.teacher)
+                               teacher=self.teacher, hf_dir=m.hf_path, tokenizer_dir=m.tokenizer_path or m.hf_path)
         self.last_checkpoint = str(path)
+
+    def dump_samples(self, step: int, name: str, seqs) -> None:
+        """Rank 0, ``logging.dump_samples`` > 0: append the first N id sequences of ``name`` with
+        their raw decoding (special tokens kept) to ``run_dir/samples.jsonl``."""
+        n = self.cfg.logging.dump_samples
+        if not n or not self.info.is_driver:
+            return
+        import json
+
+        raw = getattr(getattr(self.tok, "tok", None), "decode", None)
+        with open(Path(self.cfg.trainer.run_dir) / "samples.jsonl", "a") as f:
+            for ids in list(seqs)[:n]:
+                ids = [int(i) for i in ids]
+                text = raw(ids, skip_special_tokens=False) if raw is not None else self.tok.decode(ids)
+                f.write(json.dumps({"step": step, "name": name, "ids": ids, "text": text}) + "\n")
 
     def close(self, own_client: bool = True) -> None:
         if self.pending_grades is not None:
             self.pending_grades.close()
         if own_client and self.client is not None:
             self.client.shutdown()
+
+
+def grad_clip(cfg) -> float:
+    """The gradient-norm clip in force: ``optim.clip_grad`` when set, else the method's recipe value."""
+    return float(cfg.optim.clip_grad if cfg.optim.clip_grad is not None else cfg.algo.hparams.grad_clip)
 
 
 def _optim_spec(cfg):
@@ -64,25 +86,63 @@ def _optim_spec(cfg):
     decay = cfg.trainer.steps if o.decay_style != "constant" else None
     return OptimSpec(lr=o.lr, min_lr=o.min_lr, warmup_steps=o.warmup_steps, decay_steps=decay,
                      decay_style=o.decay_style, weight_decay=o.weight_decay, betas=(o.beta1, o.beta2),
-                     clip_grad=getattr(cfg.algo.hparams, "grad_clip", o.clip_grad),
+                     clip_grad=grad_clip(cfg),
                      use_distributed_optimizer=o.use_distributed_optimizer, bf16=cfg.model.bf16)
+
+
+def client_args(cfg, trainer_world: int = 1) -> dict:
+    """The rollout pool's arguments (pure: what ``build_client`` passes to ``RolloutClient``)."""
+    r = cfg.rollout
+    kw = {"max_model_len": r.max_model_len, "seed": cfg.trainer.seed, "dtype": "bfloat16" if cfg.model.bf16 else "float32"}
+    if r.engine == "vllm":
+        kw["kv_cache_gib"] = r.kv_cache_gib
+    return {"engine": r.engine, "model": cfg.model.hf_path, "num_engines": r.num_engines, "engine_kwargs": kw,
+            "cpus_per_engine": r.cpus_per_engine, "ray_address": r.ray_address, "sync_backend": r.sync_backend,
+            "bucket_bytes": r.bucket_mb << 20, "trainer_world": trainer_world}
+
+
+def prompt_layouts(cfg, tok) -> tuple:
+    """(BiCC layout, SCoRe second-turn layout) of the method's data path, or None each."""
+    from megatron_rl import algorithms as A
+
+    path = A.KIND_DATA_PATH.get(cfg.algo.kind)
+    bicc = turn = None
+    if path == "bicc_context":
+        from megatron_rl.trainer.update_stage import BiccLayout
+
+        bicc = BiccLayout.of(tok)
+    if path == "two_attempts":
+        from megatron_rl.trainer.score_stage import second_turn
+
+        turn = second_turn(tok, cfg.algo.hparams, cfg.data.max_prompt_len, cfg.rollout.max_tokens, cfg.rollout.max_model_len)
+    return bicc, turn
 
 
 def build_client(cfg, trainer_world: int = 1):
     from megatron_rl.rollout.ray_bridge import RolloutClient
 
-    r = cfg.rollout
-    kw = {"max_model_len": r.max_model_len, "seed": cfg.trainer.seed, "dtype": "bfloat16" if cfg.model.bf16 else "float32"}
-    if r.engine == "vllm":
-        kw["kv_cache_gib"] = r.kv_cache_gib
-    return RolloutClient(r.engine, cfg.model.hf_path, r.num_engines, kw, cpus_per_engine=r.cpus_per_engine,
-                         ray_address=r.ray_address, sync_backend=r.sync_backend, bucket_bytes=r.bucket_mb << 20,
-                         trainer_world=trainer_world)
+    a = client_args(cfg, trainer_world)
+    return RolloutClient(a["engine"], a["model"], a["num_engines"], a["engine_kwargs"],
+                         cpus_per_engine=a["cpus_per_engine"], ray_address=a["ray_address"],
+                         sync_backend=a["sync_backend"], bucket_bytes=a["bucket_bytes"], trainer_world=a["trainer_world"])
 
 
-def setup_run(cfg, resume: str | None = None, client=None) -> Run:
+def build_grader(cfg):
+    """The PAPO rubric grader of ``cfg.reward`` with its circuit breaker (no request is made here)."""
+    from megatron_rl.rewards.breaker import CircuitBreaker
+    from megatron_rl.rewards.grader import RubricGrader
+
+    r = cfg.reward
+    grader = RubricGrader(r.grader_url, r.grader_model, concurrency=r.grader_concurrency, timeout=r.grader_timeout,
+                          retries=r.grader_retries, fallback=r.grader_fallback, max_tokens=r.grader_max_tokens)
+    grader.breaker = CircuitBreaker(r.grader_breaker_failures, r.grader_breaker_cooldown)
+    return grader
+
+
+def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = False) -> Run:
     """init_parallel -> tokenizer, data, reward manager, actor (+ reference), engines, logger;
-    ``resume``: ``"auto"`` (newest complete checkpoint, if any), a checkpoint path, or None."""
+    ``resume``: ``"auto"`` (newest complete checkpoint, if any), a checkpoint path, or None;
+    ``overwrite``: a fresh run in a used ``run_dir`` archives the earlier one (else it is refused)."""
     from megatron_rl import algorithms as A
     from megatron_rl.config import validate
     from megatron_rl.data.dataset import DeterministicSampler, PromptDataset
@@ -94,23 +154,35 @@ def setup_run(cfg, resume: str | None = None, client=None) -> Run:
     from megatron_rl.trainer.actor import PolicyActor, ReferencePolicy
     from megatron_rl.trainer.checkpoint import find_latest, load_checkpoint
 
+    from megatron_rl.preflight import preflight
+    from megatron_rl.trainer.run_dir import archive_run
+
+    backend = preflight(cfg, resume, overwrite)   # every user error before anything starts
+    rank = int(os.environ.get("RANK", "0"))           # torchrun's; process groups start below
+    if overwrite and rank == 0:
+        archive_run(cfg.trainer.run_dir)
+    from megatron_rl.console import attach_run_log
+
+    attach_run_log(cfg.trainer.run_dir, rank)   # INFO (patches, Megatron's dumps, stages) -> run_dir/train.log
     info = init_parallel(cfg.parallel.tp, cfg.parallel.pp, seed=cfg.trainer.seed,
-                         sequence_parallel=cfg.parallel.sequence_parallel)
+                         sequence_parallel=cfg.parallel.sequence_parallel, timeout_s=cfg.parallel.timeout_s)
     validate(cfg, world_size=info.world)
     if not cfg.model.hf_path:
         raise ValueError("model.hf_path is required (HF model dir with config.json + safetensors)")
     tok = load_tokenizer(cfg.model.tokenizer_path or cfg.model.hf_path)
+    layouts = prompt_layouts(cfg, tok)     # template errors surface here, before any model is built
     train = PromptDataset.from_parquet(cfg.data.train, tok, cfg.data.max_prompt_len, cfg.data.on_error)
     val = PromptDataset.from_parquet(cfg.data.val, tok, cfg.data.max_prompt_len, cfg.data.on_error) if cfg.data.val else None
     sampler = DeterministicSampler(len(train), cfg.data.prompts_per_step, cfg.data.seed)
     hf_cfg = load_hf_config(cfg.model.hf_path)
     actor = PolicyActor(hf_cfg, info, _optim_spec(cfg), temperature=cfg.rollout.temperature,
-                        sequence_parallel=info.sequence_parallel)
+                        sequence_parallel=info.sequence_parallel, backend=backend, fp8=cfg.model.fp8)
     actor.load_hf(cfg.model.hf_path)
     need = A.kind_required_inputs(cfg.algo.kind, cfg.algo.hparams)
     ref = None
     if "ref_logp" in need:
-        ref = ReferencePolicy(hf_cfg, cfg.rollout.temperature, info.sequence_parallel, cfg.model.bf16, parallel_info=info)
+        ref = ReferencePolicy(hf_cfg, cfg.rollout.temperature, info.sequence_parallel, cfg.model.bf16, parallel_info=info,
+                              backend=backend, fp8=cfg.model.fp8)
         ref.load_hf(cfg.model.hf_path)
     teacher = template = None
     if A.KIND_DATA_PATH.get(cfg.algo.kind) in ("rlcsd_hints", "gt_teacher"):
@@ -138,11 +210,8 @@ def setup_run(cfg, resume: str | None = None, client=None) -> Run:
                        resume_step=step if path is not None else None, progress=cfg.logging.progress)
     run = Run(cfg, info, tok, train, val, sampler, actor, ref, client, RewardManager(cfg.reward.by_source, cfg.reward.default),
               logger, step, last, teacher=teacher, teacher_template=template)
-    if teacher is not None:
-        from megatron_rl.models.provider import resolve_backend
-
-        run.teacher_packed = cfg.teacher.pack == "on" or (cfg.teacher.pack == "auto"
-                                                          and resolve_backend(cfg.model.backend) == "local")
+    if teacher is not None:   # decided from the backend the actor was built with (one resolution)
+        run.teacher_packed = cfg.teacher.pack == "on" or (cfg.teacher.pack == "auto" and actor.backend == "local")
         log.info("teacher passes: %s", "packed (block-diagonal attention)" if run.teacher_packed
                  else "one sequence per row (Transformer Engine attention)")
     if A.KIND_DATA_PATH.get(cfg.algo.kind) == "process_reward":
@@ -150,14 +219,8 @@ def setup_run(cfg, resume: str | None = None, client=None) -> Run:
 
         run.pending_grades = PendingGrades()
     if info.is_driver and A.KIND_DATA_PATH.get(cfg.algo.kind) == "process_reward":
-        from megatron_rl.rewards.grader import RubricGrader
-
-        r = cfg.reward
-        run.grader = RubricGrader(r.grader_url, r.grader_model, concurrency=r.grader_concurrency, timeout=r.grader_timeout,
-                                  retries=r.grader_retries, fallback=r.grader_fallback)
-    if cfg.algo.kind in ("bicc", "bicc_rcc") and hasattr(tok, "sp"):
-        # template-less SentencePiece tasks: context right after BOS, traces separated by a space
-        run.bicc_insert_at, run.bicc_sep = (1 if tok.bos_id is not None and tok.bos_id >= 0 else 0), tuple(tok.encode(" "))
+        run.grader = build_grader(cfg)
+    run.bicc_layout, run.score_turn = layouts
     sync_weights(run)  # engines start from the HF dir; after a resume they must get the checkpoint's weights
     from megatron_rl.trainer.sync_stage import startup_gate
 

@@ -50,8 +50,11 @@ class ChatHintTemplate:
         return A.last_boxed(text)
 
     def problem(self, row) -> str:
-        """``extra_info.problem`` (verl convention), else the decoded student prompt."""
-        return str(row.extra_info.get("problem") or self.tok.decode(row.prompt_ids))
+        """``extra_info.problem`` / ``question``, else the row's last user message (never the decoded
+        templated prompt, which would carry the system turn and role markers)."""
+        from megatron_rl.data.dataset import problem_text
+
+        return problem_text(row)
 
     def prompt(self, row, body: str, answer: str) -> list[int]:
         content = A.rlcsd_teacher_prompt(self.problem(row), body, answer)

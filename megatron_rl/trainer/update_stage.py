@@ -44,24 +44,60 @@ def response_frame(x: torch.Tensor, sb: SeqBatch) -> torch.Tensor:
     return x.gather(1, sb.resp_pos) * sb.resp_mask
 
 
-def bicc_inputs(rollouts, hp, l_max: int, max_total_len: int, insert_at: int | None = None,
-                sep_ids: tuple[int, ...] = (), eos_id: int | None = None):
+@dataclasses.dataclass(frozen=True)
+class BiccLayout:
+    """Where BiCC contexts go inside a prompt, and their scaffolding ids (spec §1.3, consequence 2).
+
+    * chat template (the real path): inside the LAST USER TURN, before its end-of-turn and the
+      generation prompt, opened by :data:`~megatron_rl.data.chat.BICC_HEADER`, each trace followed by
+      :data:`~megatron_rl.data.chat.BICC_DELIMITER`; the assistant turn then opens with o_i;
+    * HF tokenizer without a template (a base model's pass-through prompt): after the prompt, with
+      the same header and delimiter;
+    * template-less SentencePiece demo task: right after BOS, traces separated by a space, so the
+      short question stays adjacent to its answer.
+    """
+
+    header: tuple = ()
+    sep: tuple = ()
+    turn_end: object = None          # data.chat.UserTurnEnd (chat templates)
+    at: int | None = None            # fixed insert index (template-less demo)
+
+    def insert_points(self, prompts) -> list[int] | None:
+        if self.turn_end is not None:
+            return [self.turn_end.insert_point(p) for p in prompts]
+        if self.at is not None:
+            return [min(self.at, len(p)) for p in prompts]
+        return None
+
+    @classmethod
+    def of(cls, tok) -> "BiccLayout":
+        from megatron_rl.data import chat
+
+        if chat.has_chat_template(tok):
+            return cls(tuple(tok.encode(chat.BICC_HEADER)), tuple(tok.encode(chat.BICC_DELIMITER)), chat.UserTurnEnd.of(tok))
+        if hasattr(tok, "sp"):
+            return cls((), tuple(tok.encode(" ")), None, 1 if tok.bos_id is not None and tok.bos_id >= 0 else 0)
+        return cls(tuple(tok.encode(chat.BICC_HEADER)), tuple(tok.encode(chat.BICC_DELIMITER)))
+
+
+def bicc_inputs(rollouts, hp, l_max: int, max_total_len: int, layout: BiccLayout = BiccLayout(),
+                eos_id: int | None = None):
     """BiCC bilateral contexts: conditioned sequences for targets of mixed groups, plain otherwise.
 
     Budget ``floor(context_frac * L_max)`` with ``L_max = max_prompt_len + max_response_len`` (spec
-    §1.3 item 3). ``insert_at``: token index inside the prompt where the context goes (None = end of
-    the prompt, i.e. the end of the user turn for chat templates; the template-less CPU demo task
-    inserts right after BOS so the question stays adjacent to its answer). Context traces are the
-    opposite responses WITHOUT their final EOS (the spec serialises decoded text); the target keeps
-    its exact token ids (asserted). Returns (prompts with contexts, #conditioned, #budget fallbacks).
+    §1.3 item 3), header included. ``layout`` says where the context goes (:class:`BiccLayout`).
+    Context traces are the opposite responses WITHOUT their final EOS (the spec serialises decoded
+    text); the target keeps its exact token ids (asserted). Returns (prompts with contexts,
+    #conditioned, #budget fallbacks).
     """
     def strip(r):
         return list(r[:-1]) if eos_id is not None and len(r) > 1 and r[-1] == eos_id else list(r)
 
-    at = None if insert_at is None else [min(insert_at, len(p)) for p in rollouts.prompts]
     bb = A.build_bicc_contexts(rollouts.prompts, [strip(r) for r in rollouts.responses], rollouts.rewards.tolist(),
                                rollouts.group_ids.tolist(), budget_tokens=hp.context_budget(l_max),
-                               sep_ids=sep_ids, insert_at=at, max_total_len=max_total_len, threshold=hp.threshold)
+                               header_ids=layout.header, sep_ids=layout.sep,
+                               insert_at=layout.insert_points(rollouts.prompts), max_total_len=max_total_len,
+                               threshold=hp.threshold)
     prompts = [list(p) for p in rollouts.prompts]
     for s in bb.samples:
         prompts[s.index] = list(s.input_ids[: s.response_start])

@@ -37,6 +37,7 @@ def runs(tmp_path_factory):
     out["tp1"] = json.loads((d / "tp1.json").read_text())
     torchrun(WORKERS / "actor_checkpoint.py", hf, run, d / "pp2.json", 1, "resume", 2, nproc=2, timeout=300)
     out["pp2"] = json.loads((d / "pp2.json").read_text())
+    out["run_dir"] = run
     return out
 
 
@@ -76,3 +77,28 @@ def test_checkpoint_before_the_first_optimizer_step(runs, tmp_path):
     full = runs["full"]["steps"][:2]
     for a, b in zip(fresh, full):
         assert (a["loss"], a["grad_norm"]) == (b["loss"], b["grad_norm"]), (a, b)
+
+
+@pytest.mark.parametrize("victim", [".metadata", ".distcp"])
+def test_damaged_real_checkpoint_falls_back(runs, tmp_path, victim, caplog):
+    """A real save's COMPLETE carries the file manifest; truncating one of its files makes
+    ``find_latest`` skip it (warning naming the file) for the previous complete checkpoint."""
+    import logging
+    import shutil
+
+    from megatron_rl.trainer.checkpoint import find_latest
+
+    src = Path(runs["run_dir"]) / "checkpoints"
+    steps = sorted((p for p in src.iterdir() if p.name.startswith("step_") and (p / "COMPLETE").is_file()),
+                   key=lambda p: int(p.name[5:]))
+    assert len(steps) >= 2
+    run = tmp_path / "run"
+    for p in steps[-2:]:
+        shutil.copytree(p, run / "checkpoints" / p.name)
+    newest = run / "checkpoints" / steps[-1].name
+    assert json.loads((newest / "COMPLETE").read_text())["files"]
+    bad = next(p for p in sorted((newest / "dist").iterdir()) if p.name.endswith(victim))
+    bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 2])
+    with caplog.at_level(logging.WARNING, logger="megatron_rl.checkpoint"):
+        assert find_latest(run) == run / "checkpoints" / steps[-2].name
+    assert str(bad) in caplog.text

@@ -3,7 +3,7 @@
 Run: ``python tests/helpers/fake_openai_server.py PORT LIFETIME_S``. It exits by itself after
 LIFETIME_S seconds. Behaviour is switched at runtime: ``POST /control {"mode": M, "delay": s,
 "score": "0.5"}`` with M in ok | slow | error500 | malformed | unparsable. ``GET /stats`` returns
-the request count. ``start_server(lifetime)`` starts it as a subprocess and returns (proc, base_url).
+the request count, ``GET /requests`` the bodies of the last 64 chat requests (:func:`requests_seen`). ``start_server(lifetime)`` starts it as a subprocess and returns (proc, base_url).
 """
 from __future__ import annotations
 
@@ -32,6 +32,12 @@ def start_server(lifetime: float = 120.0):
     raise RuntimeError("fake OpenAI server did not start")
 
 
+def requests_seen(url: str) -> list[dict]:
+    """JSON bodies of the last 64 chat-completion requests the server received."""
+    base = url.rsplit("/v1", 1)[0]
+    return json.loads(urllib.request.urlopen(base + "/requests", timeout=5).read())
+
+
 def control(url: str, **kw) -> None:
     base = url.rsplit("/v1", 1)[0]
     req = urllib.request.Request(base + "/control", data=json.dumps(kw).encode(), method="POST",
@@ -43,10 +49,13 @@ def _main(port: int, lifetime: float) -> None:
     from aiohttp import web
 
     state = {"mode": "ok", "delay": 0.0, "score": "1", "requests": 0}
+    bodies: list = []
 
     async def chat(req):
         state["requests"] += 1
         body = await req.json()
+        bodies.append(body)
+        del bodies[:-64]
         mode = state["mode"]
         if mode == "slow":
             await asyncio.sleep(state["delay"])
@@ -66,8 +75,12 @@ def _main(port: int, lifetime: float) -> None:
     async def stats(req):
         return web.json_response(state)
 
+    async def seen(req):
+        return web.json_response(bodies)
+
     app = web.Application()
-    app.add_routes([web.post("/v1/chat/completions", chat), web.post("/control", ctl), web.get("/stats", stats)])
+    app.add_routes([web.post("/v1/chat/completions", chat), web.post("/control", ctl), web.get("/stats", stats),
+                    web.get("/requests", seen)])
 
     async def run():
         runner = web.AppRunner(app)

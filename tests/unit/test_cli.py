@@ -37,9 +37,18 @@ def test_no_command_prints_help_and_fails():
 
 def test_plan_prints_table():
     p = run_cli("plan", "--model", "qwen3-8b", "--tp", "2", "--pp", "1", "--dp", "4", "--micro-batch", "1",
-                "--seq-len", "8192")
+                "--seq-len", "8192", "--rollout-tp", "2")
     assert p.returncode == 0, p.stderr
     assert "layout TP=2 PP=1 DP=4 (8 GPUs)" in p.stdout and "PEAK per training GPU" in p.stdout
+
+
+def test_plan_exits_non_zero_when_the_layout_does_not_fit(capsys):
+    """The table is printed either way; a layout over --gpu-mem-gib exits 1 with one stderr line."""
+    assert cli.main(["plan", "--model", "qwen3-8b", "--tp", "2", "--dp", "4", "--seq-len", "8192"]) == 1
+    out, err = capsys.readouterr()
+    assert "DOES NOT FIT in 80 GiB" in out
+    assert err.strip().startswith("megatron-rl plan: error: the layout does not fit: peak 89.26 GiB per GPU > "
+                                  "--gpu-mem-gib 80") and len(err.strip().splitlines()) == 1
 
 
 def test_plan_bad_layout_is_one_clear_line():
@@ -120,11 +129,13 @@ def test_train_check_loads_config_with_overrides(tmp_path):
     import yaml
 
     model = _stand_in_model(tmp_path)
+    (tmp_path / "train.parquet").write_bytes(b"")   # --check checks that the files exist (not their rows)
     p = run_cli("train", "--config", "examples/configs/tiny_cpu_grpo.yaml", f"model.hf_path={model}",
+                f"data.train={tmp_path / 'train.parquet'}", "data.val=", f"trainer.run_dir={tmp_path / 'run'}",
                 "trainer.steps=7", "algo.kind=dapo", "algo.dapo.overlong_buffer_len=2", "--check")
     assert p.returncode == 0, p.stderr
     head, _, body = p.stdout.partition("\n")
-    assert head == "config OK: examples/configs/tiny_cpu_grpo.yaml with 4 override(s)"
+    assert head == "config OK: examples/configs/tiny_cpu_grpo.yaml with 7 override(s)"
     tree = yaml.safe_load(body)
     assert tree["trainer"]["steps"] == 7 and tree["algo"]["kind"] == "dapo" and "dapo" in tree["algo"]
 

@@ -167,7 +167,7 @@ def test_readme_has_cli_examples_for_every_command():
 def test_launch_script_syntax_and_default_config(script, tmp_path):
     p = subprocess.run(["bash", "-n", str(script)], check=False, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
-    for cfg in re.findall(r"CONFIG=\$\{CONFIG:-([^}]+)\}", script.read_text()):
+    for cfg in re.findall(r"CONFIG=\$\{CONFIG:-(?:\$REPO/)?([^}]+)\}", script.read_text()):
         assert (REPO / cfg).is_file(), f"{script.name}: default config {cfg} does not exist"
         extra = re.findall(r"train --config \"\$CONFIG\" ([\w.]+=\S+)", script.read_text())
         load(REPO / cfg, [*extra, f"model.hf_path={stand_in_model(REPO / cfg, tmp_path)}"])

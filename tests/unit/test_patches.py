@@ -42,13 +42,35 @@ def test_upstream_symbols_have_expected_signature(patch):
         assert got[: len(params)] == params, f"{path}: signature changed: {got}"
 
 
-def test_apply_all_skips_out_of_bounds(monkeypatch):
+def test_needed_patch_out_of_bounds_is_a_startup_error(monkeypatch):
     calls = []
     fake = Patch(name="test_oob", group="megatron", package="megatron-core", min_version="0.1",
                  max_version="0.2", needed=lambda: True, apply=lambda: calls.append(1))
     monkeypatch.setattr(patches, "all_patches", lambda: [fake])
-    st = patches.apply_all(("megatron",))
-    assert st["test_oob"].startswith("skipped: megatron-core") and not calls
+    with pytest.raises(RuntimeError, match=r"test_oob is needed .* covers megatron-core \[0.1, 0.2\)"):
+        patches.apply_all(("megatron",))
+    assert not calls
+
+
+def test_unneeded_patch_out_of_bounds_is_skipped(monkeypatch):
+    fake = Patch(name="test_oob", group="megatron", package="megatron-core", min_version="0.1",
+                 max_version="0.2", needed=lambda: False, apply=lambda: None)
+    monkeypatch.setattr(patches, "all_patches", lambda: [fake])
+    assert patches.apply_all(("megatron",))["test_oob"] == "skipped: not needed on this machine"
+
+
+def test_pins_match_patch_bounds():
+    """requirements/cpu.txt and setup.py allow exactly the megatron-core versions the patches cover."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    lo = max(p.min_version for p in PATCHES if p.package == "megatron-core")
+    hi = min(p.max_version for p in PATCHES if p.package == "megatron-core")
+    for f in ("requirements/cpu.txt", "setup.py"):
+        spec = re.search(r"megatron-core>=([\d.]+),<([\d.]+)", (root / f).read_text())
+        assert spec, f
+        assert (spec.group(1) + ".0")[:len(lo)] >= lo[:len(spec.group(1))] and spec.group(2) + ".0" <= hi, (f, spec.groups(), lo, hi)
 
 
 def test_apply_all_is_idempotent_and_logged(caplog):
@@ -60,6 +82,7 @@ def test_apply_all_is_idempotent_and_logged(caplog):
     assert "patch" in caplog.text
 
 
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="CPU-only patches are not applied where CUDA is present")
 def test_cpu_patches_route_cuda_to_cpu():
     import torch
 

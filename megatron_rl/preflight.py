@@ -1,0 +1,151 @@
+"""Everything checkable before the model and Ray start, each failure one line naming the key.
+
+Two levels:
+
+* :func:`check_config` — rules on the config alone (plus the model's ``config.json`` when
+  ``model.hf_path`` has one): registered reward names, lengths against ``rollout.max_model_len`` and
+  the model's positions, top-k against the vocabulary, group size of group-relative methods,
+  non-negative counters. ``config.from_dict`` runs it, so every loaded config obeys it.
+* :func:`preflight` — what a run on *this* machine needs: the model, tokenizer and data files exist,
+  the resume checkpoint exists, the run directory may be used (``trainer/run_dir.py``), the layer
+  backend resolves here (``te`` / ``fp8`` need CUDA + Transformer Engine), the batch divides over
+  ``WORLD_SIZE``, and the PAPO grader answers a TCP connect (unless ``reward.grader_required=false``).
+  ``setup_run`` calls it first thing (before ``init_parallel``); ``megatron-rl train --check`` too.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+#: kinds whose update does not use a group-relative advantage (n = 1 is meaningful for them)
+N1_KINDS = ("remax", "score", "opsd", "sdpo")
+
+
+def check_config(cfg) -> None:
+    """Config-only rules (see module docstring); ``ValueError`` naming the key."""
+    from megatron_rl.rewards.manager import get_reward
+
+    for key, name in [("reward.default", cfg.reward.default),
+                      *((f"reward.by_source.{s}", n) for s, n in cfg.reward.by_source.items())]:
+        try:
+            get_reward(name)
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"{key}: {e.args[0] if e.args else e}") from None
+    r, d, t = cfg.rollout, cfg.data, cfg.trainer
+    if d.max_prompt_len + r.max_tokens > r.max_model_len:
+        raise ValueError(f"data.max_prompt_len={d.max_prompt_len} + rollout.max_tokens={r.max_tokens} exceeds "
+                         f"rollout.max_model_len={r.max_model_len}: raise max_model_len or lower one of the two")
+    if r.max_tokens < 1 or d.max_prompt_len < 1:
+        raise ValueError("rollout.max_tokens and data.max_prompt_len must be >= 1")
+    if r.n == 1 and cfg.algo.kind not in N1_KINDS:
+        raise ValueError(f"rollout.n=1 with algo.kind={cfg.algo.kind}: its advantage compares the samples of a "
+                         "prompt's group, so with one sample every advantage is 0 and nothing is learned; set "
+                         f"rollout.n >= 2 (n=1 suits {', '.join(N1_KINDS)})")
+    for key in ("eval_every", "ckpt_every", "keep_last"):
+        if getattr(t, key) < 0:
+            raise ValueError(f"trainer.{key} must be >= 0, got {getattr(t, key)}")
+    if cfg.reward.grader_breaker_failures < 1 or not cfg.reward.grader_breaker_cooldown > 0:
+        raise ValueError("reward.grader_breaker_failures must be >= 1 and reward.grader_breaker_cooldown > 0")
+    for key in ("eval_prompts",):
+        if getattr(t, key) < 1:
+            raise ValueError(f"trainer.{key} must be >= 1, got {getattr(t, key)}")
+    if cfg.model.hf_path and (Path(cfg.model.hf_path) / "config.json").is_file():
+        _check_against_model(cfg)
+
+
+def _check_against_model(cfg) -> None:
+    from megatron_rl.models.provider import model_arch_info
+
+    a = model_arch_info(cfg.model.hf_path)
+    positions = json.loads((Path(cfg.model.hf_path) / "config.json").read_text()).get("max_position_embeddings")
+    if positions is not None and cfg.rollout.max_model_len > positions:   # only when the file states it
+        raise ValueError(f"rollout.max_model_len={cfg.rollout.max_model_len} exceeds the model's "
+                         f"max_position_embeddings={positions} ({cfg.model.hf_path}/config.json)")
+    top_k = getattr(cfg.algo.hparams, "top_k", None)
+    if top_k is not None and top_k > a.vocab_size:
+        raise ValueError(f"algo.{cfg.algo.kind}.top_k={top_k} exceeds the model's vocab_size={a.vocab_size}")
+
+
+def _need_file(key: str, value: str, what: str, is_dir: bool = False) -> None:
+    if not value:
+        raise ValueError(f"{key} is required ({what})")
+    p = Path(value)
+    if not (p.is_dir() if is_dir else p.exists()):
+        raise FileNotFoundError(f"{key}={value}: no such {'directory' if is_dir else 'file'} ({what})")
+
+
+def check_files(cfg, resume: str | None = None) -> None:
+    """Model, tokenizer, data and resume paths exist."""
+    m = cfg.model
+    _need_file("model.hf_path", m.hf_path, "HF model dir with config.json + safetensors", is_dir=True)
+    if not (Path(m.hf_path) / "config.json").is_file():
+        raise FileNotFoundError(f"model.hf_path={m.hf_path}: no config.json (not an HF model dir)")
+    if m.tokenizer_path:
+        _need_file("model.tokenizer_path", m.tokenizer_path, "tokenizer dir", is_dir=True)
+    _need_file("data.train", cfg.data.train, "training prompts, parquet")
+    if cfg.data.val:
+        _need_file("data.val", cfg.data.val, "held-out prompts, parquet")
+    if resume not in (None, "auto"):
+        marker = Path(resume) / "COMPLETE"
+        if not marker.is_file():
+            raise FileNotFoundError(f"--resume {resume}: not a complete checkpoint (no COMPLETE marker); "
+                                    "use --resume auto for the newest one of trainer.run_dir")
+        from megatron_rl.trainer.ckpt_manifest import find_damage
+
+        try:
+            meta = json.loads(marker.read_text())
+        except ValueError:
+            meta = {}
+        problem = find_damage(resume, meta.get("files") if isinstance(meta, dict) else None)
+        if problem:
+            raise ValueError(f"--resume {resume}: the checkpoint is damaged: {problem}")
+
+
+def check_backend(cfg) -> str:
+    """The layer backend this machine will build (``models.provider.resolve_model_backend``)."""
+    from megatron_rl.models.provider import resolve_model_backend
+
+    return resolve_model_backend(cfg.model.backend, cfg.model.fp8)
+
+
+def check_grader(cfg, timeout: float = 3.0) -> None:
+    """PAPO: the grader URL accepts a TCP connection (else every step would wait for retries)."""
+    import socket
+    from urllib.parse import urlparse
+
+    r = cfg.reward
+    if not r.grader_url or not getattr(r, "grader_required", True):
+        return
+    from megatron_rl.algorithms import KIND_DATA_PATH
+
+    if KIND_DATA_PATH.get(cfg.algo.kind) != "process_reward":
+        return
+    u = urlparse(r.grader_url)
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise ValueError(f"reward.grader_url={r.grader_url!r} is not an http(s) URL (e.g. http://host:8000/v1)")
+    port = u.port or (443 if u.scheme == "https" else 80)
+    try:
+        socket.create_connection((u.hostname, port), timeout=timeout).close()
+    except OSError as e:
+        raise ValueError(f"reward.grader_url={r.grader_url}: grader unreachable ({e.strerror or e}); start it, fix "
+                         "the URL, or set reward.grader_required=false to train on the fallback score") from None
+
+
+def check_world(cfg) -> None:
+    """Batch / layout divisibility for ``WORLD_SIZE`` (torchrun's; 1 otherwise)."""
+    from megatron_rl.config import validate
+
+    validate(cfg, world_size=int(os.environ.get("WORLD_SIZE", "1")))
+
+
+def preflight(cfg, resume: str | None = None, overwrite: bool = False) -> str:
+    """All start-up checks of a run on this machine; returns the resolved layer backend."""
+    from megatron_rl.trainer.run_dir import check_run_dir
+
+    check_files(cfg, resume)
+    check_run_dir(cfg.trainer.run_dir, resume, overwrite)
+    check_world(cfg)
+    backend = check_backend(cfg)
+    check_grader(cfg)
+    return backend

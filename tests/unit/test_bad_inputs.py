@@ -1,0 +1,191 @@
+"""Bad inputs a new user tries in the first hour: each gets ONE clear line, before anything starts.
+
+Every case runs through the real entry point (``megatron_rl.cli.main``, in-process so the suite
+stays fast; ``tests/unit/test_cli.py`` covers the installed console script): non-zero exit, exactly
+one non-empty stderr line, no traceback, the expected words, and torch.distributed never initialised
+(nothing was started: the ``train`` cases run ``--check``, which runs the same ``preflight`` that
+``setup_run`` runs before ``init_parallel``).
+
+``python tests/unit/test_bad_inputs.py`` prints the table (input -> message) in markdown.
+"""
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = REPO / "examples" / "configs" / "tiny_cpu_grpo.yaml"
+TINY_HF = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 128, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 512,
+           "vocab_size": 32, "tie_word_embeddings": True, "max_position_embeddings": 128}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]   # closed again: nothing listens there
+
+
+#: (id, argv after the fixture's substitutions, expected words of the one-line message)
+#: ``{T}`` = the tiny config with a valid stand-in model, data and fresh run dir; ``{X}`` = the work dir
+CASES = [
+    ("steps-float", ["{T}", "trainer.steps=3.7"], "trainer.steps: expected an integer, got 3.7 (float)"),
+    ("steps-bool", ["{T}", "trainer.steps=true"], "trainer.steps: expected an integer, got True (bool)"),
+    ("steps-zero", ["{T}", "trainer.steps=0"], "trainer.steps and micro_batch_size must be >= 1"),
+    ("steps-text", ["{T}", "trainer.steps=ten"], "trainer.steps: expected an integer, got 'ten' (str)"),
+    ("lr-negative", ["{T}", "optim.lr=-1"], "optim.lr must be > 0"),
+    ("lr-text", ["{T}", "optim.lr=fast"], "optim.lr: expected a number, got 'fast'"),
+    ("bf16-int", ["{T}", "model.bf16=1"], "model.bf16: expected true or false, got 1 (int)"),
+    ("progress-text", ["{T}", "logging.progress=maybe"], "logging.progress: expected true or false, got 'maybe'"),
+    ("temperature-0", ["{T}", "rollout.temperature=0"], "rollout.temperature must be > 0"),
+    ("n-0", ["{T}", "rollout.n=0"], "rollout.n and rollout.num_engines must be >= 1"),
+    ("n-1-group", ["{T}", "rollout.n=1"], "rollout.n=1 with algo.kind=grpo: its advantage compares the samples"),
+    ("engine", ["{T}", "rollout.engine=sglang"], "rollout.engine must be vllm|hf, got 'sglang'"),
+    ("backend-name", ["{T}", "model.backend=tensorrt"], "model.backend must be auto|local|te, got 'tensorrt'"),
+    ("backend-te-cpu", ["{T}", "model.backend=te"], "model.backend=te needs a CUDA GPU with Transformer Engine"),
+    ("fp8-cpu", ["{T}", "model.fp8=e4m3"], "model.fp8=e4m3 needs the Transformer Engine backend"),
+    ("fp8-format", ["{T}", "model.fp8=e5m2"], "model.fp8 must be null|e4m3|hybrid, got 'e5m2'"),
+    ("algo-kind", ["{T}", "algo.kind=ppo"], "unknown algo.kind 'ppo'; valid:"),
+    ("algo-key", ["{T}", "algo.grpo.clip_ratio=0.2"], "algo.grpo: unknown key(s) ['clip_ratio']"),
+    ("algo-type", ["{T}", "algo.grpo.clip_low=high"], "algo.grpo.clip_low: expected a number, got 'high'"),
+    ("trainer-key", ["{T}", "trainer.stepz=3"], "trainer: unknown key(s) ['stepz']"),
+    ("section", ["{T}", "optimizer.lr=1"], "config: unknown section(s) ['optimizer']"),
+    ("section-scalar", ["{T}", "trainer=5"], "trainer: expected a mapping"),
+    ("on-error", ["{T}", "data.on_error=ignore"], "data.on_error must be raise|skip, got 'ignore'"),
+    ("wandb-mode", ["{T}", "logging.wandb_mode=cloud"], "logging.wandb_mode invalid: 'cloud'"),
+    ("decay-style", ["{T}", "optim.decay_style=exp"], "optim.decay_style invalid: 'exp'"),
+    ("reward-name", ["{T}", "reward.default=nope"], "reward.default: unknown reward 'nope'"),
+    ("reward-by-source", ["{T}", "reward.by_source={gsm8k: mathh}"], "reward.by_source.gsm8k: unknown reward 'mathh'"),
+    ("grader-fallback", ["{T}", "reward.grader_fallback=0.3"], "reward.grader_fallback must be 0, 0.5 or 1"),
+    ("teacher-template", ["{T}", "teacher.template=fancy"], "teacher.template invalid: 'fancy'"),
+    ("prompt-len", ["{T}", "data.max_prompt_len=200"],
+     "data.max_prompt_len=200 + rollout.max_tokens=6 exceeds rollout.max_model_len=128"),
+    ("max-tokens", ["{T}", "rollout.max_tokens=500"], "rollout.max_tokens=500 exceeds rollout.max_model_len=128"),
+    ("model-len", ["{T}", "rollout.max_model_len=4096"],
+     "rollout.max_model_len=4096 exceeds the model's max_position_embeddings=128"),
+    ("top-k-vocab", ["{T}", "algo.kind=opsd", "teacher.template=inline", "algo.opsd.top_k=64"],
+     "algo.opsd.top_k=64 exceeds the model's vocab_size=32"),
+    ("tp-heads", ["{T}", "parallel.tp=3"], "num_attention_heads=4 is not divisible by tensor parallel size 3"),
+    ("tp-zero", ["{T}", "parallel.tp=0"], "parallel.tp/pp must be >= 1, got 0/1"),
+    ("micro-batch", ["{T}", "trainer.micro_batch_size=7"], "is not divisible by dp=1 x micro_batch_size=7"),
+    ("keep-last", ["{T}", "trainer.keep_last=-1"], "trainer.keep_last must be >= 0, got -1"),
+    ("train-missing", ["{T}", "data.train={X}/missing.parquet"], "data.train={X}/missing.parquet: no such file"),
+    ("val-missing", ["{T}", "data.val={X}/nope.parquet"], "data.val={X}/nope.parquet: no such file"),
+    ("model-missing", ["{T}", "model.hf_path={X}/nomodel"], "no config.json in {X}/nomodel"),
+    ("model-empty", ["{T}", "model.hf_path="], "model.hf_path is required"),
+    ("tokenizer-missing", ["{T}", "model.tokenizer_path={X}/notok"], "model.tokenizer_path={X}/notok: no such directory"),
+    ("run-dir-used", ["{T}", "trainer.run_dir={X}/used"],
+     "already holds a run (checkpoints/step_10, metrics.jsonl): pass --resume auto"),
+    ("overwrite-resume", ["{T}", "--overwrite", "--resume", "auto"],
+     "--overwrite starts a fresh run; it cannot be combined with --resume"),
+    ("resume-path", ["{T}", "--resume", "{X}/nockpt"], "--resume {X}/nockpt: not a complete checkpoint"),
+    ("papo-no-grader", ["{T}", "algo.kind=papo"], "needs a rubric grader: set reward.grader_url"),
+    ("grader-down", ["{T}", "algo.kind=papo", "reward.grader_url=http://127.0.0.1:{PORT}/v1"], "grader unreachable"),
+    ("grader-url", ["{T}", "algo.kind=papo", "reward.grader_url=localhost:8000"], "is not an http(s) URL"),
+    ("yaml-syntax", ["train", "--config", "{X}/bad.yaml"], "{X}/bad.yaml:4:8: YAML syntax error: expected ',' or ']', but got ':' (while parsing a flow sequence at line 3)"),
+    ("yaml-list", ["train", "--config", "{X}/list.yaml"], "a config file is a mapping of sections"),
+    ("config-missing", ["train", "--config", "{X}/none.yaml"], "config file not found: {X}/none.yaml"),
+    ("override-form", ["train", "--config", "{X}/none.yaml", "trainer.steps"],
+     "override 'trainer.steps' is not of the form section.key=value"),
+    ("eval-k0", ["eval", "--data", "{X}/train.parquet", "--completions", "{X}/c.jsonl", "--k", "0", "--out", "{X}/e"],
+     "--k must be >= 1"),
+    ("eval-response", ["eval", "--data", "{X}/train.parquet", "--completions", "{X}/badresp.jsonl", "--out", "{X}/e"],
+     "'response' must be a string, got int"),
+    ("eval-data", ["eval", "--data", "{X}/nodata.parquet", "--completions", "{X}/c.jsonl", "--out", "{X}/e"],
+     "--data {X}/nodata.parquet: no such file"),
+    ("plan-rollout-tp", ["plan", "--model", "qwen3-8b", "--rollout-tp", "3"],
+     "num_attention_heads=32 is not divisible by --rollout-tp=3"),
+    ("plan-negative-mem", ["plan", "--model", "qwen3-8b", "--gpu-mem-gib", "-1"], "--gpu-mem-gib must be > 0"),
+    ("plan-no-fit", ["plan", "--model", "qwen3-8b", "--tp", "2", "--dp", "4", "--seq-len", "8192"],
+     "the layout does not fit: peak 89.26 GiB per GPU > --gpu-mem-gib 80"),
+    ("plan-model", ["plan", "--model", "qwen9-1t"], "qwen9-1t"),
+    ("convert-user-dir", ["convert", "hf-to-mcore", "--hf", "{X}/model", "--out", "{X}/userdir"],
+     "is not a checkpoint written by megatron-rl; refusing to touch it"),
+    ("convert-run-dir", ["convert", "mcore-to-hf", "--ckpt", "{X}/used", "--out", "{X}/hfout"],
+     "(a run directory? pass one of its checkpoints"),
+]
+
+
+def make_work(x: Path) -> Path:
+    """The files the cases refer to: a stand-in model, data, a used run dir, a user dir, bad YAML."""
+    (x / "model").mkdir()
+    (x / "model" / "config.json").write_text(json.dumps(TINY_HF))
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist([{"data_source": "reverse", "prompt": [{"role": "user", "content": "12"}],
+                                          "reward_model": {"ground_truth": "21"}}]), x / "train.parquet")
+    (x / "used" / "checkpoints" / "step_10").mkdir(parents=True)
+    (x / "used" / "metrics.jsonl").write_text('{"step": 1}\n')
+    (x / "userdir").mkdir()
+    (x / "userdir" / "thesis.tex").write_text("keep me")
+    (x / "bad.yaml").write_text("model:\n  hf_path: x\n  bf16: [true\ntrainer:\n  steps: 3\n")
+    (x / "list.yaml").write_text("- model\n- trainer\n")
+    (x / "c.jsonl").write_text('{"index": 0, "response": "1"}\n')
+    (x / "badresp.jsonl").write_text('{"index": 0, "response": 12}\n')
+    return x
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    return make_work(tmp_path_factory.mktemp("bad"))
+
+
+def expand(argv: list[str], work: Path) -> list[str]:
+    tiny = ["train", "--config", str(TINY), f"model.hf_path={work / 'model'}", f"data.train={work / 'train.parquet'}",
+            "data.val=", f"trainer.run_dir={work / 'fresh'}"]
+    out = []
+    for a in argv:
+        out += tiny if a == "{T}" else [a.replace("{X}", str(work)).replace("{PORT}", str(_free_port()))]
+    return out + (["--check"] if argv[0] == "{T}" else [])
+
+
+def run_case(argv: list[str], capsys) -> tuple[int, str]:
+    from megatron_rl import cli
+
+    try:
+        rc = cli.main(argv)
+    except SystemExit as e:   # argparse usage errors
+        rc = e.code
+    return rc, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_gets_one_clear_line_before_start(case, work, capsys):
+    import torch.distributed as dist
+
+    _, argv, want = case
+    rc, err = run_case(expand(argv, work), capsys)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc not in (0, None), f"{argv}: exit 0"
+    assert len(lines) == 1, f"{argv}: expected one line, got {len(lines)}:\n{err}"
+    assert "Traceback" not in err and want.replace("{X}", str(work)) in lines[0], lines[0]
+    assert not dist.is_initialized(), "a process group was started before the error"
+    assert (work / "userdir" / "thesis.tex").read_text() == "keep me"
+
+
+def test_the_table_has_enough_rows():
+    assert len(CASES) >= 40 and len({c[0] for c in CASES}) == len(CASES)
+
+
+if __name__ == "__main__":   # print the table (input -> message) for the notes
+    import contextlib
+    import io
+    import tempfile
+
+    x = make_work(Path(tempfile.mkdtemp()))
+    print("| # | input | message |\n|---|---|---|")
+    for n, (cid, argv, _) in enumerate(CASES, 1):
+        buf = io.StringIO()
+        with contextlib.redirect_stderr(buf), contextlib.redirect_stdout(io.StringIO()):
+            from megatron_rl import cli
+
+            try:
+                cli.main(expand(argv, x))
+            except SystemExit:
+                pass
+        shown = " ".join(a for a in argv if a != "{T}").replace(str(x), "X")
+        print(f"| {n} | `{shown}` | {buf.getvalue().strip().replace('|', '/').replace(str(x), 'X')} |")

@@ -1,0 +1,192 @@
+"""Every documented config key works or is rejected (issue 10: ``model.backend`` / ``model.fp8`` were
+validated and then never reached the model builder).
+
+Each field of each config section has one audit entry, by strength:
+
+* ``spec``: a pure composition function of the run (the optimizer spec, the rollout pool's
+  arguments, the sampling parameters, the sampler, the reward manager, the grader, the resolved
+  layer backend) gives a different result when the key changes;
+* ``rejected``: on this machine the value fails at start-up (``preflight``) with a message naming
+  the key (GPU-only values on a CPU machine, layouts that do not fit the world size, ...);
+* ``read``: consumed inside the training loop; the test checks that the named module reads the
+  key (weaker: it catches a key nothing reads, not a wrong use; the e2e tests cover those).
+
+A new field without an entry fails ``test_every_key_is_audited``. ``algo.<kind>.*`` knobs are the
+registered hyper-parameter dataclasses, covered by ``tests/unit/algorithms/``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from megatron_rl import config as C
+
+REPO = Path(__file__).resolve().parents[2]
+TINY_HF = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 128, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 512,
+           "vocab_size": 32, "tie_word_embeddings": True, "max_position_embeddings": 256}
+
+
+def _optim(cfg):
+    from megatron_rl.trainer.setup import _optim_spec
+
+    return _optim_spec(cfg)
+
+
+def _client(cfg):
+    from megatron_rl.trainer.setup import client_args
+
+    return client_args(cfg)
+
+
+def _sampling(cfg):
+    from megatron_rl.trainer.rollout_stage import sampling_params
+
+    return sampling_params(cfg, step=3, eos_id=2)
+
+
+def _sampler(cfg):
+    from megatron_rl.data.dataset import DeterministicSampler
+
+    return DeterministicSampler(100, cfg.data.prompts_per_step, cfg.data.seed).next_batch()
+
+
+def _rewards(cfg):
+    from types import SimpleNamespace
+
+    from megatron_rl.rewards.manager import RewardManager
+
+    rows = [SimpleNamespace(data_source=s, ground_truth="0.5", index=i) for i, s in enumerate(("mysrc", "other"))]
+    return RewardManager(cfg.reward.by_source, cfg.reward.default).score(rows, ["\\boxed{1/2}"] * 2).reward.tolist()
+
+
+def _grader(cfg):
+    from megatron_rl.trainer.setup import build_grader
+
+    g = build_grader(cfg)
+    return (g.url, g.model, g.timeout, g.retries, g.concurrency, g.fallback, g.breaker.failures, g.breaker.cooldown,
+            g.max_tokens)
+
+
+def _preflight(cfg):
+    from megatron_rl.preflight import preflight
+
+    return preflight(cfg)
+
+
+SPEC = {   # key -> (value, observer)
+    "model.hf_path": ("{W}/model2", _client), "model.bf16": ("true", _optim),
+    "optim.lr": ("0.01", _optim), "optim.min_lr": ("1e-5", _optim), "optim.warmup_steps": ("5", _optim),
+    "optim.decay_style": ("cosine", _optim), "optim.weight_decay": ("0.1", _optim), "optim.beta1": ("0.8", _optim),
+    "optim.beta2": ("0.95", _optim), "optim.use_distributed_optimizer": ("false", _optim),
+    "optim.clip_grad": ("0.5", _optim),
+    "rollout.engine": ("hf", _client), "rollout.num_engines": ("2", _client), "rollout.max_model_len": ("200", _client),
+    "rollout.cpus_per_engine": ("1", _client), "rollout.kv_cache_gib": ("2", _client),
+    "rollout.ray_address": ("10.0.0.1:6379", _client), "trainer.seed": ("7", _client),
+    "rollout.n": ("4", _sampling), "rollout.temperature": ("0.7", _sampling), "rollout.max_tokens": ("16", _sampling),
+    "data.prompts_per_step": ("16", _sampler), "data.seed": ("3", _sampler),
+    "reward.default": ("math", _rewards), "reward.by_source": ("{mysrc: math}", _rewards),
+    "reward.grader_url": ("http://127.0.0.1:19/v1", _grader), "reward.grader_model": ("j2", _grader),
+    "reward.grader_timeout": ("5", _grader), "reward.grader_retries": ("1", _grader),
+    "reward.grader_concurrency": ("2", _grader), "reward.grader_fallback": ("0.5", _grader),
+    "reward.grader_breaker_failures": ("2", _grader), "reward.grader_breaker_cooldown": ("5", _grader),
+    "reward.grader_max_tokens": ("512", _grader), "rollout.sync_backend": ("ray", _client),
+}
+REJECTED = {   # key -> (value, words of the start-up error on this CPU machine)
+    "model.backend": ("te", "model.backend=te needs a CUDA GPU"),
+    "model.fp8": ("e4m3", "model.fp8=e4m3 needs the Transformer Engine backend"),
+    "parallel.tp": ("2", "world size 1 is not divisible by tp*pp=2"),
+    "parallel.pp": ("2", "world size 1 is not divisible by tp*pp=2"),
+    "data.train": ("{W}/none.parquet", "data.train="),
+    "data.val": ("{W}/none.parquet", "data.val="),
+    "model.tokenizer_path": ("{W}/notok", "model.tokenizer_path="),
+    "trainer.micro_batch_size": ("7", "micro_batch_size=7"),
+    "trainer.run_dir": ("{W}/used", "already holds a run"),
+    "reward.grader_required": ("true", "grader unreachable"),   # papo + closed port: with false it starts
+}
+READ = {   # key -> module that consumes it (``cfg.<key>`` or the section alias read there)
+    "model.tokenizer_path": "megatron_rl/trainer/setup.py",
+    "parallel.sequence_parallel": "megatron_rl/trainer/setup.py",
+    "rollout.bucket_mb": "megatron_rl/trainer/setup.py",
+    "data.max_prompt_len": "megatron_rl/trainer/setup.py", "data.on_error": "megatron_rl/trainer/setup.py",
+    "trainer.steps": "megatron_rl/trainer/loop.py", "trainer.eval_every": "megatron_rl/trainer/loop.py",
+    "trainer.eval_prompts": "megatron_rl/trainer/setup.py", "trainer.ckpt_every": "megatron_rl/trainer/loop.py",
+    "trainer.keep_last": "megatron_rl/trainer/setup.py",
+    "trainer.export_hf": "megatron_rl/trainer/loop.py",
+    "teacher.template": "megatron_rl/trainer/setup.py", "teacher.pack": "megatron_rl/trainer/setup.py",
+    "teacher.pack_len": "megatron_rl/trainer/distill_stage.py",
+    "logging.wandb_mode": "megatron_rl/trainer/setup.py", "logging.project": "megatron_rl/trainer/setup.py",
+    "logging.run_name": "megatron_rl/trainer/setup.py", "logging.progress": "megatron_rl/trainer/setup.py",
+    "algo.kind": "megatron_rl/trainer/loop.py", "algo.hparams": "megatron_rl/trainer/loop.py",
+    "logging.dump_samples": "megatron_rl/trainer/setup.py", "parallel.timeout_s": "megatron_rl/trainer/setup.py",
+    "rollout.logprob_gate": "megatron_rl/trainer/sync_stage.py",
+}
+#: keys whose setting is known to be overridden today (owned elsewhere; the audit records it)
+KNOWN_DEAD: dict[str, str] = {}
+
+
+def _all_keys() -> set[str]:
+    return {f"{s.name}.{f.name}" for s in dataclasses.fields(C.Config)
+            for f in dataclasses.fields(getattr(C, type(getattr(C.Config(), s.name)).__name__))}
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    m = tmp_path_factory.mktemp("audit")
+    for d in (m / "model", m / "model2"):
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(TINY_HF))
+    (m / "train.parquet").write_bytes(b"")
+    (m / "used" / "checkpoints" / "step_1").mkdir(parents=True)
+    return m
+
+
+def _cfg(work: Path, *over: str):
+    base = [f"model.hf_path={work / 'model'}", f"data.train={work / 'train.parquet'}", "data.val=",
+            f"trainer.run_dir={work / 'run'}", "trainer.micro_batch_size=8", "data.max_prompt_len=16"]
+    return C.load_config(None, base + [o.replace("{W}", str(work)) for o in over])
+
+
+def test_every_key_is_audited():
+    covered = set(SPEC) | set(REJECTED) | set(READ)
+    assert _all_keys() - covered == set(), "config keys without an audit entry"
+    assert covered - _all_keys() == set(), "audit entries for keys that do not exist"
+
+
+@pytest.mark.parametrize("key", sorted(SPEC))
+def test_key_changes_what_is_built(key, work):
+    value, observe = SPEC[key]
+    if key in KNOWN_DEAD:
+        pytest.xfail(KNOWN_DEAD[key])
+    extra = ["algo.kind=papo"] if key.startswith("reward.grader") else []
+    a = observe(_cfg(work, *extra, *(["reward.grader_url=http://127.0.0.1:9/v1"] if extra else [])))
+    b = observe(_cfg(work, *extra, *(["reward.grader_url=http://127.0.0.1:9/v1"] if extra else []), f"{key}={value}"))
+    assert a != b, f"{key}={value} changed nothing observable ({observe.__name__})"
+
+
+@pytest.mark.parametrize("key", sorted(REJECTED))
+def test_key_value_is_rejected_at_start_up(key, work):
+    import socket
+
+    value, words = REJECTED[key]
+    extra = []
+    if key == "reward.grader_required":
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        extra = ["algo.kind=papo", f"reward.grader_url=http://127.0.0.1:{port}/v1"]
+        _preflight(_cfg(work, *extra, "reward.grader_required=false"))        # starts without the grader
+    with pytest.raises((ValueError, FileNotFoundError), match=words.replace("*", r"\*")):
+        _preflight(_cfg(work, *extra, f"{key}={value}"))
+
+
+@pytest.mark.parametrize("key", sorted(READ))
+def test_key_is_read_by_its_consumer(key, work):
+    section, name = key.split(".")
+    src = (REPO / READ[key]).read_text()
+    alias = {"rollout": "r.", "reward": "r.", "teacher": "cfg.teacher.", "algo": "cfg.algo."}.get(section)
+    assert f"cfg.{key}" in src or f"{alias}{name}" in src or (section == "algo" and "hp" in src and name == "hparams"), \
+        f"{READ[key]} does not read {key}"

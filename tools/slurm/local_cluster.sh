@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# A real Slurm on this one host, for tests and trying the sbatch script: Debian's slurm-wlm
+# (slurmctld + slurmd) with munge authentication, two Slurm nodes (node1, node2) served by two slurmd
+# processes on different ports (`slurmd -N <node>`: the packaged 22.05 build accepts several slurmd
+# per host when each node has its own Port and spool dir).
+#
+#   tools/slurm/local_cluster.sh start    # (root) write the config, start munged, slurmctld, 2 x slurmd
+#   tools/slurm/local_cluster.sh status   # sinfo
+#   tools/slurm/local_cluster.sh stop     # stop the daemons this script started (by their pid files)
+#
+# Install first: `make cluster-deps` (apt: munge slurmctld slurmd slurm-client shellcheck).
+# Environment: SLURM_LOCAL_DIR (state, logs, pid files; default /var/tmp/megatron_rl_slurm),
+#   SLURM_NODES (default 2), SLURM_CPUS_PER_NODE (CPUs each node advertises; default 2).
+# The config goes to /etc/slurm/slurm.conf (where the Slurm commands look), marked as written by this
+# script; an existing slurm.conf without that mark is never overwritten.
+set -euo pipefail
+D=${SLURM_LOCAL_DIR:-/var/tmp/megatron_rl_slurm}
+NODES=${SLURM_NODES:-2}
+CPUS=${SLURM_CPUS_PER_NODE:-2}
+CONF=/etc/slurm/slurm.conf
+MARK="# written by megatron_rl tools/slurm/local_cluster.sh"
+die() { echo "local_cluster.sh: $*" >&2; exit 2; }
+[[ "$NODES" =~ ^[1-9]$ ]] || die "SLURM_NODES=$NODES: want 1..9"
+[[ "$CPUS" =~ ^[1-9][0-9]*$ ]] || die "SLURM_CPUS_PER_NODE=$CPUS: want an integer >= 1"
+
+write_conf() {
+  if [[ -f "$CONF" ]] && ! grep -qF "$MARK" "$CONF"; then
+    die "$CONF exists and was not written by this script; not touching it"
+  fi
+  mkdir -p "$D/state" "$D/log" /etc/slurm
+  local host; host=$(hostname -s)
+  {
+    echo "$MARK"
+    cat <<EOF
+ClusterName=mrl-local
+SlurmctldHost=$host(127.0.0.1)
+SlurmctldPort=6817
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+StateSaveLocation=$D/state
+SlurmdSpoolDir=$D/spool-%n
+SlurmctldPidFile=$D/slurmctld.pid
+SlurmdPidFile=$D/slurmd-%n.pid
+SlurmctldLogFile=$D/log/slurmctld.log
+SlurmdLogFile=$D/log/slurmd-%n.log
+# no cgroups here (containers): track job processes by process tree, no task binding
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SchedulerType=sched/backfill
+MpiDefault=none
+ReturnToService=2
+SlurmdParameters=config_overrides
+JobRequeue=1
+KillWait=10
+MinJobAge=600
+SlurmdTimeout=60
+EOF
+    local i
+    for i in $(seq 1 "$NODES"); do
+      echo "NodeName=node$i NodeHostname=$host NodeAddr=127.0.0.1 Port=$((6817 + i)) CPUs=$CPUS State=UNKNOWN"
+    done
+    echo "PartitionName=local Nodes=node[1-$NODES] Default=YES MaxTime=INFINITE State=UP"
+  } >"$CONF"
+}
+
+pid_alive() { [[ -f "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+start() {
+  [[ $EUID -eq 0 ]] || die "start needs root (daemons, /etc/slurm)"
+  local b
+  for b in slurmctld slurmd munged sbatch; do
+    command -v "$b" >/dev/null || die "$b not installed: run \`make cluster-deps\` (apt: munge slurmctld slurmd slurm-client)"
+  done
+  write_conf
+  # munge: key from the package (created at install), daemon as the munge user
+  [[ -s /etc/munge/munge.key ]] || { mungekey --create --keyfile=/etc/munge/munge.key; chown munge: /etc/munge/munge.key; }
+  mkdir -p /run/munge /var/log/munge /var/lib/munge && chown munge: /run/munge /var/log/munge /var/lib/munge
+  if ! munge -n </dev/null >/dev/null 2>&1; then runuser -u munge -- /usr/sbin/munged; fi
+  pid_alive "$D/slurmctld.pid" || slurmctld
+  local i
+  for i in $(seq 1 "$NODES"); do
+    mkdir -p "$D/spool-node$i"
+    pid_alive "$D/slurmd-node$i.pid" || slurmd -N "node$i"
+  done
+  for _ in $(seq 60); do  # until every node is idle (or allocated by an earlier job)
+    if (( $(sinfo -h -N -t idle,alloc,mix -o %N 2>/dev/null | sort -u | wc -l) >= NODES )); then
+      sinfo -N; return 0
+    fi
+    scontrol update nodename="node[1-$NODES]" state=resume >/dev/null 2>&1 || true
+    sleep 1
+  done
+  sinfo -N >&2 || true
+  die "nodes did not come up; see $D/log/"
+}
+
+stop() {
+  local f
+  for f in "$D"/slurmd-node*.pid "$D/slurmctld.pid"; do
+    if pid_alive "$f"; then kill -TERM "$(cat "$f")"; fi
+  done
+  echo "stopped slurmctld and slurmd (munged left running)"
+}
+
+case "${1:-}" in
+  start) start ;;
+  stop) stop ;;
+  status) sinfo -N ;;
+  *) die "usage: $0 start|stop|status" ;;
+esac
