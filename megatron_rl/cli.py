@@ -110,7 +110,11 @@ def parse_command(argv: Sequence[str]) -> ParsedCommand:
     idx = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
     if idx is not None and argv[idx] in PASSTHROUGH:
         return ParsedCommand(argv[idx], parser.parse_args(argv[: idx + 1]), argv[idx + 1:])
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command == "train" and all(OVERRIDE_RE.match(x) and not x.startswith("-") for x in extra):
+        args.overrides = [*args.overrides, *extra]     # overrides after an option: train --check a.b=c
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return ParsedCommand(args.command, args, [])
 
 
