@@ -72,11 +72,10 @@ def resume_value(text: str) -> str | None:
 def build_parser() -> argparse.ArgumentParser:
     """The full ``megatron-rl`` parser (pass-through subcommands take no options here)."""
     from megatron_rl import plan
-
     from megatron_rl.usage import OneLineParser
 
     p = OneLineParser(prog="megatron-rl", description="RL post-training on Megatron-core with vLLM rollouts.",
-                                epilog="Run 'megatron-rl <command> --help' for the options of a command.")
+                      epilog="Run 'megatron-rl <command> --help' for the options of a command.")
     p.add_argument("--version", action="version", version=f"megatron-rl {__version__}")
     p.add_argument("--debug", action="store_true", help="show the full traceback on errors")
     sub = p.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}")
