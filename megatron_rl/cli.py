@@ -72,11 +72,10 @@ def resume_value(text: str) -> str | None:
 def build_parser() -> argparse.ArgumentParser:
     """The full ``megatron-rl`` parser (pass-through subcommands take no options here)."""
     from megatron_rl import plan
-
     from megatron_rl.usage import OneLineParser
 
     p = OneLineParser(prog="megatron-rl", description="RL post-training on Megatron-core with vLLM rollouts.",
-                                epilog="Run 'megatron-rl <command> --help' for the options of a command.")
+                      epilog="Run 'megatron-rl <command> --help' for the options of a command.")
     p.add_argument("--version", action="version", version=f"megatron-rl {__version__}")
     p.add_argument("--debug", action="store_true", help="show the full traceback on errors")
     sub = p.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}")
@@ -110,7 +109,11 @@ def parse_command(argv: Sequence[str]) -> ParsedCommand:
     idx = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
     if idx is not None and argv[idx] in PASSTHROUGH:
         return ParsedCommand(argv[idx], parser.parse_args(argv[: idx + 1]), argv[idx + 1:])
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command == "train" and all(OVERRIDE_RE.match(x) and not x.startswith("-") for x in extra):
+        args.overrides = [*args.overrides, *extra]     # overrides after an option: train --check a.b=c
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return ParsedCommand(args.command, args, [])
 
 

@@ -343,7 +343,7 @@ def _typed(key: str, value: Any, typ) -> Any:
 
 def _build(cls, data: dict, where: str):
     if not isinstance(data, dict):
-        raise ValueError(f"{where}: expected a mapping of keys (a section), got {str(data)!r}")
+        raise ValueError(f"{where}: expected a mapping of keys (a section), got {str(data)!r}")  # noqa: TRY004 (user error: one CLI line)
     names = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(names))
     if unknown:
@@ -362,7 +362,7 @@ def _set_dotted(tree: dict, key: str, value: str) -> None:
     for p in parts[:-1]:
         node = node.setdefault(p, {})
         if not isinstance(node, dict):
-            raise ValueError(f"override {key}: {p} is not a section")
+            raise ValueError(f"override {key}: {p} is not a section")  # noqa: TRY004
     node[parts[-1]] = value
 
 
@@ -371,7 +371,7 @@ def _build_algo(sec: dict) -> AlgoConfig:
 
     kind = sec.get("kind", "grpo")
     if not isinstance(kind, str):
-        raise ValueError(f"algo.kind: expected a string, got {kind!r}; valid: {sorted(ALGO_KINDS)}")
+        raise ValueError(f"algo.kind: expected a string, got {kind!r}; valid: {sorted(ALGO_KINDS)}")  # noqa: TRY004
     kind = str(kind)
     if kind not in ALGO_KINDS:
         raise ValueError(f"unknown algo.kind {kind!r}; valid: {sorted(ALGO_KINDS)}")
@@ -419,7 +419,7 @@ def _read_yaml(p: Path) -> dict:
     if tree is None:
         return {}
     if not isinstance(tree, dict):
-        raise ValueError(f"{p}: a config file is a mapping of sections (model:, trainer:, ...), got a "
+        raise ValueError(f"{p}: a config file is a mapping of sections (model:, trainer:, ...), got a "  # noqa: TRY004
                          f"{type(tree).__name__}")
     return tree
 

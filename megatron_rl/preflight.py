@@ -139,12 +139,26 @@ def check_world(cfg) -> None:
     validate(cfg, world_size=int(os.environ.get("WORLD_SIZE", "1")))
 
 
+def check_export_dir(cfg, overwrite: bool = False) -> None:
+    """The final HF export (``run_dir/hf``) will be allowed to replace what is there (``convert.atomic``):
+    found now rather than after the whole run (e.g. a folder of user files named ``hf``)."""
+    from megatron_rl.convert.atomic import check_out_dir
+
+    out = Path(cfg.trainer.run_dir) / "hf"
+    if cfg.trainer.export_hf and out.exists() and not overwrite:
+        try:
+            check_out_dir(out, force=True)
+        except FileExistsError as e:
+            raise ValueError(f"trainer.export_hf: {e}; or set trainer.export_hf=false") from None
+
+
 def preflight(cfg, resume: str | None = None, overwrite: bool = False) -> str:
     """All start-up checks of a run on this machine; returns the resolved layer backend."""
     from megatron_rl.trainer.run_dir import check_run_dir
 
     check_files(cfg, resume)
     check_run_dir(cfg.trainer.run_dir, resume, overwrite)
+    check_export_dir(cfg, overwrite)
     check_world(cfg)
     backend = check_backend(cfg)
     check_grader(cfg)

@@ -96,7 +96,11 @@ def _build_chunks(hf_cfg, bf16: bool, g: Groups, sequence_parallel: bool, backen
                   fp8: str | None = None):
     """(list of model chunks, TransformerConfig) from the provider for this pipeline stage, with the
     layer spec of ``backend`` (``models.provider.resolve_model_backend``) and TE ``fp8``."""
-    from megatron_rl.models.provider import build_gpt_model, resolve_model_backend, transformer_config_from_hf
+    from megatron_rl.models.provider import (
+        build_gpt_model,
+        resolve_model_backend,
+        transformer_config_from_hf,
+    )
 
     backend = resolve_model_backend(backend, fp8)
     dtype = torch.bfloat16 if bf16 else torch.float32

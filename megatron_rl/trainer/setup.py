@@ -150,11 +150,10 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
     from megatron_rl.logging import RunLogger
     from megatron_rl.models.provider import load_hf_config
     from megatron_rl.parallel import init_parallel
+    from megatron_rl.preflight import preflight
     from megatron_rl.rewards.manager import RewardManager
     from megatron_rl.trainer.actor import PolicyActor, ReferencePolicy
     from megatron_rl.trainer.checkpoint import find_latest, load_checkpoint
-
-    from megatron_rl.preflight import preflight
     from megatron_rl.trainer.run_dir import archive_run
 
     backend = preflight(cfg, resume, overwrite)   # every user error before anything starts

@@ -79,6 +79,8 @@ CASES = [
     ("tokenizer-missing", ["{T}", "model.tokenizer_path={X}/notok"], "model.tokenizer_path={X}/notok: no such directory"),
     ("run-dir-used", ["{T}", "trainer.run_dir={X}/used"],
      "already holds a run (checkpoints/step_10, metrics.jsonl): pass --resume auto"),
+    ("export-dir-user-files", ["{T}", "trainer.run_dir={X}/hfuser"],
+     "trainer.export_hf: --out {X}/hfuser/hf is not empty (notes.txt) and is not a checkpoint written by megatron-rl"),
     ("overwrite-resume", ["{T}", "--overwrite", "--resume", "auto"],
      "--overwrite starts a fresh run; it cannot be combined with --resume"),
     ("resume-path", ["{T}", "--resume", "{X}/nockpt"], "--resume {X}/nockpt: not a complete checkpoint"),
@@ -120,6 +122,8 @@ def make_work(x: Path) -> Path:
                                           "reward_model": {"ground_truth": "21"}}]), x / "train.parquet")
     (x / "used" / "checkpoints" / "step_10").mkdir(parents=True)
     (x / "used" / "metrics.jsonl").write_text('{"step": 1}\n')
+    (x / "hfuser" / "hf").mkdir(parents=True)
+    (x / "hfuser" / "hf" / "notes.txt").write_text("mine")
     (x / "userdir").mkdir()
     (x / "userdir" / "thesis.tex").write_text("keep me")
     (x / "bad.yaml").write_text("model:\n  hf_path: x\n  bf16: [true\ntrainer:\n  steps: 3\n")
