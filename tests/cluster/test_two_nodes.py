@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -28,6 +30,7 @@ from tests.helpers.cluster import (
     kill_all,
     launch,
     rows,
+    run_env,
     tails,
     train_cmd,
     worker_pids,
@@ -130,3 +133,22 @@ def test_max_restarts_resumes_from_newest_checkpoint(plain_warm, ray_cluster, tw
     out = "\n".join(p.read_text() for p in logs)
     assert "resumed from" in out and "checkpoints/step_" in out, tails(logs)
     assert_same_metrics(two_node_ref[0], rows(run_dir), "restarted 2-node run vs uninterrupted", skip=PROCESS_COUNTERS)
+
+
+def _wait_ray(address: str, nodes: int, timeout: float) -> tuple[subprocess.CompletedProcess, float]:
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "megatron_rl.cluster", "wait-ray", "--address", address, "--nodes",
+                        str(nodes), "--timeout", str(timeout)], env=run_env(), capture_output=True, text=True,
+                       timeout=120, check=False)
+    return p, time.monotonic() - t0
+
+
+def test_wait_for_ray_nodes_fails_after_its_timeout(ray_cluster):
+    """The sbatch script's wait for Ray nodes stops at its timeout with a clear error (exit 1)."""
+    p, took = _wait_ray(ray_cluster.address, 3, 4)
+    assert p.returncode == 1 and f"only 2 of 3 Ray nodes joined {ray_cluster.address}" in p.stderr, p.stderr[-2000:]
+    assert took < 60, took
+    p, took = _wait_ray(f"127.0.0.1:{free_port()}", 1, 3)  # nobody there: ray.init alone would retry forever
+    assert p.returncode == 1 and "did not answer" in p.stderr and took < 30, (took, p.stderr[-2000:])
+    p, _ = _wait_ray(ray_cluster.address, 2, 30)
+    assert p.returncode == 0 and "2/2 nodes alive" in p.stdout, p.stderr[-2000:]
