@@ -10,24 +10,38 @@
 #
 # Install first: `make cluster-deps` (apt: munge slurmctld slurmd slurm-client shellcheck).
 # Environment: SLURM_LOCAL_DIR (state, logs, pid files; default /var/tmp/megatron_rl_slurm),
-#   SLURM_NODES (default 2), SLURM_CPUS_PER_NODE (CPUs each node advertises; default 2).
+#   SLURM_NODES (default 2), SLURM_CPUS_PER_NODE (CPUs each node advertises; default 2),
+#   SLURM_GPUS_PER_NODE (count-only `gpu` GRES each node advertises, no devices behind them: lets jobs
+#   exercise --gpus-per-node / srun --gres scheduling on a CPU host; default 2, 0 = none).
 # The config goes to /etc/slurm/slurm.conf (where the Slurm commands look), marked as written by this
 # script; an existing slurm.conf without that mark is never overwritten.
 set -euo pipefail
 D=${SLURM_LOCAL_DIR:-/var/tmp/megatron_rl_slurm}
 NODES=${SLURM_NODES:-2}
 CPUS=${SLURM_CPUS_PER_NODE:-2}
+GPUS=${SLURM_GPUS_PER_NODE:-2}
 CONF=/etc/slurm/slurm.conf
 MARK="# written by megatron_rl tools/slurm/local_cluster.sh"
 die() { echo "local_cluster.sh: $*" >&2; exit 2; }
 [[ "$NODES" =~ ^[1-9]$ ]] || die "SLURM_NODES=$NODES: want 1..9"
 [[ "$CPUS" =~ ^[1-9][0-9]*$ ]] || die "SLURM_CPUS_PER_NODE=$CPUS: want an integer >= 1"
+[[ "$GPUS" =~ ^[0-9]+$ ]] || die "SLURM_GPUS_PER_NODE=$GPUS: want an integer >= 0"
 
 write_conf() {
   if [[ -f "$CONF" ]] && ! grep -qF "$MARK" "$CONF"; then
     die "$CONF exists and was not written by this script; not touching it"
   fi
   mkdir -p "$D/state" "$D/log" /etc/slurm
+  # slurmd counts a gpu GRES only with a character device behind each: null devices (1,3) stand in
+  # (no cgroup device constraint here, so nothing opens them; jobs just see CUDA_VISIBLE_DEVICES)
+  local g
+  for g in $(seq 0 $((GPUS - 1))); do
+    if [[ ! -c "$D/fake-gpu$g" ]] && ! { rm -f "$D/fake-gpu$g"; mknod "$D/fake-gpu$g" c 1 3; } 2>/dev/null; then
+      echo "local_cluster.sh: cannot mknod stand-in GPU devices here; nodes get no gpu GRES" >&2
+      GPUS=0
+      break
+    fi
+  done
   local host; host=$(hostname -s)
   {
     echo "$MARK"
@@ -60,13 +74,19 @@ JobRequeue=1
 KillWait=10
 MinJobAge=600
 SlurmdTimeout=60
+GresTypes=gpu
 EOF
-    local i
+    local i gres=""
+    if ((GPUS > 0)); then gres="Gres=gpu:$GPUS "; fi
     for i in $(seq 1 "$NODES"); do
-      echo "NodeName=node$i NodeHostname=$host NodeAddr=127.0.0.1 Port=$((6817 + i)) CPUs=$CPUS State=UNKNOWN"
+      echo "NodeName=node$i NodeHostname=$host NodeAddr=127.0.0.1 Port=$((6817 + i)) CPUs=$CPUS ${gres}State=UNKNOWN"
     done
     echo "PartitionName=local Nodes=node[1-$NODES] Default=YES MaxTime=INFINITE State=UP"
   } >"$CONF"
+  {
+    echo "$MARK"
+    for g in $(seq 0 $((GPUS - 1))); do echo "Name=gpu File=$D/fake-gpu$g"; done
+  } >/etc/slurm/gres.conf
 }
 
 pid_alive() { [[ -f "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
