@@ -82,11 +82,19 @@ EOF
       echo "NodeName=node$i NodeHostname=$host NodeAddr=127.0.0.1 Port=$((6817 + i)) CPUs=$CPUS ${gres}State=UNKNOWN"
     done
     echo "PartitionName=local Nodes=node[1-$NODES] Default=YES MaxTime=INFINITE State=UP"
-  } >"$CONF"
+  } >"$CONF.new"
   {
     echo "$MARK"
     for g in $(seq 0 $((GPUS - 1))); do echo "Name=gpu File=$D/fake-gpu$g"; done
-  } >/etc/slurm/gres.conf
+  } >/etc/slurm/gres.conf.new
+  # daemons running on another config: restart them (clients reading a config that differs from the
+  # daemons' fail with errors such as "gres_job_state_unpack: no plugin configured")
+  if ! cmp -s "$CONF.new" "$CONF" || ! cmp -s /etc/slurm/gres.conf.new /etc/slurm/gres.conf; then
+    stop >/dev/null
+    sleep 1
+  fi
+  mv "$CONF.new" "$CONF"
+  mv /etc/slurm/gres.conf.new /etc/slurm/gres.conf
 }
 
 pid_alive() { [[ -f "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
@@ -123,6 +131,12 @@ stop() {
   local f
   for f in "$D"/slurmd-node*.pid "$D/slurmctld.pid"; do
     if pid_alive "$f"; then kill -TERM "$(cat "$f")"; fi
+  done
+  for _ in $(seq 20); do  # until they have exited (a restart must not find the old ports busy)
+    local alive=0
+    for f in "$D"/slurmd-node*.pid "$D/slurmctld.pid"; do pid_alive "$f" && alive=1; done
+    (( alive )) || break
+    sleep 0.5
   done
   echo "stopped slurmctld and slurmd (munged left running)"
 }
