@@ -109,7 +109,10 @@ start() {
   # munge: key from the package (created at install), daemon as the munge user
   [[ -s /etc/munge/munge.key ]] || { mungekey --create --keyfile=/etc/munge/munge.key; chown munge: /etc/munge/munge.key; }
   mkdir -p /run/munge /var/log/munge /var/lib/munge && chown munge: /run/munge /var/log/munge /var/lib/munge
-  if ! munge -n </dev/null >/dev/null 2>&1; then runuser -u munge -- /usr/sbin/munged; fi
+  if ! munge -n </dev/null >/dev/null 2>&1; then
+    runuser -u munge -- /usr/sbin/munged
+    cp /run/munge/munged.pid "$D/munged.pid"  # started here: `stop` stops it too
+  fi
   pid_alive "$D/slurmctld.pid" || slurmctld
   local i
   for i in $(seq 1 "$NODES"); do
@@ -129,16 +132,17 @@ start() {
 
 stop() {
   local f
-  for f in "$D"/slurmd-node*.pid "$D/slurmctld.pid"; do
+  for f in "$D"/slurmd-node*.pid "$D/slurmctld.pid" "$D/munged.pid"; do
     if pid_alive "$f"; then kill -TERM "$(cat "$f")"; fi
   done
+  rm -f "$D/munged.pid"
   for _ in $(seq 20); do  # until they have exited (a restart must not find the old ports busy)
     local alive=0
     for f in "$D"/slurmd-node*.pid "$D/slurmctld.pid"; do pid_alive "$f" && alive=1; done
     (( alive )) || break
     sleep 0.5
   done
-  echo "stopped slurmctld and slurmd (munged left running)"
+  echo "stopped slurmctld and slurmd (and munged if started here)"
 }
 
 case "${1:-}" in
