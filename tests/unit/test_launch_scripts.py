@@ -1,4 +1,4 @@
-"""Every shell script under examples/ passes ``bash -n`` and ``shellcheck``, and rejects bad input
+"""Every shell script under examples/ (and tools/) passes ``bash -n`` and ``shellcheck``, and rejects bad input
 with one clear line before it starts anything (no torchrun, no srun).
 
 shellcheck comes from Debian (``make cluster-deps`` installs it); without it the shellcheck test is
@@ -27,12 +27,13 @@ def _is_shell(p: Path) -> bool:
     return first.startswith(b"#!") and b"sh" in first.split(b"\n")[0]
 
 
-SCRIPTS = sorted(p for p in EXAMPLES.rglob("*") if p.is_file() and _is_shell(p))
+SCRIPTS = sorted(p for p in [*EXAMPLES.rglob("*"), *(REPO / "tools").rglob("*.sh")] if p.is_file() and _is_shell(p))
 
 
 def test_there_are_scripts():
     names = {p.name for p in SCRIPTS}
-    assert {"train_multinode.sbatch", "train_1node.sh", "tiny_cpu_2proc.sh", "convert_hf_to_mcore.sh"} <= names
+    assert {"train_multinode.sbatch", "train_1node.sh", "tiny_cpu_2proc.sh", "convert_hf_to_mcore.sh",
+            "local_cluster.sh"} <= names
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=[p.name for p in SCRIPTS])
