@@ -202,6 +202,8 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
         if loaded.extra_state.get("sampler"):
             sampler.load_state_dict(loaded.extra_state["sampler"])
         log.info("resumed from %s at step %d", path, step)
+        if info.is_driver:   # a console line too (INFO goes to train.log only): users and job logs must see it
+            print(f"[megatron-rl] resumed from {path} at step {step}", flush=True)
     if info.is_driver and client is None:
         client = build_client(cfg, trainer_world=info.world)
     logger = RunLogger(cfg.trainer.run_dir, cfg.to_dict(), wandb_mode=cfg.logging.wandb_mode,
