@@ -27,35 +27,9 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
-import threading
 import time
 
-
-class PeakRSS:
-    """Peak PRIVATE resident memory (RSS − shared) above the value at entry, sampled on a thread;
-    shared pages (the Ray object store, written by ``ray.put``) tracked separately."""
-
-    def __enter__(self):
-        import psutil
-
-        self._p, self._stop = psutil.Process(), False
-        m = self._p.memory_info()
-        self.base = self.peak = m.rss - m.shared
-        self.shared_base = self.shared_peak = m.shared
-        self._t = threading.Thread(target=self._run, daemon=True)
-        self._t.start()
-        return self
-
-    def _run(self):
-        while not self._stop:
-            m = self._p.memory_info()
-            self.peak = max(self.peak, m.rss - m.shared)
-            self.shared_peak = max(self.shared_peak, m.shared)
-            time.sleep(0.002)
-
-    def __exit__(self, *exc):
-        self._stop = True
-        self._t.join()
+from megatron_rl.memwatch import PeakRSS
 
 
 def make_model(mb: int, d: str) -> int:

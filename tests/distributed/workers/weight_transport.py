@@ -17,45 +17,15 @@ from __future__ import annotations
 import json
 import os
 import sys
-import threading
 import time
 
 import torch
 import torch.distributed as dist
 from actor_common import build_actor, fixed_batch
 
+from megatron_rl.memwatch import PeakRSS
+
 BACKENDS = ("gloo", "ray")
-
-
-class PeakRSS:
-    """Peak PRIVATE resident memory (RSS − shared) above the start value, sampled every 2 ms on a
-    thread; shared pages (Ray's object store mapped into the sender by ``ray.put``) separately."""
-
-    def __enter__(self):
-        import psutil
-
-        self._p, self._stop = psutil.Process(), False
-        m = self._p.memory_info()
-        self.base = self.peak = m.rss - m.shared
-        self.shared_base = self.shared_peak = m.shared
-        self._t = threading.Thread(target=self._run, daemon=True)
-        self._t.start()
-        return self
-
-    def _run(self):
-        while not self._stop:
-            m = self._p.memory_info()
-            self.peak = max(self.peak, m.rss - m.shared)
-            self.shared_peak = max(self.shared_peak, m.shared)
-            time.sleep(0.002)
-
-    def __exit__(self, *exc):
-        self._stop = True
-        self._t.join()
-
-    @property
-    def extra(self) -> int:
-        return self.peak - self.base
 
 
 def perturb(actor, seed: int) -> None:
