@@ -25,7 +25,7 @@ def test_papo_survives_grader_outage_and_learns(tmp_path):
         d = tmp_path / "papo"
         p = subprocess.Popen([sys.executable, "-m", "megatron_rl.demo", "--algo", "papo", "--steps", "40", "--run-dir", str(d),
                               "-o", f"reward.grader_url={url}", "-o", "reward.grader_timeout=0.5", "-o", "reward.grader_retries=1",
-                              "-o", "reward.grader_concurrency=64"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              "-o", "reward.grader_concurrency=64", "-o", "reward.grader_breaker_cooldown=5"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              env={**os.environ, "OMP_NUM_THREADS": "2"})
 
         def nrows():
@@ -45,6 +45,9 @@ def test_papo_survives_grader_outage_and_learns(tmp_path):
         assert len(rows) == 40
         assert rows[-1]["grader/fallbacks"] > 0 and rows[-1]["grader/timeouts"] > 0
         assert rows[2]["grader/fallbacks"] == 0 and rows[-1]["reward/process_mean"] == 1.0
+        # the circuit breaker opened during the outage and closed again after it (5 s cool-down here;
+        # the 60 s default outlasts this 40-step run)
+        assert rows[-1]["grader/breaker_opens"] >= 1 and rows[-1]["grader/breaker_skips"] > 0
         assert max(r["time/step"] for r in rows) < 60, "a grader outage must not stall a step unboundedly"
         import re
 
