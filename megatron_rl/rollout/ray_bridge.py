@@ -150,7 +150,7 @@ class RolloutClient:
                  trainer_world: int = 1, gpus_per_engine: float = 0.0, actor_env: dict | None = None):
         import ray
 
-        from megatron_rl.device import has_cuda
+        from ..device import has_cuda
 
         from .trainer_engines import WORKER_BACKEND, resolve_backend
 
@@ -330,7 +330,7 @@ class RolloutClient:
     def set_sync_backend(self, backend: str, trainer_world: int = 1) -> None:
         """Switch the weight transport without restarting the engines (e.g. gloo <-> ray, which
         share the engines' worker engine); the next sync opens the new one."""
-        from megatron_rl.device import has_cuda
+        from ..device import has_cuda
 
         from .trainer_engines import WORKER_BACKEND, resolve_backend
 
