@@ -109,6 +109,24 @@ class _Timed(TrainerWeightTransferEngine):
                      "transfer_s": max(0.0, total - source.produce_s - packer.pack_s),
                      "bytes": source.total_bytes(), "buffer_bytes": packer.peak_buffer_bytes}
 
+    def send_weights(self) -> None:
+        """One round: non-senders only drain their stream (PP stages send their layers to the
+        sender inside it); the sender opens the update, streams the buckets (:meth:`_send`), closes it."""
+        source, t0 = self.source, time.perf_counter()
+        if not self.is_sender:
+            for _ in source:
+                pass
+            return
+        meta = source.metadata()
+        self.client.start_weight_update()
+        packer = self._send(source, meta)
+        self.client.finish_weight_update()
+        self._record(t0, packer, source)
+
+    def _send(self, source, meta) -> BucketPacker:
+        """Stream ``source``'s buckets to the engines; returns the (closed) packer. Each subclass's own."""
+        raise TypeError(f"{type(self).__name__} defines no _send")
+
 
 class GlooTrainerEngine(_Timed):
     """See module docstring. ``self.source`` is replaced by each round's ``RoundSource``."""
@@ -142,14 +160,7 @@ class GlooTrainerEngine(_Timed):
             fut.result()
         return eng
 
-    def send_weights(self) -> None:
-        source, t0 = self.source, time.perf_counter()
-        if not self.is_sender:
-            for _ in source:
-                pass
-            return
-        meta = source.metadata()
-        self.client.start_weight_update()
+    def _send(self, source, meta) -> BucketPacker:
         packer, works = BucketPacker(source, self.bucket_bytes), {}
         exe = ThreadPoolExecutor(max_workers=1)
         try:
@@ -164,8 +175,7 @@ class GlooTrainerEngine(_Timed):
         finally:
             exe.shutdown(wait=False)  # never join a thread stuck in a broken collective
             packer.close()
-        self.client.finish_weight_update()
-        self._record(t0, packer, source)
+        return packer
 
     def shutdown(self) -> None:
         if getattr(self, "group", None) is not None:
@@ -190,18 +200,11 @@ class RayTrainerEngine(_Timed):
             client.init_weight_transfer_engine({})
         return eng
 
-    def send_weights(self) -> None:
+    def _send(self, source, meta) -> BucketPacker:
         import numpy as np
         import ray
         import torch
 
-        source, t0 = self.source, time.perf_counter()
-        if not self.is_sender:
-            for _ in source:
-                pass
-            return
-        meta = source.metadata()
-        self.client.start_weight_update()
         packer = BucketPacker(source, self.bucket_bytes, alloc=lambda n: torch.from_numpy(np.empty(n, np.uint8)))
         pending: dict[int, list] = {}
         for k, lo, hi, view in packer.buckets(release=lambda k: ray.get(pending.pop(k))):
@@ -211,8 +214,7 @@ class RayTrainerEngine(_Timed):
         for k in sorted(pending):
             ray.get(pending.pop(k))
         packer.close()
-        self.client.finish_weight_update()
-        self._record(t0, packer, source)
+        return packer
 
 
 def register() -> None:
