@@ -55,17 +55,6 @@ def test_name_maps_cover_each_architecture():
             assert len({r.mcore for r in name_maps.expand(a)}) == len(name_maps.expand(a))
 
 
-@pytest.fixture(scope="module")
-def hf_dir(tmp_path_factory):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    d = tmp_path_factory.mktemp("hf")
-    cfg = Qwen3Config(vocab_size=100, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, head_dim=16, architectures=["Qwen3ForCausalLM"])
-    Qwen3ForCausalLM(cfg).save_pretrained(str(d))
-    return d
-
-
 def _cli(*args):
     return subprocess.run([sys.executable, "-m", "megatron_rl.convert.cli", *map(str, args)], capture_output=True,
                           text=True, timeout=300, cwd=REPO)
