@@ -10,7 +10,12 @@ import time
 import pytest
 
 from megatron_rl.data.dataset import DeterministicSampler
-from megatron_rl.trainer.async_rollout import AsyncProducer, core_plan, overlap, restore_state
+from megatron_rl.trainer.async_rollout import (
+    AsyncProducer,
+    core_plan,
+    overlap,
+    restore_state,
+)
 
 
 class Engines:
