@@ -284,8 +284,10 @@ class Config:
 
     def to_dict(self) -> dict:
         d = {f.name: dataclasses.asdict(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "algo"}
-        d["algo"] = {"kind": self.algo.kind, "off_policy": self.algo.off_policy, "tis_cap": self.algo.tis_cap,
-                     self.algo.kind: dataclasses.asdict(self.algo.hparams)}
+        d["algo"] = {"kind": self.algo.kind, self.algo.kind: dataclasses.asdict(self.algo.hparams)}
+        # the off-policy knobs only when set (a synchronous run's dump keeps its earlier shape)
+        d["algo"].update({k: getattr(self.algo, k) for k in _ALGO_TOP[1:]
+                          if getattr(self.algo, k) != _ALGO_DEFAULTS[k]})
         return d
 
     def dump(self, path: str | Path) -> None:
@@ -401,6 +403,7 @@ def _build_algo(sec: dict) -> AlgoConfig:
 
 #: the algo section's own keys (besides ``algo.<kind>: {...}``)
 _ALGO_TOP = ("kind", "off_policy", "tis_cap")
+_ALGO_DEFAULTS = {f.name: f.default for f in dataclasses.fields(AlgoConfig)}
 
 
 def from_dict(tree: dict) -> Config:
@@ -510,6 +513,9 @@ def validate(cfg: Config, world_size: int | None = None) -> None:
                          "(an OpenAI-compatible endpoint, e.g. http://host:8000/v1)")
     hp = cfg.algo.hparams
     _check_required_inputs(cfg.algo.kind, hp, path)
+    from megatron_rl.trainer.async_rollout import check_async
+
+    check_async(cfg.algo.kind, path, cfg.rollout.max_staleness, cfg.algo.off_policy)
     if getattr(hp, "overlong_enable", False) and hp.overlong_buffer_len > cfg.rollout.max_tokens:
         raise ValueError(f"algo.{cfg.algo.kind}.overlong_buffer_len={hp.overlong_buffer_len} must be <= rollout.max_tokens="
                          f"{cfg.rollout.max_tokens} (DAPO overlong shaping); lower it or set overlong_enable=false")

@@ -229,3 +229,96 @@ def engine_env(plan: CorePlan) -> dict:
     as many intra-op threads as cores."""
     return {"MEGATRON_RL_CPU_CORES": ",".join(str(c) for c in sorted(plan.engines)),
             "OMP_NUM_THREADS": str(len(plan.engines))}
+
+
+#: data paths (``algorithms.KIND_DATA_PATH``; None = plain) that cannot run with max_staleness > 0, and why
+ASYNC_REJECTED = {
+    "two_attempts": "SCoRe's objective is REINFORCE on two attempts with no proximal-policy ratio, and its "
+                    "registered loss takes no importance weight, so attempts sampled by older weights would "
+                    "enter the gradient uncorrected",
+}
+
+
+def check_async(kind: str, path: str | None, max_staleness: int, off_policy: str) -> None:
+    """Start-up rule: a data path that cannot run asynchronously fails here, naming the combination.
+    ``algo.off_policy=tis`` needs a loss that takes the weight (also when synchronous)."""
+    if path not in ASYNC_REJECTED:
+        return
+    if max_staleness > 0:
+        raise ValueError(f"algo.kind={kind!r} (data path {path!r}) cannot run with rollout.max_staleness="
+                         f"{max_staleness}: {ASYNC_REJECTED[path]}; use rollout.max_staleness=0")
+    if off_policy == "tis":
+        raise ValueError(f"algo.kind={kind!r} (data path {path!r}) cannot run with algo.off_policy=tis: its registered "
+                         "loss takes no importance weight; use algo.off_policy=decoupled or none")
+
+
+def _broadcast(obj: Any) -> Any:
+    """Rank 0's object on every rank (no-op without torch.distributed)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return obj
+    box = [obj if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+class AsyncRollouts:
+    """The loop's handle on asynchronous collection; every rank makes the same calls, only the
+    driver (global rank 0) owns an :class:`AsyncProducer`.
+
+    Per step t: ``data, meta = next(t)`` (collective: the batch and its tag, broadcast) → update →
+    ``before_push(t)`` (driver waits for the batches due before the push) → weight push →
+    ``pushed(t)``. ``state(t)`` is the checkpoint's ``async`` entry (driver), ``metrics`` the step's
+    ``time/gen_batch`` and idle fractions.
+    """
+
+    def __init__(self, collect: Callable[[int], Any], *, is_driver: bool, first_step: int, last_step: int,
+                 max_staleness: int, version: int, sampler=None, pending: list | tuple = ()):
+        self.is_driver, self.k = is_driver, max_staleness
+        self.producer = None
+        if is_driver:
+            self.producer = AsyncProducer(collect, first_step=first_step, last_step=last_step,
+                                          max_staleness=max_staleness, version=version,
+                                          sampler_state=(sampler.state_dict if sampler is not None else lambda: None),
+                                          pending=pending)
+        self.waited = 0.0
+
+    def next(self, step: int) -> tuple[Any, dict]:
+        """Collective: the batch of ``step`` and ``{weight_version, staleness, gen_s}``."""
+        msg = None
+        if self.is_driver:
+            tag, self.waited = self.producer.get(step)
+            msg = (tag.data, {"weight_version": tag.weight_version, "staleness": step - 1 - tag.weight_version,
+                              "gen_s": tag.gen_s})
+        return _broadcast(msg)
+
+    def before_push(self, step: int) -> None:
+        if self.is_driver:
+            self.waited += self.producer.before_push(step)
+
+    def pushed(self, step: int) -> None:
+        if self.is_driver:
+            self.producer.pushed(step)
+
+    def state(self, step: int) -> dict | None:
+        """Driver: the in-flight state a checkpoint after ``step`` records (``AsyncProducer.state_dict``)."""
+        return self.producer.state_dict(step) if self.is_driver else None
+
+    def metrics(self, t0: float, t1: float, gen_s: float) -> dict:
+        """Step window [t0, t1]: trainer idle = its waits for data; engines idle = no collection running."""
+        dt = max(t1 - t0, 1e-9)
+        busy = self.producer.engine_busy(t0, t1) if self.is_driver else 0.0
+        return {"time/gen_batch": gen_s, "async/trainer_idle_frac": self.waited / dt,
+                "async/engine_idle_frac": max(0.0, 1.0 - busy / dt)}
+
+    def close(self) -> None:
+        if self.producer is not None:
+            self.producer.close()
+
+
+def sync_metrics(t_gen: float, t_step: float) -> dict:
+    """The same step metrics for a synchronous step (generation and training alternate)."""
+    dt = max(t_step, 1e-9)
+    return {"time/gen_batch": t_gen, "async/trainer_idle_frac": t_gen / dt,
+            "async/engine_idle_frac": max(0.0, 1.0 - t_gen / dt)}

@@ -134,3 +134,29 @@ def test_core_plan_and_overlap():
     assert p.engines == frozenset({4, 5, 6, 7}) and p.trainer == (frozenset({0, 2}), frozenset({1, 3}))
     assert core_plan([3], 1).engines == frozenset({3})
     assert overlap([(0.0, 1.0), (2.0, 3.0)], 0.5, 2.5) == pytest.approx(1.0)
+
+
+def test_config_keys_validated_at_start_up():
+    from megatron_rl.config import load_config
+
+    cfg = load_config(None, ["rollout.max_staleness=2", "algo.off_policy=tis", "algo.tis_cap=3"])
+    assert (cfg.rollout.max_staleness, cfg.algo.off_policy, cfg.algo.tis_cap) == (2, "tis", 3.0)
+    assert cfg.to_dict()["algo"]["off_policy"] == "tis"
+    assert load_config(None, []).rollout.max_staleness == 0 and load_config(None, []).algo.off_policy == "decoupled"
+    for bad, words in [("rollout.max_staleness=-1", "max_staleness must be an integer >= 0"),
+                       ("rollout.max_staleness=0.5", "expected an integer"),
+                       ("algo.off_policy=clip", "algo.off_policy must be one of"),
+                       ("algo.tis_cap=0.9", "algo.tis_cap must be a finite number >= 1")]:
+        with pytest.raises(ValueError, match=words):
+            load_config(None, [bad])
+
+
+@pytest.mark.parametrize("over,words", [
+    (["algo.kind=score", "rollout.max_staleness=1"], "algo.kind='score' .*cannot run with rollout.max_staleness=1"),
+    (["algo.kind=score", "algo.off_policy=tis"], "algo.kind='score' .*cannot run with algo.off_policy=tis"),
+], ids=["score-async", "score-tis"])
+def test_paths_that_cannot_run_async_fail_at_start_up(over, words):
+    from megatron_rl.config import load_config
+
+    with pytest.raises(ValueError, match=words):
+        load_config(None, over)
