@@ -2,7 +2,7 @@
 
 Setup (built once in a temp dir): the demo's 4-digit reversal data and tokenizer and its tiny
 Qwen3-style policy at its random initialisation. A random policy seldom emits the end token, so
-responses run long (up to ``--max-tokens``): generation is then well over 40 % of a synchronous
+responses run long (up to ``--max-tokens``, 112): generation is then well over 40 % of a synchronous
 step, as with long reasoning traces on GPU clusters (today's demo: 0.17 s of a 0.79 s step). The
 reward is mostly 0 — this measures the pipeline, not learning (tests/e2e/test_learning.py does).
 
@@ -21,7 +21,7 @@ the measured ratio (1.0 = the overlap is perfect). Goal on this 2-core machine: 
 sync. With ``max_staleness`` ≥ 1 the trainer and the engines get disjoint cores (1 + 1 here), so the
 async trainer computes on one core where the synchronous one used two.
 
-    .venv/bin/python benchmarks/bench_async.py [--steps 10] [--skip 2] [--max-tokens 96] [--staleness 0,1]
+    .venv/bin/python benchmarks/bench_async.py [--steps 10] [--skip 2] [--max-tokens 112] [--staleness 0,1]
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def prepare(root: Path) -> dict:
 def train(setup: dict, run_dir: Path, staleness: int, args) -> list[dict]:
     ov = [f"model.hf_path={setup['hf']}", f"data.train={setup['train']}", "data.val=",
           f"data.prompts_per_step={args.prompts}", "rollout.n=8", f"rollout.max_tokens={args.max_tokens}",
-          f"rollout.max_model_len={16 + args.max_tokens + 8}", f"rollout.max_staleness={staleness}",
+          f"rollout.max_model_len={16 + args.max_tokens}", f"rollout.max_staleness={staleness}",
           f"trainer.steps={args.steps}", f"trainer.micro_batch_size={args.prompts * 8}", "trainer.eval_every=0",
           "trainer.ckpt_every=0", "trainer.export_hf=false", f"trainer.run_dir={run_dir}", "logging.progress=false",
           "logging.wandb_mode=disabled", "rollout.kv_cache_gib=1"]
@@ -75,8 +75,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--skip", type=int, default=2, help="warm-up steps left out of the means")
-    ap.add_argument("--prompts", type=int, default=8, help="prompts per step (x 8 samples)")
-    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--prompts", type=int, default=4, help="prompts per step (x 8 samples)")
+    ap.add_argument("--max-tokens", type=int, default=112, help="<= 112: the tiny policy has 128 positions")
     ap.add_argument("--staleness", default="0,1")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench_async_"))
