@@ -58,7 +58,7 @@ from .losses import (AGG_MODES, LossOutput, MaskedLossOutput, PartialLoss, RLCSD
                      partial_aggregate, rlcsd_paths, tis_weights, plain_clip_loss, ppo_clip_loss, rlcsd_loss, rlsd_advantage,
                      rlsd_ectr_advantage, rlsd_lambda)
 from .objective import ObjectiveTerms, PolicyObjective, compute_policy_loss, loss_needs, objective_terms
-from .registry import (advantage_names, check_inputs, get_advantage, get_policy_loss, loss_batch_stats, loss_support, policy_loss_names,
+from .registry import (advantage_names, check_inputs, get_advantage, get_policy_loss, loss_batch_stats, loss_inputs, loss_support, policy_loss_names,
                        register_advantage, register_policy_loss, required_inputs)
 from .score import (first_eos_mask, score_k3, score_loss_mat, score_stage1_loss, score_stage2_loss,
                     shaped_reward)
