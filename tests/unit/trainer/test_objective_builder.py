@@ -19,7 +19,7 @@ def _batch(kind: str, hp, seed: int = 0) -> TrainBatch:
     resp_mask[:, 0] = 1.0
     resp_mask[5] = 0.0                               # a row with no valid token
     pos = (torch.arange(R) + 3).expand(N, R).clone()
-    lp = lambda *shape: -torch.rand(*shape, generator=g) * 2   # noqa: E731
+    lp = lambda *shape: -torch.rand(*shape, generator=g) * 2
     ex = {"resp_pos": pos, "resp_mask": resp_mask, "rewards": (torch.rand(N, generator=g) > 0.5).float(),
           "group_ids": torch.arange(N) // 4, "advantages": torch.randn(N, generator=g), "old_logp": lp(N, R),
           "ref_logp": lp(N, R), "teacher_logp": lp(N, R), "teacher_neg_logp": lp(N, 2, R),
