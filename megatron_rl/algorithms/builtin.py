@@ -18,15 +18,45 @@ from typing import NamedTuple
 from torch import Tensor
 
 from . import hparams as H
-from .advantages import (bicc_advantage, grpo_advantage, papo_advantage, rcc_advantage, rcc_delta,
-                         remax_advantage, rloo_advantage)
+from .advantages import (
+    bicc_advantage,
+    grpo_advantage,
+    papo_advantage,
+    rcc_advantage,
+    rcc_delta,
+    remax_advantage,
+    rloo_advantage,
+)
 from .contrastive import rlcsd_advantage, rlcsd_signal
-from .distill import SUPPORT_CHOOSER, generalized_jsd, opsd_ectr_loss, opsd_loss, sdpo_loss, srpo_loss
+from .distill import (
+    SUPPORT_CHOOSER,
+    generalized_jsd,
+    opsd_ectr_loss,
+    opsd_loss,
+    sdpo_loss,
+    srpo_loss,
+)
 from .inputs import AlgoInputs
-from .losses import (LossOutput, MaskedLossOutput, masked_mean, plain_clip_loss, ppo_clip_loss, rlcsd_loss,
-                     rlsd_advantage, rlsd_ectr_advantage, rlsd_lambda)
-from .registry import (_lookup, check_inputs, get_advantage, register_advantage, register_policy_loss, _ADVANTAGES,
-                       _LOSSES)
+from .losses import (
+    LossOutput,
+    MaskedLossOutput,
+    masked_mean,
+    plain_clip_loss,
+    ppo_clip_loss,
+    rlcsd_loss,
+    rlsd_advantage,
+    rlsd_ectr_advantage,
+    rlsd_lambda,
+)
+from .registry import (
+    _ADVANTAGES,
+    _LOSSES,
+    _lookup,
+    check_inputs,
+    get_advantage,
+    register_advantage,
+    register_policy_loss,
+)
 from .score import score_loss_mat, shaped_reward
 
 # ----------------------------------------------------------------------------------- advantages
@@ -34,7 +64,11 @@ from .score import score_loss_mat, shaped_reward
 
 @register_advantage("grpo")
 def _grpo(x: AlgoInputs, hp) -> Tensor:
-    return grpo_advantage(x.rewards, x.group_ids, scale=getattr(hp, "scale", "std"), eps=getattr(hp, "eps", 1e-6))
+    """GRPO's knobs (``scale``, ``eps``) when the method's hparams are GRPO's; the paper's defaults for
+    the methods that reuse the estimator with their own hparams (the self-distillation family)."""
+    if isinstance(hp, H.GRPOHParams):
+        return grpo_advantage(x.rewards, x.group_ids, scale=hp.scale, eps=hp.eps)
+    return grpo_advantage(x.rewards, x.group_ids)
 
 
 @register_advantage("drgrpo")
@@ -53,21 +87,21 @@ def _remax(x: AlgoInputs, hp) -> Tensor:
 
 
 def _base_needs(hp) -> set:
-    return {"greedy_rewards"} if getattr(hp, "base", None) == "remax" else set()
+    return {"greedy_rewards"} if isinstance(hp, H.BiCCHParams) and hp.base == "remax" else set()
 
 
 @register_advantage("bicc", hp_needs=_base_needs)
 def _bicc(x: AlgoInputs, hp) -> Tensor:
     """BiCC changes the ratio's inputs only (spec §1.6): the advantage is the base estimator's —
     ``bicc`` (the released ±sqrt(n∓/n±) form), GRPO/DAPO (std-scaled), Dr.GRPO (unscaled), ReMax."""
-    base = getattr(hp, "base", "bicc")
+    base = hp.base
     if base in ("grpo", "dapo"):
-        return grpo_advantage(x.rewards, x.group_ids, eps=getattr(hp, "eps", 1e-6))
+        return grpo_advantage(x.rewards, x.group_ids, eps=hp.eps if isinstance(hp, H.BiCCRCCHParams) else 1e-6)
     if base == "drgrpo":
         return grpo_advantage(x.rewards, x.group_ids, scale="none")
     if base == "remax":
         return remax_advantage(x.rewards, x.greedy_rewards)
-    return bicc_advantage(x.rewards, x.group_ids, threshold=getattr(hp, "threshold", 0.5))
+    return bicc_advantage(x.rewards, x.group_ids, threshold=hp.threshold)
 
 
 @register_advantage("rcc", needs=("old_logp", "ref_logp"), hp_needs=_base_needs)
@@ -80,7 +114,7 @@ def _rcc(x: AlgoInputs, hp) -> Tensor:
 def _papo(x: AlgoInputs, hp) -> Tensor:
     """PAPO A_out + λ·A_proc; ablations (spec §2.4): ``prm_only`` = GRPO on r_proc (graded on every
     response), ``mult`` = GRPO on r_out·r_proc."""
-    mode = getattr(hp, "reward_mode", "dual")
+    mode = hp.reward_mode
     if mode == "prm_only":
         return grpo_advantage(x.process, x.group_ids, eps=hp.eps)
     if mode == "mult":
