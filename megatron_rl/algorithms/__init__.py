@@ -19,7 +19,8 @@ Trainer interface (stable):
 
 * ``ALGO_KINDS[kind] -> AlgoKind(advantage, loss, hparams)`` for grpo, dapo, drgrpo, remax, rloo,
   bicc, bicc_rcc (``base`` ∈ grpo/dapo/drgrpo/bicc/remax), rlcsd, opsd, sdpo, srpo, rlsd,
-  opsd_ectr, rlsd_ectr, papo, score; ``KIND_DATA_PATH[kind]`` names the extra data path.
+  opsd_ectr, rlsd_ectr, papo, score; ``ALGO_KINDS[kind].path`` names its trainer data path;
+  ``register_algo_kind(name, advantage, loss, hparams, path)`` adds a method.
 * One frozen :class:`AlgoInputs` bundle per step / mini-batch. Registered functions:
   advantage ``fn(inputs, hp) -> Tensor[N]``; loss ``fn(inputs, advantages, hp) -> LossOutput``
   (``loss_mat`` [N, T], ``metrics`` of 0-d tensors) or ``MaskedLossOutput`` (adds the ``mask`` to
@@ -41,8 +42,7 @@ Each module's docstring lists where it departs from the reference code and why.
 from .advantages import (PAPOAdvantage, ReMaxTokenAdvantage, bicc_advantage, drgrpo_advantage, grpo_advantage,
                          papo_advantage, papo_components, rcc_advantage, rcc_delta, remax_advantage,
                          remax_token_advantage, rloo_advantage)
-from .builtin import (ALGO_KINDS, KIND_DATA_PATH, AlgoKind, PolicyObjective, algo_kind, compute_advantages,
-                      compute_policy_loss, kind_required_inputs)
+from .builtin import ALGO_KINDS, AlgoKind, algo_kind, compute_advantages, kind_required_inputs, register_algo_kind
 from .contrastive import (BiCCBatch, BiCCSample, HintAssignment, HintSelection, RLCSDAdvantage, bicc_old_logp,
                           build_bicc_contexts, hint_answer, last_boxed, rlcsd_advantage, rlcsd_signal,
                           rlcsd_teacher_prompt, select_rlcsd_hints, student_prompt)
@@ -54,9 +54,11 @@ from .hparams import (BiCCHParams, BiCCRCCHParams, DAPOHParams, DrGRPOHParams, G
                       RLSDECTRHParams, RLSDHParams, ScoreHParams, SDPOHParams, SRPOHParams)
 from .inputs import AlgoInputs
 from .kl import AdaptiveKLController, apply_kl_in_reward, kl_penalty
-from .losses import (AGG_MODES, LossOutput, MaskedLossOutput, RLCSDPaths, aggregate, rlcsd_paths, tis_weights, plain_clip_loss, ppo_clip_loss, rlcsd_loss, rlsd_advantage,
+from .losses import (AGG_MODES, LossOutput, MaskedLossOutput, PartialLoss, RLCSDPaths, aggregate, finish_aggregate,
+                     partial_aggregate, rlcsd_paths, tis_weights, plain_clip_loss, ppo_clip_loss, rlcsd_loss, rlsd_advantage,
                      rlsd_ectr_advantage, rlsd_lambda)
-from .registry import (advantage_names, check_inputs, get_advantage, get_policy_loss, policy_loss_names,
+from .objective import ObjectiveTerms, PolicyObjective, compute_policy_loss, loss_needs, objective_terms
+from .registry import (advantage_names, check_inputs, get_advantage, get_policy_loss, loss_batch_stats, loss_inputs, loss_support, policy_loss_names,
                        register_advantage, register_policy_loss, required_inputs)
 from .score import (first_eos_mask, score_k3, score_loss_mat, score_stage1_loss, score_stage2_loss,
                     shaped_reward)

@@ -14,6 +14,8 @@ log = logging.getLogger("megatron_rl.setup")
 
 @dataclasses.dataclass
 class Run:
+    """What every data path shares; the method's own state lives in ``path`` (``trainer/paths/``)."""
+
     cfg: Any
     info: Any
     tok: Any
@@ -25,15 +27,9 @@ class Run:
     client: Any
     rewards: Any
     logger: Any
+    path: Any                      # trainer.paths.DataPath of cfg.algo.kind
     step: int = 0
     last_checkpoint: str | None = None
-    bicc_layout: Any = None        # update_stage.BiccLayout (BiCC kinds)
-    score_turn: Any = None         # data.chat.NextUserTurn (SCoRe on a chat template)
-    grader: Any = None
-    teacher: Any = None            # TeacherWeights (self-distillation kinds)
-    teacher_template: Any = None   # ChatHintTemplate | InlineHintTemplate
-    pending_grades: Any = None     # rollout_stage.PendingGrades (PAPO)
-    teacher_packed: bool = True    # block-diagonal packing of teacher passes (local attention path)
     gate: dict | None = None       # start-up gate numbers (sync_stage.startup_gate)
 
     def seq_len(self, prompts, responses) -> int:
@@ -46,10 +42,11 @@ class Run:
         from megatron_rl.trainer.checkpoint import save_checkpoint
 
         extra = {"step": self.step, "sampler": self.sampler.state_dict() if self.sampler else None,
-                 "teacher": self.teacher.state_dict() if self.teacher is not None else None}
+                 "teacher": self.path.state_dict() or None}   # the path's extras (teacher counters)
         m = self.cfg.model
         path = save_checkpoint(self.cfg.trainer.run_dir, self.step, self.actor, extra, keep_last=self.cfg.trainer.keep_last,
-                               teacher=self.teacher, hf_dir=m.hf_path, tokenizer_dir=m.tokenizer_path or m.hf_path)
+                               teacher=self.path.shadow_weights(), hf_dir=m.hf_path,
+                               tokenizer_dir=m.tokenizer_path or m.hf_path)
         self.last_checkpoint = str(path)
 
     def dump_samples(self, step: int, name: str, seqs) -> None:
@@ -68,8 +65,7 @@ class Run:
                 f.write(json.dumps({"step": step, "name": name, "ids": ids, "text": text}) + "\n")
 
     def close(self, own_client: bool = True) -> None:
-        if self.pending_grades is not None:
-            self.pending_grades.close()
+        self.path.close()
         if own_client and self.client is not None:
             self.client.shutdown()
 
@@ -99,23 +95,6 @@ def client_args(cfg, trainer_world: int = 1) -> dict:
     return {"engine": r.engine, "model": cfg.model.hf_path, "num_engines": r.num_engines, "engine_kwargs": kw,
             "cpus_per_engine": r.cpus_per_engine, "ray_address": r.ray_address, "sync_backend": r.sync_backend,
             "bucket_bytes": r.bucket_mb << 20, "trainer_world": trainer_world}
-
-
-def prompt_layouts(cfg, tok) -> tuple:
-    """(BiCC layout, SCoRe second-turn layout) of the method's data path, or None each."""
-    from megatron_rl import algorithms as A
-
-    path = A.KIND_DATA_PATH.get(cfg.algo.kind)
-    bicc = turn = None
-    if path == "bicc_context":
-        from megatron_rl.trainer.update_stage import BiccLayout
-
-        bicc = BiccLayout.of(tok)
-    if path == "two_attempts":
-        from megatron_rl.trainer.score_stage import second_turn
-
-        turn = second_turn(tok, cfg.algo.hparams, cfg.data.max_prompt_len, cfg.rollout.max_tokens, cfg.rollout.max_model_len)
-    return bicc, turn
 
 
 def build_client(cfg, trainer_world: int = 1):
@@ -153,7 +132,7 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
     from megatron_rl.preflight import preflight
     from megatron_rl.rewards.manager import RewardManager
     from megatron_rl.trainer.actor import PolicyActor, ReferencePolicy
-    from megatron_rl.trainer.checkpoint import find_latest, load_checkpoint
+    from megatron_rl.trainer.paths import build_path
     from megatron_rl.trainer.run_dir import archive_run
 
     backend = preflight(cfg, resume, overwrite)   # every user error before anything starts
@@ -169,7 +148,7 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
     if not cfg.model.hf_path:
         raise ValueError("model.hf_path is required (HF model dir with config.json + safetensors)")
     tok = load_tokenizer(cfg.model.tokenizer_path or cfg.model.hf_path)
-    layouts = prompt_layouts(cfg, tok)     # template errors surface here, before any model is built
+    path = build_path(cfg, tok)     # template / layout errors surface here, before any model is built
     train = PromptDataset.from_parquet(cfg.data.train, tok, cfg.data.max_prompt_len, cfg.data.on_error)
     val = PromptDataset.from_parquet(cfg.data.val, tok, cfg.data.max_prompt_len, cfg.data.on_error) if cfg.data.val else None
     sampler = DeterministicSampler(len(train), cfg.data.prompts_per_step, cfg.data.seed)
@@ -177,56 +156,46 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
     actor = PolicyActor(hf_cfg, info, _optim_spec(cfg), temperature=cfg.rollout.temperature,
                         sequence_parallel=info.sequence_parallel, backend=backend, fp8=cfg.model.fp8)
     actor.load_hf(cfg.model.hf_path)
-    need = A.kind_required_inputs(cfg.algo.kind, cfg.algo.hparams)
     ref = None
-    if "ref_logp" in need:
+    if "ref_logp" in A.kind_required_inputs(cfg.algo.kind, cfg.algo.hparams):
         ref = ReferencePolicy(hf_cfg, cfg.rollout.temperature, info.sequence_parallel, cfg.model.bf16, parallel_info=info,
                               backend=backend, fp8=cfg.model.fp8)
         ref.load_hf(cfg.model.hf_path)
-    teacher = template = None
-    if A.KIND_DATA_PATH.get(cfg.algo.kind) in ("rlcsd_hints", "gt_teacher"):
-        from megatron_rl.trainer.teacher import TeacherWeights
-        from megatron_rl.trainer.teacher_inputs import make_template
-
-        hp = cfg.algo.hparams
-        teacher = TeacherWeights(actor, hp.teacher_mode, getattr(hp, "teacher_sync_interval", 10),
-                                 getattr(hp, "ema_decay", 0.95))
-        template = make_template(cfg.teacher.template, tok)
-    step, last = 0, None
-    path = (find_latest(cfg.trainer.run_dir) if resume == "auto" else Path(resume)) if resume else None
-    if path is not None:
-        loaded = load_checkpoint(path, actor, teacher=teacher)
-        if teacher is not None and loaded.extra_state.get("teacher"):
-            teacher.load_state_dict(loaded.extra_state["teacher"])
-        step, last = loaded.step, str(path)
-        if loaded.extra_state.get("sampler"):
-            sampler.load_state_dict(loaded.extra_state["sampler"])
-        log.info("resumed from %s at step %d", path, step)
-        if info.is_driver:   # a console line too (INFO goes to train.log only): users and job logs must see it
-            print(f"[megatron-rl] resumed from {path} at step {step}", flush=True)
+    run = Run(cfg, info, tok, train, val, sampler, actor, ref, None, RewardManager(cfg.reward.by_source, cfg.reward.default),
+              None, path)
+    path.setup(run)
+    _resume(run, resume)
     if info.is_driver and client is None:
         client = build_client(cfg, trainer_world=info.world)
-    logger = RunLogger(cfg.trainer.run_dir, cfg.to_dict(), wandb_mode=cfg.logging.wandb_mode,
-                       project=cfg.logging.project, run_name=cfg.logging.run_name, total_steps=cfg.trainer.steps,
-                       resume_step=step if path is not None else None, progress=cfg.logging.progress)
-    run = Run(cfg, info, tok, train, val, sampler, actor, ref, client, RewardManager(cfg.reward.by_source, cfg.reward.default),
-              logger, step, last, teacher=teacher, teacher_template=template)
-    if teacher is not None:   # decided from the backend the actor was built with (one resolution)
-        run.teacher_packed = cfg.teacher.pack == "on" or (cfg.teacher.pack == "auto" and actor.backend == "local")
-        log.info("teacher passes: %s", "packed (block-diagonal attention)" if run.teacher_packed
-                 else "one sequence per row (Transformer Engine attention)")
-    if A.KIND_DATA_PATH.get(cfg.algo.kind) == "process_reward":
-        from megatron_rl.trainer.rollout_stage import PendingGrades
-
-        run.pending_grades = PendingGrades()
-    if info.is_driver and A.KIND_DATA_PATH.get(cfg.algo.kind) == "process_reward":
-        run.grader = build_grader(cfg)
-    run.bicc_layout, run.score_turn = layouts
+    run.client = client
+    run.logger = RunLogger(cfg.trainer.run_dir, cfg.to_dict(), wandb_mode=cfg.logging.wandb_mode,
+                           project=cfg.logging.project, run_name=cfg.logging.run_name, total_steps=cfg.trainer.steps,
+                           resume_step=run.step if run.last_checkpoint is not None else None,
+                           progress=cfg.logging.progress)
     sync_weights(run)  # engines start from the HF dir; after a resume they must get the checkpoint's weights
     from megatron_rl.trainer.sync_stage import startup_gate
 
     run.gate = startup_gate(run)  # stops the run if trainer and engines disagree after the first sync
     return run
+
+
+def _resume(run: Run, resume: str | None) -> None:
+    """``resume``: ``"auto"`` (newest complete checkpoint, if any), a path, or None: model, optimizer,
+    sampler and the data path's state (teacher weights and counters) as saved."""
+    from megatron_rl.trainer.checkpoint import find_latest, load_checkpoint
+
+    path = (find_latest(run.cfg.trainer.run_dir) if resume == "auto" else Path(resume)) if resume else None
+    if path is None:
+        return
+    loaded = load_checkpoint(path, run.actor, teacher=run.path.shadow_weights())
+    if loaded.extra_state.get("teacher"):
+        run.path.load_state_dict(loaded.extra_state["teacher"])
+    run.step, run.last_checkpoint = loaded.step, str(path)
+    if loaded.extra_state.get("sampler"):
+        run.sampler.load_state_dict(loaded.extra_state["sampler"])
+    log.info("resumed from %s at step %d", path, run.step)
+    if run.info.is_driver:   # a console line too (INFO goes to train.log only): users and job logs must see it
+        print(f"[megatron-rl] resumed from {path} at step {run.step}", flush=True)
 
 
 def sync_weights(run: Run) -> None:

@@ -141,13 +141,13 @@ def test_optim_clip_grad_reaches_the_optimizer(ov, want):
 
 
 def test_required_inputs_are_checked_at_start_up():
-    from megatron_rl.config import _check_required_inputs
+    from megatron_rl.config import load_config
+    from megatron_rl.trainer.paths import get_path
 
-    with pytest.raises(ValueError, match=r"grpo.*\['old_logp'\].*two_attempts"):
-        _check_required_inputs("grpo", A.GRPOHParams(), "two_attempts")
-    _check_required_inputs("remax", A.ReMaxHParams(), "greedy")
-    with pytest.raises(ValueError, match="greedy_rewards"):
-        _check_required_inputs("remax", A.ReMaxHParams(), None)
+    c = load_config(None, ["algo.kind=remax"])
+    get_path("greedy").validate(c)
+    with pytest.raises(ValueError, match=r"remax.*\['greedy_rewards'\].*'plain'"):
+        get_path("plain").validate(c)
 
 
 def test_removed_trainer_max_gen_batches_is_rejected():

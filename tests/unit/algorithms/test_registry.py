@@ -26,7 +26,7 @@ def test_public_names_exist():
 
 def test_every_kind_is_registered_and_defaults_construct():
     assert REQUIRED_KINDS <= set(A.ALGO_KINDS)
-    for kind, (adv, loss, hp_cls) in A.ALGO_KINDS.items():
+    for kind, (adv, loss, hp_cls, _path) in A.ALGO_KINDS.items():
         assert adv in A.advantage_names() and loss in A.policy_loss_names(), kind
         hp = hp_cls()
         assert dataclasses.is_dataclass(hp) and hp_cls.__dataclass_params__.frozen
