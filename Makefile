@@ -31,7 +31,7 @@ demo: $(STAMP)
 	$(BIN)/megatron-rl demo --algo $(ALGO)
 
 test: $(STAMP) cluster-deps-try
-	$(BIN)/python -m pytest tests -q -x --timeout=900 --durations=15 -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests -q -x --timeout=900 --durations=15 -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit -q $(PYTEST_ARGS)

@@ -1,11 +1,13 @@
 """Shared pytest setup: hardware markers and environment for real (not mocked) components.
 
-``make test`` runs the suite on two pytest-xdist workers (``-n 2 --dist loadfile``): most tests spend
-their time in subprocesses that mostly wait (Ray / vLLM / torchrun start-up, Python imports, sampling
-one token at a time on a tiny model), so one of them rarely keeps both cores busy (measured: ~1.1 of 2
-cores during the chat-kinds run). ``loadfile`` keeps every module on one worker, so module fixtures
-(a distill warm start, the invariance launches) run once; the session warm starts are built once per
-run and shared between the workers through a file lock (``_shared_dir``).
+``make test`` runs the suite on two pytest-xdist workers (``-n 2 --dist loadfile
+--no-loadscope-reorder``): most tests spend their time in subprocesses that mostly wait (Ray / vLLM /
+torchrun start-up, Python imports, sampling one token at a time on a tiny model), so one of them
+rarely keeps both cores busy (measured: ~1.1 of 2 cores during the chat-kinds run). ``loadfile`` keeps
+every module on one worker, so module fixtures (a distill warm start, the invariance launches) run
+once; ``--no-loadscope-reorder`` keeps the order set here (longest modules first) instead of xdist's
+(most tests first); the session warm starts are built once per run and shared between the workers
+through a file lock (``_shared_dir``).
 """
 from __future__ import annotations
 
