@@ -22,16 +22,19 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-#: rough seconds per module on a clean 2-core machine (CI ``--durations``), used only to order the
-#: modules for the xdist workers: the longest first, so that the two workers finish together and the
-#: many short unit modules (not listed: 0) fill the gaps at the end. A module missing here still runs.
+#: seconds per module, measured (``make test`` on 2 xdist workers, 2026-11-24, a 2-core host shared with
+#: ~0.7 cores of other load; about half of that on an idle one), used only to order the modules for
+#: the xdist workers: the longest first, so that the two workers finish together and the many short
+#: unit modules (not listed: 0) fill the gaps at the end. A module missing here still runs.
 MODULE_SECONDS = {
-    "tests/e2e/test_distill.py": 500, "tests/e2e/test_learning.py": 330, "tests/e2e/test_resume.py": 330,
-    "tests/cluster/test_slurm.py": 180, "tests/cluster/test_two_nodes.py": 170,
-    "tests/e2e/test_quickstart.py": 130, "tests/e2e/test_score.py": 110, "tests/distributed/test_convert.py": 150,
-    "tests/e2e/test_chat_methods.py": 90, "tests/distributed/test_invariance.py": 70,
-    "tests/distributed/test_weight_transport.py": 70, "tests/distributed/test_checkpoint.py": 55,
-    "tests/e2e/test_papo.py": 45, "tests/e2e/test_rollout_vllm.py": 40,
+    "tests/distributed/test_convert.py": 1290, "tests/e2e/test_distill.py": 910,
+    "tests/cluster/test_two_nodes.py": 690, "tests/e2e/test_resume.py": 650, "tests/e2e/test_learning.py": 550,
+    "tests/cluster/test_slurm.py": 380, "tests/e2e/test_score.py": 340, "tests/e2e/test_quickstart.py": 340,
+    "tests/distributed/test_invariance.py": 260, "tests/distributed/test_checkpoint.py": 210,
+    "tests/e2e/test_chat_methods.py": 180, "tests/distributed/test_weight_transport.py": 170,
+    "tests/e2e/test_rollout_vllm.py": 145, "tests/e2e/test_papo.py": 130, "tests/distributed/test_teacher_pass.py": 110,
+    "tests/distributed/test_actor.py": 40, "tests/distributed/test_backend_wiring.py": 20,
+    "tests/distributed/test_actor_vocab_parallel.py": 10,
 }
 
 
