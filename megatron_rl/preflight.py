@@ -117,9 +117,9 @@ def check_grader(cfg, timeout: float = 3.0) -> None:
     r = cfg.reward
     if not r.grader_url or not getattr(r, "grader_required", True):
         return
-    from megatron_rl.algorithms import KIND_DATA_PATH
+    from megatron_rl.trainer.paths import path_class
 
-    if KIND_DATA_PATH.get(cfg.algo.kind) != "process_reward":
+    if not path_class(cfg.algo.kind).uses_grader:
         return
     u = urlparse(r.grader_url)
     if u.scheme not in ("http", "https") or not u.hostname:

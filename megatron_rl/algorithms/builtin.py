@@ -7,10 +7,9 @@ the ``algo.kind`` table and the two per-step entry points the trainer calls.
     adv = compute_advantages(kind_name, inputs, hp)          # once per step, full batch
     obj = compute_policy_loss(kind_name, mb_inputs, adv[mb], hp)  # per mini-batch; obj.loss.backward()
 
-``KIND_DATA_PATH`` tells the trainer which extra data path a kind needs: ``bicc_context``
-(``contrastive.build_bicc_contexts``), ``rlcsd_hints`` (``contrastive.select_rlcsd_hints`` with K
-negatives; ``_ectr`` kinds use one), ``gt_teacher`` (teacher prompt from the dataset solution),
-``greedy`` (one greedy rollout per prompt), ``process_reward`` (PRM scores), ``two_attempts``.
+Each kind declares the trainer data path it runs on (``AlgoKind.path``: ``plain``, ``greedy``,
+``bicc_context``, ``process_reward``, ``rlcsd_hints``, ``gt_teacher``, ``two_attempts``; the classes are
+registered in ``megatron_rl/trainer/paths/``). ``register_algo_kind`` adds a method.
 """
 from __future__ import annotations
 
@@ -19,16 +18,45 @@ from typing import NamedTuple
 from torch import Tensor
 
 from . import hparams as H
-from .advantages import (bicc_advantage, grpo_advantage, papo_advantage, rcc_advantage, rcc_delta,
-                         remax_advantage, rloo_advantage)
+from .advantages import (
+    bicc_advantage,
+    grpo_advantage,
+    papo_advantage,
+    rcc_advantage,
+    rcc_delta,
+    remax_advantage,
+    rloo_advantage,
+)
 from .contrastive import rlcsd_advantage, rlcsd_signal
-from .distill import generalized_jsd, opsd_ectr_loss, opsd_loss, sdpo_loss, srpo_loss
+from .distill import (
+    SUPPORT_CHOOSER,
+    generalized_jsd,
+    opsd_ectr_loss,
+    opsd_loss,
+    sdpo_loss,
+    srpo_loss,
+)
 from .inputs import AlgoInputs
-from .kl import kl_penalty
-from .losses import (LossOutput, MaskedLossOutput, aggregate, plain_clip_loss, ppo_clip_loss, rlcsd_loss, rlsd_advantage,
-                     rlsd_ectr_advantage, rlsd_lambda)
-from .registry import (_lookup, check_inputs, get_advantage, get_policy_loss, register_advantage,
-                       register_policy_loss, _ADVANTAGES, _LOSSES)
+from .losses import (
+    LossOutput,
+    MaskedLossOutput,
+    masked_mean,
+    plain_clip_loss,
+    ppo_clip_loss,
+    rlcsd_loss,
+    rlsd_advantage,
+    rlsd_ectr_advantage,
+    rlsd_lambda,
+)
+from .registry import (
+    _ADVANTAGES,
+    _LOSSES,
+    _lookup,
+    check_inputs,
+    get_advantage,
+    register_advantage,
+    register_policy_loss,
+)
 from .score import score_loss_mat, shaped_reward
 
 # ----------------------------------------------------------------------------------- advantages
@@ -36,7 +64,11 @@ from .score import score_loss_mat, shaped_reward
 
 @register_advantage("grpo")
 def _grpo(x: AlgoInputs, hp) -> Tensor:
-    return grpo_advantage(x.rewards, x.group_ids, scale=getattr(hp, "scale", "std"), eps=getattr(hp, "eps", 1e-6))
+    """GRPO's knobs (``scale``, ``eps``) when the method's hparams are GRPO's; the paper's defaults for
+    the methods that reuse the estimator with their own hparams (the self-distillation family)."""
+    if isinstance(hp, H.GRPOHParams):
+        return grpo_advantage(x.rewards, x.group_ids, scale=hp.scale, eps=hp.eps)
+    return grpo_advantage(x.rewards, x.group_ids)
 
 
 @register_advantage("drgrpo")
@@ -55,21 +87,21 @@ def _remax(x: AlgoInputs, hp) -> Tensor:
 
 
 def _base_needs(hp) -> set:
-    return {"greedy_rewards"} if getattr(hp, "base", None) == "remax" else set()
+    return {"greedy_rewards"} if isinstance(hp, H.BiCCHParams) and hp.base == "remax" else set()
 
 
 @register_advantage("bicc", hp_needs=_base_needs)
 def _bicc(x: AlgoInputs, hp) -> Tensor:
     """BiCC changes the ratio's inputs only (spec §1.6): the advantage is the base estimator's —
     ``bicc`` (the released ±sqrt(n∓/n±) form), GRPO/DAPO (std-scaled), Dr.GRPO (unscaled), ReMax."""
-    base = getattr(hp, "base", "bicc")
+    base = hp.base
     if base in ("grpo", "dapo"):
-        return grpo_advantage(x.rewards, x.group_ids, eps=getattr(hp, "eps", 1e-6))
+        return grpo_advantage(x.rewards, x.group_ids, eps=hp.eps if isinstance(hp, H.BiCCRCCHParams) else 1e-6)
     if base == "drgrpo":
         return grpo_advantage(x.rewards, x.group_ids, scale="none")
     if base == "remax":
         return remax_advantage(x.rewards, x.greedy_rewards)
-    return bicc_advantage(x.rewards, x.group_ids, threshold=getattr(hp, "threshold", 0.5))
+    return bicc_advantage(x.rewards, x.group_ids, threshold=hp.threshold)
 
 
 @register_advantage("rcc", needs=("old_logp", "ref_logp"), hp_needs=_base_needs)
@@ -82,7 +114,7 @@ def _rcc(x: AlgoInputs, hp) -> Tensor:
 def _papo(x: AlgoInputs, hp) -> Tensor:
     """PAPO A_out + λ·A_proc; ablations (spec §2.4): ``prm_only`` = GRPO on r_proc (graded on every
     response), ``mult`` = GRPO on r_out·r_proc."""
-    mode = getattr(hp, "reward_mode", "dual")
+    mode = hp.reward_mode
     if mode == "prm_only":
         return grpo_advantage(x.process, x.group_ids, eps=hp.eps)
     if mode == "mult":
@@ -107,33 +139,53 @@ def _ppo(x: AlgoInputs, adv: Tensor, hp) -> LossOutput:
                          dual_clip=hp.dual_clip, tis_weights=x.tis_weights)
 
 
-@register_policy_loss("rlcsd", needs=("logp", "old_logp", "teacher_logp", "teacher_neg_logp", "teacher_neg_mask"))
+@register_policy_loss("rlcsd", needs=("logp", "old_logp", "teacher_logp", "teacher_neg_logp", "teacher_neg_mask"),
+                      batch_stats=("rlcsd_counts",))
 def _rlcsd(x: AlgoInputs, adv: Tensor, hp) -> LossOutput:
+    """Aggregate with ``token-sum``: the matrix carries its own normalisers, the whole mini-batch's
+    (N_non, N_sel) when the trainer passes ``rlcsd_counts`` (else counted over ``x``)."""
     e = rlcsd_signal(x.teacher_logp, x.teacher_neg_logp, x.teacher_neg_mask)
     mod = rlcsd_advantage(adv, e, x.mask, **hp.signal_kwargs())
+    counts = None if x.rlcsd_counts is None else (x.rlcsd_counts[0, 0], x.rlcsd_counts[0, 1])
     out = rlcsd_loss(x.logp, x.old_logp, adv, mod.adv_hat, mod.gate, x.mask, clip_eps=hp.clip_low,
-                     eta=hp.eta, tis_weights=x.tis_weights)
-    return LossOutput(out.loss_mat, {**out.metrics, "rlcsd_abs_residual": (mod.residual.abs() * x.mask).sum()
-                                     / x.mask.sum().clamp_min(1)})
+                     eta=hp.eta, tis_weights=x.tis_weights, counts=counts)
+    return LossOutput(out.loss_mat, {"rlcsd_sel_frac": out.metrics["rlcsd_sel_frac"],
+                                     "rlcsd_abs_residual": masked_mean(mod.residual.abs(), x.mask).detach()})
 
 
-@register_policy_loss("opsd", needs=("student_topk", "teacher_topk"))
+def _support_metrics(x: AlgoInputs, alpha: float) -> dict:
+    """Diagnostics on the top-k support: forward KL(teacher‖student) and the α-JSD, token means."""
+    t, s = x.teacher_topk, x.student_topk.detach()
+    fkl = (t.exp() * (t - s)).sum(-1)
+    return {"distill/fkl_support": masked_mean(fkl, x.mask).detach(),
+            "distill/jsd_support": masked_mean(generalized_jsd(s, t, alpha), x.mask).detach()}
+
+
+def _with_support(out, x: AlgoInputs, alpha: float):
+    return type(out)(out.loss_mat, {**out.metrics, **_support_metrics(x, alpha)}, *out[2:])
+
+
+@register_policy_loss("opsd", needs=("student_topk", "teacher_topk"), support=SUPPORT_CHOOSER["opsd"])
 def _opsd(x: AlgoInputs, adv: Tensor, hp) -> LossOutput:
-    return opsd_loss(x.student_topk, x.teacher_topk, x.mask, clip=hp.jsd_token_clip, tis_weights=x.tis_weights)
+    out = opsd_loss(x.student_topk, x.teacher_topk, x.mask, clip=hp.jsd_token_clip, tis_weights=x.tis_weights)
+    return _with_support(out, x, 0.5)
 
 
-@register_policy_loss("sdpo", needs=("logp", "old_logp", "student_topk", "teacher_topk"))
+@register_policy_loss("sdpo", needs=("logp", "old_logp", "student_topk", "teacher_topk"), support=SUPPORT_CHOOSER["sdpo"])
 def _sdpo(x: AlgoInputs, adv: Tensor, hp) -> LossOutput:
-    return sdpo_loss(x.student_topk, x.teacher_topk, x.logp, x.old_logp, x.mask, alpha=hp.alpha,
-                     is_clip=hp.is_clip, tis_weights=x.tis_weights)
+    out = sdpo_loss(x.student_topk, x.teacher_topk, x.logp, x.old_logp, x.mask, alpha=hp.alpha,
+                    is_clip=hp.is_clip, tis_weights=x.tis_weights)
+    return _with_support(out, x, hp.alpha)
 
 
-@register_policy_loss("srpo", needs=("logp", "old_logp", "student_topk", "teacher_topk", "teacher_entropy"))
+@register_policy_loss("srpo", needs=("logp", "old_logp", "student_topk", "teacher_topk", "teacher_entropy"),
+                      support=SUPPORT_CHOOSER["srpo"], batch_stats=("srpo_log_u_mean",))
 def _srpo(x: AlgoInputs, adv: Tensor, hp) -> LossOutput:
     jsd = generalized_jsd(x.student_topk, x.teacher_topk, hp.alpha)
-    return srpo_loss(x.logp, x.old_logp, adv, x.mask, jsd, x.teacher_entropy, clip_eps=hp.clip_low,
-                     dual_clip=hp.dual_clip, beta=hp.srpo_beta, is_clip=hp.is_clip, tis_weights=x.tis_weights,
-                     log_u_mean=x.srpo_log_u_mean)
+    out = srpo_loss(x.logp, x.old_logp, adv, x.mask, jsd, x.teacher_entropy, clip_eps=hp.clip_low,
+                    dual_clip=hp.dual_clip, beta=hp.srpo_beta, is_clip=hp.is_clip, tis_weights=x.tis_weights,
+                    log_u_mean=x.srpo_log_u_mean)
+    return _with_support(out, x, hp.alpha)
 
 
 @register_policy_loss("rlsd", needs=("logp", "old_logp", "teacher_logp"))
@@ -150,11 +202,13 @@ def _rlsd_ectr(x: AlgoInputs, adv: Tensor, hp) -> LossOutput:
     return plain_clip_loss(x.logp, x.old_logp, a_hat, x.mask, clip_eps=hp.clip_low, tis_weights=x.tis_weights)
 
 
-@register_policy_loss("opsd_ectr", needs=("student_topk", "teacher_topk", "teacher_neg_topk"))
+@register_policy_loss("opsd_ectr", needs=("student_topk", "teacher_topk", "teacher_neg_topk"),
+                      support=SUPPORT_CHOOSER["opsd_ectr"])
 def _opsd_ectr(x: AlgoInputs, adv: Tensor, hp) -> LossOutput:
-    return opsd_ectr_loss(x.student_topk, x.teacher_topk, x.teacher_neg_topk, x.mask, alpha=hp.alpha,
-                          log_w_floor=hp.log_w_floor, cw_tau=hp.cw_tau, clip=hp.jsd_token_clip,
-                          tis_weights=x.tis_weights)
+    out = opsd_ectr_loss(x.student_topk, x.teacher_topk, x.teacher_neg_topk, x.mask, alpha=hp.alpha,
+                         log_w_floor=hp.log_w_floor, cw_tau=hp.cw_tau, clip=hp.jsd_token_clip,
+                         tis_weights=x.tis_weights)
+    return _with_support(out, x, 0.5)
 
 
 @register_policy_loss("score", needs=("logp", "ref_logp", "first_logp", "first_ref_logp", "first_mask",
@@ -170,37 +224,51 @@ def _score(x: AlgoInputs, adv: Tensor, hp) -> MaskedLossOutput:
 
 
 class AlgoKind(NamedTuple):
-    """advantage name, policy-loss name, hyper-parameter dataclass."""
+    """advantage name, policy-loss name, hyper-parameter dataclass, trainer data path name."""
 
     advantage: str
     loss: str
     hparams: type
+    path: str = "plain"
 
 
-ALGO_KINDS = {
+ALGO_KINDS: dict = {}
+
+
+def register_algo_kind(name: str, advantage: str, loss: str, hparams: type, path: str = "plain") -> AlgoKind:
+    """Add a method: ``algo.kind=name`` trains ``loss`` on ``advantage`` with ``hparams`` (a frozen
+    dataclass deriving from :class:`~.hparams.PPOHParams`, configured as ``algo.<name>.*``) on the
+    trainer data path ``path``. Strict: a second registration of ``name``, an unknown advantage or
+    loss, or hparams that are not PPOHParams raise here; an unknown path fails at config load."""
+    if name in ALGO_KINDS:
+        raise ValueError(f"algo kind {name!r} is already registered ({ALGO_KINDS[name]})")
+    _lookup(_ADVANTAGES, "advantage", advantage)
+    _lookup(_LOSSES, "policy loss", loss)
+    if not (isinstance(hparams, type) and issubclass(hparams, H.PPOHParams)):
+        raise TypeError(f"algo kind {name!r}: hparams must be a PPOHParams dataclass, got {hparams!r}")
+    ALGO_KINDS[name] = AlgoKind(advantage, loss, hparams, path)
+    return ALGO_KINDS[name]
+
+
+for _name, _kind in {
     "grpo": AlgoKind("grpo", "ppo_clip", H.GRPOHParams),
     "dapo": AlgoKind("grpo", "ppo_clip", H.DAPOHParams),
     "drgrpo": AlgoKind("drgrpo", "ppo_clip", H.DrGRPOHParams),
-    "remax": AlgoKind("remax", "ppo_clip", H.ReMaxHParams),
+    "remax": AlgoKind("remax", "ppo_clip", H.ReMaxHParams, "greedy"),
     "rloo": AlgoKind("rloo", "ppo_clip", H.RLOOHParams),
-    "bicc": AlgoKind("bicc", "ppo_clip", H.BiCCHParams),
-    "bicc_rcc": AlgoKind("rcc", "ppo_clip", H.BiCCRCCHParams),
-    "rlcsd": AlgoKind("grpo", "rlcsd", H.RLCSDHParams),
-    "opsd": AlgoKind("grpo", "opsd", H.OPSDHParams),
-    "sdpo": AlgoKind("grpo", "sdpo", H.SDPOHParams),
-    "srpo": AlgoKind("grpo", "srpo", H.SRPOHParams),
-    "rlsd": AlgoKind("grpo", "rlsd", H.RLSDHParams),
-    "opsd_ectr": AlgoKind("grpo", "opsd_ectr", H.OPSDECTRHParams),
-    "rlsd_ectr": AlgoKind("grpo", "rlsd_ectr", H.RLSDECTRHParams),
-    "papo": AlgoKind("papo", "ppo_clip", H.PAPOHParams),
-    "score": AlgoKind("score", "score", H.ScoreHParams),
-}
-
-KIND_DATA_PATH = {
-    "bicc": "bicc_context", "bicc_rcc": "bicc_context", "rlcsd": "rlcsd_hints", "opsd_ectr": "rlcsd_hints",
-    "rlsd_ectr": "rlcsd_hints", "opsd": "gt_teacher", "sdpo": "gt_teacher", "srpo": "gt_teacher",
-    "rlsd": "gt_teacher", "remax": "greedy", "papo": "process_reward", "score": "two_attempts",
-}
+    "bicc": AlgoKind("bicc", "ppo_clip", H.BiCCHParams, "bicc_context"),
+    "bicc_rcc": AlgoKind("rcc", "ppo_clip", H.BiCCRCCHParams, "bicc_context"),
+    "rlcsd": AlgoKind("grpo", "rlcsd", H.RLCSDHParams, "rlcsd_hints"),
+    "opsd": AlgoKind("grpo", "opsd", H.OPSDHParams, "gt_teacher"),
+    "sdpo": AlgoKind("grpo", "sdpo", H.SDPOHParams, "gt_teacher"),
+    "srpo": AlgoKind("grpo", "srpo", H.SRPOHParams, "gt_teacher"),
+    "rlsd": AlgoKind("grpo", "rlsd", H.RLSDHParams, "gt_teacher"),
+    "opsd_ectr": AlgoKind("grpo", "opsd_ectr", H.OPSDECTRHParams, "rlcsd_hints"),
+    "rlsd_ectr": AlgoKind("grpo", "rlsd_ectr", H.RLSDECTRHParams, "rlcsd_hints"),
+    "papo": AlgoKind("papo", "ppo_clip", H.PAPOHParams, "process_reward"),
+    "score": AlgoKind("score", "score", H.ScoreHParams, "two_attempts"),
+}.items():
+    register_algo_kind(_name, *_kind)
 
 
 def algo_kind(name: str) -> AlgoKind:
@@ -216,7 +284,7 @@ def kind_required_inputs(name: str, hp=None) -> set:
     hp = hp if hp is not None else k.hparams()
     need = _lookup(_ADVANTAGES, "advantage", k.advantage).needs_for(hp) | \
         _lookup(_LOSSES, "policy loss", k.loss).needs_for(hp)
-    if getattr(hp, "kl_loss_coef", 0.0) > 0:
+    if hp.kl_loss_coef > 0:
         need |= {"logp", "ref_logp"}
     return need
 
@@ -229,36 +297,4 @@ def compute_advantages(name: str, inputs: AlgoInputs, hp=None) -> Tensor:
     return get_advantage(k.advantage)(inputs, hp)
 
 
-class PolicyObjective(NamedTuple):
-    """loss: scalar to backward; pg_loss / kl_loss: its parts; metrics: 0-d tensors."""
-
-    loss: Tensor
-    pg_loss: Tensor
-    kl_loss: Tensor
-    metrics: dict
-
-
-def compute_policy_loss(name: str, inputs: AlgoInputs, advantages: Tensor, hp=None) -> PolicyObjective:
-    """Registered loss → ``aggregate`` with ``hp.loss_agg_mode`` → + β·KL (same mode; token-mean
-    for self-normalised ``token-sum`` losses)."""
-    k = algo_kind(name)
-    hp = hp if hp is not None else k.hparams()
-    need = _lookup(_LOSSES, "policy loss", k.loss).needs_for(hp)
-    if hp.kl_loss_coef > 0:
-        need |= {"logp", "ref_logp"}
-    check_inputs(inputs, need, f"policy loss {k.loss!r}")
-    out = get_policy_loss(k.loss)(inputs, advantages, hp)
-    mask = getattr(out, "mask", None)
-    mask = inputs.mask if mask is None else mask
-    pg = aggregate(out.loss_mat, mask, hp.loss_agg_mode, scale_factor=hp.loss_scale_factor)
-    kl = pg.new_zeros(())
-    if hp.kl_loss_coef > 0:
-        mode = "token-mean" if hp.loss_agg_mode == "token-sum" else hp.loss_agg_mode
-        kl = aggregate(kl_penalty(inputs.logp, inputs.ref_logp, hp.kl_loss_type), inputs.mask, mode,
-                       scale_factor=hp.loss_scale_factor)
-    metrics = {**out.metrics, "pg_loss": pg.detach(), "kl_loss": kl.detach()}
-    return PolicyObjective(pg + hp.kl_loss_coef * kl, pg, kl, metrics)
-
-
-__all__ = ["ALGO_KINDS", "AlgoKind", "KIND_DATA_PATH", "PolicyObjective", "algo_kind", "compute_advantages",
-           "compute_policy_loss", "kind_required_inputs"]
+__all__ = ["ALGO_KINDS", "AlgoKind", "algo_kind", "compute_advantages", "kind_required_inputs", "register_algo_kind"]

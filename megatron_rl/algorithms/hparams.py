@@ -60,18 +60,17 @@ class GRPOHParams(PPOHParams):
 
 
 @dataclass(frozen=True)
-class DAPOHParams(GRPOHParams):
-    """DAPO: clip-higher 0.28, token-mean, no KL, overlong shaping, dynamic sampling."""
+class SamplingHParams(PPOHParams):
+    """DAPO's sampling-side pieces (soft overlong shaping, dynamic sampling), read by the sampling data
+    paths (``trainer/paths/sampling.py``) of every method whose hparams derive from this class."""
 
-    clip_high: float = 0.28
-    kl_loss_coef: float = 0.0
-    overlong_enable: bool = True
+    overlong_enable: bool = False
     overlong_buffer_len: int = 4096
     overlong_penalty_factor: float = 1.0
-    filter_groups: bool = True
+    filter_groups: bool = False          #: DAPO dynamic sampling
     filter_metric: str = "acc"
-    max_num_gen_batches: int = 0     #: generation batches per step at most; ≤ 0 = unlimited
-    at_cap: str = "raise"            #: at max_num_gen_batches: raise (reference) | fill (uniform groups, no duplicates)
+    max_num_gen_batches: int = 0         #: generation batches per step at most; ≤ 0 = unlimited
+    at_cap: str = "raise"                #: at max_num_gen_batches: raise (reference) | fill (uniform groups, no duplicates)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -79,6 +78,16 @@ class DAPOHParams(GRPOHParams):
         _check(self.filter_metric in ("acc", "score", "seq_reward", "seq_final_reward"),
                f"filter_metric {self.filter_metric!r} invalid")
         _check(self.at_cap in ("raise", "fill"), f"at_cap must be raise|fill, got {self.at_cap!r}")
+
+
+@dataclass(frozen=True)
+class DAPOHParams(GRPOHParams, SamplingHParams):
+    """DAPO: clip-higher 0.28, token-mean, no KL, overlong shaping, dynamic sampling."""
+
+    clip_high: float = 0.28
+    kl_loss_coef: float = 0.0
+    overlong_enable: bool = True
+    filter_groups: bool = True
 
 
 @dataclass(frozen=True)
@@ -101,7 +110,7 @@ class RLOOHParams(PPOHParams):
 
 
 @dataclass(frozen=True)
-class BiCCHParams(PPOHParams):
+class BiCCHParams(SamplingHParams):
     """BiCC (released recipe): clip 0.2/0.28, dual clip 10, token-mean; 40 % context budget."""
 
     clip_high: float = 0.28
@@ -110,22 +119,12 @@ class BiCCHParams(PPOHParams):
     old_logprob_context: str = "plain"        #: plain (paper) | conditioned
     threshold: float = 0.5                    #: correct iff reward > threshold
     base: str = "bicc"          #: advantage estimator: bicc (released code) | grpo | dapo | drgrpo | remax (spec §1.6)
-    overlong_enable: bool = False             #: DAPO soft overlong shaping (base dapo's recipe turns it on)
-    overlong_buffer_len: int = 4096
-    overlong_penalty_factor: float = 1.0
-    filter_groups: bool = False               #: DAPO dynamic sampling
-    filter_metric: str = "acc"
-    max_num_gen_batches: int = 0              #: dynamic sampling: generation batches per step at most; ≤ 0 = unlimited
-    at_cap: str = "raise"                     #: at the cap: raise (reference) | fill (uniform groups, no duplicates)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         label = "rcc" if hasattr(self, "rcc_delta") else "bicc"
         _check(self.base in ("grpo", "dapo", "drgrpo", "bicc", "remax"), f"{label} base {self.base!r} invalid; "
                "valid: ['bicc', 'dapo', 'drgrpo', 'grpo', 'remax']")
-        _check(self.overlong_buffer_len > 0, "overlong_buffer_len must be > 0")
-        _check(self.filter_metric in ("acc", "score", "seq_reward", "seq_final_reward"),
-               f"filter_metric {self.filter_metric!r} invalid")
         _check(0 < self.context_frac < 1, f"context_frac must be in (0, 1), got {self.context_frac}")
         _check(self.old_logprob_context in ("plain", "conditioned"),
                f"old_logprob_context {self.old_logprob_context!r} not in ['conditioned', 'plain']")
@@ -150,7 +149,32 @@ class BiCCRCCHParams(BiCCHParams):
 
 
 @dataclass(frozen=True)
-class RLCSDHParams(PPOHParams):
+class TeacherHParams(PPOHParams):
+    """Teacher weights θ̄ of the self-distillation methods (``trainer/teacher.py``): the teacher data
+    paths (``trainer/paths/teacher.py``) read these; ``ema_decay`` is used in ``ema`` mode,
+    ``teacher_sync_interval`` in ``snapshot`` mode."""
+
+    teacher_mode: str = "snapshot"
+    teacher_sync_interval: int = 10
+    ema_decay: float = 0.95
+
+
+@dataclass(frozen=True)
+class HintHParams(TeacherHParams):
+    """RLCSD hint selection (spec §1.5.1): at most ``k_max`` negative hints per target, the positive
+    hint from a correct self rollout (``self_rollout``) or the ground-truth solution (``gt_cot``)."""
+
+    k_max: int = 1
+    source: str = "self_rollout"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.k_max >= 1, f"k_max must be >= 1, got {self.k_max}")
+        _check(self.source in ("self_rollout", "gt_cot"), f"hint source {self.source!r} invalid")
+
+
+@dataclass(frozen=True)
+class RLCSDHParams(HintHParams):
     """RLCSD (spec §1.5.4)."""
 
     tau: float = 0.02
@@ -161,16 +185,12 @@ class RLCSDHParams(PPOHParams):
     clip_lo: float = -2.0
     clip_hi: float = 2.0
     k_max: int = 4
-    source: str = "self_rollout"
     dual_clip: float | None = None
     loss_agg_mode: str = "token-sum"
-    teacher_mode: str = "snapshot"
-    teacher_sync_interval: int = 10
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check(self.tau > 0 and self.k_max >= 1 and self.clip_lo <= self.clip_hi, "RLCSD tau/k_max/clip invalid")
-        _check(self.source in ("self_rollout", "gt_cot"), f"rlcsd source {self.source!r} invalid")
         _check(self.loss_agg_mode == "token-sum", "rlcsd carries its own two-path normalisers: loss_agg_mode must be 'token-sum'")
 
     def signal_kwargs(self) -> dict:
@@ -180,7 +200,7 @@ class RLCSDHParams(PPOHParams):
 
 
 @dataclass(frozen=True)
-class OPSDHParams(PPOHParams):
+class OPSDHParams(TeacherHParams):
     """OPSD: teacher top-100 + tail, per-element clip 0.05, teacher = current θ, grad clip 0.1."""
 
     top_k: int = 100
@@ -190,14 +210,13 @@ class OPSDHParams(PPOHParams):
 
 
 @dataclass(frozen=True)
-class SDPOHParams(PPOHParams):
+class SDPOHParams(TeacherHParams):
     """SDPO: JSD α 0.5 on student top-100 + tail, IS clip 2, EMA teacher 0.95."""
 
     top_k: int = 100
     alpha: float = 0.5
     is_clip: float = 2.0
     teacher_mode: str = "ema"
-    ema_decay: float = 0.95
 
 
 @dataclass(frozen=True)
@@ -208,7 +227,7 @@ class SRPOHParams(SDPOHParams):
 
 
 @dataclass(frozen=True)
-class RLSDHParams(PPOHParams):
+class RLSDHParams(TeacherHParams):
     """RLSD: ε 0.2, ε_w 0.2, λ₀ 0.5 (decay switch off by default, spec §1.6e), snapshot/10."""
 
     dual_clip: float | None = None
@@ -216,12 +235,10 @@ class RLSDHParams(PPOHParams):
     lam: float = 0.5
     lam_decay: bool = False
     lam_decay_steps: int = 50
-    teacher_mode: str = "snapshot"
-    teacher_sync_interval: int = 10
 
 
 @dataclass(frozen=True)
-class RLSDECTRHParams(RLSDHParams):
+class RLSDECTRHParams(RLSDHParams, HintHParams):
     """RLSD-ECTR: RLSD with the pos/neg teacher gap; launcher KL 0.001."""
 
     kl_loss_coef: float = 0.001
@@ -229,7 +246,7 @@ class RLSDECTRHParams(RLSDHParams):
 
 
 @dataclass(frozen=True)
-class OPSDECTRHParams(OPSDHParams):
+class OPSDECTRHParams(OPSDHParams, HintHParams):
     """OPSD-ECTR: α_E 0.5, floor −5, τ_cw 1, clip 0.05, KL 0.001, grad clip 0.1."""
 
     alpha: float = 0.5

@@ -20,6 +20,7 @@ FIELD_SHAPES = {
     "teacher_logp": "NT", "teacher_neg_logp": "NKT", "teacher_neg_mask": "NK",
     "student_topk": "NTk", "teacher_topk": "NTk", "teacher_neg_topk": "NTk", "teacher_entropy": "NT",
     "first_logp": "N*", "first_ref_logp": "N*", "first_mask": "N*", "first_rewards": "N", "srpo_log_u_mean": "N",
+    "rlcsd_counts": "N*",
     "step": "int",
 }
 
@@ -38,7 +39,8 @@ class AlgoInputs:
     student_topk / teacher_topk / teacher_neg_topk [N, T, k+1] support log-probs
     (``distill.topk_tail_support``); teacher_entropy [N, T] full-vocab teacher entropy (SRPO);
     first_* attempt-1 tensors [N, T1] and first_rewards [N] (SCoRe); srpo_log_u_mean [N] (equal
-    values) the whole step's log mean_routed(exp(−β H_T)) so SRPO's weight is batch-global; step: trainer step (RLSD λ).
+    values) the whole step's log mean_routed(exp(−β H_T)) so SRPO's weight is batch-global; rlcsd_counts [N, 2] (equal rows) the whole
+    mini-batch's (N_non, N_sel) so RLCSD's two normalisers are batch-global; step: trainer step (RLSD λ).
     """
 
     rewards: Tensor
@@ -65,6 +67,7 @@ class AlgoInputs:
     first_mask: Tensor | None = None
     first_rewards: Tensor | None = None
     srpo_log_u_mean: Tensor | None = None
+    rlcsd_counts: Tensor | None = None
     step: int | None = None
 
     def __post_init__(self) -> None:

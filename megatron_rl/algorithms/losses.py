@@ -121,36 +121,60 @@ def plain_clip_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Te
     return LossOutput(_finish(loss, mask, tis_weights), metrics)
 
 
-def aggregate(loss_mat: Tensor, mask: Tensor, mode: str = "token-mean", *, scale_factor: float | None = None) -> Tensor:
-    """Reduce a per-token loss [N, T] to a scalar.
+class PartialLoss(NamedTuple):
+    """``loss_sum`` (differentiable scalar) and ``normaliser`` (scalar tensor, or None = no division)."""
 
-    token-mean:              Σ(L·m)/Σm                        (DAPO; global token average)
-    seq-mean-token-sum:      mean_i Σ_t L·m                   (rows with Σm = 0 not counted)
-    seq-mean-token-mean:     mean_i [Σ_t L·m / Σ_t m]         (GRPO paper; same row rule)
-    seq-mean-token-sum-norm: Σ(L·m)/C, C = scale_factor or T  (Dr.GRPO constant normaliser:
-                             cancels the length bias of per-sequence 1/|o|)
-    token-sum:               Σ(L·m)                           (losses carrying own normalisers)
-    Empty masks give 0 (with a zero gradient), never NaN.
+    loss_sum: Tensor
+    normaliser: Tensor | None
+
+
+def partial_aggregate(loss_mat: Tensor, mask: Tensor, mode: str = "token-mean", *,
+                      scale_factor: float | None = None) -> PartialLoss:
+    """THE aggregation, as a ratio ``S / D`` of one (micro-)batch's numerator and denominator.
+
+    ``m`` the mask, ``L`` the per-token loss; rows with Σ_t m = 0 are not counted by the seq-modes:
+
+        token-mean:              S = Σ_it L m,                 D = Σ_it m     (DAPO; global token average)
+        seq-mean-token-mean:     S = Σ_i (Σ_t L m / Σ_t m),    D = #rows      (GRPO paper)
+        seq-mean-token-sum:      S = Σ_it L m,                 D = #rows
+        seq-mean-token-sum-norm: S = Σ_it L m / C,             D = None       (C = scale_factor or T;
+                                 Dr.GRPO's constant normaliser cancels the length bias of 1/|o|)
+        token-sum:               S = Σ_it L m,                 D = None       (losses carrying own normalisers)
+
+    ``S`` and ``D`` are sums over rows, so summing them over any split of the batch (micro-batches,
+    DP ranks) and dividing once gives the whole batch's value: the trainer's micro-batch and DP
+    invariance holds by construction. :func:`aggregate` is the same formula on one tensor.
     """
     if mode not in AGG_MODES:
         raise ValueError(f"unknown loss aggregation mode {mode!r}; valid: {sorted(AGG_MODES)}")
     m = mask.to(loss_mat.dtype)
     lm = torch.where(m > 0, loss_mat, torch.zeros_like(loss_mat)) * m
     if mode == "token-mean":
-        n = m.sum()
-        return lm.sum() / n.clamp_min(1e-30) if bool(n > 0) else lm.sum() * 0.0
+        return PartialLoss(lm.sum(), m.sum().detach())
     if mode == "token-sum":
-        return lm.sum()
+        return PartialLoss(lm.sum(), None)
     if mode == "seq-mean-token-sum-norm":
         c = float(scale_factor) if scale_factor is not None else float(loss_mat.shape[-1])
-        return lm.sum() / c
+        return PartialLoss(lm.sum() / c, None)
     per_row = m.sum(-1)
     valid = per_row > 0
     seq = lm.sum(-1)
     if mode == "seq-mean-token-mean":
         seq = seq / per_row.clamp_min(1e-30)
-    n_rows = valid.sum()
-    return torch.where(valid, seq, 0.0).sum() / n_rows if bool(n_rows > 0) else lm.sum() * 0.0
+    return PartialLoss(torch.where(valid, seq, torch.zeros_like(seq)).sum(), valid.sum().to(loss_mat.dtype))
+
+
+def finish_aggregate(p: PartialLoss) -> Tensor:
+    """``S / D`` (``S`` when ``D`` is None); an empty normaliser gives ``0·S`` (zero gradient), never NaN."""
+    if p.normaliser is None:
+        return p.loss_sum
+    return p.loss_sum / p.normaliser.clamp_min(1e-30) if bool(p.normaliser > 0) else p.loss_sum * 0.0
+
+
+def aggregate(loss_mat: Tensor, mask: Tensor, mode: str = "token-mean", *, scale_factor: float | None = None) -> Tensor:
+    """Reduce a per-token loss [N, T] to a scalar: :func:`partial_aggregate` of the whole batch, divided
+    once (see its table). Empty masks give 0 (with a zero gradient), never NaN."""
+    return finish_aggregate(partial_aggregate(loss_mat, mask, mode, scale_factor=scale_factor))
 
 
 class RLCSDPaths(NamedTuple):
@@ -176,8 +200,12 @@ def rlcsd_paths(logp: Tensor, old_logp: Tensor, advantages: Tensor, adv_hat: Ten
 
 
 def rlcsd_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, adv_hat: Tensor, gate: Tensor, mask: Tensor, *,
-               clip_eps: float = 0.2, eta: float = 1.0, tis_weights: Tensor | None = None) -> LossOutput:
+               clip_eps: float = 0.2, eta: float = 1.0, tis_weights: Tensor | None = None,
+               counts: tuple | None = None) -> LossOutput:
     """RLCSD two-path loss (spec §1.5.3); aggregate the result with ``"token-sum"``.
+
+    ``counts`` = (N_non, N_sel) of the WHOLE mini-batch (the trainer passes them so that a
+    micro-batch's token-sum is its exact share of the mini-batch loss); None: counted here.
 
     M_non = m(1−g), M_sel = m·g; ℓ_non = clipped(A), ℓ_sel = clipped(Â), both times w.
     L = Σ M_non ℓ_non / max(N_non, 1) + η Σ M_sel ℓ_sel / max(N_sel, 1); the returned matrix holds
@@ -186,7 +214,10 @@ def rlcsd_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, adv_hat: Tens
     Shapes: logp/old/adv_hat/gate/mask [N, T]; advantages [N] or [N, T].
     """
     p = rlcsd_paths(logp, old_logp, advantages, adv_hat, gate, mask, clip_eps=clip_eps, tis_weights=tis_weights)
-    n_sel, n_non = p.mask_sel.sum().clamp_min(1), p.mask_non.sum().clamp_min(1)
+    if counts is None:
+        n_sel, n_non = p.mask_sel.sum().clamp_min(1), p.mask_non.sum().clamp_min(1)
+    else:
+        n_non, n_sel = (torch.as_tensor(c, dtype=logp.dtype).clamp_min(1) for c in counts)
     loss = p.loss_non / n_non + eta * p.loss_sel / n_sel
     metrics = {"rlcsd_sel_frac": masked_mean(p.mask_sel, mask),
                "rlcsd_loss_non": (p.loss_non.sum() / n_non).detach(),

@@ -24,6 +24,8 @@ class Entry:
     fn: Callable
     needs: frozenset
     hp_needs: Callable | None = None
+    support: str | None = None      #: policy losses: who picks the top-k support ("teacher" | "student")
+    batch_stats: frozenset = frozenset()  #: policy losses: whole-batch statistics read when present
 
     def needs_for(self, hp=None) -> set:
         """Static needs plus those implied by ``hp``."""
@@ -35,15 +37,20 @@ _ADVANTAGES: dict = {}
 _LOSSES: dict = {}
 
 
-def _register(table: dict, kind: str, name: str, needs, hp_needs):
-    unknown = sorted(set(needs) - set(FIELD_SHAPES))
+SUPPORT_SIDES = ("teacher", "student")
+
+
+def _register(table: dict, kind: str, name: str, needs, hp_needs, support=None, batch_stats=()):
+    unknown = sorted((set(needs) | set(batch_stats)) - set(FIELD_SHAPES))
     if unknown:
         raise ValueError(f"{kind} {name!r} declares unknown input field(s) {unknown}; valid: {sorted(FIELD_SHAPES)}")
+    if support is not None and support not in SUPPORT_SIDES:
+        raise ValueError(f"{kind} {name!r}: support={support!r} not in {list(SUPPORT_SIDES)}")
 
     def deco(fn: Callable) -> Callable:
         if name in table:
             raise ValueError(f"{kind} {name!r} is already registered (by {table[name].fn.__qualname__})")
-        table[name] = Entry(name, fn, frozenset(needs), hp_needs)
+        table[name] = Entry(name, fn, frozenset(needs), hp_needs, support, frozenset(batch_stats))
         return fn
     return deco
 
@@ -53,9 +60,29 @@ def register_advantage(name: str, needs=(), hp_needs: Callable | None = None):
     return _register(_ADVANTAGES, "advantage", name, needs, hp_needs)
 
 
-def register_policy_loss(name: str, needs=(), hp_needs: Callable | None = None):
-    """Decorator registering ``fn(inputs, advantages, hp) -> LossOutput`` under ``name``."""
-    return _register(_LOSSES, "policy loss", name, needs, hp_needs)
+def register_policy_loss(name: str, needs=(), hp_needs: Callable | None = None, support: str | None = None,
+                         batch_stats=()):
+    """Decorator registering ``fn(inputs, advantages, hp) -> LossOutput`` under ``name``.
+
+    ``support`` declares what the loss needs from the actor beyond the sampled tokens' log-probs:
+    ``"teacher"`` / ``"student"`` = the current policy's full-vocab log-probs at a top-k support chosen
+    by that side (the trainer gathers them with gradient at the ids the data path stored; the loss
+    then reads ``student_topk``). None: nothing more.
+
+    ``batch_stats`` names optional AlgoInputs fields holding WHOLE-batch statistics (equal rows) that
+    the loss reads when present, so that a micro-batch's share does not depend on the split; the
+    trainer computes them once per step before the update (``distill_stage.BATCH_STATS``)."""
+    return _register(_LOSSES, "policy loss", name, needs, hp_needs, support, batch_stats)
+
+
+def loss_batch_stats(name: str) -> frozenset:
+    """Whole-batch statistic fields the registered loss ``name`` declared."""
+    return _lookup(_LOSSES, "policy loss", name).batch_stats
+
+
+def loss_support(name: str) -> str | None:
+    """The top-k support side the registered loss ``name`` declared (None: no support)."""
+    return _lookup(_LOSSES, "policy loss", name).support
 
 
 def _load_builtins() -> None:

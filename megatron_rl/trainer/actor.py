@@ -43,8 +43,8 @@ from megatron_rl.trainer.vocab_parallel import (vocab_parallel_gather_logprobs, 
 LossFn = Callable[[torch.Tensor, torch.Tensor, TrainBatch], tuple]
 """``(logp [n,S-1], entropy [n,S-1], mb) -> (loss_sum scalar, normaliser scalar | None, metrics dict)``.
 
-A loss function with a ``support_index`` attribute (the name of an ``mb.extras`` entry holding global
-vocab ids ``[n, S-1, k]``) is called as ``loss_fn(logp, entropy, mb, support)`` with ``support``
+A loss function that implements :class:`~megatron_rl.trainer.objective.SupportObjective` with a
+``support_key`` (the name of an ``mb.extras`` entry holding global vocab ids ``[n, S-1, k]``) is called as ``loss_fn(logp, entropy, mb, support)`` with ``support``
 ``[n, S-1, k]`` = the student's full-vocab log-probs at those ids (differentiable, vocab-parallel):
 the distillation losses' top-k supports.
 
@@ -322,7 +322,9 @@ class PolicyActor(_LogProbModel):
 
     def _train_loss(self, loss_fn: LossFn, temperature: float, mb: TrainBatch, logits: torch.Tensor):
         lp = self._logprobs(logits, mb, temperature)
-        key = getattr(loss_fn, "support_index", None)
+        from megatron_rl.trainer.objective import SupportObjective
+
+        key = loss_fn.support_key if isinstance(loss_fn, SupportObjective) else None
         if key is None:
             out = loss_fn(lp.logp, lp.entropy, mb)
         else:

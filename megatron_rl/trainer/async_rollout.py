@@ -245,24 +245,19 @@ def engine_env(plan: CorePlan) -> dict:
             "OMP_NUM_THREADS": str(len(plan.engines))}
 
 
-#: data paths (``algorithms.KIND_DATA_PATH``; None = plain) that cannot run with max_staleness > 0, and why
-ASYNC_REJECTED = {
-    "two_attempts": "SCoRe's objective is REINFORCE on two attempts with no proximal-policy ratio, and its "
-                    "registered loss takes no importance weight, so attempts sampled by older weights would "
-                    "enter the gradient uncorrected",
-}
-
-
-def check_async(kind: str, path: str | None, max_staleness: int, off_policy: str) -> None:
-    """Start-up rule: a data path that cannot run asynchronously fails here, naming the combination.
-    ``algo.off_policy=tis`` needs a loss that takes the weight (also when synchronous)."""
-    if path not in ASYNC_REJECTED:
+def check_async(kind: str, path_cls, max_staleness: int, off_policy: str) -> None:
+    """Start-up rule: a data path that cannot run asynchronously (its class sets
+    ``DataPath.async_unsupported`` to the reason) fails here, naming the combination; so does
+    ``algo.off_policy=tis`` on such a path (its loss takes no importance weight)."""
+    why = getattr(path_cls, "async_unsupported", "")
+    if not why:
         return
+    name = getattr(path_cls, "name", path_cls.__name__)
     if max_staleness > 0:
-        raise ValueError(f"algo.kind={kind!r} (data path {path!r}) cannot run with rollout.max_staleness="
-                         f"{max_staleness}: {ASYNC_REJECTED[path]}; use rollout.max_staleness=0")
+        raise ValueError(f"algo.kind={kind!r} (data path {name!r}) cannot run with rollout.max_staleness="
+                         f"{max_staleness}: {why}; use rollout.max_staleness=0")
     if off_policy == "tis":
-        raise ValueError(f"algo.kind={kind!r} (data path {path!r}) cannot run with algo.off_policy=tis: its registered "
+        raise ValueError(f"algo.kind={kind!r} (data path {name!r}) cannot run with algo.off_policy=tis: its registered "
                          "loss takes no importance weight; use algo.off_policy=decoupled or none")
 
 
@@ -303,6 +298,8 @@ class AsyncRollouts:
         msg = None
         if self.is_driver:
             tag, self.waited = self.producer.get(step)
+            if hasattr(tag.data, "weight_version"):   # Rollouts: each sample carries its weight version
+                tag.data.weight_version = tag.weight_version
             msg = (tag.data, {"weight_version": tag.weight_version, "staleness": step - 1 - tag.weight_version,
                               "gen_s": tag.gen_s})
         return _broadcast(msg)

@@ -9,15 +9,18 @@ per sample for gt_teacher) is packed into rows of ``teacher.pack_len`` tokens an
 forward-only schedule; a second pass is needed only by opsd_ectr (negatives gathered at the
 positive teacher's top-k ids). sdpo/srpo choose the support by the STUDENT's top-k: one student
 pass (current θ, no grad) picks the ids before the teacher gathers there; at train time the student
-support is re-gathered with gradient at the same ids (``loss_fn.support_index``).
+support is re-gathered with gradient at the same ids (the loss's declared ``support``, read by
+``trainer/objective.Objective``).
 
 Teacher timing: the reference runs teacher forwards inside the update's micro-batch loop. This
 trainer makes one optimizer step per trainer step, so θ̄ (and the current θ, in ``fixed`` mode) is
 the same before the update as during it: computing the teacher before the update is identical.
 
-RLCSD normalisers: N_non and N_sel are counted over the WHOLE kept batch (the gate depends only on
-teacher signals and A, known before the update), so the loss does not depend on micro-batching or
-DP (spec §1.5.3 "compute the two denominators over the whole mini-batch").
+Whole-batch statistics (``register_policy_loss(..., batch_stats=...)``, :data:`BATCH_STATS`): RLCSD's
+N_non and N_sel are counted over the WHOLE kept batch (the gate depends only on teacher signals and
+A, known before the update), so the loss does not depend on micro-batching or DP (spec §1.5.3
+"compute the two denominators over the whole mini-batch"); SRPO's mean routed weight likewise.
+Every loss trains through the one objective builder (``trainer/objective.py``).
 """
 from __future__ import annotations
 
@@ -31,12 +34,10 @@ import torch
 from megatron_rl import algorithms as A
 from megatron_rl.trainer import update_stage as U
 from megatron_rl.trainer.batch import TrainBatch
-from megatron_rl.trainer.objective import partial_aggregate
-from megatron_rl.trainer.teacher_inputs import Packed, pack, plan_teacher, truncate_left
+from megatron_rl.trainer.objective import Objective
+from megatron_rl.trainer.paths import actor_metrics
+from megatron_rl.trainer.teacher_inputs import Packed, pack, truncate_left
 from megatron_rl.trainer.vocab_parallel import with_tail
-
-TEACHER_KINDS = ("rlcsd", "opsd", "sdpo", "srpo", "rlsd", "opsd_ectr", "rlsd_ectr")
-TOPK_LOSSES = {"opsd": "teacher", "opsd_ectr": "teacher", "sdpo": "student", "srpo": "student"}
 
 
 def step_rng(seed: int, step: int) -> random.Random:
@@ -90,15 +91,18 @@ class TeacherTensors:
     metrics: dict
 
 
-def build_teacher_tensors(run, ro, keep_sb, plan, hp, kind: str, step: int = 0) -> TeacherTensors:
-    """Pack the plan's teacher sequences, run the teacher passes, and lay the results out per sample."""
+def build_teacher_tensors(run, tp, ro, keep_sb, plan, hp, kind: str, step: int = 0) -> TeacherTensors:
+    """Pack the plan's teacher sequences, run the teacher passes under ``tp.teacher`` (the path's
+    weights), and lay the results out per sample. The loss's declarations choose the passes: its
+    top-k ``support`` side, and ``teacher_neg_topk`` among its needs (negatives gathered at the
+    positive teacher's ids: a second pass)."""
     cfg = run.cfg
     R_max, pad, mbs, dp = cfg.rollout.max_tokens, run.tok.pad_id, cfg.trainer.micro_batch_size, run.info.dp
     n = len(plan.keep)
     k_neg = plan.k_max
     loss = A.algo_kind(kind).loss
-    chooser = TOPK_LOSSES.get(loss)
-    top_k = getattr(hp, "top_k", None)
+    chooser = A.loss_support(loss)
+    top_k = hp.top_k if chooser is not None else None   # support losses' hparams carry top_k
     t0 = time.perf_counter()
     seqs, owner = [], []
     for j, i in enumerate(plan.keep):
@@ -109,19 +113,19 @@ def build_teacher_tensors(run, ro, keep_sb, plan, hp, kind: str, step: int = 0) 
     run.dump_samples(step, "teacher", [list(p) + list(r) for p, r in seqs])
     mult = 8 * max(1, run.info.tp)
     row_len = cfg.teacher.pack_len or cfg.rollout.max_model_len
-    packed = run.teacher_packed
+    packed, teacher = tp.packed, tp.teacher
     ex, metrics = {}, {}
     student_idx = None
     if chooser == "student":        # sdpo/srpo: the support is the student's top-k at the current θ
         st = run.actor.forward_support(keep_sb.batch, mbs, k=top_k)
         student_idx = st["idx"].gather(1, keep_sb.resp_pos[..., None].expand(-1, -1, top_k))
-    if loss == "opsd_ectr":
+    if "teacher_neg_topk" in A.loss_inputs(loss, hp):
         pos_i = [m for m, (_, s) in enumerate(owner) if s == 0]
         neg_i = [m for m, (_, s) in enumerate(owner) if s == 1]
         pk_pos = pack([seqs[m] for m in pos_i], R_max, pad, row_len, mult, packed)
-        pos = teacher_pass(run.actor, run.teacher, pk_pos, dp, mbs, k=top_k)
+        pos = teacher_pass(run.actor, teacher, pk_pos, dp, mbs, k=top_k)
         pk_neg = pack([seqs[m] for m in neg_i], R_max, pad, row_len, mult, packed)
-        neg = teacher_pass(run.actor, run.teacher, pk_neg, dp, mbs, index=pos["idx"])
+        neg = teacher_pass(run.actor, teacher, pk_neg, dp, mbs, index=pos["idx"])
         ex.update({"teacher_topk": with_tail(pos["logp"]), "teacher_neg_topk": with_tail(neg["logp"]),
                    "support_idx_resp": pos["idx"], "teacher_logp": pos["token_logp"]})
         rows, real, slots = pk_pos.batch.num_samples + pk_neg.batch.num_samples, pk_pos.real_tokens + pk_neg.real_tokens, \
@@ -131,7 +135,7 @@ def build_teacher_tensors(run, ro, keep_sb, plan, hp, kind: str, step: int = 0) 
         index = None
         if student_idx is not None:
             index = torch.cat([student_idx[j:j + 1] for j, _ in owner], 0)
-        out = teacher_pass(run.actor, run.teacher, pk, dp, mbs, k=top_k if chooser == "teacher" else None, index=index)
+        out = teacher_pass(run.actor, teacher, pk, dp, mbs, k=top_k if chooser == "teacher" else None, index=index)
         slot0 = [m for m, (_, s) in enumerate(owner) if s == 0]
         ex["teacher_logp"] = out["token_logp"][slot0]
         ex["teacher_entropy"] = out["entropy"][slot0]
@@ -149,7 +153,7 @@ def build_teacher_tensors(run, ro, keep_sb, plan, hp, kind: str, step: int = 0) 
         rows, real, slots = pk.batch.num_samples, pk.real_tokens, pk.batch.num_samples * pk.batch.seq_len
     metrics.update({"teacher/sequences": len(seqs), "teacher/rows": rows, "teacher/pad_frac": 1.0 - real / slots,
                     "teacher/tokens": real, "time/teacher": time.perf_counter() - t0,
-                    "teacher/syncs": run.teacher.syncs})
+                    "teacher/syncs": teacher.syncs})
     return TeacherTensors(ex, metrics)
 
 
@@ -163,64 +167,6 @@ def _support_to_train_frame(idx_resp: torch.Tensor, sb) -> torch.Tensor:
     return out
 
 
-def make_teacher_loss_fn(kind: str, hp, step: int, rlcsd_counts: tuple[float, float] | None = None):
-    """Per-micro-batch objective of a teacher kind (global normalisers; see the module docstring)."""
-    k = A.algo_kind(kind)
-    loss = A.get_policy_loss(k.loss)
-    topk = k.loss in TOPK_LOSSES
-
-    def loss_fn(logp, entropy, mb: TrainBatch, support=None):
-        ex = mb.extras
-        pos, m = ex["resp_pos"], ex["resp_mask"]
-        lp = logp.gather(1, pos)
-        fields = {f: ex[f] for f in ("teacher_logp", "teacher_neg_logp", "teacher_neg_mask", "teacher_topk",
-                                     "teacher_neg_topk", "teacher_entropy", "srpo_log_u_mean") if f in ex}
-        if topk:
-            sup = support.gather(1, pos[..., None].expand(-1, -1, support.shape[-1]))
-            fields["student_topk"] = with_tail(sup)
-        x = A.AlgoInputs(rewards=ex["rewards"], group_ids=ex["group_ids"], mask=m, logp=lp, old_logp=ex["old_logp"],
-                         ref_logp=ex.get("ref_logp"), step=step, **fields)
-        metrics = {}
-        if k.loss == "rlcsd":
-            e = A.rlcsd_signal(x.teacher_logp, x.teacher_neg_logp, x.teacher_neg_mask)
-            mod = A.rlcsd_advantage(ex["advantages"], e, m, **hp.signal_kwargs())
-            p = A.rlcsd_paths(lp, ex["old_logp"], ex["advantages"], mod.adv_hat, mod.gate, m, clip_eps=hp.clip_low)
-            n_non, n_sel = rlcsd_counts
-            s = p.loss_non.sum() / max(n_non, 1.0) + hp.eta * p.loss_sel.sum() / max(n_sel, 1.0)
-            d = None
-            metrics["rlcsd/sel_frac"] = (p.mask_sel.sum(), m.sum())
-            metrics["rlcsd/abs_residual"] = ((mod.residual.abs() * m).sum(), m.sum())
-        else:
-            out = loss(x, ex["advantages"], hp)
-            s, d = partial_aggregate(out.loss_mat, m, hp.loss_agg_mode, scale_factor=hp.loss_scale_factor)
-        if topk:
-            t = x.teacher_topk
-            fkl = (t.exp() * (t - x.student_topk.detach())).sum(-1)
-            metrics["distill/fkl_support"] = ((fkl * m).sum(), m.sum())
-            jsd = A.generalized_jsd(x.student_topk.detach(), t, getattr(hp, "alpha", 0.5)
-                                    if k.loss in ("sdpo", "srpo") else 0.5)
-            metrics["distill/jsd_support"] = ((jsd * m).sum(), m.sum())
-        if "teacher_logp" in ex:
-            metrics["distill/teacher_minus_student"] = (((ex["teacher_logp"] - lp.detach()) * m).sum(), m.sum())
-        if hp.kl_loss_coef > 0:
-            kl_mat = A.kl_penalty(lp, ex["ref_logp"], hp.kl_loss_type)
-            kl_num, kl_den = partial_aggregate(kl_mat, m, "token-mean")
-            # token-sum losses (rlcsd) carry their own normalisers: the KL is added as a global token mean
-            s = s + hp.kl_loss_coef * (kl_num / max(rlcsd_counts[0] + rlcsd_counts[1], 1.0) if d is None else kl_num)
-            metrics["actor/kl_loss"] = (kl_num.detach(), kl_den)
-        ent = entropy.gather(1, pos)
-        metrics["actor/entropy"] = ((ent * m).sum().detach(), m.sum())
-        return s, d, metrics
-
-    if topk:
-        loss_fn.support_index = "support_idx"
-    return loss_fn
-
-
-def k_loss_of(kind: str) -> str:
-    return A.algo_kind(kind).loss
-
-
 def rlcsd_counts(ex: dict, hp) -> tuple[float, float]:
     """(N_non, N_sel) of the whole kept batch, from the teacher tensors and advantages (no grad)."""
     e = A.rlcsd_signal(ex["teacher_logp"], ex["teacher_neg_logp"], ex["teacher_neg_mask"])
@@ -229,22 +175,33 @@ def rlcsd_counts(ex: dict, hp) -> tuple[float, float]:
     return float((m & ~mod.gate).sum()), float((m & mod.gate).sum())
 
 
-def update_teacher(run, ro, step: int) -> dict:
-    """old/ref log-probs -> advantages -> hint plan -> teacher passes -> one optimizer step."""
+def _rlcsd_counts_field(ex: dict, hp) -> torch.Tensor:
+    return torch.tensor(rlcsd_counts(ex, hp), dtype=torch.float32).expand(ex["resp_mask"].shape[0], 2).clone()
+
+
+def _srpo_field(ex: dict, hp) -> torch.Tensor:
+    """d = u / mean(u) over the whole step's routed tokens (not per micro-batch)."""
+    lum = A.srpo_log_u_mean(ex["advantages"], ex["resp_mask"], ex["teacher_entropy"], hp.srpo_beta)
+    return lum.expand(ex["resp_mask"].shape[0]).clone()
+
+
+#: whole-batch statistic field -> how it is computed from the kept batch's extras (no grad)
+BATCH_STATS = {"rlcsd_counts": _rlcsd_counts_field, "srpo_log_u_mean": _srpo_field}
+
+
+def update_teacher(run, tp, ro, step: int) -> dict:
+    """old/ref log-probs -> advantages -> hint plan (``tp.plan``) -> teacher passes -> one optimizer step."""
     cfg, hp, kind = run.cfg, run.cfg.algo.hparams, run.cfg.algo.kind
     mbs, R_max, pad = cfg.trainer.micro_batch_size, cfg.rollout.max_tokens, run.tok.pad_id
-    path = A.KIND_DATA_PATH[kind]
     plain = U.build_seq_batch(ro.prompts, ro.responses, pad, run.seq_len(ro.prompts, ro.responses), R_max)
     run.dump_samples(step, "policy", [p + r for p, r in zip(ro.prompts, ro.responses)])
     old, ref, metrics = U.old_ref_logprobs(run, ro, plain)
-    m = plain.resp_mask
-    adv = A.compute_advantages(kind, U.advantage_inputs(ro, m, old_logp=old, ref_logp=ref), hp).float()
-    plan = plan_teacher(path, ro, run.teacher_template, k_max=getattr(hp, "k_max", 1),
-                        source=getattr(hp, "source", "self_rollout"), rng=step_rng(cfg.trainer.seed, step))
+    adv = A.compute_advantages(kind, U.advantage_inputs(ro, plain.resp_mask, old_logp=old, ref_logp=ref), hp).float()
+    plan = tp.plan(ro, step)
     metrics.update({"teacher/kept_frac": len(plan.keep) / len(ro),
-               "teacher/dropped_groups": plan.dropped_groups, "teacher/dropped_targets": plan.dropped_targets,
-               "teacher/k_mean": (sum(plan.n_neg) / len(plan.n_neg)) if plan.n_neg else 0.0,
-               "adv/mean_abs": float(adv.abs().mean())})
+                    "teacher/dropped_groups": plan.dropped_groups, "teacher/dropped_targets": plan.dropped_targets,
+                    "teacher/k_mean": (sum(plan.n_neg) / len(plan.n_neg)) if plan.n_neg else 0.0,
+                    "adv/mean_abs": float(adv.abs().mean())})
     if not plan.keep:
         # spec §1.5.1: no surviving sample -> the update is skipped and the teacher counter stays
         metrics.update({"actor/update_skipped": 1.0, "actor/update_successful": 0.0})
@@ -252,24 +209,26 @@ def update_teacher(run, ro, step: int) -> dict:
     keep = plan.keep
     sub = ro.select(keep)
     keep_sb = U.build_seq_batch(sub.prompts, sub.responses, pad, run.seq_len(sub.prompts, sub.responses), R_max)
-    tt = build_teacher_tensors(run, ro, keep_sb, plan, hp, kind, step)
+    tt = build_teacher_tensors(run, tp, ro, keep_sb, plan, hp, kind, step)
     metrics.update(tt.metrics)
     extras = {"rewards": ro.rewards[keep].float(), "group_ids": sub.group_ids, "advantages": adv[keep],
               "old_logp": old[keep], "resp_pos": keep_sb.resp_pos, "resp_mask": keep_sb.resp_mask}
     if ref is not None:
         extras["ref_logp"] = ref[keep]
+    tis, off = U.off_policy_inputs(cfg, ro, old, plain.resp_mask, step)   # stale batches (async rollouts)
+    if tis is not None:
+        extras["tis_weights"] = tis[keep]
+    metrics.update(off)
     idx_resp = tt.extras.pop("support_idx_resp", None)
     extras.update(tt.extras)
     if idx_resp is not None:
         extras["support_idx"] = _support_to_train_frame(idx_resp, keep_sb)
-    if k_loss_of(kind) == "srpo":   # d = u / mean(u) over the whole step's routed tokens (not per micro-batch)
-        lum = A.srpo_log_u_mean(extras["advantages"], extras["resp_mask"], extras["teacher_entropy"], hp.srpo_beta)
-        extras["srpo_log_u_mean"] = lum.expand(len(keep)).clone()
-    counts = rlcsd_counts(extras, hp) if kind == "rlcsd" else (float(keep_sb.resp_mask.sum()), 0.0)
+    for name in sorted(A.loss_batch_stats(A.algo_kind(kind).loss)):
+        extras[name] = BATCH_STATS[name](extras, hp)
     batch = pad_train_rows(dataclasses.replace(keep_sb.batch, extras=extras), run.info.dp * mbs)
-    res = run.actor.train_step(batch, make_teacher_loss_fn(kind, hp, step, counts), mbs)
+    res = run.actor.train_step(batch, Objective(kind, hp, batch, step), mbs)
     if res.update_successful:
-        run.teacher.after_optimizer_step()
-    metrics.update({f"actor/{k}" if "/" not in k else k: v for k, v in res.to_dict().items()})
+        tp.teacher.after_optimizer_step()
+    metrics.update(actor_metrics(res))
     metrics["actor/update_skipped"] = 0.0
     return metrics

@@ -1,58 +1,95 @@
-"""Split an aggregation into a (sum, normaliser) pair so the actor can normalise over the GLOBAL batch.
+"""The one objective builder of the trainer: what ``PolicyActor.train_step`` calls per micro-batch.
 
-Every aggregation mode of :func:`megatron_rl.algorithms.losses.aggregate` is a ratio
+    gather (response frame) -> AlgoInputs -> algorithms.objective_terms (registered loss ->
+    ONE aggregation as sum / normaliser -> ONE KL rule) -> (S, D, metrics)
 
-    L = sum_{micro-batches b, DP ranks r} S_b  /  sum_{b, r} D_b        (D = None: no division)
+Every method trains through this class, RLCSD and SCoRe included; the aggregation and the KL rule
+are documented once in :mod:`megatron_rl.algorithms.objective`. ``partial_aggregate`` (the formula
+table) lives in :mod:`megatron_rl.algorithms.losses` and is re-exported here.
 
-with per-micro-batch numerator ``S_b`` and denominator ``D_b`` below (``m`` the loss mask,
-``L_it`` the per-token loss, rows with no response token are skipped by the seq-modes):
+Gathers (from the actor's target frame ``[n, S-1]``): ``logp`` at ``resp_pos`` (mask ``resp_mask``),
+``first_logp`` at ``first_pos`` when the batch has one (SCoRe's attempt 1), and — when the loss
+declared a top-k support (``register_policy_loss(..., support=...)``) — ``student_topk`` from the
+actor's log-probs at the ids in ``extras["support_idx"]`` (:attr:`Objective.support_key`, the
+declared protocol the actor reads). Every other extras entry named like an :class:`AlgoInputs` field
+is passed through.
 
-    token-mean:              S = sum_it L m,            D = sum_it m         (response tokens)
-    seq-mean-token-mean:     S = sum_i (sum_t L m / sum_t m),  D = #rows with sum_t m > 0
-    seq-mean-token-sum:      S = sum_i sum_t L m,       D = #rows with sum_t m > 0
-    seq-mean-token-sum-norm: S = sum_it L m / C,        D = None (constant C: Dr.GRPO)
-    token-sum:               S = sum_it L m,            D = None
-
-The actor sums ``S`` and ``D`` over all micro-batches and DP ranks and divides once, so the loss
-and its gradient equal ``aggregate`` applied to the whole batch at once, whatever the
-micro-batching, data parallelism or pipeline split.
+Metrics: the loss's own metrics are means over the micro-batch (``losses`` contract), logged as
+``(value · w, w)`` with the aggregation's weight — rows for the seq-mean modes, mask tokens
+otherwise — so the step shows the global mean; names ``<loss>_x`` become
+``<loss>/x``, names with a ``/`` stay, others get ``actor/``. ``actor/kl_loss`` is the KL term as it
+enters the loss; ``actor/entropy`` and (with a teacher) ``distill/teacher_minus_student`` are token means.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from dataclasses import fields
+from typing import Protocol, runtime_checkable
 
 import torch
 
-from megatron_rl.algorithms.losses import AGG_MODES
+from megatron_rl.algorithms import AlgoInputs, algo_kind, loss_support, objective_terms
+from megatron_rl.algorithms.losses import PartialLoss, partial_aggregate
+
+__all__ = ["Objective", "PartialLoss", "SupportObjective", "partial_aggregate"]
+
+_PASS = tuple(f.name for f in fields(AlgoInputs) if f.name not in ("mask", "logp", "first_logp", "student_topk", "step"))
 
 
-class PartialLoss(NamedTuple):
-    """``loss_sum`` (differentiable scalar) and ``normaliser`` (scalar tensor, or None = no division)."""
+@runtime_checkable
+class SupportObjective(Protocol):
+    """A loss function that needs the policy's log-probs at a top-k support: ``support_key`` names
+    the ``mb.extras`` entry of vocabulary ids ``[n, S-1, k]`` (None: no support); the actor then
+    calls ``fn(logp, entropy, mb, support)`` with ``support [n, S-1, k]`` gathered with gradient."""
 
-    loss_sum: torch.Tensor
-    normaliser: torch.Tensor | None
+    support_key: str | None
+
+    def __call__(self, logp, entropy, mb, support=None): ...
 
 
-def partial_aggregate(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean", *,
-                      scale_factor: float | None = None) -> PartialLoss:
-    """Numerator / denominator of ``aggregate(loss_mat, mask, mode)`` for one micro-batch.
+class Objective:
+    """Per-micro-batch objective of kind ``kind`` for one optimizer step on ``batch`` (the GLOBAL
+    batch handed to ``train_step``, padding rows included: its response-token and row counts are
+    the whole-batch normalisers of the KL rule and of the KL metric)."""
 
-    Shapes: ``loss_mat`` and ``mask`` ``[n, T]``. See the module docstring for the formulas.
-    """
-    if mode not in AGG_MODES:
-        raise ValueError(f"unknown loss aggregation mode {mode!r}; valid: {sorted(AGG_MODES)}")
-    m = mask.to(loss_mat.dtype)
-    lm = torch.where(m > 0, loss_mat, torch.zeros_like(loss_mat)) * m
-    if mode == "token-mean":
-        return PartialLoss(lm.sum(), m.sum().detach())
-    if mode == "token-sum":
-        return PartialLoss(lm.sum(), None)
-    if mode == "seq-mean-token-sum-norm":
-        c = float(scale_factor) if scale_factor is not None else float(loss_mat.shape[-1])
-        return PartialLoss(lm.sum() / c, None)
-    per_row = m.sum(-1)
-    valid = per_row > 0
-    seq = lm.sum(-1)
-    if mode == "seq-mean-token-mean":
-        seq = seq / per_row.clamp_min(1e-30)
-    return PartialLoss(torch.where(valid, seq, torch.zeros_like(seq)).sum(), valid.sum().to(loss_mat.dtype))
+    def __init__(self, kind: str, hp, batch, step: int | None = None):
+        self.kind, self.hp, self.step = kind, hp, step
+        self.loss = algo_kind(kind).loss
+        self.support_key = "support_idx" if loss_support(self.loss) else None
+        self.batch_tokens = float(batch.extras["resp_mask"].sum())
+        self.batch_rows = batch.num_samples
+
+    def inputs(self, logp, mb, support=None) -> AlgoInputs:
+        """The micro-batch's AlgoInputs (gathers in the module docstring)."""
+        from megatron_rl.trainer.vocab_parallel import with_tail
+
+        ex = mb.extras
+        pos = ex["resp_pos"]
+        kw = {f: ex[f] for f in _PASS if f in ex}
+        if "first_pos" in ex:
+            kw["first_logp"] = logp.gather(1, ex["first_pos"])
+        if self.support_key is not None:
+            kw["student_topk"] = with_tail(support.gather(1, pos[..., None].expand(-1, -1, support.shape[-1])))
+        return AlgoInputs(mask=ex["resp_mask"], logp=logp.gather(1, pos), step=self.step, **kw)
+
+    def __call__(self, logp, entropy, mb, support=None):
+        x = self.inputs(logp, mb, support)
+        t = objective_terms(self.kind, x, mb.extras["advantages"], self.hp, batch_tokens=self.batch_tokens)
+        m = x.mask
+        n_tok = m.sum()
+        mode = self.hp.loss_agg_mode     # loss metrics averaged with the aggregation's weights
+        w = torch.tensor(float(m.shape[0])) if mode in ("seq-mean-token-mean", "seq-mean-token-sum") else t.mask.sum()
+        metrics = {self._name(k): (v.detach().double() * w, w) for k, v in t.metrics.items()}
+        share = t.normaliser if t.normaliser is not None else torch.tensor(m.shape[0] / self.batch_rows)
+        metrics["actor/kl_loss"] = (t.kl_sum.detach(), share)
+        if entropy is not None:
+            metrics["actor/entropy"] = ((entropy.gather(1, mb.extras["resp_pos"]) * m).sum().detach(), n_tok)
+        if x.teacher_logp is not None:
+            metrics["distill/teacher_minus_student"] = (((x.teacher_logp - x.logp.detach()) * m).sum(), n_tok)
+        return t.loss_sum, t.normaliser, metrics
+
+    def _name(self, k: str) -> str:
+        if "/" in k:
+            return k
+        if k.startswith(self.loss + "_"):
+            return f"{self.loss}/{k[len(self.loss) + 1:]}"
+        return f"actor/{k}"

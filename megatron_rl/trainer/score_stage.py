@@ -1,4 +1,4 @@
-"""SCoRe data path (``algo.kind=score``, KIND_DATA_PATH "two_attempts"): two-attempt rollouts and
+"""SCoRe data path (``algo.kind=score``, path ``two_attempts``, ``trainer/paths/two_attempts.py``): two-attempt rollouts and
 the training batch for the two-stage self-correction objective (spec Part 2, ``algorithms/score.py``).
 
 Rollout (rank 0 drives the engines, the result is broadcast):
@@ -51,7 +51,8 @@ from megatron_rl import algorithms as A
 from megatron_rl.rollout.engine import SamplingParams
 from megatron_rl.trainer import rollout_stage as R
 from megatron_rl.trainer import update_stage as U
-from megatron_rl.trainer.objective import partial_aggregate
+from megatron_rl.trainer.objective import Objective
+from megatron_rl.trainer.paths import actor_metrics
 
 DEMO_INSTRUCTION = "R="
 """Self-correction instruction of the CPU demo task ("redo:"; characters of its tokenizer)."""
@@ -70,7 +71,7 @@ class TwoAttempts:
 
 def stage_of(hp, step: int) -> int:
     """SCoRe stage at loop ``step`` (1-based): 1 for step <= stage1_steps, else 2; fixed if 0."""
-    n = getattr(hp, "stage1_steps", 0)
+    n = hp.stage1_steps
     return hp.stage if n <= 0 else (1 if step <= n else 2)
 
 
@@ -92,10 +93,10 @@ def second_turn(tok, hp, max_prompt_len: int | None = None, max_tokens: int = 0,
     return turn
 
 
-def instruction_ids(run) -> list[int]:
+def instruction_ids(tok, hp) -> list[int]:
     """Template-less tokenizers: ids of ``algo.score.instruction`` (empty -> the demo's)."""
-    text = getattr(run.cfg.algo.hparams, "instruction", "") or DEMO_INSTRUCTION
-    ids = list(run.tok.encode(text))
+    text = hp.instruction or DEMO_INSTRUCTION
+    ids = list(tok.encode(text))
     if not ids:
         raise ValueError(f"algo.score.instruction {text!r} encodes to no tokens")
     return ids
@@ -128,21 +129,18 @@ def _second_rollouts(run, first: R.Rollouts, prompts: list[list[int]], sampling:
                       [run.tok.decode(c.response_ids) for c in comps])
 
 
-def collect_two(run, step: int) -> TwoAttempts:
-    """Attempt 1 (``rollout.n`` per prompt), attempt 2 (one per attempt 1), both scored; broadcast."""
+def collect_two(run, step: int, turn) -> TwoAttempts:
+    """Driver only: attempt 1 (``rollout.n`` per prompt), attempt 2 (one per attempt 1) after ``turn``
+    (the chat layout or the instruction ids), both scored. No collective (the loop broadcasts)."""
     cfg = run.cfg
-    out = None
-    if run.info.is_driver:
-        idx = run.sampler.next_batch()
-        first = R.score(R.generate(run.client, run.train_set, idx, R.sampling_params(cfg, step, eos_id=run.tok.eos_id),
-                                   run.tok), run.rewards)
-        turn = run.score_turn if run.score_turn is not None else instruction_ids(run)
-        x2 = second_prompts(first, turn, cfg.rollout.max_model_len - cfg.rollout.max_tokens, run.tok.eos_id)
-        sp2 = R.sampling_params(cfg, step, round_=1, n=1, eos_id=run.tok.eos_id)
-        second = R.score(_second_rollouts(run, first, x2, sp2), run.rewards)
-        run.dump_samples(step, "score_second", [p + r for p, r in zip(second.prompts, second.responses)])
-        out = TwoAttempts(first, second)
-    return R.broadcast_object(out)
+    idx = run.sampler.next_batch()
+    first = R.score(R.generate(run.client, run.train_set, idx, R.sampling_params(cfg, step, eos_id=run.tok.eos_id),
+                               run.tok), run.rewards)
+    x2 = second_prompts(first, turn, cfg.rollout.max_model_len - cfg.rollout.max_tokens, run.tok.eos_id)
+    sp2 = R.sampling_params(cfg, step, round_=1, n=1, eos_id=run.tok.eos_id)
+    second = R.score(_second_rollouts(run, first, x2, sp2), run.rewards)
+    run.dump_samples(step, "score_second", [p + r for p, r in zip(second.prompts, second.responses)])
+    return TwoAttempts(first, second)
 
 
 def first_positions(two: TwoAttempts, max_resp: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -155,29 +153,6 @@ def first_positions(two: TwoAttempts, max_resp: int) -> tuple[torch.Tensor, torc
         pos[i, :k] = torch.arange(len(p) - 1, len(p) - 1 + k)
         mask[i, :k] = 1.0
     return pos, mask
-
-
-def make_score_loss_fn(hp):
-    """Per-micro-batch SCoRe objective (registered "score" loss) for ``PolicyActor.train_step``:
-    returns (Σ_i per-sample loss, #samples, metrics) so the global result is the batch mean."""
-    loss = A.get_policy_loss(A.algo_kind("score").loss)
-
-    def loss_fn(logp, entropy, mb):
-        ex = mb.extras
-        lp2, lp1 = logp.gather(1, ex["resp_pos"]), logp.gather(1, ex["first_pos"])
-        m2, m1 = ex["resp_mask"], ex["first_mask"]
-        x = A.AlgoInputs(rewards=ex["rewards"], group_ids=ex["group_ids"], mask=m2, logp=lp2,
-                         ref_logp=ex["ref_logp"], first_logp=lp1, first_ref_logp=ex["first_ref_logp"],
-                         first_mask=m1, first_rewards=ex["first_rewards"])
-        out = loss(x, ex["advantages"], hp)
-        s, d = partial_aggregate(out.loss_mat, out.mask, hp.loss_agg_mode)
-        n = torch.ones((), dtype=torch.float64)
-        metrics = {f"score/{k[6:]}" if k.startswith("score_") else k: (v.double() * m2.shape[0], m2.shape[0] * n)
-                   for k, v in out.metrics.items()}
-        ent = entropy.gather(1, ex["resp_pos"]) if entropy is not None else torch.zeros_like(lp2)
-        metrics["actor/entropy"] = ((ent * m2).sum().detach(), m2.sum())
-        return s, d, metrics
-    return loss_fn
 
 
 def update_two(run, two: TwoAttempts, step: int) -> dict:
@@ -205,8 +180,8 @@ def update_two(run, two: TwoAttempts, step: int) -> dict:
               "resp_pos": sb.resp_pos, "resp_mask": sb.resp_mask, "first_pos": fpos, "first_mask": fmask,
               "ref_logp": ref2, "first_ref_logp": ref1}
     batch = dataclasses.replace(sb.batch, extras=extras)
-    res = run.actor.train_step(batch, make_score_loss_fn(hp), mbs)
-    metrics = {f"actor/{k}" if "/" not in k else k: v for k, v in res.to_dict().items()}
+    res = run.actor.train_step(batch, Objective(kind, hp, batch, step), mbs)
+    metrics = actor_metrics(res)
     metrics.update(score_metrics(two, hp.stage))
     metrics.update(gaps)
     metrics["adv/mean_abs"] = float(adv.abs().mean())

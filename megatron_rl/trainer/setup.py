@@ -14,6 +14,8 @@ log = logging.getLogger("megatron_rl.setup")
 
 @dataclasses.dataclass
 class Run:
+    """What every data path shares; the method's own state lives in ``path`` (``trainer/paths/``)."""
+
     cfg: Any
     info: Any
     tok: Any
@@ -25,16 +27,12 @@ class Run:
     client: Any
     rewards: Any
     logger: Any
+    path: Any                      # trainer.paths.DataPath of cfg.algo.kind
     step: int = 0
     last_checkpoint: str | None = None
-    bicc_layout: Any = None        # update_stage.BiccLayout (BiCC kinds)
-    score_turn: Any = None         # data.chat.NextUserTurn (SCoRe on a chat template)
-    grader: Any = None
-    teacher: Any = None            # TeacherWeights (self-distillation kinds)
-    teacher_template: Any = None   # ChatHintTemplate | InlineHintTemplate
-    pending_grades: Any = None     # rollout_stage.PendingGrades (PAPO)
-    teacher_packed: bool = True    # block-diagonal packing of teacher passes (local attention path)
     gate: dict | None = None       # start-up gate numbers (sync_stage.startup_gate)
+    asy: Any = None                # async_rollout.AsyncRollouts (rollout.max_staleness > 0; set by the loop)
+    async_pending: list = dataclasses.field(default_factory=list)  # finished batches restored from a checkpoint
 
     def seq_len(self, prompts, responses) -> int:
         """Padded sequence length of a batch (multiple of 8 and of TP for sequence parallel)."""
@@ -46,10 +44,16 @@ class Run:
         from megatron_rl.trainer.checkpoint import save_checkpoint
 
         extra = {"step": self.step, "sampler": self.sampler.state_dict() if self.sampler else None,
-                 "teacher": self.teacher.state_dict() if self.teacher is not None else None}
+                 "teacher": self.path.state_dict() or None}   # the path's extras (teacher counters)
+        if self.asy is not None and self.info.is_driver:
+            # the producer runs ahead: the finished batches not trained on yet and the sampler position
+            # that regenerates the one in flight (resume design: trainer/async_rollout.py)
+            st = self.asy.state(self.step)
+            extra["sampler"], extra["async"] = st["sampler"], st
         m = self.cfg.model
         path = save_checkpoint(self.cfg.trainer.run_dir, self.step, self.actor, extra, keep_last=self.cfg.trainer.keep_last,
-                               teacher=self.teacher, hf_dir=m.hf_path, tokenizer_dir=m.tokenizer_path or m.hf_path)
+                               teacher=self.path.shadow_weights(), hf_dir=m.hf_path,
+                               tokenizer_dir=m.tokenizer_path or m.hf_path)
         self.last_checkpoint = str(path)
 
     def dump_samples(self, step: int, name: str, seqs) -> None:
@@ -68,8 +72,7 @@ class Run:
                 f.write(json.dumps({"step": step, "name": name, "ids": ids, "text": text}) + "\n")
 
     def close(self, own_client: bool = True) -> None:
-        if self.pending_grades is not None:
-            self.pending_grades.close()
+        self.path.close()
         if own_client and self.client is not None:
             self.client.shutdown()
 
@@ -101,30 +104,21 @@ def client_args(cfg, trainer_world: int = 1) -> dict:
             "bucket_bytes": r.bucket_mb << 20, "trainer_world": trainer_world}
 
 
-def prompt_layouts(cfg, tok) -> tuple:
-    """(BiCC layout, SCoRe second-turn layout) of the method's data path, or None each."""
-    from megatron_rl import algorithms as A
-
-    path = A.KIND_DATA_PATH.get(cfg.algo.kind)
-    bicc = turn = None
-    if path == "bicc_context":
-        from megatron_rl.trainer.update_stage import BiccLayout
-
-        bicc = BiccLayout.of(tok)
-    if path == "two_attempts":
-        from megatron_rl.trainer.score_stage import second_turn
-
-        turn = second_turn(tok, cfg.algo.hparams, cfg.data.max_prompt_len, cfg.rollout.max_tokens, cfg.rollout.max_model_len)
-    return bicc, turn
-
-
 def build_client(cfg, trainer_world: int = 1):
+    """The engine pool; with ``rollout.max_staleness`` > 0 its actors get their own CPU cores,
+    disjoint from the trainer's (``async_rollout.local_plan``; the trainer is pinned in ``setup_run``)."""
     from megatron_rl.rollout.ray_bridge import RolloutClient
 
     a = client_args(cfg, trainer_world)
+    env = None
+    if cfg.rollout.max_staleness > 0:
+        from megatron_rl.trainer.async_rollout import engine_env, local_plan
+
+        env = engine_env(local_plan())
     return RolloutClient(a["engine"], a["model"], a["num_engines"], a["engine_kwargs"],
                          cpus_per_engine=a["cpus_per_engine"], ray_address=a["ray_address"],
-                         sync_backend=a["sync_backend"], bucket_bytes=a["bucket_bytes"], trainer_world=a["trainer_world"])
+                         sync_backend=a["sync_backend"], bucket_bytes=a["bucket_bytes"], trainer_world=a["trainer_world"],
+                         actor_env=env)
 
 
 def build_grader(cfg):
@@ -153,7 +147,7 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
     from megatron_rl.preflight import preflight
     from megatron_rl.rewards.manager import RewardManager
     from megatron_rl.trainer.actor import PolicyActor, ReferencePolicy
-    from megatron_rl.trainer.checkpoint import find_latest, load_checkpoint
+    from megatron_rl.trainer.paths import build_path
     from megatron_rl.trainer.run_dir import archive_run
 
     backend = preflight(cfg, resume, overwrite)   # every user error before anything starts
@@ -169,7 +163,7 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
     if not cfg.model.hf_path:
         raise ValueError("model.hf_path is required (HF model dir with config.json + safetensors)")
     tok = load_tokenizer(cfg.model.tokenizer_path or cfg.model.hf_path)
-    layouts = prompt_layouts(cfg, tok)     # template errors surface here, before any model is built
+    path = build_path(cfg, tok)     # template / layout errors surface here, before any model is built
     train = PromptDataset.from_parquet(cfg.data.train, tok, cfg.data.max_prompt_len, cfg.data.on_error)
     val = PromptDataset.from_parquet(cfg.data.val, tok, cfg.data.max_prompt_len, cfg.data.on_error) if cfg.data.val else None
     sampler = DeterministicSampler(len(train), cfg.data.prompts_per_step, cfg.data.seed)
@@ -177,56 +171,57 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
     actor = PolicyActor(hf_cfg, info, _optim_spec(cfg), temperature=cfg.rollout.temperature,
                         sequence_parallel=info.sequence_parallel, backend=backend, fp8=cfg.model.fp8)
     actor.load_hf(cfg.model.hf_path)
-    need = A.kind_required_inputs(cfg.algo.kind, cfg.algo.hparams)
     ref = None
-    if "ref_logp" in need:
+    if "ref_logp" in A.kind_required_inputs(cfg.algo.kind, cfg.algo.hparams):
         ref = ReferencePolicy(hf_cfg, cfg.rollout.temperature, info.sequence_parallel, cfg.model.bf16, parallel_info=info,
                               backend=backend, fp8=cfg.model.fp8)
         ref.load_hf(cfg.model.hf_path)
-    teacher = template = None
-    if A.KIND_DATA_PATH.get(cfg.algo.kind) in ("rlcsd_hints", "gt_teacher"):
-        from megatron_rl.trainer.teacher import TeacherWeights
-        from megatron_rl.trainer.teacher_inputs import make_template
-
-        hp = cfg.algo.hparams
-        teacher = TeacherWeights(actor, hp.teacher_mode, getattr(hp, "teacher_sync_interval", 10),
-                                 getattr(hp, "ema_decay", 0.95))
-        template = make_template(cfg.teacher.template, tok)
-    step, last = 0, None
-    path = (find_latest(cfg.trainer.run_dir) if resume == "auto" else Path(resume)) if resume else None
-    if path is not None:
-        loaded = load_checkpoint(path, actor, teacher=teacher)
-        if teacher is not None and loaded.extra_state.get("teacher"):
-            teacher.load_state_dict(loaded.extra_state["teacher"])
-        step, last = loaded.step, str(path)
-        if loaded.extra_state.get("sampler"):
-            sampler.load_state_dict(loaded.extra_state["sampler"])
-        log.info("resumed from %s at step %d", path, step)
-        if info.is_driver:   # a console line too (INFO goes to train.log only): users and job logs must see it
-            print(f"[megatron-rl] resumed from {path} at step {step}", flush=True)
+    run = Run(cfg, info, tok, train, val, sampler, actor, ref, None, RewardManager(cfg.reward.by_source, cfg.reward.default),
+              None, path)
+    path.setup(run)
+    _resume(run, resume)
     if info.is_driver and client is None:
         client = build_client(cfg, trainer_world=info.world)
-    logger = RunLogger(cfg.trainer.run_dir, cfg.to_dict(), wandb_mode=cfg.logging.wandb_mode,
-                       project=cfg.logging.project, run_name=cfg.logging.run_name, total_steps=cfg.trainer.steps,
-                       resume_step=step if path is not None else None, progress=cfg.logging.progress)
-    run = Run(cfg, info, tok, train, val, sampler, actor, ref, client, RewardManager(cfg.reward.by_source, cfg.reward.default),
-              logger, step, last, teacher=teacher, teacher_template=template)
-    if teacher is not None:   # decided from the backend the actor was built with (one resolution)
-        run.teacher_packed = cfg.teacher.pack == "on" or (cfg.teacher.pack == "auto" and actor.backend == "local")
-        log.info("teacher passes: %s", "packed (block-diagonal attention)" if run.teacher_packed
-                 else "one sequence per row (Transformer Engine attention)")
-    if A.KIND_DATA_PATH.get(cfg.algo.kind) == "process_reward":
-        from megatron_rl.trainer.rollout_stage import PendingGrades
+    if cfg.rollout.max_staleness > 0:
+        # engines and trainer on disjoint cores. After Ray started, so its daemons (and the workers
+        # they fork) are not confined to the trainer's cores; the engine actors pin themselves.
+        from megatron_rl.trainer.async_rollout import local_plan, pin_trainer
 
-        run.pending_grades = PendingGrades()
-    if info.is_driver and A.KIND_DATA_PATH.get(cfg.algo.kind) == "process_reward":
-        run.grader = build_grader(cfg)
-    run.bicc_layout, run.score_turn = layouts
+        plan = local_plan()
+        mine = pin_trainer(plan, int(os.environ.get("LOCAL_RANK", "0")))
+        log.info("asynchronous rollouts: trainer on cores %s, engines on %s", sorted(mine), sorted(plan.engines))
+    run.client = client
+    run.logger = RunLogger(cfg.trainer.run_dir, cfg.to_dict(), wandb_mode=cfg.logging.wandb_mode,
+                           project=cfg.logging.project, run_name=cfg.logging.run_name, total_steps=cfg.trainer.steps,
+                           resume_step=run.step if run.last_checkpoint is not None else None,
+                           progress=cfg.logging.progress)
     sync_weights(run)  # engines start from the HF dir; after a resume they must get the checkpoint's weights
     from megatron_rl.trainer.sync_stage import startup_gate
 
     run.gate = startup_gate(run)  # stops the run if trainer and engines disagree after the first sync
     return run
+
+
+def _resume(run: Run, resume: str | None) -> None:
+    """``resume``: ``"auto"`` (newest complete checkpoint, if any), a path, or None: model, optimizer,
+    sampler and the data path's state (teacher weights and counters) as saved."""
+    from megatron_rl.trainer.checkpoint import find_latest, load_checkpoint
+
+    path = (find_latest(run.cfg.trainer.run_dir) if resume == "auto" else Path(resume)) if resume else None
+    if path is None:
+        return
+    loaded = load_checkpoint(path, run.actor, teacher=run.path.shadow_weights())
+    if loaded.extra_state.get("teacher"):
+        run.path.load_state_dict(loaded.extra_state["teacher"])
+    run.step, run.last_checkpoint = loaded.step, str(path)
+    if loaded.extra_state.get("sampler"):
+        run.sampler.load_state_dict(loaded.extra_state["sampler"])
+    from megatron_rl.trainer.async_rollout import restore_state
+
+    run.async_pending, _ = restore_state(loaded.extra_state.get("async"), run.cfg.rollout.max_staleness)
+    log.info("resumed from %s at step %d", path, run.step)
+    if run.info.is_driver:   # a console line too (INFO goes to train.log only): users and job logs must see it
+        print(f"[megatron-rl] resumed from {path} at step {run.step}", flush=True)
 
 
 def sync_weights(run: Run) -> None:

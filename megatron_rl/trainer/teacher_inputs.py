@@ -1,6 +1,6 @@
 """Teacher inputs of the self-distillation methods: hint plans, teacher prompts, packed sequences.
 
-Data paths (``algorithms.KIND_DATA_PATH``):
+Data paths (``trainer/paths/teacher.py``; ``plan_hints`` / ``plan_gt``):
 
 * ``rlcsd_hints`` (rlcsd, opsd_ectr, rlsd_ectr; spec §1.5.1): hints are sibling rollouts. Groups
   without a correct and a usable (answer-bearing) incorrect rollout are dropped, targets whose
@@ -118,14 +118,15 @@ def _gt(row) -> tuple[str, str]:
     return str(row.extra_info.get("solution") or ans), ans
 
 
-def plan_teacher(path: str, ro, template, *, k_max: int = 4, source: str = "self_rollout",
-                 rng: random.Random | None = None) -> TeacherPlan:
-    """The hint plan of one step's rollouts ``ro`` (see the module docstring)."""
-    if path == "gt_teacher":
-        prompts = [[template.prompt(row, *_gt(row))] for row in ro.rows]
-        return TeacherPlan(list(range(len(ro))), prompts, [0] * len(ro))
-    if path != "rlcsd_hints":
-        raise ValueError(f"plan_teacher: unknown data path {path!r}")
+def plan_gt(ro, template) -> TeacherPlan:
+    """gt_teacher: every sample kept, one teacher prompt each (the row's ground-truth solution)."""
+    prompts = [[template.prompt(row, *_gt(row))] for row in ro.rows]
+    return TeacherPlan(list(range(len(ro))), prompts, [0] * len(ro))
+
+
+def plan_hints(ro, template, *, k_max: int = 4, source: str = "self_rollout",
+               rng: random.Random | None = None) -> TeacherPlan:
+    """rlcsd_hints: the hint plan of one step's rollouts ``ro`` (see the module docstring)."""
     answers = [template.answer_of(t) for t in ro.texts]
     sel = A.select_rlcsd_hints(ro.rewards.tolist(), ro.group_ids.tolist(), [a is not None for a in answers],
                                k_max=k_max, source=source, rng=rng)

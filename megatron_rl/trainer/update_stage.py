@@ -1,5 +1,5 @@
 """Loop stages that consume rollouts: batch building, old/ref log-probs, advantages, BiCC
-conditioned inputs, and the policy update.
+conditioned inputs (the objective itself is ``trainer/objective.py``).
 
 Per-token quantities are kept in the RESPONSE frame ``[N, R]`` (token r of sample n's response),
 because BiCC moves a sample's response to a different position when a context is inserted; each
@@ -13,7 +13,6 @@ import torch
 
 from megatron_rl import algorithms as A
 from megatron_rl.trainer.batch import TrainBatch, make_batch
-from megatron_rl.trainer.objective import partial_aggregate
 
 
 @dataclasses.dataclass
@@ -70,7 +69,7 @@ class BiccLayout:
         return None
 
     @classmethod
-    def of(cls, tok) -> "BiccLayout":
+    def of(cls, tok) -> BiccLayout:
         from megatron_rl.data import chat
 
         if chat.has_chat_template(tok):
@@ -124,37 +123,25 @@ def old_ref_logprobs(run, ro, plain: SeqBatch) -> tuple[torch.Tensor, torch.Tens
                       "time/logprobs": time.perf_counter() - t0}
 
 
+def off_policy_inputs(cfg, ro, old: torch.Tensor, mask: torch.Tensor, step: int) -> tuple[torch.Tensor | None, dict]:
+    """Decoupled-PPO importance weights of the batch (``algorithms/offpolicy.py``) and their metrics.
+
+    Proximal policy = ``old`` (the trainer's log-probs of the PLAIN batch under its current weights:
+    the context the engines sampled in); behaviour = the engines' sampling log-probs
+    (``ro.rollout_logp``); staleness = (step − 1) − ``ro.weight_version`` (the trainer holds the
+    weights of step − 1; a batch collected synchronously has no version: staleness 0). Mode and
+    cap: ``algo.off_policy`` / ``algo.tis_cap``. Returns (weights [N, T] or None, metrics)."""
+    from megatron_rl.algorithms import offpolicy as O
+
+    version = step - 1 if ro.weight_version is None else ro.weight_version
+    stale = O.staleness(step - 1, torch.full((len(ro),), version, dtype=torch.long))
+    out = O.off_policy_weights(old, O.behaviour_matrix(ro.rollout_logp, old), mask, stale,
+                               mode=cfg.algo.off_policy, cap=cfg.algo.tis_cap)
+    return out.weights, {k: float(v) for k, v in out.metrics.items()}
+
+
 def advantage_inputs(rollouts, mask: torch.Tensor, old_logp=None, ref_logp=None) -> A.AlgoInputs:
     return A.AlgoInputs(rewards=rollouts.rewards.double(), group_ids=rollouts.group_ids, mask=mask,
                         old_logp=old_logp, ref_logp=ref_logp, correct=rollouts.correct,
                         process=None if rollouts.process is None else rollouts.process.double(),
                         greedy_rewards=None if rollouts.greedy_rewards is None else rollouts.greedy_rewards.double())
-
-
-def make_loss_fn(kind: str, hp):
-    """Per-micro-batch objective for ``PolicyActor.train_step`` (global-batch normalised)."""
-    k = A.algo_kind(kind)
-    loss = A.get_policy_loss(k.loss)
-
-    def loss_fn(logp, entropy, mb: TrainBatch):
-        ex = mb.extras
-        pos, m = ex["resp_pos"], ex["resp_mask"]
-        lp = logp.gather(1, pos)
-        inputs = A.AlgoInputs(rewards=ex["rewards"], group_ids=ex["group_ids"], mask=m, logp=lp,
-                              old_logp=ex["old_logp"], ref_logp=ex.get("ref_logp"))
-        out = loss(inputs, ex["advantages"], hp)
-        s, d = partial_aggregate(out.loss_mat, m, hp.loss_agg_mode, scale_factor=hp.loss_scale_factor)
-        kl_num = lp.new_zeros(())
-        if hp.kl_loss_coef > 0:
-            kl_mat = A.kl_penalty(lp, ex["ref_logp"], hp.kl_loss_type)
-            kl_num, _ = partial_aggregate(kl_mat, m, hp.loss_agg_mode, scale_factor=hp.loss_scale_factor)
-            s = s + hp.kl_loss_coef * kl_num
-        ent = entropy.gather(1, pos) if entropy is not None else torch.zeros_like(lp)
-        ratio = torch.exp((lp - ex["old_logp"]) * m)
-        clipped = ((ratio > 1 + hp.clip_high) | (ratio < 1 - hp.clip_low)).float() * m
-        metrics = {"actor/entropy": ((ent * m).sum().detach(), m.sum()),
-                   "actor/clipfrac": (clipped.sum(), m.sum()),
-                   "actor/ppo_kl": (((ex["old_logp"] - lp.detach()) * m).sum(), m.sum()),
-                   "actor/kl_loss": (kl_num.detach(), d if d is not None else m.sum())}
-        return s, d, metrics
-    return loss_fn

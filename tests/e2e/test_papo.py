@@ -1,6 +1,8 @@
 """PAPO end to end against a REAL local OpenAI-compatible grader server (127.0.0.1): the server
 times out for several steps and then recovers; the run completes, the fallbacks are counted in
-metrics.jsonl, and held-out accuracy still beats the warm start.
+metrics.jsonl, and held-out accuracy still beats the warm start. PAPO's warm start is the plain one
+(the demo changes the warm-start data only for BiCC, SCoRe and the teacher kinds), so the run starts
+from the session's ``plain_warm`` (``--init-from``) instead of warm-starting again.
 
 Measured (40 steps, seed 0): 0.326 -> 0.910; 340 fallbacks / 744 timeouts during the outage.
 """
@@ -18,13 +20,13 @@ from tests.helpers.fake_openai_server import control, start_server
 
 
 @pytest.mark.slow
-def test_papo_survives_grader_outage_and_learns(tmp_path):
+def test_papo_survives_grader_outage_and_learns(plain_warm, tmp_path):
     proc, url = start_server(lifetime=800)
     try:
         control(url, mode="ok", score="1")
         d = tmp_path / "papo"
         p = subprocess.Popen([sys.executable, "-m", "megatron_rl.demo", "--algo", "papo", "--steps", "40", "--run-dir", str(d),
-                              "-o", f"reward.grader_url={url}", "-o", "reward.grader_timeout=0.5", "-o", "reward.grader_retries=1",
+                              "--init-from", str(plain_warm), "-o", f"reward.grader_url={url}", "-o", "reward.grader_timeout=0.5", "-o", "reward.grader_retries=1",
                               "-o", "reward.grader_concurrency=64", "-o", "reward.grader_breaker_cooldown=5"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              env={**os.environ, "OMP_NUM_THREADS": "2"})
 

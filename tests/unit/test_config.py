@@ -43,8 +43,9 @@ def test_self_distillation_kinds_are_accepted(kind):
 def test_unsupported_data_path_fails_at_startup(monkeypatch):
     import megatron_rl.algorithms as A
 
-    monkeypatch.setitem(A.KIND_DATA_PATH, "rlcsd", "no_such_path")
-    with pytest.raises(ValueError, match="needs the 'no_such_path' data path, which this trainer does not run yet"):
+    monkeypatch.setitem(A.ALGO_KINDS, "rlcsd", A.ALGO_KINDS["rlcsd"]._replace(path="no_such_path"))
+    with pytest.raises(ValueError, match="algo.kind='rlcsd' declares data path 'no_such_path', which is not registered; "
+                                         r"valid: \['bicc_context', 'greedy'"):
         load_config(None, ["algo.kind=rlcsd"])
 
 

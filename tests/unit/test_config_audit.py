@@ -116,11 +116,11 @@ READ = {   # key -> module that consumes it (``cfg.<key>`` or the section alias 
     "trainer.eval_prompts": "megatron_rl/trainer/setup.py", "trainer.ckpt_every": "megatron_rl/trainer/loop.py",
     "trainer.keep_last": "megatron_rl/trainer/setup.py",
     "trainer.export_hf": "megatron_rl/trainer/loop.py",
-    "teacher.template": "megatron_rl/trainer/setup.py", "teacher.pack": "megatron_rl/trainer/setup.py",
+    "teacher.template": "megatron_rl/trainer/paths/teacher.py", "teacher.pack": "megatron_rl/trainer/paths/teacher.py",
     "teacher.pack_len": "megatron_rl/trainer/distill_stage.py",
     "logging.wandb_mode": "megatron_rl/trainer/setup.py", "logging.project": "megatron_rl/trainer/setup.py",
     "logging.run_name": "megatron_rl/trainer/setup.py", "logging.progress": "megatron_rl/trainer/setup.py",
-    "algo.kind": "megatron_rl/trainer/loop.py", "algo.hparams": "megatron_rl/trainer/loop.py",
+    "algo.kind": "megatron_rl/trainer/paths/sampling.py", "algo.hparams": "megatron_rl/trainer/paths/sampling.py",
     "logging.dump_samples": "megatron_rl/trainer/setup.py", "parallel.timeout_s": "megatron_rl/trainer/setup.py",
     "rollout.logprob_gate": "megatron_rl/trainer/sync_stage.py",
 }

@@ -1,4 +1,6 @@
-"""Shared builders for the algorithm tests: a random, fully populated AlgoInputs (float64)."""
+"""Shared builders for the algorithm tests: a random, fully populated AlgoInputs (float64); ``t`` /
+``close`` / ``gid`` (float64 tensor, atol-1e-6 comparison, one group of n); ``random_batch``: 1,000+
+groups of sizes 1..9, binary or graded rewards, shuffled non-contiguous ids (for the loop checks)."""
 from __future__ import annotations
 
 import torch
@@ -39,3 +41,32 @@ def random_inputs(seed: int = 0, n_groups: int = 3, g: int = 4, t: int = 5, k_ne
         student_topk=s_sup if student_logits is None else None, teacher_topk=t_sup, teacher_neg_topk=w_sup,
         teacher_entropy=-(p * p.log()).sum(-1), first_logp=base.flip(-1).clone(), first_ref_logp=base.flip(-1) + 0.1,
         first_mask=mask.flip(-1).clone(), first_rewards=rewards.flip(0).clone(), step=3)
+
+
+def t(x):
+    return torch.tensor(x, dtype=D)
+
+
+def close(a, b, atol=1e-6):
+    torch.testing.assert_close(a, t(b) if not isinstance(b, torch.Tensor) else b, atol=atol, rtol=0)
+
+
+def gid(n):
+    return torch.zeros(n, dtype=torch.long)
+
+
+def random_batch(seed: int, n_groups: int = 1200, binary: bool = True):
+    gen = torch.Generator().manual_seed(seed)
+    sizes = torch.randint(1, 10, (n_groups,), generator=gen)
+    ids = torch.repeat_interleave(torch.randperm(10 * n_groups, generator=gen)[:n_groups] - 500, sizes)
+    perm = torch.randperm(ids.numel(), generator=gen)
+    ids = ids[perm]  # groups interleaved, ids not contiguous, some negative
+    n = ids.numel()
+    if binary:
+        p = torch.rand(n_groups, generator=gen)[torch.unique(ids, return_inverse=True)[1]]
+        r = (torch.rand(n, generator=gen) < p).to(D)
+    else:
+        r = torch.randint(0, 5, (n,), generator=gen).to(D) / 4  # graded, many ties
+    delta = torch.randn(n, generator=gen, dtype=D) * 0.3
+    process = torch.randint(0, 3, (n,), generator=gen).to(D) / 2
+    return r, ids, delta, process

@@ -1,15 +1,20 @@
-"""Registries, the algo-kind table, hyper-parameter dataclasses and the AlgoInputs bundle."""
+"""Registries, the algo-kind table, hyper-parameter dataclasses and the AlgoInputs bundle; the
+package's architecture rules (torch + stdlib only, small files, docstrings) and the start-up
+checks of a kind's config (required inputs per data path, optimizer clip, removed keys)."""
 from __future__ import annotations
 
+import ast
 import dataclasses
+import inspect
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+from algo_builders import D, random_inputs
 
 import megatron_rl.algorithms as A
 from megatron_rl.algorithms import registry as R
-
-from algo_builders import D, random_inputs
 
 REQUIRED_KINDS = {"grpo", "dapo", "drgrpo", "remax", "rloo", "bicc", "bicc_rcc", "rlcsd", "opsd", "sdpo", "srpo",
                   "rlsd", "opsd_ectr", "rlsd_ectr", "papo", "score"}
@@ -26,7 +31,7 @@ def test_public_names_exist():
 
 def test_every_kind_is_registered_and_defaults_construct():
     assert REQUIRED_KINDS <= set(A.ALGO_KINDS)
-    for kind, (adv, loss, hp_cls) in A.ALGO_KINDS.items():
+    for kind, (adv, loss, hp_cls, _path) in A.ALGO_KINDS.items():
         assert adv in A.advantage_names() and loss in A.policy_loss_names(), kind
         hp = hp_cls()
         assert dataclasses.is_dataclass(hp) and hp_cls.__dataclass_params__.frozen
@@ -143,3 +148,59 @@ def test_registered_grpo_equals_public_function():
     x = random_inputs(seed=8)
     torch.testing.assert_close(A.get_advantage("grpo")(x, A.GRPOHParams()), A.grpo_advantage(x.rewards, x.group_ids))
     assert x.rewards.dtype == D
+
+
+@pytest.mark.parametrize("ov,want", [(["algo.kind=opsd"], 0.1), (["algo.kind=grpo"], 1.0),
+                                     (["algo.kind=opsd", "optim.clip_grad=0.5"], 0.5),
+                                     (["algo.kind=grpo", "optim.clip_grad=0"], 0.0)])
+def test_optim_clip_grad_reaches_the_optimizer(ov, want):
+    from megatron_rl.config import load_config
+    from megatron_rl.trainer.setup import _optim_spec
+
+    assert _optim_spec(load_config(None, ov)).clip_grad == want
+
+
+def test_required_inputs_are_checked_at_start_up():
+    from megatron_rl.config import load_config
+    from megatron_rl.trainer.paths import get_path
+
+    c = load_config(None, ["algo.kind=remax"])
+    get_path("greedy").validate(c)
+    with pytest.raises(ValueError, match=r"remax.*\['greedy_rewards'\].*'plain'"):
+        get_path("plain").validate(c)
+
+
+def test_removed_trainer_max_gen_batches_is_rejected():
+    from megatron_rl.config import load_config
+
+    with pytest.raises(Exception, match="max_gen_batches"):
+        load_config(None, ["trainer.max_gen_batches=3"])
+
+
+PKG = Path(A.__file__).parent
+
+
+def _imports(path: Path) -> set:
+    tree = ast.parse(path.read_text())
+    mods = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            mods |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            mods.add(node.module.split(".")[0])
+    return mods
+
+
+def test_package_imports_torch_and_stdlib_only_and_files_stay_small():
+    allowed = set(sys.stdlib_module_names) | {"torch", "__future__"}
+    for f in PKG.glob("*.py"):
+        bad = _imports(f) - allowed
+        assert not bad, f"{f.name} imports {sorted(bad)}"
+        assert len(f.read_text().splitlines()) < 600, f"{f.name} is too long"
+
+
+def test_public_functions_have_docstrings():
+    for name in A.__all__:
+        obj = getattr(A, name)
+        if inspect.isfunction(obj) or inspect.isclass(obj):
+            assert inspect.getdoc(obj), f"megatron_rl.algorithms.{name} has no docstring"

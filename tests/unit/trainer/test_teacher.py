@@ -16,7 +16,8 @@ from megatron_rl.trainer.teacher_inputs import (
     ChatHintTemplate,
     InlineHintTemplate,
     pack,
-    plan_teacher,
+    plan_gt,
+    plan_hints,
     truncate_left,
 )
 from megatron_rl.trainer.vocab_parallel import (
@@ -60,7 +61,7 @@ def test_plan_rlcsd_drops_and_k():
     rewards = [1, 0, 0, 0, 1, 1, 1, 1, 1, 1, 0, 0]
     gids = [0] * 4 + [1] * 4 + [2] * 4
     tmpl = ChatHintTemplate(CharTok())
-    plan = plan_teacher("rlcsd_hints", make_ro(rewards, texts, gids), tmpl, k_max=4, rng=random.Random(0))
+    plan = plan_hints(make_ro(rewards, texts, gids), tmpl, k_max=4, rng=random.Random(0))
     assert plan.dropped_groups == 1
     # group 0: target 0 dropped; targets 1-3 keep with K = 2 (the other two wrong boxed)
     # group 2: targets 8, 9 keep K=1; target 10 (the only boxed wrong) dropped; target 11 (unboxed) keeps K=1
@@ -82,14 +83,14 @@ def test_plan_gt_teacher_keeps_everything():
     ro = make_ro([0, 1, 0], ["a", "b", "c"], [0, 0, 1])
     ro.rows[0].extra_info["solution"] = "because"
     tok = CharTok()
-    plan = plan_teacher("gt_teacher", ro, InlineHintTemplate(tok, 1, tok.encode(" ")))
+    plan = plan_gt(ro, InlineHintTemplate(tok, 1, tok.encode(" ")))
     assert plan.keep == [0, 1, 2] and plan.n_neg == [0, 0, 0]
     assert plan.prompts[0][0] == [1] + tok.encode("42 ") + [80, 81]     # inline: answer + sep after BOS
 
 
 def test_plan_no_survivor_is_empty():
     ro = make_ro([1, 1, 0, 0], ["\\boxed{1}"] * 4, [0, 0, 1, 1])
-    plan = plan_teacher("rlcsd_hints", ro, ChatHintTemplate(CharTok()), rng=random.Random(0))
+    plan = plan_hints(ro, ChatHintTemplate(CharTok()), rng=random.Random(0))
     assert plan.keep == [] and plan.dropped_groups == 2
 
 

@@ -1,0 +1,170 @@
+"""Registered data paths: how a method gets its training data and turns it into one optimizer step.
+
+Strict like the advantage / loss registries (``algorithms/registry.py``): ``@register_path(name)``
+on a :class:`DataPath` subclass; a second registration of a name raises, so does a class that
+leaves ``collect`` or ``update`` unimplemented (an incomplete path); an unknown name raises listing
+the sorted valid names. Every method declares its path (``algorithms.register_algo_kind(...,
+path=...)``) and :func:`path_class` / :meth:`DataPath.validate` check it at config load.
+
+Built-in paths (one module each): ``plain`` and ``greedy`` (ReMax baseline) in ``sampling.py`` —
+with DAPO's overlong shaping and dynamic sampling as composable pieces for any hparams deriving
+from ``SamplingHParams`` —, ``bicc_context`` (``bicc.py``), ``process_reward`` (PAPO's rubric
+grader, ``process_reward.py``), ``rlcsd_hints`` / ``gt_teacher`` (self-distillation teacher,
+``teacher.py``), ``two_attempts`` (SCoRe, ``two_attempts.py``).
+
+Life cycle (``trainer/setup.py``, ``trainer/loop.py``):
+
+    path = build_path(cfg, tok)     # start-up, before any model: templates / layouts fail here
+    path.setup(run)                 # after actor / reference: teacher weights, grader
+    data = path.collect(step)       # DRIVER ONLY (global rank 0): engines, rewards, grader start;
+                                    # no torch.distributed call — the loop broadcasts ``data``
+    metrics = path.update(data, step)   # every rank (collective): log-probs, advantages, one step
+    path.state_dict() / load_state_dict()   # per-path checkpoint extras (teacher counters)
+
+With ``rollout.max_staleness`` > 0 ``collect`` runs on a producer thread of the driver for steps
+ahead of the update (``trainer/async_rollout.py``), so it must not touch state that ``update`` of
+an earlier step still uses; a path that cannot run so names why in ``async_unsupported``.
+"""
+from __future__ import annotations
+
+import abc
+from typing import Any, ClassVar
+
+from megatron_rl.algorithms.hparams import PPOHParams
+
+BASE_INPUTS = frozenset({"rewards", "group_ids", "mask", "logp", "old_logp", "ref_logp", "correct"})
+_PATHS: dict = {}
+
+
+class DataPath(abc.ABC):
+    """One method family's data path; owns its state (see the module docstring)."""
+
+    name: ClassVar[str] = ""
+    hparams: ClassVar[type] = PPOHParams      #: the hparams class a method on this path derives from
+    provides: ClassVar[frozenset] = BASE_INPUTS   #: AlgoInputs fields this path fills
+    uses_grader: ClassVar[bool] = False       #: needs ``reward.grader_url`` (checked at start-up)
+    #: why the path cannot run with ``rollout.max_staleness`` > 0 ("" = it can; ``trainer/async_rollout.py``)
+    async_unsupported: ClassVar[str] = ""
+
+    def __init__(self, cfg, tok):
+        self.cfg, self.hp, self.tok = cfg, cfg.algo.hparams, tok
+        self.run: Any = None
+
+    @classmethod
+    def provides_for(cls, hp) -> set:
+        """Fields filled for a method with hyper-parameters ``hp``."""
+        return set(cls.provides)
+
+    @classmethod
+    def validate(cls, cfg) -> None:
+        """Start-up rules of the path for ``cfg`` (hparams class, inputs the method needs)."""
+        from megatron_rl.algorithms import kind_required_inputs
+
+        kind, hp = cfg.algo.kind, cfg.algo.hparams
+        if not isinstance(hp, cls.hparams):   # a config error like the others (ValueError at load)
+            raise ValueError(  # noqa: TRY004
+                f"algo.kind={kind!r}: the {cls.name!r} data path needs hparams deriving from "
+                f"{cls.hparams.__name__}, got {type(hp).__name__}")
+        have = cls.provides_for(hp)
+        missing = sorted(kind_required_inputs(kind, hp) - have)
+        if missing:
+            raise ValueError(f"algo.kind={kind!r} needs input(s) {missing} that its data path {cls.name!r} "
+                             f"does not produce (provides {sorted(have)})")
+
+    def setup(self, run) -> None:
+        """After the actor / reference exist (every rank)."""
+        self.run = run
+
+    @abc.abstractmethod
+    def collect(self, step: int) -> Any:
+        """Driver only: this step's data (picklable; the loop broadcasts it). No collectives."""
+
+    @abc.abstractmethod
+    def update(self, data, step: int) -> dict:
+        """Every rank: one optimizer step on ``data``; returns metrics."""
+
+    def logged(self, data):
+        """The rollouts whose rewards / lengths the step reports."""
+        return data
+
+    def trained(self, data):
+        """The rollouts whose tokens the step trained on (throughput)."""
+        return data
+
+    def driver_stats(self, data) -> dict:
+        """Rank 0, after the update: extra metrics of the path's services."""
+        return {}
+
+    def shadow_weights(self):
+        """Teacher weights to checkpoint beside the model (``TeacherWeights``); None here."""
+
+    def state_dict(self) -> dict:
+        """Checkpoint extras of the path (saved under ``extra_state["teacher"]``; {} = none)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` on resume (nothing by default)."""
+
+    def close(self) -> None:
+        """Release the path's services (threads, connections) at the end of the run."""
+
+
+def register_path(name: str):
+    """Class decorator: register a :class:`DataPath` subclass under ``name`` (strict)."""
+    def deco(cls):
+        if name in _PATHS:
+            raise ValueError(f"data path {name!r} is already registered (by {_PATHS[name].__qualname__})")
+        if not (isinstance(cls, type) and issubclass(cls, DataPath)):
+            raise TypeError(f"data path {name!r}: {cls!r} is not a DataPath subclass")
+        missing = sorted(getattr(cls, "__abstractmethods__", ()))
+        if missing:
+            raise TypeError(f"data path {name!r} ({cls.__qualname__}) is incomplete: implement {missing}")
+        cls.name = name
+        _PATHS[name] = cls
+        return cls
+    return deco
+
+
+def _load_builtins() -> None:
+    from . import bicc, process_reward, sampling, teacher, two_attempts  # noqa: F401  (register on import)
+
+
+def path_names() -> list:
+    _load_builtins()
+    return sorted(_PATHS)
+
+
+def get_path(name: str) -> type:
+    """The registered path class ``name`` (ValueError listing the valid names otherwise)."""
+    _load_builtins()
+    if name not in _PATHS:
+        raise ValueError(f"unknown data path {name!r}; valid: {sorted(_PATHS)}")
+    return _PATHS[name]
+
+
+def path_class(kind: str) -> type:
+    """The path class the method ``kind`` declared (ValueError naming both when it is unknown)."""
+    from megatron_rl.algorithms import algo_kind
+
+    path = algo_kind(kind).path
+    _load_builtins()
+    if path not in _PATHS:
+        raise ValueError(f"algo.kind={kind!r} declares data path {path!r}, which is not registered; "
+                         f"valid: {sorted(_PATHS)}")
+    return _PATHS[path]
+
+
+def build_path(cfg, tok) -> DataPath:
+    """Start-up: the validated path object of ``cfg.algo.kind``."""
+    cls = path_class(cfg.algo.kind)
+    cls.validate(cfg)
+    return cls(cfg, tok)
+
+
+def actor_metrics(res) -> dict:
+    """``TrainStepResult`` -> metrics row entries (``actor/`` unless the name has its own prefix)."""
+    return {f"actor/{k}" if "/" not in k else k: v for k, v in res.to_dict().items()}
+
+
+__all__ = ["BASE_INPUTS", "DataPath", "actor_metrics", "build_path", "get_path", "path_class", "path_names",
+           "register_path"]

@@ -1,0 +1,165 @@
+"""The sampling data paths: ``plain`` (GRPO, DAPO, Dr.GRPO, RLOO, …) and ``greedy`` (ReMax).
+
+    collect (driver):  [round]*  ->  (dynamic sampling: keep informative groups, fill)
+        round = sample rollout.n per prompt -> reward -> (overlong shaping) -> (greedy baseline)
+    update (collective): old/ref log-probs -> (path hook: conditioned inputs) -> advantages -> one step
+
+Composable pieces, chosen once at start-up from the method's typed hparams: DAPO's soft overlong
+shaping and dynamic sampling run for every method whose hparams derive from ``SamplingHParams``
+(DAPO, BiCC) when switched on; the greedy baseline (one greedy rollout per prompt, ReMax) runs
+when the path's :meth:`PlainPath.wants_greedy` says so (``greedy``; BiCC with ``base=remax``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from megatron_rl import algorithms as A
+from megatron_rl.algorithms.hparams import SamplingHParams
+
+from . import BASE_INPUTS, DataPath, actor_metrics, register_path
+
+log = logging.getLogger("megatron_rl.loop")
+
+
+@register_path("plain")
+class PlainPath(DataPath):
+    """Sample, reward, train (module docstring)."""
+
+    def __init__(self, cfg, tok):
+        super().__init__(cfg, tok)
+        self.sampling = self.hp if isinstance(self.hp, SamplingHParams) else None
+        self.greedy = self.wants_greedy(self.hp)
+
+    @classmethod
+    def wants_greedy(cls, hp) -> bool:
+        return False
+
+    @classmethod
+    def provides_for(cls, hp) -> set:
+        return set(cls.provides) | ({"greedy_rewards"} if cls.wants_greedy(hp) else set())
+
+    @classmethod
+    def validate(cls, cfg) -> None:
+        super().validate(cfg)
+        hp = cfg.algo.hparams
+        if isinstance(hp, SamplingHParams) and hp.overlong_enable and hp.overlong_buffer_len > cfg.rollout.max_tokens:
+            raise ValueError(f"algo.{cfg.algo.kind}.overlong_buffer_len={hp.overlong_buffer_len} must be <= "
+                             f"rollout.max_tokens={cfg.rollout.max_tokens} (DAPO overlong shaping); lower it or set "
+                             "overlong_enable=false")
+
+    def collect(self, step: int):
+        if self.sampling is not None and self.sampling.filter_groups:
+            return collect_dynamic(self, step, self.sampling)
+        return self.round(step, 0)
+
+    def round(self, step: int, round_: int):
+        """One generation batch: sample ``rollout.n`` per prompt, score, DAPO overlong shaping, and the
+        greedy baseline (driver)."""
+        from megatron_rl.trainer import rollout_stage as R
+
+        run, cfg = self.run, self.cfg
+        idx = run.sampler.next_batch()
+        part = R.score(R.generate(run.client, run.train_set, idx, R.sampling_params(cfg, step, round_, eos_id=run.tok.eos_id),
+                                  run.tok), run.rewards)
+        if self.sampling is not None and self.sampling.overlong_enable:
+            part = R.overlong_shaping(part, self.sampling, cfg.rollout.max_tokens)
+        if self.greedy:
+            sp = R.sampling_params(cfg, step, round_ + 1, greedy=True, eos_id=run.tok.eos_id)
+            g = R.score(R.generate(run.client, run.train_set, idx, sp, run.tok), run.rewards)
+            part.greedy_rewards = g.rewards.repeat_interleave(cfg.rollout.n)
+        return part
+
+    def after_logprobs(self, ro, metrics: dict) -> None:
+        """Hook (collective): runs after the old/ref log-probs (PAPO waits for its grader here)."""
+
+    def train_inputs(self, ro, plain, old, step: int, metrics: dict):
+        """Hook (collective): the batch the loss sees and its old log-probs (BiCC conditions them)."""
+        return plain, old
+
+    def update(self, ro, step: int) -> dict:
+        """old/ref log-probs -> (hooks) -> advantages -> one optimizer step."""
+        from megatron_rl.trainer import update_stage as U
+        from megatron_rl.trainer.objective import Objective
+
+        run, cfg, hp, kind = self.run, self.cfg, self.hp, self.cfg.algo.kind
+        mbs, R_max, pad = cfg.trainer.micro_batch_size, cfg.rollout.max_tokens, run.tok.pad_id
+        plain = U.build_seq_batch(ro.prompts, ro.responses, pad, run.seq_len(ro.prompts, ro.responses), R_max)
+        run.dump_samples(step, "policy", [p + r for p, r in zip(ro.prompts, ro.responses)])
+        old, ref, metrics = U.old_ref_logprobs(run, ro, plain)
+        self.after_logprobs(ro, metrics)
+        train_sb, old_train = self.train_inputs(ro, plain, old, step, metrics)
+        adv = A.compute_advantages(kind, U.advantage_inputs(ro, plain.resp_mask, old_logp=old, ref_logp=ref), hp).float()
+        extras = {"rewards": ro.rewards.float(), "group_ids": ro.group_ids, "advantages": adv, "old_logp": old_train,
+                  "resp_pos": train_sb.resp_pos, "resp_mask": train_sb.resp_mask}
+        if ref is not None:
+            extras["ref_logp"] = ref
+        tis, off = U.off_policy_inputs(cfg, ro, old, plain.resp_mask, step)   # stale batches (async rollouts)
+        if tis is not None:
+            extras["tis_weights"] = tis
+        metrics.update(off)
+        batch = dataclasses.replace(train_sb.batch, extras=extras)
+        res = run.actor.train_step(batch, Objective(kind, hp, batch, step), mbs)
+        metrics.update(actor_metrics(res))
+        metrics["adv/mean_abs"] = float(adv.abs().mean())
+        return metrics
+
+
+@register_path("greedy")
+class GreedyPath(PlainPath):
+    """ReMax: the plain path plus one greedy rollout per prompt (its reward is the baseline)."""
+
+    provides = BASE_INPUTS | {"greedy_rewards"}
+
+    @classmethod
+    def wants_greedy(cls, hp) -> bool:
+        return True
+
+
+def collect_dynamic(path: PlainPath, step: int, hp: SamplingHParams):
+    """DAPO dynamic sampling (spec §3 DAPO): keep groups whose metric is not uniform, over successive
+    generation batches, until ``prompts_per_step`` groups are kept; then the first ``prompts_per_step``.
+    ``max_num_gen_batches`` ≤ 0: unlimited (a warning every 10 batches); at the cap ``at_cap=raise``
+    stops the run (the reference's behaviour), ``at_cap=fill`` completes the batch with uniform
+    groups of this step's batches — each group at most once — counted as ``dynamic/padded_groups``."""
+    cfg = path.cfg
+    need, n = cfg.data.prompts_per_step, cfg.rollout.n
+    ds = A.DynamicSampler(need, max(0, hp.max_num_gen_batches))
+    kept, spare = [], []
+    while not ds.ready:
+        if hp.max_num_gen_batches > 0 and ds.batches >= hp.max_num_gen_batches:
+            if hp.at_cap == "raise":
+                raise RuntimeError(f"dynamic sampling: {ds.kept_prompts}/{need} informative groups after "
+                                   f"max_num_gen_batches={hp.max_num_gen_batches} generation batches at step {step}; "
+                                   f"raise algo.{cfg.algo.kind}.max_num_gen_batches (<= 0: unlimited) or set at_cap=fill")
+            break
+        part = path.round(step, ds.batches)
+        metric = part.correct.float() if hp.filter_metric == "acc" else part.rewards
+        keep = ds.add(metric, part.group_ids).tolist()
+        kept.append(part.select(keep))
+        spare.append(part.select(sorted(set(range(len(part))) - set(keep))))
+        if hp.max_num_gen_batches <= 0 and ds.batches % 10 == 0:
+            log.warning("dynamic sampling: %d generation batches so far at step %d, %d/%d informative groups",
+                        ds.batches, step, ds.kept_prompts, need)
+    return fill(kept, spare, need, n, ds)
+
+
+def fill(kept: list, spare: list, need: int, n: int, ds):
+    """The first ``need`` kept groups, completed (fill mode) by whole uniform groups never used before."""
+    from megatron_rl.trainer import rollout_stage as R
+
+    parts = [p for p in kept if len(p)]
+    have = sum(len(p) for p in parts) // n
+    padded = 0
+    for p in spare:
+        if have + padded >= need:
+            break
+        take = min(len(p) // n, need - have - padded)
+        if take:
+            parts.append(p.select(list(range(take * n))))
+            padded += take
+    ro = R.concat(parts)
+    ro = ro.select(list(range(min(len(ro), need * n))))
+    ro.stats = {**ro.stats, "dynamic/gen_rounds": ds.batches, "dynamic/padded_groups": padded,
+                "dynamic/filtered_groups": ds.filtered_prompts}
+    return ro

@@ -1,0 +1,97 @@
+"""The self-distillation data paths: ``rlcsd_hints`` (rlcsd, opsd_ectr, rlsd_ectr; sibling rollouts
+as hints, spec §1.5.1) and ``gt_teacher`` (opsd, sdpo, srpo, rlsd; the dataset's solution, spec §1.7).
+
+Each owns the teacher: its hint template (built at start-up from ``teacher.template``), its shadow
+weights θ̄ (``TeacherWeights``, built in ``setup`` from the typed ``TeacherHParams``; checkpointed
+beside the model, counters in the extra state) and the packing decision. Collection is the plain
+sampling round; the update is ``distill_stage.update_teacher``.
+"""
+from __future__ import annotations
+
+import abc
+import logging
+
+from megatron_rl.algorithms.hparams import HintHParams, TeacherHParams
+
+from . import BASE_INPUTS, register_path
+from .sampling import PlainPath
+
+log = logging.getLogger("megatron_rl.setup")
+
+
+class TeacherPath(PlainPath):
+    """Shared part of the two teacher paths (not registered itself)."""
+
+    hparams = TeacherHParams
+
+    def __init__(self, cfg, tok):
+        from megatron_rl.trainer.teacher_inputs import make_template
+
+        super().__init__(cfg, tok)
+        self.template = make_template(cfg.teacher.template, tok)
+        self.teacher = None
+        self.packed = True
+
+    @classmethod
+    def validate(cls, cfg) -> None:
+        super().validate(cfg)
+        if cfg.teacher.pack == "on":
+            from megatron_rl.models.provider import resolve_backend
+
+            if resolve_backend(cfg.model.backend) == "te":
+                raise ValueError("teacher.pack=on needs the local attention path (block-diagonal masks); Transformer "
+                                 "Engine's causal kernels ignore them. Use teacher.pack=auto/off or model.backend=local")
+
+    def setup(self, run) -> None:
+        from megatron_rl.trainer.teacher import TeacherWeights
+
+        super().setup(run)
+        hp = self.hp
+        self.teacher = TeacherWeights(run.actor, hp.teacher_mode, hp.teacher_sync_interval, hp.ema_decay)
+        pack = self.cfg.teacher.pack   # decided from the backend the actor was built with (one resolution)
+        self.packed = pack == "on" or (pack == "auto" and run.actor.backend == "local")
+        log.info("teacher passes: %s", "packed (block-diagonal attention)" if self.packed
+                 else "one sequence per row (Transformer Engine attention)")
+
+    @abc.abstractmethod
+    def plan(self, ro, step: int):
+        """The step's teacher plan (``teacher_inputs.TeacherPlan``)."""
+
+    def update(self, ro, step: int) -> dict:
+        from megatron_rl.trainer.distill_stage import update_teacher
+
+        return update_teacher(self.run, self, ro, step)
+
+    def shadow_weights(self):
+        return self.teacher
+
+    def state_dict(self) -> dict:
+        return self.teacher.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.teacher.load_state_dict(state)
+
+
+@register_path("rlcsd_hints")
+class HintsPath(TeacherPath):
+    hparams = HintHParams
+    provides = BASE_INPUTS | {"teacher_logp", "teacher_neg_logp", "teacher_neg_mask", "teacher_topk",
+                              "teacher_neg_topk", "student_topk", "teacher_entropy", "step"}
+
+    def plan(self, ro, step: int):
+        from megatron_rl.trainer.distill_stage import step_rng
+        from megatron_rl.trainer.teacher_inputs import plan_hints
+
+        return plan_hints(ro, self.template, k_max=self.hp.k_max, source=self.hp.source,
+                          rng=step_rng(self.cfg.trainer.seed, step))
+
+
+@register_path("gt_teacher")
+class GtTeacherPath(TeacherPath):
+    provides = BASE_INPUTS | {"teacher_logp", "teacher_topk", "student_topk", "teacher_entropy", "step",
+                              "srpo_log_u_mean"}
+
+    def plan(self, ro, step: int):
+        from megatron_rl.trainer.teacher_inputs import plan_gt
+
+        return plan_gt(ro, self.template)
