@@ -160,3 +160,30 @@ def test_paths_that_cannot_run_async_fail_at_start_up(over, words):
 
     with pytest.raises(ValueError, match=words):
         load_config(None, over)
+
+
+def test_off_policy_inputs_use_the_batch_weight_version():
+    """``update_stage.off_policy_inputs``: staleness = (step − 1) − ro.weight_version; behaviour =
+    the engine log-probs of each response; a synchronous batch (no version) gets no weights."""
+    import math
+
+    import torch
+
+    from megatron_rl.config import load_config
+    from megatron_rl.trainer.rollout_stage import Rollouts
+    from megatron_rl.trainer.update_stage import off_policy_inputs
+
+    ro = Rollouts(rows=[None, None], prompts=[[1], [1]], responses=[[5, 6], [7]], rollout_logp=[[-1.0, -0.5], [-2.0]],
+                  finish=["stop", "stop"], group_ids=torch.tensor([0, 0]))
+    old = torch.tensor([[-0.9, -0.5], [-1.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    cfg = load_config(None, [])
+    w, m = off_policy_inputs(cfg, ro, old, mask, step=4)
+    assert w is None and m["offpolicy/staleness_max"] == 0.0
+    ro.weight_version = 1
+    assert ro.select([1, 0]).weight_version == 1
+    w, m = off_policy_inputs(cfg, ro, old, mask, step=4)
+    torch.testing.assert_close(w, torch.tensor([[math.exp(0.1), 1.0], [2.0, 0.0]]))
+    assert m["offpolicy/staleness_mean"] == 2.0 and abs(m["offpolicy/is_clipped_frac"] - 1 / 3) < 1e-6
+    none = load_config(None, ["algo.off_policy=none"])
+    assert off_policy_inputs(none, ro, old, mask, step=4)[0] is None
