@@ -1,6 +1,8 @@
 """Checkpoint save at step 2 / resume (torchrun, gloo): the continuation reproduces the
 uninterrupted run's losses exactly at the same layout (TP=2) and to 1e-5 after resharding
 TP=2 -> TP=1 and TP=2 -> PP=2; half-written checkpoints are ignored; keep_last prunes.
+Every case builds its own actor (megatron groups rebuilt per case); the 2-process cases share one
+launch, the 1-process one has its own.
 """
 from __future__ import annotations
 
@@ -23,20 +25,17 @@ def runs(tmp_path_factory):
     d = tmp_path_factory.mktemp("ckpt")
     hf = make_tiny_hf(d / "hf")
     run = d / "run"
-    out = {}
     (run / "checkpoints" / ".tmp-step_0" / "dist").mkdir(parents=True)     # stale: crashed earlier save
-    torchrun(WORKERS / "actor_checkpoint.py", hf, run, d / "full.json", 2, "full", nproc=2, timeout=300)
-    out["full"] = json.loads((d / "full.json").read_text())
-    out["listing_after_full"] = sorted(p.name for p in (run / "checkpoints").iterdir())
-    # simulate crashes: a half-written newer save and a renamed dir without its COMPLETE marker
-    (run / "checkpoints" / ".tmp-step_3" / "dist").mkdir(parents=True)
-    (run / "checkpoints" / "step_5" / "dist").mkdir(parents=True)
-    torchrun(WORKERS / "actor_checkpoint.py", hf, run, d / "same.json", 2, "resume", nproc=2, timeout=300)
-    out["same"] = json.loads((d / "same.json").read_text())
-    torchrun(WORKERS / "actor_checkpoint.py", hf, run, d / "tp1.json", 1, "resume", nproc=1, timeout=300)
-    out["tp1"] = json.loads((d / "tp1.json").read_text())
-    torchrun(WORKERS / "actor_checkpoint.py", hf, run, d / "pp2.json", 1, "resume", 2, nproc=2, timeout=300)
-    out["pp2"] = json.loads((d / "pp2.json").read_text())
+    # one launch per world size (each costs the torch + megatron imports per rank), cases in order:
+    # full run; simulated crashes (a half-written newer save and a renamed dir without its COMPLETE
+    # marker); resume at the same layout and at PP=2; a checkpoint before the first optimizer step
+    # (its own run dir); then the TP=1 resume in one process
+    torchrun(WORKERS / "actor_checkpoint.py", hf, d, f"full:full:{run}:2:1", f"crash:crash:{run}:0:0",
+             f"same:resume:{run}:2:1", f"pp2:resume:{run}:1:2", f"fresh:fresh:{d / 'fresh_run'}:2:1",
+             nproc=2, timeout=900)
+    torchrun(WORKERS / "actor_checkpoint.py", hf, d, f"tp1:resume:{run}:1:1", nproc=1, timeout=300)
+    out = {k: json.loads((d / f"{k}.json").read_text()) for k in ("full", "same", "tp1", "pp2", "fresh")}
+    out["listing_after_full"] = json.loads((d / "crash.json").read_text())["listing"]
     out["run_dir"] = run
     return out
 
@@ -66,14 +65,9 @@ def test_resume_resharded(runs, layout):
         assert s["lr"] == ref["lr"]
 
 
-def test_checkpoint_before_the_first_optimizer_step(runs, tmp_path):
+def test_checkpoint_before_the_first_optimizer_step(runs):
     """Saving with no optimizer state yet leaves every weight alone and the next steps unchanged."""
-    from actor_common import make_tiny_hf
-
-    hf = make_tiny_hf(tmp_path / "hf")
-    torchrun(WORKERS / "actor_checkpoint.py", hf, tmp_path / "run", tmp_path / "fresh.json", 2, "fresh", nproc=2,
-             timeout=300)
-    fresh = json.loads((tmp_path / "fresh.json").read_text())["steps"]
+    fresh = runs["fresh"]["steps"]
     full = runs["full"]["steps"][:2]
     for a, b in zip(fresh, full):
         assert (a["loss"], a["grad_norm"]) == (b["loss"], b["grad_norm"]), (a, b)

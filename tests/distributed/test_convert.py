@@ -9,12 +9,13 @@
   checkpoint loads at TP=1 and PP=2 with the same logits;
 * a single-process streamed checkpoint loads at TP=1, TP=2 and PP=2 with the HF logits, and at TP=2
   gives exactly the logits of the model-built (``--engine model``) checkpoint.
-HF reference outputs are computed in this (unpatched) process.
+HF reference outputs are computed in this (unpatched) process. Every Megatron-side case of every
+architecture runs in ONE 2-rank torchrun (``conv`` fixture; TP=1 there is DP=2, megatron's groups
+rebuilt per case), after one plain process for the single-process conversions.
 """
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,11 +27,11 @@ from tests.helpers.dist import REPO, torchrun
 
 WORKER = Path(__file__).parent / "workers" / "convert_parity.py"
 ARCHS = {
-    "llama3": ("LlamaForCausalLM", "LlamaConfig", dict(rope_theta=500000.0, rope_scaling={
+    "llama3": ("LlamaForCausalLM", "LlamaConfig", {"rope_theta": 500000.0, "rope_scaling": {
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 16}, tie_word_embeddings=False)),
-    "qwen2_tied": ("Qwen2ForCausalLM", "Qwen2Config", dict(tie_word_embeddings=True)),
-    "qwen3": ("Qwen3ForCausalLM", "Qwen3Config", dict(head_dim=32, tie_word_embeddings=False)),
+        "original_max_position_embeddings": 16}, "tie_word_embeddings": False}),
+    "qwen2_tied": ("Qwen2ForCausalLM", "Qwen2Config", {"tie_word_embeddings": True}),
+    "qwen3": ("Qwen3ForCausalLM", "Qwen3Config", {"head_dim": 32, "tie_word_embeddings": False}),
 }
 
 
@@ -55,15 +56,57 @@ def _make(name: str, out: Path) -> Path:
     return out
 
 
+STREAM_ARCH = "qwen3"  # the load-everywhere check of the single-process streamed checkpoint
+LAYOUTS = ((1, 1), (2, 1), (1, 2))
+
+
+def _plan(root: Path, dirs: dict) -> list[dict]:
+    """Every Megatron-side case of the module, in dependency order, for ONE 2-rank torchrun."""
+    plan = []
+    for arch, d in dirs.items():
+        case = {"op": "parity", "hf": str(d), "ref": str(d / "ref.pt")}
+        plan += [{**case, "key": f"{arch}/hf/tp{tp}pp{pp}", "mode": "hf", "tp": tp, "pp": pp} for tp, pp in LAYOUTS]
+        work = root / f"{arch}_work"
+        for tp, pp in ((2, 1), (1, 2)):
+            ck = work / f"mc_tp{tp}pp{pp}"
+            plan.append({"key": f"{arch}/to_mcore/tp{tp}pp{pp}", "op": "convert",
+                         "argv": ["hf-to-mcore", "--hf", d, "--out", ck, "--tp", tp, "--pp", pp]})
+            plan.append({"key": f"{arch}/to_hf/tp{tp}pp{pp}", "op": "convert",
+                         "argv": ["mcore-to-hf", "--ckpt", ck, "--out", work / f"hf_from_tp{tp}pp{pp}"]})
+        plan += [{**case, "key": f"{arch}/mcore_tp2/tp{tp}pp{pp}", "mode": "mcore", "tp": tp, "pp": pp,
+                  "ckpt": str(work / "mc_tp2pp1")} for tp, pp in ((1, 1), (1, 2))]
+        if arch == STREAM_ARCH:
+            plan += [{**case, "key": f"{arch}/stream/tp{tp}pp{pp}", "mode": "mcore", "tp": tp, "pp": pp,
+                      "ckpt": str(root / f"{arch}_stream" / "stream")} for tp, pp in LAYOUTS]
+            plan.append({**case, "key": f"{arch}/model/tp2pp1", "mode": "mcore", "tp": 2, "pp": 1,
+                         "ckpt": str(root / f"{arch}_stream" / "model")})
+    return [{k: (list(map(str, v)) if k == "argv" else v) for k, v in s.items()} for s in plan]
+
+
+@pytest.fixture(scope="module")
+def conv(tmp_path_factory):
+    """All cases of the module in two process trees (each launch costs seconds of torch + megatron
+    imports per rank): one plain process converts ``STREAM_ARCH`` single-process (``--engine stream``
+    and ``--engine model``), then ONE 2-rank torchrun runs every parity case (TP=1 there is DP=2), the
+    HF -> Megatron conversions at TP=2 and PP=2 (each rank writing half of the chunks), their
+    Megatron -> HF round trips and the reloads at other layouts. ``{key: result}`` plus the dirs."""
+    root = tmp_path_factory.mktemp("convert")
+    dirs = {arch: _make(arch, root / arch) for arch in ARCHS}
+    single = [{"key": f"{STREAM_ARCH}/{engine}", "op": "convert",
+               "argv": ["hf-to-mcore", "--hf", str(dirs[STREAM_ARCH]), "--out", str(root / f"{STREAM_ARCH}_stream" / engine),
+                        "--engine", engine]} for engine in ("stream", "model")]
+    (root / "single.json").write_text(json.dumps(single))
+    p = subprocess.run([sys.executable, str(WORKER), str(root / "single.json"), str(root / "single_out.json")],
+                       check=False, capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert p.returncode == 0, p.stderr[-3000:]
+    (root / "plan.json").write_text(json.dumps(_plan(root, dirs)))
+    torchrun(WORKER, root / "plan.json", root / "out.json", nproc=2, timeout=1800)
+    return {"res": json.loads((root / "out.json").read_text()), "dirs": dirs, "root": root}
+
+
 @pytest.fixture(scope="module", params=list(ARCHS))
-def model_dir(request, tmp_path_factory):
-    return _make(request.param, tmp_path_factory.mktemp(request.param))
-
-
-def _result(stdout: str) -> dict:
-    m = re.search(r"RESULT (\{.*\})", stdout)
-    assert m, stdout[-3000:]
-    return json.loads(m.group(1))
+def model_dir(request, conv):
+    return conv["dirs"][request.param]
 
 
 def _check(res: dict):
@@ -75,22 +118,19 @@ def _check(res: dict):
 
 
 @pytest.mark.parametrize("tp,pp", [(1, 1), (2, 1), (1, 2)], ids=["tp1", "tp2", "pp2"])
-def test_logits_hidden_and_gather_parity(model_dir, tp, pp):
-    out = torchrun(WORKER, "hf", model_dir, model_dir / "ref.pt", tp, pp, nproc=max(tp * pp, 1) if tp * pp > 1 else 1)
-    _check(_result(out.stdout))
+def test_logits_hidden_and_gather_parity(conv, model_dir, tp, pp):
+    _check(conv["res"][f"{model_dir.name}/hf/tp{tp}pp{pp}"])
 
 
-def test_dist_checkpoint_round_trip_and_reshard(model_dir, tmp_path):
+def test_dist_checkpoint_round_trip_and_reshard(conv, model_dir):
     from safetensors.torch import load_file
 
+    res, work = conv["res"], conv["root"] / f"{model_dir.name}_work"
     for tp, pp in ((2, 1), (1, 2)):
-        ck = tmp_path / f"mc_tp{tp}pp{pp}"
-        torchrun(REPO / "tools/convert/hf_to_mcore.py", "--hf", model_dir, "--out", ck, "--tp", tp, "--pp", pp, nproc=2)
-        assert (ck / "COMPLETE").is_file() and not list(tmp_path.glob(".tmp-*"))
-        back = tmp_path / f"hf_from_tp{tp}pp{pp}"
-        p = subprocess.run([sys.executable, str(REPO / "tools/convert/mcore_to_hf.py"), "--ckpt", str(ck), "--out", str(back)],
-                           capture_output=True, text=True, timeout=300)
-        assert p.returncode == 0, p.stderr[-3000:]
+        ck = work / f"mc_tp{tp}pp{pp}"   # written by torchrun --nproc_per_node=2 (conv fixture)
+        assert (ck / "COMPLETE").is_file() and not list(work.glob(".tmp-*"))
+        back = work / f"hf_from_tp{tp}pp{pp}"
+        assert res[f"{model_dir.name}/to_hf/tp{tp}pp{pp}"] == 0   # megatron-rl convert mcore-to-hf's exit code
         a = load_file(str(next(model_dir.glob("*.safetensors"))))
         b = {}
         for f in back.glob("*.safetensors"):
@@ -101,26 +141,23 @@ def test_dist_checkpoint_round_trip_and_reshard(model_dir, tmp_path):
         for k in ("architectures", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                   "intermediate_size", "vocab_size", "rms_norm_eps", "tie_word_embeddings", "max_position_embeddings"):
             assert ca.get(k) == cb.get(k), k
-    # a checkpoint written at TP=2 loads at TP=1 (single process) and at PP=2 with the HF logits
-    ck = tmp_path / "mc_tp2pp1"
-    _check(_result(torchrun(WORKER, "mcore", model_dir, model_dir / "ref.pt", 1, 1, ck, nproc=1).stdout))
-    _check(_result(torchrun(WORKER, "mcore", model_dir, model_dir / "ref.pt", 1, 2, ck, nproc=2).stdout))
+    # a checkpoint written at TP=2 loads at TP=1 (DP=2: each rank holds the whole model) and at PP=2
+    # with the HF logits
+    _check(res[f"{model_dir.name}/mcore_tp2/tp1pp1"])
+    _check(res[f"{model_dir.name}/mcore_tp2/tp1pp2"])
 
 
-def test_streamed_checkpoint_loads_everywhere_like_the_model_built_one(model_dir, tmp_path):
-    if model_dir.name.startswith(("llama3", "qwen2_tied")):
+def test_streamed_checkpoint_loads_everywhere_like_the_model_built_one(conv, model_dir):
+    if model_dir.name != STREAM_ARCH:
         # every architecture / tie combination is checked record-for-record against the model-built
         # checkpoint in tests/unit/test_convert_stream.py; loading through megatron once is enough here
         pytest.skip("one architecture (qwen3) suffices for the load-everywhere check")
-    ref = model_dir / "ref.pt"
-    for engine in ("stream", "model"):
-        p = subprocess.run([sys.executable, str(REPO / "tools/convert/hf_to_mcore.py"), "--hf", str(model_dir),
-                            "--out", str(tmp_path / engine), "--engine", engine], capture_output=True, text=True,
-                           timeout=600, cwd=REPO)
-        assert p.returncode == 0, p.stderr[-3000:]
+    single = json.loads((conv["root"] / "single_out.json").read_text())
+    for engine in ("stream", "model"):  # single-process conversions' exit codes (conv fixture)
+        assert single[f"{STREAM_ARCH}/{engine}"] == 0
     for tp, pp in ((1, 1), (2, 1), (1, 2)):
-        res = _result(torchrun(WORKER, "mcore", model_dir, ref, tp, pp, tmp_path / "stream", nproc=tp * pp).stdout)
+        res = conv["res"][f"{STREAM_ARCH}/stream/tp{tp}pp{pp}"]
         _check(res)
         if (tp, pp) == (2, 1):
-            old = _result(torchrun(WORKER, "mcore", model_dir, ref, tp, pp, tmp_path / "model", nproc=2).stdout)
+            old = conv["res"][f"{STREAM_ARCH}/model/tp2pp1"]
             assert {k: v for k, v in res.items() if "diff" in k} == {k: v for k, v in old.items() if "diff" in k}

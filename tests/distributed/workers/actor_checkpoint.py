@@ -1,19 +1,24 @@
 """Worker: checkpoint save / resume of the policy actor.
 
-Usage: actor_checkpoint.py HF_DIR RUN_DIR OUT_JSON TP PHASE [PP=1]
+Usage: actor_checkpoint.py HF_DIR OUT_DIR LABEL:PHASE:RUN_DIR:TP:PP [...]
+Each case runs in turn in this process tree (megatron's groups destroyed and rebuilt between
+cases; one launch instead of one per case saves the torch + megatron imports); rank 0 writes
+``OUT_DIR/LABEL.json``.
   PHASE=full    4 training steps, checkpoint after steps 1 and 2 (keep_last=2); records every
                 step's loss / grad norm and a post-step RNG draw.
   PHASE=resume  find_latest(RUN_DIR) -> load_checkpoint -> steps 3 and 4; records the same.
   PHASE=fresh   checkpoint BEFORE any optimizer step (a run whose updates were all skipped): the
                 save must not change a weight, and steps 1, 2 must then equal the full run's.
+  PHASE=crash   (rank 0) record the RUN_DIR/checkpoints listing, then simulate crashes: a
+                half-written newer save (.tmp-step_3) and a renamed dir without its COMPLETE (step_5).
 Each step uses its own batch (seed = step) with old log-probs from a forward pass.
 """
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch
-
 from actor_common import build_actor, fixed_batch, rl_loss, write_json
 
 
@@ -28,10 +33,23 @@ def one_step(actor, step: int) -> dict:
             "rng": torch.rand(2).tolist()}
 
 
-def main() -> None:
-    hf_dir, run_dir, out, tp, phase = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
-    pp = int(sys.argv[6]) if len(sys.argv) > 6 else 1
-    from megatron_rl.trainer.checkpoint import find_latest, load_checkpoint, save_checkpoint
+def simulate_crash(run_dir: str, out: str) -> None:
+    import torch.distributed as dist
+
+    ck = Path(run_dir) / "checkpoints"
+    write_json(out, {"listing": sorted(p.name for p in ck.iterdir())})
+    if dist.get_rank() == 0:
+        (ck / ".tmp-step_3" / "dist").mkdir(parents=True)
+        (ck / "step_5" / "dist").mkdir(parents=True)
+    dist.barrier()
+
+
+def run_case(hf_dir: str, run_dir: str, out: str, tp: int, pp: int, phase: str) -> None:
+    from megatron_rl.trainer.checkpoint import (
+        find_latest,
+        load_checkpoint,
+        save_checkpoint,
+    )
 
     # warm-up + cosine decay so the scheduler state matters on resume
     actor = build_actor(hf_dir, tp, pp, lr=1e-3, warmup_steps=1, decay_steps=6, decay_style="cosine", min_lr=1e-5)
@@ -68,6 +86,20 @@ def main() -> None:
         assert torch.equal(ref.forward_logprobs(probe, 2).logp, at_load)
     write_json(out, rec)
     print("OK", rec, flush=True)
+
+
+def main() -> None:
+    from megatron_rl.parallel import destroy_parallel, init_distributed
+
+    hf_dir, out_dir = sys.argv[1], sys.argv[2]
+    init_distributed()
+    for case in sys.argv[3:]:
+        label, phase, run_dir, tp, pp = case.split(":")
+        if phase == "crash":
+            simulate_crash(run_dir, f"{out_dir}/{label}.json")
+            continue
+        run_case(hf_dir, run_dir, f"{out_dir}/{label}.json", int(tp), int(pp), phase)
+        destroy_parallel()
 
 
 if __name__ == "__main__":

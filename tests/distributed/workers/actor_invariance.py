@@ -1,15 +1,17 @@
-"""Worker: one layout (TP, PP, DP from the world size) runs the same two training steps.
+"""Worker: layouts (TP, PP, DP from the world size) each run the same three training steps.
 
-Usage: actor_invariance.py HF_DIR OUT_JSON TP PP SP MICRO_BATCH [DISTOPT=1]
-Records (rank 0): sum of log-probs / entropies of the forward pass, and per step the loss,
-grad norm and a metric. Also checks ReferencePolicy.from_actor matches the actor bit-for-bit.
+Usage: actor_invariance.py HF_DIR OUT_DIR NAME:TP:PP:SP:MICRO_BATCH:DISTOPT [...]
+Each case runs in turn in this process tree (megatron's groups destroyed and rebuilt between
+cases, as in ``weight_transport.py``; one launch instead of one per layout saves the torch +
+megatron imports) and records (rank 0, ``OUT_DIR/NAME.json``): sum of log-probs / entropies of
+the forward pass, and per step the loss, grad norm and a metric. Also checks
+ReferencePolicy.from_actor matches the actor bit-for-bit.
 """
 from __future__ import annotations
 
 import sys
 
 import torch
-
 from actor_common import build_actor, fixed_batch, rl_loss, write_json
 
 
@@ -28,9 +30,10 @@ def _hf_model(hf_dir: str):
     """HF model from config + state dict. Not ``from_pretrained``: in a process where the megatron
     CPU patches are applied (they wrap ``torch.tensor``), transformers 5.x ``from_pretrained``
     leaves the non-persistent rotary ``inv_freq`` buffer uninitialised (observed)."""
+    from pathlib import Path
+
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
-    from pathlib import Path
 
     cfg = AutoConfig.from_pretrained(hf_dir)
     cfg._attn_implementation = "eager"
@@ -67,12 +70,10 @@ def check_export(actor, batch, logp: torch.Tensor, out_dir: str) -> None:
     torch.distributed.barrier()
 
 
-def main() -> None:
-    hf_dir, out, tp, pp, sp, mbs = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1", int(sys.argv[6])
+def run_case(hf_dir: str, out: str, tp: int, pp: int, sp: bool, mbs: int, distopt: bool) -> None:
     from megatron_rl.trainer.actor import ReferencePolicy
     from megatron_rl.trainer.batch import TrainBatch
 
-    distopt = len(sys.argv) <= 7 or sys.argv[7] == "1"
     actor = build_actor(hf_dir, tp, pp, sp, use_distributed_optimizer=distopt)
     check_hf_round_trip(actor, hf_dir)
     ref = ReferencePolicy.from_actor(actor)
@@ -96,6 +97,16 @@ def main() -> None:
     check_export(actor, batch, after.logp, out + ".hf")
     write_json(out, rec)
     print("OK", rec, flush=True)
+
+
+def main() -> None:
+    from megatron_rl.parallel import destroy_parallel
+
+    hf_dir, out_dir = sys.argv[1], sys.argv[2]
+    for case in sys.argv[3:]:
+        name, tp, pp, sp, mbs, distopt = case.split(":")
+        run_case(hf_dir, f"{out_dir}/{name}.json", int(tp), int(pp), sp == "1", int(mbs), distopt == "1")
+        destroy_parallel()
 
 
 if __name__ == "__main__":

@@ -1,7 +1,10 @@
 """Worker: packed teacher passes (trainer/distill_stage.teacher_pass) equal direct single-sequence
 computations of the same conditioned inputs, for several samples and every K = 1..4.
 
-Usage: torchrun --nproc_per_node=N teacher_pass.py HF_DIR TP PP
+Usage: torchrun --nproc_per_node=N teacher_pass.py HF_DIR TP:PP [TP:PP ...]
+The layouts run in turn in this process tree (megatron's groups destroyed and rebuilt between
+them; one launch per world size instead of one per layout saves the torch + megatron imports);
+rank 0 prints ``CASE tp=.. pp=..`` before a layout and ``OK`` after it passed.
 The reference log-probs / top-k are computed one unpacked sequence at a time at θ0; then the live
 weights are perturbed and the packed pass runs under the snapshot teacher (θ̄ = θ0): equal to
 1e-5 in fp32, and the live weights must be back afterwards.
@@ -25,6 +28,8 @@ TOPK = 5
 
 
 def main(hf: str, tp: int, pp: int) -> None:
+    if torch.distributed.is_initialized() and torch.distributed.get_rank() == 0:
+        print(f"CASE tp={tp} pp={pp}", flush=True)
     actor = build_actor(hf, tp, pp)
     g = torch.Generator().manual_seed(3)
     # 4 samples; sample j has K = j + 1 negatives -> K + 1 teacher prompts of different lengths
@@ -72,8 +77,14 @@ def main(hf: str, tp: int, pp: int) -> None:
     if torch.distributed.get_rank() == 0:
         print(f"tp={tp} pp={pp}: {len(seqs)} teacher sequences in {pk.batch.num_samples} rows, pad_frac "
               f"{pk.pad_frac:.3f}; max |Δ| token {worst:.2e}, top-k {worst_top:.2e}, gather {worst_g:.2e}")
-        print("OK")
+        print("OK", flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
+    from megatron_rl.parallel import destroy_parallel, init_distributed
+
+    init_distributed()
+    for case in sys.argv[2:]:
+        tp, pp = map(int, case.split(":"))
+        main(sys.argv[1], tp, pp)
+        destroy_parallel()

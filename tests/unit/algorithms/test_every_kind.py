@@ -41,7 +41,7 @@ ESTIMATORS = {
 UNIFORM = {"all-correct": [1.0, 1, 1, 1], "all-wrong": [0.0, 0, 0, 0], "uniform-graded": [0.3, 0.3, 0.3]}
 
 
-# PAPO all-correct groups carry A_proc (tested in test_papo.py), so that one combination is excluded
+# PAPO all-correct groups carry A_proc (tested in test_papo_algo.py), so that one combination is excluded
 UNIFORM_CASES = [(n, c) for n in sorted(ESTIMATORS) for c in UNIFORM if not (n == "papo" and c == "all-correct")]
 
 
