@@ -109,6 +109,10 @@ class RolloutConfig:
     """Start-up gate: after the first sync, the mean |trainer − engine| log-prob over a fixed probe
     batch must be <= this, else the run stops with both numbers (fp32 CPU runs measure ~1e-7; a
     mis-mapped weight gives ~1; bf16 on GPU ~1e-3)."""
+    max_staleness: int = 0
+    """Asynchronous rollouts: 0 = synchronous (generate, then train); k >= 1 = the engines generate
+    the batches of steps t+1..t+k while the trainer updates on batch t, so batch t is sampled with
+    the weights of step max(0, t-1-k) (``trainer/async_rollout.py``); corrected by ``algo.off_policy``."""
 
     def __post_init__(self):
         _check(self.engine in ("vllm", "hf"), f"rollout.engine must be vllm|hf, got {self.engine!r}")
@@ -118,6 +122,7 @@ class RolloutConfig:
         _check(self.logprob_gate > 0, f"rollout.logprob_gate must be > 0, got {self.logprob_gate}")
         _check(self.n >= 1 and self.num_engines >= 1, "rollout.n and rollout.num_engines must be >= 1")
         _check(self.temperature > 0, f"rollout.temperature must be > 0, got {self.temperature}")
+        _check(self.max_staleness >= 0, f"rollout.max_staleness must be an integer >= 0, got {self.max_staleness}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,12 +186,21 @@ class AlgoConfig:
     """Method: a key of ``megatron_rl.algorithms.ALGO_KINDS``."""
     hparams: Any = None
     """The kind's hyper-parameter dataclass (YAML: ``algo.<kind>: {...}``)."""
+    off_policy: str = "decoupled"
+    """Importance weight of the proximal (trainer-recomputed) against the behaviour (engine) policy,
+    truncated at ``tis_cap`` (``algorithms/offpolicy.py``): decoupled = on stale samples only (w = 1
+    exactly at staleness 0: the synchronous path is unchanged) | tis = on every sample (the RLCSD
+    recipes' rollout correction, spec §1.3.3) | none (ablation)."""
+    tis_cap: float = 2.0
+    """Upper cap C of the truncated IS weight min(π_prox/π_behav, C) (>= 1)."""
 
     def __post_init__(self):
         from megatron_rl.algorithms import ALGO_KINDS
+        from megatron_rl.algorithms.offpolicy import check_mode
 
         if self.kind not in ALGO_KINDS:
             raise ValueError(f"unknown algo.kind {self.kind!r}; valid: {sorted(ALGO_KINDS)}")
+        check_mode(self.off_policy, self.tis_cap)
         if self.hparams is None:
             object.__setattr__(self, "hparams", ALGO_KINDS[self.kind].hparams())
 
@@ -271,6 +285,9 @@ class Config:
     def to_dict(self) -> dict:
         d = {f.name: dataclasses.asdict(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "algo"}
         d["algo"] = {"kind": self.algo.kind, self.algo.kind: dataclasses.asdict(self.algo.hparams)}
+        # the off-policy knobs only when set (a synchronous run's dump keeps its earlier shape)
+        d["algo"].update({k: getattr(self.algo, k) for k in _ALGO_TOP[1:]
+                          if getattr(self.algo, k) != _ALGO_DEFAULTS[k]})
         return d
 
     def dump(self, path: str | Path) -> None:
@@ -375,11 +392,18 @@ def _build_algo(sec: dict) -> AlgoConfig:
     kind = str(kind)
     if kind not in ALGO_KINDS:
         raise ValueError(f"unknown algo.kind {kind!r}; valid: {sorted(ALGO_KINDS)}")
-    extra = sorted(set(sec) - {"kind"} - set(ALGO_KINDS))
+    extra = sorted(set(sec) - set(_ALGO_TOP) - set(ALGO_KINDS))
     if extra:
-        raise ValueError(f"algo: unknown key(s) {extra}; valid: ['kind', <kind name>]")
+        raise ValueError(f"algo: unknown key(s) {extra}; valid: {sorted(_ALGO_TOP)} + [<kind name>]")
     hp = _build(ALGO_KINDS[kind].hparams, dict(sec.get(kind) or {}), f"algo.{kind}")
-    return AlgoConfig(kind, hp)
+    hints = typing.get_type_hints(AlgoConfig)
+    top = {k: _typed(f"algo.{k}", sec[k], hints[k]) for k in _ALGO_TOP if k != "kind" and k in sec}
+    return AlgoConfig(kind, hp, **top)
+
+
+#: the algo section's own keys (besides ``algo.<kind>: {...}``)
+_ALGO_TOP = ("kind", "off_policy", "tis_cap")
+_ALGO_DEFAULTS = {f.name: f.default for f in dataclasses.fields(AlgoConfig)}
 
 
 def from_dict(tree: dict) -> Config:
@@ -448,6 +472,9 @@ def validate(cfg: Config, world_size: int | None = None) -> None:
     from megatron_rl.trainer.paths import path_class
 
     path_class(cfg.algo.kind).validate(cfg)
+    from megatron_rl.trainer.async_rollout import check_async
+
+    check_async(cfg.algo.kind, path_class(cfg.algo.kind), cfg.rollout.max_staleness, cfg.algo.off_policy)
     n = cfg.data.prompts_per_step * cfg.rollout.n
     if world_size is not None:
         mp = cfg.parallel.tp * cfg.parallel.pp

@@ -36,3 +36,20 @@ def synchronize() -> None:
 def max_memory_allocated() -> int:
     """Peak device bytes (0 on CPU; use RSS there)."""
     return torch.cuda.max_memory_allocated() if has_cuda() else 0
+
+
+def pin_process(cores) -> None:
+    """Pin every thread of this process (and threads it starts later) to ``cores`` and size torch's
+    intra-op pool to match. ``os.sched_setaffinity(0, ...)`` alone binds only the calling thread;
+    an OpenMP pool started earlier would keep running on every core, so each task id is set."""
+    import os
+
+    cores = {int(c) for c in cores}
+    if not cores:
+        return
+    for tid in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ["0"]:
+        try:
+            os.sched_setaffinity(int(tid), cores)
+        except (ProcessLookupError, PermissionError):  # a thread that ended meanwhile
+            pass
+    torch.set_num_threads(len(cores))

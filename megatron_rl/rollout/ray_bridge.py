@@ -35,6 +35,11 @@ class _EngineActor:
     """Body of the Ray actor: one engine per process."""
 
     def __init__(self, kind: str, model_dir: str, engine_kwargs: dict):
+        cores = os.environ.get("MEGATRON_RL_CPU_CORES")
+        if cores:   # asynchronous runs: the engines' own cores, disjoint from the trainer's
+            from ..device import pin_process
+
+            pin_process(int(c) for c in cores.split(","))
         torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
         from .hf_engine import make_engine
 

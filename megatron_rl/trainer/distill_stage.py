@@ -215,6 +215,10 @@ def update_teacher(run, tp, ro, step: int) -> dict:
               "old_logp": old[keep], "resp_pos": keep_sb.resp_pos, "resp_mask": keep_sb.resp_mask}
     if ref is not None:
         extras["ref_logp"] = ref[keep]
+    tis, off = U.off_policy_inputs(cfg, ro, old, plain.resp_mask, step)   # stale batches (async rollouts)
+    if tis is not None:
+        extras["tis_weights"] = tis[keep]
+    metrics.update(off)
     idx_resp = tt.extras.pop("support_idx_resp", None)
     extras.update(tt.extras)
     if idx_resp is not None:

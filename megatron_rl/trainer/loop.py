@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from megatron_rl.trainer import async_rollout as AR
 from megatron_rl.trainer.rollout_stage import Rollouts, broadcast_object
 from megatron_rl.trainer.setup import Run, eval_greedy, setup_run, sync_weights
 
@@ -35,18 +36,28 @@ def step_metrics(ro: Rollouts, cfg) -> dict:
 
 
 def rl_step(run: Run, step: int) -> dict:
-    """One RL step: path.collect (driver) -> broadcast -> path.update -> sync -> log; the metrics row."""
+    """One RL step: path.collect (driver) -> broadcast -> path.update -> sync -> log; the metrics row.
+    With ``rollout.max_staleness`` > 0 the batch comes from the producer that collected it ahead
+    (``run.asy``, ``trainer/async_rollout.py``) and the push waits for the batches due before it."""
     t0 = time.perf_counter()
-    data = broadcast_object(run.path.collect(step) if run.info.is_driver else None)
+    if run.asy is not None:
+        data, meta = run.asy.next(step)
+    else:
+        data = broadcast_object(run.path.collect(step) if run.info.is_driver else None)
     t_gen = time.perf_counter() - t0
     metrics = step_metrics(run.path.logged(data), run.cfg)
     metrics.update(run.path.update(data, step))
+    if run.asy is not None:
+        run.asy.before_push(step)
     t1 = time.perf_counter()
     sync_weights(run)
+    if run.asy is not None:
+        run.asy.pushed(step)
     t2 = time.perf_counter()
     ro = run.path.trained(data)
     metrics.update({"time/sync": t2 - t1, "time/generate": t_gen, "time/step": t2 - t0,
                     "perf/tokens_per_s": sum(len(p) + len(r) for p, r in zip(ro.prompts, ro.responses)) / (t2 - t0)})
+    metrics.update(run.asy.metrics(t0, t2, meta["gen_s"]) if run.asy is not None else AR.sync_metrics(t_gen, t2 - t0))
     if run.info.is_driver:
         metrics.update(run.client.stats())
         metrics.update(run.path.driver_stats(data))
@@ -61,6 +72,10 @@ def run(cfg, resume: str | None = None, client=None, overwrite: bool = False) ->
     ``overwrite``: archive an earlier run in ``trainer.run_dir`` (``trainer/run_dir.py``)."""
     rn = setup_run(cfg, resume=resume, client=client, overwrite=overwrite)
     summary = {"start_step": rn.step}
+    if cfg.rollout.max_staleness > 0:
+        rn.asy = AR.AsyncRollouts(rn.path.collect, is_driver=rn.info.is_driver, first_step=rn.step + 1,
+                                  last_step=cfg.trainer.steps, max_staleness=cfg.rollout.max_staleness,
+                                  version=rn.step, sampler=rn.sampler, pending=rn.async_pending)
     try:
         if rn.val_set is not None and rn.step == 0:
             summary["val_acc_before"] = eval_greedy(rn, 0)
@@ -86,6 +101,8 @@ def run(cfg, resume: str | None = None, client=None, overwrite: bool = False) ->
         summary["curve"] = str(rn.logger.finish({k: v for k, v in summary.items() if isinstance(v, (int, float))}) or "")
         summary["metrics"] = str(Path(cfg.trainer.run_dir) / "metrics.jsonl")
     finally:
+        if rn.asy is not None:
+            rn.asy.close()
         rn.close(own_client=client is None)
     return summary
 

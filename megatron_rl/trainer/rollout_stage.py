@@ -32,6 +32,7 @@ class Rollouts:
     greedy_rewards: torch.Tensor | None = None  # [N] (ReMax)
     stats: dict = dataclasses.field(default_factory=dict)
     process: torch.Tensor | None = None   # [N] PAPO process scores (0 for incorrect)
+    weight_version: int | None = None     # optimizer steps in the weights that sampled it (async); None = current
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -44,7 +45,8 @@ class Rollouts:
         t = lambda x: None if x is None else x[idx]  # noqa: E731
         return Rollouts(pick(self.rows), pick(self.prompts), pick(self.responses), pick(self.rollout_logp),
                         pick(self.finish), torch.tensor(gids, dtype=torch.long), pick(self.texts) if self.texts else [],
-                        t(self.rewards), t(self.correct), t(self.greedy_rewards), dict(self.stats), t(self.process))
+                        t(self.rewards), t(self.correct), t(self.greedy_rewards), dict(self.stats), t(self.process),
+                        self.weight_version)
 
 
 def broadcast_object(obj: Any, src: int = 0) -> Any:
@@ -129,7 +131,7 @@ def concat(parts: list[Rollouts]) -> Rollouts:
                        out.rollout_logp + p.rollout_logp, out.finish + p.finish, torch.cat([out.group_ids, g]),
                        out.texts + p.texts, torch.cat([out.rewards, p.rewards]), torch.cat([out.correct, p.correct]),
                        _cat_opt(out.greedy_rewards, p.greedy_rewards, "greedy_rewards"), out.stats,
-                       _cat_opt(out.process, p.process, "process"))
+                       _cat_opt(out.process, p.process, "process"), out.weight_version)
     return out
 
 
@@ -153,11 +155,12 @@ def _process_tensor(n: int, idx: list[int], scores: list[float]) -> torch.Tensor
     return proc
 
 
-def grade_process(rollouts: Rollouts, grader) -> Rollouts:
+def grade_process(rollouts: Rollouts, grader, every: bool = False) -> Rollouts:
     """PAPO process scores: the rubric grader is called for CORRECT responses only (incorrect -> 0
-    without a call). Reference = the row's worked solution (``extra_info.solution`` /
-    ``reference_solution``), else its ground-truth answer (synthetic tasks have no worked solution)."""
-    idx, items = _grade_items(rollouts)
+    without a call; every response with ``every``, the PRM-only ablation). Reference = the row's worked
+    solution (``extra_info.solution`` / ``reference_solution``), else its ground-truth answer
+    (synthetic tasks have no worked solution)."""
+    idx, items = _grade_items(rollouts, every)
     rollouts.process = _process_tensor(len(rollouts), idx, grader.grade_batch(items) if idx else [])
     return rollouts
 

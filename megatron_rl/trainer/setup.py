@@ -31,6 +31,8 @@ class Run:
     step: int = 0
     last_checkpoint: str | None = None
     gate: dict | None = None       # start-up gate numbers (sync_stage.startup_gate)
+    asy: Any = None                # async_rollout.AsyncRollouts (rollout.max_staleness > 0; set by the loop)
+    async_pending: list = dataclasses.field(default_factory=list)  # finished batches restored from a checkpoint
 
     def seq_len(self, prompts, responses) -> int:
         """Padded sequence length of a batch (multiple of 8 and of TP for sequence parallel)."""
@@ -43,6 +45,11 @@ class Run:
 
         extra = {"step": self.step, "sampler": self.sampler.state_dict() if self.sampler else None,
                  "teacher": self.path.state_dict() or None}   # the path's extras (teacher counters)
+        if self.asy is not None and self.info.is_driver:
+            # the producer runs ahead: the finished batches not trained on yet and the sampler position
+            # that regenerates the one in flight (resume design: trainer/async_rollout.py)
+            st = self.asy.state(self.step)
+            extra["sampler"], extra["async"] = st["sampler"], st
         m = self.cfg.model
         path = save_checkpoint(self.cfg.trainer.run_dir, self.step, self.actor, extra, keep_last=self.cfg.trainer.keep_last,
                                teacher=self.path.shadow_weights(), hf_dir=m.hf_path,
@@ -98,12 +105,20 @@ def client_args(cfg, trainer_world: int = 1) -> dict:
 
 
 def build_client(cfg, trainer_world: int = 1):
+    """The engine pool; with ``rollout.max_staleness`` > 0 its actors get their own CPU cores,
+    disjoint from the trainer's (``async_rollout.local_plan``; the trainer is pinned in ``setup_run``)."""
     from megatron_rl.rollout.ray_bridge import RolloutClient
 
     a = client_args(cfg, trainer_world)
+    env = None
+    if cfg.rollout.max_staleness > 0:
+        from megatron_rl.trainer.async_rollout import engine_env, local_plan
+
+        env = engine_env(local_plan())
     return RolloutClient(a["engine"], a["model"], a["num_engines"], a["engine_kwargs"],
                          cpus_per_engine=a["cpus_per_engine"], ray_address=a["ray_address"],
-                         sync_backend=a["sync_backend"], bucket_bytes=a["bucket_bytes"], trainer_world=a["trainer_world"])
+                         sync_backend=a["sync_backend"], bucket_bytes=a["bucket_bytes"], trainer_world=a["trainer_world"],
+                         actor_env=env)
 
 
 def build_grader(cfg):
@@ -167,6 +182,14 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
     _resume(run, resume)
     if info.is_driver and client is None:
         client = build_client(cfg, trainer_world=info.world)
+    if cfg.rollout.max_staleness > 0:
+        # engines and trainer on disjoint cores. After Ray started, so its daemons (and the workers
+        # they fork) are not confined to the trainer's cores; the engine actors pin themselves.
+        from megatron_rl.trainer.async_rollout import local_plan, pin_trainer
+
+        plan = local_plan()
+        mine = pin_trainer(plan, int(os.environ.get("LOCAL_RANK", "0")))
+        log.info("asynchronous rollouts: trainer on cores %s, engines on %s", sorted(mine), sorted(plan.engines))
     run.client = client
     run.logger = RunLogger(cfg.trainer.run_dir, cfg.to_dict(), wandb_mode=cfg.logging.wandb_mode,
                            project=cfg.logging.project, run_name=cfg.logging.run_name, total_steps=cfg.trainer.steps,
@@ -193,6 +216,9 @@ def _resume(run: Run, resume: str | None) -> None:
     run.step, run.last_checkpoint = loaded.step, str(path)
     if loaded.extra_state.get("sampler"):
         run.sampler.load_state_dict(loaded.extra_state["sampler"])
+    from megatron_rl.trainer.async_rollout import restore_state
+
+    run.async_pending, _ = restore_state(loaded.extra_state.get("async"), run.cfg.rollout.max_staleness)
     log.info("resumed from %s at step %d", path, run.step)
     if run.info.is_driver:   # a console line too (INFO goes to train.log only): users and job logs must see it
         print(f"[megatron-rl] resumed from {path} at step {run.step}", flush=True)

@@ -123,6 +123,23 @@ def old_ref_logprobs(run, ro, plain: SeqBatch) -> tuple[torch.Tensor, torch.Tens
                       "time/logprobs": time.perf_counter() - t0}
 
 
+def off_policy_inputs(cfg, ro, old: torch.Tensor, mask: torch.Tensor, step: int) -> tuple[torch.Tensor | None, dict]:
+    """Decoupled-PPO importance weights of the batch (``algorithms/offpolicy.py``) and their metrics.
+
+    Proximal policy = ``old`` (the trainer's log-probs of the PLAIN batch under its current weights:
+    the context the engines sampled in); behaviour = the engines' sampling log-probs
+    (``ro.rollout_logp``); staleness = (step − 1) − ``ro.weight_version`` (the trainer holds the
+    weights of step − 1; a batch collected synchronously has no version: staleness 0). Mode and
+    cap: ``algo.off_policy`` / ``algo.tis_cap``. Returns (weights [N, T] or None, metrics)."""
+    from megatron_rl.algorithms import offpolicy as O
+
+    version = step - 1 if ro.weight_version is None else ro.weight_version
+    stale = O.staleness(step - 1, torch.full((len(ro),), version, dtype=torch.long))
+    out = O.off_policy_weights(old, O.behaviour_matrix(ro.rollout_logp, old), mask, stale,
+                               mode=cfg.algo.off_policy, cap=cfg.algo.tis_cap)
+    return out.weights, {k: float(v) for k, v in out.metrics.items()}
+
+
 def advantage_inputs(rollouts, mask: torch.Tensor, old_logp=None, ref_logp=None) -> A.AlgoInputs:
     return A.AlgoInputs(rewards=rollouts.rewards.double(), group_ids=rollouts.group_ids, mask=mask,
                         old_logp=old_logp, ref_logp=ref_logp, correct=rollouts.correct,

@@ -60,28 +60,42 @@ def _finish(proc) -> None:
 
 @pytest.mark.slow
 def test_resume_after_sigkill_is_bit_identical(warm, tmp_path):
+    _sigkill_resume(warm, tmp_path, ())
+
+
+@pytest.mark.slow
+def test_async_resume_after_sigkill_is_bit_identical(warm, tmp_path):
+    """``rollout.max_staleness=1``: each kill lands while the producer is generating a batch ahead
+    (after the step-2 / step-4 checkpoints), and the checkpoint holds a finished batch not yet trained
+    on; the resumed run must consume it and regenerate the lost one exactly."""
+    ref = _sigkill_resume(warm, tmp_path, ("rollout.max_staleness=1",), kill_timeout=600)
+    assert [r["offpolicy/staleness_mean"] for r in ref] == [0.0] + [1.0] * (STEPS - 1)
+
+
+def _sigkill_resume(warm: Path, tmp_path: Path, extra: tuple, kill_timeout: float = 300) -> list[dict]:
     ref_dir, run_dir = tmp_path / "ref", tmp_path / "run"
-    _finish(_run(_cmd(warm, ref_dir, resume=False)))
+    _finish(_run(_cmd(warm, ref_dir, resume=False, extra=extra)))
     ref = _rows(ref_dir)
     assert [r["step"] for r in ref] == list(range(1, STEPS + 1))
 
     # 1) SIGKILL right after the step-2 checkpoint completes
-    p = _run(_cmd(warm, run_dir, resume=False))
-    _kill_when(p, lambda: (run_dir / "checkpoints" / "step_2" / "COMPLETE").exists())
+    p = _run(_cmd(warm, run_dir, resume=False, extra=extra))
+    _kill_when(p, lambda: (run_dir / "checkpoints" / "step_2" / "COMPLETE").exists(), kill_timeout)
     # a half-written checkpoint must be ignored by --resume auto
     fake = run_dir / "checkpoints" / "step_3"
     fake.mkdir(parents=True, exist_ok=True)
     (fake / "garbage").write_text("partial")
     # 2) resume, then SIGKILL in the middle of step 5 (after step 5 started: its row not yet written)
-    p = _run(_cmd(warm, run_dir, resume=True))
-    _kill_when(p, lambda: (run_dir / "checkpoints" / "step_4" / "COMPLETE").exists())
+    p = _run(_cmd(warm, run_dir, resume=True, extra=extra))
+    _kill_when(p, lambda: (run_dir / "checkpoints" / "step_4" / "COMPLETE").exists(), kill_timeout)
     # 3) resume to the end
-    _finish(_run(_cmd(warm, run_dir, resume=True)))
+    _finish(_run(_cmd(warm, run_dir, resume=True, extra=extra)))
     got = _rows(run_dir)
     assert [r["step"] for r in got] == list(range(1, STEPS + 1)), [r["step"] for r in got]
     for a, b in zip(ref, got):
         for k in KEYS:
             assert a[k] == b[k], f"step {a['step']} {k}: uninterrupted {a[k]!r} != resumed {b[k]!r}"
+    return ref
 
 
 @pytest.mark.slow

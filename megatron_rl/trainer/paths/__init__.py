@@ -20,6 +20,10 @@ Life cycle (``trainer/setup.py``, ``trainer/loop.py``):
                                     # no torch.distributed call — the loop broadcasts ``data``
     metrics = path.update(data, step)   # every rank (collective): log-probs, advantages, one step
     path.state_dict() / load_state_dict()   # per-path checkpoint extras (teacher counters)
+
+With ``rollout.max_staleness`` > 0 ``collect`` runs on a producer thread of the driver for steps
+ahead of the update (``trainer/async_rollout.py``), so it must not touch state that ``update`` of
+an earlier step still uses; a path that cannot run so names why in ``async_unsupported``.
 """
 from __future__ import annotations
 
@@ -39,6 +43,8 @@ class DataPath(abc.ABC):
     hparams: ClassVar[type] = PPOHParams      #: the hparams class a method on this path derives from
     provides: ClassVar[frozenset] = BASE_INPUTS   #: AlgoInputs fields this path fills
     uses_grader: ClassVar[bool] = False       #: needs ``reward.grader_url`` (checked at start-up)
+    #: why the path cannot run with ``rollout.max_staleness`` > 0 ("" = it can; ``trainer/async_rollout.py``)
+    async_unsupported: ClassVar[str] = ""
 
     def __init__(self, cfg, tok):
         self.cfg, self.hp, self.tok = cfg, cfg.algo.hparams, tok

@@ -38,10 +38,21 @@ class ProcessRewardPath(PlainPath):
 
     def collect(self, step: int):
         ro = super().collect(step)
-        self.pending.start(ro, self.grader, every=self.hp.reward_mode == "prm_only")
+        every = self.hp.reward_mode == "prm_only"
+        if self.cfg.rollout.max_staleness > 0:
+            # asynchronous rollouts: this runs on the producer thread, ahead of the update, which may
+            # still be waiting for an earlier batch's grades; grade to completion here (off the
+            # trainer's critical path already) instead of sharing the one pending slot
+            from megatron_rl.trainer.rollout_stage import grade_process
+
+            return grade_process(ro, self.grader, every=every)
+        self.pending.start(ro, self.grader, every=every)
         return ro
 
     def after_logprobs(self, ro, metrics: dict) -> None:
+        if ro.process is not None:        # graded in collect (asynchronous rollouts)
+            metrics["time/grader_wait"] = 0.0
+            return
         metrics["time/grader_wait"] = self.pending.finish(ro, self.run.info.is_driver)
         metrics["time/grader_overlap"] = metrics["time/logprobs"]
 

@@ -94,6 +94,10 @@ class PlainPath(DataPath):
                   "resp_pos": train_sb.resp_pos, "resp_mask": train_sb.resp_mask}
         if ref is not None:
             extras["ref_logp"] = ref
+        tis, off = U.off_policy_inputs(cfg, ro, old, plain.resp_mask, step)   # stale batches (async rollouts)
+        if tis is not None:
+            extras["tis_weights"] = tis
+        metrics.update(off)
         batch = dataclasses.replace(train_sb.batch, extras=extras)
         res = run.actor.train_step(batch, Objective(kind, hp, batch, step), mbs)
         metrics.update(actor_metrics(res))

@@ -14,6 +14,9 @@ class TwoAttemptsPath(DataPath):
     hparams = ScoreHParams
     provides = frozenset({"rewards", "group_ids", "mask", "logp", "ref_logp", "first_logp", "first_ref_logp",
                           "first_mask", "first_rewards"})
+    async_unsupported = ("SCoRe's objective is REINFORCE on two attempts with no proximal-policy ratio, and its "
+                         "registered loss takes no importance weight, so attempts sampled by older weights would "
+                         "enter the gradient uncorrected")
 
     def __init__(self, cfg, tok):
         from megatron_rl.trainer.score_stage import instruction_ids, second_turn

@@ -1,0 +1,104 @@
+"""Asynchronous rollouts: the same GRPO run with ``rollout.max_staleness`` 0 (baseline) and 1, one process tree.
+
+Setup (built once in a temp dir): the demo's 4-digit reversal data and tokenizer and its tiny
+Qwen3-style policy at its random initialisation. A random policy seldom emits the end token, so
+responses run long (up to ``--max-tokens``, 112): generation is then well over 40 % of a synchronous
+step, as with long reasoning traces on GPU clusters (today's demo: 0.17 s of a 0.79 s step). The
+reward is mostly 0 — this measures the pipeline, not learning (tests/e2e/test_learning.py does).
+
+Each configuration is one ``megatron-rl train`` subprocess (vLLM-CPU engine as a Ray actor, gloo
+weight sync every step, no evaluation); the first ``--skip`` steps (engine and allocator warm-up)
+are left out of the means. Reported per configuration, from its ``metrics.jsonl``:
+
+* step — wall seconds per RL step; tokens/s — prompt + response tokens per second of step time;
+* gen — seconds the batch's collection took (engines + rewards); train — step − the trainer's wait
+  for data (log-probs, update, weight push);
+* idle trainer / engines — share of the step the trainer waited for data / no collection ran.
+
+Bound of a configuration: with gen and train from the SYNCHRONOUS run, perfect overlap gives
+``max(gen, train) / (gen + train)`` of the synchronous step; "of bound" = that bound divided by
+the measured ratio (1.0 = the overlap is perfect). Goal on this 2-core machine: async step ≤ 0.75 ×
+sync. With ``max_staleness`` ≥ 1 the trainer and the engines get disjoint cores (1 + 1 here), so the
+async trainer computes on one core where the synchronous one used two.
+
+    .venv/bin/python benchmarks/bench_async.py [--steps 10] [--skip 2] [--max-tokens 112] [--staleness 0,1]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def prepare(root: Path) -> dict:
+    """Data, tokenizer and the random-init policy of the demo (``megatron_rl.demo.prepare``)."""
+    from megatron_rl.demo import prepare as demo_prepare
+
+    paths, _tok, hf = demo_prepare(root, seed=0)
+    return {"train": str(paths["train"]), "hf": str(hf)}
+
+
+def train(setup: dict, run_dir: Path, staleness: int, args) -> list[dict]:
+    ov = [f"model.hf_path={setup['hf']}", f"data.train={setup['train']}", "data.val=",
+          f"data.prompts_per_step={args.prompts}", "rollout.n=8", f"rollout.max_tokens={args.max_tokens}",
+          f"rollout.max_model_len={16 + args.max_tokens}", f"rollout.max_staleness={staleness}",
+          f"trainer.steps={args.steps}", f"trainer.micro_batch_size={args.prompts * 8}", "trainer.eval_every=0",
+          "trainer.ckpt_every=0", "trainer.export_hf=false", f"trainer.run_dir={run_dir}", "logging.progress=false",
+          "logging.wandb_mode=disabled", "rollout.kv_cache_gib=1"]
+    cmd = [sys.executable, "-m", "megatron_rl.cli", "train", "--config", "examples/configs/tiny_cpu_grpo.yaml", *ov]
+    env = {**os.environ, "OMP_NUM_THREADS": str(os.cpu_count() or 2), "RAY_AUTH_MODE": "disabled",
+           "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)}
+    p = subprocess.run(cmd, check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+    if p.returncode != 0:
+        raise SystemExit(f"max_staleness={staleness} failed:\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}")
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def summarise(rows: list[dict], skip: int) -> dict:
+    rows = rows[skip:]
+    mean = lambda k: statistics.fmean(r[k] for r in rows)
+    step, wait = mean("time/step"), mean("time/generate")
+    return {"step": step, "tokens_s": mean("perf/tokens_per_s"), "gen": mean("time/gen_batch"), "train": step - wait,
+            "idle_trainer": mean("async/trainer_idle_frac"), "idle_engines": mean("async/engine_idle_frac"),
+            "staleness": mean("offpolicy/staleness_mean") if "offpolicy/staleness_mean" in rows[0] else 0.0,
+            "resp_len": mean("response/len_mean")}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--skip", type=int, default=2, help="warm-up steps left out of the means")
+    ap.add_argument("--prompts", type=int, default=4, help="prompts per step (x 8 samples)")
+    ap.add_argument("--max-tokens", type=int, default=112, help="<= 112: the tiny policy has 128 positions")
+    ap.add_argument("--staleness", default="0,1")
+    args = ap.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="bench_async_"))
+    setup = prepare(root / "setup")
+    res = {}
+    for k in (int(x) for x in args.staleness.split(",")):
+        res[k] = summarise(train(setup, root / f"k{k}", k, args), args.skip)
+    base = res[min(res)]
+    bound = max(base["gen"], base["train"]) / (base["gen"] + base["train"])
+    print(f"GRPO, {args.prompts} prompts x 8 samples, responses <= {args.max_tokens} tokens (random-init policy), "
+          f"{os.cpu_count()} CPUs, {args.steps} steps (first {args.skip} left out); baseline max_staleness={min(res)}: "
+          f"gen {base['gen']:.2f} s = {base['gen'] / base['step']:.0%} of its step, train {base['train']:.2f} s, "
+          f"bound max(gen, train)/(gen + train) = {bound:.2f}")
+    print(f"{'staleness':>9} {'step':>7} {'x sync':>7} {'of bound':>8} {'tokens/s':>9} {'gen':>6} {'train':>6} "
+          f"{'idle trainer':>12} {'idle engines':>12} {'resp len':>8}")
+    for k, r in res.items():
+        ratio = r["step"] / base["step"]
+        print(f"{k:>9} {r['step']:6.2f}s {ratio:6.2f}x {bound / ratio if k else 1.0:7.2f} {r['tokens_s']:9.0f} "
+              f"{r['gen']:5.2f}s {r['train']:5.2f}s {r['idle_trainer']:11.0%} {r['idle_engines']:11.0%} "
+              f"{r['resp_len']:8.1f}")
+    print("x sync = step / baseline step (goal <= 0.75); of bound = bound / (x sync), 1.0 = perfect overlap")
+
+
+if __name__ == "__main__":
+    main()
