@@ -22,6 +22,7 @@ from megatron_rl.data.chat_fixture import SCORE_INSTRUCTION, SYSTEM
 from tests.helpers.fake_openai_server import requests_seen, start_server
 
 KINDS = sorted(ALGO_KINDS)
+ASYNC_KINDS = ["grpo@async"]   # the one-step-off producer on the chat model (issue 14)
 ROOT = Path(__file__).resolve().parents[2]
 Q = r"Which is larger, (\d\d) or (\d\d)\? Put the final answer in \\boxed\{\}\."
 
@@ -32,7 +33,7 @@ def runs(chat_fixture, tmp_path_factory):
     out = tmp_path_factory.mktemp("chat_kinds")
     try:
         p = subprocess.run([sys.executable, str(ROOT / "tests/e2e/workers/chat_kinds.py"), str(Path(chat_fixture["hf_path"]).parent),
-                            str(out), url, *KINDS], capture_output=True, text=True, timeout=1500, cwd=ROOT,
+                            str(out), url, *KINDS, *ASYNC_KINDS], capture_output=True, text=True, timeout=1500, cwd=ROOT,
                            env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "2"})
         assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]
         seen = requests_seen(url)
@@ -108,3 +109,18 @@ def test_papo_grader_gets_the_question_text(runs):
         content = body["messages"][0]["content"]
         problem = content.split("## Problem\n", 1)[1].split("\n\n## Reference solution", 1)[0]
         assert re.fullmatch(Q, problem), problem
+
+
+@pytest.mark.parametrize("kind", ASYNC_KINDS)
+def test_async_kind_trains_on_chat_model(runs, kind):
+    """max_staleness=1: batch j is sampled by the weights of step j-2 (batch 1 by the initial ones), so
+    step 1 trains on-policy and steps 2-3 one step off, with finite IS weights; the chat template holds."""
+    out, res, _ = runs
+    assert res[kind]["ok"], res[kind].get("error")
+    rows = [json.loads(x) for x in (out / kind / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [r["offpolicy/staleness_max"] for r in rows] == [0, 1, 1]
+    for r in rows:
+        assert math.isfinite(r["actor/loss"]) and 0 < r["offpolicy/is_mean"] <= r["offpolicy/is_max"] < math.inf, r
+    policy = _samples(out, kind, "policy")
+    assert policy and policy[0]["text"].startswith(f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n")

@@ -18,9 +18,16 @@ from pathlib import Path
 STEPS = 2
 
 
+ASYNC = "@async"   # "<kind>@async": that kind one-step-off (rollout.max_staleness=1) for STEPS + 1 steps
+
+
 def overrides(kind: str, fx: dict, out: Path, grader_url: str) -> list[str]:
     from megatron_rl.data.chat_fixture import SCORE_INSTRUCTION
 
+    if kind.endswith(ASYNC):
+        base = kind[: -len(ASYNC)]
+        return [*overrides(base, fx, out, grader_url), f"trainer.run_dir={out / kind}", f"trainer.steps={STEPS + 1}",
+                "rollout.max_staleness=1"]
     ov = [f"model.hf_path={fx['hf_path']}", f"data.train={fx['train']}", "data.val=", "data.prompts_per_step=4",
           "data.max_prompt_len=64", "rollout.n=4", "rollout.max_tokens=24", "rollout.max_model_len=320",
           "rollout.temperature=1.0", "optim.lr=1e-4", f"trainer.steps={STEPS}", "trainer.micro_batch_size=8",
