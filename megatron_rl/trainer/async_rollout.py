@@ -261,17 +261,6 @@ def check_async(kind: str, path_cls, max_staleness: int, off_policy: str) -> Non
                          "loss takes no importance weight; use algo.off_policy=decoupled or none")
 
 
-def _broadcast(obj: Any) -> Any:
-    """Rank 0's object on every rank (no-op without torch.distributed)."""
-    import torch.distributed as dist
-
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return obj
-    box = [obj if dist.get_rank() == 0 else None]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
 class AsyncRollouts:
     """The loop's handle on asynchronous collection; every rank makes the same calls, only the
     driver (global rank 0) owns an :class:`AsyncProducer`.
@@ -302,7 +291,9 @@ class AsyncRollouts:
                 tag.data.weight_version = tag.weight_version
             msg = (tag.data, {"weight_version": tag.weight_version, "staleness": step - 1 - tag.weight_version,
                               "gen_s": tag.gen_s})
-        return _broadcast(msg)
+        from megatron_rl.trainer.rollout_stage import broadcast_object
+
+        return broadcast_object(msg)
 
     def before_push(self, step: int) -> None:
         if self.is_driver:
