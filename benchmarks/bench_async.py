@@ -66,7 +66,7 @@ def summarise(rows: list[dict], skip: int) -> dict:
     mean = lambda k: statistics.fmean(r[k] for r in rows)
     step, wait = mean("time/step"), mean("time/generate")
     return {"step": step, "tokens_s": mean("perf/tokens_per_s"), "gen": mean("time/gen_batch"), "train": step - wait,
-            "idle_trainer": mean("async/trainer_idle_frac"), "idle_engines": mean("async/engine_idle_frac"),
+            "idle_trainer": mean("perf/trainer_idle_frac"), "idle_engines": mean("perf/engine_idle_frac"),
             "staleness": mean("offpolicy/staleness_mean") if "offpolicy/staleness_mean" in rows[0] else 0.0,
             "resp_len": mean("response/len_mean")}
 

@@ -311,8 +311,8 @@ class AsyncRollouts:
         """Step window [t0, t1]: trainer idle = its waits for data; engines idle = no collection running."""
         dt = max(t1 - t0, 1e-9)
         busy = self.producer.engine_busy(t0, t1) if self.is_driver else 0.0
-        return {"time/gen_batch": gen_s, "async/trainer_idle_frac": self.waited / dt,
-                "async/engine_idle_frac": max(0.0, 1.0 - busy / dt)}
+        return {"time/gen_batch": gen_s, "perf/trainer_idle_frac": self.waited / dt,
+                "perf/engine_idle_frac": max(0.0, 1.0 - busy / dt)}
 
     def close(self) -> None:
         if self.producer is not None:
@@ -322,5 +322,5 @@ class AsyncRollouts:
 def sync_metrics(t_gen: float, t_step: float) -> dict:
     """The same step metrics for a synchronous step (generation and training alternate)."""
     dt = max(t_step, 1e-9)
-    return {"time/gen_batch": t_gen, "async/trainer_idle_frac": t_gen / dt,
-            "async/engine_idle_frac": max(0.0, 1.0 - t_gen / dt)}
+    return {"time/gen_batch": t_gen, "perf/trainer_idle_frac": t_gen / dt,
+            "perf/engine_idle_frac": max(0.0, 1.0 - t_gen / dt)}
