@@ -29,7 +29,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 #: convert / checkpoint / invariance / teacher-pass entries are the old figures scaled by their
 #: measured after/before ratio once their torchrun launches were merged (one per world size).
 MODULE_SECONDS = {
-    "tests/e2e/test_distill.py": 910,
+    "tests/e2e/test_distill.py": 760,
     "tests/cluster/test_two_nodes.py": 690, "tests/e2e/test_resume.py": 650, "tests/e2e/test_learning.py": 550,
     "tests/cluster/test_slurm.py": 380, "tests/e2e/test_score.py": 340, "tests/e2e/test_quickstart.py": 340,
     "tests/distributed/test_convert.py": 175, "tests/distributed/test_checkpoint.py": 150,

@@ -59,6 +59,8 @@ def test_kind_trains_on_chat_model(runs, kind):
         assert r.get("actor/update_skipped", 0.0) == 1.0 or math.isfinite(r["actor/loss"]), r
         # trainer (Megatron) and engine (vLLM) agree on the chat model's sampled-token log-probs
         assert r["rollout/logprob_gap"] < 1e-4, r["rollout/logprob_gap"]
+        if kind.endswith("_ectr"):   # the _ectr plug-ins on the RLCSD hint path: a single negative (K_max = 1)
+            assert r["teacher/k_mean"] == 1.0 and 0.0 <= r["teacher/kept_frac"] <= 1.0, r
     policy = _samples(out, kind, "policy") or _samples(out, kind, "score_second")
     assert policy and policy[0]["text"].startswith(f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n")
 
