@@ -101,7 +101,7 @@ class RolloutConfig:
     bucket_mb: int = 256
     """Weight-sync bucket size."""
     ray_address: str | None = None
-    """Existing Ray cluster to join (multi-node); None starts a local one."""
+    """Existing Ray cluster to join (multi-node); None: Ray's own ``RAY_ADDRESS`` when set, else a local one."""
     sync_backend: str = "auto"
     """Weight transport (vLLM's weight-transfer API): auto | ray | gloo | nccl | ipc. auto: gloo on
     CPU, nccl with CUDA, ray for the HF engine; nccl/ipc need CUDA (checked at start-up)."""

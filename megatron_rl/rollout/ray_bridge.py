@@ -166,13 +166,16 @@ class RolloutClient:
         self.backend = resolve_backend(sync_backend, engine_kind, has_cuda(), trainer_world)
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         if not ray.is_initialized():
+            ray_address = ray_address or os.environ.get("RAY_ADDRESS")   # Ray's own variable (`ray job submit`)
             if ray_address:
                 ray.init(address=ray_address, log_to_driver=False)
+                log.info("rollout: joined the Ray cluster at %s", ray_address)
             else:
                 ray.init(num_cpus=max(2, int(num_engines * cpus_per_engine + 1)), include_dashboard=False,
                          log_to_driver=False)
         self._ray = ray
-        self.kind, self.model_dir = engine_kind, model_dir
+        # absolute: an engine process on a cluster does not run in the trainer's working directory
+        self.kind, self.model_dir = engine_kind, os.path.abspath(model_dir) if os.path.exists(model_dir) else model_dir
         self.engine_kwargs = dict(engine_kwargs or {})
         if engine_kind == "vllm":
             self.engine_kwargs["weight_transfer"] = WORKER_BACKEND[self.backend]

@@ -25,6 +25,7 @@ Every loss trains through the one objective builder (``trainer/objective.py``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import random
 import time
@@ -97,64 +98,74 @@ def build_teacher_tensors(run, tp, ro, keep_sb, plan, hp, kind: str, step: int =
     top-k ``support`` side, and ``teacher_neg_topk`` among its needs (negatives gathered at the
     positive teacher's ids: a second pass)."""
     cfg = run.cfg
-    R_max, pad, mbs, dp = cfg.rollout.max_tokens, run.tok.pad_id, cfg.trainer.micro_batch_size, run.info.dp
-    n = len(plan.keep)
-    k_neg = plan.k_max
     loss = A.algo_kind(kind).loss
     chooser = A.loss_support(loss)
     top_k = hp.top_k if chooser is not None else None   # support losses' hparams carry top_k
     t0 = time.perf_counter()
+    seqs, owner = _teacher_sequences(run, ro, plan, step)
+    packer = functools.partial(pack, max_resp=cfg.rollout.max_tokens, pad_id=run.tok.pad_id,
+                               row_len=cfg.teacher.pack_len or cfg.rollout.max_model_len,
+                               multiple=8 * max(1, run.info.tp), packed=tp.packed)
+    passer = functools.partial(teacher_pass, run.actor, tp.teacher, dp=run.info.dp, mbs=cfg.trainer.micro_batch_size)
+    if "teacher_neg_topk" in A.loss_inputs(loss, hp):
+        ex, packs = _paired_passes(seqs, owner, packer, passer, top_k)
+    else:
+        student_idx = None
+        if chooser == "student":        # sdpo/srpo: the support is the student's top-k at the current θ
+            st = run.actor.forward_support(keep_sb.batch, cfg.trainer.micro_batch_size, k=top_k)
+            student_idx = st["idx"].gather(1, keep_sb.resp_pos[..., None].expand(-1, -1, top_k))
+        ex, packs = _one_pass(seqs, owner, packer, passer, chooser, top_k, student_idx, len(plan.keep), plan.k_max,
+                              cfg.rollout.max_tokens)
+    real = sum(pk.real_tokens for pk in packs)
+    slots = sum(pk.batch.num_samples * pk.batch.seq_len for pk in packs)
+    metrics = {"teacher/sequences": len(seqs), "teacher/rows": sum(pk.batch.num_samples for pk in packs),
+               "teacher/pad_frac": 1.0 - real / slots, "teacher/tokens": real,
+               "time/teacher": time.perf_counter() - t0, "teacher/syncs": tp.teacher.syncs}
+    return TeacherTensors(ex, metrics)
+
+
+def _teacher_sequences(run, ro, plan, step: int) -> tuple[list[tuple], list[tuple[int, int]]]:
+    """The teacher's (prompt, response) pairs, prompts left-truncated to fit ``max_model_len``, and
+    each pair's owner ``(kept sample j, slot)``: slot 0 the positive context, slot s > 0 negative s."""
     seqs, owner = [], []
     for j, i in enumerate(plan.keep):
         resp = ro.responses[i]
         for slot, prompt in enumerate(plan.prompts[j]):
-            seqs.append((truncate_left(list(prompt), resp, cfg.rollout.max_model_len), resp))
+            seqs.append((truncate_left(list(prompt), resp, run.cfg.rollout.max_model_len), resp))
             owner.append((j, slot))
     run.dump_samples(step, "teacher", [list(p) + list(r) for p, r in seqs])
-    mult = 8 * max(1, run.info.tp)
-    row_len = cfg.teacher.pack_len or cfg.rollout.max_model_len
-    packed, teacher = tp.packed, tp.teacher
-    ex, metrics = {}, {}
-    student_idx = None
-    if chooser == "student":        # sdpo/srpo: the support is the student's top-k at the current θ
-        st = run.actor.forward_support(keep_sb.batch, mbs, k=top_k)
-        student_idx = st["idx"].gather(1, keep_sb.resp_pos[..., None].expand(-1, -1, top_k))
-    if "teacher_neg_topk" in A.loss_inputs(loss, hp):
-        pos_i = [m for m, (_, s) in enumerate(owner) if s == 0]
-        neg_i = [m for m, (_, s) in enumerate(owner) if s == 1]
-        pk_pos = pack([seqs[m] for m in pos_i], R_max, pad, row_len, mult, packed)
-        pos = teacher_pass(run.actor, teacher, pk_pos, dp, mbs, k=top_k)
-        pk_neg = pack([seqs[m] for m in neg_i], R_max, pad, row_len, mult, packed)
-        neg = teacher_pass(run.actor, teacher, pk_neg, dp, mbs, index=pos["idx"])
-        ex.update({"teacher_topk": with_tail(pos["logp"]), "teacher_neg_topk": with_tail(neg["logp"]),
-                   "support_idx_resp": pos["idx"], "teacher_logp": pos["token_logp"]})
-        rows, real, slots = pk_pos.batch.num_samples + pk_neg.batch.num_samples, pk_pos.real_tokens + pk_neg.real_tokens, \
-            (pk_pos.batch.num_samples * pk_pos.batch.seq_len + pk_neg.batch.num_samples * pk_neg.batch.seq_len)
-    else:
-        pk = pack(seqs, R_max, pad, row_len, mult, packed)
-        index = None
-        if student_idx is not None:
-            index = torch.cat([student_idx[j:j + 1] for j, _ in owner], 0)
-        out = teacher_pass(run.actor, teacher, pk, dp, mbs, k=top_k if chooser == "teacher" else None, index=index)
-        slot0 = [m for m, (_, s) in enumerate(owner) if s == 0]
-        ex["teacher_logp"] = out["token_logp"][slot0]
-        ex["teacher_entropy"] = out["entropy"][slot0]
-        if chooser is not None:
-            ex["teacher_topk"] = with_tail(out["logp"][slot0])
-            ex["support_idx_resp"] = out["idx"][slot0] if chooser == "teacher" else student_idx
-        if k_neg > 0:
-            neg = torch.zeros((n, k_neg, R_max))
-            nmask = torch.zeros((n, k_neg), dtype=torch.bool)
-            for m, (j, s) in enumerate(owner):
-                if s > 0:
-                    neg[j, s - 1] = out["token_logp"][m]
-                    nmask[j, s - 1] = True
-            ex["teacher_neg_logp"], ex["teacher_neg_mask"] = neg, nmask
-        rows, real, slots = pk.batch.num_samples, pk.real_tokens, pk.batch.num_samples * pk.batch.seq_len
-    metrics.update({"teacher/sequences": len(seqs), "teacher/rows": rows, "teacher/pad_frac": 1.0 - real / slots,
-                    "teacher/tokens": real, "time/teacher": time.perf_counter() - t0,
-                    "teacher/syncs": teacher.syncs})
-    return TeacherTensors(ex, metrics)
+    return seqs, owner
+
+
+def _paired_passes(seqs, owner, packer, passer, top_k):
+    """Two passes: the positives' top-k, then the negatives' log-probs at the positives' ids."""
+    pk_pos = packer([seqs[m] for m, (_, s) in enumerate(owner) if s == 0])
+    pos = passer(pk_pos, k=top_k)
+    pk_neg = packer([seqs[m] for m, (_, s) in enumerate(owner) if s == 1])
+    neg = passer(pk_neg, index=pos["idx"])
+    ex = {"teacher_topk": with_tail(pos["logp"]), "teacher_neg_topk": with_tail(neg["logp"]),
+          "support_idx_resp": pos["idx"], "teacher_logp": pos["token_logp"]}
+    return ex, (pk_pos, pk_neg)
+
+
+def _one_pass(seqs, owner, packer, passer, chooser, top_k, student_idx, n: int, k_neg: int, R_max: int):
+    """One pass over every sequence: the positives' token log-probs, entropy and (for a support loss)
+    top-k at the chosen ids; the negatives' token log-probs laid out ``[n, k_neg, R]`` with a mask."""
+    pk = packer(seqs)
+    index = None if student_idx is None else torch.cat([student_idx[j:j + 1] for j, _ in owner], 0)
+    out = passer(pk, k=top_k if chooser == "teacher" else None, index=index)
+    slot0 = [m for m, (_, s) in enumerate(owner) if s == 0]
+    ex = {"teacher_logp": out["token_logp"][slot0], "teacher_entropy": out["entropy"][slot0]}
+    if chooser is not None:
+        ex["teacher_topk"] = with_tail(out["logp"][slot0])
+        ex["support_idx_resp"] = out["idx"][slot0] if chooser == "teacher" else student_idx
+    if k_neg > 0:
+        neg, nmask = torch.zeros((n, k_neg, R_max)), torch.zeros((n, k_neg), dtype=torch.bool)
+        for m, (j, s) in enumerate(owner):
+            if s > 0:
+                neg[j, s - 1], nmask[j, s - 1] = out["token_logp"][m], True
+        ex["teacher_neg_logp"], ex["teacher_neg_mask"] = neg, nmask
+    return ex, (pk,)
 
 
 def _support_to_train_frame(idx_resp: torch.Tensor, sb) -> torch.Tensor:

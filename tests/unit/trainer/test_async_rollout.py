@@ -187,3 +187,15 @@ def test_off_policy_inputs_use_the_batch_weight_version():
     assert m["offpolicy/staleness_mean"] == 2.0 and abs(m["offpolicy/is_clipped_frac"] - 1 / 3) < 1e-6
     none = load_config(None, ["algo.off_policy=none"])
     assert off_policy_inputs(none, ro, old, mask, step=4)[0] is None
+
+
+def test_wall_clock_metrics_carry_a_timing_prefix():
+    """The exact-resume and multi-node tests compare every metric but the timings (``time/``, ``perf/``):
+    the idle fractions, both loops', are wall-clock ratios and must carry such a prefix (CI once failed
+    on ``async/trainer_idle_frac`` differing between a 1-node and a 2-node run)."""
+    from megatron_rl.trainer.async_rollout import sync_metrics
+    from tests.helpers.cluster import TIMING
+
+    got = sync_metrics(0.25, 1.0)
+    assert got == {"time/gen_batch": 0.25, "perf/trainer_idle_frac": 0.25, "perf/engine_idle_frac": 0.75}
+    assert all(k.startswith(TIMING) for k in got)
