@@ -2,7 +2,8 @@
 
 ``make test`` runs the suite on two pytest-xdist workers (``-n 2 --dist loadfile
 --no-loadscope-reorder``): one test's subprocesses rarely keep both cores busy (measured: ~1.1 of 2
-cores during the chat-kinds run), two workers do (a third gave no gain: 28:07 vs 27:50, 2026-11-24). ``loadfile`` keeps
+cores during the chat-kinds run), two workers do (a third gave no gain: 28:07 vs 27:50, 2026-11-24; nor did one Ray head per worker
+that every training subprocess joined through ``RAY_ADDRESS`` instead of starting its own: 31:12). ``loadfile`` keeps
 every module on one worker, so module fixtures (a distill warm start, the invariance launches) run
 once; ``--no-loadscope-reorder`` keeps the order set here (longest modules first) instead of xdist's
 (most tests first); the session warm starts are built once per run and shared between the workers
@@ -67,27 +68,6 @@ def _shared_dir(tmp_path_factory, name: str) -> tuple[Path, object]:
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent
     return root / name, FileLock(str(root / f"{name}.lock"))
-
-
-@pytest.fixture(scope="session", autouse=True)
-def session_ray():
-    """One Ray head per pytest worker, which every training subprocess joins through ``RAY_ADDRESS``
-    (honoured as Ray does, ``rollout.ray_address``'s docstring): a process that starts its own Ray
-    instance pays for a GCS, a raylet, the dashboard head and agents and two prestarted workers, about
-    6 CPU-seconds (measured here), and the suite starts ~35 of them. The tests under tests/cluster
-    launch with their own clusters (``helpers.cluster.run_env`` drops the variable). A ``RAY_ADDRESS``
-    already set is used as it is; ``MEGATRON_RL_TEST_RAY=local`` gives every process its own instance."""
-    if os.environ.get("RAY_ADDRESS") or os.environ.get("MEGATRON_RL_TEST_RAY") == "local":
-        yield None
-        return
-    from tests.helpers.cluster import RayCluster
-
-    with RayCluster(n=1, cpus=8) as rc:
-        os.environ["RAY_ADDRESS"] = rc.address
-        try:
-            yield rc
-        finally:
-            os.environ.pop("RAY_ADDRESS", None)
 
 
 @pytest.fixture(scope="session")

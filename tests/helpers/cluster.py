@@ -31,8 +31,8 @@ TIMING = ("time/", "perf/", "rollout/sync_seconds")
 
 
 def run_env(**extra: str) -> dict:
-    """The environment of a launch on these test clusters: without the session's ``RAY_ADDRESS``
-    (tests/conftest.py), since they start and join their own Ray cluster."""
+    """The environment of a launch on these test clusters: without a ``RAY_ADDRESS`` from the caller's
+    environment, since they start and join their own Ray cluster."""
     env = {**os.environ, **ENV, **extra}
     env.pop("RAY_ADDRESS", None)
     return env
