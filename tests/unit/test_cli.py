@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -152,10 +151,11 @@ def test_train_bad_config_key_is_one_clear_line(tmp_path):
     assert p.returncode == 1 and "not divisible by tensor parallel size 3" in p.stderr
 
 
-def test_train_end_to_end_and_resume_through_the_cli(tmp_path):
-    """`megatron-rl train` runs the real loop (HF engine through Ray, 2 steps), then `--resume auto` adds a 3rd.
-
-    Checks the CLI -> load_config -> trainer.loop.main path and the run-dir outputs of RunLogger.
+def test_train_end_to_end_through_the_cli_on_the_hf_engine(tmp_path):
+    """`megatron-rl train` runs the real loop with the HF ``generate`` engine (the fallback) through
+    Ray, 2 steps: the CLI -> load_config -> trainer.loop.main path and the run-dir outputs of RunLogger.
+    (``--resume auto`` through the CLI, wandb id continuity and the README's metric keys are checked
+    on the vLLM path by tests/e2e/test_quickstart.py.)
     """
     import json
 
@@ -173,15 +173,4 @@ def test_train_end_to_end_and_resume_through_the_cli(tmp_path):
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and all("reward/mean" in r and "actor/loss" in r for r in rows)
     assert (run_dir / "curve.png").read_bytes()[:4] == b"\x89PNG"
-    readme = (REPO / "README.md").read_text()
-    table = readme[readme.index("Main keys of a `metrics.jsonl` line"):readme.index("After `--resume auto`")]
-    documented = set(re.findall(r"`([a-z_]+/[a-z_]+)`", table)) - {"eval/acc"}  # eval/acc: eval steps only
-    assert documented and documented <= set(rows[0]), f"README metric keys not logged: {documented - set(rows[0])}"
-    run_id = (run_dir / "wandb_id.txt").read_text().strip()
-
-    p = run_cli("train", "--config", "examples/configs/tiny_cpu_grpo.yaml", *common, "trainer.steps=3",
-                "--resume", "auto", timeout=600)
-    assert p.returncode == 0, p.stderr[-4000:]
-    resumed = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in resumed] == [1, 2, 3] and resumed[:2] == rows
-    assert (run_dir / "wandb_id.txt").read_text().strip() == run_id  # same wandb run continues
+    assert (run_dir / "wandb_id.txt").read_text().strip()

@@ -52,7 +52,8 @@ def make_hf(case: str, out: Path) -> Path:
 
 
 def _reference_main(hf_dir: str, ckpt: str, dump: str) -> None:
-    """Subprocess: build the model at TP=PP=1, dump its sharded state dict, convert the old way."""
+    """Subprocess (once per argv triple): build the model at TP=PP=1, dump its sharded state dict, convert
+    the old way."""
     from megatron.core.dist_checkpointing.dict_utils import nested_values
     from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor, apply_factories
 
@@ -79,15 +80,22 @@ def _reference_main(hf_dir: str, ckpt: str, dump: str) -> None:
     hf_to_mcore(hf_dir, ckpt, engine="model")
 
 
-@pytest.fixture(scope="module", params=list(CASES))
-def case(request, tmp_path_factory):
-    """(hf dir, model-built checkpoint, sharded-state-dict dump) of one tiny model."""
-    root = tmp_path_factory.mktemp(request.param)
-    hf = make_hf(request.param, root / "hf")
-    p = subprocess.run([sys.executable, __file__, str(hf), str(root / "ref"), str(root / "dump.json")], cwd=REPO,
-                       capture_output=True, text=True, timeout=600)
+@pytest.fixture(scope="module")
+def references(tmp_path_factory) -> dict:
+    """(hf dir, model-built checkpoint, sharded-state-dict dump) of every case, built in ONE subprocess
+    (imports and megatron set-up once, not once per case)."""
+    root = tmp_path_factory.mktemp("refs")
+    hfs = {c: make_hf(c, root / c / "hf") for c in CASES}
+    argv = [str(x) for c in CASES for x in (hfs[c], root / c / "ref", root / c / "dump.json")]
+    p = subprocess.run([sys.executable, __file__, *argv], cwd=REPO, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-4000:]
-    return hf, root / "ref", json.loads((root / "dump.json").read_text())
+    return {c: (hfs[c], root / c / "ref", json.loads((root / c / "dump.json").read_text())) for c in CASES}
+
+
+@pytest.fixture(params=list(CASES))
+def case(request, references):
+    """(hf dir, model-built checkpoint, sharded-state-dict dump) of one tiny model."""
+    return references[request.param]
 
 
 def _records(dist_dir: Path) -> tuple[object, dict]:
@@ -297,4 +305,5 @@ def test_frame_plus_raw_bytes_is_torch_save():
 
 
 if __name__ == "__main__":
-    _reference_main(*sys.argv[1:4])
+    for i in range(1, len(sys.argv), 3):
+        _reference_main(*sys.argv[i:i + 3])

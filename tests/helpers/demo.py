@@ -1,0 +1,38 @@
+"""The e2e learning tests' runner: several demo RL runs from one warm start in one worker process
+(``tests/e2e/workers/demo_runs.py``), so a module pays the process, Ray and engine start once."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+WORKER = REPO / "tests" / "e2e" / "workers" / "demo_runs.py"
+
+
+def demo_runs(out: Path, runs: list[dict], *, warm: dict | None = None, init_from: Path | None = None,
+              timeout: float = 2400) -> dict:
+    """Run ``runs`` (see the worker's docstring) from a fresh warm start (``warm``) or an earlier demo
+    run dir (``init_from``); returns the worker's per-run results, each run's files in ``out/<name>``."""
+    assert (warm is None) != (init_from is None), "one of warm= / init_from="
+    out.mkdir(parents=True, exist_ok=True)
+    spec = out / "spec.json"
+    spec.write_text(json.dumps({"warm": warm, "init_from": str(init_from) if init_from else None, "runs": runs,
+                                "out": str(out)}))
+    p = subprocess.run([sys.executable, str(WORKER), str(spec)], capture_output=True, text=True, timeout=timeout,
+                       cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "2", "PYTHONUNBUFFERED": "1"})
+    assert p.returncode == 0, f"demo runs failed:\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}"
+    res = json.loads((out / "results.json").read_text())
+    print({k: v["secs"] for k, v in res.items()})
+    return res
+
+
+def run_result(out: Path, res: dict, name: str) -> tuple[float, float, list[dict]]:
+    """``(held-out acc before RL, after RL, metrics rows)`` of run ``name``; its error if it failed."""
+    r = res[name]
+    assert r["ok"], f"{name} failed:\n{r['error']}"
+    rows = [json.loads(x) for x in (out / name / "metrics.jsonl").read_text().splitlines()]
+    print(f"[{name}] held-out greedy accuracy {r['before']:.3f} -> {r['after']:.3f} ({r['secs']} s)")
+    return r["before"], r["after"], rows
