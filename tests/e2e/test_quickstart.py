@@ -7,7 +7,7 @@ where ``examples/`` is the repository's and ``runs/demo_bicc_rcc`` / ``runs/demo
 session's warm-started demo run (``plain_warm``). Left out, and why:
 
 * ``megatron-rl demo ...``: the same entry as ``make demo``; the session's warm start (``plain_warm``),
-  tests/e2e/test_learning.py (bicc_rcc), test_score.py and test_papo.py run it, and
+  tests/e2e/test_learning.py (bicc_rcc) and test_score.py run it, and
   tests/e2e/workers/demo_runs.py runs its config and loop for several methods in one process (a full
   demo is minutes of RL on 2 cores);
 * lines on ``/models/...`` / ``/ckpt/...``: the 8B GPU-scale placeholders.

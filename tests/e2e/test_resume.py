@@ -1,6 +1,10 @@
 """Exact resume: SIGKILL right after a checkpoint and again mid-step; ``--resume auto`` must
 reproduce the uninterrupted run's metrics.jsonl (losses, rewards, grad norms) bit for bit on CPU.
 A half-written checkpoint (no COMPLETE marker) is ignored.
+
+The interrupted runs are ``megatron-rl train`` processes (each kill is a real SIGKILL of the process
+group). The uninterrupted reference runs of all tests share one process and engine pool (``refs``),
+so a match also shows that a run does not depend on what its process or engines ran before.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+ROOT = Path(__file__).resolve().parents[2]
 KEYS = ("reward/mean", "reward/acc", "actor/loss", "actor/grad_norm", "actor/entropy", "rollout/logprob_gap",
         "adv/mean_abs")
 STEPS = 6
@@ -23,6 +28,35 @@ STEPS = 6
 def warm(plain_warm) -> Path:
     """The session's warm-started tiny policy + task data (tests/e2e/conftest.py)."""
     return plain_warm
+
+
+REFS = {   # the uninterrupted runs: name -> (config, extra overrides); the asynchronous one last
+    "grpo": ("tiny_cpu_grpo", ()),
+    "rlcsd_teacher": ("tiny_cpu_rlcsd", ("algo.rlcsd.teacher_sync_interval=3",)),
+    "grpo_async": ("tiny_cpu_grpo", ("rollout.max_staleness=1",)),
+}
+
+
+@pytest.fixture(scope="module")
+def refs(warm, tmp_path_factory) -> dict[str, list[dict]]:
+    """Every test's uninterrupted reference run, in ONE process with one engine pool
+    (``tests/e2e/workers/train_runs.py``: ``loop.run`` on the same config and overrides as the
+    ``megatron-rl train`` command line of the interrupted runs); name -> its metrics rows."""
+    out = tmp_path_factory.mktemp("refs")
+    runs = []
+    for name, (config, extra) in REFS.items():
+        ov = _cmd(warm, out / name, resume=False, config=config, extra=extra)[6:]
+        runs.append({"name": name, "config": f"examples/configs/{config}.yaml", "overrides": ov,
+                     "own_client": name.endswith("_async")})
+    (out / "spec.json").write_text(json.dumps({"runs": runs, "out": str(out)}))
+    p = subprocess.run([sys.executable, str(ROOT / "tests/e2e/workers/train_runs.py"), str(out / "spec.json")],
+                       capture_output=True, text=True, timeout=1800, cwd=ROOT,
+                       env={**os.environ, "OMP_NUM_THREADS": "2", "PYTHONUNBUFFERED": "1"})
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]
+    res = json.loads((out / "results.json").read_text())
+    for name, r in res.items():
+        assert r["ok"], f"reference run {name} failed:\n{r['error']}"
+    return {name: _rows(out / name) for name in REFS}
 
 
 def _cmd(warm: Path, run_dir: Path, resume: bool, config: str = "tiny_cpu_grpo", extra: tuple = ()) -> list[str]:
@@ -59,25 +93,24 @@ def _finish(proc) -> None:
 
 
 @pytest.mark.slow
-def test_resume_after_sigkill_is_bit_identical(warm, tmp_path):
-    _sigkill_resume(warm, tmp_path, ())
+def test_resume_after_sigkill_is_bit_identical(warm, refs, tmp_path):
+    _sigkill_resume(warm, tmp_path, refs["grpo"], ())
 
 
 @pytest.mark.slow
-def test_async_resume_after_sigkill_is_bit_identical(warm, tmp_path):
+def test_async_resume_after_sigkill_is_bit_identical(warm, refs, tmp_path):
     """``rollout.max_staleness=1``: the kill lands while the producer is generating a batch ahead
     (after the step-2 checkpoint), and the checkpoint holds a finished batch not yet trained on; the
     resumed run must consume it and regenerate the lost one exactly. One kill (the synchronous test's
     second, mid-step one, is the same case here) saves a launch."""
-    ref = _sigkill_resume(warm, tmp_path, ("rollout.max_staleness=1",), kill_timeout=600, second_kill=False)
+    ref = _sigkill_resume(warm, tmp_path, refs["grpo_async"], REFS["grpo_async"][1], kill_timeout=600,
+                          second_kill=False)
     assert [r["offpolicy/staleness_mean"] for r in ref] == [0.0] + [1.0] * (STEPS - 1)
 
 
-def _sigkill_resume(warm: Path, tmp_path: Path, extra: tuple, kill_timeout: float = 300,
+def _sigkill_resume(warm: Path, tmp_path: Path, ref: list[dict], extra: tuple, kill_timeout: float = 300,
                     second_kill: bool = True) -> list[dict]:
-    ref_dir, run_dir = tmp_path / "ref", tmp_path / "run"
-    _finish(_run(_cmd(warm, ref_dir, resume=False, extra=extra)))
-    ref = _rows(ref_dir)
+    run_dir = tmp_path / "run"
     assert [r["step"] for r in ref] == list(range(1, STEPS + 1))
 
     # 1) SIGKILL right after the step-2 checkpoint completes
@@ -102,13 +135,12 @@ def _sigkill_resume(warm: Path, tmp_path: Path, extra: tuple, kill_timeout: floa
 
 
 @pytest.mark.slow
-def test_resume_restores_the_rlcsd_snapshot_teacher(warm, tmp_path):
+def test_resume_restores_the_rlcsd_snapshot_teacher(warm, refs, tmp_path):
     """RLCSD with a snapshot teacher synced every 3 optimizer steps: the step-4 checkpoint holds a
     teacher (θ after step 3) different from the policy, and the resumed run must continue with it."""
-    args = dict(config="tiny_cpu_rlcsd", extra=("algo.rlcsd.teacher_sync_interval=3",))
-    ref_dir, run_dir = tmp_path / "ref", tmp_path / "run"
-    _finish(_run(_cmd(warm, ref_dir, resume=False, **args)))
-    ref = _rows(ref_dir)
+    config, extra = REFS["rlcsd_teacher"]
+    args = {"config": config, "extra": extra}
+    run_dir, ref = tmp_path / "run", refs["rlcsd_teacher"]
     assert (run_dir / "checkpoints").exists() is False
     p = _run(_cmd(warm, run_dir, resume=False, **args))
     _kill_when(p, lambda: (run_dir / "checkpoints" / "step_4" / "COMPLETE").exists())

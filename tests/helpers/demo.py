@@ -12,21 +12,39 @@ REPO = Path(__file__).resolve().parents[2]
 WORKER = REPO / "tests" / "e2e" / "workers" / "demo_runs.py"
 
 
-def demo_runs(out: Path, runs: list[dict], *, warm: dict | None = None, init_from: Path | None = None,
-              timeout: float = 2400) -> dict:
-    """Run ``runs`` (see the worker's docstring) from a fresh warm start (``warm``) or an earlier demo
-    run dir (``init_from``); returns the worker's per-run results, each run's files in ``out/<name>``."""
+def start_demo_runs(out: Path, runs: list[dict], *, warm: dict | None = None,
+                    init_from: Path | None = None) -> subprocess.Popen:
+    """Start the worker on ``runs`` (see its docstring) from a fresh warm start (``warm``) or an earlier
+    demo run dir (``init_from``); each run's files land in ``out/<name>``. :func:`finish_demo_runs`
+    collects it (a caller may watch the runs' files in between)."""
     assert (warm is None) != (init_from is None), "one of warm= / init_from="
     out.mkdir(parents=True, exist_ok=True)
     spec = out / "spec.json"
     spec.write_text(json.dumps({"warm": warm, "init_from": str(init_from) if init_from else None, "runs": runs,
                                 "out": str(out)}))
-    p = subprocess.run([sys.executable, str(WORKER), str(spec)], capture_output=True, text=True, timeout=timeout,
-                       cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "2", "PYTHONUNBUFFERED": "1"})
-    assert p.returncode == 0, f"demo runs failed:\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}"
+    return subprocess.Popen([sys.executable, str(WORKER), str(spec)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=REPO,
+                            env={**os.environ, "OMP_NUM_THREADS": "2", "PYTHONUNBUFFERED": "1"})
+
+
+def finish_demo_runs(proc: subprocess.Popen, out: Path, timeout: float = 2400) -> dict:
+    """Wait for the worker; its per-run results (``{name: {ok, before, after, secs, error?}}``)."""
+    try:
+        log, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        log, _ = proc.communicate()
+        raise AssertionError(f"demo runs still running after {timeout} s:\n{log[-5000:]}") from None
+    assert proc.returncode == 0, f"demo runs failed:\n{log[-8000:]}"
     res = json.loads((out / "results.json").read_text())
     print({k: v["secs"] for k, v in res.items()})
     return res
+
+
+def demo_runs(out: Path, runs: list[dict], *, warm: dict | None = None, init_from: Path | None = None,
+              timeout: float = 2400) -> dict:
+    """:func:`start_demo_runs` then :func:`finish_demo_runs`."""
+    return finish_demo_runs(start_demo_runs(out, runs, warm=warm, init_from=init_from), out, timeout)
 
 
 def run_result(out: Path, res: dict, name: str) -> tuple[float, float, list[dict]]:

@@ -184,15 +184,16 @@ WORKER = textwrap.dedent("""
 
 
     def main():
-        from megatron_rl.parallel import init_parallel
+        from megatron_rl.parallel import destroy_parallel, init_parallel
         from megatron_rl.models import provider
-        tp, pp = int(sys.argv[2]), int(sys.argv[3])
-        info = init_parallel(tp=tp, pp=pp, seed=1)
-        hf = json.loads(sys.argv[1])
-        cfg = provider.transformer_config_from_hf(hf, tp=tp, pp=pp)
-        model = provider.build_gpt_model(hf, cfg)
-        n = sum(p.numel() for p in model.parameters())
-        print(f"RANK tp_rank={info.tp_rank} pp_rank={info.pp_rank} params={n}", flush=True)
+        for case, hf, tp, pp in json.loads(sys.argv[1]):  # one launch, megatron groups rebuilt per layout
+            info = init_parallel(tp=tp, pp=pp, seed=1)
+            cfg = provider.transformer_config_from_hf(hf, tp=tp, pp=pp)
+            model = provider.build_gpt_model(hf, cfg)
+            n = sum(p.numel() for p in model.parameters())
+            print(f"RANK case={case} tp_rank={info.tp_rank} pp_rank={info.pp_rank} params={n}", flush=True)
+            del model
+            destroy_parallel()
 
 
     if __name__ == "__main__":
@@ -200,26 +201,36 @@ WORKER = textwrap.dedent("""
 """)
 
 
-# tied embeddings with PP > 1 call weight.data.cuda() in megatron; patches/cpu_megatron_tensor_cuda.py covers it
-TIED_PP_ON_CPU = ()
+# qwen2-tied-pp2: tied embeddings with PP > 1 call weight.data.cuda() in megatron; patches/cpu_megatron_tensor_cuda.py covers it
+SHARDED_CASES = {"qwen3-untied-tp2": ("Qwen3ForCausalLM", 2, 1), "qwen3-untied-pp2": ("Qwen3ForCausalLM", 1, 2),
+                 "qwen2-tied-pp2": ("Qwen2ForCausalLM", 1, 2)}
 
 
-@pytest.mark.parametrize("arch,tp,pp", [("Qwen3ForCausalLM", 2, 1), ("Qwen3ForCausalLM", 1, 2),
-                                        pytest.param("Qwen2ForCausalLM", 1, 2, marks=TIED_PP_ON_CPU)],
-                         ids=["qwen3-untied-tp2", "qwen3-untied-pp2", "qwen2-tied-pp2"])
-def test_params_per_gpu_match_sharded_megatron_model(arch, tp, pp, tmp_path):
+@pytest.fixture(scope="module")
+def sharded_counts(tmp_path_factory) -> dict:
+    """Per-rank parameter counts of the provider's model for every case of ``SHARDED_CASES``, from ONE
+    torchrun (gloo, 2 ranks): case -> {(tp_rank, pp_rank): count}."""
+    from tests.helpers.dist import torchrun
+
+    script = tmp_path_factory.mktemp("plan") / "count_worker.py"
+    script.write_text(WORKER)
+    cases = [(c, TINY[arch], tp, pp) for c, (arch, tp, pp) in SHARDED_CASES.items()]
+    out = torchrun(script, json.dumps(cases), nproc=2, timeout=600).stdout
+    got: dict = {c: {} for c in SHARDED_CASES}
+    for c, a, b, n in re.findall(r"RANK case=(\S+) tp_rank=(\d+) pp_rank=(\d+) params=(\d+)", out):
+        got[c][(int(a), int(b))] = int(n)
+    return got
+
+
+@pytest.mark.parametrize("case", list(SHARDED_CASES))
+def test_params_per_gpu_match_sharded_megatron_model(case, sharded_counts):
     """Per-rank parameter counts of the provider's model under torchrun (gloo, 2 ranks) = the plan's.
 
     PP=2 with tied embeddings: the last stage holds its own copy of the embedding (output layer).
     """
-    from tests.helpers.dist import torchrun
-
-    script = tmp_path / "count_worker.py"
-    script.write_text(WORKER)
-    out = torchrun(script, json.dumps(TINY[arch]), str(tp), str(pp), nproc=2, timeout=600).stdout
-    got = {(int(a), int(b)): int(c) for a, b, c in
-           re.findall(r"RANK tp_rank=(\d+) pp_rank=(\d+) params=(\d+)", out)}
+    arch, tp, pp = SHARDED_CASES[case]
+    got = sharded_counts[case]
     planned = params_per_gpu(ArchSpec.from_hf(TINY[arch], arch), PlanInputs(tp=tp, pp=pp))
-    assert len(got) == 2, out
+    assert len(got) == 2, got
     for (_, pp_rank), n in got.items():
         assert n == (planned.first_stage if pp_rank == 0 else planned.last_stage), (pp_rank, n, planned)
