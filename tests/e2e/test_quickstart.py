@@ -75,6 +75,7 @@ def test_readme_quickstart_runs_as_written(plain_warm, tmp_path):
     documented = set(re.findall(r"`([a-z_]+/[a-z_]+)`", table)) - {"eval/acc"}  # eval/acc: eval steps only
     assert documented and documented <= set(rows[0]), f"README metric keys not logged: {documented - set(rows[0])}"
     assert (run / "hf" / "sp.model").is_file() and "Number of buckets" in (run / "train.log").read_text()
+    assert (run / "curve.png").read_bytes()[:4] == b"\x89PNG"
     assert (run / "hf_step4" / "model.safetensors").is_file() and (run / "hf_step4" / "sp.model").is_file()
     summary = json.loads((run / "eval" / "summary.json").read_text())
     assert summary["rows"] > 0 and 0.0 <= summary["pass@4"] <= 1.0

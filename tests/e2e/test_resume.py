@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers.demo import demo_runs
+
 KEYS = ("reward/mean", "reward/acc", "actor/loss", "actor/grad_norm", "actor/entropy", "rollout/logprob_gap",
         "adv/mean_abs")
 STEPS = 6
@@ -40,20 +41,15 @@ REFS = {   # the uninterrupted runs: name -> (config, extra overrides); the asyn
 @pytest.fixture(scope="module")
 def refs(warm, tmp_path_factory) -> dict[str, list[dict]]:
     """Every test's uninterrupted reference run, in ONE process with one engine pool
-    (``tests/e2e/workers/train_runs.py``: ``loop.run`` on the same config and overrides as the
-    ``megatron-rl train`` command line of the interrupted runs); name -> its metrics rows."""
+    (``tests/helpers/demo.py``: ``loop.run`` on the same config and overrides as the ``megatron-rl
+    train`` command line of the interrupted runs); name -> its metrics rows."""
     out = tmp_path_factory.mktemp("refs")
     runs = []
     for name, (config, extra) in REFS.items():
         ov = _cmd(warm, out / name, resume=False, config=config, extra=extra)[6:]
         runs.append({"name": name, "config": f"examples/configs/{config}.yaml", "overrides": ov,
                      "own_client": name.endswith("_async")})
-    (out / "spec.json").write_text(json.dumps({"runs": runs, "out": str(out)}))
-    p = subprocess.run([sys.executable, str(ROOT / "tests/e2e/workers/train_runs.py"), str(out / "spec.json")],
-                       capture_output=True, text=True, timeout=1800, cwd=ROOT,
-                       env={**os.environ, "OMP_NUM_THREADS": "2", "PYTHONUNBUFFERED": "1"})
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]
-    res = json.loads((out / "results.json").read_text())
+    res = demo_runs(out, runs, timeout=1800)
     for name, r in res.items():
         assert r["ok"], f"reference run {name} failed:\n{r['error']}"
     return {name: _rows(out / name) for name in REFS}

@@ -1,17 +1,19 @@
-"""SCoRe end to end on the CPU demo task: ``python -m megatron_rl.demo --algo score`` (real Megatron
+"""SCoRe end to end on the CPU demo task: the demo's SCoRe run (``demo --algo score``: real Megatron
 actor + reference, vLLM CPU engines through Ray, two-attempt rollouts, stage I then stage II), then a
-stage-I checkpoint resumed with ``megatron-rl train --resume auto`` must continue in stage II.
+stage-I checkpoint resumed with ``megatron-rl train --resume auto`` must continue in stage II. The
+warm start, the demo run and the stage-I run share one worker process (``tests/helpers/demo.py``).
 """
 from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers.demo import demo_runs, run_result
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 40  # stage I: steps 1..20, stage II: 21..40 (demo: stage1_steps = steps // 2)
@@ -22,21 +24,29 @@ def _rows(run_dir: Path) -> list[dict]:
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def _stage1_overrides(warm: Path, run_dir: Path) -> list[str]:
+    return [f"model.hf_path={warm / 'sft_hf'}", f"data.train={warm / 'data' / 'train.parquet'}", "data.val=",
+            "algo.score.stage1_steps=2", "trainer.ckpt_every=2", "trainer.eval_every=0", f"trainer.run_dir={run_dir}",
+            "trainer.export_hf=false", "logging.progress=false", "rollout.kv_cache_gib=1"]
+
+
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
+    """One worker process (``tests/helpers/demo.py``): the demo's SCoRe warm start, then the demo's
+    40-step SCoRe run (``demo --algo score --steps 40``) and a 2-step stage-I run of
+    ``examples/configs/tiny_cpu_score.yaml`` that checkpoints at step 2, with one engine pool."""
     d = tmp_path_factory.mktemp("score_demo")
-    p = subprocess.run([sys.executable, "-m", "megatron_rl.demo", "--algo", "score", "--steps", str(STEPS),
-                        "--run-dir", str(d)], capture_output=True, text=True, timeout=900, cwd=ROOT, env=ENV)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-4000:]
-    return d, p.stdout
+    stage1 = {"name": "stage1", "config": "examples/configs/tiny_cpu_score.yaml",
+              "overrides": [*_stage1_overrides(d / "warm", d / "stage1"), "trainer.steps=2"]}
+    res = demo_runs(d, [{"name": "score", "algo": "score", "steps": STEPS}, stage1],
+                    warm={"algo": "score", "run_dir": str(d / "warm")}, timeout=1800)
+    return d, res
 
 
 @pytest.mark.timeout(900)
 def test_score_two_stages_improve_self_correction(demo):
-    run_dir, out = demo
-    m = re.search(r"before RL ([0-9.]+) -> after RL ([0-9.]+)", out)
-    assert m, out[-2000:]
-    before, after = float(m.group(1)), float(m.group(2))
+    before, after, _ = run_result(*demo, "score")
+    run_dir = demo[0] / "score"
     rows = [r for r in _rows(run_dir) if "score/r1" in r]
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     assert [r["score/stage"] for r in rows] == [1.0] * (STEPS // 2) + [2.0] * (STEPS // 2)
@@ -55,16 +65,17 @@ def test_score_two_stages_improve_self_correction(demo):
 
 
 @pytest.mark.timeout(600)
-def test_score_resumes_stage1_checkpoint_in_stage2(demo, tmp_path):
-    warm, _ = demo
-    ov = [f"model.hf_path={warm / 'sft_hf'}", f"data.train={warm / 'data' / 'train.parquet'}", "data.val=",
-          "algo.score.stage1_steps=2", "trainer.ckpt_every=2", "trainer.eval_every=0",
-          f"trainer.run_dir={tmp_path}", "trainer.export_hf=false", "logging.progress=false", "rollout.kv_cache_gib=1"]
-    base = [sys.executable, "-m", "megatron_rl.cli", "train", "--config", "examples/configs/tiny_cpu_score.yaml", *ov]
-    for steps, extra in ((2, []), (4, ["--resume", "auto"])):
-        p = subprocess.run(base + [f"trainer.steps={steps}"] + extra, capture_output=True, text=True, timeout=500,
-                           cwd=ROOT, env=ENV)
-        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-4000:]
-    rows = [r for r in _rows(tmp_path) if "score/stage" in r]
+def test_score_resumes_stage1_checkpoint_in_stage2(demo):
+    """The stage-I run (2 steps, checkpoint at step 2; ``demo``) resumed by ``megatron-rl train --resume
+    auto`` in a new process to step 4 continues in stage II."""
+    d, res = demo
+    assert res["stage1"]["ok"], res["stage1"].get("error")
+    run_dir = d / "stage1"
+    assert (run_dir / "checkpoints" / "step_2" / "COMPLETE").exists()
+    cmd = [sys.executable, "-m", "megatron_rl.cli", "train", "--config", "examples/configs/tiny_cpu_score.yaml",
+           *_stage1_overrides(d / "warm", run_dir), "trainer.steps=4", "--resume", "auto"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=500, cwd=ROOT, env=ENV, check=False)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-4000:]
+    rows = [r for r in _rows(run_dir) if "score/stage" in r]
     assert [(r["step"], r["score/stage"]) for r in rows] == [(1, 1.0), (2, 1.0), (3, 2.0), (4, 2.0)]
     assert all(r["score/kl1"] >= 0 and r["score/kl2"] >= 0 for r in rows)

@@ -1,5 +1,5 @@
-"""The e2e learning tests' runner: several demo RL runs from one warm start in one worker process
-(``tests/e2e/workers/demo_runs.py``), so a module pays the process, Ray and engine start once."""
+"""The e2e tests' runner: several RL runs (demo runs from one warm start, or config runs) in one worker
+process (``tests/e2e/workers/demo_runs.py``), so a module pays the process, Ray and engine start once."""
 from __future__ import annotations
 
 import json
@@ -14,10 +14,10 @@ WORKER = REPO / "tests" / "e2e" / "workers" / "demo_runs.py"
 
 def start_demo_runs(out: Path, runs: list[dict], *, warm: dict | None = None,
                     init_from: Path | None = None) -> subprocess.Popen:
-    """Start the worker on ``runs`` (see its docstring) from a fresh warm start (``warm``) or an earlier
-    demo run dir (``init_from``); each run's files land in ``out/<name>``. :func:`finish_demo_runs`
-    collects it (a caller may watch the runs' files in between)."""
-    assert (warm is None) != (init_from is None), "one of warm= / init_from="
+    """Start the worker on ``runs`` (see its docstring) from a fresh warm start (``warm``), an earlier
+    demo run dir (``init_from``) or neither (config runs only); each demo run's files land in
+    ``out/<name>``. :func:`finish_demo_runs` collects it (a caller may watch the runs' files in between)."""
+    assert warm is None or init_from is None, "warm= or init_from=, not both"
     out.mkdir(parents=True, exist_ok=True)
     spec = out / "spec.json"
     spec.write_text(json.dumps({"warm": warm, "init_from": str(init_from) if init_from else None, "runs": runs,

@@ -149,28 +149,3 @@ def test_train_bad_config_key_is_one_clear_line(tmp_path):
     p = run_cli("train", "--config", "examples/configs/tiny_cpu_grpo.yaml", f"model.hf_path={model}",
                 "parallel.tp=3", "--check")
     assert p.returncode == 1 and "not divisible by tensor parallel size 3" in p.stderr
-
-
-def test_train_end_to_end_through_the_cli_on_the_hf_engine(tmp_path):
-    """`megatron-rl train` runs the real loop with the HF ``generate`` engine (the fallback) through
-    Ray, 2 steps: the CLI -> load_config -> trainer.loop.main path and the run-dir outputs of RunLogger.
-    (``--resume auto`` through the CLI, wandb id continuity and the README's metric keys are checked
-    on the vLLM path by tests/e2e/test_quickstart.py.)
-    """
-    import json
-
-    from megatron_rl.demo import (
-        prepare,  # the demo's own asset writer: data, tokenizer, tiny policy
-    )
-
-    paths, _, hf = prepare(tmp_path / "assets", seed=0)
-    run_dir = tmp_path / "run"
-    common = [f"model.hf_path={hf}", f"data.train={paths['train']}", f"data.val={paths['val']}",
-              f"trainer.run_dir={run_dir}", "trainer.eval_prompts=16", "trainer.ckpt_every=0",
-              "data.prompts_per_step=8", "rollout.engine=hf", "logging.progress=false"]
-    p = run_cli("train", "--config", "examples/configs/tiny_cpu_grpo.yaml", *common, "trainer.steps=2", timeout=600)
-    assert p.returncode == 0, p.stderr[-4000:]
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2] and all("reward/mean" in r and "actor/loss" in r for r in rows)
-    assert (run_dir / "curve.png").read_bytes()[:4] == b"\x89PNG"
-    assert (run_dir / "wandb_id.txt").read_text().strip()

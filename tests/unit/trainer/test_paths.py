@@ -72,7 +72,9 @@ def test_register_algo_kind_is_strict():
 
 def test_toy_method_trains_end_to_end(tmp_path):
     """tests/unit/workers/toy_method.py registers advantage + loss + kind (+ ToyHParams) and trains 2
-    real steps; its functions ran, its config key arrived, and its loss metric was logged."""
+    real steps; its functions ran, its config key arrived, and its loss metric was logged. The run
+    uses the HF ``generate`` engine (the fallback) through Ray: the suite's loop run on that engine
+    (the CLI path is run by tests/e2e/test_quickstart.py, on vLLM)."""
     run_dir = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled", "WANDB_MODE": "offline"}
     p = subprocess.run([sys.executable, str(ROOT / "tests/unit/workers/toy_method.py"), str(tmp_path / "assets"),
