@@ -46,8 +46,8 @@ def refs(warm, tmp_path_factory) -> dict[str, list[dict]]:
     out = tmp_path_factory.mktemp("refs")
     runs = []
     for name, (config, extra) in REFS.items():
-        ov = _cmd(warm, out / name, resume=False, config=config, extra=extra)[6:]
-        runs.append({"name": name, "config": f"examples/configs/{config}.yaml", "overrides": ov,
+        runs.append({"name": name, "config": f"examples/configs/{config}.yaml",
+                     "overrides": _overrides(warm, out / name, extra),
                      "own_client": name.endswith("_async")})
     res = demo_runs(out, runs, timeout=1800)
     for name, r in res.items():
@@ -55,11 +55,16 @@ def refs(warm, tmp_path_factory) -> dict[str, list[dict]]:
     return {name: _rows(out / name) for name in REFS}
 
 
+def _overrides(warm: Path, run_dir: Path, extra: tuple = ()) -> list[str]:
+    return [f"model.hf_path={warm / 'sft_hf'}", f"data.train={warm / 'data' / 'train.parquet'}", "data.val=",
+            f"trainer.steps={STEPS}", "trainer.ckpt_every=2", "trainer.keep_last=5", "trainer.eval_every=0",
+            f"trainer.run_dir={run_dir}", "trainer.export_hf=false", "logging.progress=false", "rollout.kv_cache_gib=1",
+            *extra]
+
+
 def _cmd(warm: Path, run_dir: Path, resume: bool, config: str = "tiny_cpu_grpo", extra: tuple = ()) -> list[str]:
-    ov = [f"model.hf_path={warm / 'sft_hf'}", f"data.train={warm / 'data' / 'train.parquet'}", "data.val=",
-          f"trainer.steps={STEPS}", "trainer.ckpt_every=2", "trainer.keep_last=5", "trainer.eval_every=0",
-          f"trainer.run_dir={run_dir}", "trainer.export_hf=false", "logging.progress=false", "rollout.kv_cache_gib=1"]
-    cmd = [sys.executable, "-m", "megatron_rl.cli", "train", "--config", f"examples/configs/{config}.yaml", *ov, *extra]
+    cmd = [sys.executable, "-m", "megatron_rl.cli", "train", "--config", f"examples/configs/{config}.yaml",
+           *_overrides(warm, run_dir, extra)]
     return cmd + (["--resume", "auto"] if resume else [])
 
 
