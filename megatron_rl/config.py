@@ -97,7 +97,9 @@ class RolloutConfig:
     cpus_per_engine: float = 0.5
     """Ray CPUs reserved per engine actor."""
     kv_cache_gib: float = 1.0
-    """vLLM CPU KV-cache size."""
+    """vLLM KV-cache size per engine on CPU, in GiB (fractions honoured: vLLM's engine argument
+    ``kv_cache_memory_bytes``). Allocated and zeroed at every engine start, so a tiny model wants a
+    small one (the ``tiny_cpu_*`` configs: 0.25). Ignored on GPU, where ``gpu_memory_utilization`` sizes it."""
     bucket_mb: int = 256
     """Weight-sync bucket size."""
     ray_address: str | None = None
@@ -118,6 +120,7 @@ class RolloutConfig:
         _check(self.engine in ("vllm", "hf"), f"rollout.engine must be vllm|hf, got {self.engine!r}")
         _check(self.sync_backend in ("auto", "ray", "gloo", "nccl", "ipc"),
                f"rollout.sync_backend must be auto|ray|gloo|nccl|ipc, got {self.sync_backend!r}")
+        _check(self.kv_cache_gib > 0, f"rollout.kv_cache_gib must be > 0, got {self.kv_cache_gib}")
         _check(self.bucket_mb >= 1, f"rollout.bucket_mb must be >= 1, got {self.bucket_mb}")
         _check(self.logprob_gate > 0, f"rollout.logprob_gate must be > 0, got {self.logprob_gate}")
         _check(self.n >= 1 and self.num_engines >= 1, "rollout.n and rollout.num_engines must be >= 1")

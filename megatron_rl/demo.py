@@ -72,7 +72,7 @@ def demo_config(args, run_dir: Path, paths: dict, hf_dir: Path):
     ov = [f"model.hf_path={hf_dir}", f"data.train={paths['train']}", f"data.val={paths['test']}",
           "data.prompts_per_step=32", "data.max_prompt_len=16", f"data.seed={args.seed}",
           f"rollout.engine={args.engine}", "rollout.n=8", "rollout.max_tokens=6", "rollout.max_model_len=128",
-          "rollout.temperature=1.0", f"optim.lr={args.lr}",
+          "rollout.temperature=1.0", "rollout.kv_cache_gib=0.25", f"optim.lr={args.lr}",
           f"trainer.steps={args.steps}", "trainer.micro_batch_size=64", f"trainer.seed={args.seed + 1}",
           f"trainer.run_dir={run_dir}", "trainer.eval_every=25", "trainer.eval_prompts=500", "trainer.ckpt_every=50",
           f"algo.kind={args.algo}", "logging.wandb_mode=offline"]

@@ -20,6 +20,13 @@ from .engine import Completion, SamplingParams, validate_prompts
 log = logging.getLogger("megatron_rl.rollout.vllm")
 
 
+def kv_cache_bytes(gib: float) -> int:
+    """``rollout.kv_cache_gib`` in bytes, whole 4 KiB pages (0.25 -> 268435456)."""
+    if not gib > 0:
+        raise ValueError(f"rollout.kv_cache_gib must be > 0, got {gib}")
+    return max(4096, int(gib * (1 << 30)) // 4096 * 4096)
+
+
 def _worker_params(worker) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in worker.get_model().named_parameters()}
 
@@ -31,22 +38,28 @@ class VLLMEngine:
                  kv_cache_gib: float = 1.0, max_num_seqs: int = 256, gpu_memory_utilization: float = 0.5,
                  enable_sleep_mode: bool = False, weight_transfer: str = "gloo"):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(kv_cache_gib))))
         from .. import patches
 
         patches.apply_all(("vllm",))
         from vllm import LLM
+        from vllm.platforms import current_platform
 
         from .transfer_engines import register
 
         register()  # our CPU engines in vLLM's WeightTransferEngineFactory, before the worker is built
 
         self.max_model_len = max_model_len
+        kv = {}
+        if current_platform.is_cpu():   # the exact size; vLLM's legacy VLLM_CPU_KVCACHE_SPACE takes whole GiB only
+            kv["kv_cache_memory_bytes"] = kv_cache_bytes(kv_cache_gib)
+            if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+                log.warning("VLLM_CPU_KVCACHE_SPACE=%s is set: vLLM uses it instead of rollout.kv_cache_gib=%s",
+                            os.environ["VLLM_CPU_KVCACHE_SPACE"], kv_cache_gib)
         self.llm = LLM(model=model_dir, skip_tokenizer_init=True, dtype=dtype, enforce_eager=True,
                        max_model_len=max_model_len, seed=seed, max_num_seqs=max_num_seqs,
                        gpu_memory_utilization=gpu_memory_utilization, logprobs_mode="processed_logprobs",
                        enable_sleep_mode=enable_sleep_mode,
-                       weight_transfer_config={"backend": weight_transfer})
+                       weight_transfer_config={"backend": weight_transfer}, **kv)
         self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
 
     def _params(self, s: SamplingParams, i: int):

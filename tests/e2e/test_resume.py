@@ -58,7 +58,7 @@ def refs(warm, tmp_path_factory) -> dict[str, list[dict]]:
 def _overrides(warm: Path, run_dir: Path, extra: tuple = ()) -> list[str]:
     return [f"model.hf_path={warm / 'sft_hf'}", f"data.train={warm / 'data' / 'train.parquet'}", "data.val=",
             f"trainer.steps={STEPS}", "trainer.ckpt_every=2", "trainer.keep_last=5", "trainer.eval_every=0",
-            f"trainer.run_dir={run_dir}", "trainer.export_hf=false", "logging.progress=false", "rollout.kv_cache_gib=1",
+            f"trainer.run_dir={run_dir}", "trainer.export_hf=false", "logging.progress=false", "rollout.kv_cache_gib=0.25",
             *extra]
 
 

@@ -35,7 +35,8 @@ def tiny_hf(tmp_path_factory):
 def client(tiny_hf):
     from megatron_rl.rollout.ray_bridge import RolloutClient
 
-    c = RolloutClient("vllm", str(tiny_hf), num_engines=2, engine_kwargs={"max_model_len": 256}, cpus_per_engine=0.5)
+    c = RolloutClient("vllm", str(tiny_hf), num_engines=2, engine_kwargs={"max_model_len": 256, "kv_cache_gib": 0.25},
+                      cpus_per_engine=0.5)
     yield c
     c.shutdown()
 

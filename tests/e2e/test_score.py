@@ -27,7 +27,7 @@ def _rows(run_dir: Path) -> list[dict]:
 def _stage1_overrides(warm: Path, run_dir: Path) -> list[str]:
     return [f"model.hf_path={warm / 'sft_hf'}", f"data.train={warm / 'data' / 'train.parquet'}", "data.val=",
             "algo.score.stage1_steps=2", "trainer.ckpt_every=2", "trainer.eval_every=0", f"trainer.run_dir={run_dir}",
-            "trainer.export_hf=false", "logging.progress=false", "rollout.kv_cache_gib=1"]
+            "trainer.export_hf=false", "logging.progress=false", "rollout.kv_cache_gib=0.25"]
 
 
 @pytest.fixture(scope="module")

@@ -187,7 +187,7 @@ def main():
         from megatron_rl.rollout.ray_bridge import RolloutClient
 
         t0 = time.perf_counter()
-        client = RolloutClient("vllm", hf_dir, 2, {"max_model_len": 64, "kv_cache_gib": 1}, cpus_per_engine=0.5,
+        client = RolloutClient("vllm", hf_dir, 2, {"max_model_len": 64, "kv_cache_gib": 0.25}, cpus_per_engine=0.5,
                                sync_backend="gloo", bucket_bytes=bucket, trainer_world=2)
         res["engines_start_s"] = time.perf_counter() - t0
     for case, (tp, pp) in enumerate(((2, 1), (1, 2)), start=1):

@@ -30,7 +30,8 @@ def overrides(kind: str, fx: dict, out: Path, grader_url: str) -> list[str]:
                 "rollout.max_staleness=1"]
     ov = [f"model.hf_path={fx['hf_path']}", f"data.train={fx['train']}", "data.val=", "data.prompts_per_step=4",
           "data.max_prompt_len=64", "rollout.n=4", "rollout.max_tokens=24", "rollout.max_model_len=320",
-          "rollout.temperature=1.0", "optim.lr=1e-4", f"trainer.steps={STEPS}", "trainer.micro_batch_size=8",
+          "rollout.temperature=1.0", "rollout.kv_cache_gib=0.25", "optim.lr=1e-4", f"trainer.steps={STEPS}",
+          "trainer.micro_batch_size=8",
           f"trainer.run_dir={out / kind}", "trainer.ckpt_every=0", "trainer.export_hf=false", "trainer.seed=7",
           "logging.wandb_mode=disabled", "logging.progress=false", "logging.dump_samples=2", f"algo.kind={kind}"]
     if kind in ("opsd", "sdpo", "srpo", "opsd_ectr"):

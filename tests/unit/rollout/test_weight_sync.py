@@ -74,3 +74,14 @@ def test_backend_choice_and_clear_refusals():
         with pytest.raises(ValueError, match=msg) as e:
             resolve_backend(req, eng, cuda, world)
         assert "\n" not in str(e.value)
+
+
+def test_kv_cache_size_is_the_configured_fraction_of_a_gib():
+    """``rollout.kv_cache_gib`` reaches vLLM-CPU exactly (its ``VLLM_CPU_KVCACHE_SPACE`` takes whole GiB
+    only: 0.25 used to become 1 GiB, zeroed at every engine start)."""
+    from megatron_rl.rollout.vllm_engine import kv_cache_bytes
+
+    assert kv_cache_bytes(0.25) == 1 << 28 and kv_cache_bytes(1) == 1 << 30 and kv_cache_bytes(2.5) == 5 << 29
+    assert kv_cache_bytes(1e-9) == 4096
+    with pytest.raises(ValueError, match="kv_cache_gib must be > 0"):
+        kv_cache_bytes(0)
