@@ -36,6 +36,7 @@ from tests.helpers.cluster import (
     train_cmd,
     worker_pids,
 )
+from tests.helpers.demo import warm_overrides
 from tests.helpers.dist import free_port
 
 STEPS = 6
@@ -47,11 +48,9 @@ STOP_BOUND_S = 90
 
 
 def overrides(warm: Path, run_dir: Path) -> list[str]:
-    return [f"model.hf_path={warm / 'sft_hf'}", f"data.train={warm / 'data' / 'train.parquet'}", "data.val=",
-            f"trainer.steps={STEPS}", "trainer.ckpt_every=2", "trainer.keep_last=5", "trainer.eval_every=0",
-            f"trainer.run_dir={run_dir}", "trainer.export_hf=false", "logging.progress=false",
-            "rollout.kv_cache_gib=0.25", "data.prompts_per_step=8", "rollout.n=4", "trainer.micro_batch_size=8",
-            "rollout.num_engines=2", "rollout.cpus_per_engine=1", "parallel.timeout_s=300"]
+    return warm_overrides(warm, run_dir, f"trainer.steps={STEPS}", "trainer.keep_last=5", "data.prompts_per_step=8",
+                          "rollout.n=4", "trainer.micro_batch_size=8", "rollout.num_engines=2",
+                          "rollout.cpus_per_engine=1", "parallel.timeout_s=300")
 
 
 @pytest.fixture(scope="module")

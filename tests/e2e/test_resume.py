@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.demo import demo_runs
+from tests.helpers.demo import demo_runs, warm_overrides
 
 KEYS = ("reward/mean", "reward/acc", "actor/loss", "actor/grad_norm", "actor/entropy", "rollout/logprob_gap",
         "adv/mean_abs")
@@ -56,10 +56,7 @@ def refs(warm, tmp_path_factory) -> dict[str, list[dict]]:
 
 
 def _overrides(warm: Path, run_dir: Path, extra: tuple = ()) -> list[str]:
-    return [f"model.hf_path={warm / 'sft_hf'}", f"data.train={warm / 'data' / 'train.parquet'}", "data.val=",
-            f"trainer.steps={STEPS}", "trainer.ckpt_every=2", "trainer.keep_last=5", "trainer.eval_every=0",
-            f"trainer.run_dir={run_dir}", "trainer.export_hf=false", "logging.progress=false", "rollout.kv_cache_gib=0.25",
-            *extra]
+    return warm_overrides(warm, run_dir, f"trainer.steps={STEPS}", "trainer.keep_last=5", *extra)
 
 
 def _cmd(warm: Path, run_dir: Path, resume: bool, config: str = "tiny_cpu_grpo", extra: tuple = ()) -> list[str]:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.demo import demo_runs, run_result
+from tests.helpers.demo import demo_runs, run_result, warm_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 40  # stage I: steps 1..20, stage II: 21..40 (demo: stage1_steps = steps // 2)
@@ -25,9 +25,7 @@ def _rows(run_dir: Path) -> list[dict]:
 
 
 def _stage1_overrides(warm: Path, run_dir: Path) -> list[str]:
-    return [f"model.hf_path={warm / 'sft_hf'}", f"data.train={warm / 'data' / 'train.parquet'}", "data.val=",
-            "algo.score.stage1_steps=2", "trainer.ckpt_every=2", "trainer.eval_every=0", f"trainer.run_dir={run_dir}",
-            "trainer.export_hf=false", "logging.progress=false", "rollout.kv_cache_gib=0.25"]
+    return warm_overrides(warm, run_dir, "algo.score.stage1_steps=2")
 
 
 @pytest.fixture(scope="module")

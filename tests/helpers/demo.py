@@ -12,6 +12,15 @@ REPO = Path(__file__).resolve().parents[2]
 WORKER = REPO / "tests" / "e2e" / "workers" / "demo_runs.py"
 
 
+def warm_overrides(warm: Path, run_dir: Path, *extra: str) -> list[str]:
+    """The ``megatron-rl train`` overrides of a short test run of a ``tiny_cpu_*`` config from a warm-started
+    demo run dir ``warm`` (its ``sft_hf`` policy and training data), checkpointing every 2 steps into
+    ``run_dir``, with no eval, export or progress bar; then ``extra``."""
+    return [f"model.hf_path={warm / 'sft_hf'}", f"data.train={warm / 'data' / 'train.parquet'}", "data.val=",
+            "trainer.ckpt_every=2", "trainer.eval_every=0", f"trainer.run_dir={run_dir}", "trainer.export_hf=false",
+            "logging.progress=false", "rollout.kv_cache_gib=0.25", *extra]
+
+
 def start_demo_runs(out: Path, runs: list[dict], *, warm: dict | None = None,
                     init_from: Path | None = None) -> subprocess.Popen:
     """Start the worker on ``runs`` (see its docstring) from a fresh warm start (``warm``), an earlier
