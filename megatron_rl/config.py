@@ -90,6 +90,17 @@ class RolloutConfig:
     """Samples per prompt (group size G)."""
     temperature: float = 1.0
     """Sampling temperature (the trainer's log-probs use the same)."""
+    top_p: float = 1.0
+    """Nucleus truncation of the sampled distribution (1.0 = off), after the temperature, identical on
+    both engines (``rollout/sampling.py``)."""
+    top_k: int = -1
+    """Top-k truncation (-1 = off)."""
+    min_p: float = 0.0
+    """Min-p truncation: drop tokens below ``min_p`` x the most likely one's probability (0 = off)."""
+    logprobs: str = "processed"
+    """Which log-prob the engines report for a sampled token (``rollout/sampling.py``): processed = of
+    the truncated distribution sampled from (the behaviour policy of the off-policy weight) | full =
+    of the untruncated temperature-scaled softmax, as the trainer computes it (vLLM: temperature 1 only)."""
     max_tokens: int = 8
     """Response length cap."""
     max_model_len: int = 128
@@ -125,6 +136,13 @@ class RolloutConfig:
         _check(self.logprob_gate > 0, f"rollout.logprob_gate must be > 0, got {self.logprob_gate}")
         _check(self.n >= 1 and self.num_engines >= 1, "rollout.n and rollout.num_engines must be >= 1")
         _check(self.temperature > 0, f"rollout.temperature must be > 0, got {self.temperature}")
+        from megatron_rl.rollout.sampling import LOGPROB_MODES, check_truncation
+
+        check_truncation(self.top_p, self.top_k, self.min_p, "rollout.")
+        _check(self.logprobs in LOGPROB_MODES, f"rollout.logprobs must be processed|full, got {self.logprobs!r}")
+        _check(not (self.engine == "vllm" and self.logprobs == "full" and self.temperature != 1.0),
+               f"rollout.logprobs=full on vLLM needs rollout.temperature=1 (vLLM's raw log-probs are taken before "
+               f"the temperature), got {self.temperature}; use rollout.logprobs=processed")
         _check(self.max_staleness >= 0, f"rollout.max_staleness must be an integer >= 0, got {self.max_staleness}")
 
 

@@ -3,12 +3,12 @@
 Engines never see text: prompts are token-id lists (the trainer owns tokenisation), so vLLM runs
 with ``skip_tokenizer_init=True`` and any tokenizer (HF or sentencepiece) works.
 
-Log-probs: ``Completion.logprobs[t]`` is log π(y_t | prefix) of the sampled token under the
-engine's weights at temperature 1 applied AFTER dividing the logits by ``SamplingParams.temperature``
-— i.e. the log-prob of the distribution actually sampled from (vLLM ``logprobs_mode=
-"processed_logprobs"``). The trainer computes its log-probs with the same temperature, so the two
-agree (checked in tests and logged every step as the trainer-rollout gap). ``top_p``/``top_k``
-truncation is NOT reflected (both sides use the full softmax); keep them at 1.0 / -1 for RL.
+Log-probs: ``Completion.logprobs[t]`` is log μ(y_t | prefix) of the sampled token, where μ is the
+distribution actually sampled from: logits / ``temperature``, then ``min_p``, ``top_k``, ``top_p``
+truncation, renormalized (vLLM ``logprobs_mode="processed_logprobs"``; the HF engine applies the
+same steps in the same order, ``rollout/sampling.py``). An engine built with ``logprobs="full"``
+reports the untruncated temperature-scaled log-prob instead (what the trainer computes); see
+``rollout/sampling.py`` for which to use and what the gate and the off-policy weight compare.
 """
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ class SamplingParams:
     Attributes:
         n: samples per prompt (the GRPO group size).
         temperature: softmax temperature (> 0; use a tiny value for greedy-like decoding or ``greedy``).
-        top_p, top_k: nucleus / top-k truncation (RL: keep 1.0 / -1).
+        top_p, top_k, min_p: nucleus / top-k / min-p truncation (1.0 / -1 / 0.0: off), applied
+            after the temperature in vLLM's order (``rollout/sampling.py``).
         max_tokens: response length cap (finish_reason "length" when hit).
         seed: base seed; prompt i uses ``seed + i`` so results do not depend on batching.
         stop_token_ids: tokens that end a response (included in the response ids).
@@ -37,6 +38,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
+    min_p: float = 0.0
     max_tokens: int = 64
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
@@ -49,6 +51,9 @@ class SamplingParams:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if not self.greedy and not self.temperature > 0:
             raise ValueError(f"temperature must be > 0 (or greedy=True), got {self.temperature}")
+        from .sampling import check_truncation
+
+        check_truncation(self.top_p, self.top_k, self.min_p)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """HF ``transformers`` rollout engine: the no-vLLM fallback and the independent reference in tests.
 
-Sampling is plain ancestral sampling with a KV cache (``model.generate`` with
-``output_scores``); log-probs are those of the processed (temperature-scaled) distribution, like
+Sampling is plain ancestral sampling with a KV cache from the processed distribution (temperature,
+min-p, top-k, top-p in vLLM's order: ``rollout/sampling.py``); log-probs are those of that
+distribution (``logprobs="processed"``) or of the untruncated temperature-scaled one (``"full"``), like
 :class:`~megatron_rl.rollout.vllm_engine.VLLMEngine`. Eager attention for exact parity.
 """
 from __future__ import annotations
@@ -11,13 +12,19 @@ from collections.abc import Iterable
 import torch
 
 from .engine import Completion, SamplingParams, validate_prompts
+from .sampling import LOGPROB_MODES, processed_logits
 
 
 class HFEngine:
     """``RolloutEngine`` on ``AutoModelForCausalLM`` (CPU or one GPU)."""
 
-    def __init__(self, model_dir: str, *, dtype: str = "float32", seed: int = 0, max_model_len: int = 512, **_):
+    def __init__(self, model_dir: str, *, dtype: str = "float32", seed: int = 0, max_model_len: int = 512,
+                 logprobs: str = "processed", **_):
         from transformers import AutoModelForCausalLM
+
+        if logprobs not in LOGPROB_MODES:
+            raise ValueError(f"logprobs must be one of {LOGPROB_MODES}, got {logprobs!r}")
+        self.logprobs = logprobs
 
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype),
                                                           attn_implementation="eager").eval()
@@ -36,9 +43,14 @@ class HFEngine:
         past, logits = out.past_key_values, out.logits[0, -1]
         resp, lps = [], []
         for _ in range(s.max_tokens):
-            z = logits.float() if s.greedy else logits.float() / s.temperature
-            logp = torch.log_softmax(z, -1)
-            tok = int(logp.argmax()) if s.greedy else int(torch.multinomial(logp.exp(), 1, generator=gen))
+            if s.greedy:
+                logp = torch.log_softmax(logits.float(), -1)
+                tok = int(logp.argmax())
+            else:
+                logp = torch.log_softmax(processed_logits(logits, s.temperature, s.top_k, s.top_p, s.min_p), -1)
+                tok = int(torch.multinomial(logp.exp(), 1, generator=gen))
+                if self.logprobs == "full":
+                    logp = torch.log_softmax(logits.float() / s.temperature, -1)
             resp.append(tok)
             lps.append(float(logp[tok]))
             if tok in stops:

@@ -16,6 +16,10 @@ from collections.abc import Iterable
 import torch
 
 from .engine import Completion, SamplingParams, validate_prompts
+from .sampling import LOGPROB_MODES
+
+#: ``rollout.logprobs`` -> vLLM's ``logprobs_mode`` (``rollout/sampling.py``)
+_VLLM_LOGPROBS_MODE = {"processed": "processed_logprobs", "full": "raw_logprobs"}
 
 log = logging.getLogger("megatron_rl.rollout.vllm")
 
@@ -36,7 +40,7 @@ class VLLMEngine:
 
     def __init__(self, model_dir: str, *, dtype: str = "float32", seed: int = 0, max_model_len: int = 512,
                  kv_cache_gib: float = 1.0, max_num_seqs: int = 256, gpu_memory_utilization: float = 0.5,
-                 enable_sleep_mode: bool = False, weight_transfer: str = "gloo"):
+                 enable_sleep_mode: bool = False, weight_transfer: str = "gloo", logprobs: str = "processed"):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         from .. import patches
 
@@ -48,6 +52,9 @@ class VLLMEngine:
 
         register()  # our CPU engines in vLLM's WeightTransferEngineFactory, before the worker is built
 
+        if logprobs not in LOGPROB_MODES:
+            raise ValueError(f"logprobs must be one of {LOGPROB_MODES}, got {logprobs!r}")
+        self.logprobs = logprobs
         self.max_model_len = max_model_len
         kv = {}
         if current_platform.is_cpu():   # the exact size; vLLM's legacy VLLM_CPU_KVCACHE_SPACE takes whole GiB only
@@ -57,7 +64,7 @@ class VLLMEngine:
                             os.environ["VLLM_CPU_KVCACHE_SPACE"], kv_cache_gib)
         self.llm = LLM(model=model_dir, skip_tokenizer_init=True, dtype=dtype, enforce_eager=True,
                        max_model_len=max_model_len, seed=seed, max_num_seqs=max_num_seqs,
-                       gpu_memory_utilization=gpu_memory_utilization, logprobs_mode="processed_logprobs",
+                       gpu_memory_utilization=gpu_memory_utilization, logprobs_mode=_VLLM_LOGPROBS_MODE[logprobs],
                        enable_sleep_mode=enable_sleep_mode,
                        weight_transfer_config={"backend": weight_transfer}, **kv)
         self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
@@ -65,8 +72,11 @@ class VLLMEngine:
     def _params(self, s: SamplingParams, i: int):
         from vllm import SamplingParams as VSP
 
+        if self.logprobs == "full" and not s.greedy and s.temperature != 1.0:
+            raise ValueError(f"logprobs='full' on vLLM needs temperature 1 (its raw log-probs are taken before "
+                             f"temperature), got {s.temperature}")
         return VSP(n=s.n, temperature=0.0 if s.greedy else s.temperature, top_p=s.top_p, top_k=s.top_k,
-                   max_tokens=s.max_tokens, seed=None if s.seed is None else s.seed + i, logprobs=0,
+                   min_p=s.min_p, max_tokens=s.max_tokens, seed=None if s.seed is None else s.seed + i, logprobs=0,
                    stop_token_ids=list(s.stop_token_ids), detokenize=False, ignore_eos=False)
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Completion]:

@@ -63,8 +63,9 @@ def sampling_params(cfg, step: int, round_: int = 0, greedy: bool = False, n: in
     """Per-step sampling settings; seeds derive from (trainer seed, step, round) so a resumed run
     draws exactly the same samples as an uninterrupted one."""
     seed = (cfg.trainer.seed * 1_000_003 + step * 7919 + round_ * 104_729) % (2 ** 31)
-    return SamplingParams(n=1 if greedy else (n or cfg.rollout.n), temperature=cfg.rollout.temperature,
-                          max_tokens=cfg.rollout.max_tokens, seed=seed, greedy=greedy,
+    r = cfg.rollout
+    return SamplingParams(n=1 if greedy else (n or r.n), temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                          min_p=r.min_p, max_tokens=r.max_tokens, seed=seed, greedy=greedy,
                           stop_token_ids=() if eos_id is None else (eos_id,))
 
 

@@ -96,7 +96,8 @@ def _optim_spec(cfg):
 def client_args(cfg, trainer_world: int = 1) -> dict:
     """The rollout pool's arguments (pure: what ``build_client`` passes to ``RolloutClient``)."""
     r = cfg.rollout
-    kw = {"max_model_len": r.max_model_len, "seed": cfg.trainer.seed, "dtype": "bfloat16" if cfg.model.bf16 else "float32"}
+    kw = {"max_model_len": r.max_model_len, "seed": cfg.trainer.seed, "dtype": "bfloat16" if cfg.model.bf16 else "float32",
+          "logprobs": r.logprobs}
     if r.engine == "vllm":
         kw["kv_cache_gib"] = r.kv_cache_gib
     return {"engine": r.engine, "model": cfg.model.hf_path, "num_engines": r.num_engines, "engine_kwargs": kw,

@@ -64,6 +64,33 @@ def test_generate_order_logprobs_and_hf_agreement(client, tiny_hf):
     assert [c.response_ids for c in again] == [c.response_ids for c in comps]
 
 
+def test_truncated_sampling_matches_the_hf_engine(client, tiny_hf):
+    """top_k=2 yields only the two most likely first tokens and top_p exactly the nucleus, on vLLM as on
+    the HF engine; the reported log-probs are those of the renormalized truncated distribution
+    (``logprobs="processed"``), equal to the HF engine's (``tests/unit/rollout/test_sampling.py``)."""
+    from megatron_rl.rollout.hf_engine import HFEngine
+    from megatron_rl.rollout.sampling import processed_logits
+
+    hf = HFEngine(str(tiny_hf))
+    prompt = PROMPTS[0]
+    with torch.no_grad():
+        z = hf.model(torch.tensor([prompt])).logits[0, -1].float()
+    full = (z / 0.8).log_softmax(-1)
+    order = full.exp().sort(descending=True)
+    p3 = float(order.values[:3].sum()) - 1e-4   # keeps exactly the 3 most likely tokens
+    for kw, kept in (({"top_k": 2}, order.indices[:2]), ({"top_p": p3}, order.indices[:3]),
+                     ({"top_k": 3, "top_p": 0.9, "min_p": 0.01}, None)):
+        sp = SamplingParams(n=48, temperature=0.8, max_tokens=1, seed=5, **kw)
+        want = processed_logits(z, 0.8, **kw).log_softmax(-1)
+        kept = set(kept.tolist()) if kept is not None else {i for i, v in enumerate(want.tolist()) if v > -1e30}
+        for eng in (client, hf):
+            comps = eng.generate([prompt], sp)
+            firsts = {c.response_ids[0] for c in comps}
+            assert firsts <= kept and len(firsts) >= 2, (kw, type(eng).__name__, firsts, kept)
+            err = max(abs(c.logprobs[0] - float(want[c.response_ids[0]])) for c in comps)
+            assert err < 1e-4, (kw, type(eng).__name__, err)
+
+
 def test_weight_update_changes_and_restore_reproduces(client, tiny_hf):
     from safetensors.torch import load_file
 

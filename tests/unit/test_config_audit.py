@@ -87,6 +87,8 @@ SPEC = {   # key -> (value, observer)
     "rollout.cpus_per_engine": ("1", _client), "rollout.kv_cache_gib": ("2", _client),
     "rollout.ray_address": ("10.0.0.1:6379", _client), "trainer.seed": ("7", _client),
     "rollout.n": ("4", _sampling), "rollout.temperature": ("0.7", _sampling), "rollout.max_tokens": ("16", _sampling),
+    "rollout.top_p": ("0.95", _sampling), "rollout.top_k": ("20", _sampling), "rollout.min_p": ("0.05", _sampling),
+    "rollout.logprobs": ("full", _client),
     "data.prompts_per_step": ("16", _sampler), "data.seed": ("3", _sampler),
     "reward.default": ("math", _rewards), "reward.by_source": ("{mysrc: math}", _rewards),
     "reward.grader_url": ("http://127.0.0.1:19/v1", _grader), "reward.grader_model": ("j2", _grader),
