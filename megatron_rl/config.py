@@ -160,6 +160,10 @@ class DataConfig:
     """Bad rows: raise | skip (counted)."""
     seed: int = 0
     """Shuffling seed of the sampler."""
+    chat_template_kwargs: dict = dataclasses.field(default_factory=dict)
+    """Options of every chat-template rendering (training and eval prompts, BiCC contexts, teacher
+    prompts, SCoRe's second turn), e.g. ``{enable_thinking: true}`` for Qwen3; an HF tokenizer with a
+    chat template is required when set."""
 
     def __post_init__(self):
         _check(self.prompts_per_step >= 1, "data.prompts_per_step must be >= 1")

@@ -78,7 +78,9 @@ class NextUserTurn:
         full = _render(tok, msgs + [{"role": "assistant", "content": SENTINEL},
                                     {"role": "user", "content": instruction}], True)
         before, after = split_at_sentinel(full)
-        if before != first:
+        # ``first`` may extend ``before`` with text the generation prompt opens the answer with (Qwen3's
+        # ``enable_thinking=false``: an empty think block); x1 carries it and y1 follows it
+        if not first.startswith(before):
             raise ValueError("the chat template renders earlier turns differently once an assistant turn follows; "
                              "SCoRe's second prompt needs the first prompt as its exact prefix")
         ids = tuple(tok.encode(after))

@@ -40,9 +40,13 @@ CHAT_TEMPLATE = (
     "{%- for message in messages %}"
     "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
     "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- endif %}"
 )
-"""Qwen2.5-style ChatML. (Qwen3's own template also drops the ``<think>`` part of earlier assistant
+"""Qwen2.5-style ChatML, reading Qwen3's ``enable_thinking`` option as Qwen3's template does
+(``data.chat_template_kwargs``: false opens the answer with an empty ``<think>`` block; unset or
+true renders as before). (Qwen3's own template also drops the ``<think>`` part of earlier assistant
 turns when a history is re-rendered; this fixture keeps every turn verbatim.)"""
 SCORE_INSTRUCTION = ("There might be an error in the solution above. Review your reasoning, fix any mistake "
                      "and give the final answer again in \\boxed{}.")

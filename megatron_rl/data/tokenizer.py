@@ -85,12 +85,21 @@ class SentencePieceTokenizer:
 
 
 class HFTokenizer:
-    """``transformers.AutoTokenizer`` (local files only)."""
+    """``transformers.AutoTokenizer`` (local files only).
 
-    def __init__(self, path: str | os.PathLike):
+    ``chat_template_kwargs`` (``data.chat_template_kwargs``, e.g. ``{"enable_thinking": True}`` for
+    Qwen3) are passed to every rendering of the chat template, so each place that renders a prompt
+    (training and eval prompts, BiCC contexts, teacher prompts, SCoRe's second turn) sees the same
+    options: they all render through :meth:`apply_chat_template`."""
+
+    def __init__(self, path: str | os.PathLike, chat_template_kwargs: dict | None = None):
         from transformers import AutoTokenizer
 
         self.tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        if self.chat_template_kwargs and self.tok.chat_template is None:
+            raise ValueError(f"data.chat_template_kwargs={self.chat_template_kwargs} is set but the tokenizer in "
+                             f"{path} has no chat template to pass them to")
         self.vocab_size = len(self.tok)
         self.bos_id = self.tok.bos_token_id
         self.eos_id = self.tok.eos_token_id
@@ -105,17 +114,22 @@ class HFTokenizer:
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         if self.tok.chat_template is None:
             return "".join(m["content"] for m in messages)
-        return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+        return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                            **self.chat_template_kwargs)
 
     def save(self, out_dir: str | os.PathLike) -> None:
         self.tok.save_pretrained(str(out_dir))
 
 
-def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
-    """Tokenizer from a directory holding ``sp.model`` or HF tokenizer files."""
+def load_tokenizer(path: str | os.PathLike, chat_template_kwargs: dict | None = None) -> Tokenizer:
+    """Tokenizer from a directory holding ``sp.model`` or HF tokenizer files; ``chat_template_kwargs``:
+    options of every chat-template rendering (HF only; a SentencePiece model has no template to take them)."""
     p = Path(path)
     if (p / SentencePieceTokenizer.FILE).is_file():
+        if chat_template_kwargs:
+            raise ValueError(f"data.chat_template_kwargs={chat_template_kwargs} is set but {p} holds a SentencePiece "
+                             "model, which has no chat template")
         return SentencePieceTokenizer(p / SentencePieceTokenizer.FILE)
     if (p / "tokenizer.json").is_file() or (p / "tokenizer_config.json").is_file():
-        return HFTokenizer(p)
+        return HFTokenizer(p, chat_template_kwargs)
     raise FileNotFoundError(f"no tokenizer in {p} (expected {SentencePieceTokenizer.FILE} or tokenizer.json)")

@@ -40,7 +40,8 @@ class VLLMEngine:
 
     def __init__(self, model_dir: str, *, dtype: str = "float32", seed: int = 0, max_model_len: int = 512,
                  kv_cache_gib: float = 1.0, max_num_seqs: int = 256, gpu_memory_utilization: float = 0.5,
-                 enable_sleep_mode: bool = False, weight_transfer: str = "gloo", logprobs: str = "processed"):
+                 enable_sleep_mode: bool = False, weight_transfer: str = "gloo", logprobs: str = "processed",
+                 tensor_parallel_size: int = 1):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         from .. import patches
 
@@ -65,7 +66,7 @@ class VLLMEngine:
         self.llm = LLM(model=model_dir, skip_tokenizer_init=True, dtype=dtype, enforce_eager=True,
                        max_model_len=max_model_len, seed=seed, max_num_seqs=max_num_seqs,
                        gpu_memory_utilization=gpu_memory_utilization, logprobs_mode=_VLLM_LOGPROBS_MODE[logprobs],
-                       enable_sleep_mode=enable_sleep_mode,
+                       enable_sleep_mode=enable_sleep_mode, tensor_parallel_size=tensor_parallel_size,
                        weight_transfer_config={"backend": weight_transfer}, **kv)
         self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
 

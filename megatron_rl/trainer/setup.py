@@ -163,7 +163,7 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
     validate(cfg, world_size=info.world)
     if not cfg.model.hf_path:
         raise ValueError("model.hf_path is required (HF model dir with config.json + safetensors)")
-    tok = load_tokenizer(cfg.model.tokenizer_path or cfg.model.hf_path)
+    tok = load_tokenizer(cfg.model.tokenizer_path or cfg.model.hf_path, cfg.data.chat_template_kwargs)
     path = build_path(cfg, tok)     # template / layout errors surface here, before any model is built
     train = PromptDataset.from_parquet(cfg.data.train, tok, cfg.data.max_prompt_len, cfg.data.on_error)
     val = PromptDataset.from_parquet(cfg.data.val, tok, cfg.data.max_prompt_len, cfg.data.on_error) if cfg.data.val else None

@@ -114,6 +114,7 @@ READ = {   # key -> module that consumes it (``cfg.<key>`` or the section alias 
     "parallel.sequence_parallel": "megatron_rl/trainer/setup.py",
     "rollout.bucket_mb": "megatron_rl/trainer/setup.py",
     "data.max_prompt_len": "megatron_rl/trainer/setup.py", "data.on_error": "megatron_rl/trainer/setup.py",
+    "data.chat_template_kwargs": "megatron_rl/trainer/setup.py",
     "trainer.steps": "megatron_rl/trainer/loop.py", "trainer.eval_every": "megatron_rl/trainer/loop.py",
     "trainer.eval_prompts": "megatron_rl/trainer/setup.py", "trainer.ckpt_every": "megatron_rl/trainer/loop.py",
     "trainer.keep_last": "megatron_rl/trainer/setup.py",
