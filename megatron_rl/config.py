@@ -241,9 +241,24 @@ class TrainerConfig:
     run_dir: str = "runs/default"
     """Output folder: metrics.jsonl, checkpoints/, curve.png, hf export."""
     eval_every: int = 0
-    """Greedy held-out evaluation every N steps (0 = only before and after)."""
+    """Held-out evaluation every N steps (0 = only before and after)."""
     eval_prompts: int = 200
     """Held-out prompts per evaluation."""
+    eval_n: int = 1
+    """Samples per held-out prompt: ``eval/acc`` is their mean accuracy (mean@n) and ``eval/pass@n`` is
+    logged beside it (``eval/metrics.py``); > 1 needs ``eval_temperature`` > 0. The chat-template
+    options are ``data.chat_template_kwargs``; the engines are the rollout engines."""
+    eval_temperature: float = 0.0
+    """Held-out sampling temperature (0 = greedy)."""
+    eval_top_p: float = 1.0
+    """Held-out nucleus truncation (1.0 = off)."""
+    eval_top_k: int = -1
+    """Held-out top-k truncation (-1 = off)."""
+    eval_min_p: float = 0.0
+    """Held-out min-p truncation (0 = off)."""
+    eval_max_tokens: int = 0
+    """Held-out response length cap (0 = ``rollout.max_tokens``); data.max_prompt_len + it must fit
+    ``rollout.max_model_len``."""
     ckpt_every: int = 0
     """Checkpoint every N steps (0 = only at the end)."""
     keep_last: int = 2
@@ -253,6 +268,15 @@ class TrainerConfig:
 
     def __post_init__(self):
         _check(self.steps >= 1 and self.micro_batch_size >= 1, "trainer.steps and micro_batch_size must be >= 1")
+        _check(self.eval_n >= 1, f"trainer.eval_n must be >= 1, got {self.eval_n}")
+        _check(self.eval_temperature >= 0, f"trainer.eval_temperature must be >= 0 (0 = greedy), got {self.eval_temperature}")
+        _check(self.eval_n == 1 or self.eval_temperature > 0,
+               f"trainer.eval_n={self.eval_n} with trainer.eval_temperature=0 (greedy) draws {self.eval_n} identical "
+               "samples; set eval_temperature > 0 or eval_n=1")
+        _check(self.eval_max_tokens >= 0, f"trainer.eval_max_tokens must be >= 0, got {self.eval_max_tokens}")
+        from megatron_rl.rollout.sampling import check_truncation
+
+        check_truncation(self.eval_top_p, self.eval_top_k, self.eval_min_p, "trainer.eval_")
 
 
 @dataclasses.dataclass(frozen=True)

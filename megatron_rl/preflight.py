@@ -36,6 +36,9 @@ def check_config(cfg) -> None:
     if d.max_prompt_len + r.max_tokens > r.max_model_len:
         raise ValueError(f"data.max_prompt_len={d.max_prompt_len} + rollout.max_tokens={r.max_tokens} exceeds "
                          f"rollout.max_model_len={r.max_model_len}: raise max_model_len or lower one of the two")
+    if d.max_prompt_len + t.eval_max_tokens > r.max_model_len:
+        raise ValueError(f"data.max_prompt_len={d.max_prompt_len} + trainer.eval_max_tokens={t.eval_max_tokens} exceeds "
+                         f"rollout.max_model_len={r.max_model_len}: raise max_model_len or lower one of the two")
     if r.max_tokens < 1 or d.max_prompt_len < 1:
         raise ValueError("rollout.max_tokens and data.max_prompt_len must be >= 1")
     if r.n == 1 and cfg.algo.kind not in N1_KINDS:

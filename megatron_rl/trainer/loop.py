@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from megatron_rl.trainer import async_rollout as AR
 from megatron_rl.trainer.rollout_stage import Rollouts, broadcast_object
-from megatron_rl.trainer.setup import Run, eval_greedy, setup_run, sync_weights
+from megatron_rl.trainer.setup import Run, evaluate, setup_run, sync_weights
 
 
 def step_metrics(ro: Rollouts, cfg) -> dict:
@@ -78,7 +78,7 @@ def run(cfg, resume: str | None = None, client=None, overwrite: bool = False) ->
                                   version=rn.step, sampler=rn.sampler, pending=rn.async_pending)
     try:
         if rn.val_set is not None and rn.step == 0:
-            summary["val_acc_before"] = eval_greedy(rn, 0)
+            summary["val_acc_before"] = evaluate(rn, 0)["eval/acc"]
         for step in range(rn.step + 1, cfg.trainer.steps + 1):
             try:
                 metrics = rl_step(rn, step)
@@ -86,13 +86,13 @@ def run(cfg, resume: str | None = None, client=None, overwrite: bool = False) ->
                 last = rn.last_checkpoint
                 raise SystemExit(f"stopping at step {step}: {e}. Last good checkpoint: {last or 'none'}") from e
             if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0 and step != cfg.trainer.steps:
-                metrics["eval/acc"] = eval_greedy(rn, step)
+                metrics.update(evaluate(rn, step))
             rn.logger.log(step, metrics)
             rn.step = step
             if cfg.trainer.ckpt_every and step % cfg.trainer.ckpt_every == 0:
                 rn.checkpoint()
         if rn.val_set is not None:
-            summary["val_acc_after"] = eval_greedy(rn, cfg.trainer.steps)
+            summary["val_acc_after"] = evaluate(rn, cfg.trainer.steps)["eval/acc"]
         if rn.step > summary["start_step"] and (not cfg.trainer.ckpt_every or rn.step % cfg.trainer.ckpt_every):
             rn.checkpoint()
         if cfg.trainer.export_hf:

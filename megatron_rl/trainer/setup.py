@@ -232,14 +232,34 @@ def sync_weights(run: Run) -> None:
     sync(run)
 
 
-def eval_greedy(run: Run, step: int) -> float:
-    """Held-out greedy accuracy of the current engine weights (rank 0 runs it; broadcast)."""
-    from megatron_rl.trainer.rollout_stage import broadcast_object, generate, sampling_params, score
+def eval_sampling(cfg, step: int, eos_id: int | None = None):
+    """The held-out sampling settings (``trainer.eval_*``; temperature 0 = greedy)."""
+    from megatron_rl.rollout.engine import SamplingParams
+    from megatron_rl.trainer.rollout_stage import sampling_params
 
-    acc = None
+    t = cfg.trainer
+    base = sampling_params(cfg, step, greedy=True, eos_id=eos_id)
+    if t.eval_temperature == 0:
+        return dataclasses.replace(base, max_tokens=t.eval_max_tokens or base.max_tokens)
+    return SamplingParams(n=t.eval_n, temperature=t.eval_temperature, top_p=t.eval_top_p, top_k=t.eval_top_k,
+                          min_p=t.eval_min_p, max_tokens=t.eval_max_tokens or base.max_tokens, seed=base.seed,
+                          stop_token_ids=base.stop_token_ids)
+
+
+def evaluate(run: Run, step: int) -> dict:
+    """Held-out accuracy of the current engine weights (rank 0 runs it; broadcast): ``eval/acc`` =
+    mean@n over ``trainer.eval_n`` samples per prompt, and with n > 1 ``eval/mean@n``, ``eval/pass@n``."""
+    from megatron_rl.eval.metrics import summarize
+    from megatron_rl.trainer.rollout_stage import broadcast_object, generate, score
+
+    out = None
     if run.info.is_driver:
         n = min(run.cfg.trainer.eval_prompts, len(run.val_set))
-        ro = score(generate(run.client, run.val_set, list(range(n)),
-                            sampling_params(run.cfg, step, greedy=True, eos_id=run.tok.eos_id), run.tok), run.rewards)
-        acc = float(ro.correct.float().mean())
-    return broadcast_object(acc)
+        sp = eval_sampling(run.cfg, step, run.tok.eos_id)
+        ro = score(generate(run.client, run.val_set, list(range(n)), sp, run.tok), run.rewards)
+        corr = ro.correct.view(n, sp.n).tolist()
+        s = summarize([(run.val_set[i].data_source, corr[i]) for i in range(n)], (sp.n,))
+        out = {"eval/acc": s[f"mean@{sp.n}"]}
+        if sp.n > 1:
+            out.update({f"eval/mean@{sp.n}": s[f"mean@{sp.n}"], f"eval/pass@{sp.n}": s[f"pass@{sp.n}"]})
+    return broadcast_object(out)

@@ -25,7 +25,10 @@ def _rows(run_dir: Path) -> list[dict]:
 
 
 def _stage1_overrides(warm: Path, run_dir: Path) -> list[str]:
-    return warm_overrides(warm, run_dir, "algo.score.stage1_steps=2")
+    # in-training validation with the papers' protocol (n samples at T > 0 -> mean@n, pass@n), every step
+    return warm_overrides(warm, run_dir, "algo.score.stage1_steps=2", f"data.val={warm / 'data' / 'val.parquet'}",
+                          "trainer.eval_every=1", "trainer.eval_prompts=16", "trainer.eval_n=2",
+                          "trainer.eval_temperature=1.0", "trainer.eval_top_k=8")
 
 
 @pytest.fixture(scope="module")
@@ -77,3 +80,6 @@ def test_score_resumes_stage1_checkpoint_in_stage2(demo):
     rows = [r for r in _rows(run_dir) if "score/stage" in r]
     assert [(r["step"], r["score/stage"]) for r in rows] == [(1, 1.0), (2, 1.0), (3, 2.0), (4, 2.0)]
     assert all(r["score/kl1"] >= 0 and r["score/kl2"] >= 0 for r in rows)
+    evals = [r for r in rows if "eval/mean@2" in r]          # every step but the last of each process
+    assert [r["step"] for r in evals] == [1, 3], [r["step"] for r in rows]
+    assert all(r["eval/acc"] == r["eval/mean@2"] <= r["eval/pass@2"] <= 1.0 for r in evals), evals

@@ -48,6 +48,12 @@ def _sampling(cfg):
     return sampling_params(cfg, step=3, eos_id=2)
 
 
+def _eval_sampling(cfg):
+    from megatron_rl.trainer.setup import eval_sampling
+
+    return eval_sampling(cfg, step=3, eos_id=2)
+
+
 def _sampler(cfg):
     from megatron_rl.data.dataset import DeterministicSampler
 
@@ -89,6 +95,8 @@ SPEC = {   # key -> (value, observer)
     "rollout.n": ("4", _sampling), "rollout.temperature": ("0.7", _sampling), "rollout.max_tokens": ("16", _sampling),
     "rollout.top_p": ("0.95", _sampling), "rollout.top_k": ("20", _sampling), "rollout.min_p": ("0.05", _sampling),
     "rollout.logprobs": ("full", _client),
+    "trainer.eval_temperature": ("0.6", _eval_sampling),
+    "trainer.eval_max_tokens": ("5", _eval_sampling),
     "data.prompts_per_step": ("16", _sampler), "data.seed": ("3", _sampler),
     "reward.default": ("math", _rewards), "reward.by_source": ("{mysrc: math}", _rewards),
     "reward.grader_url": ("http://127.0.0.1:19/v1", _grader), "reward.grader_model": ("j2", _grader),
@@ -128,6 +136,9 @@ READ = {   # key -> module that consumes it (``cfg.<key>`` or the section alias 
     "rollout.logprob_gate": "megatron_rl/trainer/sync_stage.py",
     "rollout.max_staleness": "megatron_rl/trainer/loop.py",
     "algo.off_policy": "megatron_rl/trainer/update_stage.py", "algo.tis_cap": "megatron_rl/trainer/update_stage.py",
+    # these act at eval_temperature > 0 only (tests/unit/trainer/test_eval_sampling.py)
+    "trainer.eval_top_p": "megatron_rl/trainer/setup.py", "trainer.eval_top_k": "megatron_rl/trainer/setup.py",
+    "trainer.eval_min_p": "megatron_rl/trainer/setup.py", "trainer.eval_n": "megatron_rl/trainer/setup.py",
 }
 #: keys whose setting is known to be overridden today (owned elsewhere; the audit records it)
 KNOWN_DEAD: dict[str, str] = {}
@@ -192,6 +203,6 @@ def test_key_value_is_rejected_at_start_up(key, work):
 def test_key_is_read_by_its_consumer(key, work):
     section, name = key.split(".")
     src = (REPO / READ[key]).read_text()
-    alias = {"rollout": "r.", "reward": "r.", "teacher": "cfg.teacher.", "algo": "cfg.algo."}.get(section)
+    alias = {"rollout": "r.", "reward": "r.", "teacher": "cfg.teacher.", "algo": "cfg.algo.", "trainer": "t."}.get(section)
     assert f"cfg.{key}" in src or f"{alias}{name}" in src or (section == "algo" and "hp" in src and name == "hparams"), \
         f"{READ[key]} does not read {key}"

@@ -44,3 +44,39 @@ def test_eval_bad_input(tmp_path, capsys):
     comp.write_text('{"index": 0, "response": "4321"}\n{"oops": 1}\n')
     assert main(["--data", str(data), "--completions", str(comp), "--k", "1", "--out", str(tmp_path / "o")]) == 2
     assert "bad completion line" in capsys.readouterr().err
+
+
+def test_n_samples_and_several_k(tmp_path):
+    """``--n 4 --k 1,2``: mean@k over the first k samples, pass@k from all n, mean@n, per data source."""
+    rows = [("R 12=", "21"), ("R 34=", "43")]
+    data = write_parquet(rows, "reverse", "test", tmp_path / "eval.parquet")
+    comp = tmp_path / "c.jsonl"
+    answers = {0: ["21", "12", "21", "21", "x"],   # first 4: 3/4 correct (the 5th is past --n)
+               1: ["0", "0", "43", "0"]}           # 1/4
+    comp.write_text("\n".join(json.dumps({"index": i, "response": r}) for i, rs in answers.items() for r in rs))
+    out = tmp_path / "out"
+    assert main(["--data", str(data), "--completions", str(comp), "--n", "4", "--k", "1,2", "--out", str(out)]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    # mean@4 = (3/4 + 1/4)/2; mean@1 = (1 + 0)/2; pass@1 = c/n averaged = mean@4;
+    # pass@2 = (1 - C(1,2)/C(4,2) + 1 - C(3,2)/C(4,2)) / 2 = (1 + 0.5) / 2
+    assert s["n"] == 4 and s["k"] == [1, 2]
+    assert math.isclose(s["mean@4"], 0.5) and math.isclose(s["mean@1"], 0.5) and math.isclose(s["pass@1"], 0.5)
+    assert math.isclose(s["pass@2"], 0.75) and math.isclose(s["mean@2"], 0.25)
+    src = s["by_source"]["reverse"]
+    assert src["rows"] == 2 and math.isclose(src["mean@4"], 0.5) and math.isclose(src["pass@2"], 0.75)
+    assert len((out / "samples.jsonl").read_text().splitlines()) == 8
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["--n", "2", "--k", "4"], "--n must be >= 1 and >= every --k"),
+    (["--top-p", "0"], "--top-p must be in (0, 1]"),
+    (["--top-k", "-3"], "--top-k must be -1"),
+    (["--chat-template-kwargs", "{oops"], "--chat-template-kwargs: not JSON"),
+    (["--chat-template-kwargs", "[1]"], "must be a JSON object"),
+])
+def test_eval_sampling_options_fail_clearly(tmp_path, capsys, argv, words):
+    data = write_parquet([("R 1234=", "4321")], "reverse", "test", tmp_path / "e.parquet")
+    comp = tmp_path / "c.jsonl"
+    comp.write_text('{"index": 0, "response": "4321"}\n')
+    assert main(["--data", str(data), "--completions", str(comp), "--out", str(tmp_path / "o"), *argv]) == 2
+    assert words in capsys.readouterr().err
