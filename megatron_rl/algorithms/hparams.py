@@ -30,6 +30,8 @@ class PPOHParams:
     loss_scale_factor: float | None = None  #: constant normaliser for seq-mean-token-sum-norm
     kl_loss_coef: float = 0.0        #: β of the KL-to-reference loss term
     kl_loss_type: str = "k3"         #: estimator of that term
+    kl_reward_coef: float = 0.0      #: β of the in-reward KL r_i − β·Σ_t KL_t(old, ref) (verl use_kl_in_reward, fixed kl_ctrl)
+    kl_reward_type: str = "k1"       #: estimator of the in-reward KL (verl ``kl_penalty``; default ``kl`` = k1)
     grad_clip: float = 1.0           #: gradient-norm clip (trainer knob)
 
     def __post_init__(self) -> None:
@@ -40,6 +42,8 @@ class PPOHParams:
         _check(self.kl_loss_coef >= 0, f"kl_loss_coef must be >= 0, got {self.kl_loss_coef}")
         base = self.kl_loss_type[:-1] if self.kl_loss_type.endswith("+") else self.kl_loss_type
         _check(base in kl_kinds(), f"kl_loss_type {self.kl_loss_type!r} not in {kl_kinds()}")
+        _check(self.kl_reward_coef >= 0, f"kl_reward_coef must be >= 0, got {self.kl_reward_coef}")
+        _check(self.kl_reward_type in kl_kinds(), f"kl_reward_type {self.kl_reward_type!r} not in {kl_kinds()}")
 
     def to_dict(self) -> dict:
         """Plain dict of the fields (for logging)."""

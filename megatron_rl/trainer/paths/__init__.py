@@ -45,6 +45,8 @@ class DataPath(abc.ABC):
     uses_grader: ClassVar[bool] = False       #: needs ``reward.grader_url`` (checked at start-up)
     #: why the path cannot run with ``rollout.max_staleness`` > 0 ("" = it can; ``trainer/async_rollout.py``)
     async_unsupported: ClassVar[str] = ""
+    #: applies the in-reward KL ``algo.<kind>.kl_reward_coef`` (``update_stage.kl_in_reward``); refused otherwise
+    kl_in_reward: ClassVar[bool] = False
 
     def __init__(self, cfg, tok):
         self.cfg, self.hp, self.tok = cfg, cfg.algo.hparams, tok
@@ -65,6 +67,9 @@ class DataPath(abc.ABC):
             raise ValueError(  # noqa: TRY004
                 f"algo.kind={kind!r}: the {cls.name!r} data path needs hparams deriving from "
                 f"{cls.hparams.__name__}, got {type(hp).__name__}")
+        if hp.kl_reward_coef > 0 and not cls.kl_in_reward:
+            raise ValueError(f"algo.{kind}.kl_reward_coef={hp.kl_reward_coef}: the {cls.name!r} data path has no "
+                             "in-reward KL (the sampling paths do); set it to 0")
         have = cls.provides_for(hp)
         missing = sorted(kind_required_inputs(kind, hp) - have)
         if missing:

@@ -26,6 +26,8 @@ log = logging.getLogger("megatron_rl.loop")
 class PlainPath(DataPath):
     """Sample, reward, train (module docstring)."""
 
+    kl_in_reward = True
+
     def __init__(self, cfg, tok):
         super().__init__(cfg, tok)
         self.sampling = self.hp if isinstance(self.hp, SamplingHParams) else None
@@ -87,6 +89,8 @@ class PlainPath(DataPath):
         plain = U.build_seq_batch(ro.prompts, ro.responses, pad, run.seq_len(ro.prompts, ro.responses), R_max)
         run.dump_samples(step, "policy", [p + r for p, r in zip(ro.prompts, ro.responses)])
         old, ref, metrics = U.old_ref_logprobs(run, ro, plain)
+        if hp.kl_reward_coef > 0:
+            metrics.update(U.kl_in_reward(ro, old, ref, plain.resp_mask, hp.kl_reward_coef, hp.kl_reward_type))
         self.after_logprobs(ro, metrics)
         train_sb, old_train = self.train_inputs(ro, plain, old, step, metrics)
         adv = A.compute_advantages(kind, U.advantage_inputs(ro, plain.resp_mask, old_logp=old, ref_logp=ref), hp).float()

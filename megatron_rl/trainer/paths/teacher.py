@@ -22,6 +22,8 @@ log = logging.getLogger("megatron_rl.setup")
 class TeacherPath(PlainPath):
     """Shared part of the two teacher paths (not registered itself)."""
 
+    kl_in_reward = False     # its own update (teacher terms); the RLCSD family uses a KL loss instead
+
     hparams = TeacherHParams
 
     def __init__(self, cfg, tok):
