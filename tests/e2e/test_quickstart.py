@@ -79,4 +79,7 @@ def test_readme_quickstart_runs_as_written(plain_warm, tmp_path):
     assert (run / "hf_step4" / "model.safetensors").is_file() and (run / "hf_step4" / "sp.model").is_file()
     summary = json.loads((run / "eval" / "summary.json").read_text())
     assert summary["rows"] > 0 and 0.0 <= summary["pass@4"] <= 1.0
+    # --n 4 --temperature 0.6 --top-p 0.95 --top-k 20: mean@4 and pass@4 per data source
+    assert summary["n"] == 4 and all(0.0 <= s["mean@4"] <= s["pass@4"] <= 1.0 for s in summary["by_source"].values())
+    assert len((run / "eval" / "samples.jsonl").read_text().splitlines()) == 4 * summary["rows"]
     print("quick-start command seconds:", json.dumps(times, indent=1))
