@@ -25,10 +25,11 @@ def _rows(run_dir: Path) -> list[dict]:
 
 
 def _stage1_overrides(warm: Path, run_dir: Path) -> list[str]:
-    # in-training validation with the papers' protocol (n samples at T > 0 -> mean@n, pass@n), every step
+    # in-training validation with the papers' protocol (n samples at T > 0 -> mean@n, pass@n), every step;
+    # top-p / top-k sampling on (the start-up gate passes with them)
     return warm_overrides(warm, run_dir, "algo.score.stage1_steps=2", f"data.val={warm / 'data' / 'val.parquet'}",
                           "trainer.eval_every=1", "trainer.eval_prompts=16", "trainer.eval_n=2",
-                          "trainer.eval_temperature=1.0", "trainer.eval_top_k=8")
+                          "trainer.eval_temperature=1.0", "trainer.eval_top_k=8", "rollout.top_p=0.95", "rollout.top_k=8")
 
 
 @pytest.fixture(scope="module")

@@ -80,3 +80,22 @@ def test_eval_sampling_options_fail_clearly(tmp_path, capsys, argv, words):
     comp.write_text('{"index": 0, "response": "4321"}\n')
     assert main(["--data", str(data), "--completions", str(comp), "--out", str(tmp_path / "o"), *argv]) == 2
     assert words in capsys.readouterr().err
+
+
+def test_eval_generates_as_the_papers_do(chat_tokenizer, tmp_path):
+    """``--model`` on the HF engine: n samples per row at T / top-p / top-k, prompts rendered with
+    ``--chat-template-kwargs`` (the fixture's template reads enable_thinking), mean@n and pass@k per source."""
+    from megatron_rl.data.chat_fixture import make_model, write_chat_task
+
+    model = tmp_path / "m"
+    chat_tokenizer.tok.save_pretrained(str(model))
+    make_model(model, chat_tokenizer.tok).save_pretrained(str(model))
+    data = write_chat_task(tmp_path, sizes={"test": 3})["test"]
+    out = tmp_path / "out"
+    assert main(["--data", str(data), "--model", str(model), "--engine", "hf", "--n", "4", "--k", "1,4",
+                 "--temperature", "0.6", "--top-p", "0.95", "--top-k", "20", "--max-tokens", "3",
+                 "--chat-template-kwargs", '{"enable_thinking": false}', "--out", str(out)]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["n"] == 4 and set(s["by_source"]["math"]) == {"mean@1", "pass@1", "mean@4", "pass@4", "rows"}
+    lines = [json.loads(x) for x in (out / "completions.jsonl").read_text().splitlines()]
+    assert len(lines) == 12 and all(ln["prompt"].endswith("assistant\n<think>\n\n</think>\n\n") for ln in lines)
