@@ -16,19 +16,9 @@ PROMPTS = [[1, 5, 6, 7], [1, 9], [1, 3, 3, 8, 9], [1, 4], [1, 10, 11], [1, 12, 1
 
 @pytest.fixture(scope="module")
 def tiny_hf(tmp_path_factory):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from tests.helpers.tiny_model import save_tiny_qwen3
 
-    d = tmp_path_factory.mktemp("tiny_hf")
-    cfg = Qwen3Config(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, head_dim=32, max_position_embeddings=256, tie_word_embeddings=True,
-                      bos_token_id=1, eos_token_id=2, pad_token_id=0, architectures=["Qwen3ForCausalLM"])
-    torch.manual_seed(0)
-    m = Qwen3ForCausalLM(cfg)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.normal_(0, 0.3)
-    m.save_pretrained(str(d))
-    return d
+    return save_tiny_qwen3(tmp_path_factory.mktemp("tiny_hf"))
 
 
 @pytest.fixture(scope="module")

@@ -33,7 +33,7 @@ def test_a_drift_fails():
 
 def test_readme_table_is_the_generated_one():
     readme = (REPO / "README.md").read_text()
-    m = re.search(r"<!-- recipe-table:start -->\n(.*?)<!-- recipe-table:end -->", readme, re.S)
+    m = re.search(r"<!-- recipe-table:start -->\n(.*?)<!-- recipe-table:end -->", readme, re.DOTALL)
     assert m, "README lacks the recipe table markers"
     assert m.group(1) == R.table(), "README recipe table is stale: paste `python -m megatron_rl.recipes` between the markers"
     assert "DRIFT" not in m.group(1)

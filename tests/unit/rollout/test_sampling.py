@@ -56,19 +56,9 @@ def test_bad_settings_fail_clearly():
 
 @pytest.fixture(scope="module")
 def tiny_hf(tmp_path_factory):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from tests.helpers.tiny_model import save_tiny_qwen3
 
-    d = tmp_path_factory.mktemp("tiny_hf_sampling")
-    cfg = Qwen3Config(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                      num_key_value_heads=1, head_dim=16, max_position_embeddings=64, tie_word_embeddings=True,
-                      bos_token_id=1, eos_token_id=2, pad_token_id=0, architectures=["Qwen3ForCausalLM"])
-    torch.manual_seed(0)
-    m = Qwen3ForCausalLM(cfg)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.normal_(0, 0.5)
-    m.save_pretrained(str(d))
-    return d
+    return save_tiny_qwen3(tmp_path_factory.mktemp("tiny_hf_sampling"))
 
 
 PROMPT = [1, 5, 6, 7]
