@@ -151,7 +151,7 @@ class DataConfig:
     train: str = ""
     """Training prompts (verl-convention parquet)."""
     val: str = ""
-    """Held-out prompts for periodic greedy evaluation ('' = none)."""
+    """Held-out prompts for periodic evaluation, ``trainer.eval_*`` ('' = none)."""
     prompts_per_step: int = 32
     """Prompt groups per RL step."""
     max_prompt_len: int = 64
