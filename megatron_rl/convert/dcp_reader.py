@@ -155,6 +155,46 @@ class DcpReader:
             raise ValueError(f"corrupt checkpoint: {what} holds shape {tuple(t.shape)}, metadata says {tuple(dst.shape)}")
         dst.copy_(t.to(dtype))
 
+    def row_ranges(self, key: str, prefix: tuple[int, ...], row0: int, rows: int,
+                   dtype: torch.dtype) -> list[tuple[int, int, int]] | None:
+        """Where the rows ``[row0, row0 + rows)`` (dim ``len(prefix)``) at leading index ``prefix`` of
+        tensor ``key`` lie on disk, as ``(fd, offset, nbytes)`` pieces in order, or ``None`` when they
+        are not plain byte ranges (stored in another dtype than ``dtype``, a chunk split along a later
+        dim — a row-parallel TP shard —, or a record that cannot be framed): then :meth:`read`."""
+        md = self._tensor_md(key)
+        if md.properties.dtype != dtype:
+            return None
+        from torch.distributed.checkpoint.metadata import MetadataIndex
+
+        k, g = len(prefix), tuple(md.size)
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        row_bytes = math.prod(g[k + 1:]) * itemsize
+        out: list[tuple[int, int, int]] = []
+        r = row0
+        while r < row0 + rows:
+            ch = next((c for c in md.chunks
+                       if all(o <= i < o + n for o, n, i in zip(c.offsets[:k], c.sizes[:k], prefix))
+                       and c.offsets[k] <= r < c.offsets[k] + c.sizes[k]
+                       and tuple(c.sizes[k + 1:]) == g[k + 1:]), None)
+            if ch is None:
+                return None
+            info = self.md.storage_data[MetadataIndex(key, torch.Size(ch.offsets))]
+            at = self._data_offset(info, math.prod(ch.sizes) * itemsize)
+            if at is None:
+                return None
+            # C order inside the chunk: index of (prefix, r, 0, ...) relative to the chunk's offsets
+            idx = 0
+            for d, (o, n) in enumerate(zip(ch.offsets[: k + 1], ch.sizes[: k + 1])):
+                idx = idx * n + ((prefix[d] if d < k else r) - o)
+            m = min(row0 + rows, ch.offsets[k] + ch.sizes[k]) - r
+            fd, off, n = self._fd(info.relative_path), at + idx * row_bytes, m * row_bytes
+            if out and out[-1][0] == fd and out[-1][1] + out[-1][2] == off:
+                out[-1] = (fd, out[-1][1], out[-1][2] + n)
+            else:
+                out.append((fd, off, n))
+            r += m
+        return out
+
     def read(self, key: str, offsets: tuple[int, ...] | None = None, sizes: tuple[int, ...] | None = None) -> torch.Tensor:
         """The box ``global[offsets : offsets + sizes]`` of tensor ``key`` (default: all of it), in
         its stored dtype. ``ValueError`` when the stored chunks do not cover the box."""

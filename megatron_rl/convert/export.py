@@ -7,13 +7,18 @@
        PP stages; the optimizer's keys are never touched), cut the vocab padding, un-fuse QKV and
        gate/up (``split_full``), cast to the export dtype;
     3. append each HF tensor to its safetensors shard as it comes (``hf_io.HFWriter``: headers planned
-       from the shapes up front); the next rule's tensor is read in a second thread meanwhile;
+       from the shapes up front). Where the tensor's rows are plain byte ranges of the checkpoint's
+       records in the export dtype (every tensor of a converted checkpoint; a training checkpoint's
+       column-parallel and replicated ones), they are copied file to file (``copy_file_range``, as in
+       the HF -> Megatron direction: on this machine a user-space ``write`` of fresh pages runs at a
+       fraction of the kernel copy's speed); otherwise the tensor is assembled in memory (row-parallel
+       TP shards, a dtype cast) and written;
     4. ``config.json`` naming the export dtype, tokenizer files, the export marker; rename into place.
 
 Export dtype: ``dtype`` if given, else the checkpoint's stored model dtype (the model's training
 dtype: bf16 for a bf16 source or a bf16 run), so an unchanged round trip is bit-identical per tensor.
-Peak memory: two rules' tensors (the one being written and the one being read), e.g. the embedding
-and the first layer's QKV; never the model.
+Peak memory: nothing for byte-copied tensors; one rule's tensors (+ one chunk) for assembled ones;
+never the model.
 """
 from __future__ import annotations
 
@@ -21,7 +26,6 @@ import json
 import logging
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -49,6 +53,44 @@ def read_rule(reader, rule, arch, dtype: torch.dtype | None) -> list[tuple[str, 
     full = reader.read(key, off, size).reshape(full_shape(rule, arch))
     parts = split_full(rule, full, arch) if rule.transform != "identity" else [full]
     return [(n, t if dtype is None or t.dtype == dtype else t.to(dtype)) for n, t in zip(rule.hf, parts)]
+
+
+def hf_rows(rule, arch) -> dict[str, list[tuple[str, tuple[int, ...], int, int]]]:
+    """Per HF tensor of a concrete rule: its rows in HF order as pieces ``(DCP key, leading index,
+    first row, rows)`` of the full Megatron tensor (the inverse of ``mcore_layout.rule_chunks``'
+    segments: QKV per KV group, gate / up halves, the vocab without its padding)."""
+    from megatron_rl.convert.live import full_shape
+    from megatron_rl.convert.mcore_layout import rule_chunks
+
+    ndim = len(full_shape(rule, arch))
+    found: dict[str, list] = {h: [] for h in rule.hf}
+    for c in rule_chunks(rule, arch, tp=1):
+        k = len(c.offsets) - ndim
+        m = c.offsets[k]
+        for seg in c.segments:
+            if seg.hf is not None:
+                found[seg.hf].append((seg.row0, (c.key, tuple(c.offsets[:k]), m, seg.rows)))
+            m += seg.rows
+    return {h: [p for _, p in sorted(v)] for h, v in found.items()}
+
+
+def copy_rule(reader, writer, rule, arch, dtype: torch.dtype) -> bool:
+    """Write the HF tensors of ``rule`` as byte copies from the checkpoint's files when every piece
+    is a plain byte range in ``dtype`` (``DcpReader.row_ranges``); False (nothing written) otherwise."""
+    from megatron_rl.convert.mcore_layout import hf_shapes
+
+    plans = []
+    for (name, pieces), shape in zip(hf_rows(rule, arch).items(), hf_shapes(rule, arch)):
+        ranges = []
+        for key, prefix, row0, rows in pieces:
+            got = reader.row_ranges(key, prefix, row0, rows, dtype)
+            if got is None:
+                return False
+            ranges += got
+        plans.append((name, shape, ranges))
+    for name, shape, ranges in plans:
+        writer.copy(name, dtype, shape, ranges)
+    return True
 
 
 def mcore_to_hf_streaming(ckpt_dir: str | os.PathLike, out_dir: str | os.PathLike, force: bool = False,
@@ -120,20 +162,18 @@ def _export(ckpt: Path, out: Path, force: bool, max_shard_bytes: int, hf_config,
         want = want or reader.dtype("embedding.word_embeddings.weight")
         with atomic_dir(out, force=force) as tmp:
             writer = HFWriter(tmp, hf_tensor_meta(arch, want), max_shard_bytes)
-            with ThreadPoolExecutor(1) as pool:   # read rule i+1 while rule i is written
-                nxt = pool.submit(read_rule, reader, rules[0], arch, want)
-                for i in range(len(rules)):
-                    tensors = nxt.result()
-                    if i + 1 < len(rules):
-                        nxt = pool.submit(read_rule, reader, rules[i + 1], arch, want)
-                    for name, t in tensors:
-                        writer.write(name, t)
-                    del tensors
+            copied = 0
+            for rule in rules:
+                if copy_rule(reader, writer, rule, arch, want):
+                    copied += 1
+                    continue
+                for name, t in read_rule(reader, rule, arch, want):
+                    writer.write(name, t)
             writer.close()
             (tmp / "config.json").write_text(json.dumps(with_dtype(read_config(src), want), indent=2) + "\n")
             copy_tokenizer_files(cfg_dir, tmp)
             (tmp / EXPORT_MARKER).write_text(json.dumps({"written_by": "megatron-rl", "source": str(ckpt),
                                                          "architecture": [arch.architecture], "dtype": str(want)}))
-    log.info("exported %s -> %s (%s, %.2f GB) in %.2f s", ckpt, out, want, writer.total_bytes / 1e9,
-             time.perf_counter() - t0)
+    log.info("exported %s -> %s (%s, %.2f GB; %d of %d Megatron tensors byte-copied, the rest assembled) in %.2f s",
+             ckpt, out, want, writer.total_bytes / 1e9, copied, len(rules), time.perf_counter() - t0)
 

@@ -8,6 +8,7 @@ A corrupt or truncated file raises ``ValueError`` naming the file.
 """
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -63,6 +64,36 @@ class HFReader:
         return sum(f.stat().st_size for f in self._handles)
 
 
+_PIECE = 8 << 20
+_NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EBADF, errno.EPERM}
+
+
+def copy_bytes(src: int, dst: int, off: int, n: int, pos: int, kernel: bool = True, what: str = "") -> tuple[int, bool]:
+    """Copy ``src[off : off + n]`` to ``dst`` at ``pos``: ``os.copy_file_range`` (page cache to page
+    cache, no user-space buffer) or, where the kernel cannot (``kernel`` False or it refuses),
+    ``pread``/``pwrite`` in 8 MiB pieces. Returns (new ``pos``, whether kernel copy still works)."""
+    while n:
+        if kernel:
+            try:
+                k = os.copy_file_range(src, dst, n, off, pos)
+            except OSError as e:
+                if e.errno not in _NO_KERNEL_COPY:
+                    raise
+                kernel = False
+                continue
+        else:
+            buf = os.pread(src, min(n, _PIECE), off)
+            k = len(buf)
+            view = memoryview(buf)
+            while view.nbytes:
+                w = os.pwrite(dst, view, pos + len(buf) - view.nbytes)
+                view = view[w:]
+        if k == 0:
+            raise ValueError(f"corrupt {what or f'file (fd {src})'}: ends before byte {off + n}")
+        n, off, pos = n - k, off + k, pos + k
+    return pos, kernel
+
+
 ST_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
              torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
              torch.bool: "BOOL"}
@@ -94,11 +125,10 @@ class HFWriter:
         self.files = ["model.safetensors"] if k == 1 else [f"model-{i + 1:05d}-of-{k:05d}.safetensors" for i in range(k)]
         self._order = [e for s in self.shards for e in s]
         self._shard_of = [i for i, s in enumerate(self.shards) for _ in s]
-        self._next, self._shard, self._f, self.total_bytes = 0, -1, None, 0
+        self._next, self._shard, self._fd, self._pos, self._kernel, self.total_bytes = 0, -1, None, 0, True, 0
 
     def _open(self, i: int) -> None:
-        if self._f is not None:
-            self._f.close()
+        self._close_fd()
         header, off = {"__metadata__": {"format": "pt"}}, 0
         for name, dtype, shape in self.shards[i]:
             n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
@@ -106,29 +136,54 @@ class HFWriter:
             off += n
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * (-len(raw) % 8)
-        self._f = open(self.dir / self.files[i], "wb")  # noqa: SIM115 (open across write() calls; closed in close())
-        self._f.write(struct.pack("<Q", len(raw)) + raw)
+        self._fd = os.open(self.dir / self.files[i], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._pos = 0
+        self._put(memoryview(struct.pack("<Q", len(raw)) + raw))
         self._shard = i
 
-    def write(self, name: str, tensor: torch.Tensor) -> None:
-        """Append the next planned tensor (its name, dtype and shape must match the plan)."""
+    def _close_fd(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def _put(self, view: memoryview) -> None:
+        while view.nbytes:
+            n = os.pwrite(self._fd, view, self._pos)
+            view, self._pos = view[n:], self._pos + n
+
+    def _begin(self, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> int:
+        """Check ``name`` is the next planned tensor, open its shard; returns its byte size."""
         if self._next >= len(self._order):
             raise ValueError(f"tensor {name!r} is not in the export plan (all {len(self._order)} written)")
         want = self._order[self._next]
-        if (name, tensor.dtype, tuple(tensor.shape)) != want:
-            raise ValueError(f"export out of plan: got {name!r} {tensor.dtype} {tuple(tensor.shape)}, expected {want}")
+        if (name, dtype, tuple(shape)) != want:
+            raise ValueError(f"export out of plan: got {name!r} {dtype} {tuple(shape)}, expected {want}")
         if self._shard_of[self._next] != self._shard:
             self._open(self._shard_of[self._next])
+        self._next += 1
+        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        self.total_bytes += nbytes
+        return nbytes
+
+    def write(self, name: str, tensor: torch.Tensor) -> None:
+        """Append the next planned tensor (its name, dtype and shape must match the plan)."""
+        self._begin(name, tensor.dtype, tuple(tensor.shape))
         t = tensor.detach().to("cpu").contiguous()
         if t.numel():
-            self._f.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
-        self._next += 1
-        self.total_bytes += t.numel() * t.element_size()
+            self._put(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+
+    def copy(self, name: str, dtype: torch.dtype, shape: tuple[int, ...], ranges: list[tuple[int, int, int]]) -> None:
+        """Append the next planned tensor from byte ranges ``(fd, offset, nbytes)`` of other files
+        (its raw C-order bytes, in order): file to file, never through memory (``copy_bytes``)."""
+        nbytes = self._begin(name, dtype, shape)
+        if sum(r[2] for r in ranges) != nbytes:
+            raise ValueError(f"{name}: byte ranges hold {sum(r[2] for r in ranges)} bytes, the tensor {nbytes}")
+        for fd, off, n in ranges:
+            self._pos, self._kernel = copy_bytes(fd, self._fd, off, n, self._pos, self._kernel,
+                                                 f"checkpoint file holding {name!r}")
 
     def close(self) -> None:
-        if self._f is not None:
-            self._f.close()
-            self._f = None
+        self._close_fd()
         if self._next != len(self._order):
             raise ValueError(f"export incomplete: {len(self._order) - self._next} planned tensor(s) never came, "
                              f"e.g. {self._order[self._next][0]!r}")
