@@ -86,31 +86,6 @@ def write_checkpoint(out: Path, cfg: dict, dtype_name: str) -> int:
     return writer.total_bytes
 
 
-def same_tensors(a_dir: Path, b_dir: Path, ignore=("lm_head.weight",)) -> tuple[int, list[str]]:
-    """(#tensors compared, names that differ in dtype, shape or bytes); reads 64 MiB at a time."""
-    from megatron_rl.convert.safetensors_index import SafetensorsIndex
-
-    a, b = SafetensorsIndex(a_dir), SafetensorsIndex(b_dir)
-    names = sorted(set(a.names()) | set(b.names()))
-    bad = []
-    for n in names:
-        if n not in a.locs or n not in b.locs:
-            if n not in ignore:
-                bad.append(n)
-            continue
-        x, y = a[n], b[n]
-        if (x.dtype, x.shape) != (y.dtype, y.shape):
-            bad.append(n)
-            continue
-        with open(x.file, "rb") as fx, open(y.file, "rb") as fy:
-            for off in range(0, x.nbytes, 64 << 20):
-                k = min(64 << 20, x.nbytes - off)
-                if os.pread(fx.fileno(), k, x.offset + off) != os.pread(fy.fileno(), k, y.offset + off):
-                    bad.append(n)
-                    break
-    return len(names), bad
-
-
 _WRAP = ("import json, resource, subprocess, sys, time; t = time.perf_counter(); "
          "p = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE); "
          "w = time.perf_counter() - t; sys.stderr.write(p.stderr.decode(errors='replace')); "
@@ -189,8 +164,9 @@ def main() -> None:
               f"{r['maxrss'] / nbytes:.3f}x checkpoint", flush=True)
 
     print(f"{'cp -r:':34s}{t_cp:6.2f} s  {gbps(t_cp):5.2f} GB/s", flush=True)
-    floor = best([py, "-c", "import torch, torch.distributed.checkpoint, megatron_rl.convert.cli, "
-                  "megatron_rl.convert.checkpoints, megatron_rl.convert.stream, megatron_rl.convert.export"], repeat, env)
+    floor_imports = ("import torch, torch.distributed.checkpoint, megatron_rl.convert.cli, "
+                     "megatron_rl.convert.checkpoints, megatron_rl.convert.stream, megatron_rl.convert.export")
+    floor = best([py, "-c", floor_imports], repeat, env)
     report("imports only (floor):", floor)
     conv = [py, "-m", "megatron_rl.convert.cli", "hf-to-mcore", "--hf", str(hf)]
     report("hf-to-mcore stream, 1 process:", best(conv + ["--out", str(root / "mc1")], repeat, env, fresh(root / "mc1")))
@@ -208,7 +184,9 @@ def main() -> None:
     exp = [py, "-m", "megatron_rl.convert.cli", "mcore-to-hf", "--ckpt", str(root / "mc1"), "--out", str(back)]
     report("mcore-to-hf stream, 1 process:", best(exp, repeat, env, fresh(back)))
     t0 = time.perf_counter()
-    n, bad = same_tensors(hf, back)
+    from megatron_rl.convert.safetensors_index import diff_tensors
+
+    n, bad = diff_tensors(hf, back)
     print(f"round trip hf -> mcore -> hf: {n - len(bad)}/{n} tensors bit-identical (dtype, shape, bytes)"
           f"{'' if not bad else f'; DIFFERENT: {bad[:5]}'} (checked in {time.perf_counter() - t0:.0f} s)")
     print("goals: hf->mcore throughput >= 0.5x cp, mcore->hf >= 0.3x cp; peak RSS <= 0.3x checkpoint")

@@ -98,8 +98,11 @@ class DcpReader:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def keys(self) -> list[str]:
-        return list(self.md.state_dict_metadata)
+    def tensor_keys(self) -> list[str]:
+        """Every tensor key (model, and for a training checkpoint the optimizer's too)."""
+        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+        return [k for k, v in self.md.state_dict_metadata.items() if isinstance(v, TensorStorageMetadata)]
 
     def _tensor_md(self, key: str):
         from torch.distributed.checkpoint.metadata import TensorStorageMetadata
