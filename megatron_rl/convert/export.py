@@ -152,8 +152,8 @@ def _export(ckpt: Path, out: Path, force: bool, max_shard_bytes: int, hf_config,
     t0 = time.perf_counter()
     src = _check_ckpt(ckpt, hf_config)
     check_out_dir(out, force)
-    cfg_dir = config_path(src).parent
-    arch, _ = arch_info(cfg_dir)
+    cfg_dir = config_path(src).parent   # tokenizer files sit beside the config
+    arch, _ = arch_info(src)
     rules = name_maps.expand(arch)
     with DcpReader(ckpt / "dist") as reader:
         for r in rules:   # every key present before anything is written
