@@ -153,7 +153,12 @@ class DcpReader:
             pread_into(self._fd(info.relative_path), at, dst, what)
             return
         raw = os.pread(self._fd(info.relative_path), info.length, info.offset)
-        t = torch.load(io.BytesIO(raw), weights_only=True)
+        if len(raw) != info.length:
+            raise ValueError(f"corrupt checkpoint: {what} is cut short ({len(raw)} of {info.length} bytes)")
+        try:
+            t = torch.load(io.BytesIO(raw), weights_only=True)
+        except Exception as e:  # noqa: BLE001 (torch.load raises RuntimeError, pickle errors, ...)
+            raise ValueError(f"corrupt checkpoint: {what} does not load ({e})") from e
         if tuple(t.shape) != tuple(dst.shape):
             raise ValueError(f"corrupt checkpoint: {what} holds shape {tuple(t.shape)}, metadata says {tuple(dst.shape)}")
         dst.copy_(t.to(dtype))

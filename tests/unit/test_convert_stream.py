@@ -222,6 +222,32 @@ def test_export_dtype_is_chosen_and_named(case, tmp_path):
     assert p.returncode == 2 and "invalid choice: 'int8'" in p.stderr and not (tmp_path / "x").exists()
 
 
+@pytest.mark.parametrize("case", ["llama_untied"], indirect=True)
+def test_export_of_a_damaged_checkpoint_fails_in_one_line(case, tmp_path):
+    """A truncated ``.distcp`` record or a missing ``.metadata``: exit status 2, one line naming the
+    file, no output dir and no temp dir left."""
+    import shutil
+
+    from megatron_rl.convert.stream import hf_to_mcore_streaming
+
+    mc = hf_to_mcore_streaming(case[0], tmp_path / "mc")
+    for damage in ("cut", "no_metadata"):
+        bad = tmp_path / damage
+        shutil.copytree(mc, bad)
+        if damage == "cut":
+            f = max((bad / "dist").glob("*.distcp"), key=lambda p: p.stat().st_size)
+            f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+        else:
+            (bad / "dist" / ".metadata").unlink()
+        p = subprocess.run([sys.executable, "-m", "megatron_rl.convert.cli", "mcore-to-hf", "--ckpt", str(bad), "--out",
+                            str(tmp_path / f"out_{damage}")], check=False, cwd=REPO, capture_output=True, text=True,
+                           timeout=120)
+        err = [ln for ln in p.stderr.splitlines() if "megatron-rl convert: error:" in ln]
+        assert p.returncode == 2 and len(err) == 1 and "Traceback" not in p.stderr, p.stderr[-2000:]
+        assert ("corrupt checkpoint" if damage == "cut" else ".metadata missing") in err[0], err
+        assert not (tmp_path / f"out_{damage}").exists() and not list(tmp_path.glob(".tmp-*"))
+
+
 def _save_variant(src: Path, dst: Path, edit) -> Path:
     import shutil
 
