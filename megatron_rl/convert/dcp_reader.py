@@ -157,7 +157,7 @@ class DcpReader:
             raise ValueError(f"corrupt checkpoint: {what} is cut short ({len(raw)} of {info.length} bytes)")
         try:
             t = torch.load(io.BytesIO(raw), weights_only=True)
-        except Exception as e:  # noqa: BLE001 (torch.load raises RuntimeError, pickle errors, ...)
+        except Exception as e:  # torch.load raises RuntimeError, pickle errors, ...
             raise ValueError(f"corrupt checkpoint: {what} does not load ({e})") from e
         if tuple(t.shape) != tuple(dst.shape):
             raise ValueError(f"corrupt checkpoint: {what} holds shape {tuple(t.shape)}, metadata says {tuple(dst.shape)}")
