@@ -8,8 +8,10 @@ Megatron checkpoint layout written here (the trainer's ``load_model_weights`` re
 
 HF -> Megatron streams by default (``stream.py``: no model, chunk-by-chunk byte copies, bounded memory;
 under ``torchrun`` each rank writes a share of the chunks). The model-building path
-(``engine="model"``) and Megatron -> HF run as one process or under ``torchrun`` (each rank builds
-and saves only its TP/PP shard). Outputs are written to a temp dir and renamed.
+(``engine="model"``) runs as one process or under ``torchrun`` (each rank builds and saves only its
+TP/PP shard). Megatron -> HF streams tensor by tensor from the checkpoint files (``export.py``).
+Weights are stored in the source's dtype (bf16 in, bf16 stored). Outputs are written to a temp dir
+and renamed.
 """
 from __future__ import annotations
 
@@ -82,9 +84,12 @@ def _hf_to_mcore_via_model(hf_dir, out_dir, tp: int, pp: int, force: bool) -> Pa
     from megatron_rl.convert.atomic import replace_dir
     from megatron_rl.convert.hf_io import copy_tokenizer_files
     from megatron_rl.convert.live import load_hf_into_model
+    from megatron_rl.convert.safetensors_index import SafetensorsIndex
+    from megatron_rl.convert.stream import source_dtype
     from megatron_rl.models.provider import (
         build_gpt_model,
         load_hf_config,
+        model_arch_info,
         transformer_config_from_hf,
         validate_layout,
     )
@@ -92,11 +97,13 @@ def _hf_to_mcore_via_model(hf_dir, out_dir, tp: int, pp: int, force: bool) -> Pa
     hf_dir, out = Path(hf_dir), Path(out_dir).resolve()
     cfg = load_hf_config(hf_dir)
     validate_layout(cfg, tp, pp)
+    dtype = source_dtype(SafetensorsIndex(hf_dir), model_arch_info(cfg))  # stored as given, like ``stream``
     info = _init(tp, pp)
     tmp = _shared_tmp(out, force)
     try:
         # every parameter is overwritten from the HF files: skip megatron's (slow) random init
-        model = build_gpt_model(cfg, transformer_config_from_hf(cfg, tp=info.tp, pp=info.pp, perform_initialization=False))
+        model = build_gpt_model(cfg, transformer_config_from_hf(cfg, tp=info.tp, pp=info.pp, params_dtype=dtype,
+                                                                perform_initialization=False)).to(dtype)
         load_hf_into_model([model], hf_dir, info)
         if _is_writer():
             (tmp / "hf").mkdir(parents=True, exist_ok=True)
@@ -121,38 +128,15 @@ def _hf_to_mcore_via_model(hf_dir, out_dir, tp: int, pp: int, force: bool) -> Pa
 
 
 def mcore_to_hf(ckpt_dir: str | os.PathLike, out_dir: str | os.PathLike, force: bool = False,
-                max_shard_bytes: int = 2 << 30, tp: int = 1, pp: int = 1, hf_config: str | None = None) -> Path:
-    """Convert a Megatron checkpoint (this module's layout, or a trainer ``checkpoints/step_N`` dir)
-    into an HF safetensors dir loadable by ``AutoModelForCausalLM``.
+                max_shard_bytes: int = 2 << 30, hf_config: str | None = None, dtype: str | None = None) -> Path:
+    """Export a Megatron checkpoint (this module's layout, or a trainer ``checkpoints/step_N`` dir, at
+    whatever TP / PP it was saved with) as an HF safetensors dir loadable by ``AutoModelForCausalLM``.
 
-    The architecture comes from ``CKPT/hf/config.json`` (both layouts write it); ``hf_config`` (a
-    model dir or ``config.json``) stands in for checkpoints written without one. ``--out`` is checked
-    before the model is built (``atomic.check_out_dir``)."""
-    from megatron_rl.convert.atomic import check_out_dir
+    Streams tensor by tensor without building a model (``export.py``). The architecture comes from
+    ``CKPT/hf/config.json`` (both layouts write it); ``hf_config`` (a model dir or ``config.json``)
+    stands in for checkpoints written without one. ``dtype``: the exported weights' dtype (default:
+    the checkpoint's model dtype); ``config.json`` names it. ``--out`` is checked before anything is read."""
+    from megatron_rl.convert.export import mcore_to_hf_streaming
 
-    ckpt = Path(ckpt_dir)
-    if not (ckpt / "COMPLETE").is_file():
-        hint = ""
-        if (ckpt / "checkpoints").is_dir():
-            hint = f" (a run directory? pass one of its checkpoints, e.g. {ckpt / 'checkpoints' / 'step_N'})"
-        raise FileNotFoundError(f"{ckpt} is not a complete Megatron checkpoint (no COMPLETE marker){hint}")
-    if not (ckpt / "dist").is_dir():
-        raise FileNotFoundError(f"{ckpt}/dist missing: not a Megatron dist checkpoint")
-    src = Path(hf_config) if hf_config else ckpt / "hf"
-    if not ((src / "config.json").is_file() or (src.is_file() and src.name.endswith(".json"))):
-        raise FileNotFoundError(f"{src}/config.json missing: cannot tell the architecture; pass --hf-config "
-                                "<the run's model.hf_path>")
-    check_out_dir(out_dir, force)
-    from megatron.core import dist_checkpointing
-
-    from megatron_rl.convert.live import export_hf
-    from megatron_rl.models.provider import build_gpt_model, load_hf_config
-
-    cfg = load_hf_config(src)
-    _init(tp, pp)
-    model = build_gpt_model(cfg)
-    state = dist_checkpointing.load({"model": model.sharded_state_dict(prefix="")}, str(ckpt / "dist"))
-    model.load_state_dict(state["model"], strict=True)
-    tok_dir = src if src.is_dir() else src.parent
-    export_hf([model], cfg, out_dir, force=force, tokenizer_dir=tok_dir, max_shard_bytes=max_shard_bytes)
-    return Path(out_dir)
+    return mcore_to_hf_streaming(ckpt_dir, out_dir, force=force, max_shard_bytes=max_shard_bytes,
+                                 hf_config=hf_config, dtype=dtype)

@@ -32,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replace an HF export megatron-rl wrote earlier in --out (other non-empty dirs are never touched)")
     b.add_argument("--hf-config", default=None,
                    help="HF model dir / config.json for checkpoints without hf/config.json (default: CKPT/hf)")
+    b.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=None,
+                   help="dtype of the exported weights, named in config.json (default: the checkpoint's model dtype)")
     return p
 
 
@@ -45,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
             out = hf_to_mcore(args.hf, args.out, tp=args.tp, pp=args.pp, force=args.force, engine=args.engine)
         else:
             out = mcore_to_hf(args.ckpt, args.out, force=args.force, max_shard_bytes=int(args.max_shard_gb * (1 << 30)),
-                              hf_config=args.hf_config)
+                              hf_config=args.hf_config, dtype=args.dtype)
     except (FileExistsError, FileNotFoundError, KeyError, ValueError) as e:
         print(f"megatron-rl convert: error: {e}", file=sys.stderr)
         return 2

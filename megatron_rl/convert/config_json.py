@@ -26,11 +26,38 @@ _DEFAULTS = {
 }
 
 
+def config_path(hf_dir: str | os.PathLike) -> Path:
+    """``hf_dir/config.json``, or ``hf_dir`` itself when it names a ``.json`` file."""
+    p = Path(hf_dir)
+    return p if p.is_file() and p.name.endswith(".json") else p / "config.json"
+
+
 def read_config(hf_dir: str | os.PathLike) -> dict:
-    p = Path(hf_dir) / "config.json"
+    p = config_path(hf_dir)
     if not p.is_file():
         raise FileNotFoundError(f"no config.json in {hf_dir}")
     return json.loads(p.read_text())
+
+
+DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+               "float16": "float16", "fp16": "float16"}
+
+
+def parse_dtype(name: str):
+    """``"bf16"`` / ``"bfloat16"`` / ... -> ``torch.bfloat16`` (``ValueError`` naming the choices)."""
+    import torch
+
+    try:
+        return getattr(torch, DTYPE_NAMES[str(name).removeprefix("torch.")])
+    except KeyError:
+        raise ValueError(f"unsupported dtype {name!r}; choose one of {', '.join(sorted(DTYPE_NAMES))}") from None
+
+
+def with_dtype(cfg: dict, dtype) -> dict:
+    """``cfg`` naming ``dtype`` as the weights' dtype (``dtype``, and ``torch_dtype`` when present:
+    transformers 5 writes the former, older versions the latter)."""
+    name = str(dtype).removeprefix("torch.")
+    return {**cfg, "dtype": name, **({"torch_dtype": name} if "torch_dtype" in cfg else {})}
 
 
 def arch_info(hf_dir: str | os.PathLike) -> tuple[ArchInfo, bool]:

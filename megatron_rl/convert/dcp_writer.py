@@ -22,7 +22,6 @@ time, cast and appended. Memory stays at a few blocks whatever the model size.
 from __future__ import annotations
 
 import contextlib
-import errno
 import io
 import json
 import os
@@ -32,13 +31,12 @@ from pathlib import Path
 
 import torch
 
+from megatron_rl.convert.hf_io import _PIECE, copy_bytes
 from megatron_rl.convert.mcore_layout import Chunk, ObjectEntry
 from megatron_rl.convert.safetensors_index import SafetensorsIndex
 
 SMALL_RECORD = 1 << 20  # below this a chunk is materialised and torch.save'd normally
 CAST_BLOCK = 16 << 20  # source bytes read (then cast) at a time when the dtypes differ
-_PIECE = 8 << 20
-_NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EBADF, errno.EPERM}
 MEGATRON_METADATA = {"sharded_backend": "torch_dist", "sharded_backend_version": 1,
                      "common_backend": "torch", "common_backend_version": 1}
 
@@ -124,24 +122,8 @@ class DcpFileWriter:
 
     def _copy(self, path: Path, off: int, n: int) -> None:
         """Append ``path[off : off + n]`` (kernel copy, else pread/pwrite pieces)."""
-        src = self._src_fd(path)
-        while n:
-            if self._kernel_copy:
-                try:
-                    k = os.copy_file_range(src, self.fd, n, off, self.pos)
-                except OSError as e:
-                    if e.errno not in _NO_KERNEL_COPY:
-                        raise
-                    self._kernel_copy = False
-                    continue
-                self.pos += k
-            else:
-                buf = os.pread(src, min(n, _PIECE), off)
-                k = len(buf)
-                self._put(buf)
-            if k == 0:
-                raise ValueError(f"corrupt safetensors file {path}: ends before byte {off + n}")
-            n, off = n - k, off + k
+        self.pos, self._kernel_copy = copy_bytes(self._src_fd(path), self.fd, off, n, self.pos, self._kernel_copy,
+                                                 f"safetensors file {path}")
 
     def _zeros(self, n: int) -> None:
         block = bytes(min(n, _PIECE))

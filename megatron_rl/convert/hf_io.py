@@ -1,15 +1,19 @@
 """Streaming safetensors I/O: read tensor by tensor, write shard by shard (never the whole model).
 
 ``HFReader(dir)`` indexes every ``*.safetensors`` file (via ``model.safetensors.index.json`` when
-present, else the files' headers) and reads one tensor at a time. ``HFWriter(dir)`` buffers tensors
-up to ``max_shard_bytes``, writes a shard, and at ``close()`` writes the index json.
+present, else the files' headers) and reads one tensor at a time. ``HFWriter(dir, plan)`` knows every
+tensor's name / dtype / shape up front, writes each shard's header first and then appends tensors
+as they come (no shard is ever buffered), and at ``close()`` writes the index json.
 A corrupt or truncated file raises ``ValueError`` naming the file.
 """
 from __future__ import annotations
 
+import errno
 import json
+import math
 import os
 import shutil
+import struct
 from pathlib import Path
 
 import torch
@@ -60,44 +64,131 @@ class HFReader:
         return sum(f.stat().st_size for f in self._handles)
 
 
-class HFWriter:
-    """Write named tensors as safetensors shards of at most ``max_shard_bytes`` plus an index."""
+_PIECE = 8 << 20
+_NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EBADF, errno.EPERM}
 
-    def __init__(self, out_dir: str | os.PathLike, max_shard_bytes: int = 2 << 30):
+
+def copy_bytes(src: int, dst: int, off: int, n: int, pos: int, kernel: bool = True, what: str = "") -> tuple[int, bool]:
+    """Copy ``src[off : off + n]`` to ``dst`` at ``pos``: ``os.copy_file_range`` (page cache to page
+    cache, no user-space buffer) or, where the kernel cannot (``kernel`` False or it refuses),
+    ``pread``/``pwrite`` in 8 MiB pieces. Returns (new ``pos``, whether kernel copy still works)."""
+    while n:
+        if kernel:
+            try:
+                k = os.copy_file_range(src, dst, n, off, pos)
+            except OSError as e:
+                if e.errno not in _NO_KERNEL_COPY:
+                    raise
+                kernel = False
+                continue
+        else:
+            buf = os.pread(src, min(n, _PIECE), off)
+            k = len(buf)
+            view = memoryview(buf)
+            while view.nbytes:
+                w = os.pwrite(dst, view, pos + len(buf) - view.nbytes)
+                view = view[w:]
+        if k == 0:
+            raise ValueError(f"corrupt {what or f'file (fd {src})'}: ends before byte {off + n}")
+        n, off, pos = n - k, off + k, pos + k
+    return pos, kernel
+
+
+ST_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+             torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+             torch.bool: "BOOL"}
+
+
+class HFWriter:
+    """Write named tensors as safetensors shards of at most ``max_shard_bytes``, one tensor at a time.
+
+    ``plan`` lists every ``(name, dtype, shape)`` in the order they will be written, so each shard's
+    header is known before its first byte: :meth:`write` appends the tensor's bytes to the open
+    shard and keeps nothing (memory: the caller's one tensor). ``close`` checks that every planned
+    tensor came and writes ``model.safetensors.index.json`` when there is more than one shard.
+    Files are ordinary safetensors (8-byte header length, JSON header padded to 8 bytes, data).
+    """
+
+    def __init__(self, out_dir: str | os.PathLike, plan, max_shard_bytes: int = 2 << 30):
         self.dir = Path(out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.max = max_shard_bytes
-        self._buf: dict[str, torch.Tensor] = {}
-        self._bytes = 0
-        self._shards: list[list[str]] = []
-        self.total_bytes = 0
+        self.shards: list[list[tuple[str, torch.dtype, tuple[int, ...]]]] = []
+        size = 0
+        for name, dtype, shape in plan:
+            n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+            if not self.shards or (self.shards[-1] and size + n > max_shard_bytes):
+                self.shards.append([])
+                size = 0
+            self.shards[-1].append((name, dtype, tuple(shape)))
+            size += n
+        k = len(self.shards)
+        self.files = ["model.safetensors"] if k == 1 else [f"model-{i + 1:05d}-of-{k:05d}.safetensors" for i in range(k)]
+        self._order = [e for s in self.shards for e in s]
+        self._shard_of = [i for i, s in enumerate(self.shards) for _ in s]
+        self._next, self._shard, self._fd, self._pos, self._kernel, self.total_bytes = 0, -1, None, 0, True, 0
 
-    def add(self, name: str, tensor: torch.Tensor) -> None:
-        n = tensor.numel() * tensor.element_size()
-        if self._buf and self._bytes + n > self.max:
-            self._flush()
-        self._buf[name] = tensor.detach().contiguous().cpu()
-        self._bytes += n
-        self.total_bytes += n
+    def _open(self, i: int) -> None:
+        self._close_fd()
+        header, off = {"__metadata__": {"format": "pt"}}, 0
+        for name, dtype, shape in self.shards[i]:
+            n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+            header[name] = {"dtype": ST_DTYPES[dtype], "shape": list(shape), "data_offsets": [off, off + n]}
+            off += n
+        raw = json.dumps(header, separators=(",", ":")).encode()
+        raw += b" " * (-len(raw) % 8)
+        self._fd = os.open(self.dir / self.files[i], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._pos = 0
+        self._put(memoryview(struct.pack("<Q", len(raw)) + raw))
+        self._shard = i
 
-    def _flush(self) -> None:
-        from safetensors.torch import save_file
+    def _close_fd(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
-        i = len(self._shards)
-        save_file(self._buf, str(self.dir / f"model-{i:05d}.safetensors"), metadata={"format": "pt"})
-        self._shards.append(list(self._buf))
-        self._buf, self._bytes = {}, 0
+    def _put(self, view: memoryview) -> None:
+        while view.nbytes:
+            n = os.pwrite(self._fd, view, self._pos)
+            view, self._pos = view[n:], self._pos + n
+
+    def _begin(self, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> int:
+        """Check ``name`` is the next planned tensor, open its shard; returns its byte size."""
+        if self._next >= len(self._order):
+            raise ValueError(f"tensor {name!r} is not in the export plan (all {len(self._order)} written)")
+        want = self._order[self._next]
+        if (name, dtype, tuple(shape)) != want:
+            raise ValueError(f"export out of plan: got {name!r} {dtype} {tuple(shape)}, expected {want}")
+        if self._shard_of[self._next] != self._shard:
+            self._open(self._shard_of[self._next])
+        self._next += 1
+        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        self.total_bytes += nbytes
+        return nbytes
+
+    def write(self, name: str, tensor: torch.Tensor) -> None:
+        """Append the next planned tensor (its name, dtype and shape must match the plan)."""
+        self._begin(name, tensor.dtype, tuple(tensor.shape))
+        t = tensor.detach().to("cpu").contiguous()
+        if t.numel():
+            self._put(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+
+    def copy(self, name: str, dtype: torch.dtype, shape: tuple[int, ...], ranges: list[tuple[int, int, int]]) -> None:
+        """Append the next planned tensor from byte ranges ``(fd, offset, nbytes)`` of other files
+        (its raw C-order bytes, in order): file to file, never through memory (``copy_bytes``)."""
+        nbytes = self._begin(name, dtype, shape)
+        if sum(r[2] for r in ranges) != nbytes:
+            raise ValueError(f"{name}: byte ranges hold {sum(r[2] for r in ranges)} bytes, the tensor {nbytes}")
+        for fd, off, n in ranges:
+            self._pos, self._kernel = copy_bytes(fd, self._fd, off, n, self._pos, self._kernel,
+                                                 f"checkpoint file holding {name!r}")
 
     def close(self) -> None:
-        if self._buf or not self._shards:
-            self._flush()
-        n = len(self._shards)
-        weight_map = {}
-        for i, names in enumerate(self._shards):
-            final = "model.safetensors" if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors"
-            os.replace(self.dir / f"model-{i:05d}.safetensors", self.dir / final)
-            weight_map.update({k: final for k in names})
-        if n > 1:
+        self._close_fd()
+        if self._next != len(self._order):
+            raise ValueError(f"export incomplete: {len(self._order) - self._next} planned tensor(s) never came, "
+                             f"e.g. {self._order[self._next][0]!r}")
+        if len(self.shards) > 1:
+            weight_map = {name: f for f, s in zip(self.files, self.shards) for name, _, _ in s}
             (self.dir / "model.safetensors.index.json").write_text(json.dumps(
                 {"metadata": {"total_size": self.total_bytes}, "weight_map": weight_map}, indent=1))
 

@@ -233,25 +233,35 @@ def local_device(params: dict) -> torch.device:
 
 
 def export_hf(model_chunks, hf_cfg, out_dir, *, force: bool = True, tokenizer_dir=None,
-              max_shard_bytes: int = 2 << 30) -> None:
+              max_shard_bytes: int = 2 << 30, dtype: torch.dtype | None = None) -> None:
     """Collective: write an HF checkpoint (safetensors shards + config.json [+ tokenizer files]) of
-    the live model to ``out_dir`` (rank 0 writes, atomically)."""
+    the live model to ``out_dir`` (rank 0 writes, atomically).
+
+    The tensors come from :func:`stream_hf_tensors` (the weight-sync reader: per tensor, the owning
+    stage gathers its TP shards and sends it to rank 0) and go straight into their shard
+    (``hf_io.HFWriter``, headers planned from :func:`hf_tensor_meta`): peak extra memory one full
+    tensor, never a shard or a model copy. ``dtype``: the exported weights' dtype (default: the
+    model's training dtype, i.e. its parameters'); ``config.json`` names it."""
     from megatron_rl.convert.atomic import EXPORT_MARKER, atomic_dir
+    from megatron_rl.convert.config_json import with_dtype
     from megatron_rl.convert.hf_io import HFWriter, copy_tokenizer_files
     from megatron_rl.models.provider import load_hf_config
 
     cfg = load_hf_config(hf_cfg)
     writer_rank = not dist.is_initialized() or dist.get_rank() == 0
+    dtype = dtype or next(p for m in model_chunks for p in m.parameters()).dtype
     with atomic_dir(out_dir, force=force, enabled=writer_rank) as tmp:
-        writer = HFWriter(tmp, max_shard_bytes) if writer_rank else None
-        for name, t in iter_hf_tensors(model_chunks, cfg):
-            if writer is not None:
-                writer.add(name, t.to("cpu", copy=True))
+        writer = HFWriter(tmp, hf_tensor_meta(cfg, dtype), max_shard_bytes) if writer_rank else None
+        for name, t in stream_hf_tensors(model_chunks, cfg, sender=0):
+            writer.write(name, t.to("cpu", dtype))
         if writer_rank:
             writer.close()
             cfg.save_pretrained(str(tmp))
+            conf = tmp / "config.json"
+            conf.write_text(json.dumps(with_dtype(json.loads(conf.read_text()), dtype), indent=2) + "\n")
             if tokenizer_dir is not None:
                 copy_tokenizer_files(tokenizer_dir, tmp)
-            (tmp / EXPORT_MARKER).write_text(json.dumps({"written_by": "megatron-rl", "architecture": cfg.architectures}))
+            (tmp / EXPORT_MARKER).write_text(json.dumps({"written_by": "megatron-rl", "architecture": cfg.architectures,
+                                                         "dtype": str(dtype)}))
     if dist.is_initialized():
         dist.barrier()

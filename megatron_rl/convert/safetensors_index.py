@@ -119,3 +119,28 @@ class SafetensorsIndex:
         if got != len(buf):
             raise ValueError(f"corrupt safetensors file {loc.file}: short read of {name!r}")
         return out
+
+
+def diff_tensors(a_dir: str | os.PathLike, b_dir: str | os.PathLike, ignore=("lm_head.weight",)) -> tuple[int, list[str]]:
+    """Compare two HF safetensors dirs as files' tensors: (#names, names that differ in dtype, shape
+    or bytes, or are in one dir only — except ``ignore``: a tied model's optional ``lm_head``).
+    Reads 64 MiB of each at a time (any model size)."""
+    a, b = SafetensorsIndex(a_dir), SafetensorsIndex(b_dir)
+    names = sorted(set(a.names()) | set(b.names()))
+    bad = []
+    for n in names:
+        if n not in a.locs or n not in b.locs:
+            if n not in ignore:
+                bad.append(n)
+            continue
+        x, y = a[n], b[n]
+        if (x.dtype, x.shape) != (y.dtype, y.shape):
+            bad.append(n)
+            continue
+        with open(x.file, "rb") as fx, open(y.file, "rb") as fy:
+            for off in range(0, x.nbytes, 64 << 20):
+                k = min(64 << 20, x.nbytes - off)
+                if os.pread(fx.fileno(), k, x.offset + off) != os.pread(fy.fileno(), k, y.offset + off):
+                    bad.append(n)
+                    break
+    return len(names), bad

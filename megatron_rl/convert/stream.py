@@ -17,8 +17,12 @@ Under ``torchrun`` (``WORLD_SIZE`` > 1, gloo) rank r writes its share of the chu
 by bytes) into ``__<r>_<i>.distcp``; rank 0 gathers the storage indices and writes the metadata. Any rank's error
 is shared, so every rank raises and the temp dir is removed.
 
+Dtype: the checkpoint stores the source's dtype (``source_dtype``: bf16 in, bf16 stored; a trainer
+loading it into fp32 params casts on load, and fp32 main params are the optimizer's business), so
+every chunk is a byte copy. Only a mixed-dtype source casts its minority tensors.
+
 Peak memory: the interpreter + torch, plus one ``CAST_BLOCK`` (16 MiB) of source and its cast when
-the source dtype is not the parameter dtype (fp32), and chunks under 1 MiB (norms) in memory.
+a tensor's dtype is not the stored dtype, and chunks under 1 MiB (norms) in memory.
 Output is identical in content to ``dist_checkpointing.save`` of the built model at TP=PP=1
 (checked in tests) and loads at any TP / PP.
 """
@@ -34,7 +38,23 @@ from pathlib import Path
 import torch
 
 log = logging.getLogger("megatron_rl.convert")
-PARAM_DTYPE = torch.float32  # the converted model's params_dtype (transformer_config_from_hf default)
+
+
+def source_dtype(index, arch) -> torch.dtype:
+    """The dtype the checkpoint stores: the source's (the dtype holding most of the HF tensors' bytes,
+    so a bf16 model stays bf16; a mixed source is cast to it, logged)."""
+    from megatron_rl.convert import name_maps
+
+    by: dict[torch.dtype, int] = {}
+    for name in sorted(name_maps.expected_hf_names(arch)):
+        loc = index[name]
+        by[loc.dtype] = by.get(loc.dtype, 0) + loc.nbytes
+    dtype = max(by, key=by.get)
+    if not dtype.is_floating_point:
+        raise ValueError(f"HF weights are {dtype}, not a floating-point dtype")
+    if len(by) > 1:
+        log.info("mixed source dtypes %s: storing every weight as %s", {str(k): v for k, v in by.items()}, dtype)
+    return dtype
 
 
 def _dist() -> tuple[int, int, bool]:
@@ -86,7 +106,7 @@ def _plan(hf_dir: Path, tp: int, pp: int):
     check_hf_names(index.names(), arch)
     check_shapes(index, arch)
     chunks, objects = mcore_layout(arch, tp)
-    return arch, from_json, index, chunks, objects
+    return arch, from_json, index, chunks, objects, source_dtype(index, arch)
 
 
 def _write_hf_dir(hf_dir: Path, dst: Path, from_json: bool) -> None:
@@ -143,10 +163,10 @@ def hf_to_mcore_streaming(hf_dir: str | os.PathLike, out_dir: str | os.PathLike,
         tmp = Path(_agree(err, world, str(tmp))[0])
         storage, err = {}, None
         try:
-            arch, from_json, index, chunks, objects = plan if plan is not None else _plan(hf_dir, tp, pp)
+            arch, from_json, index, chunks, objects, dtype = plan if plan is not None else _plan(hf_dir, tp, pp)
             mine = _share(chunks, rank, world, lambda c: c.numel)
             t_plan = time.perf_counter()
-            storage = write_files(tmp / "dist", rank, mine, objects if rank == 0 else [], index, PARAM_DTYPE, n_files)
+            storage = write_files(tmp / "dist", rank, mine, objects if rank == 0 else [], index, dtype, n_files)
         except Exception as e:
             err = e
         gathered, err = _agree(err, world, storage), None
@@ -154,7 +174,7 @@ def hf_to_mcore_streaming(hf_dir: str | os.PathLike, out_dir: str | os.PathLike,
         if rank == 0:
             try:
                 merged = {k: v for s in gathered for k, v in s.items()}
-                finish_checkpoint(tmp / "dist", chunks, objects, merged, PARAM_DTYPE)
+                finish_checkpoint(tmp / "dist", chunks, objects, merged, dtype)
                 _write_hf_dir(hf_dir, tmp / "hf", from_json)
                 (tmp / "COMPLETE").write_text(json.dumps({"step": 0, "tp": tp, "pp": pp, "source": str(hf_dir)}))
                 replace_dir(tmp, out, force)

@@ -8,7 +8,9 @@
   writing half of the chunks) -> HF round trip is bit-exact, config.json round-trips, and a TP=2
   checkpoint loads at TP=1 and PP=2 with the same logits;
 * a single-process streamed checkpoint loads at TP=1, TP=2 and PP=2 with the HF logits, and at TP=2
-  gives exactly the logits of the model-built (``--engine model``) checkpoint.
+  gives exactly the logits of the model-built (``--engine model``) checkpoint;
+* checkpoints megatron itself saved TP=2- and PP=2-sharded, from fp32 and bf16 sources, stream back
+  to HF bit-identical per tensor (dtype, shape, bytes), the source dtype kept throughout.
 HF reference outputs are computed in this (unpatched) process. Every Megatron-side case of every
 architecture runs in ONE 2-rank torchrun (``conv`` fixture; TP=1 there is DP=2, megatron's groups
 rebuilt per case), after one plain process for the single-process conversions.
@@ -56,6 +58,21 @@ def _make(name: str, out: Path) -> Path:
     return out
 
 
+def _bf16_copy(src: Path, dst: Path) -> Path:
+    """``src`` with its weights stored in bf16 (config.json saying so)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    dst.mkdir()
+    for f in src.iterdir():
+        if f.suffix == ".safetensors":
+            save_file({k: v.to(torch.bfloat16) for k, v in load_file(str(f)).items()}, str(dst / f.name), {"format": "pt"})
+        elif f.name != "ref.pt":
+            shutil.copy(f, dst / f.name)
+    return dst
+
+
 STREAM_ARCH = "qwen3"  # the load-everywhere check of the single-process streamed checkpoint
 LAYOUTS = ((1, 1), (2, 1), (1, 2))
 
@@ -80,6 +97,16 @@ def _plan(root: Path, dirs: dict) -> list[dict]:
                       "ckpt": str(root / f"{arch}_stream" / "stream")} for tp, pp in LAYOUTS]
             plan.append({**case, "key": f"{arch}/model/tp2pp1", "mode": "mcore", "tp": 2, "pp": 1,
                          "ckpt": str(root / f"{arch}_stream" / "model")})
+            # megatron's own TP=2 / PP=2 shards (``--engine model``: each rank saves its shard) of an fp32
+            # and a bf16 source, exported back by the streaming reader
+            for src in ("fp32", "bf16"):
+                hf = d if src == "fp32" else root / f"{arch}_bf16"
+                for tp, pp in ((2, 1), (1, 2)):
+                    ck = work / f"model_{src}_tp{tp}pp{pp}"
+                    plan.append({"key": f"{arch}/model_{src}/tp{tp}pp{pp}", "op": "convert",
+                                 "argv": ["hf-to-mcore", "--hf", hf, "--out", ck, "--tp", tp, "--pp", pp, "--engine", "model"]})
+                    plan.append({"key": f"{arch}/model_{src}_to_hf/tp{tp}pp{pp}", "op": "convert",
+                                 "argv": ["mcore-to-hf", "--ckpt", ck, "--out", work / f"hf_model_{src}_tp{tp}pp{pp}"]})
     return [{k: (list(map(str, v)) if k == "argv" else v) for k, v in s.items()} for s in plan]
 
 
@@ -92,6 +119,7 @@ def conv(tmp_path_factory):
     Megatron -> HF round trips and the reloads at other layouts. ``{key: result}`` plus the dirs."""
     root = tmp_path_factory.mktemp("convert")
     dirs = {arch: _make(arch, root / arch) for arch in ARCHS}
+    _bf16_copy(dirs[STREAM_ARCH], root / f"{STREAM_ARCH}_bf16")
     single = [{"key": f"{STREAM_ARCH}/{engine}", "op": "convert",
                "argv": ["hf-to-mcore", "--hf", str(dirs[STREAM_ARCH]), "--out", str(root / f"{STREAM_ARCH}_stream" / engine),
                         "--engine", engine]} for engine in ("stream", "model")]
@@ -145,6 +173,30 @@ def test_dist_checkpoint_round_trip_and_reshard(conv, model_dir):
     # with the HF logits
     _check(res[f"{model_dir.name}/mcore_tp2/tp1pp1"])
     _check(res[f"{model_dir.name}/mcore_tp2/tp1pp2"])
+
+
+@pytest.mark.parametrize("src", ["fp32", "bf16"])
+def test_megatron_sharded_checkpoints_export_bit_identical(conv, src):
+    """Checkpoints that megatron itself saved at TP=2 and at PP=2 (``--engine model``, one shard per
+    rank) export back to the source bit for bit (dtype, shape, bytes per tensor): the streaming
+    reader assembles TP shards (row-parallel ones in memory, the rest as byte copies) and PP stages;
+    the checkpoint stores the source dtype and the export keeps it."""
+    from megatron_rl.convert.dcp_reader import DcpReader
+    from megatron_rl.convert.safetensors_index import diff_tensors
+
+    root, res = conv["root"], conv["res"]
+    hf = conv["dirs"][STREAM_ARCH] if src == "fp32" else root / f"{STREAM_ARCH}_bf16"
+    want = torch.float32 if src == "fp32" else torch.bfloat16
+    for tp, pp in ((2, 1), (1, 2)):
+        assert res[f"{STREAM_ARCH}/model_{src}_to_hf/tp{tp}pp{pp}"] == 0
+        work = root / f"{STREAM_ARCH}_work"
+        with DcpReader(work / f"model_{src}_tp{tp}pp{pp}" / "dist") as r:
+            assert {r.dtype(k) for k in r.tensor_keys()} == {want}
+            if tp == 2:  # really TP-sharded on disk
+                assert len(r.md.state_dict_metadata["embedding.word_embeddings.weight"].chunks) == 2
+        n, bad = diff_tensors(hf, work / f"hf_model_{src}_tp{tp}pp{pp}")
+        assert n > 10 and bad == [], (tp, pp, bad)
+        assert json.loads((work / f"hf_model_{src}_tp{tp}pp{pp}" / "config.json").read_text())["dtype"] == str(want)[6:]
 
 
 def test_streamed_checkpoint_loads_everywhere_like_the_model_built_one(conv, model_dir):

@@ -166,6 +166,88 @@ def test_streamed_checkpoint_equals_model_built(case, path, tmp_path, monkeypatc
     assert not list(tmp_path.glob(".tmp-*"))
 
 
+@pytest.mark.parametrize("path", ["byte_copy", "assembled"])
+def test_round_trip_to_hf_is_bit_identical(case, path, tmp_path, monkeypatch):
+    """hf -> mcore -> hf through the streamed checkpoint and through megatron's own
+    ``dist_checkpointing.save`` of the built model: every tensor of the export equals the source
+    file's as file content (dtype, shape, bytes) — fp32 and bf16 sources, tied and untied; the stored
+    checkpoint keeps the source dtype, config.json names it; several shards + index load with
+    safetensors itself. ``assembled``: every tensor through the in-memory path instead of byte copies."""
+    from safetensors import safe_open
+
+    from megatron_rl.convert import export
+    from megatron_rl.convert.checkpoints import mcore_to_hf
+    from megatron_rl.convert.dcp_reader import DcpReader
+    from megatron_rl.convert.safetensors_index import SafetensorsIndex, diff_tensors
+    from megatron_rl.convert.stream import hf_to_mcore_streaming
+
+    hf, ref, _ = case
+    src_dtype = SafetensorsIndex(hf)["model.embed_tokens.weight"].dtype
+    if path == "assembled":
+        monkeypatch.setattr(export, "copy_rule", lambda *a: False)
+    mc = hf_to_mcore_streaming(hf, tmp_path / "mc")
+    with DcpReader(mc / "dist") as r:
+        assert {r.dtype(k) for k in r.tensor_keys()} == {src_dtype}
+    for name, ckpt in (("streamed", mc), ("model_built", ref)):
+        out = mcore_to_hf(ckpt, tmp_path / f"hf_{name}", max_shard_bytes=60_000)
+        n, bad = diff_tensors(hf, out)
+        assert n > 10 and bad == [], (name, bad)
+        assert json.loads((out / "config.json").read_text())["dtype"] == str(src_dtype).removeprefix("torch.")
+        files = sorted(out.glob("*.safetensors"))
+        assert len(files) > 1 and (out / "model.safetensors.index.json").is_file()
+        for f in files:
+            with safe_open(str(f), "pt") as h:
+                assert all(h.get_tensor(k).dtype == src_dtype for k in h.keys())  # noqa: SIM118
+    assert not list(tmp_path.glob(".tmp-*"))
+
+
+@pytest.mark.parametrize("case", ["qwen3_tied_bf16"], indirect=True)
+def test_export_dtype_is_chosen_and_named(case, tmp_path):
+    """``--dtype float32`` of a bf16 checkpoint: fp32 tensors equal to the bf16 values, config.json
+    says float32; an unknown dtype is refused in one line before anything is written."""
+    from safetensors.torch import load_file
+
+    from megatron_rl.convert.cli import main as cli
+    from megatron_rl.convert.stream import hf_to_mcore_streaming
+
+    hf = case[0]
+    mc = hf_to_mcore_streaming(hf, tmp_path / "mc")
+    assert cli(["mcore-to-hf", "--ckpt", str(mc), "--out", str(tmp_path / "f32"), "--dtype", "float32"]) == 0
+    a, b = load_file(str(hf / "model.safetensors")), load_file(str(tmp_path / "f32" / "model.safetensors"))
+    assert all(b[k].dtype == torch.float32 and torch.equal(b[k], a[k].float()) for k in b)
+    assert json.loads((tmp_path / "f32" / "config.json").read_text())["dtype"] == "float32"
+    p = subprocess.run([sys.executable, "-m", "megatron_rl.convert.cli", "mcore-to-hf", "--ckpt", str(mc), "--out",
+                        str(tmp_path / "x"), "--dtype", "int8"], check=False, cwd=REPO, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 2 and "invalid choice: 'int8'" in p.stderr and not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("case", ["llama_untied"], indirect=True)
+def test_export_of_a_damaged_checkpoint_fails_in_one_line(case, tmp_path, capsys):
+    """A truncated ``.distcp`` record or a missing ``.metadata``: exit status 2, one line naming the
+    file, no output dir and no temp dir left."""
+    import shutil
+
+    from megatron_rl.convert.cli import main as cli
+    from megatron_rl.convert.stream import hf_to_mcore_streaming
+
+    mc = hf_to_mcore_streaming(case[0], tmp_path / "mc")
+    for damage in ("cut", "no_metadata"):
+        bad = tmp_path / damage
+        shutil.copytree(mc, bad)
+        if damage == "cut":
+            f = max((bad / "dist").glob("*.distcp"), key=lambda p: p.stat().st_size)
+            f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+        else:
+            (bad / "dist" / ".metadata").unlink()
+        rc = cli(["mcore-to-hf", "--ckpt", str(bad), "--out", str(tmp_path / f"out_{damage}")])
+        stderr = capsys.readouterr().err
+        err = [ln for ln in stderr.splitlines() if "megatron-rl convert: error:" in ln]
+        assert rc == 2 and len(err) == 1 and len(stderr.strip().splitlines()) == 1, stderr[-2000:]
+        assert ("corrupt checkpoint" if damage == "cut" else ".metadata missing") in err[0], err
+        assert not (tmp_path / f"out_{damage}").exists() and not list(tmp_path.glob(".tmp-*"))
+
+
 def _save_variant(src: Path, dst: Path, edit) -> Path:
     import shutil
 

@@ -6,7 +6,8 @@ cases; one launch instead of one per case saves the torch + megatron imports); r
 ``OUT_DIR/LABEL.json``.
   PHASE=full    4 training steps, checkpoint after steps 1 and 2 (keep_last=2); records every
                 step's loss / grad norm and a post-step RNG draw.
-  PHASE=resume  find_latest(RUN_DIR) -> load_checkpoint -> steps 3 and 4; records the same.
+  PHASE=resume  find_latest(RUN_DIR) -> load_checkpoint -> live HF export (OUT_DIR/LABEL_hf) -> steps 3
+                and 4; records the same.
   PHASE=fresh   checkpoint BEFORE any optimizer step (a run whose updates were all skipped): the
                 save must not change a weight, and steps 1, 2 must then equal the full run's.
   PHASE=crash   (rank 0) record the RUN_DIR/checkpoints listing, then simulate crashes: a
@@ -74,6 +75,7 @@ def run_case(hf_dir: str, run_dir: str, out: str, tp: int, pp: int, phase: str) 
         assert loaded.step == 2 and loaded.extra_state == {"sampler_pos": 20, "counters": {"step": 2}}, loaded
         assert actor.steps_done == 2
         rec["rng_restored"] = loaded.rng_restored
+        actor.export_hf(str(Path(out).with_suffix("")) + "_hf")   # the loop's live export of the restored weights
         probe = fixed_batch(seed=3)
         at_load = actor.forward_logprobs(probe, 2).logp          # consumes no RNG
         for step in (3, 4):
