@@ -198,20 +198,23 @@ def test_bad_input_gets_one_clear_line_before_start(case, work, capsys, monkeypa
 
 
 #: launch environments that used to hang (torch.distributed until its 30-min timeout, Ray's retries after the
-#: model was built): (id, environment, overrides, expected words); ``{PORT}`` = a port nobody listens on
+#: model was built): (id, environment, argv as in CASES but run without --check, expected words); ``{PORT}`` = a
+#: port nobody listens on
 ENV_CASES = [
-    ("torchrun-leftover", {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "{PORT}"}, [],
+    ("torchrun-leftover", {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "{PORT}"}, ["{T}"],
      ("MASTER_PORT={PORT} are set but no launcher started this process (no TORCHELASTIC_RUN_ID from torchrun, no "
       "SLURM_PROCID from srun), so the other 1 rank(s) would never join: unset WORLD_SIZE RANK MASTER_ADDR MASTER_PORT")),
     # srun's rank variable with no rank 0 anywhere: the rendezvous is polled for parallel.timeout_s (<= 120 s)
     ("rank1-no-rendezvous", {"WORLD_SIZE": "2", "RANK": "1", "SLURM_PROCID": "1", "MASTER_ADDR": "127.0.0.1",
-                             "MASTER_PORT": "{PORT}"}, ["parallel.timeout_s=3"],
+                             "MASTER_PORT": "{PORT}"}, ["{T}", "parallel.timeout_s=3"],
      "MASTER_ADDR:MASTER_PORT=127.0.0.1:{PORT}: rank 1 of 2 got no rendezvous there within 3 s"),
-    ("ray-address-env", {"RAY_ADDRESS": "127.0.0.1:{PORT}"}, [],
+    ("ray-address-env", {"RAY_ADDRESS": "127.0.0.1:{PORT}"}, ["{T}"],
      "RAY_ADDRESS=127.0.0.1:{PORT}: no Ray cluster answers at 127.0.0.1:{PORT}"),
-    ("ray-address-config", {}, ["rollout.ray_address=127.0.0.1:{PORT}"],
+    ("ray-address-config", {}, ["{T}", "rollout.ray_address=127.0.0.1:{PORT}"],
      "rollout.ray_address=127.0.0.1:{PORT}: no Ray cluster answers at 127.0.0.1:{PORT}"),
-    ("ray-address-form", {}, ["rollout.ray_address=http://"], "rollout.ray_address=http://: expected HOST:PORT"),
+    ("ray-address-form", {}, ["{T}", "rollout.ray_address=http://"], "rollout.ray_address=http://: expected HOST:PORT"),
+    ("convert-torchrun-leftover", {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "{PORT}"},
+     ["convert", "hf-to-mcore", "--hf", "{X}/model", "--out", "{X}/conv"], "are set but no launcher started this process"),
 ]
 
 
@@ -231,21 +234,24 @@ def restore_logging():
 
 @pytest.mark.parametrize("case", ENV_CASES, ids=[c[0] for c in ENV_CASES])
 def test_bad_launch_environment_fails_fast_in_one_line(case, work, capsys, monkeypatch, restore_logging):
-    """The real ``train`` path (no ``--check``): one line within 15 s, before torch.distributed, Ray or
-    any file of the run starts."""
+    """The real ``train`` / ``convert`` path (no ``--check``): one line within 15 s, before
+    torch.distributed, Ray or any file of the run starts."""
     import time
 
     import torch.distributed as dist
 
     from megatron_rl.launch_env import LAUNCHER_VARS, TORCH_VARS
 
-    _, env, overrides, want = case
+    _, env, argv, want = case
     port = str(_free_port())
     for k in (*LAUNCHER_VARS, *TORCH_VARS, "RAY_ADDRESS"):   # a suite run under torchrun / Slurm / Ray
         monkeypatch.delenv(k, raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v.replace("{PORT}", port))
-    argv = [a for a in expand(["{T}", *(o.replace("{PORT}", port) for o in overrides)], work) if a != "--check"]
+    argv = [a for a in expand([a.replace("{PORT}", port) for a in argv], work) if a != "--check"]
+    import megatron_rl.convert.checkpoints
+    import megatron_rl.trainer.loop  # noqa: F401  (imported before the clock starts: the bound is on the checks)
+
     before = snapshot(work)
     t0 = time.monotonic()
     rc, err = run_case(argv, capsys)
