@@ -262,6 +262,44 @@ def test_bad_launch_environment_fails_fast_in_one_line(case, work, capsys, monke
     assert not dist.is_initialized() and snapshot(work) == before
 
 
+#: launches the checks must let through: Ray's own words, a live head, a 1-process world, a launched rank
+GOOD_ENV = [
+    ("ray-auto", {"RAY_ADDRESS": "auto"}, []),
+    ("ray-local", {"RAY_ADDRESS": "local"}, []),
+    ("ray-live-head", {}, ["rollout.ray_address=127.0.0.1:{LIVE}"]),
+    ("world-of-one", {"WORLD_SIZE": "1", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "{PORT}"}, []),
+    ("srun-rank1", {"WORLD_SIZE": "2", "RANK": "1", "SLURM_PROCID": "1", "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": "{LIVE}"}, []),
+    ("torchrun-rank0", {"WORLD_SIZE": "2", "RANK": "0", "TORCHELASTIC_RUN_ID": "x", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": "{PORT}"}, []),
+]
+
+
+@pytest.mark.parametrize("case", GOOD_ENV, ids=[c[0] for c in GOOD_ENV])
+def test_good_launch_environment_passes_the_checks(case, work, capsys, monkeypatch):
+    """``train --check`` accepts what real launches set (``{LIVE}``: a port that accepts connections,
+    standing in for a Ray head or rank 0's store)."""
+    from megatron_rl.launch_env import LAUNCHER_VARS, TORCH_VARS
+
+    _, env, overrides = case
+    with socket.socket() as live:
+        live.bind(("127.0.0.1", 0))
+        live.listen()
+        sub = {"{PORT}": str(_free_port()), "{LIVE}": str(live.getsockname()[1])}
+
+        def fill(v: str) -> str:
+            for k, x in sub.items():
+                v = v.replace(k, x)
+            return v
+
+        for k in (*LAUNCHER_VARS, *TORCH_VARS, "RAY_ADDRESS"):
+            monkeypatch.delenv(k, raising=False)
+        for k, v in env.items():
+            monkeypatch.setenv(k, fill(v))
+        rc, err = run_case(expand(["{T}", *map(fill, overrides)], work), capsys)
+    assert rc == 0, err
+
+
 def test_the_table_has_enough_rows():
     assert len(CASES) >= 40 and len({c[0] for c in CASES}) == len(CASES)
 
