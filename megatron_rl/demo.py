@@ -122,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     quiet_console()   # console: [demo] lines, warnings, progress bar; INFO + library warnings -> run_dir/train.log
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("WANDB_MODE", "offline")
+    from megatron_rl.launch_env import check_ray_address
+
+    check_ray_address(None)   # a RAY_ADDRESS nobody serves: one line now, not Ray's endless retries later
     t0 = time.time()
     run_dir = Path(args.run_dir or f"runs/demo_{args.algo}").resolve()
     print(f"[demo] run dir {run_dir}")

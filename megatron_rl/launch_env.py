@@ -39,7 +39,7 @@ def _connect_error(host: str, port: int, timeout: float) -> str | None:
         socket.create_connection((host, port), timeout=timeout).close()
         return None
     except OSError as e:
-        return "no answer" if isinstance(e, TimeoutError) else (e.strerror or str(e))
+        return f"no answer within {timeout:g} s" if isinstance(e, TimeoutError) else (e.strerror or str(e))
 
 
 def check_torch_env(env: Mapping[str, str] | None = None, wait_s: float = 120.0) -> None:
@@ -110,5 +110,5 @@ def check_ray_address(cfg_address: str | None, env: Mapping[str, str] | None = N
         return
     why = _connect_error(*target, timeout)
     if why is not None:
-        raise ValueError(f"{key}={address}: no Ray cluster answers at {target[0]}:{target[1]} ({why} within "
-                         f"{timeout:.0f} s); start it (ray start --head --port={target[1]}) or {undo}")
+        raise ValueError(f"{key}={address}: no Ray cluster answers at {target[0]}:{target[1]} ({why}); start it "
+                         f"(ray start --head --port={target[1]}) or {undo}")
