@@ -137,6 +137,8 @@ def resolve_main(command: str) -> Callable[[list[str]], int | None]:
 
 def run_train(args: argparse.Namespace) -> int:
     """``train``: ``load_config(yaml, overrides)`` then ``trainer.loop.main(cfg, resume=...)``."""
+    if Path(args.config).is_dir():
+        raise CliError(f"--config {args.config} is a directory; pass a YAML file (e.g. examples/configs/tiny_cpu_grpo.yaml)")
     if not Path(args.config).is_file():
         raise CliError(f"config file not found: {args.config}")
     from megatron_rl.config import load_config
@@ -173,7 +175,11 @@ def dispatch(cmd: ParsedCommand) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Console-script entry point. Exit status: 0 ok, 1 error, 2 usage error."""
+    """Console-script entry point. Exit status (README "Exit codes"): 0 ok; 2 usage or configuration
+    error, refused before the run starts; 1 runtime error after start-up (``usage.begin_run`` marks it)."""
+    from megatron_rl.usage import error_status, reset_phase
+
+    reset_phase()
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--debug" not in argv:   # megatron-core's "TE/Apex not installed, falling back" on every CPU import
         import warnings
@@ -192,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         hint = "" if cmd.args.debug else " (run 'megatron-rl --debug ...' for the traceback)"
         kind = "" if isinstance(e, CliError) else f"{type(e).__name__}: "
         print(f"megatron-rl {cmd.command}: error: {kind}{msg}{hint}", file=sys.stderr)
-        return 1
+        return error_status()
 
 
 if __name__ == "__main__":

@@ -513,6 +513,29 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     return from_dict(tree)
 
 
+def demo_hint(path: str) -> str:
+    """What to do about a missing file under ``runs/demo_<algo>/``: the tiny example configs read the
+    model and data that ``megatron-rl demo --algo <algo>`` writes there (``make demo``: bicc_rcc)."""
+    import re
+
+    m = re.search(r"(?:^|/)runs/demo_(\w+)/", f"{path}/")
+    if not m:
+        return ""
+    return (f"; `megatron-rl demo --algo {m.group(1)}` creates it" + (" (so does `make demo`)" if m.group(1) == "bicc_rcc"
+            else "") + ", or point model.hf_path and data.* at your own model and prompts")
+
+
+def check_model_path(path: str) -> None:
+    """``model.hf_path`` names an HF model directory with ``config.json`` (or that file itself)."""
+    p = Path(path)
+    if p.is_file() and p.suffix != ".json":
+        raise ValueError(f"model.hf_path={path} is a file; set it to the HF model directory that holds config.json "
+                         f"and the *.safetensors (here: {p.parent})")
+    if not p.is_file() and not (p / "config.json").is_file():
+        raise FileNotFoundError(f"model.hf_path={path}: no config.json in {path}"
+                                + (demo_hint(path) or " (set it to an HF model dir: config.json + *.safetensors)"))
+
+
 def validate(cfg: Config, world_size: int | None = None) -> None:
     """Cross-component rules (clear messages, at start-up). The method's data path is asked through
     its registry (``trainer/paths``): an unknown path, hparams of the wrong class, inputs the method
@@ -534,6 +557,7 @@ def validate(cfg: Config, world_size: int | None = None) -> None:
             raise ValueError(f"batch of {n} sequences (prompts_per_step x rollout.n) is not divisible by "
                              f"dp={dp} x micro_batch_size={cfg.trainer.micro_batch_size}")
     if cfg.model.hf_path:
+        check_model_path(cfg.model.hf_path)
         from megatron_rl.models.provider import validate_layout
 
         validate_layout(cfg.model.hf_path, cfg.parallel.tp, cfg.parallel.pp)

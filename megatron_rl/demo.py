@@ -117,10 +117,14 @@ def demo_config(args, run_dir: Path, paths: dict, hf_dir: Path):
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from megatron_rl.console import quiet_console
+    from megatron_rl.usage import begin_run
 
     quiet_console()   # console: [demo] lines, warnings, progress bar; INFO + library warnings -> run_dir/train.log
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("WANDB_MODE", "offline")
+    from megatron_rl.launch_env import check_ray_address
+
+    check_ray_address(None)   # a RAY_ADDRESS nobody serves: one line now, not Ray's endless retries later
     t0 = time.time()
     run_dir = Path(args.run_dir or f"runs/demo_{args.algo}").resolve()
     print(f"[demo] run dir {run_dir}")
@@ -129,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         paths, tok, init_hf = prepare(run_dir, args.seed)
         cfg = demo_config(args, run_dir, paths, init_hf)
+        begin_run()   # arguments and config accepted: from here an error is a runtime error (exit 1)
         sft_hf = warm_start_phase(cfg, run_dir, tok, args)
     import dataclasses
 
@@ -157,9 +162,13 @@ def reuse_warm_start(args, run_dir: Path):
     paths = {s: src / "data" / f"{s}.parquet" for s in ("train", "val", "test")}
     missing = [str(p) for p in [*paths.values(), src / "sft_hf" / "config.json"] if not p.is_file()]
     if missing:
-        raise SystemExit(f"--init-from {src}: not a finished demo run dir (missing {missing})")
+        raise FileNotFoundError(f"--init-from {src}: not a finished demo run dir (missing {', '.join(missing)}); "
+                                "run the demo there first or drop --init-from")
     sft_hf = src / "sft_hf"
     cfg = demo_config(args, run_dir, paths, sft_hf)
+    from megatron_rl.usage import begin_run
+
+    begin_run()
     init_parallel(1, 1, seed=args.seed)
     _CLIENT[0] = build_client(cfg)
     print(f"[demo] reusing data and warm-started policy of {src}")

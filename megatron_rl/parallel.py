@@ -59,6 +59,9 @@ def init_distributed(timeout_s: float | None = None) -> None:
     bounds every collective (torch's default, 30 min, when None)."""
     if dist.is_initialized():
         return
+    from megatron_rl.launch_env import check_torch_env
+
+    check_torch_env(wait_s=min(timeout_s or 120.0, 120.0))   # leftover torchrun variables: one line, not a hang
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(_free_port()))

@@ -405,14 +405,17 @@ def fits(rep: PlanReport | None) -> bool:
 
 
 def exit_status(rep: PlanReport | None) -> int:
-    """0 when the layout fits, else 1 with one line on stderr (scripts can gate a job on it)."""
+    """0 when the layout fits, else 2 (the layout is refused, like any configuration error) with one
+    line on stderr (scripts can gate a job on it)."""
     if fits(rep):
         return 0
     import sys
 
     print(f"megatron-rl plan: error: the layout does not fit: peak {rep.peak / GIB:.2f} GiB per GPU > "
           f"--gpu-mem-gib {rep.inputs.gpu_mem_gib:g}", file=sys.stderr)
-    return 1
+    from megatron_rl.usage import EXIT_USAGE
+
+    return EXIT_USAGE
 
 
 def main(argv: Sequence[str] | None = None) -> int:

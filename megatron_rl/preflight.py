@@ -9,7 +9,8 @@ Two levels:
 * :func:`preflight` — what a run on *this* machine needs: the model, tokenizer and data files exist,
   the resume checkpoint exists, the run directory may be used (``trainer/run_dir.py``), the layer
   backend resolves here (``te`` / ``fp8`` need CUDA + Transformer Engine), the batch divides over
-  ``WORLD_SIZE``, and the PAPO grader answers a TCP connect (unless ``reward.grader_required=false``).
+  ``WORLD_SIZE``, and the PAPO grader answers a TCP connect (unless ``reward.grader_required=false``);
+  first of all, the torchrun variables and the Ray address answer (``launch_env``, bounded in time).
   ``setup_run`` calls it first thing (before ``init_parallel``); ``megatron-rl train --check`` too.
 """
 from __future__ import annotations
@@ -75,7 +76,9 @@ def _need_file(key: str, value: str, what: str, is_dir: bool = False) -> None:
         raise ValueError(f"{key} is required ({what})")
     p = Path(value)
     if not (p.is_dir() if is_dir else p.exists()):
-        raise FileNotFoundError(f"{key}={value}: no such {'directory' if is_dir else 'file'} ({what})")
+        from megatron_rl.config import demo_hint
+
+        raise FileNotFoundError(f"{key}={value}: no such {'directory' if is_dir else 'file'} ({what}){demo_hint(value)}")
 
 
 def check_files(cfg, resume: str | None = None) -> None:
@@ -89,6 +92,9 @@ def check_files(cfg, resume: str | None = None) -> None:
     _need_file("data.train", cfg.data.train, "training prompts, parquet")
     if cfg.data.val:
         _need_file("data.val", cfg.data.val, "held-out prompts, parquet")
+    if resume not in (None, "auto") and not Path(resume).is_dir():
+        raise FileNotFoundError(f"--resume {resume}: no such checkpoint directory; pass a checkpoint of "
+                                f"{cfg.trainer.run_dir}/checkpoints/, or --resume auto for the newest one")
     if resume not in (None, "auto"):
         marker = Path(resume) / "COMPLETE"
         if not marker.is_file():
@@ -103,6 +109,29 @@ def check_files(cfg, resume: str | None = None) -> None:
         problem = find_damage(resume, meta.get("files") if isinstance(meta, dict) else None)
         if problem:
             raise ValueError(f"--resume {resume}: the checkpoint is damaged: {problem}")
+
+
+def _parquet_rows(key: str, path: str) -> int:
+    """Rows of a parquet file (or directory of them), from the metadata only."""
+    import pyarrow.dataset as pds
+
+    try:
+        return pds.dataset(path, format="parquet").count_rows()
+    except (OSError, ValueError) as e:   # pyarrow's ArrowInvalid is a ValueError
+        raise ValueError(f"{key}={path}: not a readable parquet file ({str(e).splitlines()[0]})") from None
+
+
+def check_data(cfg) -> None:
+    """The prompt files have rows, and ``data.train`` at least one step's worth (``data.prompts_per_step``)."""
+    d = cfg.data
+    for key, path in (("data.train", d.train), ("data.val", d.val)):
+        if path and _parquet_rows(key, path) == 0:
+            raise ValueError(f"{key}={path}: the parquet file has no rows; point {key} at a prompt file "
+                             "(verl columns: prompt, data_source, reward_model)")
+    n = _parquet_rows("data.train", d.train)
+    if n < d.prompts_per_step:
+        raise ValueError(f"data.train={d.train} has {n} row(s), fewer than data.prompts_per_step={d.prompts_per_step} "
+                         f"(one step's prompts): set data.prompts_per_step <= {n} or use a larger prompt file")
 
 
 def check_backend(cfg) -> str:
@@ -155,11 +184,24 @@ def check_export_dir(cfg, overwrite: bool = False) -> None:
             raise ValueError(f"trainer.export_hf: {e}; or set trainer.export_hf=false") from None
 
 
+def check_launch(cfg) -> None:
+    """The launch environment (``launch_env``), bounded in time: torchrun's variables form a process
+    group (rank > 0 waits at most min(``parallel.timeout_s``, 120 s) for the rendezvous), and on rank 0
+    the Ray head of ``rollout.ray_address`` / ``RAY_ADDRESS`` answers within 10 s."""
+    from megatron_rl.launch_env import check_ray_address, check_torch_env
+
+    check_torch_env(wait_s=min(cfg.parallel.timeout_s, 120.0))
+    if os.environ.get("RANK", "0") == "0":   # the Ray driver
+        check_ray_address(cfg.rollout.ray_address)
+
+
 def preflight(cfg, resume: str | None = None, overwrite: bool = False) -> str:
     """All start-up checks of a run on this machine; returns the resolved layer backend."""
     from megatron_rl.trainer.run_dir import check_run_dir
 
+    check_launch(cfg)
     check_files(cfg, resume)
+    check_data(cfg)
     check_run_dir(cfg.trainer.run_dir, resume, overwrite)
     check_export_dir(cfg, overwrite)
     check_world(cfg)

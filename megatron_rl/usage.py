@@ -21,3 +21,27 @@ class OneLineParser(argparse.ArgumentParser):
         if message:
             sys.stderr.write(message)
         raise SystemExit(status)
+
+
+#: exit status of every ``megatron-rl`` command (README "Exit codes"): 2 = usage or configuration error,
+#: refused before the run starts (bad arguments, config, input files); 1 = runtime error after start-up.
+#: Other non-zero codes are left free for distinct outcomes (e.g. a graceful stop).
+EXIT_RUNTIME, EXIT_USAGE = 1, 2
+_PHASE = {"started": False}
+
+
+def begin_run() -> None:
+    """The command's start-up checks passed and its work begins: from here an error is a runtime
+    error (exit 1). Called once per command, where its start-up ends (``setup_run`` after the
+    preflight, ``eval`` after its inputs are read, ``convert`` / ``demo`` after their arguments)."""
+    _PHASE["started"] = True
+
+
+def reset_phase() -> None:
+    """Back to start-up (``cli.main`` calls it first, so in-process calls do not inherit a phase)."""
+    _PHASE["started"] = False
+
+
+def error_status() -> int:
+    """Exit status of an error reported now: 1 once the run has started, 2 before."""
+    return EXIT_RUNTIME if _PHASE["started"] else EXIT_USAGE

@@ -49,8 +49,10 @@ def main(argv: list[str] | None = None) -> int:
             out = mcore_to_hf(args.ckpt, args.out, force=args.force, max_shard_bytes=int(args.max_shard_gb * (1 << 30)),
                               hf_config=args.hf_config, dtype=args.dtype)
     except (FileExistsError, FileNotFoundError, KeyError, ValueError) as e:
+        from megatron_rl.usage import error_status
+
         print(f"megatron-rl convert: error: {e}", file=sys.stderr)
-        return 2
+        return error_status()   # 2: every error reported here is about the arguments or the input files
     print(f"wrote {out}")
     return 0
 

@@ -65,6 +65,9 @@ def _dist() -> tuple[int, int, bool]:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     created = world > 1 and not dist.is_initialized()
     if created:
+        from megatron_rl.launch_env import check_torch_env
+
+        check_torch_env()   # leftover torchrun variables: one line instead of a 30-min wait for absent ranks
         dist.init_process_group("gloo")
     return (dist.get_rank(), dist.get_world_size(), created) if world > 1 else (0, 1, False)
 

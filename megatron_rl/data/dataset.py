@@ -58,6 +58,9 @@ class PromptDataset:
                     raise ValueError(f"{path}: row {i}: {e}") from None
                 skipped += 1
                 log.warning("%s: skipping row %d: %s", path, i, e)
+        if not rows:
+            raise ValueError(f"{path}: no prompt rows" + (f" ({skipped} of {table.num_rows} skipped as unusable, "
+                                                          "see the warnings above)" if skipped else " (an empty file)"))
         return cls(rows, skipped)
 
 

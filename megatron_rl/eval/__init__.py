@@ -75,15 +75,13 @@ def run_eval(eval_parquet, completions_jsonl, k, out_dir, reward_by_source: dict
     rows = _load_rows(eval_parquet)
     comps = _load_completions(completions_jsonl)
     by_source = {**DEFAULT_BY_SOURCE, **(reward_by_source or {})}
+    _check_completions(rows, comps, n or ks[-1], "n" if n else "k", completions_jsonl, eval_parquet)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     scored: list[tuple[str, list[bool]]] = []
     with open(out / "samples.jsonl", "w") as f:
         for i, row in enumerate(tqdm(rows, desc="eval", unit="row")):
             resp = comps.get(i, [])
-            need = n or ks[-1]
-            if len(resp) < need:
-                raise ValueError(f"row {i}: {len(resp)} completions, need {'n' if n else 'k'}={need}")
             resp = resp[:n] if n else resp
             fn = get_reward(by_source.get(row["data_source"], "exact"))
             gt = row["reward_model"]["ground_truth"]
@@ -99,6 +97,18 @@ def run_eval(eval_parquet, completions_jsonl, k, out_dir, reward_by_source: dict
     summary.update(summarize(scored, ks_all))
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def _check_completions(rows: list, comps: dict, need: int, what: str, completions, data) -> None:
+    """Every completion index names a row of ``data`` and every row has ``need`` completions
+    (checked before anything is written)."""
+    bad = sorted(i for i in comps if not 0 <= i < len(rows))
+    if bad:
+        raise ValueError(f"{completions}: index {bad[0]} is out of range: --data {data} has {len(rows)} rows "
+                         f"(indices 0..{len(rows) - 1}); were the completions made for another data file?")
+    for i in range(len(rows)):
+        if len(comps.get(i, [])) < need:
+            raise ValueError(f"row {i}: {len(comps.get(i, []))} completions, need {what}={need}")
 
 
 def _lengths(model_dir, longest_prompt: int, max_tokens: int | None) -> tuple[int, int]:
@@ -209,11 +219,14 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     a.k = a.k or [a.n or 1]
     problem = _check_args(a)
+    from megatron_rl.usage import EXIT_USAGE, error_status
+
     if problem:
         print(f"megatron-rl eval: error: {problem}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     try:
-        Path(a.out).mkdir(parents=True, exist_ok=True)
+        if a.model:   # with --completions, run_eval creates --out once the inputs passed their checks
+            Path(a.out).mkdir(parents=True, exist_ok=True)
         n = a.n or max(a.k)
         comp = a.completions or generate_completions(
             a.data, a.model, n, Path(a.out) / "completions.jsonl", a.max_tokens, a.temperature, a.engine,
@@ -221,6 +234,6 @@ def main(argv: list[str] | None = None) -> int:
         s = run_eval(a.data, comp, a.k, a.out, n=a.n)
     except (ValueError, FileNotFoundError) as e:
         print(f"megatron-rl eval: error: {e}", file=sys.stderr)
-        return 2
+        return error_status()   # 2: the errors reported here are about the arguments or the input files
     print(json.dumps({k_: v for k_, v in s.items() if k_ != "by_source"}))
     return 0

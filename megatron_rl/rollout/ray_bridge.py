@@ -168,6 +168,9 @@ class RolloutClient:
         if not ray.is_initialized():
             ray_address = ray_address or os.environ.get("RAY_ADDRESS")   # Ray's own variable (`ray job submit`)
             if ray_address:
+                from ..launch_env import check_ray_address
+
+                check_ray_address(ray_address)   # ray.init retries an address nobody serves forever
                 ray.init(address=ray_address, log_to_driver=False)
                 log.info("rollout: joined the Ray cluster at %s", ray_address)
             else:

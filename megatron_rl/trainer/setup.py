@@ -152,6 +152,9 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
     from megatron_rl.trainer.run_dir import archive_run
 
     backend = preflight(cfg, resume, overwrite)   # every user error before anything starts
+    from megatron_rl.usage import begin_run
+
+    begin_run()                                       # from here an error is a runtime error (exit 1)
     rank = int(os.environ.get("RANK", "0"))           # torchrun's; process groups start below
     if overwrite and rank == 0:
         archive_run(cfg.trainer.run_dir)
@@ -167,6 +170,9 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
     path = build_path(cfg, tok)     # template / layout errors surface here, before any model is built
     train = PromptDataset.from_parquet(cfg.data.train, tok, cfg.data.max_prompt_len, cfg.data.on_error)
     val = PromptDataset.from_parquet(cfg.data.val, tok, cfg.data.max_prompt_len, cfg.data.on_error) if cfg.data.val else None
+    if len(train) < cfg.data.prompts_per_step:   # rows skipped (data.on_error=skip) below one step's worth
+        raise ValueError(f"data.train={cfg.data.train}: {len(train)} usable row(s) ({train.skipped} skipped), fewer than "
+                         f"data.prompts_per_step={cfg.data.prompts_per_step}: lower it or fix the skipped rows")
     sampler = DeterministicSampler(len(train), cfg.data.prompts_per_step, cfg.data.seed)
     hf_cfg = load_hf_config(cfg.model.hf_path)
     actor = PolicyActor(hf_cfg, info, _optim_spec(cfg), temperature=cfg.rollout.temperature,

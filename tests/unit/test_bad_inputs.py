@@ -83,19 +83,33 @@ CASES = [
      "trainer.export_hf: --out {X}/hfuser/hf is not empty (notes.txt) and is not a checkpoint written by megatron-rl"),
     ("overwrite-resume", ["{T}", "--overwrite", "--resume", "auto"],
      "--overwrite starts a fresh run; it cannot be combined with --resume"),
-    ("resume-path", ["{T}", "--resume", "{X}/nockpt"], "--resume {X}/nockpt: not a complete checkpoint"),
+    ("resume-path", ["{T}", "--resume", "{X}/nockpt"], "--resume {X}/nockpt: no such checkpoint directory"),
+    ("resume-not-ckpt", ["{T}", "--resume", "{X}/userdir"], "--resume {X}/userdir: not a complete checkpoint"),
+    ("train-empty", ["{T}", "data.train={X}/empty.parquet"], "data.train={X}/empty.parquet: the parquet file has no rows"),
+    ("val-empty", ["{T}", "data.val={X}/empty.parquet"], "data.val={X}/empty.parquet: the parquet file has no rows"),
+    ("train-not-parquet", ["{T}", "data.train={X}/c.jsonl"], "data.train={X}/c.jsonl: not a readable parquet file"),
+    ("train-fewer-rows", ["{T}", "data.train={X}/one.parquet"],
+     ("data.train={X}/one.parquet has 1 row(s), fewer than data.prompts_per_step=32 (one step's prompts): set "
+      "data.prompts_per_step <= 1")),
+    ("model-safetensors", ["{T}", "model.hf_path={X}/model/model.safetensors"],
+     "model.hf_path={X}/model/model.safetensors is a file; set it to the HF model directory that holds config.json"),
+    ("tiny-before-demo", ["train", "--config", str(REPO / "examples/configs/tiny_cpu_dapo.yaml"), "--check"],
+     "no config.json in runs/demo_bicc_rcc/sft_hf; `megatron-rl demo --algo bicc_rcc` creates it (so does `make demo`)"),
     ("papo-no-grader", ["{T}", "algo.kind=papo"], "needs a rubric grader: set reward.grader_url"),
     ("grader-down", ["{T}", "algo.kind=papo", "reward.grader_url=http://127.0.0.1:{PORT}/v1"], "grader unreachable"),
     ("grader-url", ["{T}", "algo.kind=papo", "reward.grader_url=localhost:8000"], "is not an http(s) URL"),
     ("yaml-syntax", ["train", "--config", "{X}/bad.yaml"], "{X}/bad.yaml:4:8: YAML syntax error: expected ',' or ']', but got ':' (while parsing a flow sequence at line 3)"),
     ("yaml-list", ["train", "--config", "{X}/list.yaml"], "a config file is a mapping of sections"),
     ("config-missing", ["train", "--config", "{X}/none.yaml"], "config file not found: {X}/none.yaml"),
+    ("config-dir", ["train", "--config", "{X}"], "--config {X} is a directory; pass a YAML file"),
     ("override-form", ["train", "--config", "{X}/none.yaml", "trainer.steps"],
      "override 'trainer.steps' is not of the form section.key=value"),
     ("eval-k0", ["eval", "--data", "{X}/train.parquet", "--completions", "{X}/c.jsonl", "--k", "0", "--out", "{X}/e"],
      "--k must be >= 1"),
     ("eval-response", ["eval", "--data", "{X}/train.parquet", "--completions", "{X}/badresp.jsonl", "--out", "{X}/e"],
      "'response' must be a string, got int"),
+    ("eval-index-range", ["eval", "--data", "{X}/train.parquet", "--completions", "{X}/oob.jsonl", "--out", "{X}/e"],
+     "{X}/oob.jsonl: index 40 is out of range: --data {X}/train.parquet has 32 rows (indices 0..31)"),
     ("eval-data", ["eval", "--data", "{X}/nodata.parquet", "--completions", "{X}/c.jsonl", "--out", "{X}/e"],
      "--data {X}/nodata.parquet: no such file"),
     ("plan-rollout-tp", ["plan", "--model", "qwen3-8b", "--rollout-tp", "3"],
@@ -118,8 +132,12 @@ def make_work(x: Path) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    pq.write_table(pa.Table.from_pylist([{"data_source": "reverse", "prompt": [{"role": "user", "content": "12"}],
-                                          "reward_model": {"ground_truth": "21"}}]), x / "train.parquet")
+    row = {"data_source": "reverse", "prompt": [{"role": "user", "content": "12"}], "reward_model": {"ground_truth": "21"}}
+    pq.write_table(pa.Table.from_pylist([row] * 32), x / "train.parquet")   # the tiny config's prompts_per_step
+    pq.write_table(pa.Table.from_pylist([row]), x / "one.parquet")
+    pq.write_table(pa.Table.from_pylist([row]).slice(0, 0), x / "empty.parquet")
+    (x / "model" / "model.safetensors").write_bytes(b"\x80\x00" * 64)
+    (x / "oob.jsonl").write_text("".join(f'{{"index": {i}, "response": "1"}}\n' for i in (*range(32), 40)))
     (x / "used" / "checkpoints" / "step_10").mkdir(parents=True)
     (x / "used" / "metrics.jsonl").write_text('{"step": 1}\n')
     (x / "hfuser" / "hf").mkdir(parents=True)
@@ -157,18 +175,129 @@ def run_case(argv: list[str], capsys) -> tuple[int, str]:
     return rc, capsys.readouterr().err
 
 
+def snapshot(root: Path) -> dict:
+    """Every path under ``root`` with its size and modification time (what "nothing changed" compares)."""
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")}
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_bad_input_gets_one_clear_line_before_start(case, work, capsys):
+def test_bad_input_gets_one_clear_line_before_start(case, work, capsys, monkeypatch):
     import torch.distributed as dist
 
     _, argv, want = case
+    monkeypatch.chdir(work)   # relative paths of the example configs (runs/demo_*) resolve in the work dir
+    before = snapshot(work)
     rc, err = run_case(expand(argv, work), capsys)
     lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert rc not in (0, None), f"{argv}: exit 0"
+    assert rc == 2, f"{argv}: exit {rc}, want 2 (refused before the run starts)"
+    assert snapshot(work) == before, f"{argv}: files changed on disk"
     assert len(lines) == 1, f"{argv}: expected one line, got {len(lines)}:\n{err}"
     assert "Traceback" not in err and want.replace("{X}", str(work)) in lines[0], lines[0]
     assert not dist.is_initialized(), "a process group was started before the error"
     assert (work / "userdir" / "thesis.tex").read_text() == "keep me"
+
+
+#: launch environments that used to hang (torch.distributed until its 30-min timeout, Ray's retries after the
+#: model was built): (id, environment, argv as in CASES but run without --check, expected words); ``{PORT}`` = a
+#: port nobody listens on
+ENV_CASES = [
+    ("torchrun-leftover", {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "{PORT}"}, ["{T}"],
+     ("MASTER_PORT={PORT} are set but no launcher started this process (no TORCHELASTIC_RUN_ID from torchrun, no "
+      "SLURM_PROCID from srun), so the other 1 rank(s) would never join: unset WORLD_SIZE RANK MASTER_ADDR MASTER_PORT")),
+    # srun's rank variable with no rank 0 anywhere: the rendezvous is polled for parallel.timeout_s (<= 120 s)
+    ("rank1-no-rendezvous", {"WORLD_SIZE": "2", "RANK": "1", "SLURM_PROCID": "1", "MASTER_ADDR": "127.0.0.1",
+                             "MASTER_PORT": "{PORT}"}, ["{T}", "parallel.timeout_s=3"],
+     "MASTER_ADDR:MASTER_PORT=127.0.0.1:{PORT}: rank 1 of 2 got no rendezvous there within 3 s"),
+    ("ray-address-env", {"RAY_ADDRESS": "127.0.0.1:{PORT}"}, ["{T}"],
+     "RAY_ADDRESS=127.0.0.1:{PORT}: no Ray cluster answers at 127.0.0.1:{PORT}"),
+    ("ray-address-config", {}, ["{T}", "rollout.ray_address=127.0.0.1:{PORT}"],
+     "rollout.ray_address=127.0.0.1:{PORT}: no Ray cluster answers at 127.0.0.1:{PORT}"),
+    ("ray-address-form", {}, ["{T}", "rollout.ray_address=http://"], "rollout.ray_address=http://: expected HOST:PORT"),
+    ("convert-torchrun-leftover", {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "{PORT}"},
+     ["convert", "hf-to-mcore", "--hf", "{X}/model", "--out", "{X}/conv"], "are set but no launcher started this process"),
+]
+
+
+@pytest.fixture
+def restore_logging():
+    """``train`` (unlike ``--check``) sets up its console logging; take it down again after the case."""
+    import logging
+
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    yield
+    for h in [h for h in root.handlers if h not in handlers]:
+        root.removeHandler(h)
+    root.setLevel(level)
+    logging.captureWarnings(False)
+
+
+@pytest.mark.parametrize("case", ENV_CASES, ids=[c[0] for c in ENV_CASES])
+def test_bad_launch_environment_fails_fast_in_one_line(case, work, capsys, monkeypatch, restore_logging):
+    """The real ``train`` / ``convert`` path (no ``--check``): one line within 15 s, before
+    torch.distributed, Ray or any file of the run starts."""
+    import time
+
+    import torch.distributed as dist
+
+    from megatron_rl.launch_env import LAUNCHER_VARS, TORCH_VARS
+
+    _, env, argv, want = case
+    port = str(_free_port())
+    for k in (*LAUNCHER_VARS, *TORCH_VARS, "RAY_ADDRESS"):   # a suite run under torchrun / Slurm / Ray
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v.replace("{PORT}", port))
+    argv = [a for a in expand([a.replace("{PORT}", port) for a in argv], work) if a != "--check"]
+    import megatron_rl.convert.checkpoints
+    import megatron_rl.trainer.loop  # noqa: F401  (imported before the clock starts: the bound is on the checks)
+
+    before = snapshot(work)
+    t0 = time.monotonic()
+    rc, err = run_case(argv, capsys)
+    took = time.monotonic() - t0
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc == 2 and took <= 15, (rc, took)
+    assert len(lines) == 1 and want.replace("{PORT}", port) in lines[0], err
+    assert not dist.is_initialized() and snapshot(work) == before
+
+
+#: launches the checks must let through: Ray's own words, a live head, a 1-process world, a launched rank
+GOOD_ENV = [
+    ("ray-auto", {"RAY_ADDRESS": "auto"}, []),
+    ("ray-local", {"RAY_ADDRESS": "local"}, []),
+    ("ray-live-head", {}, ["rollout.ray_address=127.0.0.1:{LIVE}"]),
+    ("world-of-one", {"WORLD_SIZE": "1", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "{PORT}"}, []),
+    ("srun-rank1", {"WORLD_SIZE": "2", "RANK": "1", "SLURM_PROCID": "1", "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": "{LIVE}"}, []),
+    ("torchrun-rank0", {"WORLD_SIZE": "2", "RANK": "0", "TORCHELASTIC_RUN_ID": "x", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": "{PORT}"}, []),
+]
+
+
+@pytest.mark.parametrize("case", GOOD_ENV, ids=[c[0] for c in GOOD_ENV])
+def test_good_launch_environment_passes_the_checks(case, work, capsys, monkeypatch):
+    """``train --check`` accepts what real launches set (``{LIVE}``: a port that accepts connections,
+    standing in for a Ray head or rank 0's store)."""
+    from megatron_rl.launch_env import LAUNCHER_VARS, TORCH_VARS
+
+    _, env, overrides = case
+    with socket.socket() as live:
+        live.bind(("127.0.0.1", 0))
+        live.listen()
+        sub = {"{PORT}": str(_free_port()), "{LIVE}": str(live.getsockname()[1])}
+
+        def fill(v: str) -> str:
+            for k, x in sub.items():
+                v = v.replace(k, x)
+            return v
+
+        for k in (*LAUNCHER_VARS, *TORCH_VARS, "RAY_ADDRESS"):
+            monkeypatch.delenv(k, raising=False)
+        for k, v in env.items():
+            monkeypatch.setenv(k, fill(v))
+        rc, err = run_case(expand(["{T}", *map(fill, overrides)], work), capsys)
+    assert rc == 0, err
 
 
 def test_the_table_has_enough_rows():

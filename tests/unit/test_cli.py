@@ -42,8 +42,8 @@ def test_plan_prints_table():
 
 
 def test_plan_exits_non_zero_when_the_layout_does_not_fit(capsys):
-    """The table is printed either way; a layout over --gpu-mem-gib exits 1 with one stderr line."""
-    assert cli.main(["plan", "--model", "qwen3-8b", "--tp", "2", "--dp", "4", "--seq-len", "8192"]) == 1
+    """The table is printed either way; a layout over --gpu-mem-gib is refused: exit 2, one stderr line."""
+    assert cli.main(["plan", "--model", "qwen3-8b", "--tp", "2", "--dp", "4", "--seq-len", "8192"]) == 2
     out, err = capsys.readouterr()
     assert "DOES NOT FIT in 80 GiB" in out
     assert err.strip().startswith("megatron-rl plan: error: the layout does not fit: peak 89.26 GiB per GPU > "
@@ -52,17 +52,17 @@ def test_plan_exits_non_zero_when_the_layout_does_not_fit(capsys):
 
 def test_plan_bad_layout_is_one_clear_line():
     p = run_cli("plan", "--model", "qwen3-8b", "--tp", "3")
-    assert p.returncode == 1
+    assert p.returncode == 2
     assert p.stderr.strip().splitlines()[-1].startswith(
         "megatron-rl plan: error: ValueError: qwen3-8b: num_attention_heads=32 is not divisible by tp=3")
     assert "Traceback" not in p.stderr
     p = run_cli("--debug", "plan", "--model", "qwen3-8b", "--tp", "3")
-    assert p.returncode == 1 and "Traceback" in p.stderr
+    assert p.returncode == 2 and "Traceback" in p.stderr
 
 
 def test_train_errors(tmp_path):
     p = run_cli("train", "--config", str(tmp_path / "missing.yaml"))
-    assert p.returncode == 1 and f"config file not found: {tmp_path / 'missing.yaml'}" in p.stderr
+    assert p.returncode == 2 and f"config file not found: {tmp_path / 'missing.yaml'}" in p.stderr
     p = run_cli("train", "--config", "x.yaml", "trainer.steps")
     assert p.returncode == 2 and "override 'trainer.steps' is not of the form section.key=value" in p.stderr
     p = run_cli("train", "algo.kind=grpo")
@@ -83,7 +83,7 @@ def test_parse_train_and_passthrough():
 
 def test_missing_owner_module_is_a_clear_error(monkeypatch, capsys):
     monkeypatch.setitem(cli.PASSTHROUGH, "eval", ("megatron_rl.no_such_module:main", "megatron_rl.plan:no_such_fn"))
-    assert cli.main(["eval", "--x"]) == 1
+    assert cli.main(["eval", "--x"]) == 2
     err = capsys.readouterr().err
     assert "megatron-rl eval: error: this installation has no implementation of 'eval'" in err
     assert "megatron_rl.no_such_module:main, megatron_rl.plan:no_such_fn" in err
@@ -128,7 +128,11 @@ def test_train_check_loads_config_with_overrides(tmp_path):
     import yaml
 
     model = _stand_in_model(tmp_path)
-    (tmp_path / "train.parquet").write_bytes(b"")   # --check checks that the files exist (not their rows)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    row = {"data_source": "reverse", "prompt": [{"role": "user", "content": "12"}], "reward_model": {"ground_truth": "21"}}
+    pq.write_table(pa.Table.from_pylist([row] * 32), tmp_path / "train.parquet")   # >= data.prompts_per_step rows
     p = run_cli("train", "--config", "examples/configs/tiny_cpu_grpo.yaml", f"model.hf_path={model}",
                 f"data.train={tmp_path / 'train.parquet'}", "data.val=", f"trainer.run_dir={tmp_path / 'run'}",
                 "trainer.steps=7", "algo.kind=dapo", "algo.dapo.overlong_buffer_len=2", "--check")
@@ -143,9 +147,9 @@ def test_train_bad_config_key_is_one_clear_line(tmp_path):
     model = _stand_in_model(tmp_path)
     p = run_cli("train", "--config", "examples/configs/tiny_cpu_grpo.yaml", f"model.hf_path={model}",
                 "trainer.stepz=3", "--check")
-    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert p.returncode == 2 and "Traceback" not in p.stderr
     last = p.stderr.strip().splitlines()[-1]
     assert last.startswith("megatron-rl train: error: ValueError: trainer: unknown key(s) ['stepz']"), last
     p = run_cli("train", "--config", "examples/configs/tiny_cpu_grpo.yaml", f"model.hf_path={model}",
                 "parallel.tp=3", "--check")
-    assert p.returncode == 1 and "not divisible by tensor parallel size 3" in p.stderr
+    assert p.returncode == 2 and "not divisible by tensor parallel size 3" in p.stderr

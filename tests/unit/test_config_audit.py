@@ -155,7 +155,11 @@ def work(tmp_path_factory) -> Path:
     for d in (m / "model", m / "model2"):
         d.mkdir()
         (d / "config.json").write_text(json.dumps(TINY_HF))
-    (m / "train.parquet").write_bytes(b"")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    row = {"data_source": "reverse", "prompt": [{"role": "user", "content": "12"}], "reward_model": {"ground_truth": "21"}}
+    pq.write_table(pa.Table.from_pylist([row] * 32), m / "train.parquet")   # preflight: >= data.prompts_per_step rows
     (m / "used" / "checkpoints" / "step_1").mkdir(parents=True)
     return m
 
