@@ -152,9 +152,11 @@ def run_train(args: argparse.Namespace) -> int:
         tree = cfg.to_dict() if callable(getattr(cfg, "to_dict", None)) else cfg
         print(yaml.safe_dump(tree, sort_keys=False, default_flow_style=False) if isinstance(tree, dict) else tree)
         return 0
+    from megatron_rl.console import resume_command
     from megatron_rl.trainer import loop
 
-    return _exit_code(loop.main(cfg, resume=args.resume, overwrite=args.overwrite))
+    return _exit_code(loop.main(cfg, resume=args.resume, overwrite=args.overwrite,
+                                resume_cmd=resume_command(args.config, args.overrides)))
 
 
 def _exit_code(result) -> int:

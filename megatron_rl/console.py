@@ -64,3 +64,41 @@ def attach_run_log(run_dir: str | Path, rank: int = 0) -> Path | None:
     h._megatron_rl_file = True
     root.addHandler(h)
     return path
+
+
+#: (summary key, label) of the end-of-run summary, in print order; paths are printed as given
+SUMMARY_PATHS = (("curve", "curve"), ("metrics", "metrics"), ("last_checkpoint", "checkpoint"),
+                 ("hf_export", "HF export"), ("log", "log"))
+
+
+def format_summary(summary: dict, title: str = "megatron-rl train: done", resume: str | None = None,
+                   prefix: str = "") -> str:
+    """The end-of-run summary of ``megatron-rl train`` and ``megatron-rl demo``: a few aligned lines.
+
+    ``summary`` is ``trainer.loop.run``'s dict (``start_step``, ``end_step``, ``val_acc_before`` /
+    ``val_acc_after``, the paths of :data:`SUMMARY_PATHS`); keys it lacks are left out, so a run
+    without a val set or an export prints no empty line. The accuracy line reads
+    ``before RL A -> after RL B`` (tests and scripts parse it). ``resume``: the command that
+    continues the run; ``prefix``: put before every line (the demo's ``[demo] ``).
+    """
+    rows: list[tuple[str, str]] = []
+    if "end_step" in summary:
+        start, end = summary.get("start_step", 0), summary["end_step"]
+        rows.append(("steps", f"{end - start} run, now at step {end}" + (f" (resumed at {start})" if start else "")))
+    before, after = summary.get("val_acc_before"), summary.get("val_acc_after")
+    if before is not None or after is not None:
+        fmt = lambda v: "n/a" if v is None else f"{v:.3f}"
+        rows.append(("held-out accuracy", f"before RL {fmt(before)} -> after RL {fmt(after)}"))
+    rows += [(label, str(summary[key])) for key, label in SUMMARY_PATHS if summary.get(key)]
+    if resume:
+        rows.append(("resume", resume))
+    width = max((len(k) for k, _ in rows), default=0)
+    return "\n".join([prefix + title] + [f"{prefix}  {k.ljust(width)}  {v}" for k, v in rows])
+
+
+def resume_command(config: str, overrides: list[str] | tuple[str, ...] = ()) -> str:
+    """``megatron-rl train --config C [overrides] --resume auto``: continues the run (raise
+    ``trainer.steps=N`` to train further), shell-quoted."""
+    import shlex
+
+    return shlex.join(["megatron-rl", "train", "--config", str(config), *overrides, "--resume", "auto"])

@@ -1,0 +1,46 @@
+"""What `megatron-rl train` / `demo` print at the end (``console.format_summary``) and what the
+quiet console of ``eval`` / ``convert`` keeps off the terminal."""
+from __future__ import annotations
+
+import re
+import shlex
+
+from megatron_rl.console import format_summary, resume_command
+
+FULL = {"start_step": 4, "end_step": 6, "val_acc_before": 0.3125, "val_acc_after": 0.40625,
+        "curve": "runs/x/curve.png", "metrics": "runs/x/metrics.jsonl", "last_checkpoint": "runs/x/checkpoints/step_6",
+        "hf_export": "runs/x/hf", "log": "runs/x/train.log"}
+
+
+def test_summary_is_aligned_lines_with_every_path():
+    resume = resume_command("examples/configs/tiny_cpu_grpo.yaml", ["trainer.steps=6"])
+    text = format_summary(FULL, resume=resume)
+    lines = text.splitlines()
+    assert lines[0] == "megatron-rl train: done" and "{" not in text          # not a Python dict
+    assert lines[1:] == [
+        "  steps              2 run, now at step 6 (resumed at 4)",
+        "  held-out accuracy  before RL 0.312 -> after RL 0.406",
+        "  curve              runs/x/curve.png",
+        "  metrics            runs/x/metrics.jsonl",
+        "  checkpoint         runs/x/checkpoints/step_6",
+        "  HF export          runs/x/hf",
+        "  log                runs/x/train.log",
+        "  resume             megatron-rl train --config examples/configs/tiny_cpu_grpo.yaml trainer.steps=6 --resume auto",
+    ]
+    # the accuracy line the e2e learning tests parse from the demo's output
+    assert re.search(r"before RL ([0-9.]+) -> after RL ([0-9.]+)", text).groups() == ("0.312", "0.406")
+
+
+def test_summary_leaves_out_what_the_run_did_not_produce():
+    """No val set, no export, no checkpoint: no empty ``None`` lines; the demo's prefix on every line."""
+    text = format_summary({"start_step": 0, "end_step": 3, "curve": "", "metrics": "m.jsonl", "last_checkpoint": None},
+                          title="done in 12 s", prefix="[demo] ")
+    assert text.splitlines() == ["[demo] done in 12 s", "[demo]   steps    3 run, now at step 3",
+                                 "[demo]   metrics  m.jsonl"]
+    assert "None" not in text and "accuracy" not in text
+
+
+def test_resume_command_is_shell_quoted():
+    cmd = resume_command("my configs/a.yaml", ["data.train=x y.parquet"])
+    assert shlex.split(cmd) == ["megatron-rl", "train", "--config", "my configs/a.yaml", "data.train=x y.parquet",
+                                "--resume", "auto"]
