@@ -44,3 +44,45 @@ def test_resume_command_is_shell_quoted():
     cmd = resume_command("my configs/a.yaml", ["data.train=x y.parquet"])
     assert shlex.split(cmd) == ["megatron-rl", "train", "--config", "my configs/a.yaml", "data.train=x y.parquet",
                                 "--resume", "auto"]
+
+
+def test_quiet_command_sends_library_records_to_the_file_only(tmp_path, capsys):
+    """``eval`` / ``convert``: a library's INFO and WARNING (vLLM's engine start, Megatron's set-up) land
+    in the log file only; our own warnings and any library's errors also reach the console; nothing is
+    created before the first record; on exit the handlers are gone again."""
+    import logging
+    import warnings
+
+    from megatron_rl.console import quiet_command
+
+    root = logging.getLogger()
+    before = list(root.handlers)
+    log = tmp_path / "out" / "eval.log"
+    with quiet_command(log) as path:
+        assert path == log and not log.parent.exists()        # lazy: a refused command leaves nothing
+        logging.getLogger("vllm.engine").info("Initializing a V1 LLM engine")
+        logging.getLogger("vllm.renderers").warning("Chat template warmup failed")
+        logging.getLogger("megatron.core").warning("full scope is deprecated")
+        logging.getLogger("megatron_rl.eval").warning("row 3 has no ground truth")
+        logging.getLogger("ray").error("engine died")
+        warnings.warn_explicit("a site-packages deprecation", FutureWarning, "/x/site-packages/torch/a.py", 1)
+    err = capsys.readouterr().err
+    assert err.splitlines() == ["WARNING megatron_rl.eval: row 3 has no ground truth", "ERROR ray: engine died"]
+    text = log.read_text()
+    for msg in ("Initializing a V1 LLM engine", "Chat template warmup failed", "full scope is deprecated",
+                "row 3 has no ground truth", "engine died", "a site-packages deprecation"):
+        assert msg in text, msg
+    assert root.handlers == before
+    logging.getLogger("vllm.engine").warning("after the command")   # no handler of ours is left behind
+    assert "after the command" not in log.read_text()
+
+
+def test_verbose_changes_nothing(tmp_path):
+    import logging
+
+    from megatron_rl.console import quiet_command
+
+    handlers = list(logging.getLogger().handlers)
+    with quiet_command(tmp_path / "convert.log", verbose=True) as path:
+        assert path is None and logging.getLogger().handlers == handlers
+    assert not (tmp_path / "convert.log").exists()
