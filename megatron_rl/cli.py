@@ -40,6 +40,8 @@ HELP = {
     "plan": "estimate per-GPU memory for a model x TP x PP x DP x micro-batch x seq-len",
 }
 COMMANDS = tuple(HELP)
+#: pass-through commands whose owners send the libraries' INFO to a log file unless ``--verbose``
+VERBOSE_OWNERS = ("eval", "convert")
 #: exception types reported as one ``error:`` line instead of a traceback.
 USER_ERRORS = (ValueError, KeyError, FileNotFoundError, FileExistsError, NotADirectoryError, ImportError)
 OVERRIDE_RE = re.compile(r"^[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*)*=.*$", re.DOTALL)
@@ -154,9 +156,11 @@ def run_train(args: argparse.Namespace) -> int:
         tree = cfg.to_dict() if callable(getattr(cfg, "to_dict", None)) else cfg
         print(yaml.safe_dump(tree, sort_keys=False, default_flow_style=False) if isinstance(tree, dict) else tree)
         return 0
+    from megatron_rl.console import resume_command
     from megatron_rl.trainer import loop
 
-    return _exit_code(loop.main(cfg, resume=args.resume, overwrite=args.overwrite))
+    return _exit_code(loop.main(cfg, resume=args.resume, overwrite=args.overwrite,
+                                resume_cmd=resume_command(args.config, args.overrides)))
 
 
 def _exit_code(result) -> int:
@@ -171,7 +175,10 @@ def dispatch(cmd: ParsedCommand) -> int:
         from megatron_rl import plan
 
         return plan.exit_status(plan.run(cmd.args))
-    return _exit_code(resolve_main(cmd.command)(list(cmd.rest)))
+    rest = list(cmd.rest)
+    if cmd.args.debug and cmd.command in VERBOSE_OWNERS and "--verbose" not in rest:
+        rest.append("--verbose")   # --debug shows everything: the libraries' INFO on the console, not OUT's log
+    return _exit_code(resolve_main(cmd.command)(rest))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -143,10 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[demo] RL: algo={args.algo}, {args.steps} steps x {cfg.data.prompts_per_step} prompts x G={cfg.rollout.n}")
     summary = run(cfg, client=_CLIENT[0], overwrite=True)   # re-running the demo starts over (old run archived)
     _CLIENT[0].shutdown()
-    print(f"[demo] held-out greedy accuracy: before RL {summary['val_acc_before']:.3f} -> after RL "
-          f"{summary['val_acc_after']:.3f}")
-    print(f"[demo] curve: {summary.get('curve')}\n[demo] metrics: {summary.get('metrics')}\n"
-          f"[demo] HF export: {summary.get('hf_export')}\n[demo] total {time.time() - t0:.0f} s")
+    from megatron_rl.console import format_summary
+
+    # the same summary as `megatron-rl train` (held-out accuracy is greedy here: trainer.eval_n = 1)
+    print(format_summary(summary, title=f"done in {time.time() - t0:.0f} s", prefix="[demo] "), flush=True)
     return 0
 
 

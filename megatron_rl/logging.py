@@ -192,6 +192,10 @@ class RunLogger:
         """Start (or continue, same id) the wandb run; the id lives in ``run_dir/wandb_id.txt``."""
         if mode == "disabled":
             return None
+        # ``silent=True`` below quiets the run's own lines, but not wandb's W&B Weave advert (three
+        # "wandb:" lines on stderr whenever ``openai`` is imported, as the PAPO grader client is): its
+        # documented switch is this variable. A user's own setting wins.
+        os.environ.setdefault("WANDB_DISABLE_WEAVE", "true")
         import wandb
 
         id_file = self.run_dir / WANDB_ID_FILE

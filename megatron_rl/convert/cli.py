@@ -7,6 +7,12 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
+
+from megatron_rl.console import quiet_command
+
+#: the log file beside ``--out``: ``OUT.convert.log`` (appended to by every conversion into OUT)
+LOG_SUFFIX = ".convert.log"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,12 +40,29 @@ def build_parser() -> argparse.ArgumentParser:
                    help="HF model dir / config.json for checkpoints without hf/config.json (default: CKPT/hf)")
     b.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=None,
                    help="dtype of the exported weights, named in config.json (default: the checkpoint's model dtype)")
+    for direction in (a, b):
+        direction.add_argument("--verbose", action="store_true",
+                               help="print Megatron's INFO and the libraries' warnings on the console "
+                                    f"instead of OUT{LOG_SUFFIX}")
     return p
+
+
+def log_path(out: str) -> Path:
+    """The conversion's log file, beside ``--out`` (inside it the log would be a foreign file to
+    ``--force`` and vanish with the temp dir of a failed conversion)."""
+    out_path = Path(out).resolve()
+    return out_path.with_name(out_path.name + LOG_SUFFIX)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.verbose:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    with quiet_command(log_path(args.out), verbose=args.verbose) as log:   # INFO + library warnings -> OUT.convert.log
+        return _convert(args, log)
+
+
+def _convert(args, log: Path | None) -> int:
     from megatron_rl.convert.checkpoints import hf_to_mcore, mcore_to_hf
 
     try:
@@ -53,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"megatron-rl convert: error: {e}", file=sys.stderr)
         return error_status()   # 2: every error reported here is about the arguments or the input files
-    print(f"wrote {out}")
+    print(f"wrote {out}" + (f" (log: {log})" if log and log.is_file() else ""))
     return 0
 
 

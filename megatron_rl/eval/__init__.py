@@ -24,7 +24,12 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from megatron_rl.console import quiet_command
+
 from .metrics import pass_at_k, summarize
+
+#: ``eval`` output: the libraries' INFO and warnings (the console keeps ours and errors; ``--verbose``: all)
+LOG_FILE = "eval.log"
 
 __all__ = ["generate_completions", "main", "pass_at_k", "run_eval"]
 
@@ -216,8 +221,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engine", default="vllm", choices=("vllm", "hf"))
     p.add_argument("--max-tokens", type=int, default=None,
                    help="response length cap (default: 256, or less where the model's positions end)")
+    p.add_argument("--verbose", action="store_true",
+                   help=f"print the libraries' INFO and warnings (vLLM's engine start) on the console instead of "
+                        f"OUT/{LOG_FILE}")
     a = p.parse_args(argv)
     a.k = a.k or [a.n or 1]
+    with quiet_command(Path(a.out) / LOG_FILE, verbose=a.verbose):   # before vLLM / torch load
+        return _run(a)
+
+
+def _run(a) -> int:
+    """Check the parsed arguments, generate (``--model``) or read the completions, score, print the summary."""
     problem = _check_args(a)
     from megatron_rl.usage import EXIT_USAGE, error_status
 

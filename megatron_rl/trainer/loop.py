@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from megatron_rl.console import LOG_FILE
 from megatron_rl.trainer import async_rollout as AR
 from megatron_rl.trainer.rollout_stage import Rollouts, broadcast_object
 from megatron_rl.trainer.setup import Run, evaluate, setup_run, sync_weights
@@ -100,6 +101,7 @@ def run(cfg, resume: str | None = None, client=None, overwrite: bool = False) ->
             summary["hf_export"] = str(Path(cfg.trainer.run_dir) / "hf")
         summary["curve"] = str(rn.logger.finish({k: v for k, v in summary.items() if isinstance(v, (int, float))}) or "")
         summary["metrics"] = str(Path(cfg.trainer.run_dir) / "metrics.jsonl")
+        summary.update(end_step=rn.step, last_checkpoint=rn.last_checkpoint, log=str(Path(cfg.trainer.run_dir) / LOG_FILE))
     finally:
         if rn.asy is not None:
             rn.asy.close()
@@ -107,14 +109,15 @@ def run(cfg, resume: str | None = None, client=None, overwrite: bool = False) ->
     return summary
 
 
-def main(cfg, resume: str | None = None, overwrite: bool = False) -> int:
-    """``megatron-rl train`` entry point: console = progress bar, warnings, summary (INFO -> train.log)."""
+def main(cfg, resume: str | None = None, overwrite: bool = False, resume_cmd: str | None = None) -> int:
+    """``megatron-rl train`` entry point: console = progress bar, warnings, summary (INFO -> train.log).
+    ``resume_cmd``: the command line that continues this run, printed last in the summary."""
     import os
 
-    from megatron_rl.console import quiet_console
+    from megatron_rl.console import format_summary, quiet_console
 
     quiet_console(int(os.environ.get("RANK", "0")))
     summary = run(cfg, resume=resume, overwrite=overwrite)
     if not dist.is_initialized() or dist.get_rank() == 0:
-        print({k: v for k, v in summary.items()})
+        print(format_summary(summary, resume=resume_cmd), flush=True)
     return 0

@@ -108,5 +108,55 @@ def test_config_reference_matches_config_dataclasses():
     hints = typing.get_type_hints(C.Config)
     for name, keys in rows.items():
         fields = {f.name for f in dataclasses.fields(hints[name])}
+        if name == "algo":   # the row also names the knobs every kind has (algo.<kind>.kl_loss_coef, ...)
+            from megatron_rl.algorithms import ALGO_KINDS
+
+            fields |= set.intersection(*({f.name for f in dataclasses.fields(k.hparams)} for k in ALGO_KINDS.values()))
         listed = {k for k in re.findall(r"`(\w+)`", keys)} - {"algo"}
         assert listed <= fields, f"README lists {name}.{sorted(listed - fields)} which Config lacks"
+
+
+def _config_key_exists(key: str) -> bool:
+    """``section.key`` of ``Config``, or ``algo.<kind>.knob`` of at least one method's hparams."""
+    import dataclasses
+    import typing
+
+    from megatron_rl import config as C
+    from megatron_rl.algorithms import ALGO_KINDS
+
+    parts = key.split(".")
+    if len(parts) == 3 and parts[:2] == ["algo", "<kind>"]:
+        return any(parts[2] in {f.name for f in dataclasses.fields(k.hparams)} for k in ALGO_KINDS.values())
+    hints = typing.get_type_hints(C.Config)
+    return (len(parts) == 2 and parts[0] in hints and dataclasses.is_dataclass(hints[parts[0]])
+            and parts[1] in {f.name for f in dataclasses.fields(hints[parts[0]])})
+
+
+def test_verl_and_nemo_rl_key_table_names_only_existing_keys():
+    """The verl / NeMo-RL -> megatron_rl table: every key of ours exists in the config (so the table
+    cannot drift from ``config.py`` / ``algorithms/hparams.py``), every row maps or says "no key",
+    and the names users arrive with are there."""
+    section = README[README.index("### Coming from verl or NeMo-RL"):]
+    section = section[: section.index("\n#", 4)]
+    rows = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in section.splitlines()
+            if ln.startswith("| ") and not ln.startswith("| verl ")]
+    assert len(rows) >= 30 and all(len(r) == 4 for r in rows), rows
+    ours = {}
+    for verl, nemo, mine, _ in rows:
+        keys = re.findall(r"`([^`]+)`", mine)
+        assert keys or mine == "no key", f"row {verl} / {nemo}: third column is neither keys nor 'no key': {mine!r}"
+        missing = [k for k in keys if not _config_key_exists(k)]
+        assert not missing, f"row {verl} / {nemo} names keys the config lacks: {missing}"
+        for name in re.findall(r"`([^`]+)`", verl + " " + nemo):
+            ours[name] = keys
+    assert ours["data.train_batch_size"] == ours["grpo.num_prompts_per_step"] == ["data.prompts_per_step"]
+    assert ours["actor_rollout_ref.rollout.n"] == ours["grpo.num_generations_per_prompt"] == ["rollout.n"]
+    assert ours["actor_rollout_ref.actor.optim.lr"] == ["optim.lr"] and ours["trainer.save_freq"] == ["trainer.ckpt_every"]
+    for name in ("actor_rollout_ref.actor.clip_ratio_low", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+                 "algorithm.adv_estimator", "actor_rollout_ref.actor.use_kl_loss", "trainer.total_training_steps",
+                 "trainer.test_freq", "actor_rollout_ref.rollout.gpu_memory_utilization",
+                 "actor_rollout_ref.rollout.tensor_model_parallel_size", "policy.train_global_batch_size",
+                 "policy.max_total_sequence_length", "loss_fn.ratio_clip_min", "loss_fn.reference_policy_kl_penalty",
+                 "checkpointing.save_period", "algorithm.use_kl_in_reward"):
+        assert name in ours, f"{name} missing from the verl / NeMo-RL table"
+    assert not _config_key_exists("trainer.prompts_per_step") and not _config_key_exists("algo.<kind>.nope")

@@ -107,8 +107,12 @@ def test_to_float_accepts_scalar_kinds():
     assert to_float("c", True) == 1.0
 
 
-def test_offline_wandb_and_curve_png(tmp_path):
-    """Real wandb in offline mode: run files appear, resume continues the same run id."""
+def test_offline_wandb_and_curve_png(tmp_path, capfd):
+    """Real wandb in offline mode: run files appear, resume continues the same run id, and wandb
+    prints nothing: with ``openai`` imported (the PAPO grader client) it used to print three lines
+    advertising W&B Weave on every run (issue 24)."""
+    import openai  # noqa: F401   the trigger of wandb's advert, as in a training process
+
     run = tmp_path / "wb"
     lg = RunLogger(run, {"lr": 1e-6}, wandb_mode="offline", project="t", run_name="wb", total_steps=4)
     for s in (1, 2):
@@ -124,6 +128,8 @@ def test_offline_wandb_and_curve_png(tmp_path):
     lg.finish()
     assert (run / "wandb_id.txt").read_text().strip() == run_id
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2, 3]
+    out = capfd.readouterr()
+    assert "wandb:" not in out.out + out.err, out.err
 
 
 def test_plot_curve_without_curve_metrics_returns_none(tmp_path):

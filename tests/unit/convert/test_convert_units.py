@@ -106,7 +106,13 @@ def test_existing_output_refused_without_force(hf_dir, tmp_path):
     assert _cli("hf-to-mcore", "--hf", hf_dir, "--out", out).returncode == 0
     p = _cli("hf-to-mcore", "--hf", hf_dir, "--out", out)
     assert p.returncode == 2 and "already holds a checkpoint; pass --force" in p.stderr
-    assert _cli("hf-to-mcore", "--hf", hf_dir, "--out", out, "--force").returncode == 0
+    # quiet by default (issue 24): building the Megatron model logs ~14 lines of INFO (Megatron-FSDP, patches,
+    # parallel state) and a deprecation warning; they go to OUT.convert.log, the console gets one line
+    p = _cli("hf-to-mcore", "--hf", hf_dir, "--out", out, "--force", "--engine", "model")
+    log = tmp_path / "mc.convert.log"
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+    assert p.stdout.splitlines() == [f"wrote {out} (log: {log})"]
+    assert "INFO megatron_rl.patches: patch" in log.read_text() and "UserWarning" in log.read_text()
     hf2 = tmp_path / "hf2"
     assert _cli("mcore-to-hf", "--ckpt", out, "--out", hf2).returncode == 0
     p = _cli("mcore-to-hf", "--ckpt", out, "--out", hf2)

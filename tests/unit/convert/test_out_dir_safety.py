@@ -39,6 +39,7 @@ def test_hf_to_mcore_never_deletes_user_files(hf_dir, tmp_path):
     p = _cli("hf-to-mcore", "--hf", hf_dir, "--out", user, "--force")   # the CLI: one line, exit 2
     assert p.returncode == 2 and "is not a checkpoint written by megatron-rl; refusing to touch it" in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1 and _intact(user)
+    assert not (tmp_path / "user.convert.log").exists()      # refused before any record: no log file either
     with pytest.raises(FileExistsError, match="refusing to touch it"):
         convert(hf_dir, user)
     # the source HF dir itself (an HF checkpoint, but not ours) is refused too
@@ -77,8 +78,8 @@ def test_mcore_to_hf_never_deletes_user_files(hf_dir, tmp_path):
     assert (out / "megatron_rl_export.json").is_file()
     with pytest.raises(FileExistsError, match="pass --force"):
         mcore_to_hf(ckpt, out)
-    p = _cli("mcore-to-hf", "--ckpt", ckpt, "--out", out, "--force")
-    assert p.returncode == 0, p.stderr
+    p = _cli("mcore-to-hf", "--ckpt", ckpt, "--out", out, "--force", "--verbose")   # --verbose: INFO on the console
+    assert p.returncode == 0 and "INFO megatron_rl.convert: exported" in p.stderr, p.stderr
     assert not list(tmp_path.glob(".tmp-*")) and not list(tmp_path.glob(".old-*"))
 
 
