@@ -11,7 +11,8 @@ E.g. RLCSD's AIME protocol, mean@12 at T 0.6, top-p 0.95, top-k 20, thinking on:
         --top-k 20 --chat-template-kwargs '{"enable_thinking": true}' --max-tokens 38912
 
 Writes ``samples.jsonl`` (per sample: row, sample, score, correct) and ``summary.json`` (mean@k,
-pass@k for each k of ``--k``, default n, per data source and overall; ``eval/metrics.py``).
+pass@k for each k of ``--k``, default n, per data source and overall; ``eval/metrics.py``) into
+``--out``, which must be new or empty, or an earlier eval output with ``--force`` (``eval/out_dir.py``).
 
 pass@k uses the unbiased estimator 1 − C(n−c, k) / C(n, k) (n samples, c correct);
 mean@k is the mean correctness of the first k samples of each row.
@@ -202,7 +203,10 @@ def main(argv: list[str] | None = None) -> int:
                    help='JSON options of the chat template, e.g. \'{"enable_thinking": true}\'')
     p.add_argument("--tp", type=int, default=1, help="the vLLM engine's tensor-parallel size")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (row i uses seed + i)")
-    p.add_argument("--out", required=True, help="output dir (samples.jsonl, summary.json)")
+    p.add_argument("--out", required=True,
+                   help="output dir (samples.jsonl, summary.json): new or empty, or an earlier eval output with --force")
+    p.add_argument("--force", action="store_true",
+                   help="replace an earlier eval output of megatron-rl in --out (other files are never touched)")
     p.add_argument("--engine", default="vllm", choices=("vllm", "hf"))
     p.add_argument("--max-tokens", type=int, default=None,
                    help="response length cap (default: 256, or less where the model's positions end)")
@@ -212,14 +216,16 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"megatron-rl eval: error: {problem}", file=sys.stderr)
         return 2
+    from .out_dir import prepare_eval_out
+
     try:
-        Path(a.out).mkdir(parents=True, exist_ok=True)
+        prepare_eval_out(a.out, a.force, keep=a.completions)   # convert's rule: nothing of the user's overwritten
         n = a.n or max(a.k)
         comp = a.completions or generate_completions(
             a.data, a.model, n, Path(a.out) / "completions.jsonl", a.max_tokens, a.temperature, a.engine,
             a.top_p, a.top_k, a.min_p, a.chat_template_kwargs, a.tp, a.seed)
         s = run_eval(a.data, comp, a.k, a.out, n=a.n)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, FileExistsError) as e:
         print(f"megatron-rl eval: error: {e}", file=sys.stderr)
         return 2
     print(json.dumps({k_: v for k_, v in s.items() if k_ != "by_source"}))
