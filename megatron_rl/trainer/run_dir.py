@@ -24,7 +24,8 @@ from pathlib import Path
 log = logging.getLogger("megatron_rl.run_dir")
 
 #: what a training run writes into its run_dir (archived together by ``--overwrite``)
-RUN_ARTIFACTS = ("checkpoints", "metrics.jsonl", "curve.png", "wandb", "wandb_id.txt", "hf", "train.log", "config.yaml")
+RUN_ARTIFACTS = ("checkpoints", "metrics.jsonl", "curve.png", "wandb", "wandb_id.txt", "hf", "train.log", "config.yaml",
+                 "samples.jsonl")
 
 
 def used_by(run_dir: str | os.PathLike) -> list[str]:

@@ -101,8 +101,9 @@ def test_config_yaml_is_loadable_records_the_package_and_never_overwrites(work):
     changed = load_config(TINY, [*_base(work), "trainer.steps=9"])
     assert save_run_config(changed) == run / "config.1.yaml"
     assert load_config(run / "config.yaml") == cfg and load_config(run / "config.1.yaml") == changed
-    dest = archive_run(run)                                              # --overwrite archives both
-    assert sorted(p.name for p in dest.iterdir()) == ["config.1.yaml", "config.yaml"]
+    (run / "samples.jsonl").write_text("{}\n")                          # logging.dump_samples appends to it
+    dest = archive_run(run)                                              # --overwrite archives them
+    assert sorted(p.name for p in dest.iterdir()) == ["config.1.yaml", "config.yaml", "samples.jsonl"]
     assert not list(run.glob("config*.yaml"))
 
 
