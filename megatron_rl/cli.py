@@ -4,6 +4,7 @@ Each subcommand dispatches to the ``main`` of the module that owns it; this file
 dispatches and turns user errors into one clear line (``--debug`` shows the traceback)::
 
     megatron-rl train --config examples/configs/tiny_cpu_grpo.yaml [a.b=c ...] [--resume auto|PATH]
+    megatron-rl train --print-config [--algo KIND]    -> every key, default, description (config_doc.py)
     megatron-rl demo [--algo bicc_rcc] ...            -> megatron_rl.demo.main(argv)
     megatron-rl eval ...                              -> megatron_rl.eval main(argv)
     megatron-rl convert hf-to-mcore|mcore-to-hf ...   -> megatron_rl.convert.cli.main(argv)
