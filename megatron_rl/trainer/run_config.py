@@ -150,7 +150,10 @@ def check_resume(cfg, resume: str | None, allow_change: bool = False) -> None:
         _say(f"warning: {run_dir} has no {FILE} (a run from before it was written): resuming without comparing "
              "the configuration", err=True)
         return
-    diff = changes(_read(saved[-1]), _tree(cfg))
+    old = _read(saved[-1])
+    diff = changes(old, _tree(cfg))
+    if not (old.get("model") or {}).get("architecture"):   # not recorded (no config.json then): nothing to compare
+        diff = {k: v for k, v in diff.items() if not k.startswith("model.architecture")}
     hard = [k for k in diff if _refused(k)]
     if hard and not allow_change:
         shown = ", ".join(f"{k}: {_v(diff[k][0])} -> {_v(diff[k][1])}" for k in hard)
