@@ -4,6 +4,7 @@ Each subcommand dispatches to the ``main`` of the module that owns it; this file
 dispatches and turns user errors into one clear line (``--debug`` shows the traceback)::
 
     megatron-rl train --config examples/configs/tiny_cpu_grpo.yaml [a.b=c ...] [--resume auto|PATH]
+    megatron-rl train --print-config [--algo KIND]    -> every key, default, description (config_doc.py)
     megatron-rl demo [--algo bicc_rcc] ...            -> megatron_rl.demo.main(argv)
     megatron-rl eval ...                              -> megatron_rl.eval main(argv)
     megatron-rl convert hf-to-mcore|mcore-to-hf ...   -> megatron_rl.convert.cli.main(argv)
@@ -83,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}")
 
     t = sub.add_parser("train", help=HELP["train"], description=HELP["train"])
-    t.add_argument("--config", required=True, help="YAML config (see examples/configs/)")
+    t.add_argument("--config", help="YAML config (see examples/configs/); required unless --print-config")
     t.add_argument("overrides", nargs="*", type=override, metavar="a.b=c",
                    help="dotted overrides applied on top of the YAML, e.g. algo.kind=dapo trainer.steps=10")
     t.add_argument("--resume", type=resume_value, default=None, metavar="auto|PATH",
@@ -94,6 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "print it, and exit")
     t.add_argument("--overwrite", action="store_true",
                    help="fresh run in a used trainer.run_dir: move the earlier run to run_dir/archive/<time>/ first")
+    t.add_argument("--allow-config-change", action="store_true",
+                   help="--resume even though algo.kind, rollout.n or the model differ from the run's config.yaml")
+    t.add_argument("--print-config", action="store_true",
+                   help="print every config key with its default and description (a loadable YAML) and exit")
+    t.add_argument("--algo", metavar="KIND", default=None,
+                   help="with --print-config: show the algo.<KIND> section of that method (default: grpo)")
 
     for name in PASSTHROUGH:
         sub.add_parser(name, help=HELP[name], add_help=False,
@@ -112,11 +119,22 @@ def parse_command(argv: Sequence[str]) -> ParsedCommand:
     if idx is not None and argv[idx] in PASSTHROUGH:
         return ParsedCommand(argv[idx], parser.parse_args(argv[: idx + 1]), argv[idx + 1:])
     args, extra = parser.parse_known_args(argv)
+    if args.command == "train" and not args.config and not args.print_config:
+        _train_usage_error("the following arguments are required: --config (or --print-config)")
+    if args.command == "train" and args.algo and not args.print_config:
+        _train_usage_error("--algo KIND goes with --print-config (a run's method is the override algo.kind=KIND)")
     if extra and args.command == "train" and all(OVERRIDE_RE.match(x) and not x.startswith("-") for x in extra):
         args.overrides = [*args.overrides, *extra]     # overrides after an option: train --check a.b=c
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return ParsedCommand(args.command, args, [])
+
+
+def _train_usage_error(message: str):
+    """A ``train`` usage error: one line, exit status 2 (``usage.OneLineParser``)."""
+    from megatron_rl.usage import OneLineParser
+
+    OneLineParser(prog="megatron-rl train").error(message)
 
 
 def resolve_main(command: str) -> Callable[[list[str]], int | None]:
@@ -139,6 +157,11 @@ def resolve_main(command: str) -> Callable[[list[str]], int | None]:
 
 def run_train(args: argparse.Namespace) -> int:
     """``train``: ``load_config(yaml, overrides)`` then ``trainer.loop.main(cfg, resume=...)``."""
+    if args.print_config:
+        from megatron_rl.config_doc import print_config
+
+        print_config(args.algo)
+        return 0
     if Path(args.config).is_dir():
         raise CliError(f"--config {args.config} is a directory; pass a YAML file (e.g. examples/configs/tiny_cpu_grpo.yaml)")
     if not Path(args.config).is_file():
@@ -149,7 +172,7 @@ def run_train(args: argparse.Namespace) -> int:
     if args.check:
         from megatron_rl.preflight import preflight
 
-        preflight(cfg, args.resume, args.overwrite)   # the start-up checks of `train`, nothing started
+        preflight(cfg, args.resume, args.overwrite, args.allow_config_change)   # train's start-up checks, nothing started
         print(f"config OK: {args.config}" + (f" with {len(args.overrides)} override(s)" if args.overrides else ""))
         import yaml
 
@@ -160,7 +183,8 @@ def run_train(args: argparse.Namespace) -> int:
     from megatron_rl.trainer import loop
 
     return _exit_code(loop.main(cfg, resume=args.resume, overwrite=args.overwrite,
-                                resume_cmd=resume_command(args.config, args.overrides)))
+                                resume_cmd=resume_command(args.config, args.overrides),
+                                allow_config_change=args.allow_config_change))
 
 
 def _exit_code(result) -> int:

@@ -239,7 +239,8 @@ class TrainerConfig:
     seed: int = 1234
     """Global seed (init, sampling seeds are derived from it and the step)."""
     run_dir: str = "runs/default"
-    """Output folder: metrics.jsonl, checkpoints/, curve.png, hf export."""
+    """Output folder: metrics.jsonl, checkpoints/, curve.png, hf export, and config.yaml (the resolved
+    configuration of each start, ``trainer/run_config.py``)."""
     eval_every: int = 0
     """Held-out evaluation every N steps (0 = only before and after)."""
     eval_prompts: int = 200
@@ -262,7 +263,8 @@ class TrainerConfig:
     ckpt_every: int = 0
     """Checkpoint every N steps (0 = only at the end)."""
     keep_last: int = 2
-    """Checkpoints kept."""
+    """Complete checkpoints kept in run_dir/checkpoints (older ones are deleted after each save);
+    0 = keep all of them."""
     export_hf: bool = True
     """Write an HF export of the final policy to run_dir/hf."""
 
@@ -456,7 +458,9 @@ _ALGO_DEFAULTS = {f.name: f.default for f in dataclasses.fields(AlgoConfig)}
 
 
 def from_dict(tree: dict) -> Config:
-    """Build and validate a :class:`Config` (``validate`` + ``preflight.check_config``)."""
+    """Build and validate a :class:`Config` (``validate`` + ``preflight.check_config``). A ``_meta``
+    section (what ``run_dir/config.yaml`` records beside the config: version, commit) is ignored."""
+    tree = {k: v for k, v in tree.items() if k != "_meta"}
     sections = {f.name: f.type for f in dataclasses.fields(Config)}
     unknown = sorted(set(tree) - set(sections))
     if unknown:

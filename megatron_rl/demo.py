@@ -66,6 +66,30 @@ def prepare(run_dir: Path, seed: int):
     return paths, tok, hf
 
 
+#: what a demo run dir holds besides the training run's artifacts (``trainer/run_dir.RUN_ARTIFACTS``)
+DEMO_ENTRIES = ("data", "tokenizer", "init_hf", "sft_hf", "archive", "samples.jsonl")
+
+
+def check_demo_dir(run_dir: Path) -> None:
+    """The demo rewrites its run dir (data, tokenizer, policies; the earlier RL run is archived), so it
+    refuses one holding anything a demo did not write: new, empty or an earlier demo run only."""
+    import re
+
+    from megatron_rl.trainer.run_dir import RUN_ARTIFACTS
+
+    if not run_dir.is_dir():
+        if run_dir.exists():
+            raise FileExistsError(f"demo --run-dir {run_dir} is an existing file, not a directory; choose another --run-dir")
+        return
+    ours = re.compile(r"^(config\.\d+\.yaml|metrics\..*\.jsonl|\.tmp-.*)$")
+    foreign = sorted(e.name for e in run_dir.iterdir()
+                     if e.name not in (*DEMO_ENTRIES, *RUN_ARTIFACTS) and not ours.match(e.name))
+    if foreign:
+        raise FileExistsError(f"demo --run-dir {run_dir} holds files the demo did not write ({', '.join(foreign[:3])}"
+                              f"{', ...' if len(foreign) > 3 else ''}); the demo rewrites its run dir: choose a new or "
+                              "empty --run-dir (or an earlier demo run's)")
+
+
 def demo_config(args, run_dir: Path, paths: dict, hf_dir: Path):
     from megatron_rl.config import load_config
 
@@ -116,6 +140,8 @@ def demo_config(args, run_dir: Path, paths: dict, hf_dir: Path):
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    run_dir = Path(args.run_dir or f"runs/demo_{args.algo}").resolve()
+    check_demo_dir(run_dir)   # nothing of the user's is overwritten (before anything is set up)
     from megatron_rl.console import quiet_console
     from megatron_rl.usage import begin_run
 
@@ -126,7 +152,6 @@ def main(argv: list[str] | None = None) -> int:
 
     check_ray_address(None)   # a RAY_ADDRESS nobody serves: one line now, not Ray's endless retries later
     t0 = time.time()
-    run_dir = Path(args.run_dir or f"runs/demo_{args.algo}").resolve()
     print(f"[demo] run dir {run_dir}")
     if args.init_from:
         sft_hf, cfg = reuse_warm_start(args, run_dir)

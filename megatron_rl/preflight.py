@@ -134,6 +134,27 @@ def check_data(cfg) -> None:
                          f"(one step's prompts): set data.prompts_per_step <= {n} or use a larger prompt file")
 
 
+def check_row_fields(cfg) -> None:
+    """Every ``data.train`` row carries the ``extra_info`` fields the method's data path reads
+    (``DataPath.row_fields``: e.g. the reference solution of a chat teacher prompt), counted."""
+    from megatron_rl.trainer.paths import path_class
+
+    need = path_class(cfg.algo.kind).row_fields(cfg)
+    if not need:
+        return
+    import pyarrow.parquet as pq
+
+    f = pq.ParquetFile(cfg.data.train)
+    rows = f.read(columns=["extra_info"]).column("extra_info").to_pylist() if "extra_info" in f.schema_arrow.names \
+        else [None] * f.metadata.num_rows
+    for keys, why in need:
+        missing = sum(1 for e in rows if not (isinstance(e, dict) and any(e.get(k) for k in keys)))
+        if missing:
+            alt = "".join(f" (or extra_info.{k})" for k in keys[1:])
+            raise ValueError(f"data.train={cfg.data.train}: {missing} of {len(rows)} rows have no extra_info.{keys[0]}"
+                             f"{alt}, {why}: add it to every row, or use a method or template that does not need it")
+
+
 def check_backend(cfg) -> str:
     """The layer backend this machine will build (``models.provider.resolve_model_backend``)."""
     from megatron_rl.models.provider import resolve_model_backend
@@ -195,14 +216,17 @@ def check_launch(cfg) -> None:
         check_ray_address(cfg.rollout.ray_address)
 
 
-def preflight(cfg, resume: str | None = None, overwrite: bool = False) -> str:
+def preflight(cfg, resume: str | None = None, overwrite: bool = False, allow_config_change: bool = False) -> str:
     """All start-up checks of a run on this machine; returns the resolved layer backend."""
+    from megatron_rl.trainer.run_config import check_resume
     from megatron_rl.trainer.run_dir import check_run_dir
 
     check_launch(cfg)
     check_files(cfg, resume)
     check_data(cfg)
+    check_row_fields(cfg)
     check_run_dir(cfg.trainer.run_dir, resume, overwrite)
+    check_resume(cfg, resume, allow_config_change)   # the saved run_dir/config.yaml against this one
     check_export_dir(cfg, overwrite)
     check_world(cfg)
     backend = check_backend(cfg)

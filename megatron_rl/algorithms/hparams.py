@@ -54,8 +54,8 @@ class PPOHParams:
 class GRPOHParams(PPOHParams):
     """GRPO (verl): std_u + ε scaling, dual clip 3, k3 KL loss 0.001."""
 
-    eps: float = 1e-6
-    scale: str = "std"
+    eps: float = 1e-6                #: ε of the group scale (r − mean)/(std + ε)
+    scale: str = "std"               #: group scale: std (unbiased, verl) | std_pop (population) | none (Dr.GRPO)
     kl_loss_coef: float = 0.001
 
     def __post_init__(self) -> None:
@@ -68,11 +68,11 @@ class SamplingHParams(PPOHParams):
     """DAPO's sampling-side pieces (soft overlong shaping, dynamic sampling), read by the sampling data
     paths (``trainer/paths/sampling.py``) of every method whose hparams derive from this class."""
 
-    overlong_enable: bool = False
-    overlong_buffer_len: int = 4096
-    overlong_penalty_factor: float = 1.0
+    overlong_enable: bool = False        #: DAPO soft overlong punishment added to the reward
+    overlong_buffer_len: int = 4096      #: last tokens before rollout.max_tokens where the penalty ramps up (<= max_tokens)
+    overlong_penalty_factor: float = 1.0  #: penalty at the length cap (linear from 0 over the buffer)
     filter_groups: bool = False          #: DAPO dynamic sampling
-    filter_metric: str = "acc"
+    filter_metric: str = "acc"           #: what must vary inside a kept group: acc (correctness) | score | seq_reward | seq_final_reward (reward)
     max_num_gen_batches: int = 0         #: generation batches per step at most; ≤ 0 = unlimited
     at_cap: str = "raise"                #: at max_num_gen_batches: raise (reference) | fill (uniform groups, no duplicates)
 
@@ -144,7 +144,7 @@ class BiCCRCCHParams(BiCCHParams):
 
     base: str = "grpo"          #: grpo | dapo | drgrpo | bicc | remax
     rcc_delta: str = "sum"      #: sum (literal) | mean
-    eps: float = 1e-6
+    eps: float = 1e-6           #: ε of the base estimator's group scale
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -158,9 +158,9 @@ class TeacherHParams(PPOHParams):
     paths (``trainer/paths/teacher.py``) read these; ``ema_decay`` is used in ``ema`` mode,
     ``teacher_sync_interval`` in ``snapshot`` mode."""
 
-    teacher_mode: str = "snapshot"
-    teacher_sync_interval: int = 10
-    ema_decay: float = 0.95
+    teacher_mode: str = "snapshot"   #: teacher weights: fixed (= current θ) | snapshot (copy every teacher_sync_interval steps) | ema
+    teacher_sync_interval: int = 10  #: optimizer steps between teacher snapshots (snapshot mode)
+    ema_decay: float = 0.95          #: θ̄ ← d·θ̄ + (1 − d)·θ after each step (ema mode)
 
 
 @dataclass(frozen=True)
@@ -168,8 +168,8 @@ class HintHParams(TeacherHParams):
     """RLCSD hint selection (spec §1.5.1): at most ``k_max`` negative hints per target, the positive
     hint from a correct self rollout (``self_rollout``) or the ground-truth solution (``gt_cot``)."""
 
-    k_max: int = 1
-    source: str = "self_rollout"
+    k_max: int = 1                   #: negative hints per target at most (K_max)
+    source: str = "self_rollout"     #: positive hint: self_rollout (a correct sibling) | gt_cot (the reference solution)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -181,13 +181,13 @@ class HintHParams(TeacherHParams):
 class RLCSDHParams(HintHParams):
     """RLCSD (spec §1.5.4)."""
 
-    tau: float = 0.02
-    beta: float = 1.0
-    lam: float = 0.5
-    delta: float = 0.02
-    eta: float = 1.0
-    clip_lo: float = -2.0
-    clip_hi: float = 2.0
+    tau: float = 0.02       #: temperature τ of the contrastive signal: r = clip(β·λ·tanh(e/τ), lo, hi)
+    beta: float = 1.0       #: β of that residual
+    lam: float = 0.5        #: λ of that residual
+    delta: float = 0.02     #: gate: tokens with |r| > δ take the modulated advantage path
+    eta: float = 1.0        #: η, weight of the selected (modulated) path in the two-path loss
+    clip_lo: float = -2.0   #: lower clip of the residual r
+    clip_hi: float = 2.0    #: upper clip of the residual r
     k_max: int = 4
     dual_clip: float | None = None
     loss_agg_mode: str = "token-sum"
@@ -207,8 +207,8 @@ class RLCSDHParams(HintHParams):
 class OPSDHParams(TeacherHParams):
     """OPSD: teacher top-100 + tail, per-element clip 0.05, teacher = current θ, grad clip 0.1."""
 
-    top_k: int = 100
-    jsd_token_clip: float = 0.05
+    top_k: int = 100                 #: teacher support: top-k tokens + one tail bucket
+    jsd_token_clip: float = 0.05     #: per-token clip κ of the distillation divergence
     teacher_mode: str = "fixed"
     grad_clip: float = 0.1
 
@@ -217,9 +217,9 @@ class OPSDHParams(TeacherHParams):
 class SDPOHParams(TeacherHParams):
     """SDPO: JSD α 0.5 on student top-100 + tail, IS clip 2, EMA teacher 0.95."""
 
-    top_k: int = 100
-    alpha: float = 0.5
-    is_clip: float = 2.0
+    top_k: int = 100                 #: student support: top-k tokens + one tail bucket
+    alpha: float = 0.5               #: α of the generalized JSD (0.5: symmetric)
+    is_clip: float = 2.0             #: cap of the importance weight π_θ/π_old
     teacher_mode: str = "ema"
 
 
@@ -227,7 +227,7 @@ class SDPOHParams(TeacherHParams):
 class SRPOHParams(SDPOHParams):
     """SRPO: GRPO (ε 0.2, c 3) on correct rows, entropy-weighted SDPO on the rest."""
 
-    srpo_beta: float = 1.0
+    srpo_beta: float = 1.0           #: β of the entropy weighting of the SDPO term on the incorrect rows
 
 
 @dataclass(frozen=True)
@@ -235,10 +235,10 @@ class RLSDHParams(TeacherHParams):
     """RLSD: ε 0.2, ε_w 0.2, λ₀ 0.5 (decay switch off by default, spec §1.6e), snapshot/10."""
 
     dual_clip: float | None = None
-    eps_w: float = 0.2
-    lam: float = 0.5
-    lam_decay: bool = False
-    lam_decay_steps: int = 50
+    eps_w: float = 0.2               #: clip ε_w of the teacher/student token weight
+    lam: float = 0.5                 #: λ₀, weight of the teacher term
+    lam_decay: bool = False          #: decay λ linearly to 0 over lam_decay_steps (spec §1.6e)
+    lam_decay_steps: int = 50        #: steps of that decay
 
 
 @dataclass(frozen=True)
@@ -253,9 +253,9 @@ class RLSDECTRHParams(RLSDHParams, HintHParams):
 class OPSDECTRHParams(OPSDHParams, HintHParams):
     """OPSD-ECTR: α_E 0.5, floor −5, τ_cw 1, clip 0.05, KL 0.001, grad clip 0.1."""
 
-    alpha: float = 0.5
-    log_w_floor: float = -5.0
-    cw_tau: float = 1.0
+    alpha: float = 0.5               #: α_E, weight of the negative-hint teacher in g = (1+α)log p_c − α·max(log p_w, f)
+    log_w_floor: float = -5.0        #: floor f of the negative teacher log-prob
+    cw_tau: float = 1.0              #: τ of the confidence weight ω = KL/(KL + τ) (0: ω = 1)
     kl_loss_coef: float = 0.001
     k_max: int = 1
 
@@ -264,7 +264,7 @@ class OPSDECTRHParams(OPSDHParams, HintHParams):
 class PAPOHParams(GRPOHParams):
     """PAPO: A_out + λ·A_proc (λ 1.0), clip 0.2/0.28 as in every released run, no KL."""
 
-    lam: float = 1.0
+    lam: float = 1.0                #: λ of A_out + λ·A_proc
     process_norm: str = "correct"   #: correct | full (Fullnorm ablation)
     reward_mode: str = "dual"       #: dual (PAPO) | prm_only (GRPO on r_proc of ALL responses) | mult (GRPO on r_out·r_proc)
     clip_high: float = 0.28
@@ -281,13 +281,13 @@ class PAPOHParams(GRPOHParams):
 class ScoreHParams(PPOHParams):
     """SCoRe (BY571 arithmetic config): β1 0.01, β2 0.1, α 10, sequence length norm."""
 
-    stage: int = 1
-    beta1: float = 0.01
-    beta2: float = 0.1
-    alpha: float = 10.0
-    length_norm: str = "sequence"
-    max_new_attempt1: int = 768
-    max_new_attempt2: int = 768
+    stage: int = 1               #: SCoRe stage: 1 (first attempt held near the reference) | 2 (both attempts, shaped reward)
+    beta1: float = 0.01          #: β1, KL-to-reference weight of stage II
+    beta2: float = 0.1           #: β2, first-attempt KL weight of stage I
+    alpha: float = 10.0          #: α of the shaped reward r̃2 = r2 + α(r2 − r1)
+    length_norm: str = "sequence"  #: per-token weight: sequence (1/length) | constant (1/max_new_attempt*)
+    max_new_attempt1: int = 768  #: first-attempt length of length_norm=constant
+    max_new_attempt2: int = 768  #: second-attempt length of length_norm=constant
     loss_agg_mode: str = "seq-mean-token-sum"
     stage1_steps: int = 0        #: trainer: stage I for loop steps 1..stage1_steps, II after (0: fixed ``stage``)
     instruction: str = ""        #: trainer: self-correction instruction text ("" -> the CPU demo's "R=")

@@ -11,7 +11,8 @@ E.g. RLCSD's AIME protocol, mean@12 at T 0.6, top-p 0.95, top-k 20, thinking on:
         --top-k 20 --chat-template-kwargs '{"enable_thinking": true}' --max-tokens 38912
 
 Writes ``samples.jsonl`` (per sample: row, sample, score, correct) and ``summary.json`` (mean@k,
-pass@k for each k of ``--k``, default n, per data source and overall; ``eval/metrics.py``).
+pass@k for each k of ``--k``, default n, per data source and overall; ``eval/metrics.py``) into
+``--out``, which must be new or empty, or an earlier eval output with ``--force`` (``eval/out_dir.py``).
 
 pass@k uses the unbiased estimator 1 − C(n−c, k) / C(n, k) (n samples, c correct);
 mean@k is the mean correctness of the first k samples of each row.
@@ -68,10 +69,11 @@ def _load_completions(path) -> dict[int, list[str]]:
 
 
 def run_eval(eval_parquet, completions_jsonl, k, out_dir, reward_by_source: dict | None = None,
-             n: int | None = None) -> dict:
+             n: int | None = None, prepare_out=None) -> dict:
     """Score completions and write samples.jsonl + summary.json; returns the summary.
     ``k``: one k or several (mean@k and pass@k for each); ``n``: samples per row used (the first n of
-    each row; default: all of them, at least max k)."""
+    each row; default: all of them, at least max k). ``prepare_out``: called instead of creating
+    ``out_dir`` once the inputs passed their checks (the CLI's ``--out`` rule, ``out_dir.py``)."""
     from tqdm import tqdm
 
     from megatron_rl.rewards.manager import DEFAULT_BY_SOURCE, get_reward
@@ -82,7 +84,7 @@ def run_eval(eval_parquet, completions_jsonl, k, out_dir, reward_by_source: dict
     by_source = {**DEFAULT_BY_SOURCE, **(reward_by_source or {})}
     _check_completions(rows, comps, n or ks[-1], "n" if n else "k", completions_jsonl, eval_parquet)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    prepare_out() if prepare_out is not None else out.mkdir(parents=True, exist_ok=True)
     scored: list[tuple[str, list[bool]]] = []
     with open(out / "samples.jsonl", "w") as f:
         for i, row in enumerate(tqdm(rows, desc="eval", unit="row")):
@@ -217,7 +219,10 @@ def main(argv: list[str] | None = None) -> int:
                    help='JSON options of the chat template, e.g. \'{"enable_thinking": true}\'')
     p.add_argument("--tp", type=int, default=1, help="the vLLM engine's tensor-parallel size")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (row i uses seed + i)")
-    p.add_argument("--out", required=True, help="output dir (samples.jsonl, summary.json)")
+    p.add_argument("--out", required=True,
+                   help="output dir (samples.jsonl, summary.json): new or empty, or an earlier eval output with --force")
+    p.add_argument("--force", action="store_true",
+                   help="replace an earlier eval output of megatron-rl in --out (other files are never touched)")
     p.add_argument("--engine", default="vllm", choices=("vllm", "hf"))
     p.add_argument("--max-tokens", type=int, default=None,
                    help="response length cap (default: 256, or less where the model's positions end)")
@@ -238,15 +243,19 @@ def _run(a) -> int:
     if problem:
         print(f"megatron-rl eval: error: {problem}", file=sys.stderr)
         return EXIT_USAGE
-    try:
-        if a.model:   # with --completions, run_eval creates --out once the inputs passed their checks
-            Path(a.out).mkdir(parents=True, exist_ok=True)
+    from .out_dir import check_eval_out, prepare_eval_out
+
+    try:   # convert's rule for --out (nothing of the user's overwritten); written only once inputs pass
+        check_eval_out(a.out, a.force)
         n = a.n or max(a.k)
+        if a.model:
+            prepare_eval_out(a.out, a.force)
         comp = a.completions or generate_completions(
             a.data, a.model, n, Path(a.out) / "completions.jsonl", a.max_tokens, a.temperature, a.engine,
             a.top_p, a.top_k, a.min_p, a.chat_template_kwargs, a.tp, a.seed)
-        s = run_eval(a.data, comp, a.k, a.out, n=a.n)
-    except (ValueError, FileNotFoundError) as e:
+        s = run_eval(a.data, comp, a.k, a.out, n=a.n,
+                     prepare_out=None if a.model else (lambda: prepare_eval_out(a.out, a.force, keep=a.completions)))
+    except (ValueError, FileNotFoundError, FileExistsError) as e:
         print(f"megatron-rl eval: error: {e}", file=sys.stderr)
         return error_status()   # 2: the errors reported here are about the arguments or the input files
     print(json.dumps({k_: v for k_, v in s.items() if k_ != "by_source"}))

@@ -68,10 +68,11 @@ def rl_step(run: Run, step: int) -> dict:
     return metrics
 
 
-def run(cfg, resume: str | None = None, client=None, overwrite: bool = False) -> dict:
+def run(cfg, resume: str | None = None, client=None, overwrite: bool = False, allow_config_change: bool = False) -> dict:
     """Train ``cfg`` (SPMD); returns the summary dict (held-out accuracy before/after etc.).
-    ``overwrite``: archive an earlier run in ``trainer.run_dir`` (``trainer/run_dir.py``)."""
-    rn = setup_run(cfg, resume=resume, client=client, overwrite=overwrite)
+    ``overwrite``: archive an earlier run in ``trainer.run_dir`` (``trainer/run_dir.py``);
+    ``allow_config_change``: resume despite a changed method / group size / model (``trainer/run_config.py``)."""
+    rn = setup_run(cfg, resume=resume, client=client, overwrite=overwrite, allow_config_change=allow_config_change)
     summary = {"start_step": rn.step}
     if cfg.rollout.max_staleness > 0:
         rn.asy = AR.AsyncRollouts(rn.path.collect, is_driver=rn.info.is_driver, first_step=rn.step + 1,
@@ -109,7 +110,8 @@ def run(cfg, resume: str | None = None, client=None, overwrite: bool = False) ->
     return summary
 
 
-def main(cfg, resume: str | None = None, overwrite: bool = False, resume_cmd: str | None = None) -> int:
+def main(cfg, resume: str | None = None, overwrite: bool = False, resume_cmd: str | None = None,
+         allow_config_change: bool = False) -> int:
     """``megatron-rl train`` entry point: console = progress bar, warnings, summary (INFO -> train.log).
     ``resume_cmd``: the command line that continues this run, printed last in the summary."""
     import os
@@ -117,7 +119,7 @@ def main(cfg, resume: str | None = None, overwrite: bool = False, resume_cmd: st
     from megatron_rl.console import format_summary, quiet_console
 
     quiet_console(int(os.environ.get("RANK", "0")))
-    summary = run(cfg, resume=resume, overwrite=overwrite)
+    summary = run(cfg, resume=resume, overwrite=overwrite, allow_config_change=allow_config_change)
     if not dist.is_initialized() or dist.get_rank() == 0:
         print(format_summary(summary, resume=resume_cmd), flush=True)
     return 0

@@ -24,7 +24,8 @@ from pathlib import Path
 log = logging.getLogger("megatron_rl.run_dir")
 
 #: what a training run writes into its run_dir (archived together by ``--overwrite``)
-RUN_ARTIFACTS = ("checkpoints", "metrics.jsonl", "curve.png", "wandb", "wandb_id.txt", "hf", "train.log")
+RUN_ARTIFACTS = ("checkpoints", "metrics.jsonl", "curve.png", "wandb", "wandb_id.txt", "hf", "train.log", "config.yaml",
+                 "samples.jsonl")
 
 
 def used_by(run_dir: str | os.PathLike) -> list[str]:
@@ -59,6 +60,7 @@ def archive_run(run_dir: str | os.PathLike) -> Path | None:
     there was nothing to move). Call on one rank only."""
     d = Path(run_dir)
     present = [n for n in RUN_ARTIFACTS if (d / n).exists()] + sorted(p.name for p in d.glob("metrics.*.jsonl"))
+    present += sorted(p.name for p in d.glob("config.*.yaml"))   # the later starts' configs (trainer/run_config.py)
     if not present:
         return None
     dest = d / "archive" / time.strftime("%Y%m%d-%H%M%S", time.gmtime())

@@ -134,10 +134,12 @@ def build_grader(cfg):
     return grader
 
 
-def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = False) -> Run:
+def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = False,
+              allow_config_change: bool = False) -> Run:
     """init_parallel -> tokenizer, data, reward manager, actor (+ reference), engines, logger;
     ``resume``: ``"auto"`` (newest complete checkpoint, if any), a checkpoint path, or None;
-    ``overwrite``: a fresh run in a used ``run_dir`` archives the earlier one (else it is refused)."""
+    ``overwrite``: a fresh run in a used ``run_dir`` archives the earlier one (else it is refused);
+    ``allow_config_change``: resume despite a changed method / group size / model (``trainer/run_config.py``)."""
     from megatron_rl import algorithms as A
     from megatron_rl.config import validate
     from megatron_rl.data.dataset import DeterministicSampler, PromptDataset
@@ -151,13 +153,17 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
     from megatron_rl.trainer.paths import build_path
     from megatron_rl.trainer.run_dir import archive_run
 
-    backend = preflight(cfg, resume, overwrite)   # every user error before anything starts
+    backend = preflight(cfg, resume, overwrite, allow_config_change)   # every user error before anything starts
     from megatron_rl.usage import begin_run
 
     begin_run()                                       # from here an error is a runtime error (exit 1)
     rank = int(os.environ.get("RANK", "0"))           # torchrun's; process groups start below
     if overwrite and rank == 0:
         archive_run(cfg.trainer.run_dir)
+    if rank == 0:
+        from megatron_rl.trainer.run_config import save_run_config
+
+        save_run_config(cfg)   # run_dir/config.yaml (or config.<n>.yaml): which configuration this start ran
     from megatron_rl.console import attach_run_log
 
     attach_run_log(cfg.trainer.run_dir, rank)   # INFO (patches, Megatron's dumps, stages) -> run_dir/train.log

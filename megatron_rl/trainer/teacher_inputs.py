@@ -82,6 +82,16 @@ class InlineHintTemplate:
         return p[:at] + self.tok.encode(answer) + self.sep + p[at:]
 
 
+def template_name(name: str, tokenizer_dir: str) -> str:
+    """What :func:`make_template` resolves ``name`` to for the tokenizer in ``tokenizer_dir``, without
+    loading it (start-up checks): ``auto`` is inline for a SentencePiece model (``sp.model``), else chat."""
+    from pathlib import Path
+
+    if name != "auto":
+        return name
+    return "inline" if tokenizer_dir and (Path(tokenizer_dir) / "sp.model").is_file() else "chat"
+
+
 def make_template(name: str, tokenizer):
     """``chat`` | ``inline`` | ``auto`` (inline for SentencePiece tokenizers without chat templates)."""
     if name == "auto":
@@ -112,10 +122,16 @@ class TeacherPlan:
         return max(self.n_neg, default=0)
 
 
+#: ``extra_info`` keys of a row's reference solution (verl datasets: ``solution``; the chat fixture and
+#: PAPO's grader: ``reference_solution``); the chat teacher prompt needs one (start-up check: ``preflight``)
+SOLUTION_KEYS = ("solution", "reference_solution")
+
+
 def _gt(row) -> tuple[str, str]:
-    """(reference solution body, ground-truth answer) of a row; the answer alone when no solution."""
+    """(reference solution body, ground-truth answer) of a row; the answer alone when no solution
+    (the inline template, which shows only the answer)."""
     ans = str(row.ground_truth)
-    return str(row.extra_info.get("solution") or ans), ans
+    return str(next((row.extra_info[k] for k in SOLUTION_KEYS if row.extra_info.get(k)), ans)), ans
 
 
 def plan_gt(ro, template) -> TeacherPlan:

@@ -80,6 +80,14 @@ def test_readme_quickstart_runs_as_written(plain_warm, tmp_path):
             assert p.stderr.strip() == "" and len(p.stdout.splitlines()) == 1, console[-2000:]
         if first is None and "tiny_cpu_grpo" in line:   # the first run, before its --resume auto
             first = (_rows(run), (run / "wandb_id.txt").read_text().strip())
+        if "tiny_cpu_grpo" in line and "--resume auto" in line:   # the changed key is named, old -> new
+            assert "trainer.steps: 4 -> 6" in p.stderr and "warning: resuming with a changed configuration" in p.stderr
+    # every start left its resolved configuration (with the package's version): 4 steps, then 6
+    import yaml
+
+    saved = [yaml.safe_load((run / n).read_text()) for n in ("config.yaml", "config.1.yaml")]
+    assert [c["trainer"]["steps"] for c in saved] == [4, 6] and not (run / "config.2.yaml").exists()
+    assert all(c["_meta"]["version"] and c["algo"]["kind"] == "grpo" for c in saved)
     rows = _rows(run)
     steps = [r["step"] for r in rows]
     assert steps == list(range(1, steps[-1] + 1)) and steps[-1] > 4        # resumed, no duplicate rows

@@ -122,6 +122,14 @@ CASES = [
      "is not a checkpoint written by megatron-rl; refusing to touch it"),
     ("convert-run-dir", ["convert", "mcore-to-hf", "--ckpt", "{X}/used", "--out", "{X}/hfout"],
      "(a run directory? pass one of its checkpoints"),
+    # issue 24 (more in tests/unit/test_run_explains.py): nothing overwritten, a run that explains itself
+    ("eval-out-user-dir", ["eval", "--data", "{X}/train.parquet", "--completions", "{X}/c.jsonl", "--out", "{X}/userdir",
+                           "--force"], "is not an eval output of megatron-rl; refusing to write into it"),
+    ("demo-user-dir", ["demo", "--run-dir", "{X}/userdir"], "holds files the demo did not write (thesis.tex)"),
+    ("opsd-no-solution", ["{T}", "algo.kind=opsd", "teacher.template=chat", "algo.opsd.top_k=8"],
+     "data.train={X}/train.parquet: 32 of 32 rows have no extra_info.solution"),
+    ("resume-changed-kind", ["{T}", "trainer.run_dir={X}/saved", "algo.kind=rloo", "--resume", "auto"],
+     "algo.kind: 'grpo' -> 'rloo'"),
 ]
 
 
@@ -148,7 +156,19 @@ def make_work(x: Path) -> Path:
     (x / "list.yaml").write_text("- model\n- trainer\n")
     (x / "c.jsonl").write_text('{"index": 0, "response": "1"}\n')
     (x / "badresp.jsonl").write_text('{"index": 0, "response": 12}\n')
+    _saved_run(x)
     return x
+
+
+def _saved_run(x: Path) -> None:
+    """``{X}/saved``: a grpo run as a start leaves it (config.yaml, one complete checkpoint)."""
+    from megatron_rl.config import load_config
+    from megatron_rl.trainer.run_config import save_run_config
+
+    (x / "saved" / "checkpoints" / "step_1").mkdir(parents=True)
+    (x / "saved" / "checkpoints" / "step_1" / "COMPLETE").write_text('{"step": 1}')
+    save_run_config(load_config(TINY, [f"model.hf_path={x / 'model'}", f"data.train={x / 'train.parquet'}", "data.val=",
+                                       f"trainer.run_dir={x / 'saved'}"]))
 
 
 @pytest.fixture(scope="module")

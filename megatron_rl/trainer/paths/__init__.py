@@ -58,6 +58,12 @@ class DataPath(abc.ABC):
         return set(cls.provides)
 
     @classmethod
+    def row_fields(cls, cfg) -> list[tuple[tuple[str, ...], str]]:
+        """``extra_info`` fields every training row must carry under ``cfg``: ``[(keys (any one of them
+        suffices), what reads it)]``; checked against ``data.train`` at start-up (``preflight``). None here."""
+        return []
+
+    @classmethod
     def validate(cls, cfg) -> None:
         """Start-up rules of the path for ``cfg`` (hparams class, inputs the method needs)."""
         from megatron_rl.algorithms import kind_required_inputs

@@ -44,6 +44,22 @@ class TeacherPath(PlainPath):
                 raise ValueError("teacher.pack=on needs the local attention path (block-diagonal masks); Transformer "
                                  "Engine's causal kernels ignore them. Use teacher.pack=auto/off or model.backend=local")
 
+    @classmethod
+    def shows_solution(cls, hp) -> bool:
+        """Does this path's teacher prompt show the row's reference solution under hparams ``hp``?"""
+        return False
+
+    @classmethod
+    def row_fields(cls, cfg) -> list[tuple[tuple[str, ...], str]]:
+        """The chat teacher prompt shows the row's reference solution (the inline one only the answer):
+        without it the teacher would silently see the bare answer as its "solution"."""
+        from megatron_rl.trainer.teacher_inputs import SOLUTION_KEYS, template_name
+
+        tok_dir = cfg.model.tokenizer_path or cfg.model.hf_path
+        if not cls.shows_solution(cfg.algo.hparams) or template_name(cfg.teacher.template, tok_dir) != "chat":
+            return []
+        return [(SOLUTION_KEYS, f"the reference solution of algo.kind={cfg.algo.kind}'s teacher prompt (teacher.template=chat)")]
+
     def setup(self, run) -> None:
         from megatron_rl.trainer.teacher import TeacherWeights
 
@@ -80,6 +96,10 @@ class HintsPath(TeacherPath):
     provides = BASE_INPUTS | {"teacher_logp", "teacher_neg_logp", "teacher_neg_mask", "teacher_topk",
                               "teacher_neg_topk", "student_topk", "teacher_entropy", "step"}
 
+    @classmethod
+    def shows_solution(cls, hp) -> bool:
+        return hp.source == "gt_cot"     # positive hint = the reference solution (else a correct sibling)
+
     def plan(self, ro, step: int):
         from megatron_rl.trainer.distill_stage import step_rng
         from megatron_rl.trainer.teacher_inputs import plan_hints
@@ -92,6 +112,10 @@ class HintsPath(TeacherPath):
 class GtTeacherPath(TeacherPath):
     provides = BASE_INPUTS | {"teacher_logp", "teacher_topk", "student_topk", "teacher_entropy", "step",
                               "srpo_log_u_mean"}
+
+    @classmethod
+    def shows_solution(cls, hp) -> bool:
+        return True
 
     def plan(self, ro, step: int):
         from megatron_rl.trainer.teacher_inputs import plan_gt

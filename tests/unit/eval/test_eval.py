@@ -30,7 +30,7 @@ def test_eval_cli_matches_hand_computation(tmp_path):
     s = json.loads((out / "summary.json").read_text())
     # hand: mean@4 = (3/4 + 1/4 + 4/4) / 3 = 2/3; pass@4 = (1 + 1 + 1) / 3 = 1
     assert math.isclose(s["mean@4"], 2 / 3) and s["pass@4"] == 1.0
-    assert main(["--data", str(data), "--completions", str(comp), "--k", "2", "--out", str(out)]) == 0
+    assert main(["--data", str(data), "--completions", str(comp), "--k", "2", "--out", str(out), "--force"]) == 0
     s = json.loads((out / "summary.json").read_text())
     # pass@2 per row: 1 - C(1,2)/C(4,2) = 1; 1 - C(3,2)/C(4,2) = 0.5; 1  -> mean 5/6; mean@2: (1 + 0.5 + 1)/3
     assert math.isclose(s["pass@2"], 5 / 6) and math.isclose(s["mean@2"], 2.5 / 3)
