@@ -1,0 +1,27 @@
+"""A small real file system for the full-disk tests: a size-limited tmpfs mounted on a temp dir.
+
+Mounting needs root (CAP_SYS_ADMIN); where that is not permitted the test is skipped with the reason
+(a size-limited directory cannot be emulated faithfully otherwise: statvfs and ENOSPC come from the
+file system)."""
+from __future__ import annotations
+
+import contextlib
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+@contextlib.contextmanager
+def small_tmpfs(where: Path, size: str) -> Iterator[Path]:
+    """Mount a tmpfs of ``size`` (``mount -o size=``, e.g. ``"4m"``) on ``where``; unmounted after."""
+    where.mkdir(parents=True, exist_ok=True)
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True,
+                       text=True, check=False)
+    if p.returncode != 0:
+        pytest.skip(f"cannot mount a {size} tmpfs here (needs root / CAP_SYS_ADMIN): {p.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
