@@ -13,6 +13,7 @@ engine pool.
 from __future__ import annotations
 
 import math
+import signal
 import time
 from pathlib import Path
 
@@ -86,7 +87,9 @@ def run(cfg, resume: str | None = None, client=None, overwrite: bool = False) ->
                 summary["val_acc_before"] = evaluate(rn, 0)["eval/acc"]
             stop.arm()
             stopped = _train_steps(rn, stop)
-            if not stopped:
+            if stopped:
+                rn.logger.finish()   # progress bar and wandb run closed before the stop line
+            else:
                 _finish(rn, summary)
         finally:
             if rn.asy is not None:
@@ -94,8 +97,6 @@ def run(cfg, resume: str | None = None, client=None, overwrite: bool = False) ->
             rn.close(own_client=client is None)
     if stopped:
         if rn.info.is_driver:
-            import signal
-
             print(f"[megatron-rl] stopped by {signal.Signals(stopped).name} after step {rn.step} of {cfg.trainer.steps}"
                   f" (checkpoint {rn.last_checkpoint}); resume with: {resume_hint()}", flush=True)
         raise Stopped(stopped)

@@ -1,6 +1,8 @@
-"""Exact resume: SIGKILL right after a checkpoint and again mid-step; ``--resume auto`` must
-reproduce the uninterrupted run's metrics.jsonl (losses, rewards, grad norms) bit for bit on CPU.
-A half-written checkpoint (no COMPLETE marker) is ignored.
+"""Exact resume: a graceful stop (SIGTERM in the middle of step 3: the run finishes the step,
+checkpoints it, prints one line and exits 143) or a SIGKILL right after a checkpoint, then a SIGKILL
+mid-step; ``--resume auto`` must reproduce the uninterrupted run's metrics.jsonl (losses, rewards,
+grad norms) bit for bit on CPU. A half-written checkpoint (no COMPLETE marker) is ignored and a
+stale ``.tmp-step_*`` dir is removed at the next start with one line.
 
 The interrupted runs are ``megatron-rl train`` processes (each kill is a real SIGKILL of the process
 group). The uninterrupted reference runs of all tests share one process and engine pool (``refs``),
@@ -91,8 +93,8 @@ def _finish(proc) -> None:
 
 
 @pytest.mark.slow
-def test_resume_after_sigkill_is_bit_identical(warm, refs, tmp_path):
-    _sigkill_resume(warm, tmp_path, refs["grpo"], ())
+def test_resume_after_sigterm_and_sigkill_is_bit_identical(warm, refs, tmp_path):
+    _sigkill_resume(warm, tmp_path, refs["grpo"], (), first="sigterm")
 
 
 @pytest.mark.slow
@@ -106,24 +108,55 @@ def test_async_resume_after_sigkill_is_bit_identical(warm, refs, tmp_path):
     assert [r["offpolicy/staleness_mean"] for r in ref] == [0.0] + [1.0] * (STEPS - 1)
 
 
+def _sigterm_mid_step_3(proc, run_dir: Path, timeout: float) -> None:
+    """SIGTERM (to the train process, as torchrun or ``kill`` sends it) once step 3 is under way: the
+    run finishes step 3, checkpoints it, says how to resume in one line and exits 143, no traceback."""
+    ck = run_dir / "checkpoints"
+    t0 = time.time()
+    while not ((ck / "step_2" / "COMPLETE").exists() and len(_rows(run_dir)) == 2):
+        assert proc.poll() is None, f"run ended before step 3:\n{proc.stdout.read()[-3000:]}"
+        assert time.time() - t0 < timeout, "step 3 never started"
+        time.sleep(0.05)
+    time.sleep(0.5)                                   # into step 3 (generation), its row not yet written
+    assert len(_rows(run_dir)) == 2
+    os.kill(proc.pid, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 143, out[-4000:]
+    assert "Traceback" not in out, out[-4000:]
+    said = [x for x in out.splitlines() if "resume with:" in x]
+    assert len(said) == 1 and "stopped by SIGTERM after step 3 of 6" in said[0], out[-4000:]
+    assert f"trainer.run_dir={run_dir} " in said[0] and said[0].endswith("trainer.keep_last=5 --resume auto"), said[0]
+    assert (ck / "step_3" / "COMPLETE").exists() and not list(ck.glob(".tmp-*"))
+    assert [r["step"] for r in _rows(run_dir)] == [1, 2, 3]
+
+
 def _sigkill_resume(warm: Path, tmp_path: Path, ref: list[dict], extra: tuple, kill_timeout: float = 300,
-                    second_kill: bool = True) -> list[dict]:
+                    second_kill: bool = True, first: str = "sigkill") -> list[dict]:
     run_dir = tmp_path / "run"
+    ck = run_dir / "checkpoints"
     assert [r["step"] for r in ref] == list(range(1, STEPS + 1))
 
-    # 1) SIGKILL right after the step-2 checkpoint completes
+    # 1) SIGTERM in the middle of step 3 (graceful stop: step 3 is checkpointed), or SIGKILL right
+    #    after the step-2 checkpoint completes
     p = _run(_cmd(warm, run_dir, resume=False, extra=extra))
-    _kill_when(p, lambda: (run_dir / "checkpoints" / "step_2" / "COMPLETE").exists(), kill_timeout)
-    # a half-written checkpoint must be ignored by --resume auto
-    fake = run_dir / "checkpoints" / "step_3"
+    if first == "sigterm":
+        _sigterm_mid_step_3(p, run_dir, kill_timeout)
+    else:
+        _kill_when(p, lambda: (ck / "step_2" / "COMPLETE").exists(), kill_timeout)
+    # a half-written checkpoint must be ignored by --resume auto; a save cut short removed at start
+    fake = ck / "step_5"
     fake.mkdir(parents=True, exist_ok=True)
     (fake / "garbage").write_text("partial")
+    (ck / ".tmp-step_7" / "dist").mkdir(parents=True)
     # 2) resume, then SIGKILL in the middle of step 5 (after step 5 started: its row not yet written)
     if second_kill:
         p = _run(_cmd(warm, run_dir, resume=True, extra=extra))
-        _kill_when(p, lambda: (run_dir / "checkpoints" / "step_4" / "COMPLETE").exists(), kill_timeout)
+        _kill_when(p, lambda: (ck / "step_4" / "COMPLETE").exists(), kill_timeout)
+        out = p.stdout.read()
+        assert out.count("removed 1 unfinished checkpoint dir(s)") == 1 and ".tmp-step_7" in out, out[-3000:]
     # 3) resume to the end
     _finish(_run(_cmd(warm, run_dir, resume=True, extra=extra)))
+    assert not list(ck.glob(".tmp-*"))
     got = _rows(run_dir)
     assert [r["step"] for r in got] == list(range(1, STEPS + 1)), [r["step"] for r in got]
     for a, b in zip(ref, got):
