@@ -4,13 +4,17 @@ symbols the dist-optimizer load patch wraps."""
 from __future__ import annotations
 
 import inspect
-
 import logging
 
 import pytest
 
 from megatron_rl.diskspace import DiskSpaceError, check_free, free_bytes, is_disk_full
-from megatron_rl.trainer.checkpoint import _prune, checkpoints_dir, find_latest, remove_stale_tmp
+from megatron_rl.trainer.checkpoint import (
+    _prune,
+    checkpoints_dir,
+    find_latest,
+    remove_stale_tmp,
+)
 from tests.helpers.tmpfs import small_tmpfs
 
 
