@@ -150,11 +150,10 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, actor, extra_state: d
     root = checkpoints_dir(run_dir)
     tmp, final = root / f".tmp-step_{step}", root / f"step_{step}"
     rng = _rng_state()          # captured before anything below can touch the generators
-    need = expected_bytes(run_dir, actor, teacher)
 
     def start():
         if rank == 0:
-            check_free(root, need, f"checkpoint step_{step}")
+            check_free(root, expected_bytes(run_dir, actor, teacher), f"checkpoint step_{step}")
             for stale in root.glob(".tmp-step_*") if root.is_dir() else ():   # left by crashed saves
                 shutil.rmtree(stale, ignore_errors=True)
             (tmp / "dist").mkdir(parents=True)
@@ -195,9 +194,11 @@ def expected_bytes(run_dir: str | os.PathLike, actor, teacher=None) -> int:
     the model-parallel size (this rank holds 1/(TP·PP) of the model), plus the teacher's weights."""
     from megatron_rl.diskspace import tree_bytes
 
-    latest = find_latest(run_dir)
-    if latest is not None:
-        return tree_bytes(latest)
+    root = checkpoints_dir(run_dir)
+    done = sorted((int(m.group(1)), p) for p in root.iterdir()
+                  if (m := _STEP_RE.match(p.name)) and (p / _MARKER).is_file()) if root.is_dir() else []
+    if done:                    # the newest complete one (no manifest check: only its size matters)
+        return tree_bytes(done[-1][1])
     params = [p for m in actor.bare_models() for p in m.parameters()]
     weights = sum(p.numel() * p.element_size() for p in params)
     total = weights + 12 * sum(p.numel() for p in params)
