@@ -35,6 +35,7 @@ def runs(tmp_path_factory):
     # (its own run dir); then the TP=1 resume in one process
     torchrun(WORKERS / "actor_checkpoint.py", hf, d, f"full:full:{run}:2:1", f"crash:crash:{run}:0:0",
              f"same:resume:{run}:2:1", f"pp2:resume:{run}:1:2", f"fresh:fresh:{d / 'fresh_run'}:2:1",
+             "stop:stop:-:0:0",
              nproc=2, timeout=900)
     # + the full-disk case on a small tmpfs (2 checkpoints of the tiny model do not fit in 6 MiB)
     small = d / "small"
@@ -47,6 +48,7 @@ def runs(tmp_path_factory):
             umount(small)
     out = {k: json.loads((d / f"{k}.json").read_text()) for k in ("full", "same", "tp1", "pp2", "fresh")}
     out["disk"] = no_mount or json.loads((d / "disk.json").read_text())
+    out["stop"] = json.loads((d / "stop.json").read_text())["ranks"]
     out["listing_after_full"] = json.loads((d / "crash.json").read_text())["listing"]
     out["run_dir"], out["hf"], out["dir"] = run, hf, d
     return out
@@ -70,6 +72,13 @@ def test_disk_filled_during_a_checkpoint(runs):
     m = re.search(r"checkpoints: needs (\d+) bytes \(.*\), (\d+) bytes \(.*\) free; nothing was written", r["precheck"])
     assert m and int(m.group(1)) > int(m.group(2)), r["precheck"]
     assert r["after_precheck"] == ["step_1"]
+    assert r["export"].startswith("not enough free space for the HF export hf in ") and "\n" not in r["export"]
+    assert r["after_export"] == ["checkpoints"]
+
+
+def test_graceful_stop_is_agreed_by_every_rank(runs):
+    """SIGTERM reaches rank 1 only (a real signal): at the next step boundary both ranks stop on it."""
+    assert runs["stop"] == [[0, 15, 0], [0, 15, 15]]
 
 
 def test_resume_same_layout_is_bit_identical(runs):

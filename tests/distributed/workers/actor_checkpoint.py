@@ -14,7 +14,9 @@ cases; one launch instead of one per case saves the torch + megatron imports); r
                 half-written newer save (.tmp-step_3) and a renamed dir without its COMPLETE (step_5).
   PHASE=diskfull  RUN_DIR lies on a small tmpfs the test mounted: step 1 is saved; the step-2 save
                 has its disk filled by a filler thread the moment its temp dir appears (a real ENOSPC
-                mid-write); then, with the disk still full, a step-3 save meets the free-space check.
+                mid-write); then, with the disk still full, a step-3 save and an HF export meet the
+                free-space check.
+  PHASE=stop    (no actor) a SIGTERM to rank 1 only: every rank's GracefulStop.agreed() returns it.
 Each step uses its own batch (seed = step) with old log-probs from a forward pass.
 """
 from __future__ import annotations
@@ -102,7 +104,34 @@ def disk_full(actor, run_dir: str) -> dict:
     except DiskSpaceError as e:
         rec["precheck"] = str(e)
     rec["after_precheck"] = sorted(p.name for p in ck.iterdir())
+    try:                                         # the loop's end-of-run HF export meets the same check
+        actor.export_hf(str(Path(run_dir) / "hf"))
+        rec["export"] = "no error"
+    except DiskSpaceError as e:
+        rec["export"] = str(e)
+    rec["after_export"] = sorted(p.name for p in Path(run_dir).iterdir())
     return rec
+
+
+def stop_agreement(out: str) -> None:
+    """Graceful stop under SPMD: only rank 1 gets a SIGTERM, yet every rank's ``agreed()`` at the next
+    step boundary returns it (and 0 at the boundary before)."""
+    import os
+    import signal
+
+    import torch.distributed as dist
+
+    from megatron_rl.trainer.stop import GracefulStop
+
+    with GracefulStop() as st:
+        st.arm()
+        before = st.agreed()
+        if dist.get_rank() == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        after = st.agreed()
+    got = [None] * dist.get_world_size()
+    dist.all_gather_object(got, [before, after, int(st.signum)])
+    write_json(out, {"ranks": got})
 
 
 def run_case(hf_dir: str, run_dir: str, out: str, tp: int, pp: int, phase: str) -> None:
@@ -161,6 +190,9 @@ def main() -> None:
         label, phase, run_dir, tp, pp = case.split(":")
         if phase == "crash":
             simulate_crash(run_dir, f"{out_dir}/{label}.json")
+            continue
+        if phase == "stop":
+            stop_agreement(f"{out_dir}/{label}.json")
             continue
         run_case(hf_dir, run_dir, f"{out_dir}/{label}.json", int(tp), int(pp), phase)
         destroy_parallel()
