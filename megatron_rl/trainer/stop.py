@@ -17,6 +17,9 @@ daemons and engine actors share the driver's fate and go with it; a checkpoint c
 ``.tmp-step_*`` directory that the next start removes, ``checkpoint.remove_stale_tmp``). Before the
 run is :meth:`~GracefulStop.arm`-ed (start-up: nothing to save yet) the first signal already stops at once.
 
+A rank that cannot reach the boundary (stuck in a collective with a dead peer) is ended by its
+launcher's escalation (torchrun sends SIGKILL after its grace period; Slurm after ``KillWait``).
+
 Handlers are installed only in the main thread (Python's rule), re-taken after ``ray.init`` (which
 installs its own SIGTERM handler, ``sys.exit``) with :meth:`~GracefulStop.reclaim`, and the previous
 ones are restored on exit: the demo and the tests run ``loop.run`` in-process.
