@@ -1,5 +1,6 @@
-"""Exact resume: a graceful stop (SIGTERM in the middle of step 3: the run finishes the step,
-checkpoints it, prints one line and exits 143) or a SIGKILL right after a checkpoint, then a SIGKILL
+"""Exact resume: a graceful stop (SIGTERM in the middle of step 3 — a reward equal to the config's
+pauses there, so the timing is certain —: the run finishes the step, checkpoints it, prints one line
+and exits 143) or a SIGKILL right after a checkpoint, then a SIGKILL
 mid-step; ``--resume auto`` must reproduce the uninterrupted run's metrics.jsonl (losses, rewards,
 grad norms) bit for bit on CPU. A half-written checkpoint (no COMPLETE marker) is ignored and a
 stale ``.tmp-step_*`` dir is removed at the next start with one line.
@@ -67,9 +68,10 @@ def _cmd(warm: Path, run_dir: Path, resume: bool, config: str = "tiny_cpu_grpo",
     return cmd + (["--resume", "auto"] if resume else [])
 
 
-def _run(cmd, **kw):
+def _run(cmd, env: dict | None = None, **kw):
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            cwd=Path(__file__).resolve().parents[2], env={**os.environ, "OMP_NUM_THREADS": "2"}, **kw)
+                            cwd=Path(__file__).resolve().parents[2], env={**os.environ, "OMP_NUM_THREADS": "2", **(env or {})},
+                            **kw)
 
 
 def _kill_when(proc, cond, timeout=300):
@@ -108,24 +110,54 @@ def test_async_resume_after_sigkill_is_bit_identical(warm, refs, tmp_path):
     assert [r["offpolicy/staleness_mean"] for r in ref] == [0.0] + [1.0] * (STEPS - 1)
 
 
-def _sigterm_mid_step_3(proc, run_dir: Path, timeout: float) -> None:
-    """SIGTERM (to the train process, as torchrun or ``kill`` sends it) once step 3 is under way: the
-    run finishes step 3, checkpoints it, says how to resume in one line and exits 143, no traceback."""
+PAUSE_DRIVER = '''
+import os, sys, time
+from pathlib import Path
+from megatron_rl.rewards.manager import register_reward
+from megatron_rl.rewards.exact import exact_match
+calls = [0]
+
+@register_reward("exact_pausing")
+def _r(text, gt):  # exact_match (the tiny config's reward); at the first sample of step 3 (32 prompts x
+    calls[0] += 1  # 8 samples per step) it marks the moment and pauses, so a signal lands mid-step for sure
+    if calls[0] == 2 * 256 + 1:
+        Path(os.environ["PAUSE_MARK"]).touch()
+        time.sleep(2.0)
+    return exact_match(text, gt)
+
+from megatron_rl.cli import main
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
+'''
+
+
+def _start_pausing(cmd: list[str], tmp_path: Path) -> tuple[subprocess.Popen, Path]:
+    """``cmd`` (a ``megatron-rl train`` line) run through :data:`PAUSE_DRIVER`, whose reward (equal to
+    the config's) pauses in the middle of step 3; returns the process and the file marking the pause."""
+    drv, mark = tmp_path / "pause_driver.py", tmp_path / "step3_started"
+    drv.write_text(PAUSE_DRIVER)
+    cmd = [sys.executable, str(drv), *cmd[3:], "reward.default=exact_pausing", "reward.by_source={reverse: exact_pausing}"]
+    return _run(cmd, env={"PAUSE_MARK": str(mark)}), mark
+
+
+def _sigterm_mid_step_3(proc, mark: Path, run_dir: Path, timeout: float) -> None:
+    """SIGTERM (to the train process, as torchrun or ``kill`` sends it) while step 3 is scoring its
+    samples: the run finishes step 3, checkpoints it, says how to resume in one line and exits 143,
+    no traceback."""
     ck = run_dir / "checkpoints"
     t0 = time.time()
-    while not ((ck / "step_2" / "COMPLETE").exists() and len(_rows(run_dir)) == 2):
+    while not mark.exists():
         assert proc.poll() is None, f"run ended before step 3:\n{proc.stdout.read()[-3000:]}"
         assert time.time() - t0 < timeout, "step 3 never started"
         time.sleep(0.05)
-    time.sleep(0.5)                                   # into step 3 (generation), its row not yet written
-    assert len(_rows(run_dir)) == 2
+    assert [r["step"] for r in _rows(run_dir)] == [1, 2] and (ck / "step_2" / "COMPLETE").exists()
     os.kill(proc.pid, signal.SIGTERM)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 143, out[-4000:]
     assert "Traceback" not in out, out[-4000:]
     said = [x for x in out.splitlines() if "resume with:" in x]
     assert len(said) == 1 and "stopped by SIGTERM after step 3 of 6" in said[0], out[-4000:]
-    assert f"trainer.run_dir={run_dir} " in said[0] and said[0].endswith("trainer.keep_last=5 --resume auto"), said[0]
+    assert f"trainer.run_dir={run_dir} " in said[0] and said[0].endswith(" --resume auto"), said[0]
     assert (ck / "step_3" / "COMPLETE").exists() and not list(ck.glob(".tmp-*"))
     assert [r["step"] for r in _rows(run_dir)] == [1, 2, 3]
 
@@ -138,10 +170,11 @@ def _sigkill_resume(warm: Path, tmp_path: Path, ref: list[dict], extra: tuple, k
 
     # 1) SIGTERM in the middle of step 3 (graceful stop: step 3 is checkpointed), or SIGKILL right
     #    after the step-2 checkpoint completes
-    p = _run(_cmd(warm, run_dir, resume=False, extra=extra))
     if first == "sigterm":
-        _sigterm_mid_step_3(p, run_dir, kill_timeout)
+        p, mark = _start_pausing(_cmd(warm, run_dir, resume=False, extra=extra), tmp_path)
+        _sigterm_mid_step_3(p, mark, run_dir, kill_timeout)
     else:
+        p = _run(_cmd(warm, run_dir, resume=False, extra=extra))
         _kill_when(p, lambda: (ck / "step_2" / "COMPLETE").exists(), kill_timeout)
     # a half-written checkpoint must be ignored by --resume auto; a save cut short removed at start
     fake = ck / "step_5"
