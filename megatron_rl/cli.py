@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from megatron_rl import __version__
+from megatron_rl.diskspace import DiskSpaceError
 
 #: pass-through subcommands -> candidate ``module:function`` owners of ``main(argv)``, in order.
 PASSTHROUGH: dict[str, tuple[str, ...]] = {
@@ -44,7 +45,8 @@ COMMANDS = tuple(HELP)
 #: pass-through commands whose owners send the libraries' INFO to a log file unless ``--verbose``
 VERBOSE_OWNERS = ("eval", "convert")
 #: exception types reported as one ``error:`` line instead of a traceback.
-USER_ERRORS = (ValueError, KeyError, FileNotFoundError, FileExistsError, NotADirectoryError, ImportError)
+USER_ERRORS = (ValueError, KeyError, FileNotFoundError, FileExistsError, NotADirectoryError, ImportError,
+               DiskSpaceError)   # a full disk (megatron_rl/diskspace.py): a runtime error, one line
 OVERRIDE_RE = re.compile(r"^[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*)*=.*$", re.DOTALL)
 
 

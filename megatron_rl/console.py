@@ -180,6 +180,10 @@ def format_summary(summary: dict, title: str = "megatron-rl train: done", resume
     return "\n".join([prefix + title] + [f"{prefix}  {k.ljust(width)}  {v}" for k, v in rows])
 
 
+#: the resume line where the command line is not known (a run started in-process, e.g. by the demo)
+RESUME_TEMPLATE = "megatron-rl train --config <your config> [overrides] --resume auto"
+
+
 def resume_command(config: str, overrides: list[str] | tuple[str, ...] = ()) -> str:
     """``megatron-rl train --config C [overrides] --resume auto``: continues the run (raise
     ``trainer.steps=N`` to train further), shell-quoted."""

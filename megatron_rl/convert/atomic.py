@@ -116,6 +116,19 @@ def atomic_dir(target: str | os.PathLike, force: bool = False, enabled: bool = T
     try:
         yield tmp
         replace_dir(tmp, target, force)
-    except BaseException:
+    except BaseException as e:
+        raise_if_disk_full(e, tmp, target)
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def raise_if_disk_full(err: BaseException, tmp: Path, target: Path) -> None:
+    """A write into ``tmp`` that failed because the disk is full: remove ``tmp`` and raise one
+    ``DiskSpaceError`` line naming ``target`` (``diskspace.py``); any other error: return."""
+    from megatron_rl.diskspace import DiskSpaceError, free_bytes, is_disk_full
+
+    if isinstance(err, DiskSpaceError) or not is_disk_full(err, tmp.parent):
+        return
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise DiskSpaceError(f"disk full while writing {target} ({free_bytes(tmp.parent)} bytes free now): the partial "
+                         "output was removed; free some space and run again") from err

@@ -98,7 +98,11 @@ def _hf_to_mcore_via_model(hf_dir, out_dir, tp: int, pp: int, force: bool) -> Pa
     cfg = load_hf_config(hf_dir)
     validate_layout(cfg, tp, pp)
     dtype = source_dtype(SafetensorsIndex(hf_dir), model_arch_info(cfg))  # stored as given, like ``stream``
+    from megatron_rl.diskspace import check_free_on_rank0
+
     info = _init(tp, pp)
+    check_free_on_rank0(out.parent, sum(f.stat().st_size for f in hf_dir.glob("*.safetensors")),
+                        f"the Megatron checkpoint {out.name}")
     tmp = _shared_tmp(out, force)
     try:
         # every parameter is overwritten from the HF files: skip megatron's (slow) random init

@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _convert(args, log: Path | None) -> int:
     from megatron_rl.convert.checkpoints import hf_to_mcore, mcore_to_hf
+    from megatron_rl.diskspace import DiskSpaceError
 
     try:
         if args.direction == "hf-to-mcore":
@@ -71,6 +72,9 @@ def _convert(args, log: Path | None) -> int:
         else:
             out = mcore_to_hf(args.ckpt, args.out, force=args.force, max_shard_bytes=int(args.max_shard_gb * (1 << 30)),
                               hf_config=args.hf_config, dtype=args.dtype)
+    except DiskSpaceError as e:            # a runtime error: not enough space, or ENOSPC mid-write
+        print(f"megatron-rl convert: error: {e}", file=sys.stderr)
+        return 1
     except (FileExistsError, FileNotFoundError, KeyError, ValueError) as e:
         from megatron_rl.usage import error_status
 

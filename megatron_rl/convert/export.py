@@ -148,6 +148,7 @@ def _export(ckpt: Path, out: Path, force: bool, max_shard_bytes: int, hf_config,
     from megatron_rl.convert.dcp_reader import DcpReader
     from megatron_rl.convert.hf_io import HFWriter, copy_tokenizer_files
     from megatron_rl.convert.live import hf_tensor_meta
+    from megatron_rl.diskspace import check_free, meta_bytes
 
     t0 = time.perf_counter()
     src = _check_ckpt(ckpt, hf_config)
@@ -160,6 +161,7 @@ def _export(ckpt: Path, out: Path, force: bool, max_shard_bytes: int, hf_config,
             reader.shape(rule_box(r, arch)[0])
         want = parse_dtype(dtype) if isinstance(dtype, str) else dtype
         want = want or reader.dtype("embedding.word_embeddings.weight")
+        check_free(out.parent, meta_bytes(hf_tensor_meta(arch, want)), f"the HF export {out.name}")
         with atomic_dir(out, force=force) as tmp:
             writer = HFWriter(tmp, hf_tensor_meta(arch, want), max_shard_bytes)
             copied = 0

@@ -250,6 +250,12 @@ def export_hf(model_chunks, hf_cfg, out_dir, *, force: bool = True, tokenizer_di
     cfg = load_hf_config(hf_cfg)
     writer_rank = not dist.is_initialized() or dist.get_rank() == 0
     dtype = dtype or next(p for m in model_chunks for p in m.parameters()).dtype
+    from pathlib import Path
+
+    from megatron_rl.diskspace import check_free_on_rank0, meta_bytes
+
+    check_free_on_rank0(Path(out_dir).resolve().parent, meta_bytes(hf_tensor_meta(cfg, dtype)),
+                        f"the HF export {Path(out_dir).name}")
     with atomic_dir(out_dir, force=force, enabled=writer_rank) as tmp:
         writer = HFWriter(tmp, hf_tensor_meta(cfg, dtype), max_shard_bytes) if writer_rank else None
         for name, t in stream_hf_tensors(model_chunks, cfg, sender=0):

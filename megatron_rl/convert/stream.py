@@ -148,6 +148,7 @@ def hf_to_mcore_streaming(hf_dir: str | os.PathLike, out_dir: str | os.PathLike,
     """
     from megatron_rl.convert.atomic import check_out_dir, make_temp_dir, replace_dir
     from megatron_rl.convert.dcp_writer import finish_checkpoint, write_files
+    from megatron_rl.diskspace import check_free
 
     t0 = time.perf_counter()
     hf_dir, out = Path(hf_dir), Path(out_dir).resolve()
@@ -159,6 +160,8 @@ def hf_to_mcore_streaming(hf_dir: str | os.PathLike, out_dir: str | os.PathLike,
             try:
                 check_out_dir(out, force)
                 plan = _plan(hf_dir, tp, pp)
+                check_free(out.parent, sum(f.stat().st_size for f in hf_dir.glob("*.safetensors")),
+                           f"the Megatron checkpoint {out.name}")     # the weights are stored as given
                 tmp = make_temp_dir(out)
                 (tmp / "dist").mkdir()
             except Exception as e:
@@ -184,8 +187,11 @@ def hf_to_mcore_streaming(hf_dir: str | os.PathLike, out_dir: str | os.PathLike,
             except Exception as e:
                 err = e
         _agree(err, world, None)  # nobody returns before the rename (or the failure)
-    except BaseException:
+    except BaseException as e:
         if rank == 0 and tmp is not None:
+            from megatron_rl.convert.atomic import raise_if_disk_full
+
+            raise_if_disk_full(e, tmp, out)
             shutil.rmtree(tmp, ignore_errors=True)
         raise
     finally:
@@ -219,6 +225,9 @@ def _agree(err: Exception | None, world: int, payload) -> list:
 
 def _rebuild(kind: str, msg: str) -> Exception:
     """Another rank's error, re-raised here with the same type where it is a plain one."""
+    from megatron_rl.diskspace import DiskSpaceError
+
     cls = {"FileExistsError": FileExistsError, "FileNotFoundError": FileNotFoundError, "KeyError": KeyError,
+           "DiskSpaceError": DiskSpaceError,
            "ValueError": ValueError}.get(kind, RuntimeError)
     return cls(msg.strip("'\"") if cls is KeyError else msg)

@@ -134,8 +134,15 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, actor, extra_state: d
     ``hf_dir`` / ``tokenizer_dir``: the run's HF model / tokenizer dirs; their ``config.json`` and
     tokenizer files are copied into ``hf/`` so ``megatron-rl convert mcore-to-hf`` can export any step.
     Returns the final ``checkpoints/step_<step>`` path (on every rank).
+
+    Free space is checked first (:func:`expected_bytes`; ``DiskSpaceError``, nothing written). Each
+    phase ends with every rank learning whether any rank failed (:func:`_phase`, which doubles as
+    the barrier): a failure, a full disk included, removes the temp dir on every rank's behalf and
+    raises everywhere (a full disk as one ``DiskSpaceError`` line); earlier checkpoints are untouched.
     """
     from megatron.core import dist_checkpointing
+
+    from megatron_rl.diskspace import check_free
 
     if step < 0:
         raise ValueError(f"save_checkpoint: step must be >= 0, got {step}")
@@ -143,34 +150,121 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, actor, extra_state: d
     root = checkpoints_dir(run_dir)
     tmp, final = root / f".tmp-step_{step}", root / f"step_{step}"
     rng = _rng_state()          # captured before anything below can touch the generators
-    if rank == 0:
-        for stale in root.glob(".tmp-step_*") if root.is_dir() else ():   # left by crashed saves
-            shutil.rmtree(stale, ignore_errors=True)
-        (tmp / "dist").mkdir(parents=True)
-        (tmp / "rng").mkdir()
-    dist.barrier()
-    _materialize_fresh_optimizer_state(actor.optimizer)
-    dist_checkpointing.save(_sharded_state(actor, is_loading=False), str(tmp / "dist"))
-    if teacher is not None and teacher.has_shadow:
-        if rank == 0:
-            (tmp / "teacher").mkdir()
-        dist.barrier()
-        with teacher.swapped():
-            dist_checkpointing.save(_model_state(actor), str(tmp / "teacher"))
-    torch.save(rng, tmp / "rng" / f"rank_{rank}.pt")
-    dist.barrier()
-    if rank == 0:
-        _write_hf_files(tmp / "hf", hf_dir, tokenizer_dir)
-        torch.save(dict(extra_state), tmp / "extra_state.pt")
-        from megatron_rl.trainer.ckpt_manifest import build_manifest
 
-        (tmp / _MARKER).write_text(json.dumps({"step": step, **_layout(), "files": build_manifest(tmp)}))
-        if final.exists():                       # re-saving a step: replace the old copy
-            shutil.rmtree(final)
-        os.rename(tmp, final)
-        _prune(root, keep_last)
-    dist.barrier()
+    def start():
+        if rank == 0:
+            check_free(root, expected_bytes(run_dir, actor, teacher), f"checkpoint step_{step}")
+            for stale in root.glob(".tmp-step_*") if root.is_dir() else ():   # left by crashed saves
+                shutil.rmtree(stale, ignore_errors=True)
+            (tmp / "dist").mkdir(parents=True)
+            (tmp / "rng").mkdir()
+
+    def shards():
+        _materialize_fresh_optimizer_state(actor.optimizer)
+        dist_checkpointing.save(_sharded_state(actor, is_loading=False), str(tmp / "dist"))
+        if teacher is not None and teacher.has_shadow:
+            if rank == 0:
+                (tmp / "teacher").mkdir()
+            dist.barrier()
+            with teacher.swapped():
+                dist_checkpointing.save(_model_state(actor), str(tmp / "teacher"))
+        torch.save(rng, tmp / "rng" / f"rank_{rank}.pt")
+
+    def finish():
+        if rank == 0:
+            _write_hf_files(tmp / "hf", hf_dir, tokenizer_dir)
+            torch.save(dict(extra_state), tmp / "extra_state.pt")
+            from megatron_rl.trainer.ckpt_manifest import build_manifest
+
+            (tmp / _MARKER).write_text(json.dumps({"step": step, **_layout(), "files": build_manifest(tmp)}))
+            if final.exists():                       # re-saving a step: replace the old copy
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+            _prune(root, keep_last)
+
+    _phase(start, tmp, final, started=False)
+    _phase(shards, tmp, final)
+    _phase(finish, tmp, final)
     return final
+
+
+def expected_bytes(run_dir: str | os.PathLike, actor, teacher=None) -> int:
+    """The size a new checkpoint will take: the newest complete one's, else an estimate from the
+    parameter count — weights in their dtype + fp32 main copy and two Adam moments (12 bytes), times
+    the model-parallel size (this rank holds 1/(TP·PP) of the model), plus the teacher's weights."""
+    from megatron_rl.diskspace import tree_bytes
+
+    root = checkpoints_dir(run_dir)
+    done = sorted((int(m.group(1)), p) for p in root.iterdir()
+                  if (m := _STEP_RE.match(p.name)) and (p / _MARKER).is_file()) if root.is_dir() else []
+    if done:                    # the newest complete one (no manifest check: only its size matters)
+        return tree_bytes(done[-1][1])
+    params = [p for m in actor.bare_models() for p in m.parameters()]
+    weights = sum(p.numel() * p.element_size() for p in params)
+    total = weights + 12 * sum(p.numel() for p in params)
+    if teacher is not None and getattr(teacher, "has_shadow", False):
+        total += weights
+    try:
+        from megatron.core import parallel_state as ps
+
+        total *= ps.get_tensor_model_parallel_world_size() * ps.get_pipeline_model_parallel_world_size()
+    except (AssertionError, RuntimeError):
+        pass
+    return total
+
+
+def _phase(fn, tmp: Path, final: Path, started: bool = True) -> None:
+    """Collective: run ``fn`` on this rank, then every rank learns whether any rank failed (the
+    gather is also the phase's barrier). On a failure rank 0 removes ``tmp`` (when ``started``) and
+    every rank raises: the same ``DiskSpaceError`` line for a full disk, else the error."""
+    from megatron_rl.diskspace import DiskSpaceError, free_bytes, human, is_disk_full
+
+    err = None
+    try:
+        fn()
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # noqa: BLE001 (torch's CheckpointException is a BaseException; shared, re-raised)
+        err = e
+    mine = None
+    if err is not None:
+        own = isinstance(err, DiskSpaceError)        # the free-space check's line, shared as is
+        mine = (own or (started and is_disk_full(err, tmp.parent)), str(err) if own else f"{type(err).__name__}: {err}")
+    got = [mine]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        got = [None] * dist.get_world_size()
+        dist.all_gather_object(got, mine)
+    bad = [g for g in got if g is not None]
+    if not bad:
+        return
+    if started and dist.get_rank() == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if isinstance(err, DiskSpaceError):
+        raise err
+    if not started and bad[0][0]:
+        raise DiskSpaceError(bad[0][1])
+    if any(full for full, _ in bad):
+        free = free_bytes(tmp.parent)
+        raise DiskSpaceError(f"disk full while writing checkpoint {final.name} in {tmp.parent} ({free} bytes "
+                             f"({human(free)}) free now): the partial checkpoint was removed, the earlier ones are "
+                             "intact; free some space, then resume with --resume auto") from err
+    if err is not None:
+        raise err
+    raise RuntimeError(f"checkpoint {final.name}: another rank failed: {bad[0][1]}")
+
+
+def remove_stale_tmp(run_dir: str | os.PathLike) -> list[Path]:
+    """Remove the ``checkpoints/.tmp-step_*`` directories a crashed or killed save left behind (they
+    are never resumed from and may hold gigabytes); one warning line naming them. Call on rank 0 at
+    start-up; returns what was removed."""
+    root = checkpoints_dir(run_dir)
+    stale = sorted(p for p in root.glob(".tmp-step_*") if p.is_dir()) if root.is_dir() else []
+    for p in stale:
+        shutil.rmtree(p, ignore_errors=True)
+    if stale:
+        log.warning("removed %d unfinished checkpoint dir(s) left by an interrupted save: %s",
+                    len(stale), ", ".join(str(p) for p in stale))
+    return stale
 
 
 def _write_hf_files(dst: Path, hf_dir: str | None, tokenizer_dir: str | None) -> None:

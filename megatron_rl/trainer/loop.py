@@ -13,16 +13,18 @@ engine pool.
 from __future__ import annotations
 
 import math
+import signal
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from megatron_rl.console import LOG_FILE
+from megatron_rl.console import LOG_FILE, RESUME_TEMPLATE
 from megatron_rl.trainer import async_rollout as AR
 from megatron_rl.trainer.rollout_stage import Rollouts, broadcast_object
 from megatron_rl.trainer.setup import Run, evaluate, setup_run, sync_weights
+from megatron_rl.trainer.stop import GracefulStop, Stopped
 
 
 def step_metrics(ro: Rollouts, cfg) -> dict:
@@ -68,46 +70,80 @@ def rl_step(run: Run, step: int) -> dict:
     return metrics
 
 
-def run(cfg, resume: str | None = None, client=None, overwrite: bool = False, allow_config_change: bool = False) -> dict:
+def run(cfg, resume: str | None = None, client=None, overwrite: bool = False, allow_config_change: bool = False,
+        resume_cmd: str | None = None) -> dict:
     """Train ``cfg`` (SPMD); returns the summary dict (held-out accuracy before/after etc.).
     ``overwrite``: archive an earlier run in ``trainer.run_dir`` (``trainer/run_dir.py``);
-    ``allow_config_change``: resume despite a changed method / group size / model (``trainer/run_config.py``)."""
-    rn = setup_run(cfg, resume=resume, client=client, overwrite=overwrite, allow_config_change=allow_config_change)
-    summary = {"start_step": rn.step}
-    if cfg.rollout.max_staleness > 0:
-        rn.asy = AR.AsyncRollouts(rn.path.collect, is_driver=rn.info.is_driver, first_step=rn.step + 1,
-                                  last_step=cfg.trainer.steps, max_staleness=cfg.rollout.max_staleness,
-                                  version=rn.step, sampler=rn.sampler, pending=rn.async_pending)
-    try:
-        if rn.val_set is not None and rn.step == 0:
-            summary["val_acc_before"] = evaluate(rn, 0)["eval/acc"]
-        for step in range(rn.step + 1, cfg.trainer.steps + 1):
-            try:
-                metrics = rl_step(rn, step)
-            except FloatingPointError as e:
-                last = rn.last_checkpoint
-                raise SystemExit(f"stopping at step {step}: {e}. Last good checkpoint: {last or 'none'}") from e
-            if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0 and step != cfg.trainer.steps:
-                metrics.update(evaluate(rn, step))
-            rn.logger.log(step, metrics)
-            rn.step = step
-            if cfg.trainer.ckpt_every and step % cfg.trainer.ckpt_every == 0:
-                rn.checkpoint()
-        if rn.val_set is not None:
-            summary["val_acc_after"] = evaluate(rn, cfg.trainer.steps)["eval/acc"]
-        if rn.step > summary["start_step"] and (not cfg.trainer.ckpt_every or rn.step % cfg.trainer.ckpt_every):
-            rn.checkpoint()
-        if cfg.trainer.export_hf:
-            rn.actor.export_hf(str(Path(cfg.trainer.run_dir) / "hf"), tokenizer_dir=cfg.model.tokenizer_path or cfg.model.hf_path)
-            summary["hf_export"] = str(Path(cfg.trainer.run_dir) / "hf")
-        summary["curve"] = str(rn.logger.finish({k: v for k, v in summary.items() if isinstance(v, (int, float))}) or "")
-        summary["metrics"] = str(Path(cfg.trainer.run_dir) / "metrics.jsonl")
-        summary.update(end_step=rn.step, last_checkpoint=rn.last_checkpoint, log=str(Path(cfg.trainer.run_dir) / LOG_FILE))
-    finally:
-        if rn.asy is not None:
-            rn.asy.close()
-        rn.close(own_client=client is None)
+    ``allow_config_change``: resume despite a changed method / group size / model (``trainer/run_config.py``).
+    SIGINT / SIGTERM stop it gracefully (``trainer/stop.py``): the step in flight is finished and
+    checkpointed, the line to continue it printed (``resume_cmd``, ``cli``'s; else a template), then :class:`~megatron_rl.trainer.stop.Stopped` (exit status 130 / 143) is raised."""
+    with GracefulStop() as stop:
+        rn = setup_run(cfg, resume=resume, client=client, overwrite=overwrite, allow_config_change=allow_config_change)
+        stop.reclaim()           # ray.init (in setup_run) installed its own SIGTERM handler
+        summary, stopped = {"start_step": rn.step}, 0
+        if cfg.rollout.max_staleness > 0:
+            rn.asy = AR.AsyncRollouts(rn.path.collect, is_driver=rn.info.is_driver, first_step=rn.step + 1,
+                                      last_step=cfg.trainer.steps, max_staleness=cfg.rollout.max_staleness,
+                                      version=rn.step, sampler=rn.sampler, pending=rn.async_pending)
+        try:
+            if rn.val_set is not None and rn.step == 0:
+                summary["val_acc_before"] = evaluate(rn, 0)["eval/acc"]
+            stop.arm()
+            stopped = _train_steps(rn, stop)
+            if stopped:
+                rn.logger.finish()   # progress bar and wandb run closed before the stop line
+            else:
+                _finish(rn, summary)
+        finally:
+            if rn.asy is not None:
+                rn.asy.close()   # the producer thread ends after the collection in flight
+            rn.close(own_client=client is None)
+    if stopped:
+        if rn.info.is_driver:
+            print(f"[megatron-rl] stopped by {signal.Signals(stopped).name} after step {rn.step} of {cfg.trainer.steps}"
+                  f" (checkpoint {rn.last_checkpoint}); resume with: {resume_cmd or RESUME_TEMPLATE}", flush=True)
+        raise Stopped(stopped)
     return summary
+
+
+def _train_steps(rn: Run, stop: GracefulStop) -> int:
+    """Steps ``rn.step + 1 .. trainer.steps``; after each one every rank asks whether to stop (a
+    signal: checkpoint this step unless just done, return the signal number); 0 when all ran."""
+    cfg = rn.cfg
+    for step in range(rn.step + 1, cfg.trainer.steps + 1):
+        try:
+            metrics = rl_step(rn, step)
+        except FloatingPointError as e:
+            last = rn.last_checkpoint
+            raise SystemExit(f"stopping at step {step}: {e}. Last good checkpoint: {last or 'none'}") from e
+        if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0 and step != cfg.trainer.steps:
+            metrics.update(evaluate(rn, step))
+        rn.logger.log(step, metrics)
+        rn.step = step
+        saved = bool(cfg.trainer.ckpt_every and step % cfg.trainer.ckpt_every == 0)
+        if saved:
+            rn.checkpoint()
+        signum = stop.agreed()
+        if signum:
+            if not saved:
+                rn.checkpoint()
+            return signum
+    return 0
+
+
+def _finish(rn: Run, summary: dict) -> None:
+    """After the last step: held-out accuracy, the final checkpoint and HF export, the curve."""
+    cfg = rn.cfg
+    if rn.val_set is not None:
+        summary["val_acc_after"] = evaluate(rn, cfg.trainer.steps)["eval/acc"]
+    if rn.step > summary["start_step"] and (not cfg.trainer.ckpt_every or rn.step % cfg.trainer.ckpt_every):
+        rn.checkpoint()
+    if cfg.trainer.export_hf:
+        rn.actor.export_hf(str(Path(cfg.trainer.run_dir) / "hf"), tokenizer_dir=cfg.model.tokenizer_path or cfg.model.hf_path)
+        summary["hf_export"] = str(Path(cfg.trainer.run_dir) / "hf")
+    summary["curve"] = str(rn.logger.finish({k: v for k, v in summary.items() if isinstance(v, (int, float))}) or "")
+    summary["metrics"] = str(Path(cfg.trainer.run_dir) / "metrics.jsonl")
+    summary.update(end_step=rn.step, last_checkpoint=rn.last_checkpoint, log=str(Path(cfg.trainer.run_dir) / LOG_FILE))
 
 
 def main(cfg, resume: str | None = None, overwrite: bool = False, resume_cmd: str | None = None,
@@ -119,7 +155,7 @@ def main(cfg, resume: str | None = None, overwrite: bool = False, resume_cmd: st
     from megatron_rl.console import format_summary, quiet_console
 
     quiet_console(int(os.environ.get("RANK", "0")))
-    summary = run(cfg, resume=resume, overwrite=overwrite, allow_config_change=allow_config_change)
+    summary = run(cfg, resume=resume, overwrite=overwrite, allow_config_change=allow_config_change, resume_cmd=resume_cmd)
     if not dist.is_initialized() or dist.get_rank() == 0:
         print(format_summary(summary, resume=resume_cmd), flush=True)
     return 0

@@ -167,6 +167,10 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
     from megatron_rl.console import attach_run_log
 
     attach_run_log(cfg.trainer.run_dir, rank)   # INFO (patches, Megatron's dumps, stages) -> run_dir/train.log
+    if rank == 0:
+        from megatron_rl.trainer.checkpoint import remove_stale_tmp
+
+        remove_stale_tmp(cfg.trainer.run_dir)    # .tmp-step_* of a save cut short by a crash or kill: one line
     info = init_parallel(cfg.parallel.tp, cfg.parallel.pp, seed=cfg.trainer.seed,
                          sequence_parallel=cfg.parallel.sequence_parallel, timeout_s=cfg.parallel.timeout_s)
     validate(cfg, world_size=info.world)

@@ -1,18 +1,21 @@
 """Checkpoint save at step 2 / resume (torchrun, gloo): the continuation reproduces the
 uninterrupted run's losses exactly at the same layout (TP=2) and to 1e-5 after resharding
-TP=2 -> TP=1 and TP=2 -> PP=2; half-written checkpoints are ignored; keep_last prunes.
+TP=2 -> TP=1 and TP=2 -> PP=2; half-written checkpoints are ignored; keep_last prunes; a disk that
+fills up during a save (a real small tmpfs) costs one line and nothing else.
 Every case builds its own actor (megatron groups rebuilt per case); the 2-process cases share one
 launch, the 1-process one has its own.
 """
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.dist import torchrun
+from tests.helpers.tmpfs import mount_tmpfs, umount
 
 WORKERS = Path(__file__).parent / "workers"
 
@@ -32,9 +35,20 @@ def runs(tmp_path_factory):
     # (its own run dir); then the TP=1 resume in one process
     torchrun(WORKERS / "actor_checkpoint.py", hf, d, f"full:full:{run}:2:1", f"crash:crash:{run}:0:0",
              f"same:resume:{run}:2:1", f"pp2:resume:{run}:1:2", f"fresh:fresh:{d / 'fresh_run'}:2:1",
+             "stop:stop:-:0:0",
              nproc=2, timeout=900)
-    torchrun(WORKERS / "actor_checkpoint.py", hf, d, f"tp1:resume:{run}:1:1", nproc=1, timeout=300)
+    # + the full-disk case on a small tmpfs (2 checkpoints of the tiny model do not fit in 6 MiB)
+    small = d / "small"
+    no_mount = mount_tmpfs(small, "6m")
+    try:
+        torchrun(WORKERS / "actor_checkpoint.py", hf, d, f"tp1:resume:{run}:1:1",
+                 *([] if no_mount else [f"disk:diskfull:{small / 'run'}:1:1"]), nproc=1, timeout=300)
+    finally:
+        if not no_mount:
+            umount(small)
     out = {k: json.loads((d / f"{k}.json").read_text()) for k in ("full", "same", "tp1", "pp2", "fresh")}
+    out["disk"] = no_mount or json.loads((d / "disk.json").read_text())
+    out["stop"] = json.loads((d / "stop.json").read_text())["ranks"]
     out["listing_after_full"] = json.loads((d / "crash.json").read_text())["listing"]
     out["run_dir"], out["hf"], out["dir"] = run, hf, d
     return out
@@ -42,6 +56,29 @@ def runs(tmp_path_factory):
 
 def test_keep_last_and_stale_tmp_removed(runs):
     assert runs["listing_after_full"] == ["step_1", "step_2"]
+
+
+def test_disk_filled_during_a_checkpoint(runs):
+    """A real ENOSPC in the middle of the step-2 save of the tiny model (a filler took the tmpfs'
+    last bytes the moment the temp dir appeared): one line naming the path, no temp dir left, step_1
+    intact and still the one to resume from; the next save meets the free-space check and starts nothing."""
+    r = runs["disk"]
+    if isinstance(r, str):
+        pytest.skip(r)
+    assert r["mid_write"].startswith("disk full while writing checkpoint step_2 in ") and "\n" not in r["mid_write"]
+    assert "checkpoints" in r["mid_write"] and "the partial checkpoint was removed" in r["mid_write"]
+    assert r["after_mid_write"] == ["step_1"] and r["latest"] == "step_1" and r["step1_manifest_same"]
+    assert r["precheck"].startswith("not enough free space for checkpoint step_3 in ") and "\n" not in r["precheck"]
+    m = re.search(r"checkpoints: needs (\d+) bytes \(.*\), (\d+) bytes \(.*\) free; nothing was written", r["precheck"])
+    assert m and int(m.group(1)) > int(m.group(2)), r["precheck"]
+    assert r["after_precheck"] == ["step_1"]
+    assert r["export"].startswith("not enough free space for the HF export hf in ") and "\n" not in r["export"]
+    assert r["after_export"] == ["checkpoints"]
+
+
+def test_graceful_stop_is_agreed_by_every_rank(runs):
+    """SIGTERM reaches rank 1 only (a real signal): at the next step boundary both ranks stop on it."""
+    assert runs["stop"] == [[0, 15, 0], [0, 15, 15]]
 
 
 def test_resume_same_layout_is_bit_identical(runs):

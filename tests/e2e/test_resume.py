@@ -1,6 +1,9 @@
-"""Exact resume: SIGKILL right after a checkpoint and again mid-step; ``--resume auto`` must
-reproduce the uninterrupted run's metrics.jsonl (losses, rewards, grad norms) bit for bit on CPU.
-A half-written checkpoint (no COMPLETE marker) is ignored.
+"""Exact resume: a graceful stop (SIGTERM in the middle of step 3 — a reward equal to the config's
+pauses there, so the timing is certain —: the run finishes the step, checkpoints it, prints one line
+and exits 143) or a SIGKILL right after a checkpoint, then a SIGKILL
+mid-step; ``--resume auto`` must reproduce the uninterrupted run's metrics.jsonl (losses, rewards,
+grad norms) bit for bit on CPU. A half-written checkpoint (no COMPLETE marker) is ignored and a
+stale ``.tmp-step_*`` dir is removed at the next start with one line.
 
 The interrupted runs are ``megatron-rl train`` processes (each kill is a real SIGKILL of the process
 group). The uninterrupted reference runs of all tests share one process and engine pool (``refs``),
@@ -65,9 +68,10 @@ def _cmd(warm: Path, run_dir: Path, resume: bool, config: str = "tiny_cpu_grpo",
     return cmd + (["--resume", "auto"] if resume else [])
 
 
-def _run(cmd, **kw):
+def _run(cmd, env: dict | None = None, **kw):
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            cwd=Path(__file__).resolve().parents[2], env={**os.environ, "OMP_NUM_THREADS": "2"}, **kw)
+                            cwd=Path(__file__).resolve().parents[2], env={**os.environ, "OMP_NUM_THREADS": "2", **(env or {})},
+                            **kw)
 
 
 def _kill_when(proc, cond, timeout=300):
@@ -91,8 +95,8 @@ def _finish(proc) -> None:
 
 
 @pytest.mark.slow
-def test_resume_after_sigkill_is_bit_identical(warm, refs, tmp_path):
-    _sigkill_resume(warm, tmp_path, refs["grpo"], ())
+def test_resume_after_sigterm_and_sigkill_is_bit_identical(warm, refs, tmp_path):
+    _sigkill_resume(warm, tmp_path, refs["grpo"], (), first="sigterm")
 
 
 @pytest.mark.slow
@@ -106,24 +110,86 @@ def test_async_resume_after_sigkill_is_bit_identical(warm, refs, tmp_path):
     assert [r["offpolicy/staleness_mean"] for r in ref] == [0.0] + [1.0] * (STEPS - 1)
 
 
+PAUSE_DRIVER = '''
+import os, sys, time
+from pathlib import Path
+from megatron_rl.rewards.manager import register_reward
+from megatron_rl.rewards.exact import exact_match
+calls = [0]
+
+@register_reward("exact_pausing")
+def _r(text, gt):  # exact_match (the tiny config's reward); at the first sample of step 3 (32 prompts x
+    calls[0] += 1  # 8 samples per step) it marks the moment and pauses, so a signal lands mid-step for sure
+    if calls[0] == 2 * 256 + 1:
+        Path(os.environ["PAUSE_MARK"]).touch()
+        time.sleep(2.0)
+    return exact_match(text, gt)
+
+from megatron_rl.cli import main
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
+'''
+
+
+def _start_pausing(cmd: list[str], tmp_path: Path) -> tuple[subprocess.Popen, Path]:
+    """``cmd`` (a ``megatron-rl train`` line) run through :data:`PAUSE_DRIVER`, whose reward (equal to
+    the config's) pauses in the middle of step 3; returns the process and the file marking the pause."""
+    drv, mark = tmp_path / "pause_driver.py", tmp_path / "step3_started"
+    drv.write_text(PAUSE_DRIVER)
+    cmd = [sys.executable, str(drv), *cmd[3:], "reward.default=exact_pausing", "reward.by_source={reverse: exact_pausing}"]
+    return _run(cmd, env={"PAUSE_MARK": str(mark)}), mark
+
+
+def _sigterm_mid_step_3(proc, mark: Path, run_dir: Path, timeout: float) -> None:
+    """SIGTERM (to the train process, as torchrun or ``kill`` sends it) while step 3 is scoring its
+    samples: the run finishes step 3, checkpoints it, says how to resume in one line and exits 143,
+    no traceback."""
+    ck = run_dir / "checkpoints"
+    t0 = time.time()
+    while not mark.exists():
+        assert proc.poll() is None, f"run ended before step 3:\n{proc.stdout.read()[-3000:]}"
+        assert time.time() - t0 < timeout, "step 3 never started"
+        time.sleep(0.05)
+    assert [r["step"] for r in _rows(run_dir)] == [1, 2] and (ck / "step_2" / "COMPLETE").exists()
+    os.kill(proc.pid, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 143, out[-4000:]
+    assert "Traceback" not in out, out[-4000:]
+    said = [x for x in out.splitlines() if "resume with:" in x]
+    assert len(said) == 1 and "stopped by SIGTERM after step 3 of 6" in said[0], out[-4000:]
+    assert f"trainer.run_dir={run_dir} " in said[0] and said[0].endswith(" --resume auto"), said[0]
+    assert (ck / "step_3" / "COMPLETE").exists() and not list(ck.glob(".tmp-*"))
+    assert [r["step"] for r in _rows(run_dir)] == [1, 2, 3]
+
+
 def _sigkill_resume(warm: Path, tmp_path: Path, ref: list[dict], extra: tuple, kill_timeout: float = 300,
-                    second_kill: bool = True) -> list[dict]:
+                    second_kill: bool = True, first: str = "sigkill") -> list[dict]:
     run_dir = tmp_path / "run"
+    ck = run_dir / "checkpoints"
     assert [r["step"] for r in ref] == list(range(1, STEPS + 1))
 
-    # 1) SIGKILL right after the step-2 checkpoint completes
-    p = _run(_cmd(warm, run_dir, resume=False, extra=extra))
-    _kill_when(p, lambda: (run_dir / "checkpoints" / "step_2" / "COMPLETE").exists(), kill_timeout)
-    # a half-written checkpoint must be ignored by --resume auto
-    fake = run_dir / "checkpoints" / "step_3"
+    # 1) SIGTERM in the middle of step 3 (graceful stop: step 3 is checkpointed), or SIGKILL right
+    #    after the step-2 checkpoint completes
+    if first == "sigterm":
+        p, mark = _start_pausing(_cmd(warm, run_dir, resume=False, extra=extra), tmp_path)
+        _sigterm_mid_step_3(p, mark, run_dir, kill_timeout)
+    else:
+        p = _run(_cmd(warm, run_dir, resume=False, extra=extra))
+        _kill_when(p, lambda: (ck / "step_2" / "COMPLETE").exists(), kill_timeout)
+    # a half-written checkpoint must be ignored by --resume auto; a save cut short removed at start
+    fake = ck / "step_5"
     fake.mkdir(parents=True, exist_ok=True)
     (fake / "garbage").write_text("partial")
+    (ck / ".tmp-step_7" / "dist").mkdir(parents=True)
     # 2) resume, then SIGKILL in the middle of step 5 (after step 5 started: its row not yet written)
     if second_kill:
         p = _run(_cmd(warm, run_dir, resume=True, extra=extra))
-        _kill_when(p, lambda: (run_dir / "checkpoints" / "step_4" / "COMPLETE").exists(), kill_timeout)
+        _kill_when(p, lambda: (ck / "step_4" / "COMPLETE").exists(), kill_timeout)
+        out = p.stdout.read()
+        assert out.count("removed 1 unfinished checkpoint dir(s)") == 1 and ".tmp-step_7" in out, out[-3000:]
     # 3) resume to the end
     _finish(_run(_cmd(warm, run_dir, resume=True, extra=extra)))
+    assert not list(ck.glob(".tmp-*"))
     got = _rows(run_dir)
     assert [r["step"] for r in got] == list(range(1, STEPS + 1)), [r["step"] for r in got]
     for a, b in zip(ref, got):

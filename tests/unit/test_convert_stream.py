@@ -302,8 +302,12 @@ def test_write_failure_midway_leaves_nothing(tmp_path, monkeypatch):
         return _orig(self, chunk)
 
     monkeypatch.setattr(dcp_writer.DcpFileWriter, "write_chunk", boom)
-    with pytest.raises(OSError, match="No space"):
+    from megatron_rl.diskspace import DiskSpaceError
+
+    with pytest.raises(DiskSpaceError, match=r"^disk full while writing \S+/out \(\d+ bytes free now\): the partial output "
+                                             "was removed") as e:    # one line (diskspace.py), the cause kept
         hf_to_mcore_streaming(hf, tmp_path / "out")
+    assert "\n" not in str(e.value) and "No space" in str(e.value.__cause__)
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".tmp-*"))
 
 

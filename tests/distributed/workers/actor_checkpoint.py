@@ -12,6 +12,11 @@ cases; one launch instead of one per case saves the torch + megatron imports); r
                 save must not change a weight, and steps 1, 2 must then equal the full run's.
   PHASE=crash   (rank 0) record the RUN_DIR/checkpoints listing, then simulate crashes: a
                 half-written newer save (.tmp-step_3) and a renamed dir without its COMPLETE (step_5).
+  PHASE=diskfull  RUN_DIR lies on a small tmpfs the test mounted: step 1 is saved; the step-2 save
+                has its disk filled by a filler thread the moment its temp dir appears (a real ENOSPC
+                mid-write); then, with the disk still full, a step-3 save and an HF export meet the
+                free-space check.
+  PHASE=stop    (no actor) a SIGTERM to rank 1 only: every rank's GracefulStop.agreed() returns it.
 Each step uses its own batch (seed = step) with old log-probs from a forward pass.
 """
 from __future__ import annotations
@@ -45,6 +50,90 @@ def simulate_crash(run_dir: str, out: str) -> None:
     dist.barrier()
 
 
+def _fill(path: Path) -> None:
+    """Take every free byte of ``path``'s file system (fallocate, then writes until ENOSPC)."""
+    import contextlib
+    import os
+
+    from megatron_rl.diskspace import free_bytes
+
+    with contextlib.suppress(OSError), open(path, "wb", buffering=0) as f:
+        with contextlib.suppress(OSError):
+            os.posix_fallocate(f.fileno(), 0, free_bytes(path.parent))
+        while True:
+            f.write(b"\0" * 4096)
+
+
+def disk_full(actor, run_dir: str) -> dict:
+    """See the module docstring (PHASE=diskfull); returns what the test checks."""
+    import threading
+    import time
+
+    from megatron_rl.diskspace import DiskSpaceError
+    from megatron_rl.trainer.checkpoint import find_latest, save_checkpoint
+
+    ck = Path(run_dir) / "checkpoints"
+    one_step(actor, 1)
+    save_checkpoint(run_dir, 1, actor, {"n": 1}, keep_last=3)
+    manifest = (ck / "step_1" / "COMPLETE").read_text()
+    ballast = Path(run_dir).parent / "ballast"
+
+    def filler():
+        t0 = time.time()
+        while not (ck / ".tmp-step_2").exists() and time.time() - t0 < 60:
+            time.sleep(0.0002)
+        _fill(ballast)
+
+    th = threading.Thread(target=filler, daemon=True)
+    th.start()
+    one_step(actor, 2)
+    rec: dict = {}
+    try:
+        save_checkpoint(run_dir, 2, actor, {"n": 2}, keep_last=3)
+        rec["mid_write"] = "no error: the save finished before the disk filled"
+    except DiskSpaceError as e:
+        rec["mid_write"] = str(e)
+    th.join()
+    rec["after_mid_write"] = sorted(p.name for p in ck.iterdir())
+    latest = find_latest(run_dir)
+    rec["latest"] = latest.name if latest else None
+    rec["step1_manifest_same"] = (ck / "step_1" / "COMPLETE").read_text() == manifest
+    try:
+        save_checkpoint(run_dir, 3, actor, {"n": 3}, keep_last=3)
+        rec["precheck"] = "no error"
+    except DiskSpaceError as e:
+        rec["precheck"] = str(e)
+    rec["after_precheck"] = sorted(p.name for p in ck.iterdir())
+    try:                                         # the loop's end-of-run HF export meets the same check
+        actor.export_hf(str(Path(run_dir) / "hf"))
+        rec["export"] = "no error"
+    except DiskSpaceError as e:
+        rec["export"] = str(e)
+    rec["after_export"] = sorted(p.name for p in Path(run_dir).iterdir())
+    return rec
+
+
+def stop_agreement(out: str) -> None:
+    """Graceful stop under SPMD: only rank 1 gets a SIGTERM, yet every rank's ``agreed()`` at the next
+    step boundary returns it (and 0 at the boundary before)."""
+    import os
+    import signal
+
+    import torch.distributed as dist
+
+    from megatron_rl.trainer.stop import GracefulStop
+
+    with GracefulStop() as st:
+        st.arm()
+        before = st.agreed()
+        if dist.get_rank() == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        after = st.agreed()
+    got = [None] * dist.get_world_size()
+    dist.all_gather_object(got, [before, after, int(st.signum)])
+    write_json(out, {"ranks": got})
+
+
 def run_case(hf_dir: str, run_dir: str, out: str, tp: int, pp: int, phase: str) -> None:
     from megatron_rl.trainer.checkpoint import (
         find_latest,
@@ -61,6 +150,8 @@ def run_case(hf_dir: str, run_dir: str, out: str, tp: int, pp: int, phase: str) 
             if step in (1, 2):
                 save_checkpoint(run_dir, step, actor, {"sampler_pos": 10 * step, "counters": {"step": step}},
                                 keep_last=2)
+    elif phase == "diskfull":
+        rec = disk_full(actor, run_dir)
     elif phase == "fresh":
         probe = fixed_batch(seed=3)
         before = actor.forward_logprobs(probe, 2).logp
@@ -99,6 +190,9 @@ def main() -> None:
         label, phase, run_dir, tp, pp = case.split(":")
         if phase == "crash":
             simulate_crash(run_dir, f"{out_dir}/{label}.json")
+            continue
+        if phase == "stop":
+            stop_agreement(f"{out_dir}/{label}.json")
             continue
         run_case(hf_dir, run_dir, f"{out_dir}/{label}.json", int(tp), int(pp), phase)
         destroy_parallel()

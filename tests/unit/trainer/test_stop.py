@@ -1,0 +1,80 @@
+"""The graceful-stop state machine (``trainer/stop.py``) with real signals: the first SIGINT/SIGTERM
+only sets the flag, a second one (or one before the run is armed) ends the process at once with
+128 + signum and one short line, and the handlers in force before are restored on exit (also after a
+library such as Ray replaced ours in between)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from megatron_rl.trainer.stop import GracefulStop, Stopped, exit_code
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _theirs(signum, frame):   # a previous handler (e.g. pytest's or the demo's)
+    raise AssertionError("the previous handler must not run while the stop is installed")
+
+
+def _ray_like(signum, frame):  # what ray.init installs for SIGTERM
+    raise AssertionError("replaced handler must not run after reclaim")
+
+
+def test_first_signal_sets_the_flag_and_previous_handlers_come_back():
+    before = {s: signal.signal(s, _theirs) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with GracefulStop() as st:
+            st.arm()
+            signal.signal(signal.SIGTERM, _ray_like)        # a library takes SIGTERM ...
+            st.reclaim()                                     # ... and the run takes it back
+            assert signal.getsignal(signal.SIGTERM) == st._handler
+            os.kill(os.getpid(), signal.SIGTERM)             # real signal, handled at the next bytecode
+            assert st.signum == signal.SIGTERM
+            assert st.agreed() == signal.SIGTERM             # one process: its own flag
+        assert signal.getsignal(signal.SIGINT) is _theirs
+        assert signal.getsignal(signal.SIGTERM) is _ray_like  # the latest handler before ours
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)
+
+
+def test_stopped_exit_status():
+    assert (exit_code(signal.SIGINT), exit_code(signal.SIGTERM)) == (130, 143)
+    e = Stopped(signal.SIGTERM)
+    assert isinstance(e, SystemExit) and e.code == 143
+
+
+SCRIPT = textwrap.dedent("""
+    import os, signal, sys, time
+    from megatron_rl.trainer.stop import GracefulStop
+    sig = getattr(signal, sys.argv[1])
+    with GracefulStop() as st:
+        if sys.argv[2] == "armed":
+            st.arm()
+            os.kill(os.getpid(), sig)
+            print("flag", int(st.signum), flush=True)
+        os.kill(os.getpid(), sig)
+        time.sleep(30)
+        print("not reached", flush=True)
+""")
+
+
+@pytest.mark.parametrize(("sig", "phase", "code", "lines"), [
+    ("SIGINT", "armed", 130, ["SIGINT: finishing the current step", "SIGINT: stopping now (second signal)"]),
+    ("SIGTERM", "start-up", 143, ["SIGTERM: stopping now (nothing to save yet)"]),
+], ids=["second-ctrl-c", "before-armed"])
+def test_second_signal_or_startup_signal_ends_at_once(sig, phase, code, lines):
+    p = subprocess.run([sys.executable, "-c", SCRIPT, sig, phase], capture_output=True, text=True, timeout=60, check=False,
+                       cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert p.returncode == code, p.stderr
+    assert "not reached" not in p.stdout and "Traceback" not in p.stderr
+    if phase == "armed":
+        assert p.stdout.split() == ["flag", str(int(getattr(signal, sig)))]
+    got = p.stderr.strip().splitlines()
+    assert len(got) == len(lines) and all(want in g for want, g in zip(lines, got)), got
