@@ -319,12 +319,17 @@ class PolicyActor(_LogProbModel):
 
     # ----- colocated rollouts: free the GPU while the engines generate --------------------------
     def offload(self) -> int:
-        """Park what ``offload_mode`` names in host memory, releasing the device copies (no-op for
-        ``none``); returns the bytes moved. Training or log-probs before :meth:`onload` is an error."""
+        """Park what ``offload_mode`` names in host memory, releasing the device copies, and hand the
+        allocator's cached blocks (the update's freed activations) back to the driver, with ``none``
+        too; returns the bytes moved. Training or log-probs before :meth:`onload` is an error."""
+        from megatron_rl.device import release_cached_memory
         from megatron_rl.trainer.offload import trainer_tensors
 
         moved, keep = trainer_tensors(self.offload_mode, self.optimizer, self.chunks)
-        return self._stash.offload(moved, keep) if moved else 0
+        if not moved:
+            release_cached_memory()
+            return 0
+        return self._stash.offload(moved, keep)
 
     def onload(self) -> int:
         """Bring back, bit for bit, what :meth:`offload` parked; returns the bytes moved."""
