@@ -339,6 +339,20 @@ class PolicyActor(_LogProbModel):
     def offloaded(self) -> bool:
         return self._stash.offloaded
 
+    def _require_weights(self, what: str) -> None:
+        if self.offloaded and self.offload_mode == "all":
+            raise RuntimeError(f"{what}: the weights are offloaded (trainer.offload=all); call onload() first")
+
+    def bare_models(self) -> list[torch.nn.Module]:
+        """As :meth:`_LogProbModel.bare_models`; refused while the weights are offloaded (export,
+        weight sync and checkpoints read them)."""
+        self._require_weights("bare_models")
+        return super().bare_models()
+
+    def _forward_only(self, batch, micro_batch_size, collect, specs):
+        self._require_weights("forward")
+        return super()._forward_only(batch, micro_batch_size, collect, specs)
+
     # ----- training ------------------------------------------------------------------------
     def _finalize_grads(self, model, num_tokens=None, pg_collection=None, force_all_reduce=False):
         """megatron ``finalize_model_grads`` with OUR float normaliser instead of its int token count.

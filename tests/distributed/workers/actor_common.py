@@ -100,12 +100,16 @@ def offload_round_trip(actor, batch, mbs: int) -> int:
     assert all(t.untyped_storage().nbytes() == 0 for t in gone), "offload left device copies"
     if actor.offload_mode == "optimizer":
         assert all(p.untyped_storage().nbytes() > 0 for p in params), "optimizer mode moved the weights"
-    try:
-        actor.train_step(batch, rl_loss(), micro_batch_size=mbs)
-    except RuntimeError as e:
-        assert "call onload() first" in str(e), e
-    else:
-        raise AssertionError("train_step ran while offloaded")
+    refused = [lambda: actor.train_step(batch, rl_loss(), micro_batch_size=mbs)]
+    if actor.offload_mode == "all":   # export, weight sync, checkpoints and forward passes read the weights
+        refused += [actor.bare_models, lambda: actor.forward_logprobs(batch, mbs)]
+    for call in refused:
+        try:
+            call()
+        except RuntimeError as e:
+            assert "call onload() first" in str(e), e
+        else:
+            raise AssertionError("ran while offloaded")
     assert actor.onload() == moved and not actor.offloaded
     for t, b in zip(every, before):
         assert t.dtype == b.dtype and torch.equal(t, b), "onload changed a tensor"
