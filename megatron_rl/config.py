@@ -267,6 +267,9 @@ class TrainerConfig:
     0 = keep all of them."""
     export_hf: bool = True
     """Write an HF export of the final policy to run_dir/hf."""
+    offload: str = "none"
+    """What the policy parks in host memory while colocated engines generate (``trainer/offload.py``):
+    none | optimizer (Adam state, fp32 main params, grad buffers) | all (optimizer + the weights)."""
 
     def __post_init__(self):
         _check(self.steps >= 1 and self.micro_batch_size >= 1, "trainer.steps and micro_batch_size must be >= 1")
@@ -276,6 +279,8 @@ class TrainerConfig:
                f"trainer.eval_n={self.eval_n} with trainer.eval_temperature=0 (greedy) draws {self.eval_n} identical "
                "samples; set eval_temperature > 0 or eval_n=1")
         _check(self.eval_max_tokens >= 0, f"trainer.eval_max_tokens must be >= 0, got {self.eval_max_tokens}")
+        _check(self.offload in ("none", "optimizer", "all"),
+               f"trainer.offload must be one of none|optimizer|all, got {self.offload!r}")
         from megatron_rl.rollout.sampling import check_truncation
 
         check_truncation(self.eval_top_p, self.eval_top_k, self.eval_min_p, "trainer.eval_")

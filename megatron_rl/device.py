@@ -33,6 +33,13 @@ def synchronize() -> None:
         torch.cuda.synchronize()
 
 
+def release_cached_memory() -> None:
+    """Hand the caching allocator's free blocks back to the driver, so that another user of the
+    GPU (a colocated rollout engine) can take them after an offload (no-op on CPU)."""
+    if has_cuda():
+        torch.cuda.empty_cache()
+
+
 def max_memory_allocated() -> int:
     """Peak device bytes (0 on CPU; use RSS there)."""
     return torch.cuda.max_memory_allocated() if has_cuda() else 0

@@ -37,10 +37,25 @@ Colocated rollout engine (vLLM, TP t_r) on the same GPU::
     weights  = e_w · P_total / t_r
     KV cache = 2 · L · ceil(k / t_r) · d · e_kv · n_seqs · (prompt + response tokens)
 
-Engines sleep during training by default, so the colocated peak is max(train, rollout); without
-sleep (``--no-engine-sleep``) it is the sum. Separate mode reports the rollout GPUs on their own.
-All figures exclude allocator fragmentation; ``--overhead-gib`` (default 2) stands for the CUDA
-context, NCCL buffers and workspaces.
+Colocated placement (``rollout.placement: colocated``, the default) runs two phases on every GPU, in
+the loop's order: generate -> engines sleep -> trainer onloads -> update -> trainer offloads ->
+engines wake. Both engines release what they hold when slept (vLLM sleep level 1: weights to host,
+KV cache freed; the HF engine drops weights and cache), so a slept engine keeps only its own
+process's CUDA context (``--overhead-gib``). The trainer offloads per ``trainer.offload``
+(``trainer/offload.py``; ``offload()`` also empties the caching allocator, so freed activations
+return to the driver)::
+
+    resident   = overhead + extra copies + { none: weights + grads + optimizer | optimizer: weights | all: 0 }
+    update     = train total + overhead                  (the slept engine)
+    generation = resident + rollout engine total         (engine weights + KV cache + overhead)
+    peak       = max(update, generation)
+
+``--no-engine-sleep`` (engines keep weights and KV during the update) makes update = train total +
+rollout weights + KV. Separate placement (``--separate``: the engines on GPUs of their own) checks
+both kinds of GPU: peak = max(train total, rollout engine total). ``--config run.yaml`` takes the
+layout, precision, sequence length, placement, offload and engine count from a run config
+(``plan_config.py``). All figures exclude allocator fragmentation; ``--overhead-gib`` (default 2)
+stands for the CUDA context, NCCL buffers and workspaces of each process.
 """
 from __future__ import annotations
 
@@ -55,6 +70,7 @@ from typing import NamedTuple
 GIB = 1024 ** 3
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+OFFLOAD_MODES = ("none", "optimizer", "all")   # trainer.offload (trainer/offload.py; no torch import here)
 
 
 @dataclass(frozen=True)
@@ -156,6 +172,8 @@ class PlanInputs:
     extra_weight_copies: int = 0     # reference policy / teacher snapshot kept on the GPU
     colocated: bool = True
     engine_sleep: bool = True
+    offload: str = "none"            # trainer.offload: none | optimizer | all
+    rollout_engines: int = 1         # rollout.num_engines (GPUs of separate placement: engines x rollout_tp)
     rollout_tp: int = 1
     rollout_seqs: int = 64           # concurrent sequences in the engine's KV cache
     rollout_len: int | None = None   # prompt + response tokens (default: seq_len)
@@ -165,11 +183,14 @@ class PlanInputs:
     vocab_multiple: int = 128
 
     def __post_init__(self):
-        for f in ("tp", "pp", "dp", "micro_batch", "seq_len", "rollout_tp", "rollout_seqs", "vocab_multiple"):
+        for f in ("tp", "pp", "dp", "micro_batch", "seq_len", "rollout_tp", "rollout_seqs", "rollout_engines",
+                  "vocab_multiple"):
             if getattr(self, f) < 1:
                 raise ValueError(f"{f} must be >= 1, got {getattr(self, f)}")
         if self.dtype not in DTYPE_BYTES or self.kv_dtype not in DTYPE_BYTES:
             raise ValueError(f"dtype/kv_dtype must be one of {sorted(DTYPE_BYTES)}, got {self.dtype!r}/{self.kv_dtype!r}")
+        if self.offload not in OFFLOAD_MODES:
+            raise ValueError(f"offload must be one of {'|'.join(OFFLOAD_MODES)}, got {self.offload!r}")
         if self.recompute not in ("none", "selective", "full"):
             raise ValueError(f"recompute must be none|selective|full, got {self.recompute!r}")
         if self.sequence_parallel and self.tp == 1:
@@ -277,13 +298,28 @@ class PlanReport:
         return self.rollout_weights + self.rollout_kv + self.overhead
 
     @property
+    def trainer_resident(self) -> int:
+        """What the trainer keeps on the GPU while colocated engines generate (``trainer.offload``)."""
+        kept = {"none": self.weights + self.grads + self.optimizer, "optimizer": self.weights, "all": 0}
+        return self.overhead + self.extra_copies + kept[self.inputs.offload]
+
+    @property
+    def update_peak(self) -> int:
+        """Colocated update phase: training plus the engine, slept (its CUDA context) or resident."""
+        engine = self.overhead if self.inputs.engine_sleep else self.rollout_weights + self.rollout_kv
+        return self.train_total + engine
+
+    @property
+    def generation_peak(self) -> int:
+        """Colocated generation phase: the trainer's resident part plus the awake engine."""
+        return self.trainer_resident + self.rollout_total
+
+    @property
     def peak(self) -> int:
-        """Training GPU peak: colocated engines add to it (sum) unless they sleep (max)."""
+        """Per-GPU peak: colocated, the larger phase; separate, the larger kind of GPU."""
         if not self.inputs.colocated:
-            return self.train_total
-        if self.inputs.engine_sleep:
             return max(self.train_total, self.rollout_total)
-        return self.train_total + self.rollout_weights + self.rollout_kv
+        return max(self.update_peak, self.generation_peak)
 
 
 def estimate(arch: ArchSpec, inp: PlanInputs) -> PlanReport:
@@ -339,20 +375,34 @@ def format_report(rep: PlanReport) -> str:
         f"{'rollout engine weights (TP=' + str(i.rollout_tp) + ')':<44}{g(rep.rollout_weights)}",
         f"{'rollout KV cache (' + str(i.rollout_seqs) + ' seqs x ' + str(i.rollout_len or i.seq_len) + ' tok)':<44}{g(rep.rollout_kv)}",
         f"{'= rollout engine total':<44}{g(rep.rollout_total)}",
+        f"{'-' * 53}",
     ]
-    mode = ("colocated, engines sleep during training: max(train, rollout)" if i.colocated and i.engine_sleep
-            else "colocated, engines stay resident: train + rollout" if i.colocated
-            else "separate: training GPUs only (rollout GPUs: see 'rollout engine total')")
-    lines += [f"{'-' * 53}", f"{'PEAK per training GPU':<44}{g(rep.peak)}   [{mode}]"]
-    verdict = "fits" if rep.peak <= i.gpu_mem_gib * GIB else "DOES NOT FIT"
-    if verdict == "fits":
-        hint = ""
-    elif i.colocated and rep.rollout_total > rep.train_total:
-        hint = " - the rollout engine dominates: lower --rollout-seqs / --rollout-len or raise --rollout-tp"
+    if i.colocated:
+        slept = "slept engine" if i.engine_sleep else "resident engine weights + KV (--no-engine-sleep)"
+        lines += [f"{'trainer resident (offload ' + i.offload + ')':<44}{g(rep.trainer_resident)}",
+                  (f"{'update phase = training + ' + ('slept engine' if i.engine_sleep else 'engine'):<44}"
+                   f"{g(rep.update_peak)}"),
+                  f"{'generation phase = resident + rollout':<44}{g(rep.generation_peak)}",
+                  f"{'PEAK per GPU':<44}{g(rep.peak)}   [colocated: max(update, generation); {slept}]"]
     else:
-        hint = " - raise TP/PP/DP, lower micro-batch, enable --recompute full or --sequence-parallel"
-    lines.append(f"{verdict} in {i.gpu_mem_gib:g} GiB{hint}")
+        gpus = f"{i.tp * i.pp * i.dp} training + {i.rollout_engines * i.rollout_tp} rollout GPUs"
+        lines.append(f"{'PEAK per GPU':<44}{g(rep.peak)}   [separate, {gpus}: max(training, rollout)]")
+    lines.append(f"{'fits' if fits(rep) else 'DOES NOT FIT'} in {i.gpu_mem_gib:g} GiB{_hint(rep)}")
     return "\n".join(lines)
+
+
+def _hint(rep: PlanReport) -> str:
+    """What to change when the layout does not fit, for the side that sets the peak."""
+    i = rep.inputs
+    if fits(rep):
+        return ""
+    rollout_side = (rep.generation_peak >= rep.update_peak if i.colocated else rep.rollout_total > rep.train_total)
+    if not rollout_side:
+        return " - raise TP/PP/DP, lower micro-batch, enable --recompute full or --sequence-parallel"
+    more = {"none": "trainer.offload (--offload) optimizer|all, ", "optimizer": "trainer.offload (--offload) all, ",
+            "all": ""}
+    return (" - the generation phase dominates: " + (more[i.offload] if i.colocated else "")
+            + "lower --rollout-seqs / --rollout-len or raise --rollout-tp")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -372,7 +422,12 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--recompute", choices=("none", "selective", "full"), default=d.recompute, help="activation recompute")
     p.add_argument("--extra-weight-copies", type=int, default=d.extra_weight_copies,
                    help="reference policy / teacher snapshot copies kept on the GPU")
+    p.add_argument("--config", help="run config (YAML): layout, precision, seq-len (rollout.max_model_len), "
+                   "placement, trainer.offload and engine count come from it (plan_config.py)")
     p.add_argument("--separate", dest="colocated", action="store_false", help="rollout engines on other GPUs")
+    p.add_argument("--offload", choices=OFFLOAD_MODES, default=d.offload,
+                   help="trainer.offload: what the trainer parks in host memory while colocated engines generate")
+    p.add_argument("--rollout-engines", type=int, default=d.rollout_engines, help="rollout engines (rollout.num_engines)")
     p.add_argument("--no-engine-sleep", dest="engine_sleep", action="store_false",
                    help="colocated engines keep weights + KV cache during training")
     p.add_argument("--rollout-tp", type=int, default=d.rollout_tp, help="tensor-parallel size of each rollout engine")
@@ -392,11 +447,20 @@ def run(args: argparse.Namespace) -> PlanReport | None:
         return None
     if not args.model:
         raise ValueError("plan: --model is required (a preset name or a config.json path)")
-    fields = set(PlanInputs.__dataclass_fields__)
-    inp = PlanInputs(**{k: v for k, v in vars(args).items() if k in fields})
-    rep = estimate(load_arch(args.model), inp)
+    rep = report_for(args)
     print(format_report(rep))
     return rep
+
+
+def report_for(args: argparse.Namespace) -> PlanReport:
+    """The estimate for parsed ``plan`` arguments (``--config`` merged in), without printing."""
+    fields = set(PlanInputs.__dataclass_fields__)
+    given = {k: v for k, v in vars(args).items() if k in fields}
+    if getattr(args, "config", None):
+        from megatron_rl.plan_config import merge_config
+
+        given = merge_config(args.config, given, PlanInputs())
+    return estimate(load_arch(args.model), PlanInputs(**given))
 
 
 def fits(rep: PlanReport | None) -> bool:

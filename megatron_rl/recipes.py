@@ -70,6 +70,7 @@ def _rlcsd(method: str, kl: float, clip: float = 1.0, **departures: str) -> Reci
 
 PAPER: dict[str, Recipe] = {
     "qwen3_8b_grpo": _rlcsd("grpo", 0.001),
+    "qwen3_8b_grpo_separate": _rlcsd("grpo", 0.001),
     "qwen3_8b_rlcsd": _rlcsd("rlcsd", 0.0),
     "qwen2_5_14b_rlcsd": _rlcsd("rlcsd", 0.0, data__chat_template_kwargs="Qwen2.5 has no thinking mode"),
     "qwen3_8b_opsd": _rlcsd("opsd", 0.0, clip=0.1),

@@ -276,11 +276,19 @@ class PolicyActor(_LogProbModel):
         optim: :class:`OptimSpec`.
         temperature: sampling temperature of the rollout engine (default for log-prob passes).
         sequence_parallel: use Megatron sequence parallelism (TP > 1 only).
+        offload: what :meth:`offload` parks in host memory: none | optimizer | all
+            (``trainer/offload.py``).
     """
 
     def __init__(self, hf_cfg, parallel_info, optim: OptimSpec, temperature: float = 1.0,
-                 sequence_parallel: bool = False, backend: str = "local", fp8: str | None = None):
+                 sequence_parallel: bool = False, backend: str = "local", fp8: str | None = None,
+                 offload: str = "none"):
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+        from megatron_rl.trainer.offload import HostStash, check_offload_mode
+
+        self.offload_mode = check_offload_mode(offload)
+        self._stash = HostStash()
 
         g = Groups.current()
         sp = bool(sequence_parallel and g.tp_size > 1)
@@ -308,6 +316,42 @@ class PolicyActor(_LogProbModel):
         """Load HF weights, then refresh the optimizer's fp32 main copies from them."""
         super().load_hf(hf_dir)
         self.optimizer.reload_model_params()
+
+    # ----- colocated rollouts: free the GPU while the engines generate --------------------------
+    def offload(self) -> int:
+        """Park what ``offload_mode`` names in host memory, releasing the device copies, and hand the
+        allocator's cached blocks (the update's freed activations) back to the driver, with ``none``
+        too; returns the bytes moved. Training or log-probs before :meth:`onload` is an error."""
+        from megatron_rl.device import release_cached_memory
+        from megatron_rl.trainer.offload import trainer_tensors
+
+        moved, keep = trainer_tensors(self.offload_mode, self.optimizer, self.chunks)
+        if not moved:
+            release_cached_memory()
+            return 0
+        return self._stash.offload(moved, keep)
+
+    def onload(self) -> int:
+        """Bring back, bit for bit, what :meth:`offload` parked; returns the bytes moved."""
+        return self._stash.restore()
+
+    @property
+    def offloaded(self) -> bool:
+        return self._stash.offloaded
+
+    def _require_weights(self, what: str) -> None:
+        if self.offloaded and self.offload_mode == "all":
+            raise RuntimeError(f"{what}: the weights are offloaded (trainer.offload=all); call onload() first")
+
+    def bare_models(self) -> list[torch.nn.Module]:
+        """As :meth:`_LogProbModel.bare_models`; refused while the weights are offloaded (export,
+        weight sync and checkpoints read them)."""
+        self._require_weights("bare_models")
+        return super().bare_models()
+
+    def _forward_only(self, batch, micro_batch_size, collect, specs):
+        self._require_weights("forward")
+        return super()._forward_only(batch, micro_batch_size, collect, specs)
 
     # ----- training ------------------------------------------------------------------------
     def _finalize_grads(self, model, num_tokens=None, pg_collection=None, force_all_reduce=False):
@@ -351,6 +395,8 @@ class PolicyActor(_LogProbModel):
     def train_step(self, batch: TrainBatch, loss_fn: LossFn, micro_batch_size: int,
                    temperature: float | None = None) -> TrainStepResult:
         """One optimizer step on the GLOBAL ``batch`` (same on every rank); see the module docstring."""
+        if self.offloaded:
+            raise RuntimeError("train_step: the trainer is offloaded (trainer.offload); call onload() first")
         g = self.groups
         t = self.temperature if temperature is None else float(temperature)
         t0 = time.perf_counter()

@@ -146,6 +146,8 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, actor, extra_state: d
 
     if step < 0:
         raise ValueError(f"save_checkpoint: step must be >= 0, got {step}")
+    if getattr(actor, "offloaded", False):   # the optimizer state is in host buffers (trainer.offload)
+        raise RuntimeError("save_checkpoint: the trainer is offloaded (trainer.offload); call onload() first")
     rank = dist.get_rank()
     root = checkpoints_dir(run_dir)
     tmp, final = root / f".tmp-step_{step}", root / f"step_{step}"

@@ -186,7 +186,8 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
     sampler = DeterministicSampler(len(train), cfg.data.prompts_per_step, cfg.data.seed)
     hf_cfg = load_hf_config(cfg.model.hf_path)
     actor = PolicyActor(hf_cfg, info, _optim_spec(cfg), temperature=cfg.rollout.temperature,
-                        sequence_parallel=info.sequence_parallel, backend=backend, fp8=cfg.model.fp8)
+                        sequence_parallel=info.sequence_parallel, backend=backend, fp8=cfg.model.fp8,
+                        offload=cfg.trainer.offload)
     actor.load_hf(cfg.model.hf_path)
     ref = None
     if "ref_logp" in A.kind_required_inputs(cfg.algo.kind, cfg.algo.hparams):

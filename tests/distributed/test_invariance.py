@@ -5,7 +5,8 @@ plain megatron Adam), and for micro-batch sizes 1, 2 and 8.
 The layouts run on the same tiny HF checkpoint in two torchrun (gloo) launches, one per world size
 (1 process: TP=1 at both micro-batch sizes; 2 processes: the rest), each case with freshly built
 megatron groups and actor; three optimizer steps (token-mean, seq-mean-token-mean, token-sum
-aggregation) also check the updates agree.
+aggregation) also check the updates agree. The ``*_offload_*`` layouts offload and onload the
+trainer (``trainer.offload``) before every step and must match their twin without offload exactly.
 """
 from __future__ import annotations
 
@@ -17,14 +18,18 @@ import pytest
 from tests.helpers.dist import torchrun
 
 WORKERS = Path(__file__).parent / "workers"
-LAYOUTS = {  # name: (nproc, tp, pp, sp, micro_batch, distributed optimizer)
+LAYOUTS = {  # name: (nproc, tp, pp, sp, micro_batch, distributed optimizer[, trainer offload before each step])
     "tp1": (1, 1, 1, 0, 2, 1),
     "tp1_mb8": (1, 1, 1, 0, 8, 1),
+    "tp1_offload_all": (1, 1, 1, 0, 2, 1, "all"),
     "tp2_sp": (2, 2, 1, 1, 2, 1),
     "pp2": (2, 1, 2, 0, 2, 1),
     "dp2": (2, 1, 1, 0, 2, 1),
+    "dp2_offload_optimizer": (2, 1, 1, 0, 2, 1, "optimizer"),
     "dp2_plain_adam": (2, 1, 1, 0, 1, 0),
 }
+#: offload layout -> the same layout without offload: every number must be identical
+OFFLOAD_TWINS = {"tp1_offload_all": "tp1", "dp2_offload_optimizer": "dp2"}
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +63,16 @@ def test_same_logprobs_loss_and_grad_norm(results, name):
         assert _rel(g["ratio_mean"], r["ratio_mean"]) <= 1e-5
         assert g["lr"] == r["lr"]
     assert _rel(got["logp_sum_after"], ref["logp_sum_after"]) <= 1e-5
+
+
+@pytest.mark.parametrize("name", list(OFFLOAD_TWINS))
+def test_offload_onload_changes_no_step(results, name):
+    """offload -> onload before every step (the worker checks the released storages and the bit-exact
+    return) leaves log-probs, losses, grad norms and the trained policy bit-identical."""
+    got, ref = results[name], results[OFFLOAD_TWINS[name]]
+    assert len(got["offloaded_bytes"]) == 3 and all(n > 0 for n in got["offloaded_bytes"])
+    assert got["steps"] == ref["steps"]
+    assert (got["logp_sum"], got["logp_sum_after"]) == (ref["logp_sum"], ref["logp_sum_after"])
 
 
 def test_training_changed_policy_but_not_reference(results):

@@ -36,9 +36,9 @@ def test_no_command_prints_help_and_fails():
 
 def test_plan_prints_table():
     p = run_cli("plan", "--model", "qwen3-8b", "--tp", "2", "--pp", "1", "--dp", "4", "--micro-batch", "1",
-                "--seq-len", "8192", "--rollout-tp", "2")
+                "--seq-len", "8192", "--rollout-tp", "2", "--offload", "optimizer")
     assert p.returncode == 0, p.stderr
-    assert "layout TP=2 PP=1 DP=4 (8 GPUs)" in p.stdout and "PEAK per training GPU" in p.stdout
+    assert "layout TP=2 PP=1 DP=4 (8 GPUs)" in p.stdout and "PEAK per GPU" in p.stdout
 
 
 def test_plan_exits_non_zero_when_the_layout_does_not_fit(capsys):
@@ -46,7 +46,7 @@ def test_plan_exits_non_zero_when_the_layout_does_not_fit(capsys):
     assert cli.main(["plan", "--model", "qwen3-8b", "--tp", "2", "--dp", "4", "--seq-len", "8192"]) == 2
     out, err = capsys.readouterr()
     assert "DOES NOT FIT in 80 GiB" in out
-    assert err.strip().startswith("megatron-rl plan: error: the layout does not fit: peak 89.26 GiB per GPU > "
+    assert err.strip().startswith("megatron-rl plan: error: the layout does not fit: peak 125.59 GiB per GPU > "
                                   "--gpu-mem-gib 80") and len(err.strip().splitlines()) == 1
 
 

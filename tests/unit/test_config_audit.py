@@ -127,6 +127,7 @@ READ = {   # key -> module that consumes it (``cfg.<key>`` or the section alias 
     "trainer.eval_prompts": "megatron_rl/trainer/setup.py", "trainer.ckpt_every": "megatron_rl/trainer/loop.py",
     "trainer.keep_last": "megatron_rl/trainer/setup.py",
     "trainer.export_hf": "megatron_rl/trainer/loop.py",
+    "trainer.offload": "megatron_rl/trainer/setup.py",          # into PolicyActor(offload=...)
     "teacher.template": "megatron_rl/trainer/paths/teacher.py", "teacher.pack": "megatron_rl/trainer/paths/teacher.py",
     "teacher.pack_len": "megatron_rl/trainer/distill_stage.py",
     "logging.wandb_mode": "megatron_rl/trainer/setup.py", "logging.project": "megatron_rl/trainer/setup.py",

@@ -105,10 +105,14 @@ def test_example_config_loads_and_validates(path, tmp_path):
 @pytest.mark.parametrize("path", [p for p in YAMLS if not p.stem.startswith("tiny_cpu_")],
                          ids=[p.stem for p in YAMLS if not p.stem.startswith("tiny_cpu_")])
 def test_large_config_plan_command_fits(path, capsys):
-    """The `megatron-rl plan` line in each large config's header runs and reports that it fits in 80 GiB."""
+    """The `megatron-rl plan` line in each large config's header runs and reports that it fits in 80 GiB
+    (its ``--config`` path is relative to the repository; ``tests/unit/test_plan_config.py`` checks the
+    plan against the config's placement and offload)."""
     line = re.search(r"^#\s+(megatron-rl plan .*)$", path.read_text(), re.MULTILINE)
     assert line, f"{path.name}: header lacks a 'megatron-rl plan ...' line"
     cmd = cli.parse_command(shlex.split(line.group(1))[1:])
+    if cmd.args.config:
+        cmd.args.config = str(REPO / cmd.args.config)
     from megatron_rl import plan
 
     rep = plan.run(cmd.args)

@@ -1,6 +1,7 @@
 """`megatron-rl plan`: parameter counts vs real HF / Megatron models, closed-form memory terms, errors."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -108,7 +109,17 @@ def test_memory_terms_closed_form():
     assert r.logits == 16 * 256 * (2 + 4 + 4)
     # KV: 2 (K,V) * 2 layers * 2 kv heads * 16 dim * 2 B * 3 seqs * 10 tokens
     assert r.rollout_kv == 2 * 2 * 2 * 16 * 2 * 30
-    assert r.peak == max(r.train_total, r.rollout_total)
+    # colocated: update = train + slept engine (its overhead, 0 here); generation = resident + engine
+    w, g, o = r.weights, r.grads, r.optimizer
+    assert (r.update_peak, r.generation_peak) == (r.train_total, w + g + o + r.rollout_total)
+    assert r.peak == max(r.train_total, w + g + o + r.rollout_total)
+    for off, resident in (("optimizer", w), ("all", 0)):
+        o_rep = estimate(a, dataclasses.replace(inp, offload=off))
+        assert o_rep.trainer_resident == resident and o_rep.generation_peak == resident + r.rollout_total
+    sep = estimate(a, dataclasses.replace(inp, colocated=False))
+    assert sep.peak == max(sep.train_total, sep.rollout_total)
+    with pytest.raises(ValueError, match=r"offload must be one of none\|optimizer\|all, got 'gpu'"):
+        PlanInputs(offload="gpu")
     no_dist = estimate(a, PlanInputs(dp=4, dist_opt=False, overhead_gib=0))
     assert no_dist.optimizer == 12 * n
     resident = estimate(a, PlanInputs(engine_sleep=False, overhead_gib=0))
@@ -125,7 +136,7 @@ def test_parallelism_and_recompute_reduce_memory():
     pp = estimate(a, PlanInputs(tp=2, pp=2, dp=2, seq_len=8192))
     assert pp.weights < base.weights and pp.stage in ("first", "last")
     assert 7.5 * GIB < base.weights < 7.7 * GIB  # 4.1 B params per GPU at TP=2, 2 bytes each
-    assert "PEAK per training GPU" in format_report(base)
+    assert "PEAK per GPU" in format_report(base)
 
 
 @pytest.mark.parametrize("kw,match", [
@@ -171,10 +182,13 @@ def test_config_json_folder_and_cli_args(tmp_path, capsys):
 def test_verdict_hint_names_the_dominant_side():
     a = load_arch("qwen3-8b")
     roll = format_report(estimate(a, PlanInputs(tp=4, dp=2, seq_len=18432, sequence_parallel=True, rollout_seqs=32)))
-    assert "DOES NOT FIT in 80 GiB - the rollout engine dominates" in roll
+    assert "DOES NOT FIT in 80 GiB - the generation phase dominates: trainer.offload (--offload) optimizer|all" in roll
     train = format_report(estimate(a, PlanInputs(tp=1, seq_len=32768, rollout_seqs=1)))
     assert "DOES NOT FIT in 80 GiB - raise TP/PP/DP" in train
-    ok = format_report(estimate(a, PlanInputs(tp=4, dp=2, seq_len=18432, sequence_parallel=True, rollout_seqs=16)))
+    # 16 sequences: the trainer's resident state (none) tips generation over 80 GiB; offload=optimizer fits
+    resident = PlanInputs(tp=4, dp=2, seq_len=18432, sequence_parallel=True, rollout_seqs=16)
+    assert "DOES NOT FIT" in format_report(estimate(a, resident))
+    ok = format_report(estimate(a, dataclasses.replace(resident, offload="optimizer")))
     assert ok.endswith("fits in 80 GiB")
 
 

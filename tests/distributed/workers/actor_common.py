@@ -64,7 +64,8 @@ def rl_loss(mode: str = "token-mean", ent_coef: float = 0.01):
     return loss_fn
 
 
-def build_actor(hf_dir: str | Path, tp: int, pp: int, sp: bool = False, seed: int = 1234, **optim):
+def build_actor(hf_dir: str | Path, tp: int, pp: int, sp: bool = False, seed: int = 1234, offload: str = "none",
+                **optim):
     """init_parallel + PolicyActor (fp32) loaded from ``hf_dir``."""
     from megatron_rl.models.provider import load_hf_config
     from megatron_rl.parallel import init_parallel
@@ -74,9 +75,45 @@ def build_actor(hf_dir: str | Path, tp: int, pp: int, sp: bool = False, seed: in
     info = init_parallel(tp, pp, seed=seed, sequence_parallel=sp)
     hf_cfg = load_hf_config(str(hf_dir))
     spec = OptimSpec(**{"lr": 1e-4, "clip_grad": 1e9, "use_distributed_optimizer": True, **optim})
-    actor = PolicyActor(hf_cfg, info, spec, temperature=0.7, sequence_parallel=sp)
+    actor = PolicyActor(hf_cfg, info, spec, temperature=0.7, sequence_parallel=sp, offload=offload)
     actor.load_hf(str(hf_dir))
     return actor
+
+
+def offload_round_trip(actor, batch, mbs: int) -> int:
+    """offload(): what the mode names is released (storage 0 bytes), the rest stays; a train step
+    is refused; onload() gives every optimizer-state, main-param, grad and param tensor back bit for bit."""
+    from megatron_rl.trainer.offload import (
+        grad_buffer_tensors,
+        optimizer_tensors,
+        param_tensors,
+    )
+
+    opt, grads, params = optimizer_tensors(actor.optimizer), grad_buffer_tensors(actor.chunks), param_tensors(actor.chunks)
+    every = opt + grads + params
+    before = [t.detach().clone() for t in every]
+    weights = {p.untyped_storage().data_ptr() for p in params}
+    gone = [t for t in grads + opt if t.dim() > 0 and t.untyped_storage().data_ptr() not in weights]
+    gone += params if actor.offload_mode == "all" else []   # fp32 main shards that are weight views stay with them
+    moved = actor.offload()
+    assert moved > 0 and actor.offloaded
+    assert all(t.untyped_storage().nbytes() == 0 for t in gone), "offload left device copies"
+    if actor.offload_mode == "optimizer":
+        assert all(p.untyped_storage().nbytes() > 0 for p in params), "optimizer mode moved the weights"
+    refused = [lambda: actor.train_step(batch, rl_loss(), micro_batch_size=mbs)]
+    if actor.offload_mode == "all":   # export, weight sync, checkpoints and forward passes read the weights
+        refused += [actor.bare_models, lambda: actor.forward_logprobs(batch, mbs)]
+    for call in refused:
+        try:
+            call()
+        except RuntimeError as e:
+            assert "call onload() first" in str(e), e
+        else:
+            raise AssertionError("ran while offloaded")
+    assert actor.onload() == moved and not actor.offloaded
+    for t, b in zip(every, before):
+        assert t.dtype == b.dtype and torch.equal(t, b), "onload changed a tensor"
+    return moved
 
 
 def write_json(path: str | Path, obj) -> None:

@@ -1,18 +1,26 @@
 """Worker: layouts (TP, PP, DP from the world size) each run the same three training steps.
 
-Usage: actor_invariance.py HF_DIR OUT_DIR NAME:TP:PP:SP:MICRO_BATCH:DISTOPT [...]
+Usage: actor_invariance.py HF_DIR OUT_DIR NAME:TP:PP:SP:MICRO_BATCH:DISTOPT[:OFFLOAD] [...]
 Each case runs in turn in this process tree (megatron's groups destroyed and rebuilt between
 cases, as in ``weight_transport.py``; one launch instead of one per layout saves the torch +
 megatron imports) and records (rank 0, ``OUT_DIR/NAME.json``): sum of log-probs / entropies of
 the forward pass, and per step the loss, grad norm and a metric. Also checks
-ReferencePolicy.from_actor matches the actor bit-for-bit.
+ReferencePolicy.from_actor matches the actor bit-for-bit. With OFFLOAD (optimizer | all) the actor
+offloads and onloads before every step: the released storages and the bit-exact return are checked
+here, the unchanged steps by the test (against the same layout without offload).
 """
 from __future__ import annotations
 
 import sys
 
 import torch
-from actor_common import build_actor, fixed_batch, rl_loss, write_json
+from actor_common import (
+    build_actor,
+    fixed_batch,
+    offload_round_trip,
+    rl_loss,
+    write_json,
+)
 
 
 def check_against_hf(hf_dir: str, batch, logp: torch.Tensor, temperature: float) -> None:
@@ -70,11 +78,12 @@ def check_export(actor, batch, logp: torch.Tensor, out_dir: str) -> None:
     torch.distributed.barrier()
 
 
-def run_case(hf_dir: str, out: str, tp: int, pp: int, sp: bool, mbs: int, distopt: bool) -> None:
+def run_case(hf_dir: str, out: str, tp: int, pp: int, sp: bool, mbs: int, distopt: bool,
+             offload: str = "none") -> None:
     from megatron_rl.trainer.actor import ReferencePolicy
     from megatron_rl.trainer.batch import TrainBatch
 
-    actor = build_actor(hf_dir, tp, pp, sp, use_distributed_optimizer=distopt)
+    actor = build_actor(hf_dir, tp, pp, sp, use_distributed_optimizer=distopt, offload=offload)
     check_hf_round_trip(actor, hf_dir)
     ref = ReferencePolicy.from_actor(actor)
     batch = fixed_batch()
@@ -88,6 +97,8 @@ def run_case(hf_dir: str, out: str, tp: int, pp: int, sp: bool, mbs: int, distop
            "logp_first": lp.logp[0, :6].tolist(), "steps": []}
     batch = TrainBatch(batch.tokens, batch.loss_mask, {**batch.extras, "old_logp": lp.logp.detach()})
     for mode in ("token-mean", "seq-mean-token-mean", "token-sum"):
+        if offload != "none":
+            rec.setdefault("offloaded_bytes", []).append(offload_round_trip(actor, batch, mbs))
         r = actor.train_step(batch, rl_loss(mode), micro_batch_size=mbs)
         rec["steps"].append({"mode": mode, "loss": r.loss, "grad_norm": r.grad_norm, "lr": r.lr,
                              "ratio_mean": r.metrics["ratio_mean"], "ok": r.update_successful})
@@ -104,8 +115,8 @@ def main() -> None:
 
     hf_dir, out_dir = sys.argv[1], sys.argv[2]
     for case in sys.argv[3:]:
-        name, tp, pp, sp, mbs, distopt = case.split(":")
-        run_case(hf_dir, f"{out_dir}/{name}.json", int(tp), int(pp), sp == "1", int(mbs), distopt == "1")
+        name, tp, pp, sp, mbs, distopt, *offload = case.split(":")
+        run_case(hf_dir, f"{out_dir}/{name}.json", int(tp), int(pp), sp == "1", int(mbs), distopt == "1", *offload)
         destroy_parallel()
 
 

@@ -1,13 +1,14 @@
 """Worker (2 ranks, TP=2, bf16): broadcast_batch, a bf16 SFT-style run that must lower the loss,
-clear errors on bad batch sizes, and ReferencePolicy staying frozen. Prints OK."""
+clear errors on bad batch sizes, ReferencePolicy staying frozen, and trainer.offload=optimizer
+parking the Adam state, fp32 main params and grad buffers (weights stay) and returning them bit for
+bit. Prints OK."""
 from __future__ import annotations
 
 import sys
 
 import torch
 import torch.distributed as dist
-
-from actor_common import build_actor, fixed_batch
+from actor_common import build_actor, fixed_batch, offload_round_trip
 
 
 def main() -> None:
@@ -16,7 +17,7 @@ def main() -> None:
     from megatron_rl.trainer.batch import broadcast_batch
     from megatron_rl.trainer.objective import partial_aggregate
 
-    actor = build_actor(hf_dir, 2, 1, sp=True, bf16=True, lr=3e-3)
+    actor = build_actor(hf_dir, 2, 1, sp=True, bf16=True, lr=3e-3, offload="optimizer")
     rank = dist.get_rank()
     src = fixed_batch(seed=7) if rank == 0 else None
     batch = broadcast_batch(src, src=0)
@@ -35,6 +36,9 @@ def main() -> None:
     assert all(torch.isfinite(torch.tensor(losses))), losses
     assert losses[-1] < losses[0] - 0.5, losses
     assert torch.equal(ref.forward_logprobs(batch, micro_batch_size=4).logp, before), "reference moved"
+    parked = offload_round_trip(actor, batch, 4)     # bf16: the fp32 main params are their own tensors
+    if rank == 0:
+        print("offload=optimizer parked bytes", parked)
     # a NaN loss stops the step before the optimizer touches the weights, naming the step
     from megatron_rl.trainer.actor import NonFiniteLossError
     w_before = actor.forward_logprobs(batch, micro_batch_size=4).logp

@@ -1,0 +1,119 @@
+"""`megatron-rl plan --config run.yaml`: the plan of a run config, and the README's layout table.
+
+:func:`config_inputs` reads from a run config the :class:`~megatron_rl.plan.PlanInputs` fields the
+config decides::
+
+    tp, pp, sequence_parallel   parallel.*
+    dist_opt                    optim.use_distributed_optimizer
+    dtype                       model.bf16 (bf16, else fp32)
+    micro_batch                 trainer.micro_batch_size
+    seq_len                     data.max_prompt_len + rollout.max_tokens (one training sequence)
+    colocated                   rollout.placement == colocated, where the config has that key (it
+                                lands with issue 21's engine side); a config without it leaves the
+                                placement to ``--separate`` (default colocated, what such a run does)
+    offload                     trainer.offload
+    rollout_engines             rollout.num_engines
+
+The rest (``--model``, ``--dp``: the world size is the launcher's, ``--rollout-tp``,
+``--rollout-seqs``, ``--extra-weight-copies``) stay command-line options: each 7B–14B example
+names them in its header's ``megatron-rl plan --config ...`` line. A flag that contradicts the
+config is refused (one line naming both). :func:`layout_table` renders the README's table from
+those header lines (``python -m megatron_rl.plan_config`` prints it; ``tests/unit/test_plan_config.py``
+checks the README holds exactly that text and that every example fits as configured).
+Loading a config imports torch (config validation); plan without ``--config`` does not.
+"""
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "examples" / "configs"
+#: PlanInputs field -> the config key it comes from (for messages)
+KEYS = {"tp": "parallel.tp", "pp": "parallel.pp", "sequence_parallel": "parallel.sequence_parallel",
+        "dist_opt": "optim.use_distributed_optimizer", "dtype": "model.bf16", "micro_batch": "trainer.micro_batch_size",
+        "seq_len": "data.max_prompt_len + rollout.max_tokens", "colocated": "rollout.placement",
+        "offload": "trainer.offload", "rollout_engines": "rollout.num_engines"}
+
+
+def placement(cfg) -> str:
+    """``rollout.placement`` (colocated | separate); colocated where the config predates the key."""
+    return getattr(cfg.rollout, "placement", "colocated")
+
+
+def config_inputs(path: str | Path) -> dict[str, Any]:
+    """The PlanInputs fields that the run config at ``path`` decides (module docstring)."""
+    from megatron_rl.config import load_config
+
+    cfg = load_config(path, ["model.hf_path="])           # the weights need not be here
+    return {"tp": cfg.parallel.tp, "pp": cfg.parallel.pp, "sequence_parallel": cfg.parallel.sequence_parallel,
+            "dist_opt": cfg.optim.use_distributed_optimizer, "dtype": "bf16" if cfg.model.bf16 else "fp32",
+            "micro_batch": cfg.trainer.micro_batch_size, "seq_len": cfg.data.max_prompt_len + cfg.rollout.max_tokens,
+            "offload": cfg.trainer.offload, "rollout_engines": cfg.rollout.num_engines,
+            **({"colocated": placement(cfg) == "colocated"} if hasattr(cfg.rollout, "placement") else {})}
+
+
+def merge_config(path: str | Path, given: dict[str, Any], defaults) -> dict[str, Any]:
+    """``given`` (parsed flags) with the config's values; a flag set away from its default to a value
+    other than the config's is an error."""
+    from_cfg = config_inputs(path)
+    for k, v in from_cfg.items():
+        if given.get(k, v) != v and given[k] != getattr(defaults, k):
+            raise ValueError(f"plan: --{k.replace('_', '-')}={given[k]} contradicts {KEYS[k]} of {path} "
+                             f"({v}); drop the flag or change the config")
+    return {**given, **from_cfg}
+
+
+def header_plan_line(path: Path) -> str | None:
+    """The ``megatron-rl plan ...`` command in an example config's header comment, if any."""
+    m = re.search(r"^#\s+(megatron-rl plan .*)$", path.read_text(), re.MULTILINE)
+    return m.group(1) if m else None
+
+
+def example_report(path: Path):
+    """The plan of an example config, from its header's ``megatron-rl plan --config`` line."""
+    from megatron_rl.cli import parse_command
+    from megatron_rl.plan import report_for
+
+    line = header_plan_line(path)
+    if line is None:
+        raise ValueError(f"{path.name}: header lacks a 'megatron-rl plan --config ...' line")
+    args = parse_command(shlex.split(line)[1:]).args
+    if args.config and not Path(args.config).is_absolute():
+        args.config = str(REPO / args.config)           # the header's path is relative to the repository
+    return report_for(args)
+
+
+def layout_table() -> str:
+    """The README's layout table (markdown): per 7B–14B example, the plan as configured."""
+    from megatron_rl.plan import GIB, fits
+
+    def g(b: int) -> str:
+        return f"{b / GIB:.1f}"
+
+    head = ("| config | model | layout (GPUs) | placement / trainer.offload | train peak | rollout peak "
+            "| colocated peak: max(update, generation) | fits 80 GiB |")
+    lines = [head, "|---|---|---|---|---|---|---|---|"]
+    for path in sorted(CONFIGS.glob("*.yaml")):
+        if path.stem.startswith("tiny_cpu_"):
+            continue
+        rep = example_report(path)
+        i = rep.inputs
+        train_gpus, roll_gpus = i.tp * i.pp * i.dp, i.rollout_engines * i.rollout_tp
+        if i.colocated:
+            layout = f"TP{i.tp}×PP{i.pp}×DP{i.dp} ({train_gpus}), {i.rollout_engines} engines × TP{i.rollout_tp} on them"
+            coloc = f"{g(rep.peak)} = max({g(rep.update_peak)}, {g(rep.generation_peak)})"
+        else:
+            layout = (f"TP{i.tp}×PP{i.pp}×DP{i.dp} ({train_gpus}) + {i.rollout_engines} engines × "
+                      f"TP{i.rollout_tp} ({roll_gpus})")
+            coloc = "— (own GPUs)"
+        where = "colocated" if i.colocated else "separate"
+        lines.append(f"| `{path.stem}` | {rep.arch.name} | {layout} | {where} / {i.offload} | {g(rep.train_total)} "
+                     f"| {g(rep.rollout_total)} | {coloc} | {'yes' if fits(rep) else 'NO'} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(layout_table(), end="")

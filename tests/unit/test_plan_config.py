@@ -1,0 +1,77 @@
+"""`megatron-rl plan --config`: every 7B–14B example fits 80 GiB as configured (its placement, offload
+and engines read from the config), the README's layout table is the generated one, contradicting
+flags are refused, and the phases follow the placement/offload model of ``plan.py``."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from megatron_rl import plan_config as PC
+from megatron_rl.plan import GIB, fits, format_report
+
+REPO = Path(__file__).resolve().parents[2]
+LARGE = sorted(p for p in PC.CONFIGS.glob("*.yaml") if not p.stem.startswith("tiny_cpu_"))
+
+
+def _expected_placement(path: Path, cfg) -> str:
+    """The config's rollout.placement; before that key exists, the header's layout line says separate."""
+    if hasattr(cfg.rollout, "placement"):
+        return cfg.rollout.placement
+    layout = re.search(r"^# layout: .*$", path.read_text(), re.MULTILINE).group(0)
+    return "separate" if "(separate)" in layout else "colocated"
+
+
+@pytest.mark.parametrize("path", LARGE, ids=[p.stem for p in LARGE])
+def test_example_fits_as_configured(path):
+    """The header's plan line names this config and plans what it configures: a layout that does not
+    fit 80 GiB, or a plan of another placement/offload/layout than the config's, fails here."""
+    from megatron_rl.recipes import load
+
+    line = PC.header_plan_line(path)
+    assert line and f"--config examples/configs/{path.name} " in line, f"{path.name}: plan line must use --config"
+    cfg = load(path.stem)
+    rep = PC.example_report(path)
+    i = rep.inputs
+    assert fits(rep), f"{path.name} does not fit as configured:\n{format_report(rep)}"
+    assert ("colocated" if i.colocated else "separate") == _expected_placement(path, cfg)
+    assert (i.tp, i.pp, i.offload, i.rollout_engines) == (cfg.parallel.tp, cfg.parallel.pp, cfg.trainer.offload,
+                                                          cfg.rollout.num_engines)
+    assert i.seq_len == cfg.data.max_prompt_len + cfg.rollout.max_tokens
+    world = int(re.search(r"^# layout: TP=\d+ PP=\d+ DP=\d+ \((\d+) GPUs\)", path.read_text(), re.MULTILINE).group(1))
+    assert i.tp * i.pp * i.dp == world, f"{path.name}: header layout vs plan --dp"
+
+
+def test_a_separate_8_gpu_example_fits_without_sleep():
+    seps = [p for p in LARGE if not PC.example_report(p).inputs.colocated]
+    assert seps, "no separate-placement example"
+    for p in seps:
+        rep = PC.example_report(p)
+        i = rep.inputs
+        assert i.tp * i.pp * i.dp + i.rollout_engines * i.rollout_tp == 8, p.name
+        assert i.offload == "none" and rep.peak == max(rep.train_total, rep.rollout_total) <= 80 * GIB
+
+
+def test_readme_layout_table_is_the_generated_one():
+    m = re.search(r"<!-- layout-table:start -->\n(.*?)<!-- layout-table:end -->", (REPO / "README.md").read_text(),
+                  re.DOTALL)
+    assert m, "README lacks the layout table markers"
+    assert m.group(1) == PC.layout_table(), "README layout table is stale: paste `python -m megatron_rl.plan_config`"
+    assert "| NO |" not in m.group(1)
+
+
+def test_flag_contradicting_the_config_is_one_line(capsys):
+    from megatron_rl import cli
+
+    cfg = str(PC.CONFIGS / "qwen3_8b_grpo.yaml")
+    rc = cli.main(["plan", "--config", cfg, "--model", "qwen3-8b", "--dp", "2", "--tp", "2"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert "--tp=2 contradicts parallel.tp of" in err and "(4)" in err
+    rc = cli.main(["plan", "--config", cfg, "--model", "qwen3-8b", "--dp", "2", "--offload", "all"])
+    assert rc == 2 and "--offload=all contradicts trainer.offload" in capsys.readouterr().err
+    # a flag that agrees with the config is fine; the config's offload is what is planned
+    assert cli.main(["plan", "--config", cfg, "--model", "qwen3-8b", "--dp", "2", "--tp", "4", "--rollout-seqs", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "trainer resident (offload optimizer)" in out and "colocated: max(update, generation)" in out
