@@ -42,16 +42,30 @@ BACKENDS = ("auto", "ray", "gloo", "nccl", "ipc")
 WORKER_BACKEND = {"ray": GLOO, "gloo": GLOO, "nccl": "nccl", "ipc": "ipc"}  # vLLM worker engine
 
 
-def resolve_backend(requested: str, engine_kind: str, cuda: bool, trainer_world: int = 1) -> str:
+def resolve_backend(requested: str, engine_kind: str, cuda: bool, trainer_world: int = 1,
+                    placement: str | None = None) -> str:
     """``rollout.sync_backend`` → the backend used; ``ValueError`` (one line) when impossible.
 
-    auto: ``ray`` for the HF engine, ``nccl`` for vLLM with CUDA (separate placement), ``gloo``
-    for vLLM on CPU. ``ipc`` (colocated, CUDA IPC) is only used when asked for.
+    auto: ``ray`` for the HF engine, ``gloo`` for vLLM on CPU; vLLM with CUDA: ``nccl`` for
+    ``placement`` separate (or unstated), and for colocated ``ipc`` with one trainer process, else
+    ``ray`` (NCCL refuses two ranks on one GPU, and vLLM's IPC engine needs the single sender).
     """
     if requested not in BACKENDS:
         raise ValueError(f"rollout.sync_backend must be one of {'|'.join(BACKENDS)}, got {requested!r}")
     if requested == "auto":
-        return "ray" if engine_kind != "vllm" else ("nccl" if cuda else "gloo")
+        if engine_kind != "vllm":
+            return "ray"
+        if not cuda:
+            return "gloo"
+        if placement == "colocated":
+            return "ipc" if trainer_world == 1 else "ray"
+        return "nccl"
+    if placement == "colocated" and requested == "nccl":
+        raise ValueError("rollout.sync_backend=nccl with rollout.placement=colocated: NCCL cannot put the sender and "
+                         "an engine on one GPU; use ipc (one trainer process), ray or auto")
+    if placement == "separate" and requested == "ipc":
+        raise ValueError("rollout.sync_backend=ipc with rollout.placement=separate: CUDA IPC shares memory on one GPU; "
+                         "use nccl or auto for engines on their own GPUs")
     if requested != "ray" and engine_kind != "vllm":
         raise ValueError(f"rollout.sync_backend={requested} needs rollout.engine=vllm (the {engine_kind} "
                          "engine only takes the ray backend)")
