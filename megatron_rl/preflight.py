@@ -219,14 +219,10 @@ def check_launch(cfg) -> None:
 def check_rollout_placement(cfg) -> str:
     """``rollout.placement`` and ``rollout.sync_backend`` against the GPUs here (``rollout/placement.py``):
     torchrun's processes on this node and in all, the engines' GPUs; returns the sync backend."""
-    import torch
-
-    from megatron_rl.device import has_cuda
+    from megatron_rl.device import gpu_count, has_cuda
     from megatron_rl.rollout.placement import check_placement
 
-    cuda = has_cuda()
-    visible = torch.cuda.device_count() if cuda else 0
-    return check_placement(cfg, cuda, visible, int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+    return check_placement(cfg, has_cuda(), gpu_count(), int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
                            int(os.environ.get("WORLD_SIZE", "1")))
 
 

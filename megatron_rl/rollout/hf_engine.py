@@ -127,7 +127,7 @@ class HFEngine:
     def _check_awake(self) -> None:
         if self._unloaded:
             raise RuntimeError(f"HF engine: {len(self._unloaded)} weight(s) not pushed since a level-2 sleep "
-                               f"(e.g. {sorted(self._unloaded)[0]}): push every weight before generating")
+                               f"(e.g. {min(self._unloaded)}): push every weight before generating")
         if self._asleep:
             raise RuntimeError(f"HF engine is asleep ({', '.join(sorted(self._asleep))}): wake it before generating")
 
@@ -179,8 +179,9 @@ def _release_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):   # not glibc: nothing to trim
         pass
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    from ..device import empty_cache
+
+    empty_cache()
 
 
 def make_engine(kind: str, model_dir: str, **kwargs):

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from megatron_rl.trainer.colocate import Colocation, build_colocation
 
 log = logging.getLogger("megatron_rl.setup")
 
@@ -32,6 +33,7 @@ class Run:
     last_checkpoint: str | None = None
     gate: dict | None = None       # start-up gate numbers (sync_stage.startup_gate)
     asy: Any = None                # async_rollout.AsyncRollouts (rollout.max_staleness > 0; set by the loop)
+    colo: Colocation = dataclasses.field(default_factory=Colocation.separate)  # rollout.placement turn-taking
     async_pending: list = dataclasses.field(default_factory=list)  # finished batches restored from a checkpoint
 
     def seq_len(self, prompts, responses) -> int:
@@ -100,17 +102,23 @@ def client_args(cfg, trainer_world: int = 1) -> dict:
           "logprobs": r.logprobs}
     if r.engine == "vllm":
         kw["kv_cache_gib"] = r.kv_cache_gib
+        kw["enable_sleep_mode"] = r.placement == "colocated"   # CUDA only: refused on CPU at start-up
     return {"engine": r.engine, "model": cfg.model.hf_path, "num_engines": r.num_engines, "engine_kwargs": kw,
             "cpus_per_engine": r.cpus_per_engine, "ray_address": r.ray_address, "sync_backend": r.sync_backend,
-            "bucket_bytes": r.bucket_mb << 20, "trainer_world": trainer_world}
+            "bucket_bytes": r.bucket_mb << 20, "trainer_world": trainer_world, "placement": r.placement}
 
 
 def build_client(cfg, trainer_world: int = 1):
     """The engine pool; with ``rollout.max_staleness`` > 0 its actors get their own CPU cores,
     disjoint from the trainer's (``async_rollout.local_plan``; the trainer is pinned in ``setup_run``)."""
+    from megatron_rl.device import has_cuda
+    from megatron_rl.rollout.placement import engine_gpus
     from megatron_rl.rollout.ray_bridge import RolloutClient
 
     a = client_args(cfg, trainer_world)
+    gpus = None   # on GPU: one per engine, those of rollout.placement (the trainer's, or the ones after them)
+    if has_cuda():
+        gpus = engine_gpus(a["placement"], int(os.environ.get("LOCAL_WORLD_SIZE", "1")), a["num_engines"])
     env = None
     if cfg.rollout.max_staleness > 0:
         from megatron_rl.trainer.async_rollout import engine_env, local_plan
@@ -119,7 +127,7 @@ def build_client(cfg, trainer_world: int = 1):
     return RolloutClient(a["engine"], a["model"], a["num_engines"], a["engine_kwargs"],
                          cpus_per_engine=a["cpus_per_engine"], ray_address=a["ray_address"],
                          sync_backend=a["sync_backend"], bucket_bytes=a["bucket_bytes"], trainer_world=a["trainer_world"],
-                         actor_env=env)
+                         actor_env=env, placement=a["placement"], engine_gpus=gpus, gpus_per_engine=1.0 if gpus else 0.0)
 
 
 def build_grader(cfg):
@@ -212,6 +220,8 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
     from megatron_rl.trainer.sync_stage import startup_gate
 
     run.gate = startup_gate(run)  # stops the run if trainer and engines disagree after the first sync
+    run.colo = build_colocation(run)  # rollout.placement=colocated: the trainer leaves the GPUs to the engines
+    run.colo.start()
     return run
 
 
