@@ -19,7 +19,7 @@ class HFEngine:
     """``RolloutEngine`` on ``AutoModelForCausalLM`` (CPU or one GPU)."""
 
     def __init__(self, model_dir: str, *, dtype: str = "float32", seed: int = 0, max_model_len: int = 512,
-                 logprobs: str = "processed", **_):
+                 logprobs: str = "processed", device: str = "cpu", **_):
         from transformers import AutoModelForCausalLM
 
         if logprobs not in LOGPROB_MODES:
@@ -27,7 +27,8 @@ class HFEngine:
         self.logprobs = logprobs
 
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype),
-                                                          attn_implementation="eager").eval()
+                                                          attn_implementation="eager").eval().to(device)
+        self.device = torch.device(device)
         self.max_model_len = max_model_len
         self.seed = seed
         cfg = self.model.config
@@ -41,7 +42,7 @@ class HFEngine:
     @torch.no_grad()
     def _one(self, prompt: list[int], s: SamplingParams, gen: torch.Generator) -> tuple[list[int], list[float], str]:
         stops = set(s.stop_token_ids) | {e for e in self.eos if e is not None}
-        ids = torch.tensor([prompt])
+        ids = torch.tensor([prompt], device=self.device)
         out = self.model(ids, use_cache=True)
         past, logits = out.past_key_values, out.logits[0, -1]
         resp, lps = [], []
@@ -51,14 +52,14 @@ class HFEngine:
                 tok = int(logp.argmax())
             else:
                 logp = torch.log_softmax(processed_logits(logits, s.temperature, s.top_k, s.top_p, s.min_p), -1)
-                tok = int(torch.multinomial(logp.exp(), 1, generator=gen))
+                tok = int(torch.multinomial(logp.exp().cpu(), 1, generator=gen))   # CPU generator: same draws on any device
                 if self.logprobs == "full":
                     logp = torch.log_softmax(logits.float() / s.temperature, -1)
             resp.append(tok)
             lps.append(float(logp[tok]))
             if tok in stops:
                 return resp, lps, "stop"
-            out = self.model(torch.tensor([[tok]]), past_key_values=past, use_cache=True)
+            out = self.model(torch.tensor([[tok]], device=self.device), past_key_values=past, use_cache=True)
             past, logits = out.past_key_values, out.logits[0, -1]
         return resp, lps, "length"
 
@@ -78,7 +79,7 @@ class HFEngine:
         self._check_awake()
         res = []
         for s, n in zip(sequences, prompt_lens):
-            logits = self.model(torch.tensor([s])).logits[0].float() / temperature
+            logits = self.model(torch.tensor([s], device=self.device)).logits[0].float() / temperature
             logp = torch.log_softmax(logits, -1)
             res.append([float(logp[t - 1, s[t]]) for t in range(n, len(s))])
         return res
