@@ -31,7 +31,14 @@ def save_random_qwen3(d: Path, vocab_size: int = 32000, hidden_size: int = 512, 
                       num_hidden_layers=num_hidden_layers, num_attention_heads=8, num_key_value_heads=4, head_dim=64,
                       max_position_embeddings=256, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
                       pad_token_id=0, architectures=["Qwen3ForCausalLM"])
-    torch.manual_seed(0)
-    m = Qwen3ForCausalLM(cfg).float()
-    m.save_pretrained(str(d))
+    from safetensors.torch import save_file
+
+    with torch.device("meta"):   # names and shapes only: random tensors are written directly (fast)
+        names = {n: p.shape for n, p in Qwen3ForCausalLM(cfg).named_parameters()}
+    g = torch.Generator().manual_seed(0)
+    tensors = {n: torch.ones(shape) if "norm" in n else torch.randn(shape, generator=g) * 0.05
+               for n, shape in names.items()}
+    Path(d).mkdir(parents=True, exist_ok=True)
+    cfg.save_pretrained(str(d))
+    save_file(tensors, str(Path(d) / "model.safetensors"), metadata={"format": "pt"})
     return d

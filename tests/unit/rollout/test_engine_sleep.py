@@ -38,10 +38,15 @@ def model_dir(tmp_path_factory):
     return save_random_qwen3(tmp_path_factory.mktemp("qwen3_128mb"))
 
 
-def test_level2_sleep_frees_the_weights_and_push_then_wake_restores_identical_outputs(model_dir):
+@pytest.fixture(scope="module")
+def eng(model_dir):
+    """One engine for both tests (each leaves it awake with the model dir's weights)."""
+    return HFEngine(str(model_dir), max_model_len=64)
+
+
+def test_level2_sleep_frees_the_weights_and_push_then_wake_restores_identical_outputs(model_dir, eng):
     from safetensors.torch import load_file
 
-    eng = HFEngine(str(model_dir), max_model_len=64)
     weight_bytes = sum(p.numel() * p.element_size() for p in eng.model.parameters())
     assert weight_bytes > 100e6
     before = _outputs(eng)
@@ -59,10 +64,9 @@ def test_level2_sleep_frees_the_weights_and_push_then_wake_restores_identical_ou
     assert _outputs(eng) == before
 
 
-def test_level1_sleep_keeps_a_host_copy_and_wake_restores_it(model_dir):
+def test_level1_sleep_keeps_a_host_copy_and_wake_restores_it(eng):
     """On CPU the weights already are host memory, so level 1 releases only the per-call cache; the
     round trip must still give the very same tensors and outputs without a push."""
-    eng = HFEngine(str(model_dir), max_model_len=64)
     ref = {n: p.detach().clone() for n, p in eng.model.named_parameters()}
     before = _outputs(eng)
     eng.sleep(level=1)
