@@ -61,7 +61,9 @@ class Colocation:
         return cls(active=False)
 
     def start(self) -> None:
-        """After set-up's first push: the trainer leaves the GPUs to the engines for the first generate."""
+        """At set-up, before the engines start: the trainer leaves the GPUs to them (their start-up
+        sizes the KV cache from the free memory) and stays offloaded through the first push, the
+        start-up gate and the first generate — the state every step's generate runs in."""
         if self.active:
             self.offload_trainer()
             self.barrier()
@@ -91,8 +93,9 @@ class Colocation:
 
 
 def build_colocation(run) -> Colocation:
-    """``run.cfg.rollout.placement`` -> this rank's :class:`Colocation` (engines on the driver; the
-    actor's ``offload`` / ``onload`` when it has them)."""
+    """``run.cfg.rollout.placement`` -> this rank's :class:`Colocation` (engines: ``run.client`` on the
+    driver, set again by ``setup_run`` once the pool exists; the actor's ``offload`` / ``onload`` when
+    it has them)."""
     if run.cfg.rollout.placement != "colocated":
         return Colocation.separate()
     return Colocation(engines=run.client if run.info.is_driver else None,

@@ -201,6 +201,8 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
               None, path)
     path.setup(run)
     _resume(run, resume)
+    run.colo = build_colocation(run)  # colocated: the trainer offloads before the engines start beside it and
+    run.colo.start()                  # stays so through the first push (trainer/colocate.py)
     if info.is_driver and client is None:
         client = build_client(cfg, trainer_world=info.world)
     if cfg.rollout.max_staleness > 0:
@@ -212,6 +214,8 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
         mine = pin_trainer(plan, int(os.environ.get("LOCAL_RANK", "0")))
         log.info("asynchronous rollouts: trainer on cores %s, engines on %s", sorted(mine), sorted(plan.engines))
     run.client = client
+    if run.colo.active and info.is_driver:
+        run.colo.engines = client
     run.logger = RunLogger(cfg.trainer.run_dir, cfg.to_dict(), wandb_mode=cfg.logging.wandb_mode,
                            project=cfg.logging.project, run_name=cfg.logging.run_name, total_steps=cfg.trainer.steps,
                            resume_step=run.step if run.last_checkpoint is not None else None,
@@ -220,8 +224,6 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
     from megatron_rl.trainer.sync_stage import startup_gate
 
     run.gate = startup_gate(run)  # stops the run if trainer and engines disagree after the first sync
-    run.colo = build_colocation(run)  # rollout.placement=colocated: the trainer leaves the GPUs to the engines
-    run.colo.start()
     return run
 
 
