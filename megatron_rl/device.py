@@ -45,6 +45,17 @@ def max_memory_allocated() -> int:
     return torch.cuda.max_memory_allocated() if has_cuda() else 0
 
 
+def gpu_count() -> int:
+    """Visible CUDA devices (0 on CPU)."""
+    return torch.cuda.device_count() if has_cuda() else 0
+
+
+def empty_cache() -> None:
+    """Return the caching allocator's free blocks to the driver (no-op on CPU): after an engine's sleep."""
+    if has_cuda():
+        torch.cuda.empty_cache()
+
+
 def pin_process(cores) -> None:
     """Pin every thread of this process (and threads it starts later) to ``cores`` and size torch's
     intra-op pool to match. ``os.sched_setaffinity(0, ...)`` alone binds only the calling thread;

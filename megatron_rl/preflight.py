@@ -9,7 +9,7 @@ Two levels:
 * :func:`preflight` — what a run on *this* machine needs: the model, tokenizer and data files exist,
   the resume checkpoint exists, the run directory may be used (``trainer/run_dir.py``), the layer
   backend resolves here (``te`` / ``fp8`` need CUDA + Transformer Engine), the batch divides over
-  ``WORLD_SIZE``, and the PAPO grader answers a TCP connect (unless ``reward.grader_required=false``);
+  ``WORLD_SIZE``, ``rollout.placement`` fits the GPUs here with its sync backend, and the PAPO grader answers a TCP connect (unless ``reward.grader_required=false``);
   first of all, the torchrun variables and the Ray address answer (``launch_env``, bounded in time).
   ``setup_run`` calls it first thing (before ``init_parallel``); ``megatron-rl train --check`` too.
 """
@@ -216,6 +216,16 @@ def check_launch(cfg) -> None:
         check_ray_address(cfg.rollout.ray_address)
 
 
+def check_rollout_placement(cfg) -> str:
+    """``rollout.placement`` and ``rollout.sync_backend`` against the GPUs here (``rollout/placement.py``):
+    torchrun's processes on this node and in all, the engines' GPUs; returns the sync backend."""
+    from megatron_rl.device import gpu_count, has_cuda
+    from megatron_rl.rollout.placement import check_placement
+
+    return check_placement(cfg, has_cuda(), gpu_count(), int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+                           int(os.environ.get("WORLD_SIZE", "1")))
+
+
 def preflight(cfg, resume: str | None = None, overwrite: bool = False, allow_config_change: bool = False) -> str:
     """All start-up checks of a run on this machine; returns the resolved layer backend."""
     from megatron_rl.trainer.run_config import check_resume
@@ -229,6 +239,7 @@ def preflight(cfg, resume: str | None = None, overwrite: bool = False, allow_con
     check_resume(cfg, resume, allow_config_change)   # the saved run_dir/config.yaml against this one
     check_export_dir(cfg, overwrite)
     check_world(cfg)
+    check_rollout_placement(cfg)
     backend = check_backend(cfg)
     check_grader(cfg)
     return backend

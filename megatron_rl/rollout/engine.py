@@ -81,11 +81,14 @@ class RolloutEngine(Protocol):
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Load HF-named tensors (any subset of the model); returns the number loaded."""
 
-    def sleep(self) -> None:
-        """Release engine memory (KV cache) while the trainer runs (colocated mode)."""
+    def sleep(self, level: int = 1) -> None:
+        """Release the engine's memory while the trainer runs (``rollout.placement=colocated``), vLLM's
+        levels: 1 = weights offloaded to host memory, KV cache discarded; 2 = weights discarded too
+        (the next push must send every weight before the engine generates again)."""
 
-    def wake(self) -> None:
-        """Restore what ``sleep`` released."""
+    def wake(self, tags: tuple[str, ...] | None = None) -> None:
+        """Re-allocate what ``sleep`` released: ``("weights",)`` before a weight push, ``("kv_cache",)``
+        after it (so the KV cache and the push never coexist), ``None`` = both."""
 
     def shutdown(self) -> None:
         """Free everything."""

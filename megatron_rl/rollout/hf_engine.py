@@ -19,7 +19,7 @@ class HFEngine:
     """``RolloutEngine`` on ``AutoModelForCausalLM`` (CPU or one GPU)."""
 
     def __init__(self, model_dir: str, *, dtype: str = "float32", seed: int = 0, max_model_len: int = 512,
-                 logprobs: str = "processed", **_):
+                 logprobs: str = "processed", device: str = "cpu", **_):
         from transformers import AutoModelForCausalLM
 
         if logprobs not in LOGPROB_MODES:
@@ -27,18 +27,22 @@ class HFEngine:
         self.logprobs = logprobs
 
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype),
-                                                          attn_implementation="eager").eval()
+                                                          attn_implementation="eager").eval().to(device)
+        self.device = torch.device(device)
         self.max_model_len = max_model_len
         self.seed = seed
         cfg = self.model.config
         self.vocab_size = cfg.vocab_size
         self.eos = cfg.eos_token_id if isinstance(cfg.eos_token_id, list) else [cfg.eos_token_id]
         self.pad = cfg.pad_token_id if cfg.pad_token_id is not None else self.eos[0]
+        self._asleep: set[str] = set()      # "weights" / "kv_cache" while released (sleep / wake)
+        self._unloaded: set[str] = set()    # weights still to push after a level-2 sleep
+        self._level, self._shapes, self._host = 0, {}, {}
 
     @torch.no_grad()
     def _one(self, prompt: list[int], s: SamplingParams, gen: torch.Generator) -> tuple[list[int], list[float], str]:
         stops = set(s.stop_token_ids) | {e for e in self.eos if e is not None}
-        ids = torch.tensor([prompt])
+        ids = torch.tensor([prompt], device=self.device)
         out = self.model(ids, use_cache=True)
         past, logits = out.past_key_values, out.logits[0, -1]
         resp, lps = [], []
@@ -48,19 +52,20 @@ class HFEngine:
                 tok = int(logp.argmax())
             else:
                 logp = torch.log_softmax(processed_logits(logits, s.temperature, s.top_k, s.top_p, s.min_p), -1)
-                tok = int(torch.multinomial(logp.exp(), 1, generator=gen))
+                tok = int(torch.multinomial(logp.exp().cpu(), 1, generator=gen))   # CPU generator: same draws on any device
                 if self.logprobs == "full":
                     logp = torch.log_softmax(logits.float() / s.temperature, -1)
             resp.append(tok)
             lps.append(float(logp[tok]))
             if tok in stops:
                 return resp, lps, "stop"
-            out = self.model(torch.tensor([[tok]]), past_key_values=past, use_cache=True)
+            out = self.model(torch.tensor([[tok]], device=self.device), past_key_values=past, use_cache=True)
             past, logits = out.past_key_values, out.logits[0, -1]
         return resp, lps, "length"
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Completion]:
         validate_prompts(prompts, self.max_model_len, sampling.max_tokens, self.vocab_size)
+        self._check_awake()
         res = []
         for i, p in enumerate(prompts):
             gen = torch.Generator().manual_seed((sampling.seed if sampling.seed is not None else self.seed) + i)
@@ -71,15 +76,18 @@ class HFEngine:
 
     @torch.no_grad()
     def score(self, sequences: list[list[int]], prompt_lens: list[int], temperature: float = 1.0) -> list[list[float]]:
+        self._check_awake()
         res = []
         for s, n in zip(sequences, prompt_lens):
-            logits = self.model(torch.tensor([s])).logits[0].float() / temperature
+            logits = self.model(torch.tensor([s], device=self.device)).logits[0].float() / temperature
             logp = torch.log_softmax(logits, -1)
             res.append([float(logp[t - 1, s[t]]) for t in range(n, len(s))])
         return res
 
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        if "weights" in self._asleep:
+            raise RuntimeError("HF engine: weights pushed while asleep; wake(('weights',)) first")
         params = dict(self.model.named_parameters())
         n = 0
         for name, t in named_tensors:
@@ -88,6 +96,7 @@ class HFEngine:
                     continue
                 raise KeyError(f"HF engine: unknown weight {name!r}")
             params[name].copy_(t.to(params[name].dtype))
+            self._unloaded.discard(name)
             n += 1
         return n
 
@@ -108,14 +117,72 @@ class HFEngine:
             return {}
         raise ValueError(f"HF engine: unknown weight-transfer method {method!r}")
 
-    def sleep(self) -> None:
-        return None
+    # -- colocation (rollout.placement=colocated, trainer/colocate.py) ---------------------------------
+    # The engine's cache is per call (nothing survives a generate), so sleep is about the weights. Each
+    # parameter's storage is swapped for an empty tensor (shape, dtype and device kept to restore it);
+    # tied parameters are one Parameter, so they are freed and restored once. Buffers (rotary tables)
+    # are small and stay. Level 1 keeps a host copy (a CUDA engine's weights move to pinned CPU memory;
+    # a CPU engine's already are host memory, so there it releases nothing); level 2 keeps nothing and
+    # the next push restores the weights — the colocated loop re-sends every weight each step anyway.
 
-    def wake(self) -> None:
-        return None
+    def _check_awake(self) -> None:
+        if self._unloaded:
+            raise RuntimeError(f"HF engine: {len(self._unloaded)} weight(s) not pushed since a level-2 sleep "
+                               f"(e.g. {min(self._unloaded)}): push every weight before generating")
+        if self._asleep:
+            raise RuntimeError(f"HF engine is asleep ({', '.join(sorted(self._asleep))}): wake it before generating")
+
+    def sleep(self, level: int = 1) -> None:
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2, got {level}")
+        if self._asleep:
+            return
+        self._level, self._shapes, self._host = level, {}, {}
+        with torch.no_grad():
+            for name, p in self.model.named_parameters():
+                self._shapes[name] = (p.shape, p.dtype, p.device)
+                if level == 1:
+                    host = p.data if p.device.type == "cpu" else p.data.to("cpu").pin_memory()
+                    self._host[name] = host
+                p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        self._asleep = {"weights", "kv_cache"}
+        _release_freed_memory()
+
+    def wake(self, tags: tuple[str, ...] | None = None) -> None:
+        tags = ("weights", "kv_cache") if tags is None else tuple(tags)
+        if unknown := set(tags) - {"weights", "kv_cache"}:
+            raise ValueError(f"wake tags must be weights and/or kv_cache, got {sorted(unknown)}")
+        if "weights" in tags and "weights" in self._asleep:
+            with torch.no_grad():
+                for name, p in self.model.named_parameters():
+                    shape, dtype, device = self._shapes[name]
+                    p.data = self._host[name].to(device) if self._level == 1 else torch.empty(shape, dtype=dtype, device=device)
+            if self._level == 2:
+                self._unloaded = set(self._shapes)
+            self._host, self._shapes = {}, {}
+            self._asleep.discard("weights")
+        if "kv_cache" in tags:   # per-call cache: nothing to re-allocate, only the state to clear
+            self._asleep.discard("kv_cache")
 
     def shutdown(self) -> None:
         del self.model
+
+
+def _release_freed_memory() -> None:
+    """Hand freed host memory back to the OS: glibc keeps freed heap chunks for reuse (and raises its
+    mmap threshold after large frees, so weight-sized blocks end up on the heap), which would hide the
+    release from the process's RSS — the memory the other tenants of the machine see."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):   # not glibc: nothing to trim
+        pass
+    from ..device import empty_cache
+
+    empty_cache()
 
 
 def make_engine(kind: str, model_dir: str, **kwargs):

@@ -70,11 +70,11 @@ class _EngineActor:
     def named_parameters(self) -> dict:
         return self.engine.named_parameters()
 
-    def sleep(self):
-        self.engine.sleep()
+    def sleep(self, level: int):
+        self.engine.sleep(level)
 
-    def wake(self):
-        self.engine.wake()
+    def wake(self, tags):
+        self.engine.wake(tags)
 
 
 class ActorSyncClient:
@@ -138,6 +138,8 @@ class RolloutStats:
     sync_bytes: int = 0
     sync_seconds: float = 0.0
     weight_version: int = 0
+    sleeps: int = 0               # colocated placement: engine sleeps (one per step)
+    sleep_seconds: float = 0.0    # ... and the seconds spent in sleep + wake calls
 
 
 class RolloutClient:
@@ -146,13 +148,16 @@ class RolloutClient:
     ``sync_backend``: auto | ray | gloo | nccl | ipc (``trainer_engines.resolve_backend``; an
     impossible choice raises here, at start-up). ``bucket_bytes``: packed bucket size.
     ``trainer_world``: trainer processes (ipc needs 1). ``gpus_per_engine`` / ``actor_env``: Ray
-    placement of the engine actors on GPU machines.
+    placement of the engine actors on GPU machines. ``placement``: ``rollout.placement`` (it picks
+    the auto backend; None: unstated, as before the key existed). ``engine_gpus``: the node-local
+    GPU ids a Ray started here may hand to the engines (``rollout/placement.engine_gpus``).
     """
 
     def __init__(self, engine_kind: str, model_dir: str, num_engines: int = 1, engine_kwargs: dict | None = None,
                  cpus_per_engine: float = 0.5, threads_per_engine: int = 1, max_restarts: int = 3,
                  sync_backend: str = "auto", ray_address: str | None = None, bucket_bytes: int = 256 << 20,
-                 trainer_world: int = 1, gpus_per_engine: float = 0.0, actor_env: dict | None = None):
+                 trainer_world: int = 1, gpus_per_engine: float = 0.0, actor_env: dict | None = None,
+                 placement: str | None = None, engine_gpus: list[int] | None = None):
         import ray
 
         from ..device import has_cuda
@@ -163,7 +168,7 @@ class RolloutClient:
             raise ValueError(f"num_engines must be >= 1, got {num_engines}")
         if bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
-        self.backend = resolve_backend(sync_backend, engine_kind, has_cuda(), trainer_world)
+        self.backend = resolve_backend(sync_backend, engine_kind, has_cuda(), trainer_world, placement)
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         if not ray.is_initialized():
             ray_address = ray_address or os.environ.get("RAY_ADDRESS")   # Ray's own variable (`ray job submit`)
@@ -174,8 +179,7 @@ class RolloutClient:
                 ray.init(address=ray_address, log_to_driver=False)
                 log.info("rollout: joined the Ray cluster at %s", ray_address)
             else:
-                ray.init(num_cpus=max(2, int(num_engines * cpus_per_engine + 1)), include_dashboard=False,
-                         log_to_driver=False)
+                _init_local_ray(max(2, int(num_engines * cpus_per_engine + 1)), engine_gpus)
         self._ray = ray
         # absolute: an engine process on a cluster does not run in the trainer's working directory
         self.kind, self.model_dir = engine_kind, os.path.abspath(model_dir) if os.path.exists(model_dir) else model_dir
@@ -356,6 +360,19 @@ class RolloutClient:
         """Kill actor ``i`` (fault-injection for tests and drills)."""
         self._ray.kill(self.actors[i], no_restart=True)
 
+    def sleep(self, level: int = 1) -> None:
+        """Every engine sleeps (``RolloutEngine.sleep``; colocated placement, ``trainer/colocate.py``)."""
+        t0 = time.perf_counter()
+        self._ray.get([a.sleep.remote(level) for a in self.actors])
+        self._stats.sleeps += 1
+        self._stats.sleep_seconds += time.perf_counter() - t0
+
+    def wake(self, tags: tuple[str, ...] | None = None) -> None:
+        """Every engine re-allocates ``tags`` (``("weights",)`` before a push, ``("kv_cache",)`` after)."""
+        t0 = time.perf_counter()
+        self._ray.get([a.wake.remote(tags) for a in self.actors])
+        self._stats.sleep_seconds += time.perf_counter() - t0
+
     def stats(self) -> dict[str, float]:
         return {f"rollout/{k}": float(v) for k, v in dataclasses.asdict(self._stats).items()}
 
@@ -372,6 +389,27 @@ class RolloutClient:
             except Exception:
                 pass
         self.actors = []
+
+
+def _init_local_ray(num_cpus: int, engine_gpus: list[int] | None) -> None:
+    """A Ray of this node; with ``engine_gpus`` it sees only those GPUs (Ray takes its GPU ids from
+    ``CUDA_VISIBLE_DEVICES`` at start and hands them to the actors that ask for GPUs), so a separate
+    placement's engines never land on a trainer GPU. The driver's own CUDA context is already bound."""
+    import ray
+
+    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if engine_gpus is not None:
+        from ..device import gpu_count
+
+        ids = saved.split(",") if saved else [str(i) for i in range(gpu_count())]
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(ids[i] for i in engine_gpus)
+    try:
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    finally:
+        if saved is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = saved
 
 
 def _node_ip() -> str:

@@ -20,7 +20,7 @@ over our engine actors):
   ``ray.put`` once and loaded by every actor; at most two buckets are in the object store at any
   time and nothing is kept after the round (a restarted engine is re-synced by the next round).
 
-:func:`resolve_backend` maps ``rollout.sync_backend`` (auto|ray|gloo|nccl|ipc) to one of these,
+:func:`resolve_backend` (in ``placement``, re-exported here) maps ``rollout.sync_backend`` (auto|ray|gloo|nccl|ipc) to one of these,
 or raises a one-line ``ValueError`` at start-up.
 """
 from __future__ import annotations
@@ -35,33 +35,11 @@ from vllm.distributed.weight_transfer.base import (
     TrainerWeightTransferEngine,
 )
 
+from .placement import BACKENDS, resolve_backend  # noqa: F401  (choice of backend, without importing vLLM)
 from .transfer_engines import GLOO, RAY, broadcast_async
 from .weight_sync import BucketPacker
 
-BACKENDS = ("auto", "ray", "gloo", "nccl", "ipc")
 WORKER_BACKEND = {"ray": GLOO, "gloo": GLOO, "nccl": "nccl", "ipc": "ipc"}  # vLLM worker engine
-
-
-def resolve_backend(requested: str, engine_kind: str, cuda: bool, trainer_world: int = 1) -> str:
-    """``rollout.sync_backend`` → the backend used; ``ValueError`` (one line) when impossible.
-
-    auto: ``ray`` for the HF engine, ``nccl`` for vLLM with CUDA (separate placement), ``gloo``
-    for vLLM on CPU. ``ipc`` (colocated, CUDA IPC) is only used when asked for.
-    """
-    if requested not in BACKENDS:
-        raise ValueError(f"rollout.sync_backend must be one of {'|'.join(BACKENDS)}, got {requested!r}")
-    if requested == "auto":
-        return "ray" if engine_kind != "vllm" else ("nccl" if cuda else "gloo")
-    if requested != "ray" and engine_kind != "vllm":
-        raise ValueError(f"rollout.sync_backend={requested} needs rollout.engine=vllm (the {engine_kind} "
-                         "engine only takes the ray backend)")
-    if requested in ("nccl", "ipc") and not cuda:
-        raise ValueError(f"rollout.sync_backend={requested} needs CUDA GPUs and none is visible; "
-                         "use gloo (or ray) on CPU")
-    if requested == "ipc" and trainer_world != 1:
-        raise ValueError(f"rollout.sync_backend=ipc needs a single trainer process colocated with the engine "
-                         f"(vLLM's IPC engine all-gathers handles over the trainer's group); got {trainer_world}")
-    return requested
 
 
 def _listen(host: str, port: int):

@@ -69,6 +69,7 @@ class VLLMEngine:
                        enable_sleep_mode=enable_sleep_mode, tensor_parallel_size=tensor_parallel_size,
                        weight_transfer_config={"backend": weight_transfer}, **kv)
         self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
+        self.sleep_mode = enable_sleep_mode
 
     def _params(self, s: SamplingParams, i: int):
         from vllm import SamplingParams as VSP
@@ -132,11 +133,26 @@ class VLLMEngine:
         ``gate_up_proj``) — for verifying a sync bit for bit."""
         return self.llm.collective_rpc(_worker_params)[0]
 
-    def sleep(self) -> None:
-        self.llm.reset_prefix_cache()
+    def sleep(self, level: int = 1) -> None:
+        """vLLM's own sleep mode (``rollout.placement=colocated`` on CUDA builds the engine with
+        ``enable_sleep_mode=True``; vLLM-CPU has none, refused at start-up): level 1 offloads the
+        weights to host memory and discards the KV cache, level 2 discards both (the colocated loop
+        re-sends every weight after the update, so it uses 2: no host copy, no device-to-host copy)."""
+        if not self.sleep_mode:
+            raise RuntimeError("vLLM engine built without enable_sleep_mode (rollout.placement=separate, or vLLM-CPU, "
+                               "which has no sleep mode): it cannot sleep")
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2, got {level}")
+        self.llm.sleep(level=level)
 
-    def wake(self) -> None:
-        return None
+    def wake(self, tags: tuple[str, ...] | None = None) -> None:
+        """``llm.wake_up(tags)``: ``("weights",)`` before the push, ``("kv_cache",)`` after it; vLLM
+        resumes scheduling once everything is resident again."""
+        if not self.sleep_mode:
+            raise RuntimeError("vLLM engine built without enable_sleep_mode: nothing to wake")
+        if tags is not None and (unknown := set(tags) - {"weights", "kv_cache"}):
+            raise ValueError(f"wake tags must be weights and/or kv_cache, got {sorted(unknown)}")
+        self.llm.wake_up(tags=list(tags) if tags is not None else None)
 
     def shutdown(self) -> None:
         del self.llm

@@ -48,12 +48,15 @@ def rl_step(run: Run, step: int) -> dict:
     else:
         data = broadcast_object(run.path.collect(step) if run.info.is_driver else None)
     t_gen = time.perf_counter() - t0
+    run.colo.after_generate()          # colocated: engines sleep, trainer onloads (trainer/colocate.py)
     metrics = step_metrics(run.path.logged(data), run.cfg)
     metrics.update(run.path.update(data, step))
     if run.asy is not None:
         run.asy.before_push(step)
+    run.colo.before_push()             # trainer offloads, engines wake their weights
     t1 = time.perf_counter()
     sync_weights(run)
+    run.colo.after_push()              # engines wake their KV cache
     if run.asy is not None:
         run.asy.pushed(step)
     t2 = time.perf_counter()

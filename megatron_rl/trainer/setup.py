@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from megatron_rl.trainer.colocate import Colocation, build_colocation
 
 log = logging.getLogger("megatron_rl.setup")
 
@@ -32,6 +33,7 @@ class Run:
     last_checkpoint: str | None = None
     gate: dict | None = None       # start-up gate numbers (sync_stage.startup_gate)
     asy: Any = None                # async_rollout.AsyncRollouts (rollout.max_staleness > 0; set by the loop)
+    colo: Colocation = dataclasses.field(default_factory=Colocation.separate)  # rollout.placement turn-taking
     async_pending: list = dataclasses.field(default_factory=list)  # finished batches restored from a checkpoint
 
     def seq_len(self, prompts, responses) -> int:
@@ -100,17 +102,23 @@ def client_args(cfg, trainer_world: int = 1) -> dict:
           "logprobs": r.logprobs}
     if r.engine == "vllm":
         kw["kv_cache_gib"] = r.kv_cache_gib
+        kw["enable_sleep_mode"] = r.placement == "colocated"   # CUDA only: refused on CPU at start-up
     return {"engine": r.engine, "model": cfg.model.hf_path, "num_engines": r.num_engines, "engine_kwargs": kw,
             "cpus_per_engine": r.cpus_per_engine, "ray_address": r.ray_address, "sync_backend": r.sync_backend,
-            "bucket_bytes": r.bucket_mb << 20, "trainer_world": trainer_world}
+            "bucket_bytes": r.bucket_mb << 20, "trainer_world": trainer_world, "placement": r.placement}
 
 
 def build_client(cfg, trainer_world: int = 1):
     """The engine pool; with ``rollout.max_staleness`` > 0 its actors get their own CPU cores,
     disjoint from the trainer's (``async_rollout.local_plan``; the trainer is pinned in ``setup_run``)."""
+    from megatron_rl.device import has_cuda
+    from megatron_rl.rollout.placement import engine_gpus
     from megatron_rl.rollout.ray_bridge import RolloutClient
 
     a = client_args(cfg, trainer_world)
+    gpus = None   # on GPU: one per engine, those of rollout.placement (the trainer's, or the ones after them)
+    if has_cuda():
+        gpus = engine_gpus(a["placement"], int(os.environ.get("LOCAL_WORLD_SIZE", "1")), a["num_engines"])
     env = None
     if cfg.rollout.max_staleness > 0:
         from megatron_rl.trainer.async_rollout import engine_env, local_plan
@@ -119,7 +127,7 @@ def build_client(cfg, trainer_world: int = 1):
     return RolloutClient(a["engine"], a["model"], a["num_engines"], a["engine_kwargs"],
                          cpus_per_engine=a["cpus_per_engine"], ray_address=a["ray_address"],
                          sync_backend=a["sync_backend"], bucket_bytes=a["bucket_bytes"], trainer_world=a["trainer_world"],
-                         actor_env=env)
+                         actor_env=env, placement=a["placement"], engine_gpus=gpus, gpus_per_engine=1.0 if gpus else 0.0)
 
 
 def build_grader(cfg):
@@ -198,6 +206,8 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
               None, path)
     path.setup(run)
     _resume(run, resume)
+    run.colo = build_colocation(run)  # colocated: the trainer offloads before the engines start beside it and
+    run.colo.start()                  # stays so through the first push (trainer/colocate.py)
     if info.is_driver and client is None:
         client = build_client(cfg, trainer_world=info.world)
     if cfg.rollout.max_staleness > 0:
@@ -209,6 +219,8 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
         mine = pin_trainer(plan, int(os.environ.get("LOCAL_RANK", "0")))
         log.info("asynchronous rollouts: trainer on cores %s, engines on %s", sorted(mine), sorted(plan.engines))
     run.client = client
+    if run.colo.active and info.is_driver:
+        run.colo.engines = client
     run.logger = RunLogger(cfg.trainer.run_dir, cfg.to_dict(), wandb_mode=cfg.logging.wandb_mode,
                            project=cfg.logging.project, run_name=cfg.logging.run_name, total_steps=cfg.trainer.steps,
                            resume_step=run.step if run.last_checkpoint is not None else None,

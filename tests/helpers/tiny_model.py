@@ -19,3 +19,26 @@ def save_tiny_qwen3(d: Path) -> Path:
             p.normal_(0, 0.3)
     m.save_pretrained(str(d))
     return d
+
+
+def save_random_qwen3(d: Path, vocab_size: int = 32000, hidden_size: int = 512, num_hidden_layers: int = 4) -> Path:
+    """A random Qwen3 big enough that its memory stands out of a process's noise (defaults: ~32 M
+    parameters, 128 MB in float32; tied embeddings), saved as an HF dir in float32."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=4 * hidden_size,
+                      num_hidden_layers=num_hidden_layers, num_attention_heads=8, num_key_value_heads=4, head_dim=64,
+                      max_position_embeddings=256, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
+                      pad_token_id=0, architectures=["Qwen3ForCausalLM"])
+    from safetensors.torch import save_file
+
+    with torch.device("meta"):   # names and shapes only: random tensors are written directly (fast)
+        names = {n: p.shape for n, p in Qwen3ForCausalLM(cfg).named_parameters()}
+    g = torch.Generator().manual_seed(0)
+    tensors = {n: torch.ones(shape) if "norm" in n else torch.randn(shape, generator=g) * 0.05
+               for n, shape in names.items()}
+    Path(d).mkdir(parents=True, exist_ok=True)
+    cfg.save_pretrained(str(d))
+    save_file(tensors, str(Path(d) / "model.safetensors"), metadata={"format": "pt"})
+    return d

@@ -130,6 +130,16 @@ CASES = [
      "data.train={X}/train.parquet: 32 of 32 rows have no extra_info.solution"),
     ("resume-changed-kind", ["{T}", "trainer.run_dir={X}/saved", "algo.kind=rloo", "--resume", "auto"],
      "algo.kind: 'grpo' -> 'rloo'"),
+    # issue 21: rollout.placement (rollout/placement.py; the GPU counts: tests/unit/rollout/test_placement.py)
+    ("placement-name", ["{T}", "rollout.placement=hybrid"], "rollout.placement must be colocated|separate, got 'hybrid'"),
+    ("placement-async", ["{T}", "rollout.placement=colocated", "rollout.max_staleness=1"],
+     "rollout.placement=colocated needs rollout.max_staleness=0 (got 1): engines and trainer share the GPUs"),
+    ("placement-vllm-cpu", ["{T}", "rollout.placement=colocated"],
+     "rollout.placement=colocated with rollout.engine=vllm needs CUDA: vLLM-CPU has no sleep mode"),
+    ("placement-nccl", ["{T}", "rollout.placement=colocated", "rollout.engine=hf", "rollout.sync_backend=nccl"],
+     "rollout.sync_backend=nccl with rollout.placement=colocated: NCCL cannot put the sender and an engine on one GPU"),
+    ("placement-ipc", ["{T}", "rollout.sync_backend=ipc"],
+     "rollout.sync_backend=ipc with rollout.placement=separate: CUDA IPC shares memory on one GPU"),
 ]
 
 

@@ -104,6 +104,7 @@ SPEC = {   # key -> (value, observer)
     "reward.grader_concurrency": ("2", _grader), "reward.grader_fallback": ("0.5", _grader),
     "reward.grader_breaker_failures": ("2", _grader), "reward.grader_breaker_cooldown": ("5", _grader),
     "reward.grader_max_tokens": ("512", _grader), "rollout.sync_backend": ("ray", _client),
+    "rollout.placement": ("colocated", _client),
 }
 REJECTED = {   # key -> (value, words of the start-up error on this CPU machine)
     "model.backend": ("te", "model.backend=te needs a CUDA GPU"),

@@ -74,7 +74,7 @@ def test_toy_method_trains_end_to_end(tmp_path):
     """tests/unit/workers/toy_method.py registers advantage + loss + kind (+ ToyHParams) and trains 2
     real steps; its functions ran, its config key arrived, and its loss metric was logged. The run
     uses the HF ``generate`` engine (the fallback) through Ray: the suite's loop run on that engine
-    (the CLI path is run by tests/e2e/test_quickstart.py, on vLLM)."""
+    (the CLI path is run by tests/e2e/test_quickstart.py, on vLLM), colocated (``rollout.placement``)."""
     run_dir = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled", "WANDB_MODE": "offline"}
     p = subprocess.run([sys.executable, str(ROOT / "tests/unit/workers/toy_method.py"), str(tmp_path / "assets"),
@@ -85,3 +85,6 @@ def test_toy_method_trains_end_to_end(tmp_path):
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     assert all("toy/adv_mean" in r and r["actor/loss"] == r["actor/loss"] for r in rows)
+    # colocated: one engine sleep per step, and step 2 generated after a level-2 sleep, which the HF
+    # engine refuses unless the push restored every weight (trainer/colocate.py's order)
+    assert [r["rollout/sleeps"] for r in rows] == [1.0, 2.0]

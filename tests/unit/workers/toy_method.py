@@ -1,6 +1,7 @@
 """Adding a method = one registration plus its config dataclass (README "Adding a method"), run end to
 end: a toy REINFORCE with a group-mean baseline trains 2 real steps (HF engine through Ray, Megatron
-actor, gloo) in this process, where it was registered.
+actor, gloo) in this process, where it was registered — with ``rollout.placement=colocated``, so the
+engine sleeps (level 2: weights freed) after each generate and wakes around each push.
 
     python tests/unit/workers/toy_method.py ASSETS_DIR RUN_DIR
 
@@ -59,7 +60,8 @@ def main(assets: str, run_dir: str) -> int:
         f"model.hf_path={hf}", f"data.train={paths['train']}", "data.val=", f"trainer.run_dir={run_dir}",
         "trainer.steps=2", "trainer.ckpt_every=0", "trainer.export_hf=false", "data.prompts_per_step=4",
         "rollout.n=4", "rollout.engine=hf", "trainer.micro_batch_size=8", "logging.progress=false",
-        "logging.wandb_mode=disabled", "algo.kind=toy", "algo.toy.baseline_scale=0.5"])
+        "logging.wandb_mode=disabled", "algo.kind=toy", "algo.toy.baseline_scale=0.5",
+        "rollout.placement=colocated"])   # the loop's colocated turn-taking on CPU (the HF engine sleeps for real)
     run(cfg)
     Path(run_dir, "toy_result.json").write_text(json.dumps({**{f"{k}_calls": v for k, v in CALLS.items()},
                                                             "hparams": cfg.algo.hparams.to_dict()}))

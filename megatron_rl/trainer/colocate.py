@@ -1,0 +1,103 @@
+"""Colocated placement: the order in which engines and trainer take turns on the same GPUs.
+
+With ``rollout.placement=colocated`` every step runs (:data:`ORDER`)::
+
+    generate -> engines sleep -> trainer onload -> update -> trainer offload
+             -> engines wake (weights) -> push -> engines wake (KV cache) -> next generate
+
+so the engines' KV cache never coexists with the trainer's optimizer state and gradients, and the
+push holds only the engines' weights beside the trainer's. The engines sleep at level 2
+(:data:`SLEEP_LEVEL`: weights and KV cache discarded) because the push re-sends every weight right
+after the update — a level-1 host copy would be overwritten unread. ``rollout.placement=separate``:
+none of it (:meth:`Colocation.separate`). Asynchronous rollouts (``rollout.max_staleness`` > 0)
+overlap generation with the update, which one GPU cannot hold both of: refused at start-up.
+
+Every rank calls the three hooks; the engines are driven from the Ray driver only (rank 0 holds the
+``RolloutClient``), and a barrier after each engine change keeps a trainer rank from loading onto a
+GPU whose engine has not released it yet. The trainer side is two callables, ``offload_trainer`` /
+``onload_trainer`` (``trainer.offload``: the actor's ``offload`` / ``onload``); without them only the
+engines take turns.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+#: vLLM's sleep level used between generation and the push (see the module docstring)
+SLEEP_LEVEL = 2
+
+#: one colocated step, as the loop runs it (``tests/unit/trainer/test_colocate.py`` records it)
+ORDER = ("generate", "engines.sleep", "trainer.onload", "update", "trainer.offload", "engines.wake(weights)", "push",
+         "engines.wake(kv_cache)")
+
+
+def _noop() -> None:
+    return None
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+@dataclasses.dataclass
+class Colocation:
+    """The colocated turn-taking of one rank; inactive for the separate placement.
+
+    ``engines``: anything with ``sleep(level)`` / ``wake(tags)`` (the ``RolloutClient`` on the driver,
+    an engine in tests); None on the other ranks."""
+
+    engines: Any = None
+    offload_trainer: Callable[[], None] = _noop
+    onload_trainer: Callable[[], None] = _noop
+    barrier: Callable[[], None] = _barrier
+    active: bool = True
+
+    @classmethod
+    def separate(cls) -> Colocation:
+        return cls(active=False)
+
+    def start(self) -> None:
+        """At set-up, before the engines start: the trainer leaves the GPUs to them (their start-up
+        sizes the KV cache from the free memory) and stays offloaded through the first push, the
+        start-up gate and the first generate — the state every step's generate runs in."""
+        if self.active:
+            self.offload_trainer()
+            self.barrier()
+
+    def after_generate(self) -> None:
+        """Engines sleep, then (every engine released) the trainer loads for the update."""
+        if not self.active:
+            return
+        if self.engines is not None:
+            self.engines.sleep(SLEEP_LEVEL)
+        self.barrier()
+        self.onload_trainer()
+
+    def before_push(self) -> None:
+        """The trainer offloads, then the engines re-allocate their weights (not the KV cache)."""
+        if not self.active:
+            return
+        self.offload_trainer()
+        self.barrier()
+        if self.engines is not None:
+            self.engines.wake(("weights",))
+
+    def after_push(self) -> None:
+        """The pushed weights are in: the engines re-allocate their KV cache for the next generate."""
+        if self.active and self.engines is not None:
+            self.engines.wake(("kv_cache",))
+
+
+def build_colocation(run) -> Colocation:
+    """``run.cfg.rollout.placement`` -> this rank's :class:`Colocation` (engines: ``run.client`` on the
+    driver, set again by ``setup_run`` once the pool exists; the actor's ``offload`` / ``onload`` when
+    it has them)."""
+    if run.cfg.rollout.placement != "colocated":
+        return Colocation.separate()
+    return Colocation(engines=run.client if run.info.is_driver else None,
+                      offload_trainer=getattr(run.actor, "offload", _noop),
+                      onload_trainer=getattr(run.actor, "onload", _noop))
