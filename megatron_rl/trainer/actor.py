@@ -289,6 +289,7 @@ class PolicyActor(_LogProbModel):
 
         self.offload_mode = check_offload_mode(offload)
         self._stash = HostStash()
+        self._weights_parked = False
 
         g = Groups.current()
         sp = bool(sequence_parallel and g.tp_size > 1)
@@ -318,21 +319,27 @@ class PolicyActor(_LogProbModel):
         self.optimizer.reload_model_params()
 
     # ----- colocated rollouts: free the GPU while the engines generate --------------------------
-    def offload(self) -> int:
-        """Park what ``offload_mode`` names in host memory, releasing the device copies, and hand the
-        allocator's cached blocks (the update's freed activations) back to the driver, with ``none``
-        too; returns the bytes moved. Training or log-probs before :meth:`onload` is an error."""
+    def offload(self, mode: str | None = None) -> int:
+        """Park what ``mode`` (default ``offload_mode``) names in host memory, releasing the device
+        copies, and hand the allocator's cached blocks (the update's freed activations) back to the
+        driver, with ``none`` too; returns the bytes moved. A second call before :meth:`onload` parks
+        what is left of a wider mode (``optimizer`` first, then ``all``: the weights, once the push has
+        read them — ``trainer/colocate.py``). Training before :meth:`onload` is an error, and so are
+        log-probs while the weights are parked."""
         from megatron_rl.device import release_cached_memory
         from megatron_rl.trainer.offload import trainer_tensors
 
-        moved, keep = trainer_tensors(self.offload_mode, self.optimizer, self.chunks)
+        mode = mode or self.offload_mode
+        moved, keep = trainer_tensors(mode, self.optimizer, self.chunks)
         if not moved:
             release_cached_memory()
             return 0
+        self._weights_parked = self._weights_parked or mode == "all"
         return self._stash.offload(moved, keep)
 
     def onload(self) -> int:
         """Bring back, bit for bit, what :meth:`offload` parked; returns the bytes moved."""
+        self._weights_parked = False
         return self._stash.restore()
 
     @property
@@ -340,7 +347,7 @@ class PolicyActor(_LogProbModel):
         return self._stash.offloaded
 
     def _require_weights(self, what: str) -> None:
-        if self.offloaded and self.offload_mode == "all":
+        if self._weights_parked:
             raise RuntimeError(f"{what}: the weights are offloaded (trainer.offload=all); call onload() first")
 
     def bare_models(self) -> list[torch.nn.Module]:

@@ -5,6 +5,10 @@ With ``rollout.placement=colocated`` every step runs (:data:`ORDER`)::
     generate -> engines sleep -> trainer onload -> update -> trainer offload
              -> engines wake (weights) -> push -> engines wake (KV cache) -> next generate
 
+``trainer.offload=all`` offloads in two stages: the optimizer state and gradients before the push,
+the weights right after it (the push reads them), before the KV cache comes back. The set-up push
+and start-up gate read the weights too, so set-up offloads the first stage only.
+
 so the engines' KV cache never coexists with the trainer's optimizer state and gradients, and the
 push holds only the engines' weights beside the trainer's. The engines sleep at level 2
 (:data:`SLEEP_LEVEL`: weights and KV cache discarded) because the push re-sends every weight right
@@ -15,13 +19,15 @@ overlap generation with the update, which one GPU cannot hold both of: refused a
 Every rank calls the three hooks; the engines are driven from the Ray driver only (rank 0 holds the
 ``RolloutClient``), and a barrier after each engine change keeps a trainer rank from loading onto a
 GPU whose engine has not released it yet. The trainer side is two callables, ``offload_trainer`` /
-``onload_trainer`` (``trainer.offload``: the actor's ``offload`` / ``onload``); without them only the
-engines take turns.
+``onload_trainer`` (``trainer.offload``: the actor's ``offload`` / ``onload``), and
+``offload_weights`` for the second stage; without them only the engines take turns. A checkpoint or
+export in between runs inside :meth:`Colocation.trainer_loaded`.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 #: vLLM's sleep level used between generation and the push (see the module docstring)
@@ -29,7 +35,7 @@ SLEEP_LEVEL = 2
 
 #: one colocated step, as the loop runs it (``tests/unit/trainer/test_colocate.py`` records it)
 ORDER = ("generate", "engines.sleep", "trainer.onload", "update", "trainer.offload", "engines.wake(weights)", "push",
-         "engines.wake(kv_cache)")
+         "trainer.offload(weights)", "engines.wake(kv_cache)")
 
 
 def _noop() -> None:
@@ -53,6 +59,7 @@ class Colocation:
     engines: Any = None
     offload_trainer: Callable[[], None] = _noop
     onload_trainer: Callable[[], None] = _noop
+    offload_weights: Callable[[], None] = _noop
     barrier: Callable[[], None] = _barrier
     active: bool = True
 
@@ -87,9 +94,28 @@ class Colocation:
             self.engines.wake(("weights",))
 
     def after_push(self) -> None:
-        """The pushed weights are in: the engines re-allocate their KV cache for the next generate."""
-        if self.active and self.engines is not None:
+        """The pushed weights are in: the trainer parks its weights (``all``), then the engines
+        re-allocate their KV cache for the next generate."""
+        if not self.active:
+            return
+        self.offload_weights()
+        self.barrier()
+        if self.engines is not None:
             self.engines.wake(("kv_cache",))
+
+    @contextlib.contextmanager
+    def trainer_loaded(self) -> Iterator[None]:
+        """The trainer on the device for a checkpoint or an export between two steps (engines awake:
+        they keep their memory; a checkpoint is rare), parked again as it was afterwards."""
+        if not self.active:
+            yield
+            return
+        self.onload_trainer()
+        try:
+            yield
+        finally:
+            self.offload_trainer()
+            self.offload_weights()
 
 
 def build_colocation(run) -> Colocation:
@@ -98,6 +124,11 @@ def build_colocation(run) -> Colocation:
     it has them)."""
     if run.cfg.rollout.placement != "colocated":
         return Colocation.separate()
+    actor = run.actor
+    if not hasattr(actor, "offload"):
+        return Colocation(engines=run.client if run.info.is_driver else None)
+    two_stage = actor.offload_mode == "all"
     return Colocation(engines=run.client if run.info.is_driver else None,
-                      offload_trainer=getattr(run.actor, "offload", _noop),
-                      onload_trainer=getattr(run.actor, "onload", _noop))
+                      offload_trainer=(lambda: actor.offload("optimizer")) if two_stage else actor.offload,
+                      onload_trainer=actor.onload,
+                      offload_weights=(lambda: actor.offload("all")) if two_stage else _noop)

@@ -142,7 +142,8 @@ def _finish(rn: Run, summary: dict) -> None:
     if rn.step > summary["start_step"] and (not cfg.trainer.ckpt_every or rn.step % cfg.trainer.ckpt_every):
         rn.checkpoint()
     if cfg.trainer.export_hf:
-        rn.actor.export_hf(str(Path(cfg.trainer.run_dir) / "hf"), tokenizer_dir=cfg.model.tokenizer_path or cfg.model.hf_path)
+        with rn.colo.trainer_loaded():
+            rn.actor.export_hf(str(Path(cfg.trainer.run_dir) / "hf"), tokenizer_dir=cfg.model.tokenizer_path or cfg.model.hf_path)
         summary["hf_export"] = str(Path(cfg.trainer.run_dir) / "hf")
     summary["curve"] = str(rn.logger.finish({k: v for k, v in summary.items() if isinstance(v, (int, float))}) or "")
     summary["metrics"] = str(Path(cfg.trainer.run_dir) / "metrics.jsonl")

@@ -60,9 +60,10 @@ class HostStash:
         return sum(h.numel() for _, h in self._parked)
 
     def offload(self, tensors: Iterable[torch.Tensor], keep: Iterable[torch.Tensor] = ()) -> int:
-        """Park the storages of ``tensors`` except those shared with ``keep``; returns the bytes moved."""
-        if self._parked:
-            raise RuntimeError("offload: already offloaded; call restore() first")
+        """Park the storages of ``tensors`` except those shared with ``keep``; returns the bytes moved.
+        May be called again before :meth:`restore` (a later stage: storages already parked have 0
+        bytes and are skipped; the new ones take the next host slots, so buffers stay reused when
+        every cycle parks in the same order)."""
         kept = {t.untyped_storage().data_ptr() for t in keep}
         seen: dict[int, torch.UntypedStorage] = {}
         for t in tensors:
@@ -70,17 +71,18 @@ class HostStash:
             if s.nbytes() and s.data_ptr() not in kept:
                 seen.setdefault(s.data_ptr(), s)
         pin = has_cuda()
-        for slot, s in enumerate(seen.values()):
+        first, before = len(self._parked), self.nbytes
+        for slot, s in enumerate(seen.values(), start=first):
             host = self._host.get(slot)
             if host is None or host.numel() != s.nbytes():
                 host = self._host[slot] = torch.empty(s.nbytes(), dtype=torch.uint8, pin_memory=pin)
             host.untyped_storage().copy_(s, non_blocking=pin)
             self._parked.append((s, host))
         synchronize()                       # copies done before the device bytes are freed
-        for s, _ in self._parked:
+        for s, _ in self._parked[first:]:
             s.resize_(0)
         release_cached_memory()
-        return self.nbytes
+        return self.nbytes - before
 
     def restore(self) -> int:
         """Re-allocate every parked storage and copy its bytes back; returns the bytes moved."""

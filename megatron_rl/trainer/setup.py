@@ -53,9 +53,10 @@ class Run:
             st = self.asy.state(self.step)
             extra["sampler"], extra["async"] = st["sampler"], st
         m = self.cfg.model
-        path = save_checkpoint(self.cfg.trainer.run_dir, self.step, self.actor, extra, keep_last=self.cfg.trainer.keep_last,
-                               teacher=self.path.shadow_weights(), hf_dir=m.hf_path,
-                               tokenizer_dir=m.tokenizer_path or m.hf_path)
+        with self.colo.trainer_loaded():   # colocated: the optimizer state is parked between steps
+            path = save_checkpoint(self.cfg.trainer.run_dir, self.step, self.actor, extra,
+                                   keep_last=self.cfg.trainer.keep_last, teacher=self.path.shadow_weights(),
+                                   hf_dir=m.hf_path, tokenizer_dir=m.tokenizer_path or m.hf_path)
         self.last_checkpoint = str(path)
 
     def dump_samples(self, step: int, name: str, seqs) -> None:

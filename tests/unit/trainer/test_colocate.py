@@ -69,7 +69,8 @@ def test_colocated_step_runs_in_the_stated_order_and_the_engine_frees_its_weight
     eng = RecordingEngine(str(model_dir), calls)
     weights = load_file(str(Path(model_dir) / "model.safetensors"))   # the trainer's push: the same weights
     colo = Colocation(engines=eng, offload_trainer=lambda: calls.append("trainer.offload"),
-                      onload_trainer=lambda: calls.append("trainer.onload"), barrier=lambda: None)
+                      onload_trainer=lambda: calls.append("trainer.onload"),
+                      offload_weights=lambda: calls.append("trainer.offload(weights)"), barrier=lambda: None)
     colo.start()
     assert calls == ["trainer.offload"]    # set-up's push is done: the GPUs go to the engines
     calls.clear()
@@ -93,8 +94,27 @@ def test_separate_placement_takes_no_turns(model_dir):
 
 def test_colocated_placement_drives_the_engines_from_the_driver_only(model_dir):
     cfg = from_dict({"rollout": {"placement": "colocated", "engine": "hf"}})
-    actor = SimpleNamespace(offload=lambda: None, onload=lambda: None)
+    actor = SimpleNamespace(offload=lambda mode=None: None, onload=lambda: None, offload_mode="optimizer")
     driver = build_colocation(SimpleNamespace(cfg=cfg, client="pool", actor=actor, info=SimpleNamespace(is_driver=True)))
     other = build_colocation(SimpleNamespace(cfg=cfg, client=None, actor=actor, info=SimpleNamespace(is_driver=False)))
     assert driver.active and driver.engines == "pool" and other.engines is None
     assert driver.offload_trainer is actor.offload and driver.onload_trainer is actor.onload
+
+
+def test_offload_all_parks_the_weights_after_the_push_and_checkpoints_see_a_loaded_trainer():
+    """``trainer.offload=all``: the optimizer stage before the push, the weights after it (the push
+    reads them); a checkpoint between steps onloads and re-parks both stages."""
+    cfg = from_dict({"rollout": {"placement": "colocated", "engine": "hf"}})
+    calls: list[str] = []
+    actor = SimpleNamespace(offload=lambda mode=None: calls.append(f"offload({mode})"),
+                            onload=lambda: calls.append("onload"), offload_mode="all")
+    colo = build_colocation(SimpleNamespace(cfg=cfg, client=None, actor=actor, info=SimpleNamespace(is_driver=False)))
+    colo.barrier = lambda: None
+    colo.start()
+    colo.after_generate()
+    colo.before_push()
+    colo.after_push()
+    with colo.trainer_loaded():
+        calls.append("save")
+    assert calls == ["offload(optimizer)", "onload", "offload(optimizer)", "offload(all)",
+                     "onload", "save", "offload(optimizer)", "offload(all)"]

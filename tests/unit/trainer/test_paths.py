@@ -74,7 +74,8 @@ def test_toy_method_trains_end_to_end(tmp_path):
     """tests/unit/workers/toy_method.py registers advantage + loss + kind (+ ToyHParams) and trains 2
     real steps; its functions ran, its config key arrived, and its loss metric was logged. The run
     uses the HF ``generate`` engine (the fallback) through Ray: the suite's loop run on that engine
-    (the CLI path is run by tests/e2e/test_quickstart.py, on vLLM), colocated (``rollout.placement``)."""
+    (the CLI path is run by tests/e2e/test_quickstart.py, on vLLM), colocated (``rollout.placement``) with ``trainer.offload=all`` (two-stage offload, a checkpoint
+    between parked stages)."""
     run_dir = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled", "WANDB_MODE": "offline"}
     p = subprocess.run([sys.executable, str(ROOT / "tests/unit/workers/toy_method.py"), str(tmp_path / "assets"),
@@ -88,3 +89,4 @@ def test_toy_method_trains_end_to_end(tmp_path):
     # colocated: one engine sleep per step, and step 2 generated after a level-2 sleep, which the HF
     # engine refuses unless the push restored every weight (trainer/colocate.py's order)
     assert [r["rollout/sleeps"] for r in rows] == [1.0, 2.0]
+    assert (run_dir / "checkpoints" / "step_2" / "COMPLETE").is_file()   # saved between the parked stages

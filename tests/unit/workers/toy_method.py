@@ -61,7 +61,7 @@ def main(assets: str, run_dir: str) -> int:
         "trainer.steps=2", "trainer.ckpt_every=0", "trainer.export_hf=false", "data.prompts_per_step=4",
         "rollout.n=4", "rollout.engine=hf", "trainer.micro_batch_size=8", "logging.progress=false",
         "logging.wandb_mode=disabled", "algo.kind=toy", "algo.toy.baseline_scale=0.5",
-        "rollout.placement=colocated"])   # the loop's colocated turn-taking on CPU (the HF engine sleeps for real)
+        "rollout.placement=colocated", "trainer.offload=all"])   # the loop's colocated turn-taking on CPU (the HF engine sleeps for real)
     run(cfg)
     Path(run_dir, "toy_result.json").write_text(json.dumps({**{f"{k}_calls": v for k, v in CALLS.items()},
                                                             "hparams": cfg.algo.hparams.to_dict()}))
