@@ -8,9 +8,7 @@ config decides::
     dtype                       model.bf16 (bf16, else fp32)
     micro_batch                 trainer.micro_batch_size
     seq_len                     data.max_prompt_len + rollout.max_tokens (one training sequence)
-    colocated                   rollout.placement == colocated, where the config has that key (it
-                                lands with issue 21's engine side); a config without it leaves the
-                                placement to ``--separate`` (default colocated, what such a run does)
+    colocated                   rollout.placement == colocated (``--separate`` contradicting it is refused)
     offload                     trainer.offload
     rollout_engines             rollout.num_engines
 
@@ -38,11 +36,6 @@ KEYS = {"tp": "parallel.tp", "pp": "parallel.pp", "sequence_parallel": "parallel
         "offload": "trainer.offload", "rollout_engines": "rollout.num_engines"}
 
 
-def placement(cfg) -> str:
-    """``rollout.placement`` (colocated | separate); colocated where the config predates the key."""
-    return getattr(cfg.rollout, "placement", "colocated")
-
-
 def config_inputs(path: str | Path) -> dict[str, Any]:
     """The PlanInputs fields that the run config at ``path`` decides (module docstring)."""
     from megatron_rl.config import load_config
@@ -52,7 +45,7 @@ def config_inputs(path: str | Path) -> dict[str, Any]:
             "dist_opt": cfg.optim.use_distributed_optimizer, "dtype": "bf16" if cfg.model.bf16 else "fp32",
             "micro_batch": cfg.trainer.micro_batch_size, "seq_len": cfg.data.max_prompt_len + cfg.rollout.max_tokens,
             "offload": cfg.trainer.offload, "rollout_engines": cfg.rollout.num_engines,
-            **({"colocated": placement(cfg) == "colocated"} if hasattr(cfg.rollout, "placement") else {})}
+            "colocated": cfg.rollout.placement == "colocated"}
 
 
 def merge_config(path: str | Path, given: dict[str, Any], defaults) -> dict[str, Any]:

@@ -16,11 +16,10 @@ LARGE = sorted(p for p in PC.CONFIGS.glob("*.yaml") if not p.stem.startswith("ti
 
 
 def _expected_placement(path: Path, cfg) -> str:
-    """The config's rollout.placement; before that key exists, the header's layout line says separate."""
-    if hasattr(cfg.rollout, "placement"):
-        return cfg.rollout.placement
+    """The config's rollout.placement, which its header's layout line states too."""
     layout = re.search(r"^# layout: .*$", path.read_text(), re.MULTILINE).group(0)
-    return "separate" if "(separate)" in layout else "colocated"
+    assert ("separate" if "(separate)" in layout else "colocated") == cfg.rollout.placement, path.name
+    return cfg.rollout.placement
 
 
 @pytest.mark.parametrize("path", LARGE, ids=[p.stem for p in LARGE])
