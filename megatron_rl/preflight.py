@@ -124,11 +124,13 @@ def _parquet_rows(key: str, path: str) -> int:
 def check_data(cfg) -> None:
     """The prompt files have rows, and ``data.train`` at least one step's worth (``data.prompts_per_step``)."""
     d = cfg.data
-    for key, path in (("data.train", d.train), ("data.val", d.val)):
-        if path and _parquet_rows(key, path) == 0:
+    rows = {key: _parquet_rows(key, path) for key, path in (("data.train", d.train), ("data.val", d.val)) if path}
+    for key, n in rows.items():
+        if n == 0:
+            path = d.train if key == "data.train" else d.val
             raise ValueError(f"{key}={path}: the parquet file has no rows; point {key} at a prompt file "
                              "(verl columns: prompt, data_source, reward_model)")
-    n = _parquet_rows("data.train", d.train)
+    n = rows["data.train"]
     if n < d.prompts_per_step:
         raise ValueError(f"data.train={d.train} has {n} row(s), fewer than data.prompts_per_step={d.prompts_per_step} "
                          f"(one step's prompts): set data.prompts_per_step <= {n} or use a larger prompt file")
