@@ -349,9 +349,15 @@ class Config:
     trainer: TrainerConfig = dataclasses.field(default_factory=TrainerConfig)
     teacher: TeacherConfig = dataclasses.field(default_factory=TeacherConfig)
     logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
+    plugins: tuple[str, ...] = ()
+    """Modules imported before the ``algo`` section is read, so the methods they register (kinds,
+    advantages, losses, hparams) can be named there: importable module names (``my_pkg.my_method``,
+    found on ``PYTHONPATH``), not file paths (``megatron_rl/plugins.py``)."""
 
     def to_dict(self) -> dict:
-        d = {f.name: dataclasses.asdict(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "algo"}
+        d = {"plugins": list(self.plugins)} if self.plugins else {}   # absent when unset (earlier dumps' shape)
+        d.update({f.name: dataclasses.asdict(getattr(self, f.name)) for f in dataclasses.fields(self)
+                  if f.name not in ("algo", "plugins")})
         d["algo"] = {"kind": self.algo.kind, self.algo.kind: dataclasses.asdict(self.algo.hparams)}
         # the off-policy knobs only when set (a synchronous run's dump keeps its earlier shape)
         d["algo"].update({k: getattr(self.algo, k) for k in _ALGO_TOP[1:]
@@ -476,14 +482,19 @@ _ALGO_DEFAULTS = {f.name: f.default for f in dataclasses.fields(AlgoConfig)}
 
 def from_dict(tree: dict) -> Config:
     """Build and validate a :class:`Config` (``validate`` + ``preflight.check_config``). A ``_meta``
-    section (what ``run_dir/config.yaml`` records beside the config: version, commit) is ignored."""
+    section (what ``run_dir/config.yaml`` records beside the config: version, commit) is ignored. The
+    ``plugins`` modules are imported first (``megatron_rl/plugins.py``): they may register methods."""
     tree = {k: v for k, v in tree.items() if k != "_meta"}
-    sections = {f.name: f.type for f in dataclasses.fields(Config)}
-    unknown = sorted(set(tree) - set(sections))
+    sections = {f.name: f.type for f in dataclasses.fields(Config) if f.name != "plugins"}
+    unknown = sorted(set(tree) - set(sections) - {"plugins"})
     if unknown:
-        raise ValueError(f"config: unknown section(s) {unknown}; valid: {sorted(sections)}")
+        raise ValueError(f"config: unknown section(s) {unknown}; valid: {sorted(sections)} + plugins")
+    from megatron_rl.plugins import import_plugins, plugin_names
+
+    raw = tree.get("plugins")
+    kw = {"plugins": plugin_names(_typed("plugins", raw, Any) if isinstance(raw, _Override) else raw)}
+    import_plugins(kw["plugins"])       # before algo: the methods they register are validated below
     hints = typing.get_type_hints(Config)
-    kw = {}
     for name in sections:
         sec = tree.get(name) or {}
         kw[name] = _build_algo(sec) if name == "algo" else _build(hints[name], sec, name)

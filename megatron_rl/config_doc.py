@@ -87,7 +87,9 @@ def render(kind: str | None = None) -> str:
     out = [f"# Every key of a `megatron-rl train` config with its default (megatron-rl train --print-config{flag}).",
            f"# Methods (algo.kind): {', '.join(sorted(ALGO_KINDS))}; --print-config --algo KIND shows algo.<KIND>."]
     types = typing.get_type_hints(Config)
-    for sec in dataclasses.fields(Config):
+    sections = [f for f in dataclasses.fields(Config) if f.name != "plugins"]
+    out += [""] + _section(Config, "", skip=tuple(f.name for f in sections))   # plugins: [] (read first)
+    for sec in sections:
         cls = types[sec.name]
         doc = inspect.cleandoc(cls.__doc__ or "") if sec.name == "teacher" else ""
         out += [""] + [f"# {ln}" for ln in doc.splitlines()] + [f"{sec.name}:"]

@@ -140,6 +140,11 @@ CASES = [
      "rollout.sync_backend=nccl with rollout.placement=colocated: NCCL cannot put the sender and an engine on one GPU"),
     ("placement-ipc", ["{T}", "rollout.sync_backend=ipc"],
      "rollout.sync_backend=ipc with rollout.placement=separate: CUDA IPC shares memory on one GPU"),
+    # issue 19: a method from outside the package (megatron_rl/plugins.py)
+    ("plugin-missing", ["{T}", "plugins=[my_pkg.no_such_method]", "algo.kind=toy"],
+     "plugins: cannot import 'my_pkg.no_such_method': no module named 'my_pkg' on sys.path (put the directory"),
+    ("plugin-path", ["{T}", "plugins=[./my_method.py]"],
+     "plugins: './my_method.py' is not a module name such as my_pkg.my_method (a file path: put its directory"),
 ]
 
 

@@ -117,6 +117,8 @@ REJECTED = {   # key -> (value, words of the start-up error on this CPU machine)
     "trainer.micro_batch_size": ("7", "micro_batch_size=7"),
     "trainer.run_dir": ("{W}/used", "already holds a run"),
     "reward.grader_required": ("true", "grader unreachable"),   # papo + closed port: with false it starts
+    # imported at load (a method from outside the package): tests/unit/trainer/test_paths.py trains one
+    "plugins": ("[no_such_plugin_mod]", "plugins: cannot import 'no_such_plugin_mod'"),
 }
 READ = {   # key -> module that consumes it (``cfg.<key>`` or the section alias read there)
     "model.tokenizer_path": "megatron_rl/trainer/setup.py",
@@ -147,8 +149,10 @@ KNOWN_DEAD: dict[str, str] = {}
 
 
 def _all_keys() -> set[str]:
-    return {f"{s.name}.{f.name}" for s in dataclasses.fields(C.Config)
-            for f in dataclasses.fields(getattr(C, type(getattr(C.Config(), s.name)).__name__))}
+    """``section.key`` of every section, and the top-level keys (``plugins``) by name."""
+    sections = [s for s in dataclasses.fields(C.Config) if dataclasses.is_dataclass(getattr(C.Config(), s.name))]
+    return {s.name for s in dataclasses.fields(C.Config) if s not in sections} | {
+        f"{s.name}.{f.name}" for s in sections for f in dataclasses.fields(getattr(C, type(getattr(C.Config(), s.name)).__name__))}
 
 
 @pytest.fixture(scope="module")

@@ -71,18 +71,33 @@ def test_register_algo_kind_is_strict():
 
 
 def test_toy_method_trains_end_to_end(tmp_path):
-    """tests/unit/workers/toy_method.py registers advantage + loss + kind (+ ToyHParams) and trains 2
-    real steps; its functions ran, its config key arrived, and its loss metric was logged. The run
-    uses the HF ``generate`` engine (the fallback) through Ray: the suite's loop run on that engine
-    (the CLI path is run by tests/e2e/test_quickstart.py, on vLLM), colocated (``rollout.placement``) with ``trainer.offload=all`` (two-stage offload, a checkpoint
-    between parked stages)."""
-    run_dir = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled", "WANDB_MODE": "offline"}
-    p = subprocess.run([sys.executable, str(ROOT / "tests/unit/workers/toy_method.py"), str(tmp_path / "assets"),
-                        str(run_dir)], capture_output=True, text=True, timeout=300, cwd=ROOT, env=env, check=False)
+    """A method from outside the package trains through the real CLI: ``megatron-rl train ...
+    plugins=[toy_method]`` with tests/unit/workers/ on ``PYTHONPATH`` (as a user's module) imports
+    toy_method.py, which registers advantage + loss + kind (+ ToyHParams), before ``algo.kind=toy`` is
+    validated; 2 real steps follow. Its functions ran in the training process, its config key arrived,
+    its loss metric was logged and ``run_dir/config.yaml`` keeps the key (a resume imports it again).
+    The run uses the HF ``generate`` engine (the fallback) through Ray: the suite's loop run on that
+    engine (tests/e2e/test_quickstart.py runs vLLM), colocated (``rollout.placement``) with
+    ``trainer.offload=all`` (two-stage offload, a checkpoint between parked stages)."""
+    import yaml
+
+    from megatron_rl.demo import prepare
+
+    paths, _, hf = prepare(tmp_path / "assets", seed=0)
+    run_dir, result = tmp_path / "run", tmp_path / "toy_result.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests/unit/workers")]),
+           "RAY_AUTH_MODE": "disabled", "WANDB_MODE": "offline", "TOY_METHOD_RESULT": str(result)}
+    p = subprocess.run([sys.executable, "-m", "megatron_rl.cli", "train", "--config", "examples/configs/tiny_cpu_grpo.yaml",
+                        "plugins=[toy_method]", "algo.kind=toy", "algo.toy.baseline_scale=0.5",
+                        f"model.hf_path={hf}", f"data.train={paths['train']}", "data.val=", f"trainer.run_dir={run_dir}",
+                        "trainer.steps=2", "trainer.ckpt_every=0", "trainer.export_hf=false", "data.prompts_per_step=4",
+                        "rollout.n=4", "rollout.engine=hf", "trainer.micro_batch_size=8", "logging.progress=false",
+                        "logging.wandb_mode=disabled", "rollout.placement=colocated", "trainer.offload=all"],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT, env=env, check=False)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
-    res = json.loads((run_dir / "toy_result.json").read_text())
+    res = json.loads(result.read_text())
     assert res["advantage_calls"] == 2 and res["loss_calls"] >= 2 and res["hparams"]["baseline_scale"] == 0.5
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["plugins"] == ["toy_method"]
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     assert all("toy/adv_mean" in r and r["actor/loss"] == r["actor/loss"] for r in rows)
@@ -90,3 +105,18 @@ def test_toy_method_trains_end_to_end(tmp_path):
     # engine refuses unless the push restored every weight (trainer/colocate.py's order)
     assert [r["rollout/sleeps"] for r in rows] == [1.0, 2.0]
     assert (run_dir / "checkpoints" / "step_2" / "COMPLETE").is_file()   # saved between the parked stages
+
+
+def test_plugins_are_kept_in_config_yaml_and_imported_again_on_load(tmp_path, monkeypatch):
+    """``run_dir/config.yaml`` keeps ``plugins:``, and loading that file (``--config run_dir/config.yaml``;
+    what a resume compares) imports the module again in a process that has not imported it yet."""
+    from megatron_rl.trainer.run_config import save_run_config
+
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "mrl_probe_plugin.py").write_text("LOADED = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "mods"))       # the user's PYTHONPATH
+    save_run_config(load_config(None, ["plugins=[mrl_probe_plugin]", f"trainer.run_dir={tmp_path / 'run'}"]))
+    monkeypatch.delitem(sys.modules, "mrl_probe_plugin")      # as in a new process
+    again = load_config(tmp_path / "run" / "config.yaml")
+    assert again.plugins == ("mrl_probe_plugin",) and sys.modules["mrl_probe_plugin"].LOADED
+    assert "plugins" not in load_config(None).to_dict()       # unset: earlier runs' config.yaml shape
