@@ -91,7 +91,7 @@ def check_demo_dir(run_dir: Path) -> None:
 
 
 def demo_config(args, run_dir: Path, paths: dict, hf_dir: Path):
-    from megatron_rl.config import load_config
+    from megatron_rl.preflight import load_checked
 
     ov = [f"model.hf_path={hf_dir}", f"data.train={paths['train']}", f"data.val={paths['test']}",
           "data.prompts_per_step=32", "data.max_prompt_len=16", f"data.seed={args.seed}",
@@ -135,7 +135,7 @@ def demo_config(args, run_dir: Path, paths: dict, hf_dir: Path):
         # x1 ++ y1 ++ "R=" (<= 16 + 6 + 2 tokens) fits max_model_len - max_tokens
         ov.append(f"algo.score.stage1_steps={max(1, args.steps // 2)}")
     ov += list(args.override)
-    return load_config(None, ov)
+    return load_checked(None, ov)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -216,7 +216,7 @@ def warm_start_phase(cfg, run_dir: Path, tok, args) -> Path:
     actor = PolicyActor(hf_cfg, info, OptimSpec(lr=3e-3, clip_grad=1.0), temperature=1.0)
     actor.load_hf(cfg.model.hf_path)
     items = split_items("reverse", args.seed, {"train": 9000, "val": 200})
-    enc = lambda s: tok.encode(s)  # noqa: E731
+    enc = lambda s: tok.encode(s)
     pairs = [([tok.bos_id] + enc(p), enc(a) + [tok.eos_id]) for p, a in items["train"]]
     if args.algo.startswith("bicc"):
         # BiCC scores responses with other answers of the group in the prompt. A real LLM has seen

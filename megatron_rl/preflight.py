@@ -2,10 +2,14 @@
 
 Two levels:
 
-* :func:`check_config` — rules on the config alone (plus the model's ``config.json`` when
-  ``model.hf_path`` has one): registered reward names, lengths against ``rollout.max_model_len`` and
-  the model's positions, top-k against the vocabulary, group size of group-relative methods,
-  non-negative counters. ``config.from_dict`` runs it, so every loaded config obeys it.
+* :func:`check_config` — cross-component rules on the config alone (plus the model's ``config.json``
+  when ``model.hf_path`` has one), asked of the registries: the method's data path (``trainer/paths``:
+  hparams class, inputs it produces, its own rules), async rollouts with that path, registered reward
+  names, lengths against ``rollout.max_model_len`` and the model's positions, top-k against the
+  vocabulary, group size of group-relative methods, non-negative counters. ``config.py`` (a leaf: it
+  imports no trainer) checks only types, ranges and enums; every entry point that starts a run loads
+  through :func:`load_checked` (``train``, ``demo``, ``plan --config``), and :func:`preflight` runs it
+  again first for a ``Config`` built in code.
 * :func:`preflight` — what a run on *this* machine needs: the model, tokenizer and data files exist,
   the resume checkpoint exists, the run directory may be used (``trainer/run_dir.py``), the layer
   backend resolves here (``te`` / ``fp8`` need CUDA + Transformer Engine), the batch divides over
@@ -23,9 +27,24 @@ from pathlib import Path
 N1_KINDS = ("remax", "score", "opsd", "sdpo")
 
 
+def load_checked(path, overrides=()):
+    """``config.load_config`` + :func:`check_config`: the config an entry point may start a run with."""
+    from megatron_rl.config import load_config
+
+    cfg = load_config(path, list(overrides))
+    check_config(cfg)
+    return cfg
+
+
 def check_config(cfg) -> None:
     """Config-only rules (see module docstring); ``ValueError`` naming the key."""
     from megatron_rl.rewards.manager import get_reward
+    from megatron_rl.trainer.async_rollout import check_async
+    from megatron_rl.trainer.paths import path_class
+
+    path = path_class(cfg.algo.kind)   # an unknown path, wrong hparams class, missing inputs, the path's own rules
+    path.validate(cfg)
+    check_async(cfg.algo.kind, path, cfg.rollout.max_staleness, cfg.algo.off_policy)
 
     for key, name in [("reward.default", cfg.reward.default),
                       *((f"reward.by_source.{s}", n) for s, n in cfg.reward.by_source.items())]:
@@ -233,6 +252,7 @@ def preflight(cfg, resume: str | None = None, overwrite: bool = False, allow_con
     from megatron_rl.trainer.run_config import check_resume
     from megatron_rl.trainer.run_dir import check_run_dir
 
+    check_config(cfg)   # already run by load_checked; again here for a Config built in code
     check_launch(cfg)
     check_files(cfg, resume)
     check_data(cfg)

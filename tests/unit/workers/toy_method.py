@@ -51,12 +51,12 @@ A.register_algo_kind("toy", advantage="toy_mean_baseline", loss="toy", hparams=T
 
 
 def main(assets: str, run_dir: str) -> int:
-    from megatron_rl.config import load_config
     from megatron_rl.demo import prepare
+    from megatron_rl.preflight import load_checked
     from megatron_rl.trainer.loop import run
 
     paths, _, hf = prepare(Path(assets), seed=0)
-    cfg = load_config("examples/configs/tiny_cpu_grpo.yaml", [
+    cfg = load_checked("examples/configs/tiny_cpu_grpo.yaml", [
         f"model.hf_path={hf}", f"data.train={paths['train']}", "data.val=", f"trainer.run_dir={run_dir}",
         "trainer.steps=2", "trainer.ckpt_every=0", "trainer.export_hf=false", "data.prompts_per_step=4",
         "rollout.n=4", "rollout.engine=hf", "trainer.micro_batch_size=8", "logging.progress=false",
