@@ -23,9 +23,6 @@ import json
 import os
 from pathlib import Path
 
-#: kinds whose update does not use a group-relative advantage (n = 1 is meaningful for them)
-N1_KINDS = ("remax", "score", "opsd", "sdpo")
-
 
 def load_checked(path, overrides=()):
     """``config.load_config`` + :func:`check_config`: the config an entry point may start a run with."""
@@ -38,6 +35,7 @@ def load_checked(path, overrides=()):
 
 def check_config(cfg) -> None:
     """Config-only rules (see module docstring); ``ValueError`` naming the key."""
+    from megatron_rl.algorithms import algo_kind, single_sample_kinds
     from megatron_rl.rewards.manager import get_reward
     from megatron_rl.trainer.async_rollout import check_async
     from megatron_rl.trainer.paths import path_class
@@ -61,10 +59,10 @@ def check_config(cfg) -> None:
                          f"rollout.max_model_len={r.max_model_len}: raise max_model_len or lower one of the two")
     if r.max_tokens < 1 or d.max_prompt_len < 1:
         raise ValueError("rollout.max_tokens and data.max_prompt_len must be >= 1")
-    if r.n == 1 and cfg.algo.kind not in N1_KINDS:
+    if r.n == 1 and algo_kind(cfg.algo.kind).needs_group:   # the kind's registration says (needs_group)
         raise ValueError(f"rollout.n=1 with algo.kind={cfg.algo.kind}: its advantage compares the samples of a "
                          "prompt's group, so with one sample every advantage is 0 and nothing is learned; set "
-                         f"rollout.n >= 2 (n=1 suits {', '.join(N1_KINDS)})")
+                         f"rollout.n >= 2 (n=1 suits {', '.join(single_sample_kinds())})")
     for key in ("eval_every", "ckpt_every", "keep_last"):
         if getattr(t, key) < 0:
             raise ValueError(f"trainer.{key} must be >= 0, got {getattr(t, key)}")

@@ -20,7 +20,8 @@ Trainer interface (stable):
 * ``ALGO_KINDS[kind] -> AlgoKind(advantage, loss, hparams)`` for grpo, dapo, drgrpo, remax, rloo,
   bicc, bicc_rcc (``base`` ∈ grpo/dapo/drgrpo/bicc/remax), rlcsd, opsd, sdpo, srpo, rlsd,
   opsd_ectr, rlsd_ectr, papo, score; ``ALGO_KINDS[kind].path`` names its trainer data path;
-  ``register_algo_kind(name, advantage, loss, hparams, path)`` adds a method.
+  ``register_algo_kind(name, advantage, loss, hparams, path, needs_group=True)`` adds a method
+  (``needs_group=False``: it learns from one sample per prompt, ``single_sample_kinds()``).
 * One frozen :class:`AlgoInputs` bundle per step / mini-batch. Registered functions:
   advantage ``fn(inputs, hp) -> Tensor[N]``; loss ``fn(inputs, advantages, hp) -> LossOutput``
   (``loss_mat`` [N, T], ``metrics`` of 0-d tensors) or ``MaskedLossOutput`` (adds the ``mask`` to
@@ -60,6 +61,7 @@ from .builtin import (
     compute_advantages,
     kind_required_inputs,
     register_algo_kind,
+    single_sample_kinds,
 )
 from .contrastive import (
     BiCCBatch,
@@ -261,6 +263,7 @@ __all__ = [
     "sdpo_loss",
     "select_rlcsd_hints",
     "shaped_reward",
+    "single_sample_kinds",
     "srpo_log_u_mean",
     "srpo_loss",
     "srpo_routes",

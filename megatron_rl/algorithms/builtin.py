@@ -224,21 +224,26 @@ def _score(x: AlgoInputs, adv: Tensor, hp) -> MaskedLossOutput:
 
 
 class AlgoKind(NamedTuple):
-    """advantage name, policy-loss name, hyper-parameter dataclass, trainer data path name."""
+    """advantage name, policy-loss name, hyper-parameter dataclass, trainer data path name, and
+    whether the update compares the samples of a prompt's group (a group-relative advantage that the
+    loss reads, or a contrast drawn from the group): such a kind learns nothing with ``rollout.n=1``."""
 
     advantage: str
     loss: str
     hparams: type
     path: str = "plain"
+    needs_group: bool = True
 
 
 ALGO_KINDS: dict = {}
 
 
-def register_algo_kind(name: str, advantage: str, loss: str, hparams: type, path: str = "plain") -> AlgoKind:
+def register_algo_kind(name: str, advantage: str, loss: str, hparams: type, path: str = "plain",
+                       needs_group: bool = True) -> AlgoKind:
     """Add a method: ``algo.kind=name`` trains ``loss`` on ``advantage`` with ``hparams`` (a frozen
     dataclass deriving from :class:`~.hparams.PPOHParams`, configured as ``algo.<name>.*``) on the
-    trainer data path ``path``. Strict: a second registration of ``name``, an unknown advantage or
+    trainer data path ``path``. ``needs_group=False`` declares that one sample per prompt suffices
+    (``rollout.n=1`` is refused at start-up otherwise: see :class:`AlgoKind`). Strict: a second registration of ``name``, an unknown advantage or
     loss, or hparams that are not PPOHParams raise here; an unknown path fails at config load."""
     if name in ALGO_KINDS:
         raise ValueError(f"algo kind {name!r} is already registered ({ALGO_KINDS[name]})")
@@ -246,7 +251,7 @@ def register_algo_kind(name: str, advantage: str, loss: str, hparams: type, path
     _lookup(_LOSSES, "policy loss", loss)
     if not (isinstance(hparams, type) and issubclass(hparams, H.PPOHParams)):
         raise TypeError(f"algo kind {name!r}: hparams must be a PPOHParams dataclass, got {hparams!r}")
-    ALGO_KINDS[name] = AlgoKind(advantage, loss, hparams, path)
+    ALGO_KINDS[name] = AlgoKind(advantage, loss, hparams, path, bool(needs_group))
     return ALGO_KINDS[name]
 
 
@@ -254,21 +259,26 @@ for _name, _kind in {
     "grpo": AlgoKind("grpo", "ppo_clip", H.GRPOHParams),
     "dapo": AlgoKind("grpo", "ppo_clip", H.DAPOHParams),
     "drgrpo": AlgoKind("drgrpo", "ppo_clip", H.DrGRPOHParams),
-    "remax": AlgoKind("remax", "ppo_clip", H.ReMaxHParams, "greedy"),
+    "remax": AlgoKind("remax", "ppo_clip", H.ReMaxHParams, "greedy", needs_group=False),
     "rloo": AlgoKind("rloo", "ppo_clip", H.RLOOHParams),
     "bicc": AlgoKind("bicc", "ppo_clip", H.BiCCHParams, "bicc_context"),
     "bicc_rcc": AlgoKind("rcc", "ppo_clip", H.BiCCRCCHParams, "bicc_context"),
     "rlcsd": AlgoKind("grpo", "rlcsd", H.RLCSDHParams, "rlcsd_hints"),
-    "opsd": AlgoKind("grpo", "opsd", H.OPSDHParams, "gt_teacher"),
-    "sdpo": AlgoKind("grpo", "sdpo", H.SDPOHParams, "gt_teacher"),
+    "opsd": AlgoKind("grpo", "opsd", H.OPSDHParams, "gt_teacher", needs_group=False),
+    "sdpo": AlgoKind("grpo", "sdpo", H.SDPOHParams, "gt_teacher", needs_group=False),
     "srpo": AlgoKind("grpo", "srpo", H.SRPOHParams, "gt_teacher"),
     "rlsd": AlgoKind("grpo", "rlsd", H.RLSDHParams, "gt_teacher"),
     "opsd_ectr": AlgoKind("grpo", "opsd_ectr", H.OPSDECTRHParams, "rlcsd_hints"),
     "rlsd_ectr": AlgoKind("grpo", "rlsd_ectr", H.RLSDECTRHParams, "rlcsd_hints"),
     "papo": AlgoKind("papo", "ppo_clip", H.PAPOHParams, "process_reward"),
-    "score": AlgoKind("score", "score", H.ScoreHParams, "two_attempts"),
+    "score": AlgoKind("score", "score", H.ScoreHParams, "two_attempts", needs_group=False),
 }.items():
     register_algo_kind(_name, *_kind)
+
+
+def single_sample_kinds() -> list[str]:
+    """The registered kinds that train with one sample per prompt (``needs_group=False``), sorted."""
+    return sorted(k for k, v in ALGO_KINDS.items() if not v.needs_group)
 
 
 def algo_kind(name: str) -> AlgoKind:
