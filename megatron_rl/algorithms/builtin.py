@@ -52,9 +52,11 @@ from .registry import (
     _ADVANTAGES,
     _LOSSES,
     _lookup,
+    bicc_base,
     check_inputs,
     get_advantage,
     register_advantage,
+    register_bicc_base,
     register_policy_loss,
 )
 from .score import score_loss_mat, shaped_reward
@@ -86,22 +88,40 @@ def _remax(x: AlgoInputs, hp) -> Tensor:
     return remax_advantage(x.rewards, x.greedy_rewards)
 
 
+# BiCC's base estimators (spec §1.6): ``algo.bicc.base`` / ``algo.bicc_rcc.base`` name one of these
+
+
+@register_bicc_base("grpo", scale="std_u")
+@register_bicc_base("dapo", scale="std_u")
+def _base_grpo(x: AlgoInputs, hp) -> Tensor:
+    return grpo_advantage(x.rewards, x.group_ids, eps=hp.eps if isinstance(hp, H.BiCCRCCHParams) else 1e-6)
+
+
+@register_bicc_base("drgrpo", scale="one")
+def _base_drgrpo(x: AlgoInputs, hp) -> Tensor:
+    return grpo_advantage(x.rewards, x.group_ids, scale="none")
+
+
+@register_bicc_base("remax", scale="greedy", needs=("greedy_rewards",))
+def _base_remax(x: AlgoInputs, hp) -> Tensor:
+    return remax_advantage(x.rewards, x.greedy_rewards)
+
+
+@register_bicc_base("bicc", scale="std_p")
+def _base_bicc(x: AlgoInputs, hp) -> Tensor:
+    """The released code's ±sqrt(n∓/n±) form."""
+    return bicc_advantage(x.rewards, x.group_ids, threshold=hp.threshold)
+
+
 def _base_needs(hp) -> set:
-    return {"greedy_rewards"} if isinstance(hp, H.BiCCHParams) and hp.base == "remax" else set()
+    return set(bicc_base(hp.base).needs) if isinstance(hp, H.BiCCHParams) else set()
 
 
 @register_advantage("bicc", hp_needs=_base_needs)
 def _bicc(x: AlgoInputs, hp) -> Tensor:
-    """BiCC changes the ratio's inputs only (spec §1.6): the advantage is the base estimator's —
-    ``bicc`` (the released ±sqrt(n∓/n±) form), GRPO/DAPO (std-scaled), Dr.GRPO (unscaled), ReMax."""
-    base = hp.base
-    if base in ("grpo", "dapo"):
-        return grpo_advantage(x.rewards, x.group_ids, eps=hp.eps if isinstance(hp, H.BiCCRCCHParams) else 1e-6)
-    if base == "drgrpo":
-        return grpo_advantage(x.rewards, x.group_ids, scale="none")
-    if base == "remax":
-        return remax_advantage(x.rewards, x.greedy_rewards)
-    return bicc_advantage(x.rewards, x.group_ids, threshold=hp.threshold)
+    """BiCC changes the ratio's inputs only (spec §1.6): the advantage is the base estimator's
+    (``register_bicc_base``)."""
+    return bicc_base(hp.base).fn(x, hp)
 
 
 @register_advantage("rcc", needs=("old_logp", "ref_logp"), hp_needs=_base_needs)

@@ -22,7 +22,9 @@ class BiccPath(PlainPath):
 
     @classmethod
     def wants_greedy(cls, hp) -> bool:
-        return hp.base == "remax"
+        from megatron_rl.algorithms import bicc_base
+
+        return "greedy_rewards" in bicc_base(hp.base).needs   # the base's registration says (e.g. remax)
 
     def train_inputs(self, ro, plain, old, step: int, metrics: dict):
         """Conditioned prompts; old log-probs of the plain (paper) or conditioned context."""
