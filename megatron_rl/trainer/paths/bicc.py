@@ -13,6 +13,7 @@ from .sampling import PlainPath
 @register_path("bicc_context")
 class BiccPath(PlainPath):
     hparams = BiCCHParams
+    prompt_context = "group_answers"
 
     def __init__(self, cfg, tok):
         from megatron_rl.trainer.update_stage import BiccLayout
