@@ -158,7 +158,7 @@ def resolve_main(command: str) -> Callable[[list[str]], int | None]:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    """``train``: ``load_config(yaml, overrides)`` then ``trainer.loop.main(cfg, resume=...)``."""
+    """``train``: ``preflight.load_checked(yaml, overrides)`` then ``trainer.loop.main(cfg, resume=...)``."""
     if args.print_config:
         from megatron_rl.config_doc import print_config
 
@@ -168,9 +168,9 @@ def run_train(args: argparse.Namespace) -> int:
         raise CliError(f"--config {args.config} is a directory; pass a YAML file (e.g. examples/configs/tiny_cpu_grpo.yaml)")
     if not Path(args.config).is_file():
         raise CliError(f"config file not found: {args.config}")
-    from megatron_rl.config import load_config
+    from megatron_rl.preflight import load_checked
 
-    cfg = load_config(args.config, list(args.overrides))
+    cfg = load_checked(args.config, list(args.overrides))   # fields, then the cross-component rules
     if args.check:
         from megatron_rl.preflight import preflight
 

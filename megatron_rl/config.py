@@ -3,7 +3,10 @@ command-line overrides (``algo.kind=grpo``, ``trainer.steps=50``, ``algo.bicc_rc
 
 The algorithm section is ``algo.kind`` plus ``algo.<kind>.*`` (that kind's hyper-parameter
 dataclass from ``megatron_rl.algorithms``; defaults are the specs'). ``load_config`` validates every
-field (``__post_init__``) and the cross-component rules (``validate``) before anything starts.
+field (``__post_init__``) and what the config layer decides alone (``validate``). Rules that ask other
+components (the method's data path, async rollouts, rewards, the model's sizes) are the setup layer's:
+``preflight.check_config`` / ``preflight.load_checked``, run by every entry point that starts a run.
+This module imports nothing of ``megatron_rl.trainer`` (a leaf of the setup layer).
 """
 from __future__ import annotations
 
@@ -481,9 +484,10 @@ _ALGO_DEFAULTS = {f.name: f.default for f in dataclasses.fields(AlgoConfig)}
 
 
 def from_dict(tree: dict) -> Config:
-    """Build and validate a :class:`Config` (``validate`` + ``preflight.check_config``). A ``_meta``
-    section (what ``run_dir/config.yaml`` records beside the config: version, commit) is ignored. The
-    ``plugins`` modules are imported first (``megatron_rl/plugins.py``): they may register methods."""
+    """Build and validate a :class:`Config` (fields + ``validate``; the cross-component rules are
+    ``preflight.check_config``'s, see the module docstring). A ``_meta`` section (what
+    ``run_dir/config.yaml`` records beside the config: version, commit) is ignored. The ``plugins``
+    modules are imported first (``megatron_rl/plugins.py``): they may register methods."""
     tree = {k: v for k, v in tree.items() if k != "_meta"}
     sections = {f.name: f.type for f in dataclasses.fields(Config) if f.name != "plugins"}
     unknown = sorted(set(tree) - set(sections) - {"plugins"})
@@ -500,9 +504,6 @@ def from_dict(tree: dict) -> Config:
         kw[name] = _build_algo(sec) if name == "algo" else _build(hints[name], sec, name)
     cfg = Config(**kw)
     validate(cfg)
-    from megatron_rl.preflight import check_config
-
-    check_config(cfg)
     return cfg
 
 
@@ -569,16 +570,9 @@ def check_model_path(path: str) -> None:
 
 
 def validate(cfg: Config, world_size: int | None = None) -> None:
-    """Cross-component rules (clear messages, at start-up). The method's data path is asked through
-    its registry (``trainer/paths``): an unknown path, hparams of the wrong class, inputs the method
-    needs that its path does not produce, and the path's own rules (teacher packing, grader URL,
-    DAPO overlong budget) fail here."""
-    from megatron_rl.trainer.paths import path_class
-
-    path_class(cfg.algo.kind).validate(cfg)
-    from megatron_rl.trainer.async_rollout import check_async
-
-    check_async(cfg.algo.kind, path_class(cfg.algo.kind), cfg.rollout.max_staleness, cfg.algo.off_policy)
+    """Layout rules the config decides with the model's ``config.json`` (clear messages, at start-up):
+    the batch over ``world_size`` ranks, the model directory, TP/PP against the model's sizes. The
+    method's data path is asked in the setup layer (``preflight.check_config``), not here."""
     n = cfg.data.prompts_per_step * cfg.rollout.n
     if world_size is not None:
         mp = cfg.parallel.tp * cfg.parallel.pp

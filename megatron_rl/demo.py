@@ -16,9 +16,23 @@ import sys
 import time
 from pathlib import Path
 
-DEMO_ALGOS = ("bicc_rcc", "bicc", "grpo", "dapo", "drgrpo", "rloo", "remax", "papo", "score",
-              "rlcsd", "opsd", "sdpo", "srpo", "rlsd", "opsd_ectr", "rlsd_ectr")
-TEACHER_ALGOS = ("rlcsd", "opsd", "sdpo", "srpo", "rlsd", "opsd_ectr", "rlsd_ectr")
+#: the demo's own tuning of a method to this task, measured (the rest follows from the method's
+#: registration: its hparams' fields and its data path's ``prompt_context``, see demo_config)
+DEMO_TUNING = {
+    # DAPO's soft overlong buffer (4096 of 20480 tokens in the paper) scaled to the 6-token cap;
+    # near 100 % accuracy almost every group is uniform: cap the refills, complete with uniform groups
+    "dapo": ["algo.dapo.overlong_buffer_len=2", "algo.dapo.max_num_gen_batches=4", "algo.dapo.at_cap=fill"],
+    # RCC's delta as the per-token mean log-ratio (spec's "safer" reading): with no KL anchor the
+    # tiny policy drifts nats away from the reference within ~20 steps, and the literal sum makes
+    # 2*Cov(R, delta) exceed the reward range (baseline > 1, every advantage negative): measured
+    # collapse 0.32 -> 0.21 with "sum", gain 0.32 -> 0.58 with "mean" (60 steps).
+    # A k3 KL anchor to the warm start: without it the policy collapsed after ~95 steps (held-out
+    # 0.59 at step 75 -> 0.01 at step 100). beta 0.01 was enough on the first venv (0.32 -> 0.64 at
+    # step 100) but not on the 2026-11-24 one (same code, a warm start at 0.348: KL rose past 1 nat
+    # and held-out fell to 0.14 by step 60); beta 0.05 gives 0.348 -> 0.550 at step 60 there (lr
+    # 1.5e-4 with beta 0.01: 0.402), measured.
+    "bicc_rcc": ["algo.bicc_rcc.rcc_delta=mean", "algo.bicc_rcc.kl_loss_coef=0.05"],
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,7 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = OneLineParser(prog="megatron-rl demo", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--algo", default=os.environ.get("ALGO", "bicc_rcc"), choices=DEMO_ALGOS, help="RL method")
+    from megatron_rl.algorithms import ALGO_KINDS
+
+    p.add_argument("--algo", default=os.environ.get("ALGO", "bicc_rcc"), choices=tuple(ALGO_KINDS),
+                   help="RL method (any registered algo.kind)")
     p.add_argument("--steps", type=int, default=60, help="RL steps")
     p.add_argument("--run-dir", default=None, help="output dir (default runs/demo_<algo>)")
     p.add_argument("--seed", type=int, default=0, help="seed of data split, init and sampling")
@@ -91,7 +108,10 @@ def check_demo_dir(run_dir: Path) -> None:
 
 
 def demo_config(args, run_dir: Path, paths: dict, hf_dir: Path):
-    from megatron_rl.config import load_config
+    import dataclasses
+
+    from megatron_rl.algorithms import algo_kind
+    from megatron_rl.preflight import load_checked
 
     ov = [f"model.hf_path={hf_dir}", f"data.train={paths['train']}", f"data.val={paths['test']}",
           "data.prompts_per_step=32", "data.max_prompt_len=16", f"data.seed={args.seed}",
@@ -100,42 +120,27 @@ def demo_config(args, run_dir: Path, paths: dict, hf_dir: Path):
           f"trainer.steps={args.steps}", "trainer.micro_batch_size=64", f"trainer.seed={args.seed + 1}",
           f"trainer.run_dir={run_dir}", "trainer.eval_every=25", "trainer.eval_prompts=500", "trainer.ckpt_every=50",
           f"algo.kind={args.algo}", "logging.wandb_mode=offline"]
-    if args.algo.startswith("bicc"):
+    has = {f.name for f in dataclasses.fields(algo_kind(args.algo).hparams)}   # what the method's hparams carry
+    if "context_frac" in has:
         # L_max = 16 + 6 = 22 tokens; 0.25 -> a 5-token budget = exactly one whole 4-digit trace + separator.
         # (The spec's 40 % would cut a second trace mid-answer, which garbles this tiny task's prompt.)
         ov.append(f"algo.{args.algo}.context_frac=0.25")
-    if args.algo == "dapo":
-        # DAPO's soft overlong buffer (4096 of 20480 tokens in the paper) scaled to the 6-token cap
-        ov.append("algo.dapo.overlong_buffer_len=2")
-        # near 100 % accuracy almost every group is uniform: cap the refills, complete with uniform groups
-        ov += ["algo.dapo.max_num_gen_batches=4", "algo.dapo.at_cap=fill"]
-    if args.algo == "bicc_rcc":
-        # RCC's delta as the per-token mean log-ratio (spec's "safer" reading): with no KL anchor the
-        # tiny policy drifts nats away from the reference within ~20 steps, and the literal sum makes
-        # 2*Cov(R, delta) exceed the reward range (baseline > 1, every advantage negative): measured
-        # collapse 0.32 -> 0.21 with "sum", gain 0.32 -> 0.58 with "mean" (60 steps).
-        ov.append("algo.bicc_rcc.rcc_delta=mean")
-        # A k3 KL anchor to the warm start: without it the policy collapsed after ~95 steps (held-out
-        # 0.59 at step 75 -> 0.01 at step 100). beta 0.01 was enough on the first venv (0.32 -> 0.64 at
-        # step 100) but not on the 2026-11-24 one (same code, a warm start at 0.348: KL rose past 1 nat
-        # and held-out fell to 0.14 by step 60); beta 0.05 gives 0.348 -> 0.550 at step 60 there (lr
-        # 1.5e-4 with beta 0.01: 0.402), measured.
-        ov.append("algo.bicc_rcc.kl_loss_coef=0.05")
-    if args.algo in ("opsd", "sdpo", "srpo", "opsd_ectr"):
+    ov += DEMO_TUNING.get(args.algo, [])
+    if "top_k" in has:
         # top-k + tail supports: the spec's k = 100 exceeds this task's 17-token vocabulary
         ov.append(f"algo.{args.algo}.top_k=8")
-    if args.algo in ("opsd", "opsd_ectr"):
+    if "jsd_token_clip" in has:
         # The spec's per-element clip (0.05) is sized for top-100 supports of a ~150k vocabulary. Here one
         # support element routinely exceeds it, and clipped elements get no gradient, so the student is pushed
         # off the teacher's favourite tokens: measured forward KL 0.048 -> 0.186 over 40 steps with 0.05,
         # 0.072 -> 0.017 with 1.0.
         ov.append(f"algo.{args.algo}.jsd_token_clip=1.0")
-    if args.algo == "score":
+    if "stage1_steps" in has:
         # SCoRe: stage I for the first half of the steps, stage II after; attempt-2 prompt
         # x1 ++ y1 ++ "R=" (<= 16 + 6 + 2 tokens) fits max_model_len - max_tokens
         ov.append(f"algo.score.stage1_steps={max(1, args.steps // 2)}")
     ov += list(args.override)
-    return load_config(None, ov)
+    return load_checked(None, ov)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,6 +212,7 @@ def warm_start_phase(cfg, run_dir: Path, tok, args) -> Path:
     from megatron_rl.parallel import init_parallel
     from megatron_rl.trainer.actor import PolicyActor
     from megatron_rl.trainer.optim import OptimSpec
+    from megatron_rl.trainer.paths import path_class
     from megatron_rl.trainer.setup import build_client
     from megatron_rl.trainer.warmstart import warm_start
 
@@ -216,9 +222,10 @@ def warm_start_phase(cfg, run_dir: Path, tok, args) -> Path:
     actor = PolicyActor(hf_cfg, info, OptimSpec(lr=3e-3, clip_grad=1.0), temperature=1.0)
     actor.load_hf(cfg.model.hf_path)
     items = split_items("reverse", args.seed, {"train": 9000, "val": 200})
-    enc = lambda s: tok.encode(s)  # noqa: E731
+    enc = lambda s: tok.encode(s)
     pairs = [([tok.bos_id] + enc(p), enc(a) + [tok.eos_id]) for p, a in items["train"]]
-    if args.algo.startswith("bicc"):
+    context = path_class(args.algo).prompt_context     # what the method's data path adds to a prompt
+    if context == "group_answers":
         # BiCC scores responses with other answers of the group in the prompt. A real LLM has seen
         # such contexts in pre-training; the tiny policy has not, so half of its warm-start examples
         # carry 1-2 unrelated answers right after BOS (the serialisation BiCC uses in this task).
@@ -230,9 +237,9 @@ def warm_start_phase(cfg, run_dir: Path, tok, args) -> Path:
             for _ in range(rng.randint(1, 2)):
                 ctx += rng.choice(answers) + sep
             pairs[i] = ([tok.bos_id] + ctx + pairs[i][0][1:], pairs[i][1])
-    if args.algo == "score":
+    if context == "corrector_turn":
         pairs = _score_warm_pairs(pairs, tok, args.seed)
-    if args.algo in TEACHER_ALGOS:
+    if context == "hint":
         pairs = _hint_warm_pairs(pairs, [enc(a) for _, a in items["train"]], tok, args.seed)
     val = [([tok.bos_id] + enc(p), a) for p, a in items["val"]]
 

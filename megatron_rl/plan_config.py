@@ -38,9 +38,9 @@ KEYS = {"tp": "parallel.tp", "pp": "parallel.pp", "sequence_parallel": "parallel
 
 def config_inputs(path: str | Path) -> dict[str, Any]:
     """The PlanInputs fields that the run config at ``path`` decides (module docstring)."""
-    from megatron_rl.config import load_config
+    from megatron_rl.preflight import load_checked
 
-    cfg = load_config(path, ["model.hf_path="])           # the weights need not be here
+    cfg = load_checked(path, ["model.hf_path="])           # the weights need not be here
     return {"tp": cfg.parallel.tp, "pp": cfg.parallel.pp, "sequence_parallel": cfg.parallel.sequence_parallel,
             "dist_opt": cfg.optim.use_distributed_optimizer, "dtype": "bf16" if cfg.model.bf16 else "fp32",
             "micro_batch": cfg.trainer.micro_batch_size, "seq_len": cfg.data.max_prompt_len + cfg.rollout.max_tokens,

@@ -2,10 +2,14 @@
 
 Two levels:
 
-* :func:`check_config` — rules on the config alone (plus the model's ``config.json`` when
-  ``model.hf_path`` has one): registered reward names, lengths against ``rollout.max_model_len`` and
-  the model's positions, top-k against the vocabulary, group size of group-relative methods,
-  non-negative counters. ``config.from_dict`` runs it, so every loaded config obeys it.
+* :func:`check_config` — cross-component rules on the config alone (plus the model's ``config.json``
+  when ``model.hf_path`` has one), asked of the registries: the method's data path (``trainer/paths``:
+  hparams class, inputs it produces, its own rules), async rollouts with that path, registered reward
+  names, lengths against ``rollout.max_model_len`` and the model's positions, top-k against the
+  vocabulary, group size of group-relative methods, non-negative counters. ``config.py`` (a leaf: it
+  imports no trainer) checks only types, ranges and enums; every entry point that starts a run loads
+  through :func:`load_checked` (``train``, ``demo``, ``plan --config``), and :func:`preflight` runs it
+  again first for a ``Config`` built in code.
 * :func:`preflight` — what a run on *this* machine needs: the model, tokenizer and data files exist,
   the resume checkpoint exists, the run directory may be used (``trainer/run_dir.py``), the layer
   backend resolves here (``te`` / ``fp8`` need CUDA + Transformer Engine), the batch divides over
@@ -19,13 +23,26 @@ import json
 import os
 from pathlib import Path
 
-#: kinds whose update does not use a group-relative advantage (n = 1 is meaningful for them)
-N1_KINDS = ("remax", "score", "opsd", "sdpo")
+
+def load_checked(path, overrides=()):
+    """``config.load_config`` + :func:`check_config`: the config an entry point may start a run with."""
+    from megatron_rl.config import load_config
+
+    cfg = load_config(path, list(overrides))
+    check_config(cfg)
+    return cfg
 
 
 def check_config(cfg) -> None:
     """Config-only rules (see module docstring); ``ValueError`` naming the key."""
+    from megatron_rl.algorithms import algo_kind, single_sample_kinds
     from megatron_rl.rewards.manager import get_reward
+    from megatron_rl.trainer.async_rollout import check_async
+    from megatron_rl.trainer.paths import path_class
+
+    path = path_class(cfg.algo.kind)   # an unknown path, wrong hparams class, missing inputs, the path's own rules
+    path.validate(cfg)
+    check_async(cfg.algo.kind, path, cfg.rollout.max_staleness, cfg.algo.off_policy)
 
     for key, name in [("reward.default", cfg.reward.default),
                       *((f"reward.by_source.{s}", n) for s, n in cfg.reward.by_source.items())]:
@@ -42,10 +59,10 @@ def check_config(cfg) -> None:
                          f"rollout.max_model_len={r.max_model_len}: raise max_model_len or lower one of the two")
     if r.max_tokens < 1 or d.max_prompt_len < 1:
         raise ValueError("rollout.max_tokens and data.max_prompt_len must be >= 1")
-    if r.n == 1 and cfg.algo.kind not in N1_KINDS:
+    if r.n == 1 and algo_kind(cfg.algo.kind).needs_group:   # the kind's registration says (needs_group)
         raise ValueError(f"rollout.n=1 with algo.kind={cfg.algo.kind}: its advantage compares the samples of a "
                          "prompt's group, so with one sample every advantage is 0 and nothing is learned; set "
-                         f"rollout.n >= 2 (n=1 suits {', '.join(N1_KINDS)})")
+                         f"rollout.n >= 2 (n=1 suits {', '.join(single_sample_kinds())})")
     for key in ("eval_every", "ckpt_every", "keep_last"):
         if getattr(t, key) < 0:
             raise ValueError(f"trainer.{key} must be >= 0, got {getattr(t, key)}")
@@ -233,6 +250,7 @@ def preflight(cfg, resume: str | None = None, overwrite: bool = False, allow_con
     from megatron_rl.trainer.run_config import check_resume
     from megatron_rl.trainer.run_dir import check_run_dir
 
+    check_config(cfg)   # already run by load_checked; again here for a Config built in code
     check_launch(cfg)
     check_files(cfg, resume)
     check_data(cfg)

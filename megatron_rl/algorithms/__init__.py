@@ -18,9 +18,10 @@ Public functions (1-D tensors are per sample [N]; [N, T] per token; ``group_ids`
 Trainer interface (stable):
 
 * ``ALGO_KINDS[kind] -> AlgoKind(advantage, loss, hparams)`` for grpo, dapo, drgrpo, remax, rloo,
-  bicc, bicc_rcc (``base`` ∈ grpo/dapo/drgrpo/bicc/remax), rlcsd, opsd, sdpo, srpo, rlsd,
+  bicc, bicc_rcc (``base``: an estimator registered by ``register_bicc_base``), rlcsd, opsd, sdpo, srpo, rlsd,
   opsd_ectr, rlsd_ectr, papo, score; ``ALGO_KINDS[kind].path`` names its trainer data path;
-  ``register_algo_kind(name, advantage, loss, hparams, path)`` adds a method.
+  ``register_algo_kind(name, advantage, loss, hparams, path, needs_group=True)`` adds a method
+  (``needs_group=False``: it learns from one sample per prompt, ``single_sample_kinds()``).
 * One frozen :class:`AlgoInputs` bundle per step / mini-batch. Registered functions:
   advantage ``fn(inputs, hp) -> Tensor[N]``; loss ``fn(inputs, advantages, hp) -> LossOutput``
   (``loss_mat`` [N, T], ``metrics`` of 0-d tensors) or ``MaskedLossOutput`` (adds the ``mask`` to
@@ -60,6 +61,7 @@ from .builtin import (
     compute_advantages,
     kind_required_inputs,
     register_algo_kind,
+    single_sample_kinds,
 )
 from .contrastive import (
     BiCCBatch,
@@ -139,7 +141,10 @@ from .objective import (
     objective_terms,
 )
 from .registry import (
+    BiCCBase,
     advantage_names,
+    bicc_base,
+    bicc_base_names,
     check_inputs,
     get_advantage,
     get_policy_loss,
@@ -148,6 +153,7 @@ from .registry import (
     loss_support,
     policy_loss_names,
     register_advantage,
+    register_bicc_base,
     register_policy_loss,
     required_inputs,
 )
@@ -167,6 +173,7 @@ __all__ = [
     "AdaptiveKLController",
     "AlgoInputs",
     "AlgoKind",
+    "BiCCBase",
     "BiCCBatch",
     "BiCCHParams",
     "BiCCRCCHParams",
@@ -203,6 +210,8 @@ __all__ = [
     "algo_kind",
     "apply_kl_in_reward",
     "bicc_advantage",
+    "bicc_base",
+    "bicc_base_names",
     "bicc_old_logp",
     "build_bicc_contexts",
     "check_inputs",
@@ -241,6 +250,7 @@ __all__ = [
     "rcc_delta",
     "register_advantage",
     "register_algo_kind",
+    "register_bicc_base",
     "register_policy_loss",
     "remax_advantage",
     "remax_token_advantage",
@@ -261,6 +271,7 @@ __all__ = [
     "sdpo_loss",
     "select_rlcsd_hints",
     "shaped_reward",
+    "single_sample_kinds",
     "srpo_log_u_mean",
     "srpo_loss",
     "srpo_routes",

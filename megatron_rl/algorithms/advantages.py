@@ -178,7 +178,10 @@ def rcc_delta(old_logp: Tensor, ref_logp: Tensor, mask: Tensor, mode: str = "sum
     return d
 
 
-RCC_BASES = ("grpo", "dapo", "drgrpo", "bicc", "remax")
+#: how RCC scales the centred reward r − b, declared by each registered base (``register_bicc_base``):
+#: ``std_u`` sample std + ε (singleton r/(1+ε)), ``one`` unscaled (singleton r), ``std_p`` population
+#: std (singleton 0), ``greedy`` ReMax's greedy baseline instead of the group mean
+RCC_SCALES = ("std_u", "one", "std_p", "greedy")
 
 
 def rcc_advantage(rewards: Tensor, delta: Tensor, group_ids: Tensor, *, base: str = "grpo",
@@ -192,24 +195,28 @@ def rcc_advantage(rewards: Tensor, delta: Tensor, group_ids: Tensor, *, base: st
     base's singleton rule (grpo r/(1+ε), drgrpo r, bicc 0).
     Shapes: rewards [N], delta [N], group_ids [N] → [N].
     """
-    if base not in RCC_BASES:
-        raise ValueError(f"unknown RCC base {base!r}; valid: {sorted(RCC_BASES)}")
+    from .registry import bicc_base, bicc_base_names
+
+    try:
+        scale = bicc_base(base).scale       # the base's registration says how RCC scales (RCC_SCALES)
+    except KeyError:
+        raise ValueError(f"unknown RCC base {base!r}; valid: {bicc_base_names()}") from None
     r = _prep("rewards", rewards, group_ids)
     d = _prep("delta", delta, group_ids, r.shape[0]).to(r.dtype)
     grp = group_index(group_ids, r.shape[0])
     if r.numel() == 0:
         return r.clone()
     cov = _group_cov(r, d, grp)[grp.inv]
-    if base == "remax":
+    if scale == "greedy":
         if greedy_rewards is None:
-            raise ValueError("rcc_advantage(base='remax') needs greedy_rewards")
+            raise ValueError(f"rcc_advantage(base={base!r}) needs greedy_rewards")
         return remax_advantage(r, greedy_rewards) - 2.0 * cov
     single = grp.counts[grp.inv] == 1
     centred = r - (gmean(r, grp)[grp.inv] + 2.0 * cov)
-    if base in ("grpo", "dapo"):
+    if scale == "std_u":
         adv = centred / (gvar(r, grp, unbiased=True).sqrt()[grp.inv] + eps)
         single_adv = r / (1.0 + eps)
-    elif base == "drgrpo":
+    elif scale == "one":
         adv, single_adv = centred, r
     else:
         sp = gvar(r, grp, unbiased=False).sqrt()[grp.inv]

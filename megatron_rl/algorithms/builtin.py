@@ -52,9 +52,11 @@ from .registry import (
     _ADVANTAGES,
     _LOSSES,
     _lookup,
+    bicc_base,
     check_inputs,
     get_advantage,
     register_advantage,
+    register_bicc_base,
     register_policy_loss,
 )
 from .score import score_loss_mat, shaped_reward
@@ -86,22 +88,40 @@ def _remax(x: AlgoInputs, hp) -> Tensor:
     return remax_advantage(x.rewards, x.greedy_rewards)
 
 
+# BiCC's base estimators (spec §1.6): ``algo.bicc.base`` / ``algo.bicc_rcc.base`` name one of these
+
+
+@register_bicc_base("grpo", scale="std_u")
+@register_bicc_base("dapo", scale="std_u")
+def _base_grpo(x: AlgoInputs, hp) -> Tensor:
+    return grpo_advantage(x.rewards, x.group_ids, eps=hp.eps if isinstance(hp, H.BiCCRCCHParams) else 1e-6)
+
+
+@register_bicc_base("drgrpo", scale="one")
+def _base_drgrpo(x: AlgoInputs, hp) -> Tensor:
+    return grpo_advantage(x.rewards, x.group_ids, scale="none")
+
+
+@register_bicc_base("remax", scale="greedy", needs=("greedy_rewards",))
+def _base_remax(x: AlgoInputs, hp) -> Tensor:
+    return remax_advantage(x.rewards, x.greedy_rewards)
+
+
+@register_bicc_base("bicc", scale="std_p")
+def _base_bicc(x: AlgoInputs, hp) -> Tensor:
+    """The released code's ±sqrt(n∓/n±) form."""
+    return bicc_advantage(x.rewards, x.group_ids, threshold=hp.threshold)
+
+
 def _base_needs(hp) -> set:
-    return {"greedy_rewards"} if isinstance(hp, H.BiCCHParams) and hp.base == "remax" else set()
+    return set(bicc_base(hp.base).needs) if isinstance(hp, H.BiCCHParams) else set()
 
 
 @register_advantage("bicc", hp_needs=_base_needs)
 def _bicc(x: AlgoInputs, hp) -> Tensor:
-    """BiCC changes the ratio's inputs only (spec §1.6): the advantage is the base estimator's —
-    ``bicc`` (the released ±sqrt(n∓/n±) form), GRPO/DAPO (std-scaled), Dr.GRPO (unscaled), ReMax."""
-    base = hp.base
-    if base in ("grpo", "dapo"):
-        return grpo_advantage(x.rewards, x.group_ids, eps=hp.eps if isinstance(hp, H.BiCCRCCHParams) else 1e-6)
-    if base == "drgrpo":
-        return grpo_advantage(x.rewards, x.group_ids, scale="none")
-    if base == "remax":
-        return remax_advantage(x.rewards, x.greedy_rewards)
-    return bicc_advantage(x.rewards, x.group_ids, threshold=hp.threshold)
+    """BiCC changes the ratio's inputs only (spec §1.6): the advantage is the base estimator's
+    (``register_bicc_base``)."""
+    return bicc_base(hp.base).fn(x, hp)
 
 
 @register_advantage("rcc", needs=("old_logp", "ref_logp"), hp_needs=_base_needs)
@@ -224,21 +244,26 @@ def _score(x: AlgoInputs, adv: Tensor, hp) -> MaskedLossOutput:
 
 
 class AlgoKind(NamedTuple):
-    """advantage name, policy-loss name, hyper-parameter dataclass, trainer data path name."""
+    """advantage name, policy-loss name, hyper-parameter dataclass, trainer data path name, and
+    whether the update compares the samples of a prompt's group (a group-relative advantage that the
+    loss reads, or a contrast drawn from the group): such a kind learns nothing with ``rollout.n=1``."""
 
     advantage: str
     loss: str
     hparams: type
     path: str = "plain"
+    needs_group: bool = True
 
 
 ALGO_KINDS: dict = {}
 
 
-def register_algo_kind(name: str, advantage: str, loss: str, hparams: type, path: str = "plain") -> AlgoKind:
+def register_algo_kind(name: str, advantage: str, loss: str, hparams: type, path: str = "plain",
+                       needs_group: bool = True) -> AlgoKind:
     """Add a method: ``algo.kind=name`` trains ``loss`` on ``advantage`` with ``hparams`` (a frozen
     dataclass deriving from :class:`~.hparams.PPOHParams`, configured as ``algo.<name>.*``) on the
-    trainer data path ``path``. Strict: a second registration of ``name``, an unknown advantage or
+    trainer data path ``path``. ``needs_group=False`` declares that one sample per prompt suffices
+    (``rollout.n=1`` is refused at start-up otherwise: see :class:`AlgoKind`). Strict: a second registration of ``name``, an unknown advantage or
     loss, or hparams that are not PPOHParams raise here; an unknown path fails at config load."""
     if name in ALGO_KINDS:
         raise ValueError(f"algo kind {name!r} is already registered ({ALGO_KINDS[name]})")
@@ -246,7 +271,7 @@ def register_algo_kind(name: str, advantage: str, loss: str, hparams: type, path
     _lookup(_LOSSES, "policy loss", loss)
     if not (isinstance(hparams, type) and issubclass(hparams, H.PPOHParams)):
         raise TypeError(f"algo kind {name!r}: hparams must be a PPOHParams dataclass, got {hparams!r}")
-    ALGO_KINDS[name] = AlgoKind(advantage, loss, hparams, path)
+    ALGO_KINDS[name] = AlgoKind(advantage, loss, hparams, path, bool(needs_group))
     return ALGO_KINDS[name]
 
 
@@ -254,21 +279,26 @@ for _name, _kind in {
     "grpo": AlgoKind("grpo", "ppo_clip", H.GRPOHParams),
     "dapo": AlgoKind("grpo", "ppo_clip", H.DAPOHParams),
     "drgrpo": AlgoKind("drgrpo", "ppo_clip", H.DrGRPOHParams),
-    "remax": AlgoKind("remax", "ppo_clip", H.ReMaxHParams, "greedy"),
+    "remax": AlgoKind("remax", "ppo_clip", H.ReMaxHParams, "greedy", needs_group=False),
     "rloo": AlgoKind("rloo", "ppo_clip", H.RLOOHParams),
     "bicc": AlgoKind("bicc", "ppo_clip", H.BiCCHParams, "bicc_context"),
     "bicc_rcc": AlgoKind("rcc", "ppo_clip", H.BiCCRCCHParams, "bicc_context"),
     "rlcsd": AlgoKind("grpo", "rlcsd", H.RLCSDHParams, "rlcsd_hints"),
-    "opsd": AlgoKind("grpo", "opsd", H.OPSDHParams, "gt_teacher"),
-    "sdpo": AlgoKind("grpo", "sdpo", H.SDPOHParams, "gt_teacher"),
+    "opsd": AlgoKind("grpo", "opsd", H.OPSDHParams, "gt_teacher", needs_group=False),
+    "sdpo": AlgoKind("grpo", "sdpo", H.SDPOHParams, "gt_teacher", needs_group=False),
     "srpo": AlgoKind("grpo", "srpo", H.SRPOHParams, "gt_teacher"),
     "rlsd": AlgoKind("grpo", "rlsd", H.RLSDHParams, "gt_teacher"),
     "opsd_ectr": AlgoKind("grpo", "opsd_ectr", H.OPSDECTRHParams, "rlcsd_hints"),
     "rlsd_ectr": AlgoKind("grpo", "rlsd_ectr", H.RLSDECTRHParams, "rlcsd_hints"),
     "papo": AlgoKind("papo", "ppo_clip", H.PAPOHParams, "process_reward"),
-    "score": AlgoKind("score", "score", H.ScoreHParams, "two_attempts"),
+    "score": AlgoKind("score", "score", H.ScoreHParams, "two_attempts", needs_group=False),
 }.items():
     register_algo_kind(_name, *_kind)
+
+
+def single_sample_kinds() -> list[str]:
+    """The registered kinds that train with one sample per prompt (``needs_group=False``), sorted."""
+    return sorted(k for k, v in ALGO_KINDS.items() if not v.needs_group)
 
 
 def algo_kind(name: str) -> AlgoKind:

@@ -126,9 +126,11 @@ class BiCCHParams(SamplingHParams):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        from .registry import bicc_base_names
+
         label = "rcc" if hasattr(self, "rcc_delta") else "bicc"
-        _check(self.base in ("grpo", "dapo", "drgrpo", "bicc", "remax"), f"{label} base {self.base!r} invalid; "
-               "valid: ['bicc', 'dapo', 'drgrpo', 'grpo', 'remax']")
+        bases = bicc_base_names()   # the estimators registered as BiCC's base (register_bicc_base)
+        _check(self.base in bases, f"{label} base {self.base!r} invalid; valid: {bases}")
         _check(0 < self.context_frac < 1, f"context_frac must be in (0, 1), got {self.context_frac}")
         _check(self.old_logprob_context in ("plain", "conditioned"),
                f"old_logprob_context {self.old_logprob_context!r} not in ['conditioned', 'plain']")
@@ -148,7 +150,6 @@ class BiCCRCCHParams(BiCCHParams):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check(self.base in ("grpo", "dapo", "drgrpo", "bicc", "remax"), f"rcc base {self.base!r} invalid")
         _check(self.rcc_delta in ("sum", "mean"), f"rcc_delta {self.rcc_delta!r} not in ['mean', 'sum']")
 
 

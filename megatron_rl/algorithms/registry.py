@@ -10,8 +10,8 @@
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from .inputs import FIELD_SHAPES, AlgoInputs, missing_fields
 
@@ -94,6 +94,54 @@ def _lookup(table: dict, kind: str, name: str) -> Entry:
     if name not in table:
         raise KeyError(f"unknown {kind} {name!r}; valid: {sorted(table)}")
     return table[name]
+
+
+@dataclass(frozen=True)
+class BiCCBase:
+    """An estimator BiCC and BiCC + RCC may use as ``algo.<kind>.base``: ``fn(inputs, hp) -> Tensor[N]``
+    is BiCC's advantage with it, ``scale`` how RCC scales its centred reward (``advantages.RCC_SCALES``),
+    ``needs`` the optional inputs it reads."""
+
+    name: str
+    fn: Callable
+    scale: str
+    needs: frozenset
+
+
+_BICC_BASES: dict = {}
+
+
+def register_bicc_base(name: str, scale: str, needs=()):
+    """Decorator registering ``fn(inputs, hp) -> Tensor[N]`` as a BiCC / RCC base estimator ``name``
+    (``algo.bicc.base=name``); duplicates, unknown fields and unknown scales raise."""
+    from .advantages import RCC_SCALES
+
+    unknown = sorted(set(needs) - set(FIELD_SHAPES))
+    if unknown:
+        raise ValueError(f"bicc base {name!r} declares unknown input field(s) {unknown}; valid: {sorted(FIELD_SHAPES)}")
+    if scale not in RCC_SCALES:
+        raise ValueError(f"bicc base {name!r}: scale={scale!r} not in {list(RCC_SCALES)}")
+
+    def deco(fn: Callable) -> Callable:
+        if name in _BICC_BASES:
+            raise ValueError(f"bicc base {name!r} is already registered (by {_BICC_BASES[name].fn.__qualname__})")
+        _BICC_BASES[name] = BiCCBase(name, fn, scale, frozenset(needs))
+        return fn
+    return deco
+
+
+def bicc_base(name: str) -> BiCCBase:
+    """The registered BiCC / RCC base ``name`` (KeyError listing the valid names otherwise)."""
+    _load_builtins()
+    if name not in _BICC_BASES:
+        raise KeyError(f"unknown bicc base {name!r}; valid: {sorted(_BICC_BASES)}")
+    return _BICC_BASES[name]
+
+
+def bicc_base_names() -> list:
+    """Sorted registered BiCC / RCC base estimator names."""
+    _load_builtins()
+    return sorted(_BICC_BASES)
 
 
 def get_advantage(name: str) -> Callable:

@@ -61,3 +61,18 @@ def test_files_stay_small():
     for f in PKG.rglob("*.py"):
         n = len(f.read_text().splitlines())
         assert n <= 650, f"{f} has {n} lines (split it)"
+
+
+def test_config_is_a_leaf_of_the_setup_layer():
+    """``config.py`` decides types, ranges and enums; the cross-component rules are the setup layer's
+    (``preflight.check_config``), so loading a config imports neither the trainer nor preflight."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from megatron_rl.config import load_config; load_config(None, ['algo.kind=rlsd']); "
+            "print([m for m in sys.modules if m.startswith('megatron_rl.trainer') or m == 'megatron_rl.preflight'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=PKG.parent).stdout
+    assert out.strip() == "[]", out
+    bad = [m for m in _imports(PKG / "config.py") if m.startswith(("megatron_rl.trainer", "megatron_rl.preflight"))]
+    assert not bad, f"config.py imports {bad}"

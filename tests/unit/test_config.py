@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from megatron_rl.config import Config, load_config, validate
+from megatron_rl.preflight import load_checked
 
 
 def test_defaults_and_overrides(tmp_path):
@@ -47,7 +48,7 @@ def test_unsupported_data_path_fails_at_startup(monkeypatch):
     monkeypatch.setitem(A.ALGO_KINDS, "rlcsd", A.ALGO_KINDS["rlcsd"]._replace(path="no_such_path"))
     with pytest.raises(ValueError, match="algo.kind='rlcsd' declares data path 'no_such_path', which is not registered; "
                                          r"valid: \['bicc_context', 'greedy'"):
-        load_config(None, ["algo.kind=rlcsd"])
+        load_checked(None, ["algo.kind=rlcsd"])
 
 
 def test_world_size_and_batch_divisibility():
@@ -65,6 +66,6 @@ def test_missing_file():
 
 def test_dapo_overlong_buffer_must_fit():
     with pytest.raises(ValueError, match="overlong_buffer_len=4096 must be <= rollout.max_tokens=8"):
-        load_config(None, ["algo.kind=dapo"])
-    c = load_config(None, ["algo.kind=dapo", "algo.dapo.overlong_buffer_len=4"])
+        load_checked(None, ["algo.kind=dapo"])
+    c = load_checked(None, ["algo.kind=dapo", "algo.dapo.overlong_buffer_len=4"])
     assert c.algo.hparams.overlong_enable

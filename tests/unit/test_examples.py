@@ -32,9 +32,10 @@ TINY_HF = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden
 
 
 def load(path: Path, overrides: list[str] | None = None):
-    from megatron_rl.config import load_config
+    """The example as an entry point loads it: fields, then the cross-component rules."""
+    from megatron_rl.preflight import load_checked
 
-    return load_config(str(path), list(overrides or []))
+    return load_checked(str(path), list(overrides or []))
 
 
 def stand_in_model(path: Path, tmp: Path) -> str:
@@ -54,10 +55,10 @@ def stand_in_model(path: Path, tmp: Path) -> str:
 
 def trainer_supports(kind: str) -> bool:
     """Whether the trainer runs ``kind`` yet (the config rejects kinds whose data path is missing)."""
-    from megatron_rl.config import load_config
+    from megatron_rl.preflight import load_checked
 
     try:
-        load_config(None, [f"algo.kind={kind}", "reward.grader_url=http://127.0.0.1:1/v1",
+        load_checked(None, [f"algo.kind={kind}", "reward.grader_url=http://127.0.0.1:1/v1",
                            f"algo.{kind}.overlong_buffer_len=1" if kind == "dapo" else "trainer.steps=1"])
     except ValueError as e:
         if "data path, which this trainer does not run yet" in str(e):

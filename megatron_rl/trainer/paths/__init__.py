@@ -47,6 +47,11 @@ class DataPath(abc.ABC):
     async_unsupported: ClassVar[str] = ""
     #: applies the in-reward KL ``algo.<kind>.kl_reward_coef`` (``update_stage.kl_in_reward``); refused otherwise
     kl_in_reward: ClassVar[bool] = False
+    #: what the path puts into a prompt beyond the task's own ("" = nothing): ``group_answers`` (other
+    #: answers of the group after BOS, BiCC), ``hint`` (a reference answer after BOS, teacher prompts),
+    #: ``corrector_turn`` (x1 ++ y1 ++ instruction, SCoRe); a policy that never read such prompts (the
+    #: demo's tiny one) is warm-started on them (``demo.warm_start_phase``)
+    prompt_context: ClassVar[str] = ""
 
     def __init__(self, cfg, tok):
         self.cfg, self.hp, self.tok = cfg, cfg.algo.hparams, tok

@@ -13,6 +13,7 @@ from .sampling import PlainPath
 @register_path("bicc_context")
 class BiccPath(PlainPath):
     hparams = BiCCHParams
+    prompt_context = "group_answers"
 
     def __init__(self, cfg, tok):
         from megatron_rl.trainer.update_stage import BiccLayout
@@ -22,7 +23,9 @@ class BiccPath(PlainPath):
 
     @classmethod
     def wants_greedy(cls, hp) -> bool:
-        return hp.base == "remax"
+        from megatron_rl.algorithms import bicc_base
+
+        return "greedy_rewards" in bicc_base(hp.base).needs   # the base's registration says (e.g. remax)
 
     def train_inputs(self, ro, plain, old, step: int, metrics: dict):
         """Conditioned prompts; old log-probs of the plain (paper) or conditioned context."""

@@ -23,6 +23,7 @@ class TeacherPath(PlainPath):
     """Shared part of the two teacher paths (not registered itself)."""
 
     kl_in_reward = False     # its own update (teacher terms); the RLCSD family uses a KL loss instead
+    prompt_context = "hint"  # the teacher prompt's reference answer
 
     hparams = TeacherHParams
 

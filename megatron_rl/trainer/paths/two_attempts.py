@@ -12,6 +12,7 @@ from . import DataPath, register_path
 @register_path("two_attempts")
 class TwoAttemptsPath(DataPath):
     hparams = ScoreHParams
+    prompt_context = "corrector_turn"
     provides = frozenset({"rewards", "group_ids", "mask", "logp", "ref_logp", "first_logp", "first_ref_logp",
                           "first_mask", "first_rewards"})
     async_unsupported = ("SCoRe's objective is REINFORCE on two attempts with no proximal-policy ratio, and its "

@@ -46,9 +46,9 @@ def overrides(kind: str, fx: dict, out: Path, grader_url: str) -> list[str]:
 
 
 def main(fixture_dir: str, out_dir: str, grader_url: str, kinds: list[str]) -> int:
-    from megatron_rl.config import load_config
     from megatron_rl.data.chat_fixture import build_chat_fixture
     from megatron_rl.parallel import init_parallel
+    from megatron_rl.preflight import load_checked
     from megatron_rl.trainer.loop import run
     from megatron_rl.trainer.setup import build_client
 
@@ -59,7 +59,7 @@ def main(fixture_dir: str, out_dir: str, grader_url: str, kinds: list[str]) -> i
     for kind in kinds:
         t0 = time.time()
         try:
-            cfg = load_config(None, overrides(kind, fx, out, grader_url))
+            cfg = load_checked(None, overrides(kind, fx, out, grader_url))
             if client is None:
                 client = build_client(cfg)
             run(cfg, client=client)

@@ -13,7 +13,7 @@ SPEC_JSON::
 
 A run with ``algo`` is what ``python -m megatron_rl.demo --algo ALGO --steps N --init-from WARM -o ...``
 does (same ``demo_config``, same ``loop.run``), in ``OUT/<name>``; a run with ``config`` is what
-``megatron-rl train --config CONFIG OVERRIDES...`` does (``loop.run(load_config(...))``; its run dir is
+``megatron-rl train --config CONFIG OVERRIDES...`` does (``loop.run(load_checked(...))``; its run dir is
 its own ``trainer.run_dir``). ``own_client``: the run gets an engine pool built from its own config
 (asynchronous runs: their engines are pinned to their own cores; the trainer process is pinned for
 good, so such a run goes last); otherwise the pool of the warm start or of the first run is reused.
@@ -31,9 +31,9 @@ from pathlib import Path
 
 def main(spec_path: str) -> int:
     from megatron_rl import demo as D
-    from megatron_rl.config import load_config
     from megatron_rl.console import quiet_console
     from megatron_rl.parallel import init_parallel
+    from megatron_rl.preflight import load_checked
     from megatron_rl.trainer.loop import run
     from megatron_rl.trainer.setup import build_client
 
@@ -55,7 +55,7 @@ def main(spec_path: str) -> int:
         t0 = time.time()
         try:
             if "config" in r:
-                cfg = load_config(r["config"], r.get("overrides", []))
+                cfg = load_checked(r["config"], r.get("overrides", []))
             else:
                 argv = ["--algo", r["algo"], "--steps", str(r["steps"]), "--run-dir", str(out / r["name"]),
                         "--init-from", str(warm)]

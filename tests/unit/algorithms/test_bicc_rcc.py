@@ -71,6 +71,32 @@ def test_bicc_base_validation_and_dapo_switches():
     assert hp.overlong_enable and hp.filter_groups
 
 
+def test_bicc_bases_are_registry_attributes():
+    """BiCC's base estimators are one registry (``register_bicc_base``): the hparams' check, BiCC's
+    advantage, RCC's scale and the inputs a base needs all ask it, so a user's base works in each."""
+    from megatron_rl.algorithms import registry as Reg
+
+    assert A.bicc_base_names() == ["bicc", "dapo", "drgrpo", "grpo", "remax"]
+    assert {n: A.bicc_base(n).scale for n in A.bicc_base_names()} == \
+        {"bicc": "std_p", "dapo": "std_u", "drgrpo": "one", "grpo": "std_u", "remax": "greedy"}
+    with pytest.raises(ValueError, match="scale='sqrt' not in"):
+        A.register_bicc_base("halved", scale="sqrt")
+    try:
+        A.register_bicc_base("halved", scale="one")(lambda x, hp: 0.5 * (x.rewards - 0.5))
+        torch.testing.assert_close(adv("halved"), 0.5 * (R - 0.5))                  # BiCC's advantage is the base's
+        g = torch.zeros(2, dtype=torch.long)                                          # RCC: the base's scale ("one"
+        torch.testing.assert_close(rcc_advantage(t([1, 0]), t([0.4, 0.0]), g, base="halved"),  # = Dr.GRPO's)
+                                   rcc_advantage(t([1, 0]), t([0.4, 0.0]), g, base="drgrpo"))
+        assert A.BiCCRCCHParams(base="halved").base == "halved"
+        assert "greedy_rewards" not in A.kind_required_inputs("bicc", A.BiCCHParams(base="halved"))
+        with pytest.raises(ValueError, match="bicc base 'halved' is already registered"):
+            A.register_bicc_base("halved", scale="one")(lambda x, hp: x.rewards)
+    finally:
+        Reg._BICC_BASES.pop("halved", None)
+    with pytest.raises(ValueError, match=r"rcc base 'halved' invalid; valid: \['bicc', 'dapo', 'drgrpo', 'grpo', 'remax'\]"):
+        A.BiCCRCCHParams(base="halved")
+
+
 @pytest.mark.parametrize("base", ["grpo", "dapo", "drgrpo", "bicc", "remax"])
 def test_rcc_composes_with_every_base(base):
     greedy = torch.zeros(8, dtype=torch.float64)

@@ -31,7 +31,7 @@ def test_public_names_exist():
 
 def test_every_kind_is_registered_and_defaults_construct():
     assert REQUIRED_KINDS <= set(A.ALGO_KINDS)
-    for kind, (adv, loss, hp_cls, _path) in A.ALGO_KINDS.items():
+    for kind, (adv, loss, hp_cls, *_) in A.ALGO_KINDS.items():
         assert adv in A.advantage_names() and loss in A.policy_loss_names(), kind
         hp = hp_cls()
         assert dataclasses.is_dataclass(hp) and hp_cls.__dataclass_params__.frozen
@@ -168,6 +168,26 @@ def test_required_inputs_are_checked_at_start_up():
     get_path("greedy").validate(c)
     with pytest.raises(ValueError, match=r"remax.*\['greedy_rewards'\].*'plain'"):
         get_path("plain").validate(c)
+
+
+def test_one_sample_per_prompt_is_the_kinds_registration():
+    """``rollout.n=1`` is refused for a kind registered with a group (the default) and allowed for one
+    registered ``needs_group=False``: preflight asks the registry, a user's method declares it too."""
+    from megatron_rl.preflight import load_checked
+
+    assert A.single_sample_kinds() == ["opsd", "remax", "score", "sdpo"]
+    with pytest.raises(ValueError, match=r"rollout.n=1 with algo.kind=grpo: .*\(n=1 suits opsd, remax, score, sdpo\)"):
+        load_checked(None, ["rollout.n=1"])
+    assert load_checked(None, ["algo.kind=remax", "rollout.n=1"]).rollout.n == 1
+    try:
+        A.register_algo_kind("toy_one", advantage="rloo", loss="ppo_clip", hparams=A.GRPOHParams, needs_group=False)
+        A.register_algo_kind("toy_group", advantage="rloo", loss="ppo_clip", hparams=A.GRPOHParams)
+        assert load_checked(None, ["algo.kind=toy_one", "rollout.n=1"]).algo.kind == "toy_one"
+        with pytest.raises(ValueError, match="rollout.n=1 with algo.kind=toy_group: .*suits opsd, remax, score, sdpo, toy_one"):
+            load_checked(None, ["algo.kind=toy_group", "rollout.n=1"])
+    finally:
+        A.ALGO_KINDS.pop("toy_one", None)
+        A.ALGO_KINDS.pop("toy_group", None)
 
 
 def test_removed_trainer_max_gen_batches_is_rejected():

@@ -156,10 +156,10 @@ def test_config_keys_validated_at_start_up():
     (["algo.kind=score", "algo.off_policy=tis"], "algo.kind='score' .*cannot run with algo.off_policy=tis"),
 ], ids=["score-async", "score-tis"])
 def test_paths_that_cannot_run_async_fail_at_start_up(over, words):
-    from megatron_rl.config import load_config
+    from megatron_rl.preflight import load_checked
 
     with pytest.raises(ValueError, match=words):
-        load_config(None, over)
+        load_checked(None, over)
 
 
 def test_off_policy_inputs_use_the_batch_weight_version():

@@ -29,5 +29,7 @@ def test_papers_protocol():
     (["trainer.eval_max_tokens=500"], "trainer.eval_max_tokens=500 exceeds"),
 ])
 def test_bad_eval_settings_fail_at_load(over, words):
+    from megatron_rl.preflight import load_checked
+
     with pytest.raises(ValueError, match=words):
-        load_config(None, over)
+        load_checked(None, over)

@@ -7,6 +7,7 @@ import torch
 
 from megatron_rl.algorithms import kind_required_inputs
 from megatron_rl.config import load_config
+from megatron_rl.preflight import load_checked
 from megatron_rl.trainer.rollout_stage import Rollouts
 from megatron_rl.trainer.update_stage import kl_in_reward
 
@@ -27,6 +28,6 @@ def test_on_for_sampling_paths_refused_elsewhere():
     cfg = load_config(None, ["algo.kind=bicc_rcc", "algo.bicc_rcc.kl_reward_coef=0.001"])
     assert "ref_logp" in kind_required_inputs("bicc_rcc", cfg.algo.hparams)   # the reference policy is built
     with pytest.raises(ValueError, match="has no in-reward KL"):
-        load_config(None, ["algo.kind=rlcsd", "algo.rlcsd.kl_reward_coef=0.001"])
+        load_checked(None, ["algo.kind=rlcsd", "algo.rlcsd.kl_reward_coef=0.001"])
     with pytest.raises(ValueError, match="kl_reward_type"):
         load_config(None, ["algo.kind=grpo", "algo.grpo.kl_reward_type=k9"])

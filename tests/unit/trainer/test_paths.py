@@ -12,6 +12,7 @@ import pytest
 
 from megatron_rl import algorithms as A
 from megatron_rl.config import load_config
+from megatron_rl.preflight import load_checked
 from megatron_rl.trainer import paths as P
 from megatron_rl.trainer.paths.sampling import PlainPath
 
@@ -50,14 +51,14 @@ def test_incomplete_path_is_refused_at_registration():
 def test_method_on_an_unknown_path_fails_at_config_load(monkeypatch):
     monkeypatch.setitem(A.ALGO_KINDS, "grpo", A.ALGO_KINDS["grpo"]._replace(path="warp"))
     with pytest.raises(ValueError, match="algo.kind='grpo' declares data path 'warp', which is not registered"):
-        load_config(None, ["algo.kind=grpo"])
+        load_checked(None, ["algo.kind=grpo"])
 
 
 def test_path_checks_the_methods_hparams_class(monkeypatch):
     """A method declaring the teacher path with hparams that carry no teacher knobs fails at load."""
     monkeypatch.setitem(A.ALGO_KINDS, "grpo", A.ALGO_KINDS["grpo"]._replace(path="gt_teacher"))
     with pytest.raises(ValueError, match="'gt_teacher' data path needs hparams deriving from TeacherHParams"):
-        load_config(None, ["algo.kind=grpo"])
+        load_checked(None, ["algo.kind=grpo"])
 
 
 def test_register_algo_kind_is_strict():

@@ -210,8 +210,9 @@ def test_pack_off_is_one_sequence_per_row():
 
 def test_pack_on_with_transformer_engine_fails_at_startup():
     from megatron_rl.config import load_config
+    from megatron_rl.preflight import load_checked
 
     with pytest.raises(ValueError, match="teacher.pack=on needs the local attention path"):
-        load_config(None, ["algo.kind=rlsd", "teacher.pack=on", "model.backend=te"])
+        load_checked(None, ["algo.kind=rlsd", "teacher.pack=on", "model.backend=te"])
     with pytest.raises(ValueError, match="teacher.pack invalid"):
         load_config(None, ["teacher.pack=maybe"])
