@@ -6,7 +6,7 @@ dataclass from ``megatron_rl.algorithms``; defaults are the specs'). ``load_conf
 field (``__post_init__``) and what the config layer decides alone (``validate``). Rules that ask other
 components (the method's data path, async rollouts, rewards, the model's sizes) are the setup layer's:
 ``preflight.check_config`` / ``preflight.load_checked``, run by every entry point that starts a run.
-This module imports nothing of ``megatron_rl.trainer`` (a leaf of the setup layer).
+This module imports nothing of the trainer package nor of ``preflight`` (a leaf of the setup layer).
 """
 from __future__ import annotations
 
