@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 
 from megatron_rl.console import LOG_FILE, RESUME_TEMPLATE
-from megatron_rl.trainer import async_rollout as AR
-from megatron_rl.trainer.rollout_stage import Rollouts, broadcast_object
+from megatron_rl.trainer.rollout_source import open_source
+from megatron_rl.trainer.rollout_stage import Rollouts
 from megatron_rl.trainer.setup import Run, evaluate, setup_run, sync_weights
 from megatron_rl.trainer.stop import GracefulStop, Stopped
 
@@ -39,31 +39,25 @@ def step_metrics(ro: Rollouts, cfg) -> dict:
 
 
 def rl_step(run: Run, step: int) -> dict:
-    """One RL step: path.collect (driver) -> broadcast -> path.update -> sync -> log; the metrics row.
-    With ``rollout.max_staleness`` > 0 the batch comes from the producer that collected it ahead
-    (``run.asy``, ``trainer/async_rollout.py``) and the push waits for the batches due before it."""
+    """One RL step: the batch (``run.source``: collected now on the driver and broadcast, or by the
+    asynchronous producer ahead, ``trainer/rollout_source.py``) -> path.update -> push -> the metrics row."""
     t0 = time.perf_counter()
-    if run.asy is not None:
-        data, meta = run.asy.next(step)
-    else:
-        data = broadcast_object(run.path.collect(step) if run.info.is_driver else None)
+    data, meta = run.source.next(step)
     t_gen = time.perf_counter() - t0
     run.colo.after_generate()          # colocated: engines sleep, trainer onloads (trainer/colocate.py)
     metrics = step_metrics(run.path.logged(data), run.cfg)
     metrics.update(run.path.update(data, step))
-    if run.asy is not None:
-        run.asy.before_push(step)
+    run.source.before_push(step)       # async: the driver waits for the batches due before the push
     run.colo.before_push()             # trainer offloads, engines wake their weights
     t1 = time.perf_counter()
     sync_weights(run)
     run.colo.after_push()              # engines wake their KV cache
-    if run.asy is not None:
-        run.asy.pushed(step)
+    run.source.pushed(step)
     t2 = time.perf_counter()
     ro = run.path.trained(data)
     metrics.update({"time/sync": t2 - t1, "time/generate": t_gen, "time/step": t2 - t0,
                     "perf/tokens_per_s": sum(len(p) + len(r) for p, r in zip(ro.prompts, ro.responses)) / (t2 - t0)})
-    metrics.update(run.asy.metrics(t0, t2, meta["gen_s"]) if run.asy is not None else AR.sync_metrics(t_gen, t2 - t0))
+    metrics.update(run.source.metrics(t0, t2, meta["gen_s"]))
     if run.info.is_driver:
         metrics.update(run.client.stats())
         metrics.update(run.path.driver_stats(data))
@@ -84,10 +78,7 @@ def run(cfg, resume: str | None = None, client=None, overwrite: bool = False, al
         rn = setup_run(cfg, resume=resume, client=client, overwrite=overwrite, allow_config_change=allow_config_change)
         stop.reclaim()           # ray.init (in setup_run) installed its own SIGTERM handler
         summary, stopped = {"start_step": rn.step}, 0
-        if cfg.rollout.max_staleness > 0:
-            rn.asy = AR.AsyncRollouts(rn.path.collect, is_driver=rn.info.is_driver, first_step=rn.step + 1,
-                                      last_step=cfg.trainer.steps, max_staleness=cfg.rollout.max_staleness,
-                                      version=rn.step, sampler=rn.sampler, pending=rn.async_pending)
+        rn.source = open_source(rn)
         try:
             if rn.val_set is not None and rn.step == 0:
                 summary["val_acc_before"] = evaluate(rn, 0)["eval/acc"]
@@ -98,8 +89,7 @@ def run(cfg, resume: str | None = None, client=None, overwrite: bool = False, al
             else:
                 _finish(rn, summary)
         finally:
-            if rn.asy is not None:
-                rn.asy.close()   # the producer thread ends after the collection in flight
+            rn.source.close()   # async: the producer thread ends after the collection in flight
             rn.close(own_client=client is None)
     if stopped:
         if rn.info.is_driver:

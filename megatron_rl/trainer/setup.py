@@ -32,7 +32,7 @@ class Run:
     step: int = 0
     last_checkpoint: str | None = None
     gate: dict | None = None       # start-up gate numbers (sync_stage.startup_gate)
-    asy: Any = None                # async_rollout.AsyncRollouts (rollout.max_staleness > 0; set by the loop)
+    source: Any = None             # rollout_source.SyncRollouts | AsyncRollouts (set by the loop)
     colo: Colocation = dataclasses.field(default_factory=Colocation.separate)  # rollout.placement turn-taking
     async_pending: list = dataclasses.field(default_factory=list)  # finished batches restored from a checkpoint
 
@@ -47,10 +47,10 @@ class Run:
 
         extra = {"step": self.step, "sampler": self.sampler.state_dict() if self.sampler else None,
                  "teacher": self.path.state_dict() or None}   # the path's extras (teacher counters)
-        if self.asy is not None and self.info.is_driver:
-            # the producer runs ahead: the finished batches not trained on yet and the sampler position
-            # that regenerates the one in flight (resume design: trainer/async_rollout.py)
-            st = self.asy.state(self.step)
+        st = self.source.state(self.step) if self.source is not None else None
+        if st is not None:
+            # async, driver: the producer runs ahead: the finished batches not trained on yet and the
+            # sampler position that regenerates the one in flight (resume design: trainer/async_rollout.py)
             extra["sampler"], extra["async"] = st["sampler"], st
         m = self.cfg.model
         with self.colo.trainer_loaded():   # colocated: the optimizer state is parked between steps
