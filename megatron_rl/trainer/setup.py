@@ -6,9 +6,22 @@ import dataclasses
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from megatron_rl.trainer.colocate import Colocation, build_colocation
+
+if TYPE_CHECKING:   # annotations only: the components are imported where they are built (setup_run)
+    from megatron_rl.config import Config
+    from megatron_rl.data.dataset import DeterministicSampler, PromptDataset
+    from megatron_rl.data.tokenizer import Tokenizer
+    from megatron_rl.logging import RunLogger
+    from megatron_rl.parallel import ParallelInfo
+    from megatron_rl.rewards.manager import RewardManager
+    from megatron_rl.rollout.ray_bridge import RolloutClient
+    from megatron_rl.trainer.actor import PolicyActor, ReferencePolicy
+    from megatron_rl.trainer.async_rollout import AsyncRollouts
+    from megatron_rl.trainer.paths import DataPath
+    from megatron_rl.trainer.rollout_source import SyncRollouts
 
 log = logging.getLogger("megatron_rl.setup")
 
@@ -17,22 +30,22 @@ log = logging.getLogger("megatron_rl.setup")
 class Run:
     """What every data path shares; the method's own state lives in ``path`` (``trainer/paths/``)."""
 
-    cfg: Any
-    info: Any
-    tok: Any
-    train_set: Any
-    val_set: Any
-    sampler: Any
-    actor: Any
-    ref: Any
-    client: Any
-    rewards: Any
-    logger: Any
-    path: Any                      # trainer.paths.DataPath of cfg.algo.kind
+    cfg: Config
+    info: ParallelInfo
+    tok: Tokenizer
+    train_set: PromptDataset
+    val_set: PromptDataset | None
+    sampler: DeterministicSampler
+    actor: PolicyActor
+    ref: ReferencePolicy | None     # when the method's loss needs reference log-probs
+    client: RolloutClient | None    # the engine pool: the Ray driver (global rank 0) only
+    rewards: RewardManager
+    logger: RunLogger | None        # set once the engines answered (setup_run)
+    path: DataPath                  # the data path of cfg.algo.kind (trainer/paths/)
     step: int = 0
     last_checkpoint: str | None = None
     gate: dict | None = None       # start-up gate numbers (sync_stage.startup_gate)
-    source: Any = None             # rollout_source.SyncRollouts | AsyncRollouts (set by the loop)
+    source: SyncRollouts | AsyncRollouts | None = None   # set by the loop (trainer/rollout_source.py)
     colo: Colocation = dataclasses.field(default_factory=Colocation.separate)  # rollout.placement turn-taking
     async_pending: list = dataclasses.field(default_factory=list)  # finished batches restored from a checkpoint
 
