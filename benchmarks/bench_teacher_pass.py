@@ -14,7 +14,7 @@ Measured in the same run (each timed twice, the second is reported):
   the longest, the trainer's log-prob pass) — the baseline, ratio 1;
 * ``teacher packed``: the K+1 teacher sequences of every target, packed into rows of
   ``--pack-len`` tokens (first-fit decreasing, block-diagonal attention; trainer/teacher_inputs.pack)
-  and run by ``distill_stage.teacher_pass`` under snapshot weights;
+  and run by ``support.teacher_pass`` under snapshot weights;
 * ``teacher naive``: the same sequences one per row, right-padded to the longest (no packing).
 
 Printed: seconds, ratio to the policy forward, rows, and padding fraction (padded slots / all
@@ -71,7 +71,7 @@ def main() -> None:
     from megatron_rl.parallel import init_parallel
     from megatron_rl.trainer.actor import PolicyActor
     from megatron_rl.trainer.batch import make_batch
-    from megatron_rl.trainer.distill_stage import teacher_pass
+    from megatron_rl.trainer.support import teacher_pass
     from megatron_rl.trainer.optim import OptimSpec
     from megatron_rl.trainer.teacher import TeacherWeights
     from megatron_rl.trainer.teacher_inputs import pack

@@ -251,6 +251,14 @@ class TrainerConfig:
     """RL steps (optimizer steps)."""
     micro_batch_size: int = 32
     """Sequences per micro-batch (per data-parallel rank)."""
+    mini_batch_prompts: int = 0
+    """Prompts per optimizer step (verl's ``ppo_mini_batch_size``, counted in prompts): the step's batch
+    is cut in order (no shuffle) into mini-batches of ``mini_batch_prompts x rollout.n`` sequences, one
+    optimizer step each (``trainer/update.py``); 0 = the whole batch, one optimizer step per RL step.
+    Must divide ``data.prompts_per_step``."""
+    ppo_epochs: int = 1
+    """Passes over the step's mini-batches (verl's ``ppo_epochs``); old / ref log-probs and advantages
+    are computed once per step."""
     seed: int = 1234
     """Global seed (init, sampling seeds are derived from it and the step)."""
     run_dir: str = "runs/default"
@@ -288,6 +296,9 @@ class TrainerConfig:
 
     def __post_init__(self):
         _check(self.steps >= 1 and self.micro_batch_size >= 1, "trainer.steps and micro_batch_size must be >= 1")
+        _check(self.mini_batch_prompts >= 0, f"trainer.mini_batch_prompts must be >= 0 (0 = the whole batch), "
+               f"got {self.mini_batch_prompts}")
+        _check(self.ppo_epochs >= 1, f"trainer.ppo_epochs must be >= 1, got {self.ppo_epochs}")
         _check(self.eval_n >= 1, f"trainer.eval_n must be >= 1, got {self.eval_n}")
         _check(self.eval_temperature >= 0, f"trainer.eval_temperature must be >= 0 (0 = greedy), got {self.eval_temperature}")
         _check(self.eval_n == 1 or self.eval_temperature > 0,
@@ -574,6 +585,10 @@ def validate(cfg: Config, world_size: int | None = None) -> None:
     the batch over ``world_size`` ranks, the model directory, TP/PP against the model's sizes. The
     method's data path is asked in the setup layer (``preflight.check_config``), not here."""
     n = cfg.data.prompts_per_step * cfg.rollout.n
+    mbp = cfg.trainer.mini_batch_prompts
+    if mbp and (mbp > cfg.data.prompts_per_step or cfg.data.prompts_per_step % mbp):
+        raise ValueError(f"trainer.mini_batch_prompts={mbp} must divide data.prompts_per_step={cfg.data.prompts_per_step} "
+                         "(the batch is cut into equal mini-batches; 0 = the whole batch)")
     if world_size is not None:
         mp = cfg.parallel.tp * cfg.parallel.pp
         if world_size % mp:
@@ -581,6 +596,10 @@ def validate(cfg: Config, world_size: int | None = None) -> None:
         dp = world_size // mp
         if n % (dp * cfg.trainer.micro_batch_size):
             raise ValueError(f"batch of {n} sequences (prompts_per_step x rollout.n) is not divisible by "
+                             f"dp={dp} x micro_batch_size={cfg.trainer.micro_batch_size}")
+        m = cfg.trainer.mini_batch_prompts * cfg.rollout.n
+        if m and m % (dp * cfg.trainer.micro_batch_size):
+            raise ValueError(f"mini-batch of {m} sequences (trainer.mini_batch_prompts x rollout.n) is not divisible by "
                              f"dp={dp} x micro_batch_size={cfg.trainer.micro_batch_size}")
     if cfg.model.hf_path:
         check_model_path(cfg.model.hf_path)

@@ -282,7 +282,7 @@ def _score_warm_pairs(pairs: list, tok, seed: int) -> list:
     changed (1/2); the target is always the right answer."""
     import random
 
-    from megatron_rl.trainer.score_stage import DEMO_INSTRUCTION
+    from megatron_rl.trainer.paths.two_attempts import DEMO_INSTRUCTION
 
     rng, instr, digits = random.Random(seed + 7), tok.encode(DEMO_INSTRUCTION), [tok.encode(str(d))[0] for d in range(10)]
     out = list(pairs)

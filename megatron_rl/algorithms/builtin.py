@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import torch
 from torch import Tensor
 
 from . import hparams as H
@@ -34,6 +35,7 @@ from .distill import (
     opsd_ectr_loss,
     opsd_loss,
     sdpo_loss,
+    srpo_log_u_mean,
     srpo_loss,
 )
 from .inputs import AlgoInputs
@@ -159,8 +161,29 @@ def _ppo(x: AlgoInputs, adv: Tensor, hp) -> LossOutput:
                          dual_clip=hp.dual_clip, tis_weights=x.tis_weights)
 
 
+def rlcsd_counts(ex: dict, hp) -> tuple[float, float]:
+    """(N_non, N_sel) of a whole mini-batch (spec §1.5.3: "compute the two denominators over the whole
+    mini-batch"), from its per-row teacher tensors and advantages (no grad)."""
+    e = rlcsd_signal(ex["teacher_logp"], ex["teacher_neg_logp"], ex["teacher_neg_mask"])
+    mod = rlcsd_advantage(ex["advantages"], e, ex["resp_mask"], **hp.signal_kwargs())
+    m = ex["resp_mask"] > 0
+    return float((m & ~mod.gate).sum()), float((m & mod.gate).sum())
+
+
+def _rlcsd_counts_field(ex: dict, hp) -> Tensor:
+    """The ``rlcsd_counts`` field: (N_non, N_sel) repeated on every row, ``[N, 2]``."""
+    return torch.tensor(rlcsd_counts(ex, hp), dtype=torch.float32).expand(ex["resp_mask"].shape[0], 2).clone()
+
+
+def _srpo_field(ex: dict, hp) -> Tensor:
+    """The ``srpo_log_u_mean`` field: log mean(u) over the whole mini-batch's routed tokens, so
+    d = u / mean(u) does not depend on the micro-batch split."""
+    lum = srpo_log_u_mean(ex["advantages"], ex["resp_mask"], ex["teacher_entropy"], hp.srpo_beta)
+    return lum.expand(ex["resp_mask"].shape[0]).clone()
+
+
 @register_policy_loss("rlcsd", needs=("logp", "old_logp", "teacher_logp", "teacher_neg_logp", "teacher_neg_mask"),
-                      batch_stats=("rlcsd_counts",))
+                      batch_stats={"rlcsd_counts": _rlcsd_counts_field})
 def _rlcsd(x: AlgoInputs, adv: Tensor, hp) -> LossOutput:
     """Aggregate with ``token-sum``: the matrix carries its own normalisers, the whole mini-batch's
     (N_non, N_sel) when the trainer passes ``rlcsd_counts`` (else counted over ``x``)."""
@@ -199,7 +222,7 @@ def _sdpo(x: AlgoInputs, adv: Tensor, hp) -> LossOutput:
 
 
 @register_policy_loss("srpo", needs=("logp", "old_logp", "student_topk", "teacher_topk", "teacher_entropy"),
-                      support=SUPPORT_CHOOSER["srpo"], batch_stats=("srpo_log_u_mean",))
+                      support=SUPPORT_CHOOSER["srpo"], batch_stats={"srpo_log_u_mean": _srpo_field})
 def _srpo(x: AlgoInputs, adv: Tensor, hp) -> LossOutput:
     jsd = generalized_jsd(x.student_topk, x.teacher_topk, hp.alpha)
     out = srpo_loss(x.logp, x.old_logp, adv, x.mask, jsd, x.teacher_entropy, clip_eps=hp.clip_low,

@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .inputs import FIELD_SHAPES, AlgoInputs, missing_fields
 
@@ -25,7 +25,7 @@ class Entry:
     needs: frozenset
     hp_needs: Callable | None = None
     support: str | None = None      #: policy losses: who picks the top-k support ("teacher" | "student")
-    batch_stats: frozenset = frozenset()  #: policy losses: whole-batch statistics read when present
+    batch_stats: dict = field(default_factory=dict)  #: policy losses: statistic field -> fn(extras, hp)
 
     def needs_for(self, hp=None) -> set:
         """Static needs plus those implied by ``hp``."""
@@ -40,7 +40,10 @@ _LOSSES: dict = {}
 SUPPORT_SIDES = ("teacher", "student")
 
 
-def _register(table: dict, kind: str, name: str, needs, hp_needs, support=None, batch_stats=()):
+def _register(table: dict, kind: str, name: str, needs, hp_needs, support=None, batch_stats=None):
+    batch_stats = dict(batch_stats or {})
+    if not all(callable(f) for f in batch_stats.values()):
+        raise TypeError(f"{kind} {name!r}: batch_stats maps a field name to fn(extras, hp) -> Tensor")
     unknown = sorted((set(needs) | set(batch_stats)) - set(FIELD_SHAPES))
     if unknown:
         raise ValueError(f"{kind} {name!r} declares unknown input field(s) {unknown}; valid: {sorted(FIELD_SHAPES)}")
@@ -50,7 +53,7 @@ def _register(table: dict, kind: str, name: str, needs, hp_needs, support=None, 
     def deco(fn: Callable) -> Callable:
         if name in table:
             raise ValueError(f"{kind} {name!r} is already registered (by {table[name].fn.__qualname__})")
-        table[name] = Entry(name, fn, frozenset(needs), hp_needs, support, frozenset(batch_stats))
+        table[name] = Entry(name, fn, frozenset(needs), hp_needs, support, dict(batch_stats))
         return fn
     return deco
 
@@ -61,7 +64,7 @@ def register_advantage(name: str, needs=(), hp_needs: Callable | None = None):
 
 
 def register_policy_loss(name: str, needs=(), hp_needs: Callable | None = None, support: str | None = None,
-                         batch_stats=()):
+                         batch_stats=None):
     """Decorator registering ``fn(inputs, advantages, hp) -> LossOutput`` under ``name``.
 
     ``support`` declares what the loss needs from the actor beyond the sampled tokens' log-probs:
@@ -69,14 +72,15 @@ def register_policy_loss(name: str, needs=(), hp_needs: Callable | None = None, 
     by that side (the trainer gathers them with gradient at the ids the data path stored; the loss
     then reads ``student_topk``). None: nothing more.
 
-    ``batch_stats`` names optional AlgoInputs fields holding WHOLE-batch statistics (equal rows) that
-    the loss reads when present, so that a micro-batch's share does not depend on the split; the
-    trainer computes them once per step before the update (``distill_stage.BATCH_STATS``)."""
+    ``batch_stats`` maps optional AlgoInputs fields holding WHOLE-mini-batch statistics (equal rows),
+    which the loss reads when present so that a micro-batch's share does not depend on the split, to
+    ``fn(extras, hp) -> Tensor`` computing one from the mini-batch's per-row inputs (no grad); the
+    update pipeline calls it once per mini-batch, before its micro-batches (``trainer/update.py``)."""
     return _register(_LOSSES, "policy loss", name, needs, hp_needs, support, batch_stats)
 
 
-def loss_batch_stats(name: str) -> frozenset:
-    """Whole-batch statistic fields the registered loss ``name`` declared."""
+def loss_batch_stats(name: str) -> dict:
+    """Whole-mini-batch statistics the registered loss ``name`` declared: {field: fn(extras, hp)}."""
     return _lookup(_LOSSES, "policy loss", name).batch_stats
 
 

@@ -400,8 +400,10 @@ class PolicyActor(_LogProbModel):
         return loss_sum, torch.zeros((), dtype=torch.int, device=loss_sum.device), {}
 
     def train_step(self, batch: TrainBatch, loss_fn: LossFn, micro_batch_size: int,
-                   temperature: float | None = None) -> TrainStepResult:
-        """One optimizer step on the GLOBAL ``batch`` (same on every rank); see the module docstring."""
+                   temperature: float | None = None, lr_increment: int = 1) -> TrainStepResult:
+        """One optimizer step on the GLOBAL ``batch`` (same on every rank); see the module docstring.
+        ``lr_increment``: how far the LR schedule advances before this step (the update pipeline
+        passes 0 for the second and later mini-batches of an RL step: the schedule counts RL steps)."""
         if self.offloaded:
             raise RuntimeError("train_step: the trainer is offloaded (trainer.offload); call onload() first")
         g = self.groups
@@ -426,7 +428,7 @@ class PolicyActor(_LogProbModel):
                 f"train_step: non-finite loss {result.loss} at optimizer step {self.steps_done + 1} "
                 f"(normaliser {result.normaliser}); the update was skipped, weights are unchanged")
         t3 = time.perf_counter()
-        self.scheduler.step(increment=1)          # LR of optimizer step n is the schedule at n (1-based)
+        self.scheduler.step(increment=lr_increment)   # LR of RL step n is the schedule at n (1-based)
         result.lr = current_lr(self.optimizer)
         ok, grad_norm, _ = self.optimizer.step()
         result.update_successful = bool(ok)

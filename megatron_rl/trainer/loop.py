@@ -1,11 +1,11 @@
 """The RL loop. Reads like DESIGN.md's diagram: one named call per stage.
 
     collect (generate -> reward -> dynamic sampling …, on the driver) -> broadcast
-           -> update (old/ref log-probs -> path inputs -> advantages -> one optimizer step)
+           -> update (old/ref log-probs -> advantages -> [mini-batch -> optimizer step]*)
            -> weight sync -> log -> checkpoint -> eval
 
-What a method does in ``collect`` and ``update`` is its registered data path (``run.path``,
-``trainer/paths/``). Every rank runs this code (SPMD under torchrun); global rank 0 is the Ray driver
+What a method collects and what it trains on is its registered data path (``run.path``,
+``trainer/paths/``); every path feeds the one update pipeline (``trainer/update.py``). Every rank runs this code (SPMD under torchrun); global rank 0 is the Ray driver
 that talks to the rollout engines and broadcasts what it collected. ``main(cfg, resume=...)`` is the
 ``megatron-rl train`` entry point; ``run(cfg, client=...)`` lets the demo reuse an already started
 engine pool.
@@ -25,6 +25,7 @@ from megatron_rl.trainer.rollout_source import open_source
 from megatron_rl.trainer.rollout_stage import Rollouts
 from megatron_rl.trainer.setup import Run, evaluate, setup_run, sync_weights
 from megatron_rl.trainer.stop import GracefulStop, Stopped
+from megatron_rl.trainer.update import update
 
 
 def step_metrics(ro: Rollouts, cfg) -> dict:
@@ -40,13 +41,13 @@ def step_metrics(ro: Rollouts, cfg) -> dict:
 
 def rl_step(run: Run, step: int) -> dict:
     """One RL step: the batch (``run.source``: collected now on the driver and broadcast, or by the
-    asynchronous producer ahead, ``trainer/rollout_source.py``) -> path.update -> push -> the metrics row."""
+    asynchronous producer ahead, ``trainer/rollout_source.py``) -> update -> push -> the metrics row."""
     t0 = time.perf_counter()
     data, meta = run.source.next(step)
     t_gen = time.perf_counter() - t0
     run.colo.after_generate()          # colocated: engines sleep, trainer onloads (trainer/colocate.py)
     metrics = step_metrics(run.path.logged(data), run.cfg)
-    metrics.update(run.path.update(data, step))
+    metrics.update(update(run, data, step))
     run.source.before_push(step)       # async: the driver waits for the batches due before the push
     run.colo.before_push()             # trainer offloads, engines wake their weights
     t1 = time.perf_counter()

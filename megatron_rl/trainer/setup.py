@@ -239,6 +239,11 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
                            project=cfg.logging.project, run_name=cfg.logging.run_name, total_steps=cfg.trainer.steps,
                            resume_step=run.step if run.last_checkpoint is not None else None,
                            progress=cfg.logging.progress)
+    if info.is_driver:   # per-optimizer-step rows (trainer/update.py) after the step resumed from are dropped
+        from megatron_rl.logging import truncate_metrics
+        from megatron_rl.trainer.update import OPTIMIZER_STEPS_FILE
+
+        truncate_metrics(Path(cfg.trainer.run_dir) / OPTIMIZER_STEPS_FILE, run.step)
     sync_weights(run)  # engines start from the HF dir; after a resume they must get the checkpoint's weights
     from megatron_rl.trainer.sync_stage import startup_gate
 

@@ -121,6 +121,11 @@ class TeacherPlan:
     def k_max(self) -> int:
         return max(self.n_neg, default=0)
 
+    def select(self, js: list[int]) -> TeacherPlan:
+        """The plan of kept samples ``js`` (positions in ``keep``), e.g. one mini-batch's rows."""
+        return TeacherPlan([self.keep[j] for j in js], [self.prompts[j] for j in js], [self.n_neg[j] for j in js],
+                           self.dropped_groups, self.dropped_targets)
+
 
 #: ``extra_info`` keys of a row's reference solution (verl datasets: ``solution``; the chat fixture and
 #: PAPO's grader: ``reference_solution``); the chat teacher prompt needs one (start-up check: ``preflight``)

@@ -1,5 +1,6 @@
-"""Loop stages that consume rollouts: batch building, old/ref log-probs, advantages, BiCC
-conditioned inputs (the objective itself is ``trainer/objective.py``).
+"""Pieces of the update pipeline (``trainer/update.py``) that every data path shares: sequence
+batches, the response frame, the trainer/engine log-prob gap, the in-reward KL, the off-policy
+weights and the advantage inputs (the objective itself is ``trainer/objective.py``).
 
 Per-token quantities are kept in the RESPONSE frame ``[N, R]`` (token r of sample n's response),
 because BiCC moves a sample's response to a different position when a context is inserted; each
@@ -43,84 +44,14 @@ def response_frame(x: torch.Tensor, sb: SeqBatch) -> torch.Tensor:
     return x.gather(1, sb.resp_pos) * sb.resp_mask
 
 
-@dataclasses.dataclass(frozen=True)
-class BiccLayout:
-    """Where BiCC contexts go inside a prompt, and their scaffolding ids (spec §1.3, consequence 2).
-
-    * chat template (the real path): inside the LAST USER TURN, before its end-of-turn and the
-      generation prompt, opened by :data:`~megatron_rl.data.chat.BICC_HEADER`, each trace followed by
-      :data:`~megatron_rl.data.chat.BICC_DELIMITER`; the assistant turn then opens with o_i;
-    * HF tokenizer without a template (a base model's pass-through prompt): after the prompt, with
-      the same header and delimiter;
-    * template-less SentencePiece demo task: right after BOS, traces separated by a space, so the
-      short question stays adjacent to its answer.
-    """
-
-    header: tuple = ()
-    sep: tuple = ()
-    turn_end: object = None          # data.chat.UserTurnEnd (chat templates)
-    at: int | None = None            # fixed insert index (template-less demo)
-
-    def insert_points(self, prompts) -> list[int] | None:
-        if self.turn_end is not None:
-            return [self.turn_end.insert_point(p) for p in prompts]
-        if self.at is not None:
-            return [min(self.at, len(p)) for p in prompts]
-        return None
-
-    @classmethod
-    def of(cls, tok) -> BiccLayout:
-        from megatron_rl.data import chat
-
-        if chat.has_chat_template(tok):
-            return cls(tuple(tok.encode(chat.BICC_HEADER)), tuple(tok.encode(chat.BICC_DELIMITER)), chat.UserTurnEnd.of(tok))
-        if hasattr(tok, "sp"):
-            return cls((), tuple(tok.encode(" ")), None, 1 if tok.bos_id is not None and tok.bos_id >= 0 else 0)
-        return cls(tuple(tok.encode(chat.BICC_HEADER)), tuple(tok.encode(chat.BICC_DELIMITER)))
-
-
-def bicc_inputs(rollouts, hp, l_max: int, max_total_len: int, layout: BiccLayout = BiccLayout(),
-                eos_id: int | None = None):
-    """BiCC bilateral contexts: conditioned sequences for targets of mixed groups, plain otherwise.
-
-    Budget ``floor(context_frac * L_max)`` with ``L_max = max_prompt_len + max_response_len`` (spec
-    §1.3 item 3), header included. ``layout`` says where the context goes (:class:`BiccLayout`).
-    Context traces are the opposite responses WITHOUT their final EOS (the spec serialises decoded
-    text); the target keeps its exact token ids (asserted). Returns (prompts with contexts,
-    #conditioned, #budget fallbacks).
-    """
-    def strip(r):
-        return list(r[:-1]) if eos_id is not None and len(r) > 1 and r[-1] == eos_id else list(r)
-
-    bb = A.build_bicc_contexts(rollouts.prompts, [strip(r) for r in rollouts.responses], rollouts.rewards.tolist(),
-                               rollouts.group_ids.tolist(), budget_tokens=hp.context_budget(l_max),
-                               header_ids=layout.header, sep_ids=layout.sep,
-                               insert_at=layout.insert_points(rollouts.prompts), max_total_len=max_total_len,
-                               threshold=hp.threshold)
-    prompts = [list(p) for p in rollouts.prompts]
-    for s in bb.samples:
-        prompts[s.index] = list(s.input_ids[: s.response_start])
-        target = list(s.input_ids[s.response_start:]) + list(rollouts.responses[s.index][len(strip(rollouts.responses[s.index])):])
-        if target != list(rollouts.responses[s.index]):
-            raise AssertionError(f"BiCC changed the target tokens of sample {s.index}")
-    return prompts, len(bb.samples), bb.n_fallback
-
-
-def old_ref_logprobs(run, ro, plain: SeqBatch) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
-    """Behaviour (old) and reference log-probs of the plain batch in the response frame, and the
-    trainer<->engine agreement metric ``rollout/logprob_gap`` (mean |old − engine log-prob|)."""
-    import time
-
-    t0 = time.perf_counter()
-    mbs, R_max = run.cfg.trainer.micro_batch_size, run.cfg.rollout.max_tokens
-    old = response_frame(run.actor.forward_logprobs(plain.batch, mbs).logp, plain)
-    ref = response_frame(run.ref.forward_logprobs(plain.batch, mbs).logp, plain) if run.ref is not None else None
+def logprob_gap(old: torch.Tensor, rollout_logp: list, mask: torch.Tensor) -> float:
+    """Mean |trainer − engine| log-prob over valid response tokens (``rollout/logprob_gap``): the
+    trainer's forward puts each token where the engine sampled it, and both agree on the model."""
     roll = torch.zeros_like(old)
-    for i, lp in enumerate(ro.rollout_logp):
-        roll[i, : min(len(lp), R_max)] = torch.tensor(lp[:R_max])
-    m = plain.resp_mask
-    return old, ref, {"rollout/logprob_gap": float(((old - roll).abs() * m).sum() / m.sum().clamp_min(1)),
-                      "time/logprobs": time.perf_counter() - t0}
+    r_max = old.shape[1]
+    for i, lp in enumerate(rollout_logp):
+        roll[i, : min(len(lp), r_max)] = torch.tensor(lp[:r_max], dtype=old.dtype)
+    return float(((old - roll).abs() * mask).sum() / mask.sum().clamp_min(1))
 
 
 def kl_in_reward(ro, old: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor, beta: float, kind: str) -> dict:

@@ -115,6 +115,8 @@ REJECTED = {   # key -> (value, words of the start-up error on this CPU machine)
     "data.val": ("{W}/none.parquet", "data.val="),
     "model.tokenizer_path": ("{W}/notok", "model.tokenizer_path="),
     "trainer.micro_batch_size": ("7", "micro_batch_size=7"),
+    "trainer.mini_batch_prompts": ("3", "trainer.mini_batch_prompts=3 must divide data.prompts_per_step"),
+    "trainer.ppo_epochs": ("0", "trainer.ppo_epochs must be >= 1"),
     "trainer.run_dir": ("{W}/used", "already holds a run"),
     "reward.grader_required": ("true", "grader unreachable"),   # papo + closed port: with false it starts
     # imported at load (a method from outside the package): tests/unit/trainer/test_paths.py trains one
@@ -131,8 +133,9 @@ READ = {   # key -> module that consumes it (``cfg.<key>`` or the section alias 
     "trainer.keep_last": "megatron_rl/trainer/setup.py",
     "trainer.export_hf": "megatron_rl/trainer/loop.py",
     "trainer.offload": "megatron_rl/trainer/setup.py",          # into PolicyActor(offload=...)
+    "trainer.mini_batch_prompts": "megatron_rl/trainer/update.py", "trainer.ppo_epochs": "megatron_rl/trainer/update.py",
     "teacher.template": "megatron_rl/trainer/paths/teacher.py", "teacher.pack": "megatron_rl/trainer/paths/teacher.py",
-    "teacher.pack_len": "megatron_rl/trainer/distill_stage.py",
+    "teacher.pack_len": "megatron_rl/trainer/support.py",
     "logging.wandb_mode": "megatron_rl/trainer/setup.py", "logging.project": "megatron_rl/trainer/setup.py",
     "logging.run_name": "megatron_rl/trainer/setup.py", "logging.progress": "megatron_rl/trainer/setup.py",
     "algo.kind": "megatron_rl/trainer/paths/sampling.py", "algo.hparams": "megatron_rl/trainer/paths/sampling.py",

@@ -1,8 +1,8 @@
-"""Registered data paths: how a method gets its training data and turns it into one optimizer step.
+"""Registered data paths: how a method gets its training data and what the update trains on.
 
 Strict like the advantage / loss registries (``algorithms/registry.py``): ``@register_path(name)``
 on a :class:`DataPath` subclass; a second registration of a name raises, so does a class that
-leaves ``collect`` or ``update`` unimplemented (an incomplete path); an unknown name raises listing
+leaves ``collect`` unimplemented (an incomplete path); an unknown name raises listing
 the sorted valid names. Every method declares its path (``algorithms.register_algo_kind(...,
 path=...)``) and :func:`path_class` / :meth:`DataPath.validate` check it at config load.
 
@@ -18,7 +18,14 @@ Life cycle (``trainer/setup.py``, ``trainer/loop.py``):
     path.setup(run)                 # after actor / reference: teacher weights, grader
     data = path.collect(step)       # DRIVER ONLY (global rank 0): engines, rewards, grader start;
                                     # no torch.distributed call — the loop broadcasts ``data``
-    metrics = path.update(data, step)   # every rank (collective): log-probs, advantages, one step
+    update(run, data, step)         # every rank: the ONE update pipeline (``trainer/update.py``),
+                                    # which asks the path's hooks, in this order:
+        path.sampled(data, step)            # the sampled sequences and per-row inputs
+        path.after_logprobs(s, lp, metrics) # after the old / ref passes (PAPO waits for its grader)
+        path.train_rows(s, rows, lp, ...)   # the rows the loss trains on (BiCC's conditioned
+                                            # sequences, the teacher plan's kept subset)
+        path.teacher_sequences(rows, step)  # per mini-batch, when ``path.teacher`` is set
+        path.after_optimizer_step()         # after each optimizer step (teacher schedules)
     path.state_dict() / load_state_dict()   # per-path checkpoint extras (teacher counters)
 
 With ``rollout.max_staleness`` > 0 ``collect`` runs on a producer thread of the driver for steps
@@ -52,10 +59,16 @@ class DataPath(abc.ABC):
     #: ``corrector_turn`` (x1 ++ y1 ++ instruction, SCoRe); a policy that never read such prompts (the
     #: demo's tiny one) is warm-started on them (``demo.warm_start_phase``)
     prompt_context: ClassVar[str] = ""
+    #: the pipeline attaches the decoupled-PPO / TIS weights of the batch (``algo.off_policy``); a path
+    #: whose loss has no importance weight says False
+    importance_weights: ClassVar[bool] = True
 
     def __init__(self, cfg, tok):
         self.cfg, self.hp, self.tok = cfg, cfg.algo.hparams, tok
         self.run: Any = None
+        #: teacher weights θ̄ (``trainer/teacher.TeacherWeights``) when the path has a teacher: the pipeline
+        #: then runs the support passes per mini-batch (``trainer/support.py``) on ``teacher_sequences``
+        self.teacher: Any = None
 
     @classmethod
     def provides_for(cls, hp) -> set:
@@ -95,9 +108,27 @@ class DataPath(abc.ABC):
     def collect(self, step: int) -> Any:
         """Driver only: this step's data (picklable; the loop broadcasts it). No collectives."""
 
-    @abc.abstractmethod
-    def update(self, data, step: int) -> dict:
-        """Every rank: one optimizer step on ``data``; returns metrics."""
+    def sampled(self, data, step: int):
+        """Every rank: ``data`` as the pipeline's :class:`~megatron_rl.trainer.update.Sampled`: the
+        sampled sequences (``prompt ++ response`` here) and the hparams in force."""
+        from megatron_rl.trainer.update import Sampled
+        from megatron_rl.trainer.update_stage import build_seq_batch
+
+        run, ro = self.run, data
+        seqs = build_seq_batch(ro.prompts, ro.responses, run.tok.pad_id, run.seq_len(ro.prompts, ro.responses),
+                               self.cfg.rollout.max_tokens)
+        run.dump_samples(step, "policy", [p + r for p, r in zip(ro.prompts, ro.responses)])
+        return Sampled(ro, seqs, self.hp)
+
+    def after_logprobs(self, s, lp, metrics: dict) -> None:
+        """Hook (collective): after the old / ref log-prob passes, before the advantages."""
+
+    def train_rows(self, s, rows, lp, step: int, metrics: dict):
+        """Hook (collective): the rows the loss trains on (``trainer/update.Rows``); all sampled rows here."""
+        return rows
+
+    def after_optimizer_step(self) -> None:
+        """Hook: after each successful optimizer step of the update (teacher schedules)."""
 
     def logged(self, data):
         """The rollouts whose rewards / lengths the step reports."""
@@ -177,10 +208,5 @@ def build_path(cfg, tok) -> DataPath:
     return cls(cfg, tok)
 
 
-def actor_metrics(res) -> dict:
-    """``TrainStepResult`` -> metrics row entries (``actor/`` unless the name has its own prefix)."""
-    return {f"actor/{k}" if "/" not in k else k: v for k, v in res.to_dict().items()}
-
-
-__all__ = ["BASE_INPUTS", "DataPath", "actor_metrics", "build_path", "get_path", "path_class", "path_names",
+__all__ = ["BASE_INPUTS", "DataPath", "build_path", "get_path", "path_class", "path_names",
            "register_path"]

@@ -1,13 +1,81 @@
 """The ``bicc_context`` data path (bicc, bicc_rcc; spec §1.3): the sampling path, then each target of
-a mixed group is trained conditioned on the opposite responses (``update_stage.bicc_inputs``),
-placed by the tokenizer's :class:`~megatron_rl.trainer.update_stage.BiccLayout` (built at start-up).
-The greedy baseline runs with ``base=remax``."""
+a mixed group is trained conditioned on the opposite responses (:func:`bicc_inputs`), placed by the
+tokenizer's :class:`BiccLayout` (built at start-up). The greedy baseline runs with ``base=remax``.
+The update pipeline (``trainer/update.py``) takes the old / ref log-probs on the plain sequences the
+engines sampled; this path swaps in the conditioned sequences the loss trains on (``train_rows``),
+with old log-probs of the plain (the paper's) or the conditioned context (``old_logprob_context``)."""
 from __future__ import annotations
 
+import dataclasses
+
+from megatron_rl import algorithms as A
 from megatron_rl.algorithms.hparams import BiCCHParams
 
 from . import register_path
 from .sampling import PlainPath
+
+
+@dataclasses.dataclass(frozen=True)
+class BiccLayout:
+    """Where BiCC contexts go inside a prompt, and their scaffolding ids (spec §1.3, consequence 2).
+
+    * chat template (the real path): inside the LAST USER TURN, before its end-of-turn and the
+      generation prompt, opened by :data:`~megatron_rl.data.chat.BICC_HEADER`, each trace followed by
+      :data:`~megatron_rl.data.chat.BICC_DELIMITER`; the assistant turn then opens with o_i;
+    * HF tokenizer without a template (a base model's pass-through prompt): after the prompt, with
+      the same header and delimiter;
+    * template-less SentencePiece demo task: right after BOS, traces separated by a space, so the
+      short question stays adjacent to its answer.
+    """
+
+    header: tuple = ()
+    sep: tuple = ()
+    turn_end: object = None          # data.chat.UserTurnEnd (chat templates)
+    at: int | None = None            # fixed insert index (template-less demo)
+
+    def insert_points(self, prompts) -> list[int] | None:
+        if self.turn_end is not None:
+            return [self.turn_end.insert_point(p) for p in prompts]
+        if self.at is not None:
+            return [min(self.at, len(p)) for p in prompts]
+        return None
+
+    @classmethod
+    def of(cls, tok) -> BiccLayout:
+        from megatron_rl.data import chat
+
+        if chat.has_chat_template(tok):
+            return cls(tuple(tok.encode(chat.BICC_HEADER)), tuple(tok.encode(chat.BICC_DELIMITER)), chat.UserTurnEnd.of(tok))
+        if hasattr(tok, "sp"):
+            return cls((), tuple(tok.encode(" ")), None, 1 if tok.bos_id is not None and tok.bos_id >= 0 else 0)
+        return cls(tuple(tok.encode(chat.BICC_HEADER)), tuple(tok.encode(chat.BICC_DELIMITER)))
+
+
+def bicc_inputs(rollouts, hp, l_max: int, max_total_len: int, layout: BiccLayout = BiccLayout(),
+                eos_id: int | None = None):
+    """BiCC bilateral contexts: conditioned sequences for targets of mixed groups, plain otherwise.
+
+    Budget ``floor(context_frac * L_max)`` with ``L_max = max_prompt_len + max_response_len`` (spec
+    §1.3 item 3), header included. ``layout`` says where the context goes (:class:`BiccLayout`).
+    Context traces are the opposite responses WITHOUT their final EOS (the spec serialises decoded
+    text); the target keeps its exact token ids (asserted). Returns (prompts with contexts,
+    #conditioned, #budget fallbacks).
+    """
+    def strip(r):
+        return list(r[:-1]) if eos_id is not None and len(r) > 1 and r[-1] == eos_id else list(r)
+
+    bb = A.build_bicc_contexts(rollouts.prompts, [strip(r) for r in rollouts.responses], rollouts.rewards.tolist(),
+                               rollouts.group_ids.tolist(), budget_tokens=hp.context_budget(l_max),
+                               header_ids=layout.header, sep_ids=layout.sep,
+                               insert_at=layout.insert_points(rollouts.prompts), max_total_len=max_total_len,
+                               threshold=hp.threshold)
+    prompts = [list(p) for p in rollouts.prompts]
+    for s in bb.samples:
+        prompts[s.index] = list(s.input_ids[: s.response_start])
+        target = list(s.input_ids[s.response_start:]) + list(rollouts.responses[s.index][len(strip(rollouts.responses[s.index])):])
+        if target != list(rollouts.responses[s.index]):
+            raise AssertionError(f"BiCC changed the target tokens of sample {s.index}")
+    return prompts, len(bb.samples), bb.n_fallback
 
 
 @register_path("bicc_context")
@@ -16,29 +84,28 @@ class BiccPath(PlainPath):
     prompt_context = "group_answers"
 
     def __init__(self, cfg, tok):
-        from megatron_rl.trainer.update_stage import BiccLayout
-
         super().__init__(cfg, tok)
         self.layout = BiccLayout.of(tok)
 
     @classmethod
     def wants_greedy(cls, hp) -> bool:
-        from megatron_rl.algorithms import bicc_base
+        return "greedy_rewards" in A.bicc_base(hp.base).needs   # the base's registration says (e.g. remax)
 
-        return "greedy_rewards" in bicc_base(hp.base).needs   # the base's registration says (e.g. remax)
-
-    def train_inputs(self, ro, plain, old, step: int, metrics: dict):
+    def train_rows(self, s, rows, lp, step: int, metrics: dict):
         """Conditioned prompts; old log-probs of the plain (paper) or conditioned context."""
         from megatron_rl.trainer import update_stage as U
+        from megatron_rl.trainer.update import Rows
 
-        run, cfg, hp = self.run, self.cfg, self.hp
+        run, cfg, hp, ro = self.run, self.cfg, self.hp, s.ro
         R_max = cfg.rollout.max_tokens
-        prompts, n_cond, n_fb = U.bicc_inputs(ro, hp, cfg.data.max_prompt_len + R_max, cfg.rollout.max_model_len,
-                                              self.layout, run.tok.eos_id)
+        prompts, n_cond, n_fb = bicc_inputs(ro, hp, cfg.data.max_prompt_len + R_max, cfg.rollout.max_model_len,
+                                            self.layout, run.tok.eos_id)
         train_sb = U.build_seq_batch(prompts, ro.responses, run.tok.pad_id, run.seq_len(prompts, ro.responses), R_max)
         run.dump_samples(step, "bicc_conditioned", [p + r for p, q, r in zip(prompts, ro.prompts, ro.responses)
                                                      if list(p) != list(q)])
+        ex = {**rows.extras, "resp_pos": train_sb.resp_pos, "resp_mask": train_sb.resp_mask}
         if hp.old_logprob_context == "conditioned":
-            old = U.response_frame(run.actor.forward_logprobs(train_sb.batch, cfg.trainer.micro_batch_size).logp, train_sb)
+            ex["old_logp"] = U.response_frame(run.actor.forward_logprobs(train_sb.batch, cfg.trainer.micro_batch_size).logp,
+                                              train_sb)
         metrics.update({"bicc/conditioned_frac": n_cond / len(ro), "bicc/budget_fallbacks": n_fb})
-        return train_sb, old
+        return dataclasses.replace(rows, seqs=train_sb, extras=ex)

@@ -49,7 +49,8 @@ class ProcessRewardPath(PlainPath):
         self.pending.start(ro, self.grader, every=every)
         return ro
 
-    def after_logprobs(self, ro, metrics: dict) -> None:
+    def after_logprobs(self, s, lp, metrics: dict) -> None:
+        ro = s.ro
         if ro.process is not None:        # graded in collect (asynchronous rollouts)
             metrics["time/grader_wait"] = 0.0
             return

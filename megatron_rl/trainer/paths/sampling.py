@@ -2,7 +2,7 @@
 
     collect (driver):  [round]*  ->  (dynamic sampling: keep informative groups, fill)
         round = sample rollout.n per prompt -> reward -> (overlong shaping) -> (greedy baseline)
-    update (collective): old/ref log-probs -> (path hook: conditioned inputs) -> advantages -> one step
+    update: the shared pipeline (``trainer/update.py``) on the sampled sequences as they are
 
 Composable pieces, chosen once at start-up from the method's typed hparams: DAPO's soft overlong
 shaping and dynamic sampling run for every method whose hparams derive from ``SamplingHParams``
@@ -11,13 +11,12 @@ when the path's :meth:`PlainPath.wants_greedy` says so (``greedy``; BiCC with ``
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 
 from megatron_rl import algorithms as A
 from megatron_rl.algorithms.hparams import SamplingHParams
 
-from . import BASE_INPUTS, DataPath, actor_metrics, register_path
+from . import BASE_INPUTS, DataPath, register_path
 
 log = logging.getLogger("megatron_rl.loop")
 
@@ -71,42 +70,6 @@ class PlainPath(DataPath):
             g = R.score(R.generate(run.client, run.train_set, idx, sp, run.tok), run.rewards)
             part.greedy_rewards = g.rewards.repeat_interleave(cfg.rollout.n)
         return part
-
-    def after_logprobs(self, ro, metrics: dict) -> None:
-        """Hook (collective): runs after the old/ref log-probs (PAPO waits for its grader here)."""
-
-    def train_inputs(self, ro, plain, old, step: int, metrics: dict):
-        """Hook (collective): the batch the loss sees and its old log-probs (BiCC conditions them)."""
-        return plain, old
-
-    def update(self, ro, step: int) -> dict:
-        """old/ref log-probs -> (hooks) -> advantages -> one optimizer step."""
-        from megatron_rl.trainer import update_stage as U
-        from megatron_rl.trainer.objective import Objective
-
-        run, cfg, hp, kind = self.run, self.cfg, self.hp, self.cfg.algo.kind
-        mbs, R_max, pad = cfg.trainer.micro_batch_size, cfg.rollout.max_tokens, run.tok.pad_id
-        plain = U.build_seq_batch(ro.prompts, ro.responses, pad, run.seq_len(ro.prompts, ro.responses), R_max)
-        run.dump_samples(step, "policy", [p + r for p, r in zip(ro.prompts, ro.responses)])
-        old, ref, metrics = U.old_ref_logprobs(run, ro, plain)
-        if hp.kl_reward_coef > 0:
-            metrics.update(U.kl_in_reward(ro, old, ref, plain.resp_mask, hp.kl_reward_coef, hp.kl_reward_type))
-        self.after_logprobs(ro, metrics)
-        train_sb, old_train = self.train_inputs(ro, plain, old, step, metrics)
-        adv = A.compute_advantages(kind, U.advantage_inputs(ro, plain.resp_mask, old_logp=old, ref_logp=ref), hp).float()
-        extras = {"rewards": ro.rewards.float(), "group_ids": ro.group_ids, "advantages": adv, "old_logp": old_train,
-                  "resp_pos": train_sb.resp_pos, "resp_mask": train_sb.resp_mask}
-        if ref is not None:
-            extras["ref_logp"] = ref
-        tis, off = U.off_policy_inputs(cfg, ro, old, plain.resp_mask, step)   # stale batches (async rollouts)
-        if tis is not None:
-            extras["tis_weights"] = tis
-        metrics.update(off)
-        batch = dataclasses.replace(train_sb.batch, extras=extras)
-        res = run.actor.train_step(batch, Objective(kind, hp, batch, step), mbs)
-        metrics.update(actor_metrics(res))
-        metrics["adv/mean_abs"] = float(adv.abs().mean())
-        return metrics
 
 
 @register_path("greedy")

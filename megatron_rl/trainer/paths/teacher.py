@@ -4,12 +4,19 @@ as hints, spec §1.5.1) and ``gt_teacher`` (opsd, sdpo, srpo, rlsd; the dataset'
 Each owns the teacher: its hint template (built at start-up from ``teacher.template``), its shadow
 weights θ̄ (``TeacherWeights``, built in ``setup`` from the typed ``TeacherHParams``; checkpointed
 beside the model, counters in the extra state) and the packing decision. Collection is the plain
-sampling round; the update is ``distill_stage.update_teacher``.
+sampling round. In the update pipeline (``trainer/update.py``) the path plans the teacher prompts on
+the whole batch after the advantages (spec §1.1 step 5: the RLCSD family drops samples there;
+advantages were computed before, on full groups) and keeps the surviving rows with their plan
+(``train_rows``); per mini-batch the pipeline asks it for those rows' teacher sequences
+(``teacher_sequences``) and runs them under θ̄ of that moment, and after each optimizer step the
+schedule advances (``after_optimizer_step``: EMA, snapshot counter — optimizer steps, spec §1.4).
 """
 from __future__ import annotations
 
 import abc
+import dataclasses
 import logging
+import random
 
 from megatron_rl.algorithms.hparams import HintHParams, TeacherHParams
 
@@ -17,6 +24,11 @@ from . import BASE_INPUTS, register_path
 from .sampling import PlainPath
 
 log = logging.getLogger("megatron_rl.setup")
+
+
+def step_rng(seed: int, step: int) -> random.Random:
+    """Hint sampling RNG of a step: a resumed run draws the same hints."""
+    return random.Random(seed * 1_000_033 + step * 7_919 + 17)
 
 
 class TeacherPath(PlainPath):
@@ -76,10 +88,45 @@ class TeacherPath(PlainPath):
     def plan(self, ro, step: int):
         """The step's teacher plan (``teacher_inputs.TeacherPlan``)."""
 
-    def update(self, ro, step: int) -> dict:
-        from megatron_rl.trainer.distill_stage import update_teacher
+    def train_rows(self, s, rows, lp, step: int, metrics: dict):
+        """The plan's kept rows (their own, shorter padding) with the plan; none survive: the update is
+        skipped and the teacher counter stays (spec §1.5.1)."""
+        from megatron_rl.trainer import update_stage as U
 
-        return update_teacher(self.run, self, ro, step)
+        ro, run = s.ro, self.run
+        plan = self.plan(ro, step)
+        metrics.update({"teacher/kept_frac": len(plan.keep) / len(ro),
+                        "teacher/dropped_groups": plan.dropped_groups, "teacher/dropped_targets": plan.dropped_targets,
+                        "teacher/k_mean": (sum(plan.n_neg) / len(plan.n_neg)) if plan.n_neg else 0.0,
+                        "actor/update_skipped": 0.0 if plan.keep else 1.0})
+        if not plan.keep:
+            metrics["actor/update_successful"] = 0.0
+            return rows.select([])
+        keep = plan.keep
+        sub = ro.select(keep)
+        seqs = U.build_seq_batch(sub.prompts, sub.responses, run.tok.pad_id, run.seq_len(sub.prompts, sub.responses),
+                                 self.cfg.rollout.max_tokens)
+        ex = {k: v[keep] for k, v in rows.extras.items()}
+        ex.update({"group_ids": sub.group_ids, "resp_pos": seqs.resp_pos, "resp_mask": seqs.resp_mask})
+        return dataclasses.replace(rows, seqs=seqs, extras=ex, ro=sub, plan=plan)
+
+    def teacher_sequences(self, rows, step: int) -> tuple[list[tuple], list[tuple[int, int]]]:
+        """The teacher's (prompt, response) pairs of ``rows``, prompts left-truncated to fit
+        ``max_model_len``, and each pair's owner ``(row j, slot)``: slot 0 the positive context, slot
+        s > 0 negative s."""
+        from megatron_rl.trainer.teacher_inputs import truncate_left
+
+        seqs, owner = [], []
+        for j, prompts in enumerate(rows.plan.prompts):
+            resp = rows.ro.responses[j]
+            for slot, prompt in enumerate(prompts):
+                seqs.append((truncate_left(list(prompt), resp, self.cfg.rollout.max_model_len), resp))
+                owner.append((j, slot))
+        self.run.dump_samples(step, "teacher", [list(p) + list(r) for p, r in seqs])
+        return seqs, owner
+
+    def after_optimizer_step(self) -> None:
+        self.teacher.after_optimizer_step()
 
     def shadow_weights(self):
         return self.teacher
@@ -102,7 +149,6 @@ class HintsPath(TeacherPath):
         return hp.source == "gt_cot"     # positive hint = the reference solution (else a correct sibling)
 
     def plan(self, ro, step: int):
-        from megatron_rl.trainer.distill_stage import step_rng
         from megatron_rl.trainer.teacher_inputs import plan_hints
 
         return plan_hints(ro, self.template, k_max=self.hp.k_max, source=self.hp.source,

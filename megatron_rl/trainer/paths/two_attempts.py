@@ -1,27 +1,185 @@
-"""The ``two_attempts`` data path (SCoRe, ``trainer/score_stage.py``): attempt 1, attempt 2 on
-``x1 ++ y1 ++ turn``, both scored; one forward over ``x2 ++ y2`` trains both. The second-turn layout
-of the chat template (``score_stage.second_turn``) is built at start-up, so a template that cannot
-host it fails before any model is built."""
+"""The ``two_attempts`` data path (SCoRe, ``algo.kind=score``): two-attempt rollouts and the training
+rows of the two-stage self-correction objective (spec Part 2, ``algorithms/score.py``).
+
+Rollout (rank 0 drives the engines, the result is broadcast):
+
+    x1 = prompt;                 y1 ~ π_θ(· | x1)        (``rollout.n`` samples per prompt)
+    x2 = x1 ++ y1 ++ turn;       y2 ~ π_θ(· | x2)        (one sample per attempt 1)
+    r1 = R(y1), r2 = R(y2)       (the run's reward manager, same row / ground truth)
+
+On a chat-template model (spec §2.1) x2 is the template over [system, user, assistant(y1),
+user(instruction)] plus the generation prompt: ``turn`` is the template's own text after the
+assistant content (ChatML: ``<|im_end|>\n<|im_start|>user\n{instruction}<|im_end|>\n<|im_start|>assistant\n``,
+:class:`~megatron_rl.data.chat.NextUserTurn`), and y1's sampled ids are kept verbatim instead of
+being decoded and re-encoded (no re-tokenisation drift; a y1 that ended with EOS shares it with the
+closing ``<|im_end|>``, a truncated y1 is closed by it all the same). Departure, on purpose: Qwen3's
+own template drops the ``<think>`` part of an earlier assistant turn when a history is re-rendered,
+so the reference's corrector probably sees only y1's answer (spec §2.1 "decide explicitly"); here it
+sees all of y1, which is what the reference's helper meant to do. An empty
+``algo.score.instruction`` on a chat model is a start-up error, and so is a
+``data.max_prompt_len + 2·rollout.max_tokens + |turn|`` over ``rollout.max_model_len`` (no x2 can
+then be cut).
+
+The template-less CPU demo task (character-level tokenizer over ``R 0123456789=``) has no turns:
+``turn`` is the short instruction :data:`DEMO_INSTRUCTION` = ``"R="`` ("redo:"), after y1 WITH its EOS.
+
+Training batch: because x2 starts with x1 ++ y1, ONE causal forward over ``x2 ++ y2`` yields both
+attempts' log-probs: attempt-1 token t sits at sequence position ``len(x1)+t`` (target frame
+``len(x1)-1+t``), attempt-2 token t at ``len(x2)-1+t``. Gathering them gives ``[N, R]`` matrices
+``lp1``/``lp2`` (and ``ref1``/``ref2`` from the reference policy), which are exactly the inputs of
+the registered "score" advantage and loss:
+
+    Stage I:  L_I  = mean_i [ −r2·N[lp2] + β2·N[K3(y1)] ]
+    Stage II: L_II = mean_i [ −r1·N[lp1] − r̃2·N[lp2] + β1·(N[K3(y1)] + N[K3(y2)]) ],  r̃2 = r2 + α(r2 − r1)
+
+The stage is a function of the loop step (``algo.score.stage1_steps``: stage I for steps
+1..stage1_steps, stage II after; 0 keeps the fixed ``algo.score.stage``), so a run resumed from a
+stage-I checkpoint (whose extra_state holds the step) continues in the right stage.
+
+Departure from the reference (BY571/SCoRe): the reference trains a LoRA adapter (π_ref = adapter
+disabled); here the policy is trained full-parameter on Megatron and π_ref is a frozen copy of the
+initial weights (the trainer's ``ReferencePolicy``).
+"""
 from __future__ import annotations
 
+import dataclasses
+
+import torch
+
 from megatron_rl.algorithms.hparams import ScoreHParams
+from megatron_rl.rollout.engine import SamplingParams
+from megatron_rl.trainer import rollout_stage as R
+from megatron_rl.trainer import update_stage as U
 
 from . import DataPath, register_path
+
+DEMO_INSTRUCTION = "R="
+"""Self-correction instruction of the CPU demo task ("redo:"; characters of its tokenizer)."""
+
+
+@dataclasses.dataclass
+class TwoAttempts:
+    """Sample-aligned attempts: ``second.prompts[i] == first.prompts[i] + first.responses[i] + instr``."""
+
+    first: R.Rollouts
+    second: R.Rollouts
+
+    def __len__(self) -> int:
+        return len(self.first)
+
+
+def stage_of(hp, step: int) -> int:
+    """SCoRe stage at loop ``step`` (1-based): 1 for step <= stage1_steps, else 2; fixed if 0."""
+    n = hp.stage1_steps
+    return hp.stage if n <= 0 else (1 if step <= n else 2)
+
+
+def second_turn(tok, hp, max_prompt_len: int | None = None, max_tokens: int = 0, max_model_len: int | None = None):
+    """Start-up: the chat template's next-user-turn layout (None on a template-less tokenizer)."""
+    from megatron_rl.data import chat
+
+    if not chat.has_chat_template(tok):
+        return None
+    if not hp.instruction.strip():
+        raise ValueError("algo.score.instruction is empty: on a chat-template model SCoRe's second attempt needs "
+                         "the self-correction instruction text (spec §2.1)")
+    turn = chat.NextUserTurn.of(tok, hp.instruction)
+    if max_prompt_len is not None and max_model_len is not None:
+        need = max_prompt_len + 2 * max_tokens + len(turn.suffix)
+        if need > max_model_len:
+            raise ValueError(f"SCoRe: data.max_prompt_len + 2*rollout.max_tokens + {len(turn.suffix)} instruction-turn "
+                             f"tokens = {need} > rollout.max_model_len={max_model_len}; raise max_model_len")
+    return turn
+
+
+def instruction_ids(tok, hp) -> list[int]:
+    """Template-less tokenizers: ids of ``algo.score.instruction`` (empty -> the demo's)."""
+    text = hp.instruction or DEMO_INSTRUCTION
+    ids = list(tok.encode(text))
+    if not ids:
+        raise ValueError(f"algo.score.instruction {text!r} encodes to no tokens")
+    return ids
+
+
+def second_prompts(first: R.Rollouts, turn, max_len: int, eos_id: int | None = None) -> list[list[int]]:
+    """x2 per sample: ``turn.second_prompt(x1, y1)`` for a chat layout, else ``x1 ++ y1 ++ turn`` (ids);
+    a prompt longer than ``max_len`` is an error naming the sample (truncating would cut the
+    instruction, spec §2.1)."""
+    out = []
+    for i, (p, r) in enumerate(zip(first.prompts, first.responses)):
+        x2 = turn.second_prompt(p, r, eos_id) if hasattr(turn, "second_prompt") else list(p) + list(r) + list(turn)
+        if len(x2) > max_len:
+            raise ValueError(f"SCoRe attempt-2 prompt of sample {i} has {len(x2)} tokens > {max_len} "
+                             "(rollout.max_model_len - rollout.max_tokens); raise max_model_len")
+        out.append(x2)
+    return out
+
+
+def _second_rollouts(run, first: R.Rollouts, prompts: list[list[int]], sampling: SamplingParams) -> R.Rollouts:
+    comps = run.client.generate(prompts, dataclasses.replace(sampling, n=1))
+    if len(comps) != len(prompts):
+        raise RuntimeError(f"attempt 2: {len(comps)} completions for {len(prompts)} prompts")
+    resps = [list(c.response_ids) for c in comps]
+    for i, r in enumerate(resps):
+        if not r:
+            raise RuntimeError(f"engine returned an empty attempt-2 response for sample {i}")
+    return R.Rollouts(list(first.rows), [list(c.prompt_ids) for c in comps], resps, [list(c.logprobs) for c in comps],
+                      [c.finish_reason for c in comps], first.group_ids.clone(),
+                      [run.tok.decode(c.response_ids) for c in comps])
+
+
+def collect_two(run, step: int, turn) -> TwoAttempts:
+    """Driver only: attempt 1 (``rollout.n`` per prompt), attempt 2 (one per attempt 1) after ``turn``
+    (the chat layout or the instruction ids), both scored. No collective (the loop broadcasts)."""
+    cfg = run.cfg
+    idx = run.sampler.next_batch()
+    first = R.score(R.generate(run.client, run.train_set, idx, R.sampling_params(cfg, step, eos_id=run.tok.eos_id),
+                               run.tok), run.rewards)
+    x2 = second_prompts(first, turn, cfg.rollout.max_model_len - cfg.rollout.max_tokens, run.tok.eos_id)
+    sp2 = R.sampling_params(cfg, step, round_=1, n=1, eos_id=run.tok.eos_id)
+    second = R.score(_second_rollouts(run, first, x2, sp2), run.rewards)
+    run.dump_samples(step, "score_second", [p + r for p, r in zip(second.prompts, second.responses)])
+    return TwoAttempts(first, second)
+
+
+def first_positions(two: TwoAttempts, max_resp: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attempt-1 target-frame positions inside ``x2 ++ y2`` and their mask, ``[N, R]`` each."""
+    n = len(two)
+    pos = torch.zeros(n, max_resp, dtype=torch.long)
+    mask = torch.zeros(n, max_resp)
+    for i, (p, r) in enumerate(zip(two.first.prompts, two.first.responses)):
+        k = min(len(r), max_resp)
+        pos[i, :k] = torch.arange(len(p) - 1, len(p) - 1 + k)
+        mask[i, :k] = 1.0
+    return pos, mask
+
+
+def score_metrics(two: TwoAttempts, stage: int) -> dict:
+    """score/r1, score/r2 (mean rewards), score/delta = mean(r2 − r1), accuracy flips, stage."""
+    r1, r2 = two.first.rewards.float(), two.second.rewards.float()
+    c1, c2 = two.first.correct.bool(), two.second.correct.bool()
+    return {"score/r1": float(r1.mean()), "score/r2": float(r2.mean()), "score/delta": float((r2 - r1).mean()),
+            "score/acc1": float(c1.float().mean()), "score/acc2": float(c2.float().mean()),
+            "score/wrong_to_right": float((~c1 & c2).float().mean()),
+            "score/right_to_wrong": float((c1 & ~c2).float().mean()), "score/stage": float(stage)}
 
 
 @register_path("two_attempts")
 class TwoAttemptsPath(DataPath):
+    """Attempt 1, attempt 2 on ``x1 ++ y1 ++ turn``, both scored; the pipeline's one old / ref pass over
+    ``x2 ++ y2`` serves both attempts. The second-turn layout of the chat template (:func:`second_turn`)
+    is built at start-up, so a template that cannot host it fails before any model is built."""
+
     hparams = ScoreHParams
     prompt_context = "corrector_turn"
     provides = frozenset({"rewards", "group_ids", "mask", "logp", "ref_logp", "first_logp", "first_ref_logp",
                           "first_mask", "first_rewards"})
+    importance_weights = False    # REINFORCE on both attempts: no proximal ratio to weight
     async_unsupported = ("SCoRe's objective is REINFORCE on two attempts with no proximal-policy ratio, and its "
                          "registered loss takes no importance weight, so attempts sampled by older weights would "
                          "enter the gradient uncorrected")
 
     def __init__(self, cfg, tok):
-        from megatron_rl.trainer.score_stage import instruction_ids, second_turn
-
         super().__init__(cfg, tok)
         r = cfg.rollout
         self.turn = second_turn(tok, self.hp, cfg.data.max_prompt_len, r.max_tokens, r.max_model_len)
@@ -29,14 +187,30 @@ class TwoAttemptsPath(DataPath):
             self.turn = instruction_ids(tok, self.hp)
 
     def collect(self, step: int):
-        from megatron_rl.trainer.score_stage import collect_two
-
         return collect_two(self.run, step, self.turn)
 
-    def update(self, two, step: int) -> dict:
-        from megatron_rl.trainer.score_stage import update_two
+    def sampled(self, two: TwoAttempts, step: int):
+        """The sequences ``x2 ++ y2`` (their rollouts: attempt 2), attempt 1's rewards for the credit
+        and its positions inside them; the stage's hparams (:func:`stage_of`)."""
+        from megatron_rl.trainer.update import Sampled
 
-        return update_two(self.run, two, step)
+        run, sec, R_max = self.run, two.second, self.cfg.rollout.max_tokens
+        sb = U.build_seq_batch(sec.prompts, sec.responses, run.tok.pad_id, run.seq_len(sec.prompts, sec.responses), R_max)
+        fpos, fmask = first_positions(two, R_max)
+        hp = dataclasses.replace(self.hp, stage=stage_of(self.hp, step))
+        return Sampled(sec, sb, hp, adv_fields={"first_rewards": two.first.rewards.double()},
+                       extras={"first_rewards": two.first.rewards.float(), "first_pos": fpos, "first_mask": fmask},
+                       data=two)
+
+    def after_logprobs(self, s, lp, metrics: dict) -> None:
+        """Attempt 1's reference log-probs and trainer/engine gap, gathered from the same pass."""
+        two = s.data
+        if lp.ref_full is None:
+            raise RuntimeError("algo.kind=score needs the reference policy (KL anchors), but none was built")
+        fpos, fmask = s.extras["first_pos"], s.extras["first_mask"]
+        s.extras["first_ref_logp"] = lp.ref_full.gather(1, fpos) * fmask
+        metrics["score/logprob_gap1"] = U.logprob_gap(lp.old_full.gather(1, fpos) * fmask, two.first.rollout_logp, fmask)
+        metrics.update(score_metrics(two, s.hp.stage))
 
     def logged(self, two):
         return two.first

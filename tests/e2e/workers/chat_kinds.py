@@ -15,7 +15,7 @@ import time
 import traceback
 from pathlib import Path
 
-STEPS = 2
+STEPS = int(os.environ.get("CHAT_KINDS_STEPS", "2"))   # RL steps per kind
 
 
 ASYNC = "@async"   # "<kind>@async": that kind one-step-off (rollout.max_staleness=1) for STEPS + 1 steps

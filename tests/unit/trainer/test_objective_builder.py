@@ -29,10 +29,8 @@ def _batch(kind: str, hp, seed: int = 0) -> TrainBatch:
           "support_idx": torch.randint(0, 20, (N, S - 1, K), generator=g),
           "first_pos": (torch.arange(R) + 1).expand(N, R).clone(), "first_mask": torch.ones(N, R),
           "first_ref_logp": lp(N, R), "first_rewards": torch.rand(N, generator=g)}
-    from megatron_rl.trainer.distill_stage import BATCH_STATS
-
-    for name in A.loss_batch_stats(A.algo_kind(kind).loss):
-        ex[name] = BATCH_STATS[name](ex, hp)
+    for name, fn in A.loss_batch_stats(A.algo_kind(kind).loss).items():
+        ex[name] = fn(ex, hp)
     mask = torch.zeros(N, S - 1)
     return TrainBatch(torch.zeros(N, S, dtype=torch.long), mask, ex)
 

@@ -40,10 +40,10 @@ def test_registering_a_path_twice_raises():
 
 def test_incomplete_path_is_refused_at_registration():
     class Half(P.DataPath):
-        def collect(self, step):
+        def sampled(self, data, step):
             return None
 
-    with pytest.raises(TypeError, match=r"data path 'half' .* is incomplete: implement \['update'\]"):
+    with pytest.raises(TypeError, match=r"data path 'half' .* is incomplete: implement \['collect'\]"):
         P.register_path("half")(Half)
     assert "half" not in P.path_names()
 

@@ -7,8 +7,9 @@ import torch
 from megatron_rl import algorithms as A
 from megatron_rl.trainer import rollout_stage as R
 from megatron_rl.trainer.batch import TrainBatch
-from megatron_rl.trainer.distill_stage import BATCH_STATS, pad_train_rows, rlcsd_counts
-from megatron_rl.trainer.update_stage import BiccLayout, bicc_inputs
+from megatron_rl.algorithms.builtin import rlcsd_counts
+from megatron_rl.trainer.paths.bicc import BiccLayout, bicc_inputs
+from megatron_rl.trainer.support import pad_train_rows
 
 EOS = 99
 
@@ -78,5 +79,5 @@ def test_rlcsd_counts_split_the_mask_by_the_gate():
     m = ex["resp_mask"] > 0
     assert (n_non, n_sel) == (float((m & ~gate).sum()), float((m & gate).sum()))
     assert n_non + n_sel == float(ex["resp_mask"].sum()) and n_sel > 0
-    field = BATCH_STATS["rlcsd_counts"](ex, hp)
+    field = A.loss_batch_stats("rlcsd")["rlcsd_counts"](ex, hp)
     assert field.shape == (n, 2) and field[:, 0].eq(n_non).all() and field[:, 1].eq(n_sel).all()

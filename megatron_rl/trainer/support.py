@@ -1,0 +1,143 @@
+"""Support passes of the update pipeline: teacher forwards under the path's teacher weights, and the
+student's top-k pass when the loss lets the student choose the support (``trainer/update.py`` calls
+:func:`teacher_tensors` once per mini-batch, at update time).
+
+    path.teacher_sequences(rows) -> packed rows (``teacher_inputs.pack``)
+      -> forward under θ̄ (``path.teacher.swapped()``, no grad) -> per-sequence results in the response frame
+
+What runs is read from the loss's registration, never from a method name: its top-k ``support`` side
+(``register_policy_loss(..., support=...)``: "teacher" keeps the teacher's top-k ids, "student" takes
+them from one no-grad pass of the current θ) and ``teacher_neg_topk`` among its inputs (negatives
+gathered at the positive teacher's ids: a second pass). Every teacher sequence of the mini-batch (K_i + 1
+per kept sample on the hint path, one per sample on the ground-truth path) is packed into rows of
+``teacher.pack_len`` tokens and run as one forward-only schedule.
+
+At train time the student's support is re-gathered with gradient at the same ids (``support_idx``,
+read by ``trainer/objective.Objective``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+
+import torch
+
+from megatron_rl import algorithms as A
+from megatron_rl.trainer.batch import TrainBatch
+from megatron_rl.trainer.teacher_inputs import Packed, pack
+from megatron_rl.trainer.vocab_parallel import with_tail
+
+
+def pad_train_rows(batch: TrainBatch, multiple: int) -> TrainBatch:
+    """Append copies of row 0 with every mask zeroed (spec: zero-mask padding copies contribute nothing)."""
+    extra = (-batch.num_samples) % multiple
+    if extra == 0:
+        return batch
+    idx = torch.cat([torch.arange(batch.num_samples), torch.zeros(extra, dtype=torch.long)])
+    ex = {k: v[idx].clone() for k, v in batch.extras.items()}
+    for k in ("resp_mask", "teacher_neg_mask"):
+        if k in ex:
+            ex[k][batch.num_samples:] = 0
+    if "teacher_neg_mask" in ex:        # keep >= 1 valid slot so rlcsd_signal stays defined (rows are masked)
+        ex["teacher_neg_mask"][batch.num_samples:, 0] = 1
+    mask = batch.loss_mask[idx].clone()
+    mask[batch.num_samples:] = 0
+    return TrainBatch(batch.tokens[idx], mask, ex)
+
+
+def _teacher_micro_batch(rows: int, dp: int, mbs: int) -> int:
+    return max(1, min(mbs, math.ceil(rows / dp)))
+
+
+def teacher_pass(actor, teacher, pk: Packed, dp: int, mbs: int, *, k: int | None = None,
+                 index: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """One packed forward under θ̄; results per sequence in the response frame ``[M, R(, k)]``."""
+    batch = pk.batch
+    key = None
+    if index is not None:        # [M, R, k] ids -> packed frame [rows, S-1, k]
+        rows, s1 = batch.num_samples, batch.seq_len - 1
+        flat = torch.zeros((rows * s1, index.shape[-1]), dtype=torch.long)
+        m = pk.resp_mask.reshape(-1) > 0
+        flat[pk.target_pos.reshape(-1)[m]] = index.reshape(-1, index.shape[-1])[m]
+        batch = dataclasses.replace(batch, extras={**batch.extras, "support_idx": flat.view(rows, s1, -1)})
+        key = "support_idx"
+    with teacher.swapped():
+        out = actor.forward_support(batch, _teacher_micro_batch(batch.num_samples, dp, mbs), k=k, index_key=key)
+    return {name: pk.gather(v) for name, v in out.items()}
+
+
+def teacher_tensors(run, path, rows, hp, loss: str, step: int) -> tuple[dict, dict]:
+    """The mini-batch ``rows``' teacher quantities in the response frame (their ``extras`` entries,
+    ``support_idx`` in the target frame) and the pass metrics. Teacher sequences and weights are the
+    path's (``path.teacher_sequences(rows, step)``, ``path.teacher``, ``path.packed``)."""
+    cfg = run.cfg
+    chooser = A.loss_support(loss)
+    top_k = hp.top_k if chooser is not None else None   # support losses' hparams carry top_k
+    t0 = time.perf_counter()
+    seqs, owner = path.teacher_sequences(rows, step)
+    packer = functools.partial(pack, max_resp=cfg.rollout.max_tokens, pad_id=run.tok.pad_id,
+                               row_len=cfg.teacher.pack_len or cfg.rollout.max_model_len,
+                               multiple=8 * max(1, run.info.tp), packed=path.packed)
+    passer = functools.partial(teacher_pass, run.actor, path.teacher, dp=run.info.dp, mbs=cfg.trainer.micro_batch_size)
+    if "teacher_neg_topk" in A.loss_inputs(loss, hp):
+        ex, packs = _paired_passes(seqs, owner, packer, passer, top_k)
+    else:
+        student_idx = None
+        if chooser == "student":        # the support is the student's top-k at the current θ
+            st = run.actor.forward_support(rows.seqs.batch, cfg.trainer.micro_batch_size, k=top_k)
+            student_idx = st["idx"].gather(1, rows.seqs.resp_pos[..., None].expand(-1, -1, top_k))
+        k_neg = max((s for _, s in owner), default=0)
+        ex, packs = _one_pass(seqs, owner, packer, passer, chooser, top_k, student_idx, len(rows), k_neg,
+                              cfg.rollout.max_tokens)
+    idx_resp = ex.pop("support_idx_resp", None)
+    if idx_resp is not None:
+        ex["support_idx"] = _support_to_train_frame(idx_resp, rows.seqs)
+    real = sum(pk.real_tokens for pk in packs)
+    slots = sum(pk.batch.num_samples * pk.batch.seq_len for pk in packs)
+    metrics = {"teacher/sequences": len(seqs), "teacher/rows": sum(pk.batch.num_samples for pk in packs),
+               "teacher/pad_frac": 1.0 - real / slots, "teacher/tokens": real,
+               "time/teacher": time.perf_counter() - t0, "teacher/syncs": path.teacher.syncs}
+    return ex, metrics
+
+
+def _paired_passes(seqs, owner, packer, passer, top_k):
+    """Two passes: the positives' top-k, then the negatives' log-probs at the positives' ids."""
+    pk_pos = packer([seqs[m] for m, (_, s) in enumerate(owner) if s == 0])
+    pos = passer(pk_pos, k=top_k)
+    pk_neg = packer([seqs[m] for m, (_, s) in enumerate(owner) if s == 1])
+    neg = passer(pk_neg, index=pos["idx"])
+    ex = {"teacher_topk": with_tail(pos["logp"]), "teacher_neg_topk": with_tail(neg["logp"]),
+          "support_idx_resp": pos["idx"], "teacher_logp": pos["token_logp"]}
+    return ex, (pk_pos, pk_neg)
+
+
+def _one_pass(seqs, owner, packer, passer, chooser, top_k, student_idx, n: int, k_neg: int, R_max: int):
+    """One pass over every sequence: the positives' token log-probs, entropy and (for a support loss)
+    top-k at the chosen ids; the negatives' token log-probs laid out ``[n, k_neg, R]`` with a mask."""
+    pk = packer(seqs)
+    index = None if student_idx is None else torch.cat([student_idx[j:j + 1] for j, _ in owner], 0)
+    out = passer(pk, k=top_k if chooser == "teacher" else None, index=index)
+    slot0 = [m for m, (_, s) in enumerate(owner) if s == 0]
+    ex = {"teacher_logp": out["token_logp"][slot0], "teacher_entropy": out["entropy"][slot0]}
+    if chooser is not None:
+        ex["teacher_topk"] = with_tail(out["logp"][slot0])
+        ex["support_idx_resp"] = out["idx"][slot0] if chooser == "teacher" else student_idx
+    if k_neg > 0:
+        neg, nmask = torch.zeros((n, k_neg, R_max)), torch.zeros((n, k_neg), dtype=torch.bool)
+        for m, (j, s) in enumerate(owner):
+            if s > 0:
+                neg[j, s - 1], nmask[j, s - 1] = out["token_logp"][m], True
+        ex["teacher_neg_logp"], ex["teacher_neg_mask"] = neg, nmask
+    return ex, (pk,)
+
+
+def _support_to_train_frame(idx_resp: torch.Tensor, sb) -> torch.Tensor:
+    """``[n, R, k]`` ids of the response frame -> ``[n, S-1, k]`` target frame (0 off the mask)."""
+    n, s1 = sb.batch.num_samples, sb.batch.seq_len - 1
+    out = torch.zeros((n, s1, idx_resp.shape[-1]), dtype=torch.long)
+    m = sb.resp_mask > 0
+    rows = torch.arange(n)[:, None].expand_as(sb.resp_pos)
+    out[rows[m], sb.resp_pos[m]] = idx_resp[m]
+    return out
