@@ -12,7 +12,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from megatron_rl.data.dataset import problem_text
 from megatron_rl.rollout.engine import SamplingParams
 
 
@@ -134,70 +133,3 @@ def concat(parts: list[Rollouts]) -> Rollouts:
                        _cat_opt(out.greedy_rewards, p.greedy_rewards, "greedy_rewards"), out.stats,
                        _cat_opt(out.process, p.process, "process"), out.weight_version)
     return out
-
-
-def _grade_items(rollouts: Rollouts, every: bool = False) -> tuple[list[int], list[tuple[str, str, str]]]:
-    """(indices of the CORRECT responses — every response with ``every`` (PRM-only ablation) —,
-    their grader items (problem, reference, response))."""
-    idx = [i for i in range(len(rollouts)) if every or bool(rollouts.correct[i])]
-    items = []
-    for i in idx:
-        row = rollouts.rows[i]
-        ref = row.extra_info.get("reference_solution") or row.extra_info.get("solution") or str(row.ground_truth)
-        problem = problem_text(row)
-        items.append((problem, ref, rollouts.texts[i]))
-    return idx, items
-
-
-def _process_tensor(n: int, idx: list[int], scores: list[float]) -> torch.Tensor:
-    proc = torch.zeros(n)
-    if idx:
-        proc[idx] = torch.tensor(scores, dtype=torch.float32)
-    return proc
-
-
-def grade_process(rollouts: Rollouts, grader, every: bool = False) -> Rollouts:
-    """PAPO process scores: the rubric grader is called for CORRECT responses only (incorrect -> 0
-    without a call; every response with ``every``, the PRM-only ablation). Reference = the row's worked
-    solution (``extra_info.solution`` / ``reference_solution``), else its ground-truth answer
-    (synthetic tasks have no worked solution)."""
-    idx, items = _grade_items(rollouts, every)
-    rollouts.process = _process_tensor(len(rollouts), idx, grader.grade_batch(items) if idx else [])
-    return rollouts
-
-
-class PendingGrades:
-    """Rubric grading running in a background thread while the trainer computes log-probs.
-
-    ``start`` (rank 0) submits the grader calls for the correct responses and returns at once;
-    ``finish`` (collective) waits for them on rank 0, broadcasts the process scores and stores them in
-    ``rollouts.process``. The grader's own timeout / retries / fallback bound the wait, so an outage
-    delays a step by at most the configured timeout budget and is counted in the grader stats.
-    """
-
-    def __init__(self):
-        from concurrent.futures import ThreadPoolExecutor
-
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rubric-grader")
-        self.future = None
-        self.idx: list[int] = []
-
-    def start(self, rollouts: Rollouts, grader, every: bool = False) -> None:
-        self.idx, items = _grade_items(rollouts, every)
-        self.future = self.pool.submit(grader.grade_batch, items) if self.idx else None
-
-    def finish(self, rollouts: Rollouts, is_driver: bool) -> float:
-        """Collective; returns the seconds rank 0 waited for the grader (0 elsewhere)."""
-        import time
-
-        t0 = time.perf_counter()
-        proc = None
-        if is_driver:
-            scores = self.future.result() if self.future is not None else []
-            proc = _process_tensor(len(rollouts), self.idx, scores)
-            self.future, self.idx = None, []
-        rollouts.process = broadcast_object(proc)
-        return time.perf_counter() - t0 if is_driver else 0.0
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)

@@ -94,7 +94,6 @@ class BiccPath(PlainPath):
     def train_rows(self, s, rows, lp, step: int, metrics: dict):
         """Conditioned prompts; old log-probs of the plain (paper) or conditioned context."""
         from megatron_rl.trainer import update_stage as U
-        from megatron_rl.trainer.update import Rows
 
         run, cfg, hp, ro = self.run, self.cfg, self.hp, s.ro
         R_max = cfg.rollout.max_tokens
