@@ -23,7 +23,7 @@ LARGE = ("qwen3_8b_grpo", "qwen3_8b_bicc_rcc", "qwen2_5_14b_rlcsd", "llama3_1_8b
 LARGE_YAMLS = [p for p in YAMLS if not p.stem.startswith("tiny_cpu_")]
 #: the papers' PPO mini-batches of the large configs, (trainer.mini_batch_prompts, trainer.ppo_epochs): the RLCSD
 #: recipe 16 prompts, ppo_epochs 1 (rlcsd spec §1.1; its GRPO baseline too); BiCC's released recipe 8 and PAPO's
-#: scripts 32 (bicc/papo spec §1.7, §2.5); the DAPO recipe's train_prompt_mini_bsz 32 (16 steps of 512 prompts)
+#: scripts 32 (bicc/papo spec §1.7, §2.5); the DAPO recipe's train_prompt_mini_bsz 32 (512 prompts: 16 optimizer steps)
 PAPER_MINI_BATCHES = {**{f"qwen3_8b_{k}": (16, 1) for k in ("grpo", "grpo_separate", *TEACHER_KINDS)},
                       "qwen2_5_14b_rlcsd": (16, 1), "qwen3_8b_bicc_rcc": (8, 1), "qwen2_5_7b_papo": (32, 1),
                       "llama3_1_8b_dapo": (32, 1)}
