@@ -20,6 +20,13 @@ TINY_ALGOS = ("grpo", "dapo", "drgrpo", "remax", "bicc_rcc", "rlcsd", "opsd", "s
 TEACHER_KINDS = ("rlcsd", "opsd", "sdpo", "srpo", "rlsd", "opsd_ectr", "rlsd_ectr")
 LARGE = ("qwen3_8b_grpo", "qwen3_8b_bicc_rcc", "qwen2_5_14b_rlcsd", "llama3_1_8b_dapo",
          *(f"qwen3_8b_{k}" for k in TEACHER_KINDS))
+LARGE_YAMLS = [p for p in YAMLS if not p.stem.startswith("tiny_cpu_")]
+#: the papers' PPO mini-batches of the large configs, (trainer.mini_batch_prompts, trainer.ppo_epochs): the RLCSD
+#: recipe 16 prompts, ppo_epochs 1 (rlcsd spec §1.1; its GRPO baseline too); BiCC's released recipe 8 and PAPO's
+#: scripts 32 (bicc/papo spec §1.7, §2.5); the DAPO recipe's train_prompt_mini_bsz 32 (512 prompts: 16 optimizer steps)
+PAPER_MINI_BATCHES = {**{f"qwen3_8b_{k}": (16, 1) for k in ("grpo", "grpo_separate", *TEACHER_KINDS)},
+                      "qwen2_5_14b_rlcsd": (16, 1), "qwen3_8b_bicc_rcc": (8, 1), "qwen2_5_7b_papo": (32, 1),
+                      "llama3_1_8b_dapo": (32, 1)}
 
 
 #: example file prefix -> `megatron-rl plan` preset whose published config.json stands in for the weights
@@ -103,8 +110,7 @@ def test_example_config_loads_and_validates(path, tmp_path):
         validate(cfg, world_size=1)
 
 
-@pytest.mark.parametrize("path", [p for p in YAMLS if not p.stem.startswith("tiny_cpu_")],
-                         ids=[p.stem for p in YAMLS if not p.stem.startswith("tiny_cpu_")])
+@pytest.mark.parametrize("path", LARGE_YAMLS, ids=[p.stem for p in LARGE_YAMLS])
 def test_large_config_plan_command_fits(path, capsys):
     """The `megatron-rl plan` line in each large config's header runs and reports that it fits in 80 GiB
     (its ``--config`` path is relative to the repository; ``tests/unit/test_plan_config.py`` checks the
@@ -120,6 +126,31 @@ def test_large_config_plan_command_fits(path, capsys):
     assert rep.peak <= rep.inputs.gpu_mem_gib * plan.GIB, capsys.readouterr().out
     cfg_text = path.read_text()
     assert f"tp: {rep.inputs.tp}\n" in cfg_text and f"pp: {rep.inputs.pp}\n" in cfg_text
+
+
+def test_every_large_config_has_its_papers_mini_batches():
+    assert sorted(p.stem for p in LARGE_YAMLS) == sorted(PAPER_MINI_BATCHES), "add the new config's paper mini-batches"
+
+
+@pytest.mark.parametrize("path", LARGE_YAMLS, ids=[p.stem for p in LARGE_YAMLS])
+def test_large_config_trains_the_papers_ppo_mini_batches(path):
+    """trainer.mini_batch_prompts / ppo_epochs are the paper's, and the header states the optimizer steps per
+    RL step they give (prompts_per_step / mini_batch_prompts x ppo_epochs)."""
+    import yaml
+
+    tree = yaml.safe_load(path.read_text())
+    got = (tree["trainer"].get("mini_batch_prompts", 0), tree["trainer"].get("ppo_epochs", 1))
+    assert got == PAPER_MINI_BATCHES[path.stem], f"{path.name}: (mini_batch_prompts, ppo_epochs) {got}"
+    header = re.match(r"(?:#.*\n)*", path.read_text()).group(0)
+    steps = tree["data"]["prompts_per_step"] // got[0] * got[1]
+    assert f"{steps} optimizer steps per RL step" in header, f"{path.name}: header does not state {steps} optimizer steps"
+
+
+@pytest.mark.parametrize("path", YAMLS, ids=[p.stem for p in YAMLS])
+def test_example_does_not_list_mini_batches_as_missing(path):
+    """The papers' PPO mini-batches are expressible (trainer.mini_batch_prompts): no config says otherwise."""
+    stale = re.findall(r".*(?:one optimizer step here|counts trainer steps|per trainer step).*", path.read_text())
+    assert not stale, f"{path.name}: {stale}"
 
 
 def readme_cli_lines() -> list[str]:
