@@ -18,7 +18,13 @@ is called once per micro-batch ``mb``; the step minimises
     L = sum_{mb, DP ranks} loss_sum  /  sum_{mb, DP ranks} normaliser      (normaliser None: no division)
 
 i.e. the normaliser is taken over the GLOBAL batch (see ``trainer/objective.py``), so ``L`` and its
-gradient do not depend on micro-batch size, DP or PP. Mechanism: megatron's
+gradient do not depend on micro-batch size, DP or PP.
+
+Micro-batches: every pass takes ``micro``, either an int (padded: that many right-padded rows per
+micro-batch, the batch split evenly over DP) or a :class:`~megatron_rl.trainer.packing.TokenBudget`
+(packed: sequences balanced over DP by tokens and packed into rows, ``trainer/packing.py``). Packed
+results are unpacked into each sequence's own frame before they leave the actor, and ``loss_fn`` sees
+the per-sequence view, so callers and losses are the same in both layouts. Mechanism: megatron's
 ``calculate_per_token_loss=True`` keeps each micro-batch loss un-normalised, DDP sums (not averages)
 grads over DP, and ``finalize_model_grads`` divides all grads by the all-reduced normaliser.
 """
@@ -34,6 +40,8 @@ import torch
 
 from megatron_rl.device import default_device
 from megatron_rl.trainer.batch import TrainBatch
+from megatron_rl.trainer.packing import PackedMicroBatch, TokenBudget, rank_micro_batches, seq_lengths
+from megatron_rl.trainer.packing import plan as pack_plan
 from megatron_rl.trainer.optim import OptimSpec, build_optimizer, current_lr
 from megatron_rl.trainer.schedule import (Groups, from_last_stage, gather_dp, run_schedule, sum_dp,
                                           tensor_from_last_stage)
@@ -85,6 +93,12 @@ class TrainStepResult:
         return out
 
 
+def _support_key(loss_fn) -> str | None:
+    from megatron_rl.trainer.objective import SupportObjective
+
+    return loss_fn.support_key if isinstance(loss_fn, SupportObjective) else None
+
+
 def unwrap(module: torch.nn.Module) -> torch.nn.Module:
     """The bare ``GPTModel`` inside DDP / Float16Module wrappers."""
     while hasattr(module, "module"):
@@ -126,6 +140,16 @@ def _pad_rows(batch: TrainBatch, multiple: int) -> TrainBatch:
     return TrainBatch(batch.tokens[idx], mask, {k: v[idx] for k, v in batch.extras.items()})
 
 
+def _unpacked(collect: Callable, mb, logits: torch.Tensor):
+    """A forward-only collection of a packed micro-batch, unpacked into its sequences' frame (with the
+    global rows it holds under ``"_owner"``; ``[-1]`` marks a filler)."""
+    z, n, data = collect(mb, logits)
+    if isinstance(mb, PackedMicroBatch):
+        data = {k: mb.unpack(v) for k, v in data.items()}
+        data["_owner"] = mb.owner
+    return z, n, data
+
+
 class _LogProbModel:
     """Shared forward machinery: model chunks -> per-token log-probs / entropy on every rank."""
 
@@ -143,6 +167,18 @@ class _LogProbModel:
         self.device = default_device()
 
     # ----- helpers -------------------------------------------------------------------------
+    def _budget(self, budget: TokenBudget) -> TokenBudget:
+        """Row lengths also a multiple of TP under sequence parallelism."""
+        if self.sequence_parallel and budget.multiple % self.groups.tp_size:
+            return dataclasses.replace(budget, multiple=math.lcm(budget.multiple, self.groups.tp_size))
+        return budget
+
+    def _packed(self, batch: TrainBatch, budget: TokenBudget, pack_keys=()) -> tuple[Any, list[PackedMicroBatch]]:
+        """This DP rank's packed micro-batches of the global ``batch`` and the plan (every rank computes
+        the same plan from the same batch, so no communication is needed)."""
+        plan = pack_plan(seq_lengths(batch), self._budget(budget), self.groups.dp_size)
+        return plan, rank_micro_batches(batch, plan, self.groups.dp_rank, pack_keys=pack_keys)
+
     def _local_batch(self, batch: TrainBatch, micro_batch_size: int) -> tuple[TrainBatch, list[TrainBatch]]:
         g = self.groups
         if batch.num_samples % (g.dp_size * micro_batch_size):
@@ -188,10 +224,14 @@ class _LogProbModel:
                                                               vocab_size=self.vocab_size)
         return torch.zeros((), device=logits.device), torch.zeros((), dtype=torch.int, device=logits.device), data
 
-    def _forward_only(self, batch: TrainBatch, micro_batch_size: int, collect: Callable,
-                      specs: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> dict[str, torch.Tensor]:
+    def _forward_only(self, batch: TrainBatch, micro_batch_size, collect: Callable,
+                      specs: dict[str, tuple[tuple[int, ...], torch.dtype]], pack_keys=()) -> dict[str, torch.Tensor]:
         """Run ``collect`` over ``batch`` (forward-only schedule, padded rows dropped) and return each
-        ``specs`` key as a GLOBAL tensor on every rank. ``specs``: key -> (trailing shape, dtype)."""
+        ``specs`` key as a GLOBAL tensor on every rank. ``specs``: key -> (trailing shape, dtype).
+        ``micro_batch_size``: rows (padded) or a :class:`TokenBudget` (packed; ``pack_keys``: extras in the
+        target frame the collection reads, moved into the packed frame)."""
+        if isinstance(micro_batch_size, TokenBudget):
+            return self._forward_only_packed(batch, micro_batch_size, collect, specs, pack_keys)
         g = self.groups
         n = batch.num_samples
         batch = _pad_rows(batch, g.dp_size * micro_batch_size)
@@ -206,6 +246,37 @@ class _LogProbModel:
             x = torch.cat([d[key] for d in store], dim=0).to(dtype) if g.is_last_stage else None
             x = tensor_from_last_stage(g, x, shape, dtype=dtype)
             out[key] = gather_dp(g, x)[:n, : batch.seq_len - 1]
+        return out
+
+    def _forward_only_packed(self, batch: TrainBatch, budget: TokenBudget, collect: Callable, specs: dict,
+                             pack_keys=()) -> dict[str, torch.Tensor]:
+        """:meth:`_forward_only` on packed micro-batches: each collection is unpacked into its sequences'
+        frame on the last stage, then the ranks' sequences are gathered back into the global order."""
+        g = self.groups
+        plan, mbs = self._packed(batch, budget, pack_keys)
+        for c in self.chunks:
+            c.eval()
+        with torch.no_grad():
+            store = run_schedule(self.chunks, mbs, partial(self._forward_step, partial(_unpacked, collect)),
+                                 forward_only=True)
+        owners = [[i for mb in rk for row in mb for i in row] for rk in plan.ranks]   # global rows per rank, in order
+        most = max(len(o) for o in owners)
+        s1 = batch.seq_len - 1
+        out = {}
+        for key, (trail, dtype) in specs.items():
+            shape = (most, s1, *trail)
+            x = None
+            if g.is_last_stage:
+                real = [d[key][: len(d["_owner"])] for d in store if d["_owner"] != [-1]]
+                x = torch.cat(real, 0).to(dtype) if real else torch.zeros((0, s1, *trail), dtype=dtype)
+                x = torch.cat([x, x.new_zeros((most - x.shape[0], s1, *trail))], 0)
+            x = tensor_from_last_stage(g, x, shape, dtype=dtype)
+            parts = gather_dp(g, x).reshape(g.dp_size, most, s1, *trail)
+            full = torch.zeros((batch.num_samples, s1, *trail), dtype=dtype, device=parts.device)
+            for r, rows in enumerate(owners):
+                if rows:
+                    full[torch.tensor(rows, device=parts.device)] = parts[r, : len(rows)]
+            out[key] = full
         return out
 
     # ----- public --------------------------------------------------------------------------
@@ -228,7 +299,8 @@ class _LogProbModel:
             specs["logp"] = ((kk,), torch.float32)
             if k is not None:
                 specs["idx"] = ((kk,), torch.long)
-        return self._forward_only(batch, micro_batch_size, partial(self._collect_support, t, k, index_key), specs)
+        return self._forward_only(batch, micro_batch_size, partial(self._collect_support, t, k, index_key), specs,
+                                  pack_keys=(index_key,) if index_key else ())
 
     def forward_logprobs(self, batch: TrainBatch, micro_batch_size: int, temperature: float | None = None,
                          with_entropy: bool = False) -> LogProbResult:
@@ -356,9 +428,9 @@ class PolicyActor(_LogProbModel):
         self._require_weights("bare_models")
         return super().bare_models()
 
-    def _forward_only(self, batch, micro_batch_size, collect, specs):
+    def _forward_only(self, batch, micro_batch_size, collect, specs, pack_keys=()):
         self._require_weights("forward")
-        return super()._forward_only(batch, micro_batch_size, collect, specs)
+        return super()._forward_only(batch, micro_batch_size, collect, specs, pack_keys)
 
     # ----- training ------------------------------------------------------------------------
     def _finalize_grads(self, model, num_tokens=None, pg_collection=None, force_all_reduce=False):
@@ -371,17 +443,17 @@ class PolicyActor(_LogProbModel):
         norm = self._step_state["norm"].clone()
         finalize_model_grads(model, norm, pg_collection=pg_collection, force_all_reduce=force_all_reduce)
 
-    def _train_loss(self, loss_fn: LossFn, temperature: float, mb: TrainBatch, logits: torch.Tensor):
+    def _train_loss(self, loss_fn: LossFn, temperature: float, mb, logits: torch.Tensor):
         lp = self._logprobs(logits, mb, temperature)
-        from megatron_rl.trainer.objective import SupportObjective
-
-        key = loss_fn.support_key if isinstance(loss_fn, SupportObjective) else None
+        key = _support_key(loss_fn)
+        packed = isinstance(mb, PackedMicroBatch)
+        logp, ent, view = (mb.unpack(lp.logp), mb.unpack(lp.entropy), mb.seqs) if packed else (lp.logp, lp.entropy, mb)
         if key is None:
-            out = loss_fn(lp.logp, lp.entropy, mb)
+            out = loss_fn(logp, ent, view)
         else:
             z = logits[:, :-1] / temperature if temperature != 1.0 else logits[:, :-1]
             support = vocab_parallel_gather_logprobs(z, mb.extras[key], self.groups.tp, vocab_size=self.vocab_size)
-            out = loss_fn(lp.logp, lp.entropy, mb, support)
+            out = loss_fn(logp, ent, view, mb.unpack(support) if packed else support)
         if not (isinstance(out, tuple) and len(out) == 3):
             raise TypeError("loss_fn must return (loss_sum, normaliser_or_None, metrics)")
         loss_sum, norm, metrics = out
@@ -409,7 +481,11 @@ class PolicyActor(_LogProbModel):
         g = self.groups
         t = self.temperature if temperature is None else float(temperature)
         t0 = time.perf_counter()
-        local, mbs = self._local_batch(batch, micro_batch_size)
+        if isinstance(micro_batch_size, TokenBudget):
+            key = _support_key(loss_fn)
+            _, mbs = self._packed(batch, micro_batch_size, pack_keys=(key,) if key else ())
+        else:
+            _, mbs = self._local_batch(batch, micro_batch_size)
         for c in self.chunks:
             c.train()
             c.zero_grad_buffer()

@@ -15,7 +15,7 @@ Attention: right padding means pad tokens only ever come *after* the real tokens
 causal mask is exact for every real position (a pad token can never be attended to by a real one).
 Position ids are ``0..S-1`` for every row.
 
-Packed rows (teacher passes): ``extras["segment_ids"]`` ``[N, S]`` int marks which sequence each
+Packed rows (teacher passes, token-budget policy micro-batches: ``packing.py``): ``extras["segment_ids"]`` ``[N, S]`` int marks which sequence each
 token belongs to (-1 = padding). The mask is then block-diagonal causal, ``[N, 1, S, S]``: token i
 sees token j iff j <= i and both are in the same segment. Positions stay ``0..S-1``: RoPE scores
 depend only on the offset i - j, so a segment starting at column c gives the same logits as the
@@ -79,7 +79,10 @@ class TrainBatch:
         return self.tokens[:, 1:]
 
     def position_ids(self) -> torch.Tensor:
-        """``[N, S]`` positions ``0..S-1`` (right padding keeps real positions contiguous)."""
+        """``[N, S]`` positions ``0..S-1`` (right padding keeps real positions contiguous); packed
+        policy rows carry their own (``extras["position_ids"]``: restarting at 0 per sequence)."""
+        if "position_ids" in self.extras:
+            return self.extras["position_ids"]
         return torch.arange(self.seq_len, device=self.tokens.device).unsqueeze(0).expand(self.num_samples, -1)
 
     def attention_mask(self) -> torch.Tensor:
@@ -125,6 +128,8 @@ class TrainBatch:
         for k, v in self.extras.items():
             if k == "segment_ids":
                 v = torch.cat([v, v.new_full((n, extra), -1)], dim=1)
+            elif k == "position_ids":
+                v = torch.cat([v, v.new_zeros((n, extra))], dim=1)
             elif v.dim() >= 2 and v.shape[1] == s - 1:
                 v = torch.cat([v, v.new_zeros((n, extra, *v.shape[2:]))], dim=1)
             extras[k] = v

@@ -196,7 +196,7 @@ def mean_metrics(per_step: list[dict]) -> dict:
     """One row from the optimizer steps of an RL step: means; timings and teacher token counts summed;
     the teacher's sync counter as after the last one; ``actor/optimizer_steps`` = their number."""
     out: dict = {}
-    for key in per_step[0]:
+    for key in dict.fromkeys(k for m in per_step for k in m):   # every key, in the order first seen
         if key in _PER_STEP_ONLY:
             continue
         vals = [float(m[key]) for m in per_step if key in m]

@@ -5,7 +5,8 @@ plain megatron Adam), and for micro-batch sizes 1, 2 and 8.
 The layouts run on the same tiny HF checkpoint in two torchrun (gloo) launches, one per world size
 (1 process: TP=1 at both micro-batch sizes; 2 processes: the rest), each case with freshly built
 megatron groups and actor; three optimizer steps (token-mean, seq-mean-token-mean, token-sum
-aggregation) also check the updates agree. The ``*_offload_*`` layouts offload and onload the
+aggregation) also check the updates agree, and so do two PPO mini-batches through the update
+pipeline (``trainer/update.py``) before them. The ``*_offload_*`` layouts offload and onload the
 trainer (``trainer.offload``) before every step and must match their twin without offload exactly.
 """
 from __future__ import annotations
@@ -63,6 +64,22 @@ def test_same_logprobs_loss_and_grad_norm(results, name):
         assert _rel(g["ratio_mean"], r["ratio_mean"]) <= 1e-5
         assert g["lr"] == r["lr"]
     assert _rel(got["logp_sum_after"], ref["logp_sum_after"]) <= 1e-5
+
+
+@pytest.mark.parametrize("name", [n for n in LAYOUTS if n != "tp1"])
+def test_ppo_mini_batches_are_invariant(results, name):
+    """The update pipeline's 2 PPO mini-batches (one optimizer step each): every mini-batch's loss and
+    gradient norm agree with TP=1 at 2-row micro-batches — to 1e-6 across micro-batch sizes (1, 2, 4
+    rows) and DP=2 (each rank half of the mini-batch, the normaliser global over DP), to 1e-5 across
+    TP / PP (their reductions are ordered differently)."""
+    ref, got = results["tp1"]["minibatch_steps"], results[name]["minibatch_steps"]
+    assert [(r["mini_batch"], r["rows"]) for r in got] == [(0, 4), (1, 4)] == [(r["mini_batch"], r["rows"]) for r in ref]
+    tol = 1e-6 if name.startswith(("tp1", "dp2")) else 1e-5
+    for r, g in zip(ref, got):
+        assert _rel(g["actor/loss"], r["actor/loss"]) <= tol, (name, r, g)
+        assert _rel(g["actor/grad_norm"], r["actor/grad_norm"]) <= tol, (name, r, g)
+        assert g["actor/lr"] == r["actor/lr"]
+    assert ref[0]["actor/ppo_kl"] == 0.0 != ref[1]["actor/ppo_kl"]   # on-policy first, moved policy second
 
 
 @pytest.mark.parametrize("name", list(OFFLOAD_TWINS))

@@ -34,11 +34,13 @@ def warm(plain_warm) -> Path:
     return plain_warm
 
 
+MB = "trainer.mini_batch_prompts=8"   # 32 prompts per step: 4 PPO mini-batches, one optimizer step each
 REFS = {   # the uninterrupted runs: name -> (config, extra overrides); the asynchronous one last
-    "grpo": ("tiny_cpu_grpo", ()),
-    "rlcsd_teacher": ("tiny_cpu_rlcsd", ("algo.rlcsd.teacher_sync_interval=3",)),
-    "grpo_async": ("tiny_cpu_grpo", ("rollout.max_staleness=1",)),
+    "grpo": ("tiny_cpu_grpo", (MB,)),
+    "rlcsd_teacher": ("tiny_cpu_rlcsd", ("algo.rlcsd.teacher_sync_interval=3", MB)),
+    "grpo_async": ("tiny_cpu_grpo", ("rollout.max_staleness=1", MB)),
 }
+OPT_KEYS = ("actor/loss", "actor/grad_norm", "actor/pg_clipfrac", "actor/lr")
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +57,7 @@ def refs(warm, tmp_path_factory) -> dict[str, list[dict]]:
     res = demo_runs(out, runs, timeout=1800)
     for name, r in res.items():
         assert r["ok"], f"reference run {name} failed:\n{r['error']}"
-    return {name: _rows(out / name) for name in REFS}
+    return {name: (_rows(out / name), out / name) for name in REFS}
 
 
 def _overrides(warm: Path, run_dir: Path, extra: tuple = ()) -> list[str]:
@@ -84,9 +86,18 @@ def _kill_when(proc, cond, timeout=300):
     proc.wait()
 
 
-def _rows(run_dir: Path) -> list[dict]:
-    p = run_dir / "metrics.jsonl"
+def _rows(run_dir: Path, name: str = "metrics.jsonl") -> list[dict]:
+    p = run_dir / name
     return [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
+
+
+def _same_optimizer_steps(ref_dir: Path, run_dir: Path, keys=OPT_KEYS) -> None:
+    """Every optimizer step (``optimizer_steps.jsonl``: 4 PPO mini-batches per RL step) equal, in order."""
+    a, b = _rows(ref_dir, "optimizer_steps.jsonl"), _rows(run_dir, "optimizer_steps.jsonl")
+    assert [(r["step"], r["mini_batch"]) for r in b] == [(r["step"], r["mini_batch"]) for r in a] and len(a) >= STEPS
+    for x, y in zip(a, b):
+        for k in keys:
+            assert x.get(k) == y.get(k), f"step {x['step']} mini-batch {x['mini_batch']} {k}: {x.get(k)!r} != {y.get(k)!r}"
 
 
 def _finish(proc) -> None:
@@ -96,7 +107,13 @@ def _finish(proc) -> None:
 
 @pytest.mark.slow
 def test_resume_after_sigterm_and_sigkill_is_bit_identical(warm, refs, tmp_path):
-    _sigkill_resume(warm, tmp_path, refs["grpo"], (), first="sigterm")
+    ref, ref_dir = refs["grpo"]
+    _sigkill_resume(warm, tmp_path, ref, REFS["grpo"][1], first="sigterm")
+    assert all(r["actor/optimizer_steps"] == 4.0 for r in ref)
+    opt = _rows(ref_dir, "optimizer_steps.jsonl")
+    assert all(r["actor/pg_clipfrac"] == 0.0 for r in opt if r["mini_batch"] == 0)   # on-policy: ratio 1
+    assert len({r["actor/lr"] for r in opt if r["step"] == 2}) == 1                  # the LR schedule counts RL steps
+    _same_optimizer_steps(ref_dir, tmp_path / "run")
 
 
 @pytest.mark.slow
@@ -105,9 +122,10 @@ def test_async_resume_after_sigkill_is_bit_identical(warm, refs, tmp_path):
     (after the step-2 checkpoint), and the checkpoint holds a finished batch not yet trained on; the
     resumed run must consume it and regenerate the lost one exactly. One kill (the synchronous test's
     second, mid-step one, is the same case here) saves a launch."""
-    ref = _sigkill_resume(warm, tmp_path, refs["grpo_async"], REFS["grpo_async"][1], kill_timeout=600,
-                          second_kill=False)
+    ref, ref_dir = refs["grpo_async"]
+    _sigkill_resume(warm, tmp_path, ref, REFS["grpo_async"][1], kill_timeout=600, second_kill=False)
     assert [r["offpolicy/staleness_mean"] for r in ref] == [0.0] + [1.0] * (STEPS - 1)
+    _same_optimizer_steps(ref_dir, tmp_path / "run")
 
 
 PAUSE_DRIVER = '''
@@ -204,7 +222,7 @@ def test_resume_restores_the_rlcsd_snapshot_teacher(warm, refs, tmp_path):
     teacher (θ after step 3) different from the policy, and the resumed run must continue with it."""
     config, extra = REFS["rlcsd_teacher"]
     args = {"config": config, "extra": extra}
-    run_dir, ref = tmp_path / "run", refs["rlcsd_teacher"]
+    run_dir, (ref, ref_dir) = tmp_path / "run", refs["rlcsd_teacher"]
     assert (run_dir / "checkpoints").exists() is False
     p = _run(_cmd(warm, run_dir, resume=False, **args))
     _kill_when(p, lambda: (run_dir / "checkpoints" / "step_4" / "COMPLETE").exists())
@@ -212,11 +230,14 @@ def test_resume_restores_the_rlcsd_snapshot_teacher(warm, refs, tmp_path):
     _finish(_run(_cmd(warm, run_dir, resume=True, **args)))
     got = _rows(run_dir)
     assert [r["step"] for r in got] == list(range(1, STEPS + 1)), [r["step"] for r in got]
-    assert ref[-1]["teacher/syncs"] == 1            # synced after step 3 (logged before each update)
+    opt = _rows(ref_dir, "optimizer_steps.jsonl")
+    # the snapshot counter counts optimizer steps (PPO mini-batches), read at each mini-batch's teacher pass
+    assert [r["teacher/syncs"] for r in opt] == [i // 3 for i in range(len(opt))] and len(opt) > STEPS
     for a, b in zip(ref, got):
         for k in ("reward/acc", "actor/loss", "actor/grad_norm", "teacher/kept_frac", "rlcsd/sel_frac",
                   "distill/teacher_minus_student"):
             assert a.get(k) == b.get(k), f"step {a['step']} {k}: uninterrupted {a.get(k)!r} != resumed {b.get(k)!r}"
+    _same_optimizer_steps(ref_dir, run_dir, OPT_KEYS + ("teacher/syncs", "rows"))
 
 
 NAN_DRIVER = '''

@@ -78,6 +78,39 @@ def check_export(actor, batch, logp: torch.Tensor, out_dir: str) -> None:
     torch.distributed.barrier()
 
 
+def minibatch_steps(actor, mbs: int) -> list[dict]:
+    """The update pipeline (``trainer/update.optimizer_steps``) on 8 rows (4 prompts x n=2) cut into
+    2 PPO mini-batches of 4 rows, GRPO's registered loss through the real Objective; per optimizer step
+    (loss, grad norm, ratio statistics). Micro-batch size min(mbs, 4 / dp): 1, 2 or 4 rows."""
+    import types
+
+    from megatron_rl import algorithms as A
+    from megatron_rl.config import load_config
+    from megatron_rl.trainer.paths.sampling import PlainPath
+    from megatron_rl.trainer.update import Rows, optimizer_steps
+    from megatron_rl.trainer.update_stage import build_seq_batch, response_frame
+
+    info = actor.parallel_info
+    m = max(1, min(mbs, 4 // info.dp))
+    cfg = load_config(None, ["algo.kind=grpo", "data.prompts_per_step=4", "rollout.n=2", "rollout.max_tokens=12",
+                             "trainer.mini_batch_prompts=2", f"trainer.micro_batch_size={m}"])
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(1, 250, (int(torch.randint(2, 5, (1,), generator=g)),), generator=g).tolist() for _ in range(8)]
+    resps = [torch.randint(1, 250, (int(torch.randint(3, 12, (1,), generator=g)),), generator=g).tolist() for _ in range(8)]
+    sb = build_seq_batch(prompts, resps, 0, 16, 12)
+    old = response_frame(actor.forward_logprobs(sb.batch, m).logp, sb)
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0])
+    gids = torch.arange(8) // 2
+    hp = cfg.algo.hparams
+    adv = A.compute_advantages("grpo", A.AlgoInputs(rewards=rewards.double(), group_ids=gids, mask=sb.resp_mask), hp).float()
+    rows = Rows(sb, {"rewards": rewards, "group_ids": gids, "advantages": adv, "old_logp": old,
+                     "resp_pos": sb.resp_pos, "resp_mask": sb.resp_mask})
+    run = types.SimpleNamespace(cfg=cfg, info=info, actor=actor, path=PlainPath(cfg, None))
+    out = optimizer_steps(run, rows, hp, step=1)
+    return [{k: float(r[k]) for k in ("actor/loss", "actor/grad_norm", "actor/ppo_kl", "actor/lr", "mini_batch", "rows")}
+            for r in out]
+
+
 def run_case(hf_dir: str, out: str, tp: int, pp: int, sp: bool, mbs: int, distopt: bool,
              offload: str = "none") -> None:
     from megatron_rl.trainer.actor import ReferencePolicy
@@ -86,6 +119,7 @@ def run_case(hf_dir: str, out: str, tp: int, pp: int, sp: bool, mbs: int, distop
     actor = build_actor(hf_dir, tp, pp, sp, use_distributed_optimizer=distopt, offload=offload)
     check_hf_round_trip(actor, hf_dir)
     ref = ReferencePolicy.from_actor(actor)
+    rec_mb = minibatch_steps(actor, mbs)
     batch = fixed_batch()
     lp = actor.forward_logprobs(batch, micro_batch_size=mbs, with_entropy=True)
     rlp = ref.forward_logprobs(batch, micro_batch_size=mbs)
@@ -94,7 +128,7 @@ def run_case(hf_dir: str, out: str, tp: int, pp: int, sp: bool, mbs: int, distop
     if torch.distributed.get_world_size() == 1:
         check_against_hf(hf_dir, batch, lp.logp, actor.temperature)
     rec = {"logp_sum": float((lp.logp * m).sum()), "ent_sum": float((lp.entropy * m).sum()),
-           "logp_first": lp.logp[0, :6].tolist(), "steps": []}
+           "logp_first": lp.logp[0, :6].tolist(), "steps": [], "minibatch_steps": rec_mb}
     batch = TrainBatch(batch.tokens, batch.loss_mask, {**batch.extras, "old_logp": lp.logp.detach()})
     for mode in ("token-mean", "seq-mean-token-mean", "token-sum"):
         if offload != "none":

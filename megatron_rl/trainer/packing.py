@@ -1,0 +1,249 @@
+"""Token-budget micro-batches: how every policy pass lays out its sequences (``trainer.max_tokens_per_micro_batch``).
+
+A pass gets the GLOBAL batch as right-padded rows (``TrainBatch [N, S]``, one sequence per row). With a
+:class:`TokenBudget` the actor does not run those rows; it plans (:func:`plan`):
+
+    sequences --(LPT: longest first onto the DP rank with the fewest tokens)--> DP ranks
+      --(first-fit decreasing into rows of L tokens)--> packed rows        L = longest sequence, rounded up
+      --(consecutive chunks of <= budget // L rows)--> micro-batches       the same count on every DP rank
+
+Inside a packed row each sequence is one segment: positions restart at 0 and attention is
+block-diagonal causal (``TrainBatch.extras["segment_ids"]``, ``batch.py``). A micro-batch
+(:class:`PackedMicroBatch`) keeps the per-sequence view of its sequences (the global batch's rows:
+extras, masks) and the map between the two frames, so log-probs, entropies and supports computed on the
+packed rows come back in each sequence's own ``[S-1]`` target frame (:meth:`PackedMicroBatch.unpack`):
+the losses, the response-frame gathers and the global normalisers never see the packing.
+
+The budget counts row SLOTS (rows x L, padding included), which is what sets the activation memory.
+A sequence longer than the budget is an error naming both numbers. Padded micro-batches (one sequence per
+row, a fixed number of rows) stay available as ``trainer.max_tokens_per_micro_batch: 0`` with
+``trainer.micro_batch_size`` rows.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from megatron_rl.trainer.batch import TrainBatch
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenBudget:
+    """Packed micro-batches of at most ``max_tokens`` row slots per DP rank; row lengths rounded up to
+    ``multiple`` (8, times TP with sequence parallelism)."""
+
+    max_tokens: int
+    multiple: int = 8
+
+    def __post_init__(self):
+        if self.max_tokens < 2 or self.multiple < 1:
+            raise ValueError(f"TokenBudget: max_tokens must be >= 2 and multiple >= 1, got {self.max_tokens}, {self.multiple}")
+
+
+def seq_lengths(batch: TrainBatch) -> list[int]:
+    """Real length of each right-padded row: through its last response target (``loss_mask``) — the
+    tokens after it are padding; a row without any target (a zero-mask padding copy) counts 2 tokens."""
+    m = batch.loss_mask > 0
+    has = m.any(1)
+    last = torch.where(has, (m.shape[1] - 1) - m.flip(1).float().argmax(1), torch.zeros_like(has, dtype=torch.long))
+    return [int(x) + 2 if h else 2 for x, h in zip(last.tolist(), has.tolist())]
+
+
+def balance_dp(lengths: list[int], dp: int) -> list[list[int]]:
+    """Sequence indices per DP rank so that TOKENS balance: longest first, each onto the rank with
+    the fewest tokens so far (ties: fewer sequences, then lower rank); each rank's list in index order."""
+    load = [(0, 0, r) for r in range(dp)]
+    out: list[list[int]] = [[] for _ in range(dp)]
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        tok, cnt, r = min(load)
+        out[r].append(i)
+        load[r] = (tok + lengths[i], cnt + 1, r)
+    return [sorted(x) for x in out]
+
+
+def ffd_rows(lengths: list[int], idx: list[int], row_len: int) -> list[list[int]]:
+    """First-fit decreasing of sequences ``idx`` into rows of ``row_len`` tokens: each row's sequences
+    in placement order."""
+    rows: list[list[int]] = []
+    fill: list[int] = []
+    for i in sorted(idx, key=lambda i: (-lengths[i], i)):
+        for r, used in enumerate(fill):
+            if used + lengths[i] <= row_len:
+                rows[r].append(i)
+                fill[r] += lengths[i]
+                break
+        else:
+            rows.append([i])
+            fill.append(lengths[i])
+    return rows
+
+
+@dataclasses.dataclass
+class PackedMicroBatch:
+    """One packed micro-batch: the model's rows (``batch``: tokens ``[rows, L]``, ``segment_ids``,
+    restarting positions) and the per-sequence view (``seqs``: its sequences as rows of the global
+    batch, ``[n, S]``). ``index [n, S-1]``: flat position in the packed target frame ``[rows * (L-1)]``
+    of each sequence's target t (valid where ``valid``); ``owner``: global row index of each sequence
+    (-1 for a zero-mask filler that keeps the micro-batch count equal across DP ranks)."""
+
+    batch: TrainBatch
+    seqs: TrainBatch
+    index: torch.Tensor
+    valid: torch.Tensor
+    owner: list[int]
+
+    # the actor's schedule treats a micro-batch like a TrainBatch (shape, device, model inputs)
+    @property
+    def num_samples(self) -> int:
+        return self.batch.num_samples
+
+    @property
+    def seq_len(self) -> int:
+        return self.batch.seq_len
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        return self.batch.tokens
+
+    @property
+    def targets(self) -> torch.Tensor:
+        return self.batch.targets
+
+    @property
+    def extras(self):
+        return self.batch.extras
+
+    def position_ids(self) -> torch.Tensor:
+        return self.batch.position_ids()
+
+    def attention_mask(self) -> torch.Tensor:
+        return self.batch.attention_mask()
+
+    def to(self, device) -> PackedMicroBatch:
+        return PackedMicroBatch(self.batch.to(device), self.seqs.to(device), self.index.to(device),
+                                self.valid.to(device), self.owner)
+
+    def unpack(self, x: torch.Tensor) -> torch.Tensor:
+        """``[rows, L-1, ...]`` packed-frame values -> ``[n, S-1, ...]`` per sequence (0 beyond it)."""
+        flat = x.reshape(-1, *x.shape[2:])[self.index.reshape(-1)]
+        out = flat.reshape(*self.index.shape, *x.shape[2:])
+        v = self.valid.reshape(*self.valid.shape, *([1] * (x.dim() - 2)))
+        return torch.where(v, out, torch.zeros((), dtype=out.dtype, device=out.device))
+
+    def pack_target(self, x: torch.Tensor) -> torch.Tensor:
+        """``[n, S-1, ...]`` per-sequence target-frame values -> ``[rows, L-1, ...]`` (0 elsewhere)."""
+        rows, l1 = self.batch.num_samples, self.batch.seq_len - 1
+        out = x.new_zeros((rows * l1, *x.shape[2:]))
+        v = self.valid.reshape(-1)
+        out[self.index.reshape(-1)[v]] = x.reshape(-1, *x.shape[2:])[v]
+        return out.reshape(rows, l1, *x.shape[2:])
+
+
+@dataclasses.dataclass
+class PackPlan:
+    """Where every sequence of a global batch goes: ``ranks[r]`` the micro-batches of DP rank r, each a
+    list of packed rows (lists of global row indices); ``row_len`` L; the padded slots' share."""
+
+    ranks: list[list[list[list[int]]]]
+    row_len: int
+    lengths: list[int]
+
+    @property
+    def micro_batches(self) -> int:
+        return len(self.ranks[0])
+
+    def slots(self) -> int:
+        """Token slots the passes process: every rank runs its micro-batches at its widest row count."""
+        return sum(len(rk) * max(1, max(len(mb) for mb in rk)) * self.row_len for rk in self.ranks)
+
+    def pad_frac(self) -> float:
+        real = sum(self.lengths)
+        return 1.0 - real / max(self.slots(), 1)
+
+    def rank_tokens(self) -> list[int]:
+        return [sum(self.lengths[i] for mb in rk for row in mb for i in row) for rk in self.ranks]
+
+
+def plan(lengths: list[int], budget: TokenBudget, dp: int) -> PackPlan:
+    """The packing of a global batch with sequence ``lengths`` over ``dp`` ranks (module docstring)."""
+    if not lengths:
+        raise ValueError("packing: no sequences")
+    longest = max(lengths)
+    row_len = -(-longest // budget.multiple) * budget.multiple
+    if row_len > budget.max_tokens:
+        raise ValueError(f"a sequence of {longest} tokens (row length {row_len}) does not fit "
+                         f"trainer.max_tokens_per_micro_batch={budget.max_tokens}; raise the budget to at least {row_len}")
+    per_mb = budget.max_tokens // row_len
+    rows = [ffd_rows(lengths, idx, row_len) for idx in balance_dp(lengths, dp)]
+    k = max(1, max(math.ceil(len(r) / per_mb) for r in rows))
+    ranks = []
+    for r in rows:
+        if len(r) < k:      # too few rows for k micro-batches: one sequence per row, then fillers
+            r = [[i] for row in r for i in row]
+        size = max(1, math.ceil(len(r) / k))
+        mbs = [r[j:j + size] for j in range(0, len(r), size)][:k]
+        ranks.append(mbs + [[] for _ in range(k - len(mbs))])
+    return PackPlan(ranks, row_len, list(lengths))
+
+
+def build_micro_batch(batch: TrainBatch, rows: list[list[int]], row_len: int, n_rows: int, lengths: list[int],
+                      pad_id: int = 0, pack_keys=()) -> PackedMicroBatch:
+    """The :class:`PackedMicroBatch` of packed ``rows`` (global row indices) of ``batch``, padded to
+    ``n_rows`` rows of ``row_len``; no rows: one zero-mask filler copy of row 0 (contributes nothing).
+    ``pack_keys``: target-frame extras ``[N, S-1, ...]`` the model side reads (vocabulary ids of a
+    support), also laid out in the packed frame."""
+    owner = [i for row in rows for i in row]
+    filler = not owner
+    if filler:
+        rows, owner = [[0]], [0]
+    s1 = batch.seq_len - 1
+    tokens = torch.full((n_rows, row_len), pad_id, dtype=batch.tokens.dtype)
+    seg = torch.full((n_rows, row_len), -1, dtype=torch.long)
+    pos = torch.zeros((n_rows, row_len), dtype=torch.long)
+    loss_mask = torch.zeros((n_rows, row_len - 1), dtype=batch.loss_mask.dtype)
+    index = torch.zeros((len(owner), s1), dtype=torch.long)
+    valid = torch.zeros((len(owner), s1), dtype=torch.bool)
+    j = 0
+    for r, row in enumerate(rows):
+        off = 0
+        for i in row:
+            n = lengths[i]
+            tokens[r, off:off + n] = batch.tokens[i, :n]
+            seg[r, off:off + n] = j
+            pos[r, off:off + n] = torch.arange(n)
+            loss_mask[r, off:off + n - 1] = batch.loss_mask[i, :n - 1]
+            index[j, :n - 1] = r * (row_len - 1) + off + torch.arange(n - 1)
+            valid[j, :n - 1] = True
+            off += n
+            j += 1
+    sel = torch.tensor(owner, dtype=torch.long)
+    seqs = TrainBatch(batch.tokens[sel], batch.loss_mask[sel], {k: v[sel] for k, v in batch.extras.items()})
+    if filler:
+        seqs = _zero_masks(seqs)
+        loss_mask.zero_()
+    model = TrainBatch(tokens, loss_mask, {"segment_ids": seg, "position_ids": pos})
+    mb = PackedMicroBatch(model, seqs, index, valid, [-1] if filler else owner)
+    for k in pack_keys:
+        model.extras[k] = mb.pack_target(seqs.extras[k])
+    return mb
+
+
+def _zero_masks(b: TrainBatch) -> TrainBatch:
+    """A copy whose every mask is zero: its loss and metrics contribute nothing."""
+    ex = {k: v.clone() for k, v in b.extras.items()}
+    for k in ("resp_mask", "first_mask", "teacher_neg_mask"):
+        if k in ex:
+            ex[k].zero_()
+    if "teacher_neg_mask" in ex:      # keep >= 1 valid slot so the contrastive signal stays defined
+        ex["teacher_neg_mask"][:, 0] = 1
+    return TrainBatch(b.tokens, torch.zeros_like(b.loss_mask), ex)
+
+
+def rank_micro_batches(batch: TrainBatch, pp: PackPlan, dp_rank: int, pad_id: int = 0,
+                       pack_keys=()) -> list[PackedMicroBatch]:
+    """DP rank ``dp_rank``'s micro-batches of ``batch`` under plan ``pp`` (all the same shape)."""
+    mbs = pp.ranks[dp_rank]
+    n_rows = max(1, max(len(mb) for mb in mbs))
+    return [build_micro_batch(batch, mb, pp.row_len, n_rows, pp.lengths, pad_id, pack_keys) for mb in mbs]

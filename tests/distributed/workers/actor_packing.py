@@ -1,0 +1,112 @@
+"""Worker: packed (token-budget) vs padded micro-batches of the same global batch, per layout.
+
+Usage: actor_packing.py HF_DIR OUT_DIR NAME:TP:PP:SP [...]
+
+A long-tailed batch (16 sequences, lengths 3..44 tokens) through the real PolicyActor (fp32): per-sequence
+log-probs / entropy (``forward_logprobs``), teacher-style supports (``forward_support`` top-k and at given
+ids), and one optimizer step per method family (GRPO's PPO clip, RLCSD's two-path loss with its teacher
+tensors and whole-batch counts, SCoRe's two attempts, SDPO's student support at train time) through the
+real Objective — each once padded (2-row micro-batches) and once packed (a 96-token budget), from the same
+weights (the step is taken on a fresh actor each time). Rank 0 writes ``OUT_DIR/NAME.json``.
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+from actor_common import build_actor, write_json
+
+KINDS = ("grpo", "rlcsd", "score", "sdpo")
+N, R, K = 16, 40, 4
+
+
+def long_tailed(seed: int = 3):
+    """16 sequences: prompts of 2..5 tokens, responses log-normal 1..40 (max / median >= 8)."""
+    from megatron_rl.trainer.update_stage import build_seq_batch
+
+    g = torch.Generator().manual_seed(seed)
+    lens = (torch.distributions.LogNormal(1.2, 0.9).sample((N,)).clamp(1, R)).long().tolist()
+    lens[0] = R
+    prompts = [torch.randint(1, 250, (int(torch.randint(2, 6, (1,), generator=g)),), generator=g).tolist() for _ in range(N)]
+    resps = [torch.randint(1, 250, (n,), generator=g).tolist() for n in lens]
+    return build_seq_batch(prompts, resps, 0, 48, R), lens
+
+
+def method_extras(kind: str, hp, sb, seed: int = 0) -> dict:
+    """Every extra the kind's loss reads, in the response frame of ``sb`` (synthetic teacher tensors)."""
+    from megatron_rl import algorithms as A
+
+    g = torch.Generator().manual_seed(seed)
+    lp = lambda *shape: -torch.rand(*shape, generator=g) * 2   # noqa: E731
+    m = sb.resp_mask
+    ex = {"resp_pos": sb.resp_pos, "resp_mask": m, "rewards": (torch.rand(N, generator=g) > 0.5).float(),
+          "group_ids": torch.arange(N) // 4, "advantages": torch.randn(N, generator=g), "old_logp": lp(N, R) * m,
+          "ref_logp": lp(N, R) * m}
+    if kind == "rlcsd":
+        ex.update({"teacher_logp": lp(N, R), "teacher_neg_logp": lp(N, 2, R), "teacher_neg_mask": torch.ones(N, 2, dtype=torch.bool)})
+    if kind == "score":
+        ex.update({"first_pos": (sb.resp_pos - 1).clamp_min(0), "first_mask": m, "first_ref_logp": lp(N, R) * m,
+                   "first_rewards": (torch.rand(N, generator=g) > 0.5).float()})
+    if kind == "sdpo":
+        ex.update({"teacher_topk": torch.log_softmax(torch.randn(N, R, K + 1, generator=g), -1),
+                   "support_idx": torch.randint(0, 250, (N, sb.batch.seq_len - 1, K), generator=g)})
+    for name, fn in A.loss_batch_stats(A.algo_kind(kind).loss).items():
+        ex[name] = fn(ex, hp)
+    return ex
+
+
+def one_step(hf_dir, tp, pp, sp, kind: str, sb, micro) -> dict:
+    import dataclasses
+
+    from megatron_rl import algorithms as A
+    from megatron_rl.parallel import destroy_parallel
+    from megatron_rl.trainer.objective import Objective
+
+    actor = build_actor(hf_dir, tp, pp, sp)
+    hp = A.algo_kind(kind).hparams(kl_loss_coef=0.05)
+    batch = dataclasses.replace(sb.batch, extras=method_extras(kind, hp, sb))
+    r = actor.train_step(batch, Objective(kind, hp, batch, step=1), micro)
+    out = {"loss": r.loss, "grad_norm": r.grad_norm, "kl": r.metrics.get("actor/kl_loss", 0.0)}
+    destroy_parallel()
+    return out
+
+
+def run_case(hf_dir: str, out: str, tp: int, pp: int, sp: bool) -> None:
+    from megatron_rl.parallel import destroy_parallel
+    from megatron_rl.trainer.packing import TokenBudget
+
+    sb, lens = long_tailed()
+    budget = TokenBudget(96)
+    rec = {"lens": lens}
+    actor = build_actor(hf_dir, tp, pp, sp)
+    for name, micro in (("padded", 2), ("packed", budget)):
+        lp = actor.forward_logprobs(sb.batch, micro, with_entropy=True)
+        top = actor.forward_support(sb.batch, micro, k=K)
+        rec[name] = {"logp": (lp.logp * sb.batch.loss_mask).tolist(), "entropy": (lp.entropy * sb.batch.loss_mask).tolist(),
+                     "topk_logp": (top["logp"] * sb.batch.loss_mask[..., None]).tolist(),
+                     "topk_idx": (top["idx"] * sb.batch.loss_mask[..., None].long()).tolist()}
+        at = actor.forward_support(_with(sb.batch, "ids", top["idx"]), micro, index_key="ids")
+        rec[name]["at_ids"] = (at["logp"] * sb.batch.loss_mask[..., None]).tolist()
+    destroy_parallel()
+    for kind in KINDS:
+        for name, micro in (("padded", 2), ("packed", budget)):
+            rec[name][kind] = one_step(hf_dir, tp, pp, sp, kind, sb, micro)
+    write_json(out, rec)
+    print("OK", {k: rec[k][kind] for k in ("padded", "packed") for kind in KINDS}, flush=True)
+
+
+def _with(batch, key, value):
+    import dataclasses
+
+    return dataclasses.replace(batch, extras={**batch.extras, key: value})
+
+
+def main() -> None:
+    hf_dir, out_dir = sys.argv[1], sys.argv[2]
+    for case in sys.argv[3:]:
+        name, tp, pp, sp = case.split(":")
+        run_case(hf_dir, f"{out_dir}/{name}.json", int(tp), int(pp), sp == "1")
+
+
+if __name__ == "__main__":
+    main()
