@@ -248,9 +248,16 @@ class AlgoConfig:
 @dataclasses.dataclass(frozen=True)
 class TrainerConfig:
     steps: int = 100
-    """RL steps (optimizer steps)."""
-    micro_batch_size: int = 32
-    """Sequences per micro-batch (per data-parallel rank)."""
+    """RL steps (each one rollout batch and ``mini_batch`` optimizer steps)."""
+    max_tokens_per_micro_batch: int = 0
+    """Token budget of one micro-batch per data-parallel rank for every policy pass (old / ref log-probs,
+    the training forward/backward, teacher passes): sequences are balanced over DP by tokens and packed
+    into rows (block-diagonal attention, ``trainer/packing.py``); counts row slots, padding included.
+    0 = padded micro-batches of ``micro_batch_size`` sequences instead (for kernels that cannot take
+    packed input)."""
+    micro_batch_size: int | None = None
+    """Sequences per padded micro-batch (per data-parallel rank); null = 32. Only with
+    ``max_tokens_per_micro_batch: 0``: a token budget replaces it."""
     mini_batch_prompts: int = 0
     """Prompts per optimizer step (verl's ``ppo_mini_batch_size``, counted in prompts): the step's batch
     is cut in order (no shuffle) into mini-batches of ``mini_batch_prompts x rollout.n`` sequences, one
@@ -295,7 +302,12 @@ class TrainerConfig:
     none | optimizer (Adam state, fp32 main params, grad buffers) | all (optimizer + the weights)."""
 
     def __post_init__(self):
-        _check(self.steps >= 1 and self.micro_batch_size >= 1, "trainer.steps and micro_batch_size must be >= 1")
+        _check(self.steps >= 1 and (self.micro_batch_size is None or self.micro_batch_size >= 1),
+               "trainer.steps and micro_batch_size must be >= 1")
+        _check(self.max_tokens_per_micro_batch >= 0, "trainer.max_tokens_per_micro_batch must be >= 0 (0 = padded micro-batches)")
+        _check(not (self.max_tokens_per_micro_batch and self.micro_batch_size is not None),
+               f"trainer.micro_batch_size={self.micro_batch_size} sets padded micro-batches, but "
+               f"trainer.max_tokens_per_micro_batch={self.max_tokens_per_micro_batch} packs them by tokens: remove one")
         _check(self.mini_batch_prompts >= 0, f"trainer.mini_batch_prompts must be >= 0 (0 = the whole batch), "
                f"got {self.mini_batch_prompts}")
         _check(self.ppo_epochs >= 1, f"trainer.ppo_epochs must be >= 1, got {self.ppo_epochs}")
@@ -310,6 +322,11 @@ class TrainerConfig:
         from megatron_rl.rollout.sampling import check_truncation
 
         check_truncation(self.eval_top_p, self.eval_top_k, self.eval_min_p, "trainer.eval_")
+
+    @property
+    def rows_per_micro_batch(self) -> int:
+        """Sequences per padded micro-batch (``micro_batch_size``, default 32)."""
+        return 32 if self.micro_batch_size is None else self.micro_batch_size
 
 
 @dataclasses.dataclass(frozen=True)
@@ -593,14 +610,18 @@ def validate(cfg: Config, world_size: int | None = None) -> None:
         mp = cfg.parallel.tp * cfg.parallel.pp
         if world_size % mp:
             raise ValueError(f"world size {world_size} is not divisible by tp*pp={mp}")
-        dp = world_size // mp
-        if n % (dp * cfg.trainer.micro_batch_size):
+        dp, mbs = world_size // mp, cfg.trainer.rows_per_micro_batch
+        if not cfg.trainer.max_tokens_per_micro_batch and n % (dp * mbs):   # packed micro-batches take any count
             raise ValueError(f"batch of {n} sequences (prompts_per_step x rollout.n) is not divisible by "
-                             f"dp={dp} x micro_batch_size={cfg.trainer.micro_batch_size}")
+                             f"dp={dp} x micro_batch_size={mbs}")
         m = cfg.trainer.mini_batch_prompts * cfg.rollout.n
-        if m and m % (dp * cfg.trainer.micro_batch_size):
+        if not cfg.trainer.max_tokens_per_micro_batch and m and m % (dp * mbs):
             raise ValueError(f"mini-batch of {m} sequences (trainer.mini_batch_prompts x rollout.n) is not divisible by "
-                             f"dp={dp} x micro_batch_size={cfg.trainer.micro_batch_size}")
+                             f"dp={dp} x micro_batch_size={mbs}")
+    budget, longest = cfg.trainer.max_tokens_per_micro_batch, cfg.rollout.max_model_len
+    if budget and budget < longest:
+        raise ValueError(f"trainer.max_tokens_per_micro_batch={budget} is below rollout.max_model_len={longest}, the "
+                         f"longest sequence a pass can hold (teacher and conditioned prompts included); raise it to >= {longest}")
     if cfg.model.hf_path:
         check_model_path(cfg.model.hf_path)
         from megatron_rl.models.provider import validate_layout

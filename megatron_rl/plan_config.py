@@ -43,7 +43,7 @@ def config_inputs(path: str | Path) -> dict[str, Any]:
     cfg = load_checked(path, ["model.hf_path="])           # the weights need not be here
     return {"tp": cfg.parallel.tp, "pp": cfg.parallel.pp, "sequence_parallel": cfg.parallel.sequence_parallel,
             "dist_opt": cfg.optim.use_distributed_optimizer, "dtype": "bf16" if cfg.model.bf16 else "fp32",
-            "micro_batch": cfg.trainer.micro_batch_size, "seq_len": cfg.data.max_prompt_len + cfg.rollout.max_tokens,
+            "micro_batch": cfg.trainer.rows_per_micro_batch, "seq_len": cfg.data.max_prompt_len + cfg.rollout.max_tokens,
             "offload": cfg.trainer.offload, "rollout_engines": cfg.rollout.num_engines,
             "colocated": cfg.rollout.placement == "colocated"}
 

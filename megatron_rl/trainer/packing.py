@@ -42,6 +42,14 @@ class TokenBudget:
             raise ValueError(f"TokenBudget: max_tokens must be >= 2 and multiple >= 1, got {self.max_tokens}, {self.multiple}")
 
 
+def micro_of(cfg, tp: int = 1) -> TokenBudget | int:
+    """A run's micro-batching: ``TokenBudget(trainer.max_tokens_per_micro_batch)`` (rows a multiple of
+    8 x TP), or the padded rows per micro-batch when the budget is 0."""
+    t = cfg.trainer
+    return TokenBudget(t.max_tokens_per_micro_batch, 8 * max(1, tp)) if t.max_tokens_per_micro_batch \
+        else t.rows_per_micro_batch
+
+
 def seq_lengths(batch: TrainBatch) -> list[int]:
     """Real length of each right-padded row: through its last response target (``loss_mask``) — the
     tokens after it are padding; a row without any target (a zero-mask padding copy) counts 2 tokens."""

@@ -49,6 +49,14 @@ class Run:
     colo: Colocation = dataclasses.field(default_factory=Colocation.separate)  # rollout.placement turn-taking
     async_pending: list = dataclasses.field(default_factory=list)  # finished batches restored from a checkpoint
 
+    @property
+    def micro(self):
+        """How every policy pass cuts its micro-batches: a ``TokenBudget`` (packed,
+        ``trainer.max_tokens_per_micro_batch``) or the padded rows per micro-batch."""
+        from megatron_rl.trainer.packing import micro_of
+
+        return micro_of(self.cfg, self.info.tp)
+
     def seq_len(self, prompts, responses) -> int:
         """Padded sequence length of a batch (multiple of 8 and of TP for sequence parallel)."""
         m = max(len(p) + len(r) for p, r in zip(prompts, responses))

@@ -26,6 +26,7 @@ import torch
 
 from megatron_rl import algorithms as A
 from megatron_rl.trainer.batch import TrainBatch
+from megatron_rl.trainer.packing import TokenBudget
 from megatron_rl.trainer.teacher_inputs import Packed, pack
 from megatron_rl.trainer.vocab_parallel import with_tail
 
@@ -47,11 +48,15 @@ def pad_train_rows(batch: TrainBatch, multiple: int) -> TrainBatch:
     return TrainBatch(batch.tokens[idx], mask, ex)
 
 
-def _teacher_micro_batch(rows: int, dp: int, mbs: int) -> int:
+def _teacher_micro_batch(rows: int, dp: int, mbs, row_len: int) -> int:
+    """Packed teacher rows per micro-batch: ``mbs`` rows, or as many rows of ``row_len`` as the token
+    budget holds (``TokenBudget``), at most a DP rank's share."""
+    if isinstance(mbs, TokenBudget):
+        mbs = max(1, mbs.max_tokens // row_len)
     return max(1, min(mbs, math.ceil(rows / dp)))
 
 
-def teacher_pass(actor, teacher, pk: Packed, dp: int, mbs: int, *, k: int | None = None,
+def teacher_pass(actor, teacher, pk: Packed, dp: int, mbs, *, k: int | None = None,
                  index: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """One packed forward under θ̄; results per sequence in the response frame ``[M, R(, k)]``."""
     batch = pk.batch
@@ -64,7 +69,7 @@ def teacher_pass(actor, teacher, pk: Packed, dp: int, mbs: int, *, k: int | None
         batch = dataclasses.replace(batch, extras={**batch.extras, "support_idx": flat.view(rows, s1, -1)})
         key = "support_idx"
     with teacher.swapped():
-        out = actor.forward_support(batch, _teacher_micro_batch(batch.num_samples, dp, mbs), k=k, index_key=key)
+        out = actor.forward_support(batch, _teacher_micro_batch(batch.num_samples, dp, mbs, batch.seq_len), k=k, index_key=key)
     return {name: pk.gather(v) for name, v in out.items()}
 
 
@@ -80,13 +85,13 @@ def teacher_tensors(run, path, rows, hp, loss: str, step: int) -> tuple[dict, di
     packer = functools.partial(pack, max_resp=cfg.rollout.max_tokens, pad_id=run.tok.pad_id,
                                row_len=cfg.teacher.pack_len or cfg.rollout.max_model_len,
                                multiple=8 * max(1, run.info.tp), packed=path.packed)
-    passer = functools.partial(teacher_pass, run.actor, path.teacher, dp=run.info.dp, mbs=cfg.trainer.micro_batch_size)
+    passer = functools.partial(teacher_pass, run.actor, path.teacher, dp=run.info.dp, mbs=run.micro)
     if "teacher_neg_topk" in A.loss_inputs(loss, hp):
         ex, packs = _paired_passes(seqs, owner, packer, passer, top_k)
     else:
         student_idx = None
         if chooser == "student":        # the support is the student's top-k at the current θ
-            st = run.actor.forward_support(rows.seqs.batch, cfg.trainer.micro_batch_size, k=top_k)
+            st = run.actor.forward_support(rows.seqs.batch, run.micro, k=top_k)
             student_idx = st["idx"].gather(1, rows.seqs.resp_pos[..., None].expand(-1, -1, top_k))
         k_neg = max((s for _, s in owner), default=0)
         ex, packs = _one_pass(seqs, owner, packer, passer, chooser, top_k, student_idx, len(rows), k_neg,

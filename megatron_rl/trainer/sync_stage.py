@@ -66,7 +66,7 @@ def startup_gate(run) -> dict:
         probe = (prompts, resps, eng)
     prompts, resps, eng = broadcast_object(probe)
     sb = build_seq_batch(prompts, resps, run.tok.pad_id, run.seq_len(prompts, resps), max(len(r) for r in resps))
-    mine = response_frame(run.actor.forward_logprobs(sb.batch, run.cfg.trainer.micro_batch_size, temperature=1.0).logp, sb)
+    mine = response_frame(run.actor.forward_logprobs(sb.batch, run.micro, temperature=1.0).logp, sb)
     theirs = torch.zeros_like(mine)
     for i, lp in enumerate(eng):
         theirs[i, :len(lp)] = torch.tensor(lp, dtype=theirs.dtype)

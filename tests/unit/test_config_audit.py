@@ -117,6 +117,7 @@ REJECTED = {   # key -> (value, words of the start-up error on this CPU machine)
     "trainer.micro_batch_size": ("7", "micro_batch_size=7"),
     "trainer.mini_batch_prompts": ("3", "trainer.mini_batch_prompts=3 must divide data.prompts_per_step"),
     "trainer.ppo_epochs": ("0", "trainer.ppo_epochs must be >= 1"),
+    "trainer.max_tokens_per_micro_batch": ("16", "trainer.max_tokens_per_micro_batch=16 packs them by tokens"),
     "trainer.run_dir": ("{W}/used", "already holds a run"),
     "reward.grader_required": ("true", "grader unreachable"),   # papo + closed port: with false it starts
     # imported at load (a method from outside the package): tests/unit/trainer/test_paths.py trains one
@@ -133,6 +134,7 @@ READ = {   # key -> module that consumes it (``cfg.<key>`` or the section alias 
     "trainer.keep_last": "megatron_rl/trainer/setup.py",
     "trainer.export_hf": "megatron_rl/trainer/loop.py",
     "trainer.offload": "megatron_rl/trainer/setup.py",          # into PolicyActor(offload=...)
+    "trainer.max_tokens_per_micro_batch": "megatron_rl/trainer/packing.py",
     "trainer.mini_batch_prompts": "megatron_rl/trainer/update.py", "trainer.ppo_epochs": "megatron_rl/trainer/update.py",
     "teacher.template": "megatron_rl/trainer/paths/teacher.py", "teacher.pack": "megatron_rl/trainer/paths/teacher.py",
     "teacher.pack_len": "megatron_rl/trainer/support.py",

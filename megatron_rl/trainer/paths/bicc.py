@@ -104,7 +104,7 @@ class BiccPath(PlainPath):
                                                      if list(p) != list(q)])
         ex = {**rows.extras, "resp_pos": train_sb.resp_pos, "resp_mask": train_sb.resp_mask}
         if hp.old_logprob_context == "conditioned":
-            ex["old_logp"] = U.response_frame(run.actor.forward_logprobs(train_sb.batch, cfg.trainer.micro_batch_size).logp,
+            ex["old_logp"] = U.response_frame(run.actor.forward_logprobs(train_sb.batch, run.micro).logp,
                                               train_sb)
         metrics.update({"bicc/conditioned_frac": n_cond / len(ro), "bicc/budget_fallbacks": n_fb})
         return dataclasses.replace(rows, seqs=train_sb, extras=ex)

@@ -275,7 +275,7 @@ def _cfg(kind: str, *extra: str):
 
 def _run(cfg, lr: float = LR):
     """What ``optimizer_steps`` reads of a Run: cfg, info (dp, driver), path, actor."""
-    return types.SimpleNamespace(cfg=cfg, info=types.SimpleNamespace(dp=1, is_driver=True),
+    return types.SimpleNamespace(cfg=cfg, info=types.SimpleNamespace(dp=1, tp=1, is_driver=True),
                                  path=CountingPath(cfg), actor=SoftmaxActor(lr=lr))
 
 
