@@ -177,7 +177,8 @@ class _LogProbModel:
         """This DP rank's packed micro-batches of the global ``batch`` and the plan (every rank computes
         the same plan from the same batch, so no communication is needed)."""
         plan = pack_plan(seq_lengths(batch), self._budget(budget), self.groups.dp_size)
-        return plan, rank_micro_batches(batch, plan, self.groups.dp_rank, pack_keys=pack_keys)
+        return plan, rank_micro_batches(batch, plan, self.groups.dp_rank, pack_keys=pack_keys,
+                                        same_shape=self.groups.pp_size > 1)
 
     def _local_batch(self, batch: TrainBatch, micro_batch_size: int) -> tuple[TrainBatch, list[TrainBatch]]:
         g = self.groups

@@ -6,6 +6,7 @@ A pass gets the GLOBAL batch as right-padded rows (``TrainBatch [N, S]``, one se
     sequences --(LPT: longest first onto the DP rank with the fewest tokens)--> DP ranks
       --(first-fit decreasing into rows of L tokens)--> packed rows        L = longest sequence, rounded up
       --(consecutive chunks of <= budget // L rows)--> micro-batches       the same count on every DP rank
+                                                                           (and, with PP, the same shape)
 
 Inside a packed row each sequence is one segment: positions restart at 0 and attention is
 block-diagonal causal (``TrainBatch.extras["segment_ids"]``, ``batch.py``). A micro-batch
@@ -162,13 +163,15 @@ class PackPlan:
     def micro_batches(self) -> int:
         return len(self.ranks[0])
 
-    def slots(self) -> int:
-        """Token slots the passes process: every rank runs its micro-batches at its widest row count."""
-        return sum(len(rk) * max(1, max(len(mb) for mb in rk)) * self.row_len for rk in self.ranks)
+    def slots(self, same_shape: bool = False) -> int:
+        """Token slots the passes process (``same_shape``: every micro-batch of a rank at its widest)."""
+        if same_shape:
+            return sum(len(rk) * max(1, max(len(mb) for mb in rk)) * self.row_len for rk in self.ranks)
+        return sum(max(1, len(mb)) * self.row_len for rk in self.ranks for mb in rk)
 
-    def pad_frac(self) -> float:
-        real = sum(self.lengths)
-        return 1.0 - real / max(self.slots(), 1)
+    def pad_frac(self, same_shape: bool = False) -> float:
+        """Padded slots / processed slots."""
+        return 1.0 - sum(self.lengths) / max(self.slots(same_shape), 1)
 
     def rank_tokens(self) -> list[int]:
         return [sum(self.lengths[i] for mb in rk for row in mb for i in row) for rk in self.ranks]
@@ -249,9 +252,11 @@ def _zero_masks(b: TrainBatch) -> TrainBatch:
     return TrainBatch(b.tokens, torch.zeros_like(b.loss_mask), ex)
 
 
-def rank_micro_batches(batch: TrainBatch, pp: PackPlan, dp_rank: int, pad_id: int = 0,
-                       pack_keys=()) -> list[PackedMicroBatch]:
-    """DP rank ``dp_rank``'s micro-batches of ``batch`` under plan ``pp`` (all the same shape)."""
+def rank_micro_batches(batch: TrainBatch, pp: PackPlan, dp_rank: int, pad_id: int = 0, pack_keys=(),
+                       same_shape: bool = False) -> list[PackedMicroBatch]:
+    """DP rank ``dp_rank``'s micro-batches of ``batch`` under plan ``pp``; ``same_shape`` (pipeline
+    parallelism: the p2p buffers are sized once) pads each to the rank's widest with empty rows."""
     mbs = pp.ranks[dp_rank]
-    n_rows = max(1, max(len(mb) for mb in mbs))
-    return [build_micro_batch(batch, mb, pp.row_len, n_rows, pp.lengths, pad_id, pack_keys) for mb in mbs]
+    widest = max(1, max(len(mb) for mb in mbs))
+    return [build_micro_batch(batch, mb, pp.row_len, widest if same_shape else max(1, len(mb)), pp.lengths, pad_id,
+                              pack_keys) for mb in mbs]

@@ -52,17 +52,22 @@ def run_schedule(chunks: Sequence[torch.nn.Module], micro_batches: Sequence[Trai
     """Run megatron's forward(-backward) schedule over ``micro_batches``.
 
     ``forward_step(data_iterator, model) -> (output, loss_func)`` follows megatron's contract.
-    All micro-batches must share the sequence length (it sizes the pipeline p2p buffers).
+    With pipeline parallelism all micro-batches must share their shape (it sizes the p2p buffers);
+    without, shapes may differ (packed micro-batches of different row counts).
     Returns the list the loss functions produced (non-empty on the last stage only).
     """
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     if not micro_batches:
         raise ValueError("run_schedule: no micro-batches")
-    seq = micro_batches[0].seq_len
-    mbs = micro_batches[0].num_samples
-    if any(mb.seq_len != seq or mb.num_samples != mbs for mb in micro_batches):
-        raise ValueError("run_schedule: micro-batches differ in size or sequence length")
+    from megatron.core import parallel_state as ps
+
+    seq = max(mb.seq_len for mb in micro_batches)
+    mbs = max(mb.num_samples for mb in micro_batches)
+    if ps.get_pipeline_model_parallel_world_size() > 1 and any(
+            mb.seq_len != seq or mb.num_samples != mbs for mb in micro_batches):
+        raise ValueError("run_schedule: with pipeline parallelism the micro-batches must share their shape "
+                         "(it sizes the p2p buffers)")
     data_iter = [iter(micro_batches) for _ in chunks] if len(chunks) > 1 else iter(micro_batches)
     fb = get_forward_backward_func()
     return fb(forward_step_func=forward_step, data_iterator=data_iter,
