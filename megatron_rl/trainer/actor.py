@@ -165,6 +165,7 @@ class _LogProbModel:
         self.vocab_size = int(hf_cfg.vocab_size)
         self.parallel_info = parallel_info
         self.device = default_device()
+        self.backend = "local"     # the layer spec built (subclasses: local | te)
 
     # ----- helpers -------------------------------------------------------------------------
     def _budget(self, budget: TokenBudget) -> TokenBudget:
@@ -198,8 +199,24 @@ class _LogProbModel:
 
     def _forward_step(self, loss_func: Callable, data_iterator: Iterator, model):
         mb = next(data_iterator).to(self.device)
+        if self.backend == "te" and "segment_ids" in mb.extras:
+            return self._thd_forward(mb, model), partial(loss_func, mb)
         out = model(mb.tokens, mb.position_ids(), mb.attention_mask())
         return out, partial(loss_func, mb)
+
+    def _thd_forward(self, mb, model):
+        """Packed rows on Transformer Engine: THD with ``cu_seqlens`` (``packing.thd_layout``) instead of
+        the dense block-diagonal mask its kernels would ignore; logits reshaped back to ``[rows, L, V]``.
+        GPU only (CUDA + TE; pipeline parallelism refused at start-up for this combination)."""
+        from megatron.core.packed_seq_params import PackedSeqParams
+
+        from megatron_rl.trainer.packing import thd_layout
+
+        tokens, pos, cu, longest = thd_layout(mb)
+        psp = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest,
+                              max_seqlen_kv=longest)
+        out = model(tokens, pos, None, packed_seq_params=psp)
+        return out.reshape(mb.num_samples, mb.seq_len, *out.shape[2:])
 
     def _collect_logprobs(self, temperature: float, with_entropy: bool, mb: TrainBatch, logits: torch.Tensor):
         with torch.no_grad():
@@ -545,6 +562,9 @@ class ReferencePolicy(_LogProbModel):
             c.requires_grad_(False)
             c.eval()
         super().__init__(hf_cfg, chunks, config, temperature, sp, parallel_info)
+        from megatron_rl.models.provider import resolve_model_backend
+
+        self.backend = resolve_model_backend(backend, fp8)    # te: packed rows run as THD
 
     @classmethod
     def from_actor(cls, actor: PolicyActor) -> "ReferencePolicy":

@@ -260,3 +260,21 @@ def rank_micro_batches(batch: TrainBatch, pp: PackPlan, dp_rank: int, pad_id: in
     widest = max(1, max(len(mb) for mb in mbs))
     return [build_micro_batch(batch, mb, pp.row_len, widest if same_shape else max(1, len(mb)), pp.lengths, pad_id,
                               pack_keys) for mb in mbs]
+
+
+def thd_layout(batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """Packed rows as Transformer Engine's THD input (GPU path; TE's causal kernels ignore a dense mask):
+    ``(tokens [1, T], position_ids [1, T], cu_seqlens [segments + 1] int32, max_seqlen)`` with T = rows x L.
+    Every run of one segment id in a row is one THD sequence — padding runs too, so ``cu_seqlens`` covers
+    all T tokens and the output reshapes back to ``[rows, L, ...]``."""
+    seg = batch.extras["segment_ids"]
+    rows, length = seg.shape
+    flat = seg.reshape(-1)
+    row_start = torch.zeros_like(flat, dtype=torch.bool)
+    row_start[::length] = True
+    change = torch.ones_like(flat, dtype=torch.bool)
+    change[1:] = flat[1:] != flat[:-1]
+    starts = torch.nonzero(change | row_start).reshape(-1)
+    cu = torch.cat([starts, torch.tensor([rows * length], device=starts.device)]).to(torch.int32)
+    return (batch.tokens.reshape(1, -1), batch.position_ids().reshape(1, -1), cu,
+            int((cu[1:] - cu[:-1]).max()))

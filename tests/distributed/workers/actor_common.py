@@ -65,7 +65,7 @@ def rl_loss(mode: str = "token-mean", ent_coef: float = 0.01):
 
 
 def build_actor(hf_dir: str | Path, tp: int, pp: int, sp: bool = False, seed: int = 1234, offload: str = "none",
-                **optim):
+                backend: str = "local", **optim):
     """init_parallel + PolicyActor (fp32) loaded from ``hf_dir``."""
     from megatron_rl.models.provider import load_hf_config
     from megatron_rl.parallel import init_parallel
@@ -75,7 +75,7 @@ def build_actor(hf_dir: str | Path, tp: int, pp: int, sp: bool = False, seed: in
     info = init_parallel(tp, pp, seed=seed, sequence_parallel=sp)
     hf_cfg = load_hf_config(str(hf_dir))
     spec = OptimSpec(**{"lr": 1e-4, "clip_grad": 1e9, "use_distributed_optimizer": True, **optim})
-    actor = PolicyActor(hf_cfg, info, spec, temperature=0.7, sequence_parallel=sp, offload=offload)
+    actor = PolicyActor(hf_cfg, info, spec, temperature=0.7, sequence_parallel=sp, offload=offload, backend=backend)
     actor.load_hf(str(hf_dir))
     return actor
 

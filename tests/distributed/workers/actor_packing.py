@@ -1,6 +1,6 @@
 """Worker: packed (token-budget) vs padded micro-batches of the same global batch, per layout.
 
-Usage: actor_packing.py HF_DIR OUT_DIR NAME:TP:PP:SP [...]
+Usage: actor_packing.py HF_DIR OUT_DIR NAME:TP:PP:SP[:BACKEND] [...]   (BACKEND local | te; te needs CUDA)
 
 A long-tailed batch (16 sequences, lengths 3..44 tokens) through the real PolicyActor (fp32): per-sequence
 log-probs / entropy (``forward_logprobs``), teacher-style supports (``forward_support`` top-k and at given
@@ -55,14 +55,14 @@ def method_extras(kind: str, hp, sb, seed: int = 0) -> dict:
     return ex
 
 
-def one_step(hf_dir, tp, pp, sp, kind: str, sb, micro) -> dict:
+def one_step(hf_dir, tp, pp, sp, kind: str, sb, micro, backend: str = "local") -> dict:
     import dataclasses
 
     from megatron_rl import algorithms as A
     from megatron_rl.parallel import destroy_parallel
     from megatron_rl.trainer.objective import Objective
 
-    actor = build_actor(hf_dir, tp, pp, sp)
+    actor = build_actor(hf_dir, tp, pp, sp, backend=backend)
     hp = A.algo_kind(kind).hparams(kl_loss_coef=0.05)
     batch = dataclasses.replace(sb.batch, extras=method_extras(kind, hp, sb))
     r = actor.train_step(batch, Objective(kind, hp, batch, step=1), micro)
@@ -71,14 +71,14 @@ def one_step(hf_dir, tp, pp, sp, kind: str, sb, micro) -> dict:
     return out
 
 
-def run_case(hf_dir: str, out: str, tp: int, pp: int, sp: bool) -> None:
+def run_case(hf_dir: str, out: str, tp: int, pp: int, sp: bool, backend: str = "local") -> None:
     from megatron_rl.parallel import destroy_parallel
     from megatron_rl.trainer.packing import TokenBudget
 
     sb, lens = long_tailed()
     budget = TokenBudget(96)
     rec = {"lens": lens}
-    actor = build_actor(hf_dir, tp, pp, sp)
+    actor = build_actor(hf_dir, tp, pp, sp, backend=backend)
     for name, micro in (("padded", 2), ("packed", budget)):
         lp = actor.forward_logprobs(sb.batch, micro, with_entropy=True)
         top = actor.forward_support(sb.batch, micro, k=K)
@@ -90,7 +90,7 @@ def run_case(hf_dir: str, out: str, tp: int, pp: int, sp: bool) -> None:
     destroy_parallel()
     for kind in KINDS:
         for name, micro in (("padded", 2), ("packed", budget)):
-            rec[name][kind] = one_step(hf_dir, tp, pp, sp, kind, sb, micro)
+            rec[name][kind] = one_step(hf_dir, tp, pp, sp, kind, sb, micro, backend)
     write_json(out, rec)
     print("OK", {k: rec[k][kind] for k in ("padded", "packed") for kind in KINDS}, flush=True)
 
@@ -104,8 +104,8 @@ def _with(batch, key, value):
 def main() -> None:
     hf_dir, out_dir = sys.argv[1], sys.argv[2]
     for case in sys.argv[3:]:
-        name, tp, pp, sp = case.split(":")
-        run_case(hf_dir, f"{out_dir}/{name}.json", int(tp), int(pp), sp == "1")
+        name, tp, pp, sp, *backend = case.split(":")
+        run_case(hf_dir, f"{out_dir}/{name}.json", int(tp), int(pp), sp == "1", *backend)
 
 
 if __name__ == "__main__":
