@@ -103,7 +103,7 @@ def minibatch_steps(actor, mbs: int) -> list[dict]:
     gids = torch.arange(8) // 2
     hp = cfg.algo.hparams
     adv = A.compute_advantages("grpo", A.AlgoInputs(rewards=rewards.double(), group_ids=gids, mask=sb.resp_mask), hp).float()
-    rows = Rows(sb, {"rewards": rewards, "group_ids": gids, "advantages": adv, "old_logp": old,
+    rows = Rows(sb, {"rewards": rewards, "group_ids": gids, "advantages": adv, "old_logp": old, "ref_logp": old.clone(),
                      "resp_pos": sb.resp_pos, "resp_mask": sb.resp_mask})
     run = types.SimpleNamespace(cfg=cfg, info=info, actor=actor, path=PlainPath(cfg, None))
     out = optimizer_steps(run, rows, hp, step=1)

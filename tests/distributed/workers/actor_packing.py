@@ -25,7 +25,7 @@ def long_tailed(seed: int = 3):
     from megatron_rl.trainer.update_stage import build_seq_batch
 
     g = torch.Generator().manual_seed(seed)
-    lens = (torch.distributions.LogNormal(1.2, 0.9).sample((N,)).clamp(1, R)).long().tolist()
+    lens = torch.exp(1.2 + 0.9 * torch.randn(N, generator=g)).clamp(1, R).long().tolist()   # log-normal, same on every rank
     lens[0] = R
     prompts = [torch.randint(1, 250, (int(torch.randint(2, 6, (1,), generator=g)),), generator=g).tolist() for _ in range(N)]
     resps = [torch.randint(1, 250, (n,), generator=g).tolist() for n in lens]
