@@ -1,4 +1,5 @@
-"""Exact resume: a graceful stop (SIGTERM in the middle of step 3 — a reward equal to the config's
+"""Exact resume (with PPO mini-batches; the synchronous GRPO and RLCSD runs with packed token-budget
+micro-batches, the asynchronous one padded): a graceful stop (SIGTERM in the middle of step 3 — a reward equal to the config's
 pauses there, so the timing is certain —: the run finishes the step, checkpoints it, prints one line
 and exits 143) or a SIGKILL right after a checkpoint, then a SIGKILL
 mid-step; ``--resume auto`` must reproduce the uninterrupted run's metrics.jsonl (losses, rewards,
@@ -35,9 +36,10 @@ def warm(plain_warm) -> Path:
 
 
 MB = "trainer.mini_batch_prompts=8"   # 32 prompts per step: 4 PPO mini-batches, one optimizer step each
+PACK = ("trainer.micro_batch_size=null", "trainer.max_tokens_per_micro_batch=256")   # packed token-budget micro-batches
 REFS = {   # the uninterrupted runs: name -> (config, extra overrides); the asynchronous one last
-    "grpo": ("tiny_cpu_grpo", (MB,)),
-    "rlcsd_teacher": ("tiny_cpu_rlcsd", ("algo.rlcsd.teacher_sync_interval=3", MB)),
+    "grpo": ("tiny_cpu_grpo", (MB, *PACK)),
+    "rlcsd_teacher": ("tiny_cpu_rlcsd", ("algo.rlcsd.teacher_sync_interval=3", MB, *PACK)),
     "grpo_async": ("tiny_cpu_grpo", ("rollout.max_staleness=1", MB)),
 }
 OPT_KEYS = ("actor/loss", "actor/grad_norm", "actor/pg_clipfrac", "actor/lr")

@@ -113,13 +113,13 @@ def minibatch_steps(actor, mbs: int) -> list[dict]:
 
 def run_case(hf_dir: str, out: str, tp: int, pp: int, sp: bool, mbs: int, distopt: bool,
              offload: str = "none") -> None:
+    from megatron_rl.parallel import destroy_parallel
     from megatron_rl.trainer.actor import ReferencePolicy
     from megatron_rl.trainer.batch import TrainBatch
 
     actor = build_actor(hf_dir, tp, pp, sp, use_distributed_optimizer=distopt, offload=offload)
     check_hf_round_trip(actor, hf_dir)
     ref = ReferencePolicy.from_actor(actor)
-    rec_mb = minibatch_steps(actor, mbs)
     batch = fixed_batch()
     lp = actor.forward_logprobs(batch, micro_batch_size=mbs, with_entropy=True)
     rlp = ref.forward_logprobs(batch, micro_batch_size=mbs)
@@ -128,7 +128,7 @@ def run_case(hf_dir: str, out: str, tp: int, pp: int, sp: bool, mbs: int, distop
     if torch.distributed.get_world_size() == 1:
         check_against_hf(hf_dir, batch, lp.logp, actor.temperature)
     rec = {"logp_sum": float((lp.logp * m).sum()), "ent_sum": float((lp.entropy * m).sum()),
-           "logp_first": lp.logp[0, :6].tolist(), "steps": [], "minibatch_steps": rec_mb}
+           "logp_first": lp.logp[0, :6].tolist(), "steps": []}
     batch = TrainBatch(batch.tokens, batch.loss_mask, {**batch.extras, "old_logp": lp.logp.detach()})
     for mode in ("token-mean", "seq-mean-token-mean", "token-sum"):
         if offload != "none":
@@ -140,6 +140,8 @@ def run_case(hf_dir: str, out: str, tp: int, pp: int, sp: bool, mbs: int, distop
     rec["logp_sum_after"] = float((after.logp * m).sum())
     rec["ref_unchanged"] = bool(torch.equal(ref.forward_logprobs(batch, micro_batch_size=mbs).logp, lp.logp))
     check_export(actor, batch, after.logp, out + ".hf")
+    destroy_parallel()      # the update pipeline's mini-batches start from the checkpoint's weights again
+    rec["minibatch_steps"] = minibatch_steps(build_actor(hf_dir, tp, pp, sp, use_distributed_optimizer=distopt), mbs)
     write_json(out, rec)
     print("OK", rec, flush=True)
 
