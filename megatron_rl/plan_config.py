@@ -91,9 +91,9 @@ def layout_table() -> str:
     def g(b: int) -> str:
         return f"{b / GIB:.1f}"
 
-    head = ("| config | model | layout (GPUs) | placement / trainer.offload | train peak | rollout peak "
-            "| colocated peak: max(update, generation) | fits 80 GiB |")
-    lines = [head, "|---|---|---|---|---|---|---|---|"]
+    head = ("| config | model | layout (GPUs) | micro-batch per DP rank | placement / trainer.offload | train peak "
+            "| rollout peak | colocated peak: max(update, generation) | fits 80 GiB |")
+    lines = [head, "|---|---|---|---|---|---|---|---|---|"]
     for path in sorted(CONFIGS.glob("*.yaml")):
         if path.stem.startswith("tiny_cpu_"):
             continue
@@ -108,8 +108,8 @@ def layout_table() -> str:
                       f"TP{i.rollout_tp} ({roll_gpus})")
             coloc = "— (own GPUs)"
         where = "colocated" if i.colocated else "separate"
-        lines.append(f"| `{path.stem}` | {rep.arch.name} | {layout} | {where} / {i.offload} | {g(rep.train_total)} "
-                     f"| {g(rep.rollout_total)} | {coloc} | {'yes' if fits(rep) else 'NO'} |")
+        lines.append(f"| `{path.stem}` | {rep.arch.name} | {layout} | {i.micro_batch_text()} | {where} / {i.offload} "
+                     f"| {g(rep.train_total)} | {g(rep.rollout_total)} | {coloc} | {'yes' if fits(rep) else 'NO'} |")
     return "\n".join(lines) + "\n"
 
 
