@@ -1,12 +1,14 @@
-"""`megatron-rl plan`: per-GPU memory estimate for a model x TP x PP x DP x micro-batch x seq-len.
+"""`megatron-rl plan`: per-GPU memory estimate for a model x TP x PP x DP x micro-batch (tokens) x seq-len.
 
 Run it before sending a job. It imports neither torch nor megatron, so it works on a login node.
 The model is a HF ``config.json`` (file or folder) or a built-in preset name (``--list-models``).
 
 Notation: h hidden, L layers, a query heads, k KV heads, d head dim, q = a·d, kv = k·d, f FFN size,
 V vocab padded to a multiple of 128·t (Megatron's ``make_vocab_size_divisible_by``), t TP, p PP,
-r DP, s seq-len, b micro-batch, e bytes per activation element (2 bf16/fp16, 4 fp32),
-σ = t with sequence parallelism else 1.
+r DP, s seq-len, e bytes per activation element (2 bf16/fp16, 4 fp32), σ = t with sequence
+parallelism else 1, T the token slots of one micro-batch per DP rank: b·s for padded micro-batches
+of b sequences (``trainer.micro_batch_size``), or the token budget B (``trainer.max_tokens_per_micro_batch``)
+for packed ones: rows x row length <= B, whatever the sequence lengths (``trainer/packing.py``).
 
 Parameters per GPU (the heaviest pipeline stage)::
 
@@ -24,13 +26,16 @@ Transformer Models", eq. 1-2, generalised to GQA + SwiGLU and no dropout), bytes
 
     norms   e·2h/σ                       (inputs of the two RMSNorms)
     attn    e·(h/σ + (q + 2kv)/t + q/t)  (QKV input, Q/K/V, out-proj input)
-            + e·a·s/t                    (softmax probs; 0 with flash attention / selective recompute)
+            + e·a·s/t                    (softmax probs, rows of s tokens; 0 with flash attention /
+                                          selective recompute)
     mlp     e·(h/σ + 3f/t)               (fc1 input, gate+up outputs, SwiGLU output)
 
 With 1F1B the first stage keeps p micro-batches of L/p layers in flight, i.e. L layers' worth
-(Korthikanti §4.2.3): activations = s·b·L·per_layer. Full recompute keeps only each layer's input
+(Korthikanti §4.2.3): activations = T·L·per_layer. Full recompute keeps only each layer's input
 (e·h/σ per token per layer) plus one layer's activations. The last stage also holds the logits:
-s·b·(V/t)·(e + 4 + 4) (logits, fp32 copy, fp32 softmax for log-prob/entropy backward).
+T·(V/t)·(e + 4 + 4) (logits, fp32 copy, fp32 softmax for log-prob/entropy backward). A token budget
+below the longest sequence a pass holds (``--max-model-len``, default ``--seq-len``) is refused, as
+config validation refuses one below ``rollout.max_model_len``.
 
 Colocated rollout engine (vLLM, TP t_r) on the same GPU::
 
@@ -53,9 +58,10 @@ return to the driver)::
 ``--no-engine-sleep`` (engines keep weights and KV during the update) makes update = train total +
 rollout weights + KV. Separate placement (``--separate``: the engines on GPUs of their own) checks
 both kinds of GPU: peak = max(train total, rollout engine total). ``--config run.yaml`` takes the
-layout, precision, sequence length, placement, offload and engine count from a run config
-(``plan_config.py``). All figures exclude allocator fragmentation; ``--overhead-gib`` (default 2)
-stands for the CUDA context, NCCL buffers and workspaces of each process.
+layout, precision, micro-batching (token budget or padded rows), sequence length, placement, offload
+and engine count from a run config (``plan_config.py``). All figures exclude allocator
+fragmentation; ``--overhead-gib`` (default 2) stands for the CUDA context, NCCL buffers and
+workspaces of each process.
 """
 from __future__ import annotations
 
@@ -162,8 +168,10 @@ class PlanInputs:
     tp: int = 1
     pp: int = 1
     dp: int = 1
-    micro_batch: int = 1
-    seq_len: int = 4096
+    micro_batch: int | None = None   # padded sequences per micro-batch (trainer.micro_batch_size); None = 1
+    seq_len: int = 4096              # one training sequence (prompt + response): a padded row, the longest packed one
+    max_tokens_per_micro_batch: int = 0  # token budget of a packed micro-batch per DP rank; 0 = padded micro-batches
+    max_model_len: int | None = None     # longest sequence a pass holds (rollout.max_model_len; default seq_len)
     dtype: str = "bf16"
     dist_opt: bool = True
     sequence_parallel: bool = False
@@ -184,9 +192,10 @@ class PlanInputs:
 
     def __post_init__(self):
         for f in ("tp", "pp", "dp", "micro_batch", "seq_len", "rollout_tp", "rollout_seqs", "rollout_engines",
-                  "vocab_multiple"):
-            if getattr(self, f) < 1:
+                  "vocab_multiple", "max_model_len"):
+            if getattr(self, f) is not None and getattr(self, f) < 1:
                 raise ValueError(f"{f} must be >= 1, got {getattr(self, f)}")
+        self._check_budget()
         if self.dtype not in DTYPE_BYTES or self.kv_dtype not in DTYPE_BYTES:
             raise ValueError(f"dtype/kv_dtype must be one of {sorted(DTYPE_BYTES)}, got {self.dtype!r}/{self.kv_dtype!r}")
         if self.offload not in OFFLOAD_MODES:
@@ -201,6 +210,32 @@ class PlanInputs:
         if self.extra_weight_copies < 0 or (self.rollout_len is not None and self.rollout_len < 1):
             raise ValueError(f"--extra-weight-copies must be >= 0 and --rollout-len >= 1, got "
                              f"{self.extra_weight_copies} / {self.rollout_len}")
+
+    def _check_budget(self) -> None:
+        """The token budget's rules, as config validation states them (one line naming the numbers)."""
+        budget, longest = self.max_tokens_per_micro_batch, self.max_model_len or self.seq_len
+        if budget < 0:
+            raise ValueError(f"--max-tokens-per-micro-batch must be >= 0 (0 = padded micro-batches), got {budget}")
+        if budget and self.micro_batch is not None:
+            raise ValueError(f"--micro-batch={self.micro_batch} sets padded micro-batches, but "
+                             f"--max-tokens-per-micro-batch={budget} packs them by tokens: drop one")
+        if longest < self.seq_len:
+            raise ValueError(f"--max-model-len={longest} is below --seq-len={self.seq_len} (one training sequence)")
+        if budget and budget < longest:
+            what = "--max-model-len" if self.max_model_len else "--seq-len"
+            raise ValueError(f"--max-tokens-per-micro-batch={budget} is below {what}={longest}: a single sequence "
+                             f"longer than the budget cannot be packed; raise it to >= {longest}")
+
+    @property
+    def micro_batch_tokens(self) -> int:
+        """T: token slots of one micro-batch per DP rank (the budget, else rows x seq_len)."""
+        return self.max_tokens_per_micro_batch or (self.micro_batch or 1) * self.seq_len
+
+    def micro_batch_text(self) -> str:
+        """How the report names the micro-batch: ``40960 tokens (packed)`` or ``4 x 18432 (padded)``."""
+        if self.max_tokens_per_micro_batch:
+            return f"{self.max_tokens_per_micro_batch} tokens (packed)"
+        return f"{self.micro_batch or 1} x {self.seq_len} (padded)"
 
 
 class ParamCounts(NamedTuple):
@@ -256,7 +291,7 @@ def activation_bytes(arch: ArchSpec, inp: PlanInputs, padded_v: int) -> tuple[in
     e = DTYPE_BYTES[inp.dtype]
     t, sig = inp.tp, (inp.tp if inp.sequence_parallel else 1)
     h, q, kv = arch.hidden, arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
-    tokens = inp.seq_len * inp.micro_batch
+    tokens = inp.micro_batch_tokens
     per_tok = e * (2 * h / sig + h / sig + (q + 2 * kv) / t + q / t + h / sig + 3 * arch.ffn / t)
     if not inp.flash_attn and inp.recompute == "none":
         per_tok += e * arch.heads * inp.seq_len / t
@@ -351,13 +386,15 @@ def _stage(common: dict, stage: str, n: int, acts: int, logits: int) -> PlanRepo
 def format_report(rep: PlanReport) -> str:
     """Render the table printed by ``megatron-rl plan``."""
     i, a = rep.inputs, rep.arch
+    micro = i.micro_batch_text() + (f", seq {i.seq_len}" if i.max_tokens_per_micro_batch else "")
+
     def g(b: float) -> str:
         return f"{b / GIB:9.2f}"
 
     lines = [
         f"model {a.name}: {a.total_params() / 1e9:.3f} B params, {a.layers} layers, hidden {a.hidden}, "
         f"heads {a.heads}/{a.kv_heads} (q/kv), ffn {a.ffn}, vocab {a.vocab} (padded {rep.params.padded_vocab})",
-        f"layout TP={i.tp} PP={i.pp} DP={i.dp} ({i.tp * i.pp * i.dp} GPUs), micro-batch {i.micro_batch} x seq {i.seq_len}, "
+        f"layout TP={i.tp} PP={i.pp} DP={i.dp} ({i.tp * i.pp * i.dp} GPUs), micro-batch {micro}, "
         f"{i.dtype}, dist-opt {'on' if i.dist_opt else 'off'}, SP {'on' if i.sequence_parallel else 'off'}, "
         f"recompute {i.recompute}, flash-attn {'on' if i.flash_attn else 'off'}",
         f"params per GPU: first stage {rep.params.first_stage / 1e6:.1f} M, last stage {rep.params.last_stage / 1e6:.1f} M",
@@ -398,7 +435,8 @@ def _hint(rep: PlanReport) -> str:
         return ""
     rollout_side = (rep.generation_peak >= rep.update_peak if i.colocated else rep.rollout_total > rep.train_total)
     if not rollout_side:
-        return " - raise TP/PP/DP, lower micro-batch, enable --recompute full or --sequence-parallel"
+        lower = "--max-tokens-per-micro-batch" if i.max_tokens_per_micro_batch else "micro-batch"
+        return f" - raise TP/PP/DP, lower {lower}, enable --recompute full or --sequence-parallel"
     more = {"none": "trainer.offload (--offload) optimizer|all, ", "optimizer": "trainer.offload (--offload) all, ",
             "all": ""}
     return (" - the generation phase dominates: " + (more[i.offload] if i.colocated else "")
@@ -413,8 +451,14 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--tp", type=int, default=d.tp, help="tensor-parallel size")
     p.add_argument("--pp", type=int, default=d.pp, help="pipeline-parallel size")
     p.add_argument("--dp", type=int, default=d.dp, help="data-parallel size")
-    p.add_argument("--micro-batch", type=int, default=d.micro_batch, help="sequences per micro-batch")
+    p.add_argument("--micro-batch", type=int, default=d.micro_batch,
+                   help="padded micro-batch: sequences of --seq-len tokens (default 1; trainer.micro_batch_size)")
+    p.add_argument("--max-tokens-per-micro-batch", type=int, default=d.max_tokens_per_micro_batch,
+                   help="packed micro-batch: token budget per DP rank (trainer.max_tokens_per_micro_batch); "
+                   "activations for this many tokens instead of micro-batch x seq-len; 0 = padded")
     p.add_argument("--seq-len", type=int, default=d.seq_len, help="training sequence length (prompt + response)")
+    p.add_argument("--max-model-len", type=int, default=d.max_model_len,
+                   help="longest sequence a pass holds (rollout.max_model_len; default --seq-len): the budget's floor")
     p.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default=d.dtype, help="parameter/activation precision")
     p.add_argument("--no-dist-opt", dest="dist_opt", action="store_false", help="optimizer state not sharded over DP")
     p.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (needs TP > 1)")
@@ -422,7 +466,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--recompute", choices=("none", "selective", "full"), default=d.recompute, help="activation recompute")
     p.add_argument("--extra-weight-copies", type=int, default=d.extra_weight_copies,
                    help="reference policy / teacher snapshot copies kept on the GPU")
-    p.add_argument("--config", help="run config (YAML): layout, precision, seq-len (rollout.max_model_len), "
+    p.add_argument("--config", help="run config (YAML): layout, precision, micro-batching, seq-len, max-model-len, "
                    "placement, trainer.offload and engine count come from it (plan_config.py)")
     p.add_argument("--separate", dest="colocated", action="store_false", help="rollout engines on other GPUs")
     p.add_argument("--offload", choices=OFFLOAD_MODES, default=d.offload,

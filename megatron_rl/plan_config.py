@@ -6,8 +6,10 @@ config decides::
     tp, pp, sequence_parallel   parallel.*
     dist_opt                    optim.use_distributed_optimizer
     dtype                       model.bf16 (bf16, else fp32)
-    micro_batch                 trainer.micro_batch_size
+    max_tokens_per_micro_batch  trainer.max_tokens_per_micro_batch (the token budget; 0 = padded)
+    micro_batch                 trainer.micro_batch_size (null: 32) when padded; unset with a budget
     seq_len                     data.max_prompt_len + rollout.max_tokens (one training sequence)
+    max_model_len               rollout.max_model_len (the budget's floor)
     colocated                   rollout.placement == colocated (``--separate`` contradicting it is refused)
     offload                     trainer.offload
     rollout_engines             rollout.num_engines
@@ -32,6 +34,7 @@ CONFIGS = REPO / "examples" / "configs"
 #: PlanInputs field -> the config key it comes from (for messages)
 KEYS = {"tp": "parallel.tp", "pp": "parallel.pp", "sequence_parallel": "parallel.sequence_parallel",
         "dist_opt": "optim.use_distributed_optimizer", "dtype": "model.bf16", "micro_batch": "trainer.micro_batch_size",
+        "max_tokens_per_micro_batch": "trainer.max_tokens_per_micro_batch", "max_model_len": "rollout.max_model_len",
         "seq_len": "data.max_prompt_len + rollout.max_tokens", "colocated": "rollout.placement",
         "offload": "trainer.offload", "rollout_engines": "rollout.num_engines"}
 
@@ -41,9 +44,11 @@ def config_inputs(path: str | Path) -> dict[str, Any]:
     from megatron_rl.preflight import load_checked
 
     cfg = load_checked(path, ["model.hf_path="])           # the weights need not be here
+    budget = cfg.trainer.max_tokens_per_micro_batch
     return {"tp": cfg.parallel.tp, "pp": cfg.parallel.pp, "sequence_parallel": cfg.parallel.sequence_parallel,
             "dist_opt": cfg.optim.use_distributed_optimizer, "dtype": "bf16" if cfg.model.bf16 else "fp32",
-            "micro_batch": cfg.trainer.rows_per_micro_batch, "seq_len": cfg.data.max_prompt_len + cfg.rollout.max_tokens,
+            "max_tokens_per_micro_batch": budget, "micro_batch": None if budget else cfg.trainer.rows_per_micro_batch,
+            "max_model_len": cfg.rollout.max_model_len, "seq_len": cfg.data.max_prompt_len + cfg.rollout.max_tokens,
             "offload": cfg.trainer.offload, "rollout_engines": cfg.rollout.num_engines,
             "colocated": cfg.rollout.placement == "colocated"}
 
@@ -55,7 +60,7 @@ def merge_config(path: str | Path, given: dict[str, Any], defaults) -> dict[str,
     for k, v in from_cfg.items():
         if given.get(k, v) != v and given[k] != getattr(defaults, k):
             raise ValueError(f"plan: --{k.replace('_', '-')}={given[k]} contradicts {KEYS[k]} of {path} "
-                             f"({v}); drop the flag or change the config")
+                             f"({'null' if v is None else v}); drop the flag or change the config")
     return {**given, **from_cfg}
 
 
@@ -86,9 +91,9 @@ def layout_table() -> str:
     def g(b: int) -> str:
         return f"{b / GIB:.1f}"
 
-    head = ("| config | model | layout (GPUs) | placement / trainer.offload | train peak | rollout peak "
-            "| colocated peak: max(update, generation) | fits 80 GiB |")
-    lines = [head, "|---|---|---|---|---|---|---|---|"]
+    head = ("| config | model | layout (GPUs) | micro-batch per DP rank | placement / trainer.offload | train peak "
+            "| rollout peak | colocated peak: max(update, generation) | fits 80 GiB |")
+    lines = [head, "|---|---|---|---|---|---|---|---|---|"]
     for path in sorted(CONFIGS.glob("*.yaml")):
         if path.stem.startswith("tiny_cpu_"):
             continue
@@ -103,8 +108,8 @@ def layout_table() -> str:
                       f"TP{i.rollout_tp} ({roll_gpus})")
             coloc = "— (own GPUs)"
         where = "colocated" if i.colocated else "separate"
-        lines.append(f"| `{path.stem}` | {rep.arch.name} | {layout} | {where} / {i.offload} | {g(rep.train_total)} "
-                     f"| {g(rep.rollout_total)} | {coloc} | {'yes' if fits(rep) else 'NO'} |")
+        lines.append(f"| `{path.stem}` | {rep.arch.name} | {layout} | {i.micro_batch_text()} | {where} / {i.offload} "
+                     f"| {g(rep.train_total)} | {g(rep.rollout_total)} | {coloc} | {'yes' if fits(rep) else 'NO'} |")
     return "\n".join(lines) + "\n"
 
 

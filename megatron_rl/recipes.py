@@ -10,7 +10,8 @@ README holds exactly that text).
 
 Keys are config keys; ``algo.hp.<field>`` is the method's hyper-parameter ``algo.<kind>.<field>``.
 Effective values are compared: ``optim.clip_grad`` null is the method's ``grad_clip``,
-``trainer.eval_max_tokens`` 0 is ``rollout.max_tokens``. A :class:`Note` is shown, not compared
+``trainer.eval_max_tokens`` 0 is ``rollout.max_tokens``, ``trainer.max_tokens_per_micro_batch`` 0 is
+shown as padded micro-batches of ``micro_batch_size`` rows. A :class:`Note` is shown, not compared
 (the paper states no value, or the setting does not apply to its model).
 """
 from __future__ import annotations
@@ -45,6 +46,7 @@ ROWS = (
     ("prompts × G", ("data.prompts_per_step", "rollout.n")),
     ("max prompt / response", ("data.max_prompt_len", "rollout.max_tokens")),
     ("lr / warm-up / wd / grad clip", ("optim.lr", "optim.warmup_steps", "optim.weight_decay", "optim.clip_grad")),
+    ("actor token budget (per DP rank)", ("trainer.max_tokens_per_micro_batch",)),
     ("rollout correction (cap)", ("algo.off_policy", "algo.tis_cap")),
     ("KL loss β / in-reward β", ("algo.hp.kl_loss_coef", "algo.hp.kl_reward_coef")),
     ("chat template options", ("data.chat_template_kwargs",)),
@@ -60,7 +62,8 @@ def _rlcsd(method: str, kl: float, clip: float = 1.0, **departures: str) -> Reci
     """The RLCSD recipe (rlcsd spec §1.2 shared values, §1.8 β_KL and grad clip per method)."""
     v = {"rollout.temperature": 1.0, "rollout.top_p": 0.95, "rollout.top_k": 20, "data.prompts_per_step": 64,
          "rollout.n": 8, "data.max_prompt_len": 2048, "rollout.max_tokens": 16384, "optim.lr": 1e-6,
-         "optim.warmup_steps": 50, "optim.weight_decay": 0.01, "optim.clip_grad": clip, "algo.off_policy": "tis",
+         "optim.warmup_steps": 50, "optim.weight_decay": 0.01, "optim.clip_grad": clip,
+         "trainer.max_tokens_per_micro_batch": 40960, "algo.off_policy": "tis",
          "algo.tis_cap": 2.0, "algo.hp.kl_loss_coef": kl, "algo.hp.kl_reward_coef": 0.0,
          "data.chat_template_kwargs": _THINK, "trainer.eval_every": 50, "trainer.eval_n": 12,
          "trainer.eval_temperature": 0.6, "trainer.eval_top_p": 0.95, "trainer.eval_top_k": 20,
@@ -70,7 +73,9 @@ def _rlcsd(method: str, kl: float, clip: float = 1.0, **departures: str) -> Reci
 
 PAPER: dict[str, Recipe] = {
     "qwen3_8b_grpo": _rlcsd("grpo", 0.001),
-    "qwen3_8b_grpo_separate": _rlcsd("grpo", 0.001),
+    "qwen3_8b_grpo_separate": _rlcsd("grpo", 0.001, trainer__max_tokens_per_micro_batch=(
+        "its 4 training GPUs cannot hold a 40960-token micro-batch without activation recompute, and a budget may not "
+        "be below rollout.max_model_len (40960)")),
     "qwen3_8b_rlcsd": _rlcsd("rlcsd", 0.0),
     "qwen2_5_14b_rlcsd": _rlcsd("rlcsd", 0.0, data__chat_template_kwargs="Qwen2.5 has no thinking mode"),
     "qwen3_8b_opsd": _rlcsd("opsd", 0.0, clip=0.1),
@@ -84,7 +89,7 @@ PAPER: dict[str, Recipe] = {
         {"rollout.temperature": 0.2, "rollout.top_p": 0.7, "rollout.top_k": -1, "data.prompts_per_step": 16,
          "rollout.n": 8, "data.max_prompt_len": 2048, "rollout.max_tokens": 3072, "optim.lr": 1e-6,
          "optim.warmup_steps": 10, "optim.weight_decay": 0.1, "optim.clip_grad": 1.0,
-         "algo.off_policy": Note("none"), "algo.hp.kl_loss_coef": 0.0, "algo.hp.kl_reward_coef": 0.001,
+         "trainer.max_tokens_per_micro_batch": 6144, "algo.off_policy": Note("none"), "algo.hp.kl_loss_coef": 0.0, "algo.hp.kl_reward_coef": 0.001,
          "data.chat_template_kwargs": Note("none (Qwen3-4B-Instruct-2507 does not think)"), "trainer.eval_every": 100,
          "trainer.eval_n": 32, "trainer.eval_temperature": 0.6, "trainer.eval_top_p": 0.95, "trainer.eval_top_k": -1,
          "trainer.eval_max_tokens": 3072},
@@ -92,13 +97,15 @@ PAPER: dict[str, Recipe] = {
     "qwen2_5_7b_papo": Recipe(
         "papo", "papo spec §2.5 (paper appendix + scripts)",
         {"rollout.temperature": 1.0, "data.prompts_per_step": 128, "rollout.n": 8, "data.max_prompt_len": 2048,
-         "rollout.max_tokens": 8192, "optim.lr": 1e-6, "algo.hp.kl_loss_coef": 0.0, "algo.hp.kl_reward_coef": 0.0,
+         "rollout.max_tokens": 8192, "optim.lr": 1e-6, "trainer.max_tokens_per_micro_batch": 18000,
+         "algo.hp.kl_loss_coef": 0.0, "algo.hp.kl_reward_coef": 0.0,
          "data.chat_template_kwargs": Note("none (base model, pass-through template)"), "trainer.eval_every": 10,
          "trainer.eval_n": 4, "trainer.eval_temperature": 0.7, "trainer.eval_max_tokens": 8192}),
     "llama3_1_8b_dapo": Recipe(
-        "dapo", "verl-baselines spec §3 (DAPO recipe); eval: DAPO paper §4.1 (avg@32, T 1.0, top-p 0.7)",
+        "dapo", "verl-baselines spec §3 (DAPO recipe; token budget: verl recipe/dapo scripts, prompt + response); "
+        "eval: DAPO paper §4.1 (avg@32, T 1.0, top-p 0.7)",
         {"rollout.temperature": 1.0, "data.prompts_per_step": 512, "rollout.n": 16, "rollout.max_tokens": 20480,
-         "optim.lr": 1e-6, "optim.warmup_steps": 20, "optim.weight_decay": 0.1, "optim.clip_grad": 1.0,
+         "trainer.max_tokens_per_micro_batch": 22528, "optim.lr": 1e-6, "optim.warmup_steps": 20, "optim.weight_decay": 0.1, "optim.clip_grad": 1.0,
          "algo.hp.kl_loss_coef": 0.0, "algo.hp.kl_reward_coef": 0.0, "trainer.eval_n": 32,
          "trainer.eval_temperature": 1.0, "trainer.eval_top_p": 0.7, "trainer.eval_max_tokens": 20480}),
 }
@@ -114,6 +121,8 @@ def value(cfg, key: str) -> Any:
         return cfg.algo.hparams.grad_clip
     if key == "trainer.eval_max_tokens" and v == 0:
         return cfg.rollout.max_tokens
+    if key == "trainer.max_tokens_per_micro_batch" and v == 0:
+        return f"padded (micro_batch_size {cfg.trainer.rows_per_micro_batch})"
     return v
 
 

@@ -156,6 +156,8 @@ def test_verl_and_nemo_rl_key_table_names_only_existing_keys():
     assert ours["actor_rollout_ref.actor.optim.lr"] == ["optim.lr"] and ours["trainer.save_freq"] == ["trainer.ckpt_every"]
     assert ours["actor_rollout_ref.actor.ppo_mini_batch_size"] == ["trainer.mini_batch_prompts"]
     assert ours["actor_rollout_ref.actor.ppo_epochs"] == ["trainer.ppo_epochs"]
+    assert ours["actor_rollout_ref.actor.use_dynamic_bsz"] == ours["policy.sequence_packing.train_mb_tokens"] == [
+        "trainer.max_tokens_per_micro_batch"]
     for name in ("actor_rollout_ref.actor.clip_ratio_low", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
                  "algorithm.adv_estimator", "actor_rollout_ref.actor.use_kl_loss", "trainer.total_training_steps",
                  "trainer.test_freq", "actor_rollout_ref.rollout.gpu_memory_utilization",

@@ -126,6 +126,52 @@ def test_memory_terms_closed_form():
     assert resident.peak == resident.train_total + resident.rollout_weights + resident.rollout_kv
 
 
+def test_token_budget_sets_the_activation_tokens():
+    """A packed micro-batch of B token slots plans T = B tokens (rows x row length <= B), whatever the
+    sequence length; padded plans b x s. Closed form on the tiny model (per token per layer 1664 B)."""
+    a = ArchSpec.from_hf(TINY["Qwen3ForCausalLM"], "tiny")
+    packed = estimate(a, PlanInputs(max_tokens_per_micro_batch=40, seq_len=8, overhead_gib=0))
+    assert packed.inputs.micro_batch_tokens == 40
+    assert (packed.activations, packed.logits) == (40 * 2 * 1664, 40 * 256 * (2 + 4 + 4))
+    padded = estimate(a, PlanInputs(micro_batch=5, seq_len=8, overhead_gib=0))
+    assert (padded.activations, padded.logits) == (packed.activations, packed.logits)   # 5 x 8 = 40 tokens
+    assert padded.inputs.micro_batch_text() == "5 x 8 (padded)"
+    assert packed.inputs.micro_batch_text() == "40 tokens (packed)"
+    # the budget replaces micro-batch x seq-len: a longer sequence under the same budget costs the same
+    # activations (flash attention), only its rollout KV cache grows
+    longer = estimate(a, PlanInputs(max_tokens_per_micro_batch=40, seq_len=40, overhead_gib=0))
+    assert longer.activations == packed.activations and longer.rollout_kv == 5 * packed.rollout_kv
+    # the unfused softmax term is per row of s tokens: e * heads * s / t per token per layer
+    noflash = estimate(a, PlanInputs(max_tokens_per_micro_batch=40, seq_len=8, flash_attn=False, overhead_gib=0))
+    assert noflash.activations == 40 * 2 * (1664 + 2 * 4 * 8)
+    # qwen3-8b, TP=4 + SP: the RLCSD recipe's 40960-token budget holds 2.2x the activations of 1 x 18432
+    q = load_arch("qwen3-8b")
+    big = {"tp": 4, "dp": 2, "sequence_parallel": True, "seq_len": 18432, "rollout_seqs": 16, "offload": "optimizer"}
+    r_budget = estimate(q, PlanInputs(max_tokens_per_micro_batch=40960, max_model_len=40960, **big))
+    r_one = estimate(q, PlanInputs(micro_batch=1, **big))
+    assert r_budget.activations / r_one.activations == pytest.approx(40960 / 18432, rel=1e-6)
+    assert round(r_budget.activations / GIB, 2) == 43.59 and round(r_budget.logits / GIB, 2) == 14.50
+    assert "raise TP/PP/DP, lower --max-tokens-per-micro-batch" in format_report(r_budget)
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"max_tokens_per_micro_batch": 4000, "seq_len": 8192},
+     (r"--max-tokens-per-micro-batch=4000 is below --seq-len=8192: a single sequence longer than the budget cannot be "
+      r"packed; raise it to >= 8192")),
+    ({"max_tokens_per_micro_batch": 20000, "seq_len": 18432, "max_model_len": 40960},
+     r"--max-tokens-per-micro-batch=20000 is below --max-model-len=40960: a single sequence"),
+    ({"max_tokens_per_micro_batch": 40960, "micro_batch": 4},
+     r"--micro-batch=4 sets padded micro-batches, but --max-tokens-per-micro-batch=40960 packs them by tokens: drop one"),
+    ({"max_tokens_per_micro_batch": -1}, r"--max-tokens-per-micro-batch must be >= 0 \(0 = padded micro-batches\), got -1"),
+    ({"max_model_len": 1000, "seq_len": 2048}, r"--max-model-len=1000 is below --seq-len=2048"),
+], ids=["below-seq-len", "below-max-model-len", "with-micro-batch", "negative", "model-len-below-seq"])
+def test_bad_token_budget_names_the_numbers(kw, match):
+    with pytest.raises(ValueError, match=match):
+        PlanInputs(**kw)
+    PlanInputs(**{**kw, "max_tokens_per_micro_batch": 0, "micro_batch": None,
+                  "max_model_len": None})   # the same sizes without the budget are fine
+
+
 def test_parallelism_and_recompute_reduce_memory():
     a = load_arch("qwen3-8b")
     base = estimate(a, PlanInputs(tp=2, dp=4, seq_len=8192))
@@ -176,7 +222,13 @@ def test_config_json_folder_and_cli_args(tmp_path, capsys):
     rep = run(args)
     out = capsys.readouterr().out
     assert rep.inputs.tp == 2 and not rep.inputs.colocated
-    assert "layout TP=2 PP=1 DP=2 (4 GPUs), micro-batch 2 x seq 1024" in out
+    assert "layout TP=2 PP=1 DP=2 (4 GPUs), micro-batch 2 x 1024 (padded), bf16" in out
+    args = add_arguments(argparse.ArgumentParser()).parse_args(
+        ["--model", "qwen3-8b", "--tp", "8", "--sequence-parallel", "--max-tokens-per-micro-batch", "40960",
+         "--seq-len", "18432", "--max-model-len", "40960"])
+    rep = run(args)
+    assert (rep.inputs.max_tokens_per_micro_batch, rep.inputs.micro_batch_tokens) == (40960, 40960)
+    assert "layout TP=8 PP=1 DP=1 (8 GPUs), micro-batch 40960 tokens (packed), seq 18432, bf16" in capsys.readouterr().out
 
 
 def test_verdict_hint_names_the_dominant_side():

@@ -38,6 +38,10 @@ def test_example_fits_as_configured(path):
     assert (i.tp, i.pp, i.offload, i.rollout_engines) == (cfg.parallel.tp, cfg.parallel.pp, cfg.trainer.offload,
                                                           cfg.rollout.num_engines)
     assert i.seq_len == cfg.data.max_prompt_len + cfg.rollout.max_tokens
+    budget = cfg.trainer.max_tokens_per_micro_batch      # the token budget is what the activations are planned for
+    assert (i.max_tokens_per_micro_batch, i.max_model_len) == (budget, cfg.rollout.max_model_len)
+    assert i.micro_batch_tokens == (budget or cfg.trainer.rows_per_micro_batch * i.seq_len)
+    assert i.micro_batch == (None if budget else cfg.trainer.rows_per_micro_batch)
     world = int(re.search(r"^# layout: TP=\d+ PP=\d+ DP=\d+ \((\d+) GPUs\)", path.read_text(), re.MULTILINE).group(1))
     assert i.tp * i.pp * i.dp == world, f"{path.name}: header layout vs plan --dp"
 
@@ -64,13 +68,55 @@ def test_flag_contradicting_the_config_is_one_line(capsys):
     from megatron_rl import cli
 
     cfg = str(PC.CONFIGS / "qwen3_8b_grpo.yaml")
-    rc = cli.main(["plan", "--config", cfg, "--model", "qwen3-8b", "--dp", "2", "--tp", "2"])
+    rc = cli.main(["plan", "--config", cfg, "--model", "qwen3-8b", "--dp", "1", "--tp", "2"])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1, err
-    assert "--tp=2 contradicts parallel.tp of" in err and "(4)" in err
-    rc = cli.main(["plan", "--config", cfg, "--model", "qwen3-8b", "--dp", "2", "--offload", "all"])
+    assert "--tp=2 contradicts parallel.tp of" in err and "(8)" in err
+    rc = cli.main(["plan", "--config", cfg, "--model", "qwen3-8b", "--dp", "1", "--offload", "all"])
     assert rc == 2 and "--offload=all contradicts trainer.offload" in capsys.readouterr().err
     # a flag that agrees with the config is fine; the config's offload is what is planned
-    assert cli.main(["plan", "--config", cfg, "--model", "qwen3-8b", "--dp", "2", "--tp", "4", "--rollout-seqs", "16"]) == 0
+    assert cli.main(["plan", "--config", cfg, "--model", "qwen3-8b", "--dp", "1", "--tp", "8", "--rollout-seqs", "16",
+                     "--max-tokens-per-micro-batch", "40960"]) == 0
     out = capsys.readouterr().out
     assert "trainer resident (offload optimizer)" in out and "colocated: max(update, generation)" in out
+
+
+def test_plan_config_of_a_packed_and_a_padded_config(capsys):
+    """Both kinds of configs plan: the report names the micro-batch it planned."""
+    from megatron_rl import cli
+
+    for name, dp, want in (("qwen3_8b_grpo", "1", "micro-batch 40960 tokens (packed), seq 18432, bf16"),
+                           ("qwen3_8b_grpo_separate", "1", "micro-batch 1 x 18432 (padded), bf16")):
+        rc = cli.main(["plan", "--config", str(PC.CONFIGS / f"{name}.yaml"), "--model", "qwen3-8b", "--dp", dp,
+                       "--rollout-seqs", "16"])
+        out = capsys.readouterr().out
+        assert rc == 0 and want in out, out
+
+
+@pytest.mark.parametrize("flags,want", [
+    (["--micro-batch", "2"], "--micro-batch=2 contradicts trainer.micro_batch_size of {cfg} (null)"),
+    (["--max-tokens-per-micro-batch", "20000"],
+     "--max-tokens-per-micro-batch=20000 contradicts trainer.max_tokens_per_micro_batch of {cfg} (40960)"),
+    (["--max-model-len", "50000"], "--max-model-len=50000 contradicts rollout.max_model_len of {cfg} (40960)"),
+], ids=["micro-batch", "budget", "max-model-len"])
+def test_micro_batch_flags_contradicting_a_budget_config(flags, want, capsys):
+    from megatron_rl import cli
+
+    cfg = str(PC.CONFIGS / "qwen3_8b_grpo.yaml")
+    rc = cli.main(["plan", "--config", cfg, "--model", "qwen3-8b", "--dp", "1", *flags])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and want.format(cfg=cfg) in err, err
+
+
+def test_config_budget_below_max_model_len_is_one_line(tmp_path, capsys):
+    """plan --config refuses a budget a single sequence does not fit, as config validation does."""
+    from megatron_rl import cli
+
+    text = (PC.CONFIGS / "qwen3_8b_grpo.yaml").read_text()
+    assert "  max_tokens_per_micro_batch: 40960" in text
+    bad = tmp_path / "small_budget.yaml"
+    bad.write_text(text.replace("  max_tokens_per_micro_batch: 40960", "  max_tokens_per_micro_batch: 20000"))
+    rc = cli.main(["plan", "--config", str(bad), "--model", "qwen3-8b", "--dp", "1"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert "trainer.max_tokens_per_micro_batch=20000 is below rollout.max_model_len=40960" in err
