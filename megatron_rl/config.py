@@ -618,10 +618,11 @@ def validate(cfg: Config, world_size: int | None = None) -> None:
         if not cfg.trainer.max_tokens_per_micro_batch and m and m % (dp * mbs):
             raise ValueError(f"mini-batch of {m} sequences (trainer.mini_batch_prompts x rollout.n) is not divisible by "
                              f"dp={dp} x micro_batch_size={mbs}")
-    budget, longest = cfg.trainer.max_tokens_per_micro_batch, cfg.rollout.max_model_len
-    if budget and budget < longest:
-        raise ValueError(f"trainer.max_tokens_per_micro_batch={budget} is below rollout.max_model_len={longest}, the "
-                         f"longest sequence a pass can hold (teacher and conditioned prompts included); raise it to >= {longest}")
+    budget, longest, q = cfg.trainer.max_tokens_per_micro_batch, cfg.rollout.max_model_len, 8 * cfg.parallel.tp
+    if budget and budget < -(-longest // q) * q:     # packed rows are rounded up to a multiple of 8 x TP
+        raise ValueError(f"trainer.max_tokens_per_micro_batch={budget} is below rollout.max_model_len={longest} (rounded up "
+                         f"to {-(-longest // q) * q}, a multiple of 8 x parallel.tp), the longest sequence a pass can hold "
+                         "(teacher and conditioned prompts included); raise the budget")
     if cfg.model.hf_path:
         check_model_path(cfg.model.hf_path)
         from megatron_rl.models.provider import validate_layout

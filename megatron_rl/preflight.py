@@ -57,13 +57,6 @@ def check_config(cfg) -> None:
     if d.max_prompt_len + t.eval_max_tokens > r.max_model_len:
         raise ValueError(f"data.max_prompt_len={d.max_prompt_len} + trainer.eval_max_tokens={t.eval_max_tokens} exceeds "
                          f"rollout.max_model_len={r.max_model_len}: raise max_model_len or lower one of the two")
-    if t.max_tokens_per_micro_batch and cfg.parallel.pp > 1:
-        from megatron_rl.models.provider import resolve_backend
-
-        if resolve_backend(cfg.model.backend) == "te":
-            raise ValueError(f"trainer.max_tokens_per_micro_batch={t.max_tokens_per_micro_batch} with model.backend=te and "
-                             f"parallel.pp={cfg.parallel.pp}: packed rows run as THD on Transformer Engine, whose pipeline "
-                             "shapes are not wired; use parallel.pp=1, model.backend=local, or padded micro-batches (0)")
     if r.max_tokens < 1 or d.max_prompt_len < 1:
         raise ValueError("rollout.max_tokens and data.max_prompt_len must be >= 1")
     if r.n == 1 and algo_kind(cfg.algo.kind).needs_group:   # the kind's registration says (needs_group)

@@ -178,8 +178,10 @@ class _LogProbModel:
         """This DP rank's packed micro-batches of the global ``batch`` and the plan (every rank computes
         the same plan from the same batch, so no communication is needed)."""
         plan = pack_plan(seq_lengths(batch), self._budget(budget), self.groups.dp_size)
-        return plan, rank_micro_batches(batch, plan, self.groups.dp_rank, pack_keys=pack_keys,
-                                        same_shape=self.groups.pp_size > 1)
+        mbs = rank_micro_batches(batch, plan, self.groups.dp_rank, pack_keys=pack_keys, same_shape=self.groups.pp_size > 1)
+        for mb in mbs:
+            mb.thd = self.backend == "te"      # TE's kernels take packed rows as THD, not as a dense mask
+        return plan, mbs
 
     def _local_batch(self, batch: TrainBatch, micro_batch_size: int) -> tuple[TrainBatch, list[TrainBatch]]:
         g = self.groups
@@ -199,15 +201,17 @@ class _LogProbModel:
 
     def _forward_step(self, loss_func: Callable, data_iterator: Iterator, model):
         mb = next(data_iterator).to(self.device)
-        if self.backend == "te" and "segment_ids" in mb.extras:
+        if getattr(mb, "thd", False):
             return self._thd_forward(mb, model), partial(loss_func, mb)
         out = model(mb.tokens, mb.position_ids(), mb.attention_mask())
         return out, partial(loss_func, mb)
 
     def _thd_forward(self, mb, model):
         """Packed rows on Transformer Engine: THD with ``cu_seqlens`` (``packing.thd_layout``) instead of
-        the dense block-diagonal mask its kernels would ignore; logits reshaped back to ``[rows, L, V]``.
-        GPU only (CUDA + TE; pipeline parallelism refused at start-up for this combination)."""
+        the dense block-diagonal mask its kernels would ignore; on the last stage the logits are reshaped
+        back to ``[rows, L, V]`` (earlier stages pass ``[T, 1, h]`` hidden states on, the shape
+        ``PackedMicroBatch.schedule_shape`` gives the pipeline). GPU only (CUDA + TE): not run on the CPU
+        development machine; ``tests/gpu/test_packing_thd.py``."""
         from megatron.core.packed_seq_params import PackedSeqParams
 
         from megatron_rl.trainer.packing import thd_layout
@@ -216,7 +220,7 @@ class _LogProbModel:
         psp = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest,
                               max_seqlen_kv=longest)
         out = model(tokens, pos, None, packed_seq_params=psp)
-        return out.reshape(mb.num_samples, mb.seq_len, *out.shape[2:])
+        return out.reshape(mb.num_samples, mb.seq_len, *out.shape[2:]) if self.groups.is_last_stage else out
 
     def _collect_logprobs(self, temperature: float, with_entropy: bool, mb: TrainBatch, logits: torch.Tensor):
         with torch.no_grad():

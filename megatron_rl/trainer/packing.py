@@ -102,6 +102,12 @@ class PackedMicroBatch:
     index: torch.Tensor
     valid: torch.Tensor
     owner: list[int]
+    thd: bool = False         # run as one THD sequence batch (Transformer Engine; ``thd_layout``)
+
+    @property
+    def schedule_shape(self) -> tuple[int, int]:
+        """(sequence length, micro-batch size) the pipeline's p2p buffers see: ``(rows x L, 1)`` as THD."""
+        return (self.batch.num_samples * self.batch.seq_len, 1) if self.thd else (self.batch.seq_len, self.batch.num_samples)
 
     # the actor's schedule treats a micro-batch like a TrainBatch (shape, device, model inputs)
     @property
@@ -132,7 +138,7 @@ class PackedMicroBatch:
 
     def to(self, device) -> PackedMicroBatch:
         return PackedMicroBatch(self.batch.to(device), self.seqs.to(device), self.index.to(device),
-                                self.valid.to(device), self.owner)
+                                self.valid.to(device), self.owner, self.thd)
 
     def unpack(self, x: torch.Tensor) -> torch.Tensor:
         """``[rows, L-1, ...]`` packed-frame values -> ``[n, S-1, ...]`` per sequence (0 beyond it)."""

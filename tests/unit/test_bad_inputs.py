@@ -73,7 +73,8 @@ CASES = [
     ("micro-batch", ["{T}", "trainer.micro_batch_size=7"], "is not divisible by dp=1 x micro_batch_size=7"),
     # issue 20: the token budget (trainer.max_tokens_per_micro_batch; the tiny config is padded, micro_batch_size 64)
     ("budget-below-model-len", ["{T}", "trainer.micro_batch_size=null", "trainer.max_tokens_per_micro_batch=100"],
-     "trainer.max_tokens_per_micro_batch=100 is below rollout.max_model_len=128, the longest sequence a pass can hold"),
+     "trainer.max_tokens_per_micro_batch=100 is below rollout.max_model_len=128 (rounded up to 128, a multiple of 8 x "
+     "parallel.tp), the longest sequence a pass can hold"),
     ("budget-and-micro-batch", ["{T}", "trainer.max_tokens_per_micro_batch=256"],
      ("trainer.micro_batch_size=64 sets padded micro-batches, but trainer.max_tokens_per_micro_batch=256 packs them by "
       "tokens: remove one")),
