@@ -1,0 +1,93 @@
+"""Typed reading of config values (the machinery of ``config.py``): a command-line override's raw text,
+field annotations, strict scalar typing with errors naming the key, building a section dataclass and
+setting dotted keys. Imports nothing of the project (``config.py`` stays the leaf above it)."""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any
+
+
+class Override(str):
+    """A command-line override's raw text (``a.b=TEXT``): parsed as a YAML scalar for its field."""
+
+
+def field_type(typ) -> tuple[Any, bool]:
+    """(base type, accepts None) of a field annotation such as ``int``, ``str | None``."""
+    args = typing.get_args(typ)
+    if typing.get_origin(typ) in (typing.Union, types.UnionType):
+        rest = [a for a in args if a is not type(None)]
+        return (rest[0] if len(rest) == 1 else Any), type(None) in args
+    return typing.get_origin(typ) or typ, False
+
+
+def typed(key: str, value: Any, typ) -> Any:
+    """``value`` checked against the field type; ``ValueError`` naming ``key`` otherwise.
+
+    Strict: an int field takes integers only (not ``3.7``, not ``true``), a bool field only
+    true/false, a float field numbers (not booleans), a str field text (numbers are kept as their
+    text); ``null`` only where the field is optional. Overrides are parsed as YAML scalars first.
+    """
+    import yaml
+
+    base, optional = field_type(typ)
+    if isinstance(value, Override):
+        try:
+            parsed = yaml.safe_load(value)
+        except yaml.YAMLError:
+            parsed = str(value)
+        if base is str and not isinstance(parsed, str) and not (parsed is None and optional):
+            parsed = str(value)          # a text field keeps the text as typed (``data.val=`` is "")
+        value = parsed
+    if value is None:
+        if optional or base is Any:
+            return None
+        raise ValueError(f"{key}: must be set (null given)")
+    kind = type(value).__name__
+    if base is bool and not isinstance(value, bool):
+        raise ValueError(f"{key}: expected true or false, got {value!r} ({kind})")
+    if base is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ValueError(f"{key}: expected an integer, got {value!r} ({kind})")
+    if base is float:
+        if isinstance(value, str):   # PyYAML (YAML 1.1) reads 1e-3 (no dot) as text
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{key}: expected a number, got {value!r} ({kind})")
+        return float(value)
+    if base is str:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        if not isinstance(value, str):
+            raise ValueError(f"{key}: expected a string, got {value!r} ({kind})")
+    if base is dict and not isinstance(value, dict):
+        raise ValueError(f"{key}: expected a mapping, got {value!r} ({kind})")
+    return value
+
+
+def build(cls, data: dict, where: str):
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected a mapping of keys (a section), got {str(data)!r}")  # noqa: TRY004 (user error: one CLI line)
+    names = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; valid: {sorted(names)}")
+    hints = typing.get_type_hints(cls)
+    kw = {k: typed(f"{where}.{k}", v, hints[k]) for k, v in data.items()}
+    try:
+        return cls(**kw)
+    except TypeError as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
+def set_dotted(tree: dict, key: str, value: str) -> None:
+    parts = key.split(".")
+    node = tree
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ValueError(f"override {key}: {p} is not a section")  # noqa: TRY004
+    node[parts[-1]] = value
