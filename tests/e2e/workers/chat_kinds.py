@@ -12,10 +12,10 @@ variants, ``<kind>@<variant>[@<variant>…]``:
     @mb4      between them: clip fractions act from the second one on); every rollout is dumped;
               dapo: up to 4 generation rounds, so that every group is informative (non-zero advantages)
     @mbsM     ``trainer.micro_batch_size=M`` (micro-batch invariance against the same kind without it)
-    @probe    (a fixed-teacher kind: opsd) ONE RL step of 4 mini-batches at LR_MOVE through a subclass
-              of the teacher path that records the weights after every optimizer step and the rows /
-              teacher sequences of every support pass; the teacher-minus-student mean of each
-              mini-batch is then recomputed under the recorded weights (:func:`probe_teacher`)
+    @probe    (a teacher kind: opsd, sdpo) ONE RL step of 4 mini-batches at LR_MOVE through a subclass
+              of its data path that records the policy and teacher weights after every optimizer
+              step and the rows / teacher sequences of every support pass; the teacher-minus-student
+              mean of each mini-batch is then recomputed under the recorded weights (:func:`probe_teacher`)
 
 Teacher kinds with shadow weights checkpoint every step (``trainer.ckpt_every=1``: the teacher counters
 of ``extra_state.pt`` after each step); bicc_rcc takes its old log-probs in the conditioned context it
@@ -83,13 +83,14 @@ def overrides(kind: str, fx: dict, out: Path, grader_url: str) -> list[str]:
 
 
 def probe_teacher(cfg, client) -> dict:
-    """One RL step of ``cfg`` (opsd: the teacher is the current θ) with the teacher path replaced by a
-    recording subclass; then, for each mini-batch k, the token mean of teacher − student log-probs
-    over its response tokens recomputed (plain unpacked forwards, independent of the support pass)
-    with the student under W_k (the weights after k optimizer steps, what the loss saw) and the
-    teacher under W_k (``fresh``: the teacher of update time) and under W_0 (``stale``: a teacher
-    computed once before the update). ``seen``: the ``distill/teacher_minus_student`` the loss logged
-    for that mini-batch (``optimizer_steps.jsonl``)."""
+    """One RL step of ``cfg`` (a teacher kind) with its data path replaced by a recording subclass;
+    then, for each mini-batch k, the token mean of teacher − student log-probs over its response
+    tokens recomputed with plain unpacked forwards (independent of the packed support pass): the
+    student under W_k (the policy after k optimizer steps: what the loss saw), the teacher under T_k
+    (``fresh``: the teacher weights after k schedule moves — W_k itself for a ``fixed`` teacher, the
+    EMA after k moves for ``ema``) and under T_0 (``stale``: a teacher frozen before the update).
+    ``seen``: the ``distill/teacher_minus_student`` the loss logged for that mini-batch
+    (``optimizer_steps.jsonl``)."""
     import torch
 
     from megatron_rl.trainer.batch import make_batch
@@ -100,19 +101,21 @@ def probe_teacher(cfg, client) -> dict:
     from megatron_rl.trainer.update import OPTIMIZER_STEPS_FILE
     from megatron_rl.trainer.update_stage import response_frame
 
-    base = path_class(cfg.algo.kind)
-
-    class Recording(base):
-        """The method's own path; records W_0, the weights after each optimizer step, and what each
-        support pass was handed (rows, teacher sequences, their owners)."""
+    class Recording(path_class(cfg.algo.kind)):
+        """The method's own path; records the policy W and teacher T weights before the update and
+        after each optimizer step, and what each support pass was handed (rows, teacher sequences,
+        their owners)."""
 
         def setup(self, run):
             super().setup(run)
             self.params = [p for m in run.actor.bare_models() for p in m.parameters()]
-            self.weights, self.passes = [self._snapshot()], []
+            self.weights, self.teachers, self.passes = [], [], []
+            self._record()
 
-        def _snapshot(self):
-            return [p.detach().clone() for p in self.params]
+        def _record(self):
+            self.weights.append([p.detach().clone() for p in self.params])
+            shadow = self.teacher.shadow if self.teacher.has_shadow else self.params
+            self.teachers.append([t.detach().clone() for t in shadow])
 
         def teacher_sequences(self, rows, step):
             seqs, owner = super().teacher_sequences(rows, step)
@@ -121,7 +124,7 @@ def probe_teacher(cfg, client) -> dict:
 
         def after_optimizer_step(self):
             super().after_optimizer_step()
-            self.weights.append(self._snapshot())
+            self._record()
 
     rn = setup_run(cfg, client=client)
     rn.path.close()
@@ -159,14 +162,21 @@ def probe_teacher(cfg, client) -> dict:
     for k, (rows, seqs, owner) in enumerate(rec.passes):
         m = rows.seqs.resp_mask
         load(rec.weights[k])
-        s, t_fresh = student(rows), teacher(rows, seqs, owner)
-        load(rec.weights[0])
-        t_stale = teacher(rows, seqs, owner)
-        fresh.append(float(((t_fresh - s) * m).sum() / m.sum()))
-        stale.append(float(((t_stale - s) * m).sum() / m.sum()))
+        s = student(rows)
+        for weights, out in ((rec.teachers[k], fresh), (rec.teachers[0], stale)):
+            load(weights)
+            out.append(float(((teacher(rows, seqs, owner) - s) * m).sum() / m.sum()))
     load(rec.weights[-1])
-    moved = [max(float((a - b).abs().max()) for a, b in zip(w, rec.weights[0])) for w in rec.weights]
-    return {"seen": seen, "fresh": fresh, "stale": stale, "max_abs_weight_change": moved}
+
+    def moved(ws):
+        return [max(float((a - b).abs().max()) for a, b in zip(w, ws[0])) for w in ws]
+
+    # the schedule's arithmetic per optimizer step: T_k = W_k (fixed), d T_{k-1} + (1 - d) W_k (ema)
+    d = rec.teacher.ema_decay if rec.teacher.mode == "ema" else 0.0
+    residual = max(float((t - (d * t0 + (1 - d) * w)).abs().max()) for k in range(1, len(rec.teachers))
+                   for t, t0, w in zip(rec.teachers[k], rec.teachers[k - 1], rec.weights[k]))
+    return {"seen": seen, "fresh": fresh, "stale": stale, "policy_moved": moved(rec.weights),
+            "teacher_moved": moved(rec.teachers), "teacher_mode": rec.teacher.mode, "schedule_residual": residual}
 
 
 def main(fixture_dir: str, out_dir: str, grader_url: str, kinds: list[str]) -> int:
