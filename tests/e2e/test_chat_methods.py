@@ -2,10 +2,15 @@
 data path puts in front of the loss, decoded with special tokens (``logging.dump_samples``).
 
 One worker process runs all kinds for 2 steps with one engine pool; the PAPO grader is a real HTTP
-server on 127.0.0.1 whose received requests are checked.
+server on 127.0.0.1 whose received requests are checked. Every kind trains with PPO mini-batches (4
+per RL step, 2 for ``chat_kinds.TWO_MINI_BATCHES``); ``run_dir/optimizer_steps.jsonl`` has one row per
+optimizer step. Variants (``tests/e2e/workers/chat_kinds.py``): the one-step-off producer, clip
+fractions under a learning rate that moves the policy between mini-batches, micro-batch invariance,
+and probes of the teacher each mini-batch's support pass runs under (OPSD: the current θ; SDPO: the EMA).
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -13,6 +18,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -23,6 +29,13 @@ from tests.helpers.fake_openai_server import requests_seen, start_server
 
 KINDS = sorted(ALGO_KINDS)
 ASYNC_KINDS = ["grpo@async"]   # the one-step-off producer on the chat model (issue 14)
+CLIP_KINDS = ["dapo@mb2", "dapo@mb4"]   # 2 / 4 mini-batches at a learning rate that moves the policy
+MBS_KIND, MBS_REF = "dapo@mb4@mbs1", "dapo@mb4"   # micro_batch_size 1 against 4, same rollouts
+PROBE_KINDS = ["opsd@probe", "sdpo@probe"]   # the teacher of each mini-batch (fixed = θ, ema)
+VARIANTS = [*ASYNC_KINDS, *CLIP_KINDS, MBS_KIND, *PROBE_KINDS]
+TEACHER_KINDS = [k for k in KINDS if hasattr(ALGO_KINDS[k].hparams(), "teacher_mode")]
+PROMPTS, N = 4, 4              # data.prompts_per_step, rollout.n of the worker
+ROWS = PROMPTS * N
 ROOT = Path(__file__).resolve().parents[2]
 Q = r"Which is larger, (\d\d) or (\d\d)\? Put the final answer in \\boxed\{\}\."
 
@@ -33,7 +46,7 @@ def runs(chat_fixture, tmp_path_factory):
     out = tmp_path_factory.mktemp("chat_kinds")
     try:
         p = subprocess.run([sys.executable, str(ROOT / "tests/e2e/workers/chat_kinds.py"), str(Path(chat_fixture["hf_path"]).parent),
-                            str(out), url, *KINDS, *ASYNC_KINDS], capture_output=True, text=True, timeout=1500, cwd=ROOT,
+                            str(out), url, *KINDS, *VARIANTS], capture_output=True, text=True, timeout=1500, cwd=ROOT,
                            env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "2"})
         assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]
         seen = requests_seen(url)
@@ -44,9 +57,20 @@ def runs(chat_fixture, tmp_path_factory):
     return out, res, seen
 
 
+def _jsonl(out: Path, kind: str, name: str) -> list[dict]:
+    return [json.loads(x) for x in (out / kind / name).read_text().splitlines()]
+
+
 def _samples(out: Path, kind: str, name: str) -> list[dict]:
-    rows = [json.loads(x) for x in (out / kind / "samples.jsonl").read_text().splitlines()]
-    return [r for r in rows if r["name"] == name]
+    return [r for r in _jsonl(out, kind, "samples.jsonl") if r["name"] == name]
+
+
+def _optimizer_steps(out: Path, kind: str) -> dict[int, list[dict]]:
+    """``optimizer_steps.jsonl`` of ``kind``: its rows by RL step, in file order."""
+    by_step: dict[int, list[dict]] = {}
+    for r in _jsonl(out, kind, "optimizer_steps.jsonl"):
+        by_step.setdefault(int(r["step"]), []).append(r)
+    return by_step
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -126,3 +150,162 @@ def test_async_kind_trains_on_chat_model(runs, kind):
         assert math.isfinite(r["actor/loss"]) and 0 < r["offpolicy/is_mean"] <= r["offpolicy/is_max"] < math.inf, r
     policy = _samples(out, kind, "policy")
     assert policy and policy[0]["text"].startswith(f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n")
+
+
+def _trained_rows(row: dict) -> int:
+    """Rows the loss trained on in the RL step of metrics row ``row``: the teacher plan keeps a subset
+    (``teacher/kept_frac``; the RLCSD hint path drops samples), every other path all of them."""
+    return round(row["teacher/kept_frac"] * ROWS) if "teacher/kept_frac" in row else ROWS
+
+
+@pytest.mark.parametrize("kind", KINDS + VARIANTS)
+def test_mini_batches_one_optimizer_step_each(runs, kind):
+    """Each RL step is cut in order into mini-batches of ``mini_batch_prompts x rollout.n`` rows of the
+    rows the loss trains on (the last one shorter when a teacher plan dropped samples), one optimizer
+    step each: ``actor/optimizer_steps`` of the step's metrics row = its rows in
+    ``optimizer_steps.jsonl``, numbered 0..K-1 in order; an update the path skipped has none. The first
+    mini-batch of a step is on-policy: no PPO clipping, ratio 1 (``actor/ppo_kl`` 0)."""
+    out, res, _ = runs
+    assert res[kind]["ok"], res[kind].get("error")
+    chunk = res[kind]["mini_batch_prompts"] * N
+    # BiCC's paper setting takes the old log-probs in the PLAIN context while the loss trains on the
+    # conditioned sequences: its ratio is not 1 even on the first mini-batch (bicc_rcc runs "conditioned")
+    on_policy = res[kind]["hparams"].get("old_logprob_context", "conditioned") == "conditioned"
+    per_step = _optimizer_steps(out, kind)
+    metrics = _jsonl(out, kind, "metrics.jsonl")
+    assert set(per_step) <= {r["step"] for r in metrics}
+    for r in metrics:
+        steps = per_step.get(r["step"], [])
+        if r.get("actor/update_skipped", 0.0) == 1.0:
+            assert not steps and "actor/optimizer_steps" not in r, r
+            continue
+        n = _trained_rows(r)
+        assert [int(s["rows"]) for s in steps] == [min(chunk, n - i) for i in range(0, n, chunk)], (r["step"], steps)
+        assert [s["mini_batch"] for s in steps] == list(range(len(steps))) and {s["epoch"] for s in steps} == {0}
+        assert r["actor/optimizer_steps"] == len(steps)
+        if "teacher/kept_frac" not in r:
+            assert len(steps) == ROWS // chunk
+        if "actor/pg_clipfrac" in steps[0] and on_policy:
+            assert steps[0]["actor/pg_clipfrac"] == 0.0 and abs(steps[0]["actor/ppo_kl"]) < 1e-6, steps[0]
+
+
+def test_kinds_cover_two_and_four_mini_batches(runs):
+    _, res, _ = runs
+    assert {res[k]["mini_batch_prompts"] * N for k in KINDS} == {ROWS // 4, ROWS // 2}
+
+
+@pytest.mark.parametrize("kind", CLIP_KINDS)
+def test_clip_fractions_act_from_the_second_mini_batch(runs, kind):
+    """At a learning rate that moves the policy (``chat_kinds.LR_MOVE``): the first mini-batch of each
+    step trains on-policy (old log-probs = current, ``pg_clipfrac`` exactly 0, ``ppo_kl`` 0), the
+    later ones off the moved policy (``ppo_kl`` ≠ 0) and PPO clips some of their tokens. DAPO's dynamic
+    sampling keeps informative groups, so every mini-batch has non-zero advantages to clip."""
+    out, res, _ = runs
+    assert res[kind]["ok"], res[kind].get("error")
+    k = int(kind.split("@mb")[1])
+    per_step = _optimizer_steps(out, kind)
+    assert sorted(per_step) == [1, 2]
+    clip = {}
+    for step, rows in per_step.items():
+        assert len(rows) == k
+        first, later = rows[0], rows[1:]
+        assert first["actor/pg_clipfrac"] == 0.0 and first["actor/ppo_kl"] == 0.0, first
+        assert all(abs(r["actor/ppo_kl"]) > 1e-3 for r in later), later
+        clip[step] = [r["actor/pg_clipfrac"] for r in rows]
+        assert any(c > 0 for c in clip[step][1:]), clip
+    print(kind, "pg_clipfrac per mini-batch:", clip)
+
+
+def test_micro_batch_size_does_not_change_the_update(runs):
+    """``dapo@mb4`` with micro_batch_size 1 instead of 4 (4 micro-batches of 1 row per optimizer step):
+    same rollouts (every sampled sequence of every step), so the same mini-batches; each optimizer
+    step's loss agrees to 1e-6, and so does the gradient norm of the first optimizer step (identical
+    weights going in: the per-micro-batch sums over the mini-batch normaliser add up to the whole).
+    Later gradient norms agree to 1e-4 relative: Adam (eps 1e-8) amplifies the fp32 summation-order noise
+    of gradient coordinates of size ~eps, so the weights after the first step differ slightly."""
+    out, res, _ = runs
+    for kind in (MBS_KIND, MBS_REF):
+        assert res[kind]["ok"], res[kind].get("error")
+    assert (res[MBS_REF]["micro_batch_size"], res[MBS_KIND]["micro_batch_size"]) == (4, 1)
+    sa, sb = _samples(out, MBS_REF, "policy"), _samples(out, MBS_KIND, "policy")
+    same = [s for s in (1, 2) if [x["ids"] for x in sa if x["step"] == s] == [x["ids"] for x in sb if x["step"] == s]]
+    assert same[:1] == [1] and len([x for x in sa if x["step"] == 1]) == ROWS, "step 1 rollouts differ"
+    a, b = _optimizer_steps(out, MBS_REF), _optimizer_steps(out, MBS_KIND)
+    worst = {"loss": 0.0, "grad_norm_first": 0.0, "grad_norm_rel": 0.0}
+    for step in same:
+        assert len(a[step]) == len(b[step]) == 4
+        for x, y in zip(a[step], b[step]):
+            worst["loss"] = max(worst["loss"], abs(x["actor/loss"] - y["actor/loss"]))
+            g, h = x["actor/grad_norm"], y["actor/grad_norm"]
+            if step == 1 and x["mini_batch"] == 0:
+                worst["grad_norm_first"] = abs(g - h)
+            else:
+                worst["grad_norm_rel"] = max(worst["grad_norm_rel"], abs(g - h) / max(abs(g), 1e-3))
+    print("micro-batch invariance over steps", same, worst)
+    assert worst["loss"] <= 1e-6 and worst["grad_norm_first"] <= 1e-6 and worst["grad_norm_rel"] <= 1e-4, worst
+    assert a[1][0]["actor/grad_norm"] > 0.1, "the first optimizer step must carry a gradient"
+
+
+def _teacher_state(out: Path, kind: str, step: int) -> dict:
+    import torch
+
+    return torch.load(out / kind / "checkpoints" / f"step_{step}" / "extra_state.pt", weights_only=False)["teacher"]
+
+
+@pytest.mark.parametrize("kind", TEACHER_KINDS)
+def test_teacher_schedule_advances_per_optimizer_step(runs, kind):
+    """The teacher schedule moves after every successful OPTIMIZER step (``path.after_optimizer_step``),
+    and the support pass of each mini-batch runs under the teacher of that moment: ``teacher/syncs`` of
+    an optimizer-step row (read at its support pass) counts the moves before it — ema: one per
+    optimizer step (sdpo, 4 mini-batches: 0, 1, 2, 3 in step 1); snapshot (every 10 optimizer steps,
+    rlcsd every 3: a sync between two mini-batches of step 2): the counter of each step's checkpoint =
+    optimizer steps since the last sync; fixed (the current θ): nothing."""
+    out, res, _ = runs
+    assert res[kind]["ok"], res[kind].get("error")
+    hp = SimpleNamespace(**res[kind]["hparams"])
+    rows = [r for _, rs in sorted(_optimizer_steps(out, kind).items()) for r in rs]
+    done, ckpt = 0, {}
+    for r in rows:
+        if hp.teacher_mode == "ema":
+            assert r["teacher/syncs"] == done, (r, done)
+        else:
+            assert r["teacher/syncs"] == (done // hp.teacher_sync_interval if hp.teacher_mode == "snapshot" else 0)
+        done += r["actor/update_successful"] == 1.0
+        ckpt[int(r["step"])] = done
+    steps = sorted({int(x.name.split("_")[1]) for x in (out / kind / "checkpoints").glob("step_*")})
+    assert steps == ([1, 2] if hp.teacher_mode != "fixed" else [2])
+    for step in steps:
+        n = max((v for s, v in ckpt.items() if s <= step), default=0)
+        want = {"fixed": (0, 0), "ema": (0, n), "snapshot": (n % hp.teacher_sync_interval, n // hp.teacher_sync_interval)}
+        st = _teacher_state(out, kind, step)
+        assert st["mode"] == hp.teacher_mode and (st["counter"], st["syncs"]) == want[hp.teacher_mode], (step, st, n)
+    if hp.teacher_mode == "ema" or kind == "rlcsd":   # the teacher moved between two mini-batches of a step
+        assert any(a["step"] == b["step"] and b["teacher/syncs"] > a["teacher/syncs"] for a, b in itertools.pairwise(rows))
+    if kind in ("sdpo", "rlsd"):    # 4 mini-batches, every optimizer step successful in step 1
+        assert [r["teacher/syncs"] for r in rows[:4]] == ([0.0, 1.0, 2.0, 3.0] if kind == "sdpo" else [0.0] * 4)
+        assert _teacher_state(out, kind, 1) == ({"mode": "ema", "counter": 0, "syncs": 4} if kind == "sdpo"
+                                                else {"mode": "snapshot", "counter": 4, "syncs": 0})
+
+
+@pytest.mark.parametrize("kind", PROBE_KINDS)
+def test_teacher_of_each_mini_batch_is_that_of_its_moment(runs, kind):
+    """The support pass of mini-batch k runs under the teacher after k optimizer steps: OPSD's (fixed)
+    teacher is the current θ = W_k, SDPO's the EMA after k moves (T_k = d T_{k-1} + (1 - d) W_k, checked
+    on the recorded weights to 1e-6). One RL step of 4 mini-batches at a learning rate that moves the
+    policy, through a recording subclass of the data path: the mean teacher − student log-prob of each
+    mini-batch the loss logged (``distill/teacher_minus_student``) equals its recomputation (plain
+    unpacked forwards) with the teacher T_k and the student W_k to 1e-5, and differs by far more from a
+    teacher frozen before the update (T_0) for k >= 1."""
+    _, res, _ = runs
+    assert res[kind]["ok"], res[kind].get("error")
+    p = res[kind]["probe"]
+    assert p["teacher_mode"] == {"opsd": "fixed", "sdpo": "ema"}[kind.split("@")[0]]
+    assert len(p["seen"]) == len(p["fresh"]) == len(p["stale"]) == 4
+    for moved in (p["policy_moved"], p["teacher_moved"]):
+        assert moved[0] == 0.0 and all(b > a for a, b in itertools.pairwise(moved)), moved
+    assert p["schedule_residual"] <= 1e-6, p["schedule_residual"]
+    fresh = [abs(s - f) for s, f in zip(p["seen"], p["fresh"])]
+    stale = [abs(s - f) for s, f in zip(p["seen"], p["stale"])]
+    print(kind, "teacher-minus-student per mini-batch:", p["seen"], "|seen-fresh|", fresh, "|seen-stale|", stale)
+    assert max(fresh) <= 1e-5, fresh
+    assert stale[0] <= 1e-5 and min(stale[1:]) > 1e-3, stale

@@ -3,11 +3,29 @@ engine pool (Ray actor) reused across kinds — the engine start dominates a sho
 
     python tests/e2e/workers/chat_kinds.py FIXTURE_DIR OUT_DIR GRADER_URL KIND [KIND ...]
 
-Writes ``OUT_DIR/results.json`` {kind: {ok, secs, error?}}; each kind's run dir ``OUT_DIR/<kind>``
-holds ``metrics.jsonl`` and ``samples.jsonl`` (``logging.dump_samples``).
+Every kind trains with PPO mini-batches (``trainer.mini_batch_prompts``): 4 per RL step (1 prompt x
+``rollout.n`` = 4 rows each), or 2 for the kinds of :data:`TWO_MINI_BATCHES`. A KIND may carry
+variants, ``<kind>@<variant>[@<variant>…]``:
+
+    @async    one-step-off (``rollout.max_staleness=1``) for STEPS + 1 steps
+    @mb2      2 / 4 mini-batches (``@mb4``) at ``optim.lr`` = :data:`LR_MOVE` (the policy moves
+    @mb4      between them: clip fractions act from the second one on); every rollout is dumped;
+              dapo: up to 4 generation rounds, so that every group is informative (non-zero advantages)
+    @mbsM     ``trainer.micro_batch_size=M`` (micro-batch invariance against the same kind without it)
+    @probe    (a teacher kind: opsd, sdpo) ONE RL step of 4 mini-batches at LR_MOVE through a subclass
+              of its data path that records the policy and teacher weights after every optimizer
+              step and the rows / teacher sequences of every support pass; the teacher-minus-student
+              mean of each mini-batch is then recomputed under the recorded weights (:func:`probe_teacher`)
+
+Teacher kinds with shadow weights checkpoint every step (``trainer.ckpt_every=1``: the teacher counters
+of ``extra_state.pt`` after each step); bicc_rcc takes its old log-probs in the conditioned context it
+trains on (bicc keeps the paper's plain one). Writes ``OUT_DIR/results.json`` {kind: {ok, secs, error?,
+mini_batch_prompts, micro_batch_size, hparams, probe?}}; each kind's run dir ``OUT_DIR/<kind>`` holds
+``metrics.jsonl``, ``optimizer_steps.jsonl`` and ``samples.jsonl`` (``logging.dump_samples``).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -16,33 +34,149 @@ import traceback
 from pathlib import Path
 
 STEPS = int(os.environ.get("CHAT_KINDS_STEPS", "2"))   # RL steps per kind
-
-
-ASYNC = "@async"   # "<kind>@async": that kind one-step-off (rollout.max_staleness=1) for STEPS + 1 steps
+PROMPTS, N = 4, 4                                      # data.prompts_per_step, rollout.n
+TWO_MINI_BATCHES = ("bicc_rcc", "drgrpo", "opsd_ectr", "rlsd_ectr", "srpo")   # the others: 4
+LR_MOVE = "1e-3"             # @mbK / @probe: a learning rate that moves the tiny policy within one step
+SHADOW_TEACHERS = ("rlcsd", "rlsd", "rlsd_ectr", "sdpo", "srpo")   # snapshot / ema teacher: ckpt every step
 
 
 def overrides(kind: str, fx: dict, out: Path, grader_url: str) -> list[str]:
     from megatron_rl.data.chat_fixture import SCORE_INSTRUCTION
 
-    if kind.endswith(ASYNC):
-        base = kind[: -len(ASYNC)]
-        return [*overrides(base, fx, out, grader_url), f"trainer.run_dir={out / kind}", f"trainer.steps={STEPS + 1}",
-                "rollout.max_staleness=1"]
-    ov = [f"model.hf_path={fx['hf_path']}", f"data.train={fx['train']}", "data.val=", "data.prompts_per_step=4",
-          "data.max_prompt_len=64", "rollout.n=4", "rollout.max_tokens=24", "rollout.max_model_len=320",
-          "rollout.temperature=1.0", "rollout.kv_cache_gib=0.25", "optim.lr=1e-4", f"trainer.steps={STEPS}",
-          "trainer.micro_batch_size=8",
+    base, *variants = kind.split("@")
+    mini_batches = 2 if base in TWO_MINI_BATCHES else 4
+    ov = [f"model.hf_path={fx['hf_path']}", f"data.train={fx['train']}", "data.val=",
+          f"data.prompts_per_step={PROMPTS}", "data.max_prompt_len=64", f"rollout.n={N}", "rollout.max_tokens=24",
+          "rollout.max_model_len=320", "rollout.temperature=1.0", "rollout.kv_cache_gib=0.25", "optim.lr=1e-4",
+          f"trainer.steps={STEPS}", f"trainer.mini_batch_prompts={PROMPTS // mini_batches}", "trainer.micro_batch_size=4",
           f"trainer.run_dir={out / kind}", "trainer.ckpt_every=0", "trainer.export_hf=false", "trainer.seed=7",
-          "logging.wandb_mode=disabled", "logging.progress=false", "logging.dump_samples=2", f"algo.kind={kind}"]
-    if kind in ("opsd", "sdpo", "srpo", "opsd_ectr"):
-        ov.append(f"algo.{kind}.top_k=8")
-    if kind == "score":
+          "logging.wandb_mode=disabled", "logging.progress=false", "logging.dump_samples=2", f"algo.kind={base}"]
+    if base in ("opsd", "sdpo", "srpo", "opsd_ectr"):
+        ov.append(f"algo.{base}.top_k=8")
+    if base in SHADOW_TEACHERS:
+        ov += ["trainer.ckpt_every=1", "trainer.keep_last=0"]
+    if base == "rlcsd":      # a snapshot sync inside an RL step (every 3rd optimizer step; rlsd keeps 10)
+        ov.append("algo.rlcsd.teacher_sync_interval=3")
+    if base == "bicc_rcc":   # old log-probs of the conditioned sequences it trains on (bicc: the paper's plain)
+        ov.append("algo.bicc_rcc.old_logprob_context=conditioned")
+    if base == "score":
         ov += [f"algo.score.instruction={SCORE_INSTRUCTION}", "algo.score.stage1_steps=1"]
-    if kind == "papo":
+    if base == "papo":
         ov += [f"reward.grader_url={grader_url}", "reward.grader_timeout=10", "reward.grader_retries=0"]
-    if kind == "dapo":
+    if base == "dapo":
         ov += ["algo.dapo.overlong_buffer_len=8", "algo.dapo.max_num_gen_batches=2", "algo.dapo.at_cap=fill"]
+    for v in variants:
+        if v == "async":
+            ov += [f"trainer.steps={STEPS + 1}", "rollout.max_staleness=1"]
+        elif v in ("mb2", "mb4"):
+            ov += [f"trainer.mini_batch_prompts={PROMPTS // int(v[2:])}", f"optim.lr={LR_MOVE}",
+                   f"logging.dump_samples={PROMPTS * N}"]
+            if base == "dapo":   # dynamic sampling: informative groups, so every mini-batch has advantages
+                ov.append("algo.dapo.max_num_gen_batches=4")
+        elif v.startswith("mbs"):
+            ov.append(f"trainer.micro_batch_size={int(v[3:])}")
+        elif v == "probe":
+            ov += ["trainer.steps=1", "trainer.mini_batch_prompts=1", f"optim.lr={LR_MOVE}"]
+        else:
+            raise ValueError(f"unknown variant @{v} of {kind!r}")
     return ov
+
+
+def probe_teacher(cfg, client) -> dict:
+    """One RL step of ``cfg`` (a teacher kind) with its data path replaced by a recording subclass;
+    then, for each mini-batch k, the token mean of teacher − student log-probs over its response
+    tokens recomputed with plain unpacked forwards (independent of the packed support pass): the
+    student under W_k (the policy after k optimizer steps: what the loss saw), the teacher under T_k
+    (``fresh``: the teacher weights after k schedule moves — W_k itself for a ``fixed`` teacher, the
+    EMA after k moves for ``ema``) and under T_0 (``stale``: a teacher frozen before the update).
+    ``seen``: the ``distill/teacher_minus_student`` the loss logged for that mini-batch
+    (``optimizer_steps.jsonl``)."""
+    import torch
+
+    from megatron_rl.trainer.batch import make_batch
+    from megatron_rl.trainer.loop import rl_step
+    from megatron_rl.trainer.paths import path_class
+    from megatron_rl.trainer.rollout_source import open_source
+    from megatron_rl.trainer.setup import setup_run
+    from megatron_rl.trainer.update import OPTIMIZER_STEPS_FILE
+    from megatron_rl.trainer.update_stage import response_frame
+
+    class Recording(path_class(cfg.algo.kind)):
+        """The method's own path; records the policy W and teacher T weights before the update and
+        after each optimizer step, and what each support pass was handed (rows, teacher sequences,
+        their owners)."""
+
+        def setup(self, run):
+            super().setup(run)
+            self.params = [p for m in run.actor.bare_models() for p in m.parameters()]
+            self.weights, self.teachers, self.passes = [], [], []
+            self._record()
+
+        def _record(self):
+            self.weights.append([p.detach().clone() for p in self.params])
+            shadow = self.teacher.shadow if self.teacher.has_shadow else self.params
+            self.teachers.append([t.detach().clone() for t in shadow])
+
+        def teacher_sequences(self, rows, step):
+            seqs, owner = super().teacher_sequences(rows, step)
+            self.passes.append((rows, seqs, owner))
+            return seqs, owner
+
+        def after_optimizer_step(self):
+            super().after_optimizer_step()
+            self._record()
+
+    rn = setup_run(cfg, client=client)
+    rn.path.close()
+    rec = Recording(cfg, rn.tok)
+    rec.setup(rn)
+    rn.path = rec
+    rn.source = open_source(rn)
+    try:
+        rn.logger.log(1, rl_step(rn, 1))
+    finally:
+        rn.source.close()
+        rn.close(own_client=False)
+    assert len(rec.weights) == len(rec.passes) + 1, (len(rec.weights), len(rec.passes))
+
+    def load(w):
+        with torch.no_grad():
+            for p, v in zip(rec.params, w):
+                p.copy_(v)
+
+    def student(rows):
+        return response_frame(rn.actor.forward_logprobs(rows.seqs.batch, 1).logp, rows.seqs)
+
+    def teacher(rows, seqs, owner):
+        out = torch.zeros_like(rows.seqs.resp_mask)
+        for (prompt, resp), (j, slot) in zip(seqs, owner):
+            if slot == 0:
+                lp = rn.actor.forward_logprobs(make_batch([prompt], [resp], rn.tok.pad_id), 1).logp[0]
+                r = min(len(resp), out.shape[1])
+                out[j, :r] = lp[len(prompt) - 1: len(prompt) - 1 + r]
+        return out
+
+    seen = [json.loads(x)["distill/teacher_minus_student"]
+            for x in (Path(cfg.trainer.run_dir) / OPTIMIZER_STEPS_FILE).read_text().splitlines()]
+    fresh, stale = [], []
+    for k, (rows, seqs, owner) in enumerate(rec.passes):
+        m = rows.seqs.resp_mask
+        load(rec.weights[k])
+        s = student(rows)
+        for weights, out in ((rec.teachers[k], fresh), (rec.teachers[0], stale)):
+            load(weights)
+            out.append(float(((teacher(rows, seqs, owner) - s) * m).sum() / m.sum()))
+    load(rec.weights[-1])
+
+    def moved(ws):
+        return [max(float((a - b).abs().max()) for a, b in zip(w, ws[0])) for w in ws]
+
+    # the schedule's arithmetic per optimizer step: T_k = W_k (fixed), d T_{k-1} + (1 - d) W_k (ema)
+    d = rec.teacher.ema_decay if rec.teacher.mode == "ema" else 0.0
+    residual = max(float((t - (d * t0 + (1 - d) * w)).abs().max()) for k in range(1, len(rec.teachers))
+                   for t, t0, w in zip(rec.teachers[k], rec.teachers[k - 1], rec.weights[k]))
+    return {"seen": seen, "fresh": fresh, "stale": stale, "policy_moved": moved(rec.weights),
+            "teacher_moved": moved(rec.teachers), "teacher_mode": rec.teacher.mode, "schedule_residual": residual}
 
 
 def main(fixture_dir: str, out_dir: str, grader_url: str, kinds: list[str]) -> int:
@@ -60,14 +194,21 @@ def main(fixture_dir: str, out_dir: str, grader_url: str, kinds: list[str]) -> i
         t0 = time.time()
         try:
             cfg = load_checked(None, overrides(kind, fx, out, grader_url))
+            results[kind] = {"mini_batch_prompts": cfg.trainer.mini_batch_prompts,
+                             "micro_batch_size": cfg.trainer.micro_batch_size,
+                             "hparams": dataclasses.asdict(cfg.algo.hparams)}
             if client is None:
                 client = build_client(cfg)
-            run(cfg, client=client)
-            results[kind] = {"ok": True}
+            if kind.endswith("@probe"):
+                results[kind]["probe"] = probe_teacher(cfg, client)
+            else:
+                run(cfg, client=client)
+            results[kind]["ok"] = True
         except BaseException as e:  # noqa: BLE001 - reported per kind, the next kind still runs
-            results[kind] = {"ok": False, "error": "".join(traceback.format_exception(e))[-4000:]}
+            results.setdefault(kind, {}).update(ok=False, error="".join(traceback.format_exception(e))[-4000:])
         results[kind]["secs"] = round(time.time() - t0, 1)
-        print(f"[chat_kinds] {kind}: {results[kind]}", flush=True)
+        print(f"[chat_kinds] {kind}: {({k: v for k, v in results[kind].items() if k not in ('hparams', 'probe')})}",
+              flush=True)
     if client is not None:
         client.shutdown()
     (out / "results.json").write_text(json.dumps({"fixture": fx, "kinds": results}, indent=1))
