@@ -77,6 +77,7 @@ def _optimizer_steps(out: Path, kind: str) -> dict[int, list[dict]]:
 def test_kind_trains_on_chat_model(runs, kind):
     out, res, _ = runs
     assert res[kind]["ok"], res[kind].get("error")
+    assert res[kind]["max_tokens_per_micro_batch"] > 0      # packed token-budget micro-batches
     rows = [json.loads(x) for x in (out / kind / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:

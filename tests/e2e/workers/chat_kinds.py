@@ -4,12 +4,14 @@ engine pool (Ray actor) reused across kinds — the engine start dominates a sho
     python tests/e2e/workers/chat_kinds.py FIXTURE_DIR OUT_DIR GRADER_URL KIND [KIND ...]
 
 Every kind trains with PPO mini-batches (``trainer.mini_batch_prompts``): 4 per RL step (1 prompt x
-``rollout.n`` = 4 rows each), or 2 for the kinds of :data:`TWO_MINI_BATCHES`. A KIND may carry
+``rollout.n`` = 4 rows each), or 2 for the kinds of :data:`TWO_MINI_BATCHES`, and packed token-budget
+micro-batches (``trainer.max_tokens_per_micro_batch`` = :data:`BUDGET`). A KIND may carry
 variants, ``<kind>@<variant>[@<variant>…]``:
 
     @async    one-step-off (``rollout.max_staleness=1``) for STEPS + 1 steps
     @mb2      2 / 4 mini-batches (``@mb4``) at ``optim.lr`` = :data:`LR_MOVE` (the policy moves
-    @mb4      between them: clip fractions act from the second one on); every rollout is dumped;
+    @mb4      between them: clip fractions act from the second one on), padded micro-batches of 4 rows;
+              every rollout is dumped;
               dapo: up to 4 generation rounds, so that every group is informative (non-zero advantages)
     @mbsM     ``trainer.micro_batch_size=M`` (micro-batch invariance against the same kind without it)
     @probe    (a teacher kind: opsd, sdpo) ONE RL step of 4 mini-batches at LR_MOVE through a subclass
@@ -38,6 +40,7 @@ PROMPTS, N = 4, 4                                      # data.prompts_per_step, 
 TWO_MINI_BATCHES = ("bicc_rcc", "drgrpo", "opsd_ectr", "rlsd_ectr", "srpo")   # the others: 4
 LR_MOVE = "1e-3"             # @mbK / @probe: a learning rate that moves the tiny policy within one step
 SHADOW_TEACHERS = ("rlcsd", "rlsd", "rlsd_ectr", "sdpo", "srpo")   # snapshot / ema teacher: ckpt every step
+BUDGET = 320                 # token-budget micro-batches (packed) for every kind; the @mbK variants run padded
 
 
 def overrides(kind: str, fx: dict, out: Path, grader_url: str) -> list[str]:
@@ -48,7 +51,7 @@ def overrides(kind: str, fx: dict, out: Path, grader_url: str) -> list[str]:
     ov = [f"model.hf_path={fx['hf_path']}", f"data.train={fx['train']}", "data.val=",
           f"data.prompts_per_step={PROMPTS}", "data.max_prompt_len=64", f"rollout.n={N}", "rollout.max_tokens=24",
           "rollout.max_model_len=320", "rollout.temperature=1.0", "rollout.kv_cache_gib=0.25", "optim.lr=1e-4",
-          f"trainer.steps={STEPS}", f"trainer.mini_batch_prompts={PROMPTS // mini_batches}", "trainer.micro_batch_size=4",
+          f"trainer.steps={STEPS}", f"trainer.mini_batch_prompts={PROMPTS // mini_batches}", f"trainer.max_tokens_per_micro_batch={BUDGET}",
           f"trainer.run_dir={out / kind}", "trainer.ckpt_every=0", "trainer.export_hf=false", "trainer.seed=7",
           "logging.wandb_mode=disabled", "logging.progress=false", "logging.dump_samples=2", f"algo.kind={base}"]
     if base in ("opsd", "sdpo", "srpo", "opsd_ectr"):
@@ -68,8 +71,9 @@ def overrides(kind: str, fx: dict, out: Path, grader_url: str) -> list[str]:
     for v in variants:
         if v == "async":
             ov += [f"trainer.steps={STEPS + 1}", "rollout.max_staleness=1"]
-        elif v in ("mb2", "mb4"):
+        elif v in ("mb2", "mb4"):     # padded micro-batches of 4 rows (the packed path is every plain kind's)
             ov += [f"trainer.mini_batch_prompts={PROMPTS // int(v[2:])}", f"optim.lr={LR_MOVE}",
+                   "trainer.max_tokens_per_micro_batch=0", "trainer.micro_batch_size=4",
                    f"logging.dump_samples={PROMPTS * N}"]
             if base == "dapo":   # dynamic sampling: informative groups, so every mini-batch has advantages
                 ov.append("algo.dapo.max_num_gen_batches=4")
@@ -196,6 +200,7 @@ def main(fixture_dir: str, out_dir: str, grader_url: str, kinds: list[str]) -> i
             cfg = load_checked(None, overrides(kind, fx, out, grader_url))
             results[kind] = {"mini_batch_prompts": cfg.trainer.mini_batch_prompts,
                              "micro_batch_size": cfg.trainer.micro_batch_size,
+                             "max_tokens_per_micro_batch": cfg.trainer.max_tokens_per_micro_batch,
                              "hparams": dataclasses.asdict(cfg.algo.hparams)}
             if client is None:
                 client = build_client(cfg)
