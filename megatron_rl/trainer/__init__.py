@@ -8,16 +8,17 @@ Batch (``trainer/batch.py``)
     targets tokens[:,1:]), extras {name: tensor with leading dim N})`` — frozen.
     ``make_batch(prompts, responses, pad_id, extras, seq_len)`` builds one from id lists.
     ``broadcast_batch(batch_or_None, src=0)`` — rank ``src`` passes the batch, others ``None``.
-    Always hand the actor the GLOBAL batch; it takes its data-parallel shard itself
-    (``N`` must be divisible by ``dp_size * micro_batch_size``).
+    Always hand the actor the GLOBAL batch; it takes its data-parallel share itself: with ``micro`` an
+    int, contiguous shards of padded rows (``N`` divisible by ``dp_size * micro``); with a
+    ``packing.TokenBudget``, sequences balanced by tokens and packed (any ``N``).
 
 Actor (``trainer/actor.py``)
     ``actor = PolicyActor(hf_cfg, parallel_info, OptimSpec(...), temperature=T, sequence_parallel=False)``
     ``actor.load_hf(hf_dir)``                                   HF weights via the converter
-    ``actor.forward_logprobs(batch, micro_batch_size, temperature=None, with_entropy=False)``
+    ``actor.forward_logprobs(batch, micro, temperature=None, with_entropy=False)``
         -> ``LogProbResult(logp [N,S-1], entropy [N,S-1] | None)`` (fp32, every rank; multiply by
         ``loss_mask`` — values at non-response positions are log-probs of whatever token is there)
-    ``actor.train_step(batch, loss_fn, micro_batch_size)`` -> ``TrainStepResult``
+    ``actor.train_step(batch, loss_fn, micro, lr_increment=1)`` -> ``TrainStepResult``
         (``loss, grad_norm, lr, update_successful, normaliser, metrics, timings``; ``.to_dict()``);
         raises ``NonFiniteLossError`` (naming the step) BEFORE the update when the loss is NaN/inf
         ``loss_fn(logp [n,S-1], entropy [n,S-1], mb: TrainBatch) -> (loss_sum, normaliser | None, metrics)``
