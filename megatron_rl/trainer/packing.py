@@ -7,6 +7,8 @@ A pass gets the GLOBAL batch as right-padded rows (``TrainBatch [N, S]``, one se
       --(first-fit decreasing into rows of L tokens)--> packed rows        L = longest sequence, rounded up
       --(consecutive chunks of <= budget // L rows)--> micro-batches       the same count on every DP rank
                                                                            (and, with PP, the same shape)
+      --(without PP: each re-packed into its shortest rows)--> rows of L_m <= L  (``tighten``: a rank's
+                                                                           last, partly filled rows)
 
 Inside a packed row each sequence is one segment: positions restart at 0 and attention is
 block-diagonal causal (``TrainBatch.extras["segment_ids"]``, ``batch.py``). A micro-batch
@@ -159,21 +161,28 @@ class PackedMicroBatch:
 @dataclasses.dataclass
 class PackPlan:
     """Where every sequence of a global batch goes: ``ranks[r]`` the micro-batches of DP rank r, each a
-    list of packed rows (lists of global row indices); ``row_len`` L; the padded slots' share."""
+    list of packed rows (lists of global row indices); ``row_len`` L; the padded slots' share.
+    ``mb_row_len[r][m]`` (<= L): the row length of micro-batch m of rank r when micro-batches may differ
+    in shape (no pipeline parallelism; :func:`tighten`); None: every micro-batch at L."""
 
     ranks: list[list[list[list[int]]]]
     row_len: int
     lengths: list[int]
+    mb_row_len: list[list[int]] | None = None
 
     @property
     def micro_batches(self) -> int:
         return len(self.ranks[0])
 
+    def row_len_of(self, rank: int, mb: int, same_shape: bool = False) -> int:
+        """Row length of micro-batch ``mb`` of DP rank ``rank`` (``same_shape``: L)."""
+        return self.row_len if same_shape or self.mb_row_len is None else self.mb_row_len[rank][mb]
+
     def slots(self, same_shape: bool = False) -> int:
-        """Token slots the passes process (``same_shape``: every micro-batch of a rank at its widest)."""
+        """Token slots the passes process (``same_shape``: every micro-batch of a rank at its widest, rows of L)."""
         if same_shape:
             return sum(len(rk) * max(1, max(len(mb) for mb in rk)) * self.row_len for rk in self.ranks)
-        return sum(max(1, len(mb)) * self.row_len for rk in self.ranks for mb in rk)
+        return sum(max(1, len(mb)) * self.row_len_of(r, m) for r, rk in enumerate(self.ranks) for m, mb in enumerate(rk))
 
     def pad_frac(self, same_shape: bool = False) -> float:
         """Padded slots / processed slots."""
@@ -202,7 +211,26 @@ def plan(lengths: list[int], budget: TokenBudget, dp: int) -> PackPlan:
         size = max(1, math.ceil(len(r) / k))
         mbs = [r[j:j + size] for j in range(0, len(r), size)][:k]
         ranks.append(mbs + [[] for _ in range(k - len(mbs))])
-    return PackPlan(ranks, row_len, list(lengths))
+    tight = [[tighten(lengths, mb, row_len, budget.multiple) for mb in rk] for rk in ranks]
+    return PackPlan([[rows for rows, _ in rk] for rk in tight], row_len, list(lengths),
+                    [[n for _, n in rk] for rk in tight])
+
+
+def tighten(lengths: list[int], rows: list[list[int]], row_len: int, multiple: int) -> tuple[list[list[int]], int]:
+    """A micro-batch's sequences re-packed (first-fit decreasing) into at most as many rows of the
+    shortest length (a ``multiple``, below ``row_len``) that holds them, so a micro-batch of partly filled
+    rows (a rank's last rows) stops paying for their empty tails: ``(rows, length)``; unchanged when no
+    shorter length fits, and for an empty micro-batch (its filler row needs ``row_len``). The rows fit
+    into rows of ``row_len`` too, so pipeline parallelism (one shape for all) runs them at ``row_len``."""
+    seqs = [i for row in rows for i in row]
+    if not seqs:
+        return rows, row_len
+    need = max(max(lengths[i] for i in seqs), -(-sum(lengths[i] for i in seqs) // len(rows)))
+    for n in range(-(-need // multiple) * multiple, row_len, multiple):
+        packed = ffd_rows(lengths, seqs, n)
+        if len(packed) <= len(rows):
+            return packed, n
+    return rows, row_len
 
 
 def build_micro_batch(batch: TrainBatch, rows: list[list[int]], row_len: int, n_rows: int, lengths: list[int],
@@ -264,8 +292,8 @@ def rank_micro_batches(batch: TrainBatch, pp: PackPlan, dp_rank: int, pad_id: in
     parallelism: the p2p buffers are sized once) pads each to the rank's widest with empty rows."""
     mbs = pp.ranks[dp_rank]
     widest = max(1, max(len(mb) for mb in mbs))
-    return [build_micro_batch(batch, mb, pp.row_len, widest if same_shape else max(1, len(mb)), pp.lengths, pad_id,
-                              pack_keys) for mb in mbs]
+    return [build_micro_batch(batch, mb, pp.row_len_of(dp_rank, m, same_shape), widest if same_shape else max(1, len(mb)),
+                              pp.lengths, pad_id, pack_keys) for m, mb in enumerate(mbs)]
 
 
 def thd_layout(batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
