@@ -8,7 +8,9 @@ response lengths 8..96 tokens (uniform), every target with K negative hints + 1 
 teacher prompt = the student prompt + a 40-token reference-solution scaffold + the hint rollout
 (the spec's template shape: problem, framing, hint body, answer line, instruction).
 
-Measured in the same run (each timed twice, the second is reported):
+Measured in the same run: one warm-up of every pass, then ``--repeats`` rounds, each running the
+three passes in turn (so load on a shared machine hits all three alike); the medians are reported,
+wall-clock and CPU time of this process (``time.process_time``, all its threads):
 
 * ``policy``: ``actor.forward_logprobs`` of the plain batch (prompt ++ response, right-padded to
   the longest, the trainer's log-prob pass) — the baseline, ratio 1;
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import statistics
 import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "2")
@@ -42,13 +45,18 @@ def _model(out: str, hidden: int, layers: int, vocab: int) -> str:
     return out
 
 
-def _timed(fn, repeats: int = 2) -> float:
-    t = 0.0
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+def _rounds(passes: dict, repeats: int) -> dict[str, tuple[float, float]]:
+    """name -> (median wall s, median CPU s) over ``repeats`` interleaved rounds after one warm-up."""
+    for fn in passes.values():
         fn()
-        t = time.perf_counter() - t0
-    return t
+    wall, cpu = {n: [] for n in passes}, {n: [] for n in passes}
+    for _ in range(repeats):
+        for n, fn in passes.items():
+            w0, c0 = time.perf_counter(), time.process_time()
+            fn()
+            wall[n].append(time.perf_counter() - w0)
+            cpu[n].append(time.process_time() - c0)
+    return {n: (statistics.median(wall[n]), statistics.median(cpu[n])) for n in passes}
 
 
 def main() -> None:
@@ -61,6 +69,7 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=4096)
     ap.add_argument("--pack-len", type=int, default=1024)
     ap.add_argument("--micro-batch", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
 
     import tempfile
@@ -101,24 +110,28 @@ def main() -> None:
     mbs = args.micro_batch
 
     plain = make_batch(prompts, responses, pad_id=0)
-    t_policy = _timed(lambda: actor.forward_logprobs(plain, mbs))
     resp_tokens = sum(len(r) for r in responses)
     pol_pad = 1 - sum(len(p) + len(r) for p, r in zip(prompts, responses)) / plain.tokens.numel()
 
     pk = pack(seqs, max_resp, pad_id=0, row_len=args.pack_len)
-    t_packed = _timed(lambda: teacher_pass(actor, teacher, pk, dp=1, mbs=max(1, mbs * plain.seq_len // pk.batch.seq_len)))
+    t_mbs = max(1, mbs * plain.seq_len // pk.batch.seq_len)      # the policy pass's tokens per micro-batch
     longest = max(len(p) + len(r) for p, r in seqs)
     naive_rows = len(seqs)
     naive_pad = 1 - sum(len(p) + len(r) for p, r in seqs) / (naive_rows * longest)
     naive_batch = make_batch([p for p, _ in seqs], [r for _, r in seqs], pad_id=0)
-    t_naive = _timed(lambda: actor.forward_logprobs(naive_batch, mbs))
+    t = _rounds({"policy": lambda: actor.forward_logprobs(plain, mbs),
+                 "packed": lambda: teacher_pass(actor, teacher, pk, dp=1, mbs=t_mbs),
+                 "naive": lambda: actor.forward_logprobs(naive_batch, mbs)}, args.repeats)
+    (t_policy, c_policy), (t_packed, c_packed), (t_naive, c_naive) = t["policy"], t["packed"], t["naive"]
     print(f"model: hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}; {len(prompts)} rollouts "
           f"({resp_tokens} response tokens), K={args.k} -> {len(seqs)} teacher sequences")
-    print(f"{'pass':<16}{'seconds':>9}{'x policy':>10}{'rows':>7}{'row len':>9}{'pad frac':>10}")
-    print(f"{'policy':<16}{t_policy:>9.3f}{1.0:>10.2f}{plain.num_samples:>7}{plain.seq_len:>9}{pol_pad:>10.3f}")
-    print(f"{'teacher packed':<16}{t_packed:>9.3f}{t_packed / t_policy:>10.2f}{pk.batch.num_samples:>7}"
-          f"{pk.batch.seq_len:>9}{pk.pad_frac:>10.3f}")
-    print(f"{'teacher naive':<16}{t_naive:>9.3f}{t_naive / t_policy:>10.2f}{naive_rows:>7}{longest:>9}{naive_pad:>10.3f}")
+    print(f"medians of {args.repeats} rounds; wall = seconds, cpu = CPU seconds of this process")
+    print(f"{'pass':<16}{'wall':>8}{'x policy':>10}{'cpu':>8}{'x policy':>10}{'rows':>7}{'row len':>9}{'pad frac':>10}")
+    for name, (w, c), rows, width, pad in (
+            ("policy", (t_policy, c_policy), plain.num_samples, plain.seq_len, pol_pad),
+            ("teacher packed", (t_packed, c_packed), pk.batch.num_samples, pk.batch.seq_len, pk.pad_frac),
+            ("teacher naive", (t_naive, c_naive), naive_rows, longest, naive_pad)):
+        print(f"{name:<16}{w:>8.3f}{w / t_policy:>10.2f}{c:>8.3f}{c / c_policy:>10.2f}{rows:>7}{width:>9}{pad:>10.3f}")
     ok = t_packed / t_policy <= args.k + 1 and pk.pad_frac < 0.10
     print(f"goal: packed <= K+1 = {args.k + 1}x policy with < 10% padding: {'met' if ok else 'NOT met'}")
     torch.distributed.destroy_process_group()
