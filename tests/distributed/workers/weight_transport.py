@@ -163,7 +163,7 @@ def gate_case(actor, client, res):
     cfg = types.SimpleNamespace(rollout=types.SimpleNamespace(max_tokens=6, logprob_gate=1e-3),
                                 trainer=types.SimpleNamespace(seed=0, micro_batch_size=2))
     info = types.SimpleNamespace(is_driver=dist.get_rank() == 0)
-    run = types.SimpleNamespace(actor=actor, client=client, cfg=cfg, info=info, train_set=rows,
+    run = types.SimpleNamespace(actor=actor, client=client, cfg=cfg, info=info, train_set=rows, micro=2,
                                 tok=types.SimpleNamespace(pad_id=0), seq_len=lambda p, r: 16)
     r = {"pass": startup_gate(run)}
     perturb(actor, 99)  # the trainer moves on, the engines do not get the weights
