@@ -30,6 +30,7 @@ grads over DP, and ``finalize_model_grads`` divides all grads by the all-reduced
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -129,6 +130,25 @@ def _build_chunks(hf_cfg, bf16: bool, g: Groups, sequence_parallel: bool, backen
     return [model], config
 
 
+@contextlib.contextmanager
+def _output_rows(model: torch.nn.Module, sel: torch.Tensor | None):
+    """While active, the output layer of ``model`` (last stage) sees only the hidden states of the
+    positions ``sel`` (``[b, S-1]`` bool, row-major) as one ``[n, 1, h]`` sequence, so the model returns
+    logits ``[1, n, V]``: no vocab projection at positions nobody reads. Not with sequence parallelism
+    (the output layer's input is then sharded over the sequence)."""
+    layer = getattr(unwrap(model), "output_layer", None) if sel is not None else None
+    if layer is None:
+        yield
+        return
+    rows, cols = sel.nonzero(as_tuple=True)
+    hook = layer.register_forward_pre_hook(
+        lambda _m, args, kwargs: ((args[0][cols, rows].unsqueeze(1), *args[1:]), kwargs), with_kwargs=True)
+    try:
+        yield
+    finally:
+        hook.remove()
+
+
 def _pad_rows(batch: TrainBatch, multiple: int) -> TrainBatch:
     """Append copies of the last row (loss mask 0) until N is a multiple of ``multiple``."""
     extra = (-batch.num_samples) % multiple
@@ -199,11 +219,12 @@ class _LogProbModel:
             z = z / temperature
         return vocab_parallel_logprobs(z, mb.targets, self.groups.tp, vocab_size=self.vocab_size)
 
-    def _forward_step(self, loss_func: Callable, data_iterator: Iterator, model):
+    def _forward_step(self, loss_func: Callable, data_iterator: Iterator, model, masked: bool = False):
         mb = next(data_iterator).to(self.device)
         if getattr(mb, "thd", False):
             return self._thd_forward(mb, model), partial(loss_func, mb)
-        out = model(mb.tokens, mb.position_ids(), mb.attention_mask())
+        with _output_rows(model, mb.loss_mask > 0 if masked else None):
+            out = model(mb.tokens, mb.position_ids(), mb.attention_mask())
         return out, partial(loss_func, mb)
 
     def _thd_forward(self, mb, model):
@@ -230,28 +251,37 @@ class _LogProbModel:
             data["entropy"] = lp.entropy
         return torch.zeros((), device=logits.device), torch.zeros((), dtype=torch.int, device=logits.device), data
 
-    def _collect_support(self, temperature: float, k: int | None, index_key: str | None, mb: TrainBatch,
-                         logits: torch.Tensor):
-        z = logits[:, :-1]
+    def _collect_support(self, temperature: float, k: int | None, index_key: str | None, masked: bool,
+                         mb: TrainBatch, logits: torch.Tensor):
+        sel = mb.loss_mask > 0 if masked else None       # masked: logits [1, n, V] at sel (_output_rows)
+        z = logits[:, :-1] if sel is None else logits
+        pick = (lambda x: x) if sel is None else (lambda x: x[sel][None])
         if temperature != 1.0:
             z = z / temperature
         with torch.no_grad():
-            tok = vocab_parallel_logprobs(z, mb.targets, self.groups.tp, vocab_size=self.vocab_size)
+            tok = vocab_parallel_logprobs(z, pick(mb.targets), self.groups.tp, vocab_size=self.vocab_size)
             data = {"token_logp": tok.logp, "entropy": tok.entropy}
             if k is not None:
                 tk = vocab_parallel_topk(z, k, self.groups.tp, vocab_size=self.vocab_size)
                 data.update({"idx": tk.idx, "logp": tk.logp})
             elif index_key is not None:
-                data["logp"] = vocab_parallel_gather_logprobs(z, mb.extras[index_key], self.groups.tp,
+                data["logp"] = vocab_parallel_gather_logprobs(z, pick(mb.extras[index_key]), self.groups.tp,
                                                               vocab_size=self.vocab_size)
+            if sel is not None:                          # back to [b, S-1, ...], 0 off the mask
+                for key, v in data.items():
+                    full = v.new_zeros((*sel.shape, *v.shape[2:]))
+                    full[sel] = v[0]
+                    data[key] = full
         return torch.zeros((), device=logits.device), torch.zeros((), dtype=torch.int, device=logits.device), data
 
     def _forward_only(self, batch: TrainBatch, micro_batch_size, collect: Callable,
-                      specs: dict[str, tuple[tuple[int, ...], torch.dtype]], pack_keys=()) -> dict[str, torch.Tensor]:
+                      specs: dict[str, tuple[tuple[int, ...], torch.dtype]], pack_keys=(),
+                      masked: bool = False) -> dict[str, torch.Tensor]:
         """Run ``collect`` over ``batch`` (forward-only schedule, padded rows dropped) and return each
         ``specs`` key as a GLOBAL tensor on every rank. ``specs``: key -> (trailing shape, dtype).
         ``micro_batch_size``: rows (padded) or a :class:`TokenBudget` (packed; ``pack_keys``: extras in the
-        target frame the collection reads, moved into the packed frame)."""
+        target frame the collection reads, moved into the packed frame). ``masked`` (padded rows only):
+        logits only at the loss-mask positions (:func:`_output_rows`)."""
         if isinstance(micro_batch_size, TokenBudget):
             return self._forward_only_packed(batch, micro_batch_size, collect, specs, pack_keys)
         g = self.groups
@@ -261,7 +291,8 @@ class _LogProbModel:
         for c in self.chunks:
             c.eval()
         with torch.no_grad():
-            store = run_schedule(self.chunks, mbs, partial(self._forward_step, collect), forward_only=True)
+            store = run_schedule(self.chunks, mbs, partial(self._forward_step, collect, masked=masked),
+                                 forward_only=True)
         out = {}
         for key, (trail, dtype) in specs.items():
             shape = (local.num_samples, local.seq_len - 1, *trail)
@@ -303,14 +334,17 @@ class _LogProbModel:
 
     # ----- public --------------------------------------------------------------------------
     def forward_support(self, batch: TrainBatch, micro_batch_size: int, *, k: int | None = None,
-                        index_key: str | None = None, temperature: float | None = None) -> dict[str, torch.Tensor]:
+                        index_key: str | None = None, temperature: float | None = None,
+                        masked: bool = False) -> dict[str, torch.Tensor]:
         """Per-position teacher/student quantities of ``batch`` (no grad), vocab-parallel, last stage.
 
         Always ``{"token_logp" [N,S-1], "entropy" [N,S-1]}`` (log-prob of ``tokens[:, 1:]`` and the
         full-vocab entropy). ``k`` given: also ``"idx" [N,S-1,k]`` long — the k most likely ids
         (ties -> lowest id) — and ``"logp" [N,S-1,k]`` their full-vocab log-probs. ``index_key``
         given instead: ``"logp" [N,S-1,k]`` at the ids in ``batch.extras[index_key]``.
-        Padding rows as in :meth:`forward_logprobs`.
+        Padding rows as in :meth:`forward_logprobs`. ``masked``: computed only where ``loss_mask > 0``
+        (0 elsewhere; the output layer and the vocab passes skip the other positions); padded rows
+        without sequence parallelism only (else ignored).
         """
         if k is not None and index_key is not None:
             raise ValueError("forward_support: pass at most one of k (choose the top-k) or index_key (gather)")
@@ -321,8 +355,9 @@ class _LogProbModel:
             specs["logp"] = ((kk,), torch.float32)
             if k is not None:
                 specs["idx"] = ((kk,), torch.long)
-        return self._forward_only(batch, micro_batch_size, partial(self._collect_support, t, k, index_key), specs,
-                                  pack_keys=(index_key,) if index_key else ())
+        masked = masked and not self.sequence_parallel and not isinstance(micro_batch_size, TokenBudget)
+        return self._forward_only(batch, micro_batch_size, partial(self._collect_support, t, k, index_key, masked),
+                                  specs, pack_keys=(index_key,) if index_key else (), masked=masked)
 
     def forward_logprobs(self, batch: TrainBatch, micro_batch_size: int, temperature: float | None = None,
                          with_entropy: bool = False) -> LogProbResult:
@@ -450,9 +485,9 @@ class PolicyActor(_LogProbModel):
         self._require_weights("bare_models")
         return super().bare_models()
 
-    def _forward_only(self, batch, micro_batch_size, collect, specs, pack_keys=()):
+    def _forward_only(self, batch, micro_batch_size, collect, specs, pack_keys=(), masked=False):
         self._require_weights("forward")
-        return super()._forward_only(batch, micro_batch_size, collect, specs, pack_keys)
+        return super()._forward_only(batch, micro_batch_size, collect, specs, pack_keys, masked=masked)
 
     # ----- training ------------------------------------------------------------------------
     def _finalize_grads(self, model, num_tokens=None, pg_collection=None, force_all_reduce=False):

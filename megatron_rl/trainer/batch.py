@@ -135,6 +135,25 @@ class TrainBatch:
             extras[k] = v
         return TrainBatch(tokens, mask, extras)
 
+    def narrow(self, seq_len: int) -> TrainBatch:
+        """The first ``seq_len`` columns: tokens and ``segment_ids`` ``[N, seq_len]``, loss mask and
+        per-token extras ``[N, seq_len - 1, ...]`` (the inverse of :meth:`pad_to_multiple`). Under
+        causal attention with positions ``0..S-1`` every kept column computes what it does in the
+        full batch, so cutting columns that are padding in every row loses nothing."""
+        s = self.seq_len
+        if not 2 <= seq_len <= s:
+            raise ValueError(f"TrainBatch.narrow({seq_len}) needs 2 <= seq_len <= S={s}")
+        if seq_len == s:
+            return self
+        extras = {}
+        for k, v in self.extras.items():
+            if k == "segment_ids":
+                v = v[:, :seq_len]
+            elif v.dim() >= 2 and v.shape[1] == s - 1:
+                v = v[:, :seq_len - 1]
+            extras[k] = v
+        return TrainBatch(self.tokens[:, :seq_len], self.loss_mask[:, :seq_len - 1], extras)
+
     def to(self, device: torch.device | str) -> "TrainBatch":
         return TrainBatch(self.tokens.to(device), self.loss_mask.to(device),
                           {k: v.to(device) for k, v in self.extras.items()})

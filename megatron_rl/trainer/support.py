@@ -27,7 +27,7 @@ import torch
 from megatron_rl import algorithms as A
 from megatron_rl.trainer.batch import TrainBatch
 from megatron_rl.trainer.packing import TokenBudget
-from megatron_rl.trainer.teacher_inputs import Packed, pack
+from megatron_rl.trainer.teacher_inputs import Packed, attention_crossover, pack
 from megatron_rl.trainer.vocab_parallel import with_tail
 
 
@@ -56,9 +56,32 @@ def _teacher_micro_batch(rows: int, dp: int, mbs, row_len: int) -> int:
     return max(1, min(mbs, math.ceil(rows / dp)))
 
 
+def _width_groups(pk: Packed, dp: int, mbs, min_blocks: int) -> list[tuple[int, int, int, int]]:
+    """``(lo, hi, width, rows per micro-batch)`` row ranges, each run as one forward. The rows come
+    widest first; a block is one micro-batch per DP rank (:func:`_teacher_micro_batch` at its first
+    row's width); consecutive blocks of equal width and micro-batch merge, and a range takes on blocks
+    of its micro-batch until it holds ``min_blocks`` (pipeline stages: each schedule fills the pipeline)."""
+    n, out, lo = pk.batch.num_samples, [], 0
+    while lo < n:
+        mb = _teacher_micro_batch(n - lo, dp, mbs, pk.width(lo, lo + 1))   # no more than the rows left
+        hi = min(lo + dp * mb, n)
+        w = pk.width(lo, hi)
+        if out and out[-1][3] == mb and (out[-1][2] == w or out[-1][1] - out[-1][0] < min_blocks * dp * mb):
+            out[-1] = (out[-1][0], hi, out[-1][2], mb)
+        else:
+            out.append((lo, hi, w, mb))
+        lo = hi
+    return out
+
+
 def teacher_pass(actor, teacher, pk: Packed, dp: int, mbs, *, k: int | None = None,
                  index: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-    """One packed forward under θ̄; results per sequence in the response frame ``[M, R(, k)]``."""
+    """One packed forward under θ̄; results per sequence in the response frame ``[M, R(, k)]``.
+
+    The rows (decreasing width, ``teacher_inputs.pack``) run in ranges of whole micro-batches, each
+    narrowed to its widest row (``TrainBatch.narrow``: the cut columns are padding in every row of the
+    range), so a micro-batch of short rows does not pay for the longest row's width; logits and the
+    vocab passes only at the response targets (``forward_support(masked=True)``)."""
     batch = pk.batch
     key = None
     if index is not None:        # [M, R, k] ids -> packed frame [rows, S-1, k]
@@ -68,9 +91,16 @@ def teacher_pass(actor, teacher, pk: Packed, dp: int, mbs, *, k: int | None = No
         flat[pk.target_pos.reshape(-1)[m]] = index.reshape(-1, index.shape[-1])[m]
         batch = dataclasses.replace(batch, extras={**batch.extras, "support_idx": flat.view(rows, s1, -1)})
         key = "support_idx"
+    pp = getattr(getattr(actor, "groups", None), "pp_size", 1)
+    parts: dict[str, list[torch.Tensor]] = {}
     with teacher.swapped():
-        out = actor.forward_support(batch, _teacher_micro_batch(batch.num_samples, dp, mbs, batch.seq_len), k=k, index_key=key)
-    return {name: pk.gather(v) for name, v in out.items()}
+        for lo, hi, w, mb in _width_groups(pk, dp, mbs, pp):
+            out = actor.forward_support(batch.slice(lo, hi).narrow(w), mb, k=k, index_key=key, masked=True)
+            for name, v in out.items():
+                full = v.new_zeros((hi - lo, batch.seq_len - 1, *v.shape[2:]))
+                full[:, :w - 1] = v
+                parts.setdefault(name, []).append(full)
+    return {name: pk.gather(torch.cat(vs, 0)) for name, vs in parts.items()}
 
 
 def teacher_tensors(run, path, rows, hp, loss: str, step: int) -> tuple[dict, dict]:
@@ -84,7 +114,9 @@ def teacher_tensors(run, path, rows, hp, loss: str, step: int) -> tuple[dict, di
     seqs, owner = path.teacher_sequences(rows, step)
     packer = functools.partial(pack, max_resp=cfg.rollout.max_tokens, pad_id=run.tok.pad_id,
                                row_len=cfg.teacher.pack_len or cfg.rollout.max_model_len,
-                               multiple=8 * max(1, run.info.tp), packed=path.packed)
+                               multiple=8 * max(1, run.info.tp), packed=path.packed,
+                               group_rows=run.info.dp * (run.micro if isinstance(run.micro, int) else 1),
+                               attn_len=attention_crossover(run.actor.hf_cfg))
     passer = functools.partial(teacher_pass, run.actor, path.teacher, dp=run.info.dp, mbs=run.micro)
     if "teacher_neg_topk" in A.loss_inputs(loss, hp):
         ex, packs = _paired_passes(seqs, owner, packer, passer, top_k)
@@ -100,7 +132,7 @@ def teacher_tensors(run, path, rows, hp, loss: str, step: int) -> tuple[dict, di
     if idx_resp is not None:
         ex["support_idx"] = _support_to_train_frame(idx_resp, rows.seqs)
     real = sum(pk.real_tokens for pk in packs)
-    slots = sum(pk.batch.num_samples * pk.batch.seq_len for pk in packs)
+    slots = sum(pk.slots for pk in packs)
     metrics = {"teacher/sequences": len(seqs), "teacher/rows": sum(pk.batch.num_samples for pk in packs),
                "teacher/pad_frac": 1.0 - real / slots, "teacher/tokens": real,
                "time/teacher": time.perf_counter() - t0, "teacher/syncs": path.teacher.syncs}

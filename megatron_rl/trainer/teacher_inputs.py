@@ -27,6 +27,7 @@ handful of forward rows with little padding.
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 from collections.abc import Sequence
 
@@ -169,15 +170,30 @@ def plan_hints(ro, template, *, k_max: int = 4, source: str = "self_rollout",
 
 @dataclasses.dataclass
 class Packed:
-    """Packed teacher sequences. ``batch``: rows of length S with ``segment_ids``; ``target_pos``
-    ``[M, R]`` flat index into the ``[rows * (S-1)]`` target frame of sequence m's response token r
-    (0 where ``resp_mask`` is 0); ``pad_frac``: padded slots / all slots."""
+    """Packed teacher sequences. ``batch``: rows of length S (with ``segment_ids`` when packed), in
+    decreasing ``row_used`` (the tokens up to a row's last real one); ``target_pos`` ``[M, R]`` flat
+    index into the ``[rows * (S-1)]`` target frame of sequence m's response token r (0 where
+    ``resp_mask`` is 0). The forward runs blocks of ``group_rows`` consecutive rows narrowed to their
+    widest row (:meth:`widths`); ``slots`` counts each row at its block's width (not the copies the
+    actor appends to fill a last micro-batch) and ``pad_frac = 1 - real_tokens / slots``."""
 
     batch: TrainBatch
     target_pos: torch.Tensor
     resp_mask: torch.Tensor
     pad_frac: float
     real_tokens: int
+    row_used: list[int]
+    multiple: int
+    slots: int
+
+    def widths(self, group_rows: int) -> list[int]:
+        """Width of each block of ``group_rows`` consecutive rows: its widest row rounded up to
+        ``multiple`` (never more than S)."""
+        return _block_widths(self.row_used, group_rows, self.multiple)
+
+    def width(self, lo: int, hi: int) -> int:
+        """Width rows ``lo:hi`` run at: the widest rounded up to ``multiple``."""
+        return _ceil(max(self.row_used[lo:hi]), self.multiple)
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:
         """``[rows, S-1, ...]`` packed-frame values -> ``[M, R, ...]`` per sequence (0 off the mask)."""
@@ -187,8 +203,43 @@ class Packed:
         return torch.where(m, out, torch.zeros_like(out))
 
 
-def _ffd(lens: list[int], order: list[int], s: int) -> tuple[list[tuple[int, int]], int]:
-    """First-fit decreasing into rows of ``s`` tokens: (row, offset) per item, and the row count."""
+def attention_crossover(hf_cfg) -> float:
+    """Row width at which a token's dense attention costs as much as the rest of its forward (MACs):
+
+        S* = (L * (h * d * (2 n_q + 2 n_kv) + 3 h f) + V h) / (L * 2 n_q d)
+
+    (per layer: q/k/v/o projections and the gated MLP; the output layer once; attention over a row of
+    width S: QK^T and PV, 2 S n_q d, dense over the whole row because the block-diagonal mask is
+    applied to a full ``[S, S]`` score matrix). A row of width w then costs ``w (1 + w / S*)``.
+    The benchmark's model (hidden 256, 4 layers, vocab 4096) gives S* = 2432; measured on the CPU
+    local path, core attention took 34 % of a pass over rows of 944 (crossover ~1860: the mask and
+    softmax passes over the scores add to the MACs)."""
+    from megatron_rl.models.provider import model_arch_info
+
+    a = model_arch_info(hf_cfg)
+    h, d, nq, nkv, L = a.hidden_size, a.head_dim, a.num_heads, a.num_kv_heads, a.num_layers
+    linear = L * (h * d * (2 * nq + 2 * nkv) + 3 * h * a.ffn_hidden_size) + a.vocab_size * h
+    return linear / (L * 2 * nq * d)
+
+
+def _ceil(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def _block_widths(used: list[int], group_rows: int, multiple: int) -> list[int]:
+    group_rows = max(1, min(group_rows, len(used)))     # few rows: the teacher pass shrinks the micro-batch
+    return [_ceil(max(used[i:i + group_rows]), multiple) for i in range(0, len(used), group_rows)]
+
+
+def _cost(used: list[int], group_rows: int, multiple: int, attn_len: float) -> float:
+    """Forward cost of rows ``used`` (decreasing) run in blocks of ``group_rows`` narrowed to their
+    widest row (a short last block is padded with copies, as the actor does): sum of rows * w (1 + w / S*)."""
+    g = max(1, min(group_rows, len(used)))
+    return sum(g * w * (1.0 + w / attn_len) for w in _block_widths(used, group_rows, multiple))
+
+
+def _ffd(lens: list[int], order: list[int], s: int) -> tuple[list[tuple[int, int]], list[int]]:
+    """First-fit decreasing into rows of ``s`` tokens: (row, offset) per item, and each row's fill."""
     fill: list[int] = []
     place = [(0, 0)] * len(lens)
     for i in order:
@@ -200,37 +251,62 @@ def _ffd(lens: list[int], order: list[int], s: int) -> tuple[list[tuple[int, int
         else:
             place[i] = (len(fill), 0)
             fill.append(lens[i])
-    return place, len(fill)
+    return place, fill
+
+
+def _ffd_widths(longest: int, top: int, multiple: int) -> list[int]:
+    """Row widths tried by :func:`pack`: ``longest``, then steps of 1/8 (multiples of ``multiple``), and ``top``."""
+    out, s = [], longest
+    while s < top:
+        out.append(s)
+        s = max(s + multiple, _ceil(s + s // 8, multiple))
+    return out + [top]
 
 
 def pack(seqs: Sequence[tuple[Sequence[int], Sequence[int]]], max_resp: int, pad_id: int, row_len: int,
-         multiple: int = 8, packed: bool = True) -> Packed:
-    """First-fit-decreasing packing of ``(prompt, response)`` pairs into rows of at most ``row_len``
-    tokens (raised to the longest sequence), rounded up to ``multiple``. The row length is chosen
-    among the multiples in ``[row_len / 2, row_len]`` to minimise padded slots (e.g. 19-token
-    sequences waste 14 of 128 slots per row, but only 1 of 96). Prompts must be non-empty.
+         multiple: int = 8, packed: bool = True, group_rows: int = 1, attn_len: float = math.inf) -> Packed:
+    """Lay out ``(prompt, response)`` pairs in rows for the teacher forward. Prompts must be non-empty.
 
-    ``packed=False``: one sequence per row, right-padded to the longest, plain causal mask (no
-    ``segment_ids``) — for attention kernels that cannot take a block-diagonal mask."""
+    Candidate layouts: one sequence per row, and (``packed``) first-fit-decreasing bins of width s for
+    s from the longest sequence up to ``row_len`` (rounded up to ``multiple``; geometric steps of
+    1/8). Rows are ordered by decreasing fill and the forward runs blocks of ``group_rows`` rows (the
+    teacher pass's ``dp * micro_batch``) narrowed to their widest row, so the chosen layout is the one
+    of least :func:`_cost`: rows * w (1 + w / ``attn_len``) summed over the blocks (``attn_len``:
+    :func:`attention_crossover` of the model; inf counts slots only). Long rows pad little but cost
+    quadratically in dense attention: the benchmark's 640 sequences of 80..296 tokens (S* = 2432) cost
+    129.8k one per row in blocks of 8 (2.6 % padding), 167.7k packed into 127 rows of 944 in blocks of 2.
+    The search stops once the best layout is within 2 % of the floor (every row as wide as its fill)
+    or FFD at width s cannot beat it (all its rows but one are over half full).
+
+    ``packed=True`` marks each row's sequences in ``segment_ids`` (block-diagonal causal mask); with
+    ``packed=False`` (attention kernels that take no such mask) it is one sequence per row under the
+    plain causal mask."""
     if not seqs:
         raise ValueError("pack: no sequences")
     lens = [len(p) + len(r) for p, r in seqs]
     if min(len(p) for p, _ in seqs) == 0:
         raise ValueError("pack: an empty teacher prompt (the first response token needs a context)")
-    longest = -(-max(lens) // multiple) * multiple
-    top = max(longest, -(-row_len // multiple) * multiple)
+    longest = _ceil(max(lens), multiple)
+    top = max(longest, _ceil(row_len, multiple))
     order = sorted(range(len(seqs)), key=lambda i: (-lens[i], i))
-    best = None
-    if not packed:
-        best = ([(i, 0) for i in range(len(seqs))], len(seqs), longest)
-        top = -1
-    for s in range(top, max(longest, top // 2) - 1, -multiple):
-        place, rows = _ffd(lens, order, s)
-        if best is None or rows * s < best[1] * best[2]:
-            best = (place, rows, s)
-        if 1.0 - sum(lens) / (rows * s) < 0.02:
-            break
-    place, rows, s = best
+    one_per_row = [(0, 0)] * len(seqs)
+    for r, i in enumerate(order):
+        one_per_row[i] = (r, 0)
+    real = sum(lens)
+    floor = real + sum(n * n for n in lens) / attn_len     # no layout costs less (every row is >= its fill)
+    best, best_cost = None, math.inf
+    for s in [None] + (_ffd_widths(longest, top, multiple) if packed else []):
+        if s is not None and (best_cost <= 1.02 * floor or (real - s / 2) * (1 + s / (2 * attn_len)) >= best_cost):
+            break       # FFD rows but one are over half full: tokens cost >= 1 + s / (2 S*) each from here on
+        place, fill = (one_per_row, [lens[i] for i in order]) if s is None else _ffd(lens, order, s)
+        rank = sorted(range(len(fill)), key=lambda r: (-fill[r], r))          # rows by decreasing fill
+        used = [fill[r] for r in rank]
+        c = _cost(used, group_rows, multiple, attn_len)
+        if c < best_cost:
+            new_row = {r: j for j, r in enumerate(rank)}
+            best, best_cost = ([(new_row[r], off) for r, off in place], used), c
+    place, used = best
+    rows, s = len(used), _ceil(used[0], multiple)
     tokens = torch.full((rows, s), pad_id, dtype=torch.long)
     seg = torch.full((rows, s), -1, dtype=torch.long)
     tpos = torch.zeros((len(seqs), max_resp), dtype=torch.long)
@@ -245,9 +321,11 @@ def pack(seqs: Sequence[tuple[Sequence[int], Sequence[int]]], max_resp: int, pad
         tpos[i, :k] = row * (s - 1) + cols
         rmask[i, :k] = 1.0
         loss_mask[row, cols] = 1.0
-    real = sum(lens)
+    g = max(1, min(group_rows, rows))
+    slots = sum(min(g, rows - b * g) * w for b, w in enumerate(_block_widths(used, group_rows, multiple)))
     extras = {"segment_ids": seg} if packed else {}
-    return Packed(TrainBatch(tokens, loss_mask, extras), tpos, rmask, 1.0 - real / (rows * s), real)
+    return Packed(TrainBatch(tokens, loss_mask, extras), tpos, rmask, 1.0 - real / slots, real, used, multiple,
+                  slots)
 
 
 def truncate_left(prompt: list[int], response: Sequence[int], max_len: int) -> list[int]:
