@@ -49,7 +49,7 @@ import time
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-QUICK = {"n": 64, "prompt_min": 8, "prompt_max": 24, "resp_median": 16, "resp_max": 128, "hidden": 64,
+QUICK = {"n": 64, "prompt_min": 8, "prompt_max": 24, "resp_median": 14, "resp_max": 128, "hidden": 64,
          "layers": 2, "vocab": 512}
 
 
