@@ -6,14 +6,16 @@ Run:  python benchmarks/bench_packing.py [--n 64] [--rows 4] [--hidden 256] [--l
 A random Qwen3-style model (built from a config, no download) in the real Megatron ``PolicyActor``,
 TP=1, fp32, on CPU. One GRPO step's batch: ``--n`` sequences, prompts of ``--prompt-min..--prompt-max``
 tokens (uniform), responses log-normal (median ``--resp-median``, sigma ``--sigma``, the longest set to
-``--resp-max``: max / median >= 8), right-padded to the longest sequence ``S`` (``build_seq_batch``).
+``--resp-max``: max / median >= 8), right-padded to ``S`` = the longest sequence rounded up to 8 (the
+trainer's ``Run.seq_len``; ``build_seq_batch``).
 Every path runs in its OWN subprocess of this script (so its peak RSS is its own), from the same weights,
 ``--rounds`` times alternately (default 1; the fastest time of each stage and the lowest peak RSS over
 the rounds are kept — ``ru_maxrss`` of the same path varies by a few % from run to run):
 
 * ``padded``: ``--rows`` sequences per micro-batch, each row ``S`` slots;
-* ``packed``: ``TokenBudget(rows * L)`` with ``L = S`` rounded up to 8: the same slots per micro-batch
-  (the memory knob is comparable); the sequences are packed into rows of ``L`` (``trainer/packing.py``).
+* ``packed``: ``TokenBudget(rows * S)``: the same slots per micro-batch (the memory knob is comparable);
+  the sequences are packed into rows of ``L = S`` (``trainer/packing.py``; without pipeline parallelism a
+  micro-batch of partly filled rows runs at shorter rows, ``packing.tighten``).
 
 Stages (each called ``--repeats`` times, default 2: the first is a warm-up, the fastest of the rest is
 reported; on a shared machine more repeats keep other processes' bursts out of the numbers):
@@ -47,7 +49,7 @@ import time
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-QUICK = {"n": 64, "prompt_min": 8, "prompt_max": 24, "resp_median": 16, "resp_max": 128, "hidden": 64,
+QUICK = {"n": 64, "prompt_min": 8, "prompt_max": 24, "resp_median": 14, "resp_max": 128, "hidden": 64,
          "layers": 2, "vocab": 512}
 
 
@@ -88,7 +90,7 @@ def seq_batch(args):
     plen = torch.randint(args.prompt_min, args.prompt_max + 1, (n,), generator=g).tolist()
     prompts = [torch.randint(4, args.vocab, (p,), generator=g).tolist() for p in plen]
     resps = [torch.randint(4, args.vocab, (r,), generator=g).tolist() for r in resp]
-    seq_len = max(p + r for p, r in zip(plen, resp))
+    seq_len = _row_len(max(p + r for p, r in zip(plen, resp)))
     sb = build_seq_batch(prompts, resps, 0, seq_len, args.resp_max)
     rewards = (torch.rand(n, generator=g) > 0.5).float()
     return sb, rewards, resp
@@ -116,7 +118,7 @@ def child(args) -> None:
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     sb, rewards, _ = seq_batch(args)
     batch = sb.batch
-    micro = args.rows if args.child == "padded" else TokenBudget(args.rows * _row_len(batch.seq_len))
+    micro = args.rows if args.child == "padded" else TokenBudget(args.rows * batch.seq_len)
     info = init_parallel(1, 1, seed=0)
     actor = PolicyActor(load_hf_config(args.hf), info, OptimSpec(lr=1e-6, clip_grad=1.0))
     actor.load_hf(args.hf)
@@ -196,12 +198,12 @@ def main() -> None:
     batch = sb.batch
     lengths = seq_lengths(batch)
     n, s = batch.num_samples, batch.seq_len
-    budget = TokenBudget(args.rows * _row_len(s))
+    budget = TokenBudget(args.rows * s)
     p1, p2 = plan(lengths, budget, 1), plan(lengths, budget, 2)
     rank_tok = p2.rank_tokens()
     med = sorted(resp)[n // 2]
     with tempfile.TemporaryDirectory(prefix="bench_packing_") as tmp:
-        hf = _model(os.path.join(tmp, "hf"), args.hidden, args.layers, args.vocab, max_pos=max(4096, _row_len(s)))
+        hf = _model(os.path.join(tmp, "hf"), args.hidden, args.layers, args.vocab, max_pos=max(4096, s))
         res = {}
         for r in range(args.rounds):           # alternate the paths: a burst of other load hits both alike
             for p in ("padded", "packed"):
@@ -227,6 +229,7 @@ def main() -> None:
         "step_ratio": (b["old_logprob"] + b["train"]) / (a["old_logprob"] + a["train"]),
         "pad_frac": {"padded": 1 - sum(lengths) / (n * s), "packed": p1.pad_frac(), "packed_dp2": p2.pad_frac()},
         "rows": {"padded": n, "packed": sum(len(mb) for mb in p1.ranks[0])},
+        "packed_shapes": [[len(mb), p1.row_len_of(0, m)] for m, mb in enumerate(p1.ranks[0])],
         "micro_batches": {"padded": n // args.rows, "packed": p1.micro_batches},
         "dp2_imbalance": max(rank_tok) / (sum(rank_tok) / 2),
         "logp_max_diff": tok_diff, "seq_logp_sum_max_diff": seq_diff,
@@ -250,7 +253,7 @@ def _print(args, x: dict) -> None:
           f"{os.environ['OMP_NUM_THREADS']} threads")
     print(f"batch: {x['n']} sequences, {x['tokens']} tokens, S={x['seq_len']}, responses max/median "
           f"{x['resp_max_over_median']:.1f}; padded {args.rows} rows x {x['seq_len']} per micro-batch, "
-          f"packed budget {x['budget']} = {args.rows} x L={x['row_len']}")
+          f"packed budget {x['budget']} = {args.rows} x {x['row_len']}")
     print(f"{'':<22}{'padded':>11}{'packed':>11}{'packed/padded':>15}")
     for k in ("old_logprob", "train"):
         print(f"{k + ' (s)':<22}{a[k]:>11.3f}{b[k]:>11.3f}{x['ratio'][k]:>15.3f}")
@@ -260,7 +263,8 @@ def _print(args, x: dict) -> None:
         print(f"{'  train ' + k + ' (s)':<22}{a['train_timings'][k]:>11.3f}{b['train_timings'][k]:>11.3f}"
               f"{b['train_timings'][k] / max(a['train_timings'][k], 1e-9):>15.3f}")
     print(f"{'rows / micro-batches':<22}{x['rows']['padded']:>6} / {x['micro_batches']['padded']:<3}"
-          f"{x['rows']['packed']:>6} / {x['micro_batches']['packed']:<3}")
+          f"{x['rows']['packed']:>6} / {x['micro_batches']['packed']:<3}  (packed rows x length: "
+          + ", ".join(f"{r}x{n}" for r, n in x["packed_shapes"]) + ")")
     print(f"{'pad fraction':<22}{x['pad_frac']['padded']:>11.3f}{x['pad_frac']['packed']:>11.3f}"
           f"{'':>6}(packed at DP=2: {x['pad_frac']['packed_dp2']:.3f})")
     for k, name in (("rss_kb", "peak RSS (MiB)"), ("rss_loaded_kb", "  after load (MiB)")):

@@ -1,6 +1,6 @@
 """Smoke test of ``benchmarks/bench_packing.py --quick``: the goals that do not depend on the machine.
 
-The quick batch (64 sequences, prompts 8..24, responses log-normal median 16 with the longest 128
+The quick batch (64 sequences, prompts 8..24, responses log-normal median 14 with the longest 128
 tokens, seed 0) through both paths of the real actor, each in its own subprocess. Asserted: the packed
 plan's padding <= 5 % (the padded batch wastes > 50 %), the DP=2 plan's token imbalance <= 1.1, and the
 numerics of the two paths (per-token log-probs to 1e-4, the first train step's loss and grad norm to
@@ -24,7 +24,7 @@ def test_bench_packing_quick(tmp_path):
                        check=False, capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr[-4000:]
     x = json.loads(out.read_text())
-    assert x["n"] == 64 and x["resp_max_over_median"] >= 7
+    assert x["n"] == 64 and x["resp_max_over_median"] >= 8
     assert x["pad_frac"]["padded"] > 0.5
     assert x["pad_frac"]["packed"] <= 0.05, x["pad_frac"]
     assert x["rows"]["packed"] < x["rows"]["padded"] / 3
