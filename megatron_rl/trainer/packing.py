@@ -286,14 +286,48 @@ def _zero_masks(b: TrainBatch) -> TrainBatch:
     return TrainBatch(b.tokens, torch.zeros_like(b.loss_mask), ex)
 
 
+class RankMicroBatches:
+    """DP rank ``dp_rank``'s micro-batches of ``batch`` under plan ``pp``, each built when the schedule
+    reads it (:func:`build_micro_batch`) and dropped after its pass: only the micro-batch in flight holds
+    its packed rows and its sequences' copies, as only a padded micro-batch's views are alive (the
+    padded path slices views of the batch), so packing adds no batch-sized copies to the peak.
+    ``same_shape`` (pipeline parallelism: the p2p buffers are sized once) pads each to the rank's
+    widest with empty rows; ``thd``: the micro-batches run as THD (Transformer Engine)."""
+
+    def __init__(self, batch: TrainBatch, pp: PackPlan, dp_rank: int, pad_id: int = 0, pack_keys=(),
+                 same_shape: bool = False, thd: bool = False):
+        self.batch, self.plan, self.rank = batch, pp, dp_rank
+        self.pad_id, self.pack_keys, self.thd = pad_id, tuple(pack_keys), thd
+        mbs = pp.ranks[dp_rank]
+        widest = max(1, max(len(mb) for mb in mbs))
+        self.shapes = [(pp.row_len_of(dp_rank, m, same_shape), widest if same_shape else max(1, len(mb)))
+                       for m, mb in enumerate(mbs)]       # (row length, rows) of each micro-batch
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+    def __getitem__(self, m: int) -> PackedMicroBatch:
+        if not -len(self) <= m < len(self):
+            raise IndexError(m)
+        row_len, n_rows = self.shapes[m]
+        mb = build_micro_batch(self.batch, self.plan.ranks[self.rank][m], row_len, n_rows, self.plan.lengths,
+                               self.pad_id, self.pack_keys)
+        mb.thd = self.thd
+        return mb
+
+    def __iter__(self):
+        return (self[m] for m in range(len(self)))
+
+    @property
+    def schedule_shapes(self) -> list[tuple[int, int]]:
+        """:attr:`PackedMicroBatch.schedule_shape` of each micro-batch, without building it."""
+        return [(n * length, 1) if self.thd else (length, n) for length, n in self.shapes]
+
+
 def rank_micro_batches(batch: TrainBatch, pp: PackPlan, dp_rank: int, pad_id: int = 0, pack_keys=(),
-                       same_shape: bool = False) -> list[PackedMicroBatch]:
-    """DP rank ``dp_rank``'s micro-batches of ``batch`` under plan ``pp``; ``same_shape`` (pipeline
-    parallelism: the p2p buffers are sized once) pads each to the rank's widest with empty rows."""
-    mbs = pp.ranks[dp_rank]
-    widest = max(1, max(len(mb) for mb in mbs))
-    return [build_micro_batch(batch, mb, pp.row_len_of(dp_rank, m, same_shape), widest if same_shape else max(1, len(mb)),
-                              pp.lengths, pad_id, pack_keys) for m, mb in enumerate(mbs)]
+                       same_shape: bool = False, thd: bool = False) -> RankMicroBatches:
+    """DP rank ``dp_rank``'s micro-batches of ``batch`` under plan ``pp`` (:class:`RankMicroBatches`)."""
+    return RankMicroBatches(batch, pp, dp_rank, pad_id, pack_keys, same_shape, thd)
 
 
 def thd_layout(batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:

@@ -62,7 +62,8 @@ def run_schedule(chunks: Sequence[torch.nn.Module], micro_batches: Sequence[Trai
         raise ValueError("run_schedule: no micro-batches")
     from megatron.core import parallel_state as ps
 
-    shapes = [getattr(mb, "schedule_shape", (mb.seq_len, mb.num_samples)) for mb in micro_batches]
+    shapes = getattr(micro_batches, "schedule_shapes", None) or \
+        [getattr(mb, "schedule_shape", (mb.seq_len, mb.num_samples)) for mb in micro_batches]
     seq, mbs = max(s for s, _ in shapes), max(b for _, b in shapes)
     if ps.get_pipeline_model_parallel_world_size() > 1 and any(sh != (seq, mbs) for sh in shapes):
         raise ValueError("run_schedule: with pipeline parallelism the micro-batches must share their shape "

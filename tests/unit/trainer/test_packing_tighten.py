@@ -55,7 +55,13 @@ def test_tightened_micro_batch_unpacks_to_each_sequence_and_pp_keeps_l():
         own = torch.stack([b.targets[i].float() for i in mb.owner])
         assert torch.equal(frame * mb.valid, own * mb.valid)
         assert mb.valid.sum(1).tolist() == [LENS[i] - 1 for i in mb.owner]
-    assert [mb.seq_len for mb in rank_micro_batches(b, p, dp_rank=0, same_shape=True)] == [40, 40]
+    same = rank_micro_batches(b, p, dp_rank=0, same_shape=True)
+    assert [mb.seq_len for mb in same] == [40, 40]
+    # the schedule sizes its buffers from the plan, before any micro-batch is built; each is built on read
+    for lazy in (mbs, same, rank_micro_batches(b, p, dp_rank=0, thd=True)):
+        assert lazy.schedule_shapes == [mb.schedule_shape for mb in lazy]
+        assert lazy[0] is not lazy[0] and torch.equal(lazy[-1].tokens, lazy[len(lazy) - 1].tokens)
+    assert rank_micro_batches(b, p, dp_rank=0, thd=True).schedule_shapes == [(80, 1), (64, 1)]
 
 
 @pytest.mark.parametrize("dp", [1, 2])
