@@ -48,3 +48,15 @@ def test_packed_train_step_equals_padded(results, name, kind):
     a, b = results[name]["padded"][kind], results[name]["packed"][kind]
     for k in ("loss", "grad_norm", "kl"):
         assert abs(a[k] - b[k]) <= 1e-5 * max(abs(a[k]), 1.0), (name, kind, k, a[k], b[k])
+
+
+def test_filler_micro_batch_adds_no_row_to_metrics(results):
+    """DP=2, one rank's second micro-batch is a zero-mask filler: loss, grad norm and EVERY metric of the
+    step equal the padded path's (the filler is left out of the averages' denominators)."""
+    f = results["dp2"]["filler"]
+    assert f["rank_micro_batches"] == [[1, 1], [1, 0]]
+    for kind, a in f["padded"].items():
+        b = f["packed"][kind]
+        assert set(a) == set(b) and "actor/kl_loss" in a
+        for k in a:
+            assert abs(a[k] - b[k]) <= 1e-5 * max(abs(a[k]), 1.0), (kind, k, a[k], b[k])

@@ -91,8 +91,41 @@ def run_case(hf_dir: str, out: str, tp: int, pp: int, sp: bool, backend: str = "
     for kind in KINDS:
         for name, micro in (("padded", 2), ("packed", budget)):
             rec[name][kind] = one_step(hf_dir, tp, pp, sp, kind, sb, micro, backend)
+    if torch.distributed.get_world_size() // (tp * pp) == 2:
+        rec["filler"] = filler_case(hf_dir, tp, pp, sp, sb, backend)
     write_json(out, rec)
     print("OK", {k: rec[k][kind] for k in ("padded", "packed") for kind in KINDS}, flush=True)
+
+
+FILLER_ROWS = [0, 6, 1, 12, 15, 4]     # lengths 45 18 9 9 9 8: DP rank 0 [45, 8] (2 rows), rank 1 [18, 9, 9, 9]
+
+
+def filler_case(hf_dir, tp, pp, sp, sb, backend) -> dict:
+    """DP=2, a 48-token budget (one row per micro-batch): rank 0 needs two micro-batches, rank 1's one row
+    is followed by a zero-mask filler. Every metric of the step (padded: one row per micro-batch, no
+    padding rows) must come out the same: the filler adds no row to any average."""
+    import dataclasses
+
+    from megatron_rl import algorithms as A
+    from megatron_rl.parallel import destroy_parallel
+    from megatron_rl.trainer.batch import TrainBatch
+    from megatron_rl.trainer.objective import Objective
+    from megatron_rl.trainer.packing import TokenBudget, plan, seq_lengths
+
+    idx = torch.tensor(FILLER_ROWS)
+    out = {}
+    for kind in ("grpo", "score"):
+        hp = A.algo_kind(kind).hparams(kl_loss_coef=0.05)
+        full = dataclasses.replace(sb.batch, extras=method_extras(kind, hp, sb))
+        batch = TrainBatch(full.tokens[idx], full.loss_mask[idx], {k: v[idx] for k, v in full.extras.items()})
+        p = plan(seq_lengths(batch), TokenBudget(48), 2)
+        out["rank_micro_batches"] = [[len(mb) for mb in rk] for rk in p.ranks]
+        for name, micro in (("padded", 1), ("packed", TokenBudget(48))):
+            actor = build_actor(hf_dir, tp, pp, sp, backend=backend)
+            r = actor.train_step(batch, Objective(kind, hp, batch, step=1), micro)
+            out.setdefault(name, {})[kind] = {"loss": r.loss, "grad_norm": r.grad_norm, **r.metrics}
+            destroy_parallel()
+    return out
 
 
 def _with(batch, key, value):
