@@ -15,8 +15,8 @@ declared protocol the actor reads). Every other extras entry named like an :clas
 is passed through.
 
 Metrics: the loss's own metrics are means over the micro-batch (``losses`` contract), logged as
-``(value · w, w)`` with the aggregation's weight — rows for the seq-mean modes, mask tokens
-otherwise — so the step shows the global mean; names ``<loss>_x`` become
+``(value · w, w)`` with the aggregation's weight — rows with any mask token for the seq-mean modes,
+mask tokens otherwise — so the step shows the global mean (zero-mask rows weigh nothing); names ``<loss>_x`` become
 ``<loss>/x``, names with a ``/`` stay, others get ``actor/``. ``actor/kl_loss`` is the KL term as it
 enters the loss; ``actor/entropy`` and (with a teacher) ``distill/teacher_minus_student`` are token means.
 """
@@ -35,6 +35,12 @@ __all__ = ["Objective", "PartialLoss", "SupportObjective", "partial_aggregate"]
 _PASS = tuple(f.name for f in fields(AlgoInputs) if f.name not in ("mask", "logp", "first_logp", "student_topk", "step"))
 
 
+def _rows(mask: torch.Tensor) -> torch.Tensor:
+    """Rows with at least one mask token (float): the rows the seq-mean aggregations count; zero-mask
+    rows (padding copies, packed fillers, filtered samples) weigh nothing in any metric."""
+    return (mask.reshape(mask.shape[0], -1).sum(-1) > 0).sum().to(torch.float64)
+
+
 @runtime_checkable
 class SupportObjective(Protocol):
     """A loss function that needs the policy's log-probs at a top-k support: ``support_key`` names
@@ -48,15 +54,15 @@ class SupportObjective(Protocol):
 
 class Objective:
     """Per-micro-batch objective of kind ``kind`` for one optimizer step on ``batch`` (the GLOBAL
-    batch handed to ``train_step``, padding rows included: its response-token and row counts are
-    the whole-batch normalisers of the KL rule and of the KL metric)."""
+    batch handed to ``train_step``: its response tokens and its rows with any response token are the
+    whole-batch normalisers of the KL rule and of the KL metric; zero-mask padding rows count in neither)."""
 
     def __init__(self, kind: str, hp, batch, step: int | None = None):
         self.kind, self.hp, self.step = kind, hp, step
         self.loss = algo_kind(kind).loss
         self.support_key = "support_idx" if loss_support(self.loss) else None
         self.batch_tokens = float(batch.extras["resp_mask"].sum())
-        self.batch_rows = batch.num_samples
+        self.batch_rows = max(1, int(_rows(batch.extras["resp_mask"])))
 
     def inputs(self, logp, mb, support=None) -> AlgoInputs:
         """The micro-batch's AlgoInputs (gathers in the module docstring)."""
@@ -77,9 +83,9 @@ class Objective:
         m = x.mask
         n_tok = m.sum()
         mode = self.hp.loss_agg_mode     # loss metrics averaged with the aggregation's weights
-        w = torch.tensor(float(m.shape[0])) if mode in ("seq-mean-token-mean", "seq-mean-token-sum") else t.mask.sum()
+        w = _rows(t.mask) if mode in ("seq-mean-token-mean", "seq-mean-token-sum") else t.mask.sum()
         metrics = {self._name(k): (v.detach().double() * w, w) for k, v in t.metrics.items()}
-        share = t.normaliser if t.normaliser is not None else torch.tensor(m.shape[0] / self.batch_rows)
+        share = t.normaliser if t.normaliser is not None else _rows(m) / self.batch_rows
         metrics["actor/kl_loss"] = (t.kl_sum.detach(), share)
         if entropy is not None:
             metrics["actor/entropy"] = ((entropy.gather(1, mb.extras["resp_pos"]) * m).sum().detach(), n_tok)

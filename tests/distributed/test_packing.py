@@ -52,9 +52,10 @@ def test_packed_train_step_equals_padded(results, name, kind):
 
 def test_filler_micro_batch_adds_no_row_to_metrics(results):
     """DP=2, one rank's second micro-batch is a zero-mask filler: loss, grad norm and EVERY metric of the
-    step equal the padded path's (the filler is left out of the averages' denominators)."""
+    step equal the padded path's, which runs a zero-mask padding copy instead (neither is in any
+    average's denominator; ``workers/actor_packing.py:filler_case``)."""
     f = results["dp2"]["filler"]
-    assert f["rank_micro_batches"] == [[1, 1], [1, 0]]
+    assert f["rank_micro_batches"] == [[1, 1], [1, 0]]          # rank 1: one sequence, then a filler
     for kind, a in f["padded"].items():
         b = f["packed"][kind]
         assert set(a) == set(b) and "actor/kl_loss" in a

@@ -39,6 +39,7 @@ def method_extras(kind: str, hp, sb, seed: int = 0) -> dict:
     g = torch.Generator().manual_seed(seed)
     lp = lambda *shape: -torch.rand(*shape, generator=g) * 2   # noqa: E731
     m = sb.resp_mask
+    N = m.shape[0]
     ex = {"resp_pos": sb.resp_pos, "resp_mask": m, "rewards": (torch.rand(N, generator=g) > 0.5).float(),
           "group_ids": torch.arange(N) // 4, "advantages": torch.randn(N, generator=g), "old_logp": lp(N, R) * m,
           "ref_logp": lp(N, R) * m}
@@ -92,37 +93,36 @@ def run_case(hf_dir: str, out: str, tp: int, pp: int, sp: bool, backend: str = "
         for name, micro in (("padded", 2), ("packed", budget)):
             rec[name][kind] = one_step(hf_dir, tp, pp, sp, kind, sb, micro, backend)
     if torch.distributed.get_world_size() // (tp * pp) == 2:
-        rec["filler"] = filler_case(hf_dir, tp, pp, sp, sb, backend)
+        rec["filler"] = filler_case(hf_dir, tp, pp, sp, backend)
     write_json(out, rec)
     print("OK", {k: rec[k][kind] for k in ("padded", "packed") for kind in KINDS}, flush=True)
 
 
-FILLER_ROWS = [0, 6, 1, 12, 15, 4]     # lengths 45 18 9 9 9 8: DP rank 0 [45, 8] (2 rows), rank 1 [18, 9, 9, 9]
-
-
-def filler_case(hf_dir, tp, pp, sp, sb, backend) -> dict:
-    """DP=2, a 48-token budget (one row per micro-batch): rank 0 needs two micro-batches, rank 1's one row
-    is followed by a zero-mask filler. Every metric of the step (padded: one row per micro-batch, no
-    padding rows) must come out the same: the filler adds no row to any average."""
+def filler_case(hf_dir, tp, pp, sp, backend) -> dict:
+    """DP=2, three sequences of 43, 43 and 42 tokens and a 48-token budget (one row per micro-batch):
+    rank 0 runs two micro-batches, rank 1 its one sequence and then a zero-mask filler. The padded path
+    runs the same sequences plus one zero-mask padding copy (``support.pad_train_rows``), one row per
+    micro-batch. Loss, grad norm and every metric must agree: neither the filler nor the padding copy
+    adds a row to any average (RLCSD: the KL share of token-sum losses; SCoRe: seq-mean weights)."""
     import dataclasses
 
     from megatron_rl import algorithms as A
     from megatron_rl.parallel import destroy_parallel
-    from megatron_rl.trainer.batch import TrainBatch
     from megatron_rl.trainer.objective import Objective
     from megatron_rl.trainer.packing import TokenBudget, plan, seq_lengths
+    from megatron_rl.trainer.support import pad_train_rows
+    from megatron_rl.trainer.update_stage import build_seq_batch
 
-    idx = torch.tensor(FILLER_ROWS)
-    out = {}
-    for kind in ("grpo", "score"):
+    g = torch.Generator().manual_seed(7)
+    sb = build_seq_batch([torch.randint(1, 250, (3,), generator=g).tolist() for _ in range(3)],
+                         [torch.randint(1, 250, (n,), generator=g).tolist() for n in (R, R, R - 1)], 0, 48, R)
+    out = {"rank_micro_batches": [[len(mb) for mb in rk] for rk in plan(seq_lengths(sb.batch), TokenBudget(48), 2).ranks]}
+    for kind in ("rlcsd", "score"):
         hp = A.algo_kind(kind).hparams(kl_loss_coef=0.05)
-        full = dataclasses.replace(sb.batch, extras=method_extras(kind, hp, sb))
-        batch = TrainBatch(full.tokens[idx], full.loss_mask[idx], {k: v[idx] for k, v in full.extras.items()})
-        p = plan(seq_lengths(batch), TokenBudget(48), 2)
-        out["rank_micro_batches"] = [[len(mb) for mb in rk] for rk in p.ranks]
-        for name, micro in (("padded", 1), ("packed", TokenBudget(48))):
+        batch = dataclasses.replace(sb.batch, extras=method_extras(kind, hp, sb))
+        for name, b, micro in (("padded", pad_train_rows(batch, 2), 1), ("packed", batch, TokenBudget(48))):
             actor = build_actor(hf_dir, tp, pp, sp, backend=backend)
-            r = actor.train_step(batch, Objective(kind, hp, batch, step=1), micro)
+            r = actor.train_step(b, Objective(kind, hp, b, step=1), micro)
             out.setdefault(name, {})[kind] = {"loss": r.loss, "grad_norm": r.grad_norm, **r.metrics}
             destroy_parallel()
     return out
