@@ -33,6 +33,9 @@ from megatron_rl.device import default_device
 
 
 @dataclasses.dataclass(frozen=True)
+MASK_EXTRAS = ("resp_mask", "first_mask", "teacher_neg_mask")   #: per-row masks a loss reads (SCoRe: first_mask)
+
+
 class TrainBatch:
     """One batch of sequences for log-prob / training passes.
 
@@ -153,6 +156,19 @@ class TrainBatch:
                 v = v[:, :seq_len - 1]
             extras[k] = v
         return TrainBatch(self.tokens[:, :seq_len], self.loss_mask[:, :seq_len - 1], extras)
+
+    def zero_masked(self) -> "TrainBatch":
+        """A copy whose every mask (``loss_mask`` and the extras in :data:`MASK_EXTRAS`) is zero, so its
+        rows add nothing to a loss, a normaliser or a metric: the padding copies of a padded batch and
+        the filler of a packed one. ``teacher_neg_mask`` keeps slot 0 valid so the contrastive signal
+        stays defined on the (masked) rows."""
+        ex = {k: v.clone() for k, v in self.extras.items()}
+        for k in MASK_EXTRAS:
+            if k in ex:
+                ex[k].zero_()
+        if "teacher_neg_mask" in ex:
+            ex["teacher_neg_mask"][:, 0] = 1
+        return TrainBatch(self.tokens, torch.zeros_like(self.loss_mask), ex)
 
     def to(self, device: torch.device | str) -> "TrainBatch":
         return TrainBatch(self.tokens.to(device), self.loss_mask.to(device),

@@ -266,24 +266,13 @@ def build_micro_batch(batch: TrainBatch, rows: list[list[int]], row_len: int, n_
     sel = torch.tensor(owner, dtype=torch.long)
     seqs = TrainBatch(batch.tokens[sel], batch.loss_mask[sel], {k: v[sel] for k, v in batch.extras.items()})
     if filler:
-        seqs = _zero_masks(seqs)
+        seqs = seqs.zero_masked()
         loss_mask.zero_()
     model = TrainBatch(tokens, loss_mask, {"segment_ids": seg, "position_ids": pos})
     mb = PackedMicroBatch(model, seqs, index, valid, [-1] if filler else owner)
     for k in pack_keys:
         model.extras[k] = mb.pack_target(seqs.extras[k])
     return mb
-
-
-def _zero_masks(b: TrainBatch) -> TrainBatch:
-    """A copy whose every mask is zero: its loss and metrics contribute nothing."""
-    ex = {k: v.clone() for k, v in b.extras.items()}
-    for k in ("resp_mask", "first_mask", "teacher_neg_mask"):
-        if k in ex:
-            ex[k].zero_()
-    if "teacher_neg_mask" in ex:      # keep >= 1 valid slot so the contrastive signal stays defined
-        ex["teacher_neg_mask"][:, 0] = 1
-    return TrainBatch(b.tokens, torch.zeros_like(b.loss_mask), ex)
 
 
 class RankMicroBatches:

@@ -32,20 +32,15 @@ from megatron_rl.trainer.vocab_parallel import with_tail
 
 
 def pad_train_rows(batch: TrainBatch, multiple: int) -> TrainBatch:
-    """Append copies of row 0 with every mask zeroed (spec: zero-mask padding copies contribute nothing)."""
+    """Append zero-mask copies of row 0 (``TrainBatch.zero_masked``; spec: zero-mask padding copies
+    contribute nothing) until N is a multiple of ``multiple``."""
     extra = (-batch.num_samples) % multiple
     if extra == 0:
         return batch
-    idx = torch.cat([torch.arange(batch.num_samples), torch.zeros(extra, dtype=torch.long)])
-    ex = {k: v[idx].clone() for k, v in batch.extras.items()}
-    for k in ("resp_mask", "teacher_neg_mask"):
-        if k in ex:
-            ex[k][batch.num_samples:] = 0
-    if "teacher_neg_mask" in ex:        # keep >= 1 valid slot so rlcsd_signal stays defined (rows are masked)
-        ex["teacher_neg_mask"][batch.num_samples:, 0] = 1
-    mask = batch.loss_mask[idx].clone()
-    mask[batch.num_samples:] = 0
-    return TrainBatch(batch.tokens[idx], mask, ex)
+    pad = batch.slice(0, 1).zero_masked()
+    idx = torch.zeros(extra, dtype=torch.long)
+    return TrainBatch(torch.cat([batch.tokens, pad.tokens[idx]]), torch.cat([batch.loss_mask, pad.loss_mask[idx]]),
+                      {k: torch.cat([v, pad.extras[k][idx]]) for k, v in batch.extras.items()})
 
 
 def _teacher_micro_batch(rows: int, dp: int, mbs, row_len: int) -> int:

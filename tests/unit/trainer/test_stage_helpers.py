@@ -51,7 +51,7 @@ def test_bicc_inputs_condition_mixed_groups_only_and_keep_targets():
 
 def _train_batch(n: int, k: int = 2) -> TrainBatch:
     g = torch.Generator().manual_seed(0)
-    ex = {"resp_mask": torch.ones(n, 4), "teacher_neg_mask": torch.ones(n, k, dtype=torch.bool),
+    ex = {"resp_mask": torch.ones(n, 4), "first_mask": torch.ones(n, 4), "teacher_neg_mask": torch.ones(n, k, dtype=torch.bool),
           "advantages": torch.randn(n, generator=g), "rewards": torch.ones(n)}
     return TrainBatch(torch.arange(n * 6).view(n, 6), torch.ones(n, 5), ex)
 
@@ -60,6 +60,7 @@ def test_pad_train_rows_appends_zero_mask_copies():
     b = pad_train_rows(_train_batch(5), 4)
     assert b.num_samples == 8
     assert b.loss_mask[5:].abs().sum() == 0 and b.extras["resp_mask"][5:].abs().sum() == 0
+    assert b.extras["first_mask"][5:].abs().sum() == 0 and b.extras["first_mask"][:5].all()   # SCoRe's attempt 1
     assert torch.equal(b.tokens[5:], b.tokens[:1].expand(3, -1))               # copies of row 0
     assert b.extras["teacher_neg_mask"][5:, 0].all() and not b.extras["teacher_neg_mask"][5:, 1:].any()
     assert torch.equal(b.extras["advantages"][:5], _train_batch(5).extras["advantages"])
