@@ -32,10 +32,10 @@ import torch.distributed as dist
 from megatron_rl.device import default_device
 
 
-@dataclasses.dataclass(frozen=True)
 MASK_EXTRAS = ("resp_mask", "first_mask", "teacher_neg_mask")   #: per-row masks a loss reads (SCoRe: first_mask)
 
 
+@dataclasses.dataclass(frozen=True)
 class TrainBatch:
     """One batch of sequences for log-prob / training passes.
 
