@@ -103,7 +103,8 @@ def filler_case(hf_dir, tp, pp, sp, backend) -> dict:
     rank 0 runs two micro-batches, rank 1 its one sequence and then a zero-mask filler. The padded path
     runs the same sequences plus one zero-mask padding copy (``support.pad_train_rows``), one row per
     micro-batch. Loss, grad norm and every metric must agree: neither the filler nor the padding copy
-    adds a row to any average (RLCSD: the KL share of token-sum losses; SCoRe: seq-mean weights)."""
+    adds a row to any average (RLCSD: the KL share of token-sum losses; SCoRe: its attempt-1 mask; GRPO
+    with seq-mean-token-mean: the rows weighing its metrics)."""
     import dataclasses
 
     from megatron_rl import algorithms as A
@@ -117,8 +118,8 @@ def filler_case(hf_dir, tp, pp, sp, backend) -> dict:
     sb = build_seq_batch([torch.randint(1, 250, (3,), generator=g).tolist() for _ in range(3)],
                          [torch.randint(1, 250, (n,), generator=g).tolist() for n in (R, R, R - 1)], 0, 48, R)
     out = {"rank_micro_batches": [[len(mb) for mb in rk] for rk in plan(seq_lengths(sb.batch), TokenBudget(48), 2).ranks]}
-    for kind in ("rlcsd", "score"):
-        hp = A.algo_kind(kind).hparams(kl_loss_coef=0.05)
+    for kind, kw in (("rlcsd", {}), ("score", {}), ("grpo", {"loss_agg_mode": "seq-mean-token-mean"})):
+        hp = A.algo_kind(kind).hparams(kl_loss_coef=0.05, **kw)
         batch = dataclasses.replace(sb.batch, extras=method_extras(kind, hp, sb))
         for name, b, micro in (("padded", pad_train_rows(batch, 2), 1), ("packed", batch, TokenBudget(48))):
             actor = build_actor(hf_dir, tp, pp, sp, backend=backend)
