@@ -41,7 +41,7 @@ import torch
 from megatron_rl import algorithms as A
 from megatron_rl.trainer import update_stage as U
 from megatron_rl.trainer.objective import Objective
-from megatron_rl.trainer.packing import micro_of
+from megatron_rl.trainer.packing import TokenBudget
 from megatron_rl.trainer.support import pad_train_rows, teacher_tensors
 
 OPTIMIZER_STEPS_FILE = "optimizer_steps.jsonl"
@@ -128,7 +128,7 @@ def logprob_passes(run, s: Sampled) -> tuple[LogProbs, dict]:
     """Old and reference log-probs of the sampled sequences (no grad), and the trainer<->engine
     agreement ``rollout/logprob_gap`` (mean |old − engine log-prob| over response tokens)."""
     t0 = time.perf_counter()
-    mbs = micro_of(run.cfg, run.info.tp)
+    mbs = run.micro
     old_full = run.actor.forward_logprobs(s.seqs.batch, mbs).logp
     ref_full = run.ref.forward_logprobs(s.seqs.batch, mbs).logp if run.ref is not None else None
     old = U.response_frame(old_full, s.seqs)
@@ -160,8 +160,8 @@ def optimizer_steps(run, rows: Rows, hp, step: int) -> list[dict]:
     kind, t = cfg.algo.kind, cfg.trainer
     loss = A.algo_kind(kind).loss
     stats = A.loss_batch_stats(loss)
-    mbs = micro_of(cfg, run.info.tp)
-    multiple = 1 if t.max_tokens_per_micro_batch else run.info.dp * t.rows_per_micro_batch   # padded: even DP x rows
+    mbs = run.micro
+    multiple = 1 if isinstance(mbs, TokenBudget) else run.info.dp * mbs   # padded: N a multiple of DP x rows
     chunks = mini_batches(len(rows), t.mini_batch_prompts * cfg.rollout.n)
     out = []
     for epoch in range(t.ppo_epochs):

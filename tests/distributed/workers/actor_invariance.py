@@ -105,7 +105,7 @@ def minibatch_steps(actor, mbs: int) -> list[dict]:
     adv = A.compute_advantages("grpo", A.AlgoInputs(rewards=rewards.double(), group_ids=gids, mask=sb.resp_mask), hp).float()
     rows = Rows(sb, {"rewards": rewards, "group_ids": gids, "advantages": adv, "old_logp": old, "ref_logp": old.clone(),
                      "resp_pos": sb.resp_pos, "resp_mask": sb.resp_mask})
-    run = types.SimpleNamespace(cfg=cfg, info=info, actor=actor, path=PlainPath(cfg, None))
+    run = types.SimpleNamespace(cfg=cfg, info=info, actor=actor, path=PlainPath(cfg, None), micro=m)
     out = optimizer_steps(run, rows, hp, step=1)
     return [{k: float(r[k]) for k in ("actor/loss", "actor/grad_norm", "actor/ppo_kl", "actor/lr", "mini_batch", "rows")}
             for r in out]

@@ -274,8 +274,9 @@ def _cfg(kind: str, *extra: str):
 
 
 def _run(cfg, lr: float = LR):
-    """What ``optimizer_steps`` reads of a Run: cfg, info (dp, driver), path, actor."""
+    """What ``optimizer_steps`` reads of a Run: cfg, info (dp, driver), path, actor, micro (the padded rows)."""
     return types.SimpleNamespace(cfg=cfg, info=types.SimpleNamespace(dp=1, tp=1, is_driver=True),
+                                 micro=cfg.trainer.rows_per_micro_batch,
                                  path=CountingPath(cfg), actor=SoftmaxActor(lr=lr))
 
 
