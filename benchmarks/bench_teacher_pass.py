@@ -19,7 +19,10 @@ wall-clock and CPU time of this process (``time.process_time``, all its threads)
   the layout of least estimated cost for the model's ``attention_crossover`` and micro-batches of
   the policy pass's token count) and run by ``support.teacher_pass`` under snapshot weights; ``row
   len`` is the widest row, ``pad frac`` counts the slots of the width-trimmed micro-batches;
-* ``teacher naive``: the same sequences one per row, right-padded to the longest (no packing).
+* ``teacher naive``: the same sequences one per row, right-padded to the longest (no packing);
+* ``policy packed`` (for reference, not the goal's baseline): the policy pass with a token budget of
+  the padded pass's slots per micro-batch (``trainer.max_tokens_per_micro_batch``), and the teacher
+  sequences' tokens over the policy's (printed); the goal keeps the padded baseline it was written against.
 
 Printed: seconds, ratio to the policy forward, rows, and padding fraction (padded slots / all
 slots). Goal (issue): packed ratio <= K+1 with < 10 % padding, checked on both clocks.
@@ -88,6 +91,7 @@ def main() -> None:
     from megatron_rl.trainer.batch import make_batch
     from megatron_rl.trainer.support import teacher_pass
     from megatron_rl.trainer.optim import OptimSpec
+    from megatron_rl.trainer.packing import TokenBudget, plan, seq_lengths
     from megatron_rl.trainer.teacher import TeacherWeights
     from megatron_rl.trainer.teacher_inputs import attention_crossover, pack
 
@@ -127,7 +131,10 @@ def main() -> None:
     naive_rows = len(seqs)
     naive_pad = 1 - sum(len(p) + len(r) for p, r in seqs) / (naive_rows * longest)
     naive_batch = make_batch([p for p, _ in seqs], [r for _, r in seqs], pad_id=0)
+    budget = TokenBudget(mbs * plain.seq_len)                    # the same slots per micro-batch, packed
+    pol_plan = plan(seq_lengths(plain), budget, 1)
     t = _rounds({"policy": lambda: actor.forward_logprobs(plain, mbs),
+                 "policy_packed": lambda: actor.forward_logprobs(plain, budget),
                  "packed": lambda: teacher_pass(actor, teacher, pk, dp=1, mbs=t_mbs),
                  "naive": lambda: actor.forward_logprobs(naive_batch, mbs)}, args.repeats)
     (t_policy, c_policy), (t_packed, c_packed), (t_naive, c_naive) = t["policy"], t["packed"], t["naive"]
@@ -138,8 +145,13 @@ def main() -> None:
     for name, (w, c), rows, width, pad in (
             ("policy", (t_policy, c_policy), plain.num_samples, plain.seq_len, pol_pad),
             ("teacher packed", (t_packed, c_packed), pk.batch.num_samples, pk.batch.seq_len, pk.pad_frac),
-            ("teacher naive", (t_naive, c_naive), naive_rows, longest, naive_pad)):
+            ("teacher naive", (t_naive, c_naive), naive_rows, longest, naive_pad),
+            ("policy packed", t["policy_packed"], sum(len(mb) for mb in pol_plan.ranks[0]), pol_plan.row_len,
+             pol_plan.pad_frac())):
         print(f"{name:<16}{w:>8.3f}{w / t_policy:>10.2f}{c:>8.3f}{c / c_policy:>10.2f}{rows:>7}{width:>9}{pad:>10.3f}")
+    pol_tokens = sum(len(p) + len(r) for p, r in zip(prompts, responses))
+    print(f"teacher tokens / policy tokens: {pk.real_tokens / pol_tokens:.2f}; "
+          f"packed teacher / packed policy (wall): {t_packed / t['policy_packed'][0]:.2f}")
     for clock, ratio in (("wall", t_packed / t_policy), ("cpu", c_packed / c_policy)):
         ok = ratio <= args.k + 1 and pk.pad_frac < 0.10
         print(f"goal ({clock}): packed <= K+1 = {args.k + 1}x policy with < 10% padding: {'met' if ok else 'NOT met'}")
