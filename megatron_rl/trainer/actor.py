@@ -41,7 +41,8 @@ import torch
 
 from megatron_rl.device import default_device
 from megatron_rl.trainer.batch import TrainBatch
-from megatron_rl.trainer.packing import PackedMicroBatch, RankMicroBatches, TokenBudget, rank_micro_batches, seq_lengths
+from megatron_rl.trainer.packing import (PackedMicroBatch, RankMicroBatches, TokenBudget, rank_micro_batches, seq_lengths,
+                                         unpacked_collection)
 from megatron_rl.trainer.packing import plan as pack_plan
 from megatron_rl.trainer.optim import OptimSpec, build_optimizer, current_lr
 from megatron_rl.trainer.schedule import (Groups, from_last_stage, gather_dp, run_schedule, sum_dp,
@@ -87,11 +88,8 @@ class TrainStepResult:
     timings: dict[str, float]
 
     def to_dict(self) -> dict[str, float]:
-        out = {"loss": self.loss, "grad_norm": self.grad_norm, "lr": self.lr,
-               "update_successful": float(self.update_successful), "normaliser": self.normaliser}
-        out.update(self.metrics)
-        out.update({f"time/{k}": v for k, v in self.timings.items()})
-        return out
+        return {"loss": self.loss, "grad_norm": self.grad_norm, "lr": self.lr, "update_successful": float(self.update_successful),
+                "normaliser": self.normaliser, **self.metrics, **{f"time/{k}": v for k, v in self.timings.items()}}
 
 
 def _support_key(loss_fn) -> str | None:
@@ -147,27 +145,6 @@ def _output_rows(model: torch.nn.Module, sel: torch.Tensor | None):
         yield
     finally:
         hook.remove()
-
-
-def _pad_rows(batch: TrainBatch, multiple: int) -> TrainBatch:
-    """Append copies of the last row (loss mask 0) until N is a multiple of ``multiple``."""
-    extra = (-batch.num_samples) % multiple
-    if extra == 0:
-        return batch
-    idx = torch.cat([torch.arange(batch.num_samples), torch.full((extra,), batch.num_samples - 1)])
-    mask = batch.loss_mask[idx].clone()
-    mask[batch.num_samples:] = 0
-    return TrainBatch(batch.tokens[idx], mask, {k: v[idx] for k, v in batch.extras.items()})
-
-
-def _unpacked(collect: Callable, mb, logits: torch.Tensor):
-    """A forward-only collection of a packed micro-batch, unpacked into its sequences' frame (with the
-    global rows it holds under ``"_owner"``; ``[-1]`` marks a filler)."""
-    z, n, data = collect(mb, logits)
-    if isinstance(mb, PackedMicroBatch):
-        data = {k: mb.unpack(v) for k, v in data.items()}
-        data["_owner"] = mb.owner
-    return z, n, data
 
 
 class _LogProbModel:
@@ -285,7 +262,7 @@ class _LogProbModel:
             return self._forward_only_packed(batch, micro_batch_size, collect, specs, pack_keys)
         g = self.groups
         n = batch.num_samples
-        batch = _pad_rows(batch, g.dp_size * micro_batch_size)
+        batch = batch.pad_rows_to_multiple(g.dp_size * micro_batch_size)
         local, mbs = self._local_batch(batch, micro_batch_size)
         for c in self.chunks:
             c.eval()
@@ -309,7 +286,7 @@ class _LogProbModel:
         for c in self.chunks:
             c.eval()
         with torch.no_grad():
-            store = run_schedule(self.chunks, mbs, partial(self._forward_step, partial(_unpacked, collect)),
+            store = run_schedule(self.chunks, mbs, partial(self._forward_step, partial(unpacked_collection, collect)),
                                  forward_only=True)
         owners = [[i for mb in rk for row in mb for i in row] for rk in plan.ranks]   # global rows per rank, in order
         most = max(len(o) for o in owners)
@@ -536,7 +513,6 @@ class PolicyActor(_LogProbModel):
         passes 0 for the second and later mini-batches of an RL step: the schedule counts RL steps)."""
         if self.offloaded:
             raise RuntimeError("train_step: the trainer is offloaded (trainer.offload); call onload() first")
-        g = self.groups
         t = self.temperature if temperature is None else float(temperature)
         t0 = time.perf_counter()
         if isinstance(micro_batch_size, TokenBudget):

@@ -170,6 +170,17 @@ class TrainBatch:
             ex["teacher_neg_mask"][:, 0] = 1
         return TrainBatch(self.tokens, torch.zeros_like(self.loss_mask), ex)
 
+    def pad_rows_to_multiple(self, multiple: int) -> "TrainBatch":
+        """Append zero-mask copies of row 0 (:meth:`zero_masked`; spec: zero-mask padding copies contribute
+        nothing) until N is a multiple of ``multiple`` (the padded path's even DP x micro-batch split)."""
+        extra = (-self.num_samples) % multiple
+        if extra == 0:
+            return self
+        pad = self.slice(0, 1).zero_masked()
+        idx = torch.zeros(extra, dtype=torch.long)
+        return TrainBatch(torch.cat([self.tokens, pad.tokens[idx]]), torch.cat([self.loss_mask, pad.loss_mask[idx]]),
+                          {k: torch.cat([v, pad.extras[k][idx]]) for k, v in self.extras.items()})
+
     def to(self, device: torch.device | str) -> "TrainBatch":
         return TrainBatch(self.tokens.to(device), self.loss_mask.to(device),
                           {k: v.to(device) for k, v in self.extras.items()})

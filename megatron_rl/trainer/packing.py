@@ -275,6 +275,17 @@ def build_micro_batch(batch: TrainBatch, rows: list[list[int]], row_len: int, n_
     return mb
 
 
+def unpacked_collection(collect, mb, logits: torch.Tensor):
+    """A forward-only collection ``collect(mb, logits) -> (zero, count, data)`` of a packed micro-batch
+    with ``data`` unpacked into its sequences' frame, and the global rows it holds under ``"_owner"``
+    (``[-1]`` marks a filler); a padded micro-batch's collection as is."""
+    z, n, data = collect(mb, logits)
+    if isinstance(mb, PackedMicroBatch):
+        data = {k: mb.unpack(v) for k, v in data.items()}
+        data["_owner"] = mb.owner
+    return z, n, data
+
+
 class RankMicroBatches:
     """DP rank ``dp_rank``'s micro-batches of ``batch`` under plan ``pp``, each built when the schedule
     reads it (:func:`build_micro_batch`) and dropped after its pass: only the micro-batch in flight holds

@@ -25,22 +25,9 @@ import time
 import torch
 
 from megatron_rl import algorithms as A
-from megatron_rl.trainer.batch import TrainBatch
 from megatron_rl.trainer.packing import TokenBudget
 from megatron_rl.trainer.teacher_inputs import Packed, attention_crossover, pack
 from megatron_rl.trainer.vocab_parallel import with_tail
-
-
-def pad_train_rows(batch: TrainBatch, multiple: int) -> TrainBatch:
-    """Append zero-mask copies of row 0 (``TrainBatch.zero_masked``; spec: zero-mask padding copies
-    contribute nothing) until N is a multiple of ``multiple``."""
-    extra = (-batch.num_samples) % multiple
-    if extra == 0:
-        return batch
-    pad = batch.slice(0, 1).zero_masked()
-    idx = torch.zeros(extra, dtype=torch.long)
-    return TrainBatch(torch.cat([batch.tokens, pad.tokens[idx]]), torch.cat([batch.loss_mask, pad.loss_mask[idx]]),
-                      {k: torch.cat([v, pad.extras[k][idx]]) for k, v in batch.extras.items()})
 
 
 def _teacher_micro_batch(rows: int, dp: int, mbs, row_len: int) -> int:

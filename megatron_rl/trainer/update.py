@@ -42,7 +42,7 @@ from megatron_rl import algorithms as A
 from megatron_rl.trainer import update_stage as U
 from megatron_rl.trainer.objective import Objective
 from megatron_rl.trainer.packing import TokenBudget
-from megatron_rl.trainer.support import pad_train_rows, teacher_tensors
+from megatron_rl.trainer.support import teacher_tensors
 
 OPTIMIZER_STEPS_FILE = "optimizer_steps.jsonl"
 
@@ -173,7 +173,7 @@ def optimizer_steps(run, rows: Rows, hp, step: int) -> list[dict]:
                 ex.update(t_ex)
             for name in sorted(stats):
                 ex[name] = stats[name](ex, hp)
-            batch = pad_train_rows(dataclasses.replace(mb.seqs.batch, extras=ex), multiple)
+            batch = dataclasses.replace(mb.seqs.batch, extras=ex).pad_rows_to_multiple(multiple)
             res = run.actor.train_step(batch, Objective(kind, hp, batch, step), mbs,
                                        lr_increment=1 if not out else 0)
             if res.update_successful:

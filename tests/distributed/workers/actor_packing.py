@@ -101,7 +101,7 @@ def run_case(hf_dir: str, out: str, tp: int, pp: int, sp: bool, backend: str = "
 def filler_case(hf_dir, tp, pp, sp, backend) -> dict:
     """DP=2, three sequences of 43, 43 and 42 tokens and a 48-token budget (one row per micro-batch):
     rank 0 runs two micro-batches, rank 1 its one sequence and then a zero-mask filler. The padded path
-    runs the same sequences plus one zero-mask padding copy (``support.pad_train_rows``), one row per
+    runs the same sequences plus one zero-mask padding copy (``TrainBatch.pad_rows_to_multiple``), one row per
     micro-batch. Loss, grad norm and every metric must agree: neither the filler nor the padding copy
     adds a row to any average (RLCSD: the KL share of token-sum losses; SCoRe: its attempt-1 mask; GRPO
     with seq-mean-token-mean: the rows weighing its metrics)."""
@@ -111,7 +111,6 @@ def filler_case(hf_dir, tp, pp, sp, backend) -> dict:
     from megatron_rl.parallel import destroy_parallel
     from megatron_rl.trainer.objective import Objective
     from megatron_rl.trainer.packing import TokenBudget, plan, seq_lengths
-    from megatron_rl.trainer.support import pad_train_rows
     from megatron_rl.trainer.update_stage import build_seq_batch
 
     g = torch.Generator().manual_seed(7)
@@ -121,7 +120,7 @@ def filler_case(hf_dir, tp, pp, sp, backend) -> dict:
     for kind, kw in (("rlcsd", {}), ("score", {}), ("grpo", {"loss_agg_mode": "seq-mean-token-mean"})):
         hp = A.algo_kind(kind).hparams(kl_loss_coef=0.05, **kw)
         batch = dataclasses.replace(sb.batch, extras=method_extras(kind, hp, sb))
-        for name, b, micro in (("padded", pad_train_rows(batch, 2), 1), ("packed", batch, TokenBudget(48))):
+        for name, b, micro in (("padded", batch.pad_rows_to_multiple(2), 1), ("packed", batch, TokenBudget(48))):
             actor = build_actor(hf_dir, tp, pp, sp, backend=backend)
             r = actor.train_step(b, Objective(kind, hp, b, step=1), micro)
             out.setdefault(name, {})[kind] = {"loss": r.loss, "grad_norm": r.grad_norm, **r.metrics}

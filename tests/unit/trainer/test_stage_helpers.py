@@ -1,4 +1,4 @@
-"""Stage helpers that only the e2e runs exercised before: concat, bicc_inputs, pad_train_rows,
+"""Stage helpers that only the e2e runs exercised before: concat, bicc_inputs, TrainBatch.pad_rows_to_multiple,
 rlcsd_counts (in-process, no model)."""
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from megatron_rl.trainer import rollout_stage as R
 from megatron_rl.trainer.batch import TrainBatch
 from megatron_rl.algorithms.builtin import rlcsd_counts
 from megatron_rl.trainer.paths.bicc import BiccLayout, bicc_inputs
-from megatron_rl.trainer.support import pad_train_rows
 
 EOS = 99
 
@@ -56,15 +55,15 @@ def _train_batch(n: int, k: int = 2) -> TrainBatch:
     return TrainBatch(torch.arange(n * 6).view(n, 6), torch.ones(n, 5), ex)
 
 
-def test_pad_train_rows_appends_zero_mask_copies():
-    b = pad_train_rows(_train_batch(5), 4)
+def test_pad_rows_appends_zero_mask_copies():
+    b = _train_batch(5).pad_rows_to_multiple(4)
     assert b.num_samples == 8
     assert b.loss_mask[5:].abs().sum() == 0 and b.extras["resp_mask"][5:].abs().sum() == 0
     assert b.extras["first_mask"][5:].abs().sum() == 0 and b.extras["first_mask"][:5].all()   # SCoRe's attempt 1
     assert torch.equal(b.tokens[5:], b.tokens[:1].expand(3, -1))               # copies of row 0
     assert b.extras["teacher_neg_mask"][5:, 0].all() and not b.extras["teacher_neg_mask"][5:, 1:].any()
     assert torch.equal(b.extras["advantages"][:5], _train_batch(5).extras["advantages"])
-    assert pad_train_rows(_train_batch(8), 4).num_samples == 8                  # already a multiple
+    assert _train_batch(8).pad_rows_to_multiple(4).num_samples == 8                  # already a multiple
 
 
 def test_rlcsd_counts_split_the_mask_by_the_gate():
