@@ -41,8 +41,7 @@ import torch
 
 from megatron_rl.device import default_device
 from megatron_rl.trainer.batch import TrainBatch
-from megatron_rl.trainer.packing import (PackedMicroBatch, RankMicroBatches, TokenBudget, rank_micro_batches, seq_lengths,
-                                         unpacked_collection)
+from megatron_rl.trainer.packing import PackedMicroBatch, RankMicroBatches, TokenBudget, seq_lengths, unpacked_collection
 from megatron_rl.trainer.packing import plan as pack_plan
 from megatron_rl.trainer.optim import OptimSpec, build_optimizer, current_lr
 from megatron_rl.trainer.schedule import (Groups, from_last_stage, gather_dp, run_schedule, sum_dp,
@@ -175,8 +174,8 @@ class _LogProbModel:
         """This DP rank's packed micro-batches of the global ``batch`` and the plan (every rank computes
         the same plan from the same batch, so no communication is needed)."""
         plan = pack_plan(seq_lengths(batch), self._budget(budget), self.groups.dp_size)
-        mbs = rank_micro_batches(batch, plan, self.groups.dp_rank, pack_keys=pack_keys, same_shape=self.groups.pp_size > 1,
-                                 thd=self.backend == "te")      # TE's kernels take packed rows as THD, not a dense mask
+        mbs = RankMicroBatches(batch, plan, self.groups.dp_rank, pack_keys=pack_keys, same_shape=self.groups.pp_size > 1,
+                               thd=self.backend == "te")      # TE's kernels take packed rows as THD, not a dense mask
         return plan, mbs
 
     def _local_batch(self, batch: TrainBatch, micro_batch_size: int) -> tuple[TrainBatch, list[TrainBatch]]:
@@ -497,8 +496,6 @@ class PolicyActor(_LogProbModel):
         if norm is not None:
             st["norm"] += torch.as_tensor(norm, dtype=torch.float64, device=self.device).detach().reshape(())
         st["loss_sum"] += loss_sum.detach().double()
-        if packed and mb.owner == [-1]:
-            metrics = {}          # a filler (equal micro-batch counts over DP): zero masks, and no row in any metric
         for k, v in (metrics or {}).items():
             num, den = v if isinstance(v, tuple) else (torch.as_tensor(v).detach().float().mean(), 1.0)
             acc = st["metrics"].setdefault(k, [0.0, 0.0])

@@ -324,12 +324,6 @@ class RankMicroBatches:
         return [(n * length, 1) if self.thd else (length, n) for length, n in self.shapes]
 
 
-def rank_micro_batches(batch: TrainBatch, pp: PackPlan, dp_rank: int, pad_id: int = 0, pack_keys=(),
-                       same_shape: bool = False, thd: bool = False) -> RankMicroBatches:
-    """DP rank ``dp_rank``'s micro-batches of ``batch`` under plan ``pp`` (:class:`RankMicroBatches`)."""
-    return RankMicroBatches(batch, pp, dp_rank, pad_id, pack_keys, same_shape, thd)
-
-
 def thd_layout(batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """Packed rows as Transformer Engine's THD input (GPU path; TE's causal kernels ignore a dense mask):
     ``(tokens [1, T], position_ids [1, T], cu_seqlens [segments + 1] int32, max_seqlen)`` with T = rows x L.

@@ -7,8 +7,16 @@ import pytest
 import torch
 
 from megatron_rl.trainer.batch import make_batch
-from megatron_rl.trainer.packing import (TokenBudget, balance_dp, build_micro_batch, ffd_rows, plan,
-                                         rank_micro_batches, seq_lengths, thd_layout)
+from megatron_rl.trainer.packing import (
+    RankMicroBatches,
+    TokenBudget,
+    balance_dp,
+    build_micro_batch,
+    ffd_rows,
+    plan,
+    seq_lengths,
+    thd_layout,
+)
 
 
 def test_seq_lengths_read_the_loss_mask():
@@ -60,7 +68,7 @@ def test_filler_micro_batch_contributes_no_mask():
     assert p.micro_batches == 2 and p.ranks[0][1] == []
     b = make_batch([[1], [2], [3]], [[3, 4, 1, 1, 1, 1, 1], [5, 1, 1, 1], [6, 1, 1, 1]], seq_len=8,
                    extras={"resp_mask": torch.ones(3, 7)})
-    mbs = rank_micro_batches(b, p, dp_rank=0)
+    mbs = RankMicroBatches(b, p, dp_rank=0)
     filler = mbs[1]
     assert filler.owner == [-1] and filler.seqs.extras["resp_mask"].sum() == 0 and filler.seqs.loss_mask.sum() == 0
     assert mbs[0].owner == [0]

@@ -10,9 +10,9 @@ import torch
 
 from megatron_rl.trainer.batch import make_batch
 from megatron_rl.trainer.packing import (
+    RankMicroBatches,
     TokenBudget,
     plan,
-    rank_micro_batches,
     seq_lengths,
     tighten,
 )
@@ -48,20 +48,20 @@ def test_tightened_micro_batch_unpacks_to_each_sequence_and_pp_keeps_l():
     b = make_batch(prompts, resps, seq_len=40)
     assert seq_lengths(b) == LENS
     p = plan(LENS, TokenBudget(80), dp=1)
-    mbs = rank_micro_batches(b, p, dp_rank=0)
+    mbs = RankMicroBatches(b, p, dp_rank=0)
     assert [mb.seq_len for mb in mbs] == [40, 32] and [mb.num_samples for mb in mbs] == [2, 2]
     for mb in mbs:
         frame = mb.unpack(mb.batch.targets.float())
         own = torch.stack([b.targets[i].float() for i in mb.owner])
         assert torch.equal(frame * mb.valid, own * mb.valid)
         assert mb.valid.sum(1).tolist() == [LENS[i] - 1 for i in mb.owner]
-    same = rank_micro_batches(b, p, dp_rank=0, same_shape=True)
+    same = RankMicroBatches(b, p, dp_rank=0, same_shape=True)
     assert [mb.seq_len for mb in same] == [40, 40]
     # the schedule sizes its buffers from the plan, before any micro-batch is built; each is built on read
-    for lazy in (mbs, same, rank_micro_batches(b, p, dp_rank=0, thd=True)):
+    for lazy in (mbs, same, RankMicroBatches(b, p, dp_rank=0, thd=True)):
         assert lazy.schedule_shapes == [mb.schedule_shape for mb in lazy]
         assert lazy[0] is not lazy[0] and torch.equal(lazy[-1].tokens, lazy[len(lazy) - 1].tokens)
-    assert rank_micro_batches(b, p, dp_rank=0, thd=True).schedule_shapes == [(80, 1), (64, 1)]
+    assert RankMicroBatches(b, p, dp_rank=0, thd=True).schedule_shapes == [(80, 1), (64, 1)]
 
 
 @pytest.mark.parametrize("dp", [1, 2])
