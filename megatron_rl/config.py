@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import typing
 from pathlib import Path
 from typing import Any
@@ -133,6 +134,13 @@ class RolloutConfig:
     sleep -> update -> engines wake (weights) -> push -> wake (KV cache); sync backend ipc (one trainer
     process) or ray, never nccl; synchronous only (``max_staleness`` 0). On CPU only with
     ``engine=hf`` (vLLM-CPU has no sleep mode), whose sleep frees its weights."""
+    mismatch_limit: float | None = None
+    """Guard on ``rollout/token_mult_prob_error`` (trainer vs engine log-probs, samples of staleness 0):
+    a step above it warns or stops the run (``mismatch_policy``); null or 0 = off; else > 1 (the
+    metric is >= 1; NeMo-RL flags > 1.05 at equal precision, fp32 CPU runs measure ~1.000001)."""
+    mismatch_policy: str = "warn"
+    """What the guard does: warn (one line per step above the limit) | stop (checkpoint that step, one
+    line naming the step, the metric and the limit, exit 3 through the graceful-stop path)."""
     max_staleness: int = 0
     """Asynchronous rollouts: 0 = synchronous (generate, then train); k >= 1 = the engines generate
     the batches of steps t+1..t+k while the trainer updates on batch t, so batch t is sampled with
@@ -154,6 +162,9 @@ class RolloutConfig:
         _check(not (self.engine == "vllm" and self.logprobs == "full" and self.temperature != 1.0),
                f"rollout.logprobs=full on vLLM needs rollout.temperature=1 (vLLM's raw log-probs are taken before "
                f"the temperature), got {self.temperature}; use rollout.logprobs=processed")
+        _check(self.mismatch_limit is None or self.mismatch_limit == 0 or (math.isfinite(self.mismatch_limit) and self.mismatch_limit > 1),
+               f"rollout.mismatch_limit must be null, 0 (off) or a number > 1 (token_mult_prob_error >= 1), got {self.mismatch_limit}")
+        _check(self.mismatch_policy in ("warn", "stop"), f"rollout.mismatch_policy must be warn|stop, got {self.mismatch_policy!r}")
         _check(self.max_staleness >= 0, f"rollout.max_staleness must be an integer >= 0, got {self.max_staleness}")
         _check(self.placement in ("colocated", "separate"),
                f"rollout.placement must be colocated|separate, got {self.placement!r}")
@@ -233,7 +244,11 @@ class AlgoConfig:
     exactly at staleness 0: the synchronous path is unchanged) | tis = on every sample (the RLCSD
     recipes' rollout correction, spec §1.3.3) | none (ablation)."""
     tis_cap: float = 2.0
-    """Upper cap C of the truncated IS weight min(π_prox/π_behav, C) (>= 1)."""
+    """Upper cap C of the truncated IS weight min(π_prox/π_behav, C) (>= 1) of decoupled / tis."""
+    correction: Any = None
+    """Thresholds of a rollout-correction mode (``algorithms/correction.py``; YAML ``algo.correction:
+    {...}``): seq_tis ``cap``; seq_mis / geo_rs / icepop ``upper`` and ``lower`` (null: 1/upper); the
+    mode's typed dataclass with its defaults when unset; refused with decoupled / tis / none."""
 
     def __post_init__(self):
         from megatron_rl.algorithms import ALGO_KINDS
@@ -242,6 +257,17 @@ class AlgoConfig:
         if self.kind not in ALGO_KINDS:
             raise ValueError(f"unknown algo.kind {self.kind!r}; valid: {sorted(ALGO_KINDS)}")
         check_mode(self.off_policy, self.tis_cap)
+        from megatron_rl.algorithms.correction import CORRECTION_MODES
+
+        mode = CORRECTION_MODES.get(self.off_policy)
+        if mode is None and self.correction is not None:
+            raise ValueError(f"algo.correction sets the thresholds of {sorted(CORRECTION_MODES)}, not of "
+                             f"algo.off_policy={self.off_policy} (its cap is algo.tis_cap)")
+        if mode is not None and self.correction is None:
+            object.__setattr__(self, "correction", mode.hparams())
+        if mode is not None and not isinstance(self.correction, mode.hparams):
+            raise ValueError(f"algo.correction: expected {mode.hparams.__name__} for algo.off_policy={self.off_policy}, "
+                             f"got {type(self.correction).__name__}")
         if self.hparams is None:
             object.__setattr__(self, "hparams", ALGO_KINDS[self.kind].hparams())
 
@@ -392,8 +418,10 @@ class Config:
                   if f.name not in ("algo", "plugins")})
         d["algo"] = {"kind": self.algo.kind, self.algo.kind: dataclasses.asdict(self.algo.hparams)}
         # the off-policy knobs only when set (a synchronous run's dump keeps its earlier shape)
-        d["algo"].update({k: getattr(self.algo, k) for k in _ALGO_TOP[1:]
+        d["algo"].update({k: getattr(self.algo, k) for k in _ALGO_TOP[1:-1]
                           if getattr(self.algo, k) != _ALGO_DEFAULTS[k]})
+        if self.algo.correction is not None and dataclasses.asdict(self.algo.correction):
+            d["algo"]["correction"] = dataclasses.asdict(self.algo.correction)
         return d
 
     def dump(self, path: str | Path) -> None:
@@ -419,12 +447,21 @@ def _build_algo(sec: dict) -> AlgoConfig:
         raise ValueError(f"algo: unknown key(s) {extra}; valid: {sorted(_ALGO_TOP)} + [<kind name>]")
     hp = build(ALGO_KINDS[kind].hparams, dict(sec.get(kind) or {}), f"algo.{kind}")
     hints = typing.get_type_hints(AlgoConfig)
-    top = {k: typed(f"algo.{k}", sec[k], hints[k]) for k in _ALGO_TOP if k != "kind" and k in sec}
+    top = {k: typed(f"algo.{k}", sec[k], hints[k]) for k in _ALGO_TOP if k not in ("kind", "correction") and k in sec}
+    if sec.get("correction") is not None:
+        from megatron_rl.algorithms.correction import CORRECTION_MODES
+
+        mode = CORRECTION_MODES.get(top.get("off_policy", _ALGO_DEFAULTS["off_policy"]))
+        if mode is None:
+            raise ValueError(f"algo.correction sets the thresholds of {sorted(CORRECTION_MODES)}, not of "
+                             f"algo.off_policy={top.get('off_policy', _ALGO_DEFAULTS['off_policy'])} (its cap is algo.tis_cap)")
+        top["correction"] = build(mode.hparams, dict(sec["correction"]) if isinstance(sec["correction"], dict)
+                                  else sec["correction"], "algo.correction")
     return AlgoConfig(kind, hp, **top)
 
 
 #: the algo section's own keys (besides ``algo.<kind>: {...}``)
-_ALGO_TOP = ("kind", "off_policy", "tis_cap")
+_ALGO_TOP = ("kind", "off_policy", "tis_cap", "correction")
 _ALGO_DEFAULTS = {f.name: f.default for f in dataclasses.fields(AlgoConfig)}
 
 

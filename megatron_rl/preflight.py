@@ -43,6 +43,13 @@ def check_config(cfg) -> None:
     path = path_class(cfg.algo.kind)   # an unknown path, wrong hparams class, missing inputs, the path's own rules
     path.validate(cfg)
     check_async(cfg.algo.kind, path, cfg.rollout.max_staleness, cfg.algo.off_policy)
+    if cfg.algo.off_policy == "bypass":
+        if cfg.rollout.mismatch_limit:
+            raise ValueError(f"rollout.mismatch_limit={cfg.rollout.mismatch_limit} with algo.off_policy=bypass: bypass skips "
+                             "the trainer's old-log-prob pass the guard compares with the engine; unset one of them")
+        if getattr(cfg.algo.hparams, "old_logprob_context", "plain") == "conditioned":
+            raise ValueError(f"algo.off_policy=bypass with algo.{cfg.algo.kind}.old_logprob_context=conditioned: bypass "
+                             "takes the engine's log-probs (plain context) as old, conditioned recomputes them; pick one")
 
     for key, name in [("reward.default", cfg.reward.default),
                       *((f"reward.by_source.{s}", n) for s, n in cfg.reward.by_source.items())]:

@@ -29,6 +29,9 @@ Modes (``algo.off_policy``):
 Staleness of sample i: s_i = (trainer weight version at update time) − (version it was sampled
 with), in optimizer steps.
 
+The rollout-correction suite (sequence-level TIS / MIS, geometric-mean rejection, IcePop, bypass)
+registers further modes in ``correction.py``.
+
 Departure from AReaL: AReaL drops tokens whose weight exceeds its cap
 (``behav_imp_weight_cap``); here the weight is truncated (kept at the cap), as the issue and the
 RLCSD recipes specify.
@@ -55,10 +58,12 @@ class ISWeights(NamedTuple):
 
 
 def check_mode(mode: str, cap: float) -> None:
-    """Raise ``ValueError`` for an unknown mode or a cap ≤ 1 (a cap below 1 would down-weight
-    on-policy tokens)."""
-    if mode not in OFF_POLICY_MODES:
-        raise ValueError(f"algo.off_policy must be one of {list(OFF_POLICY_MODES)}, got {mode!r}")
+    """Raise ``ValueError`` for an unknown mode (the three here or a registered rollout-correction
+    mode, ``correction.py``) or a cap ≤ 1 (a cap below 1 would down-weight on-policy tokens)."""
+    from .correction import CORRECTION_MODES
+
+    if mode not in OFF_POLICY_MODES and mode not in CORRECTION_MODES:
+        raise ValueError(f"algo.off_policy must be one of {[*OFF_POLICY_MODES, *CORRECTION_MODES]}, got {mode!r}")
     if not (isinstance(cap, (int, float)) and math.isfinite(cap) and cap >= 1.0):
         raise ValueError(f"algo.tis_cap must be a finite number >= 1, got {cap!r}")
 
@@ -72,6 +77,14 @@ def staleness(trainer_version: int, sample_versions: Tensor) -> Tensor:
     return s
 
 
+def staleness_metrics(stale: Tensor) -> dict:
+    """``offpolicy/staleness_mean``, ``offpolicy/staleness_max``, ``offpolicy/stale_frac`` of [N] staleness."""
+    s = stale.long().to(torch.float32)
+    return {"offpolicy/staleness_mean": s.mean() if len(s) else s.new_zeros(()),
+            "offpolicy/staleness_max": s.max() if len(s) else s.new_zeros(()),
+            "offpolicy/stale_frac": (s > 0).float().mean() if len(s) else s.new_zeros(())}
+
+
 def off_policy_weights(prox_logp: Tensor, behav_logp: Tensor, mask: Tensor, stale: Tensor, *,
                        mode: str = "decoupled", cap: float = 2.0) -> ISWeights:
     """Truncated IS weights of the proximal against the behaviour policy (module docstring).
@@ -83,11 +96,11 @@ def off_policy_weights(prox_logp: Tensor, behav_logp: Tensor, mask: Tensor, stal
     ``offpolicy/staleness_max``, ``offpolicy/stale_frac``.
     """
     check_mode(mode, cap)
+    if mode not in OFF_POLICY_MODES:
+        raise ValueError(f"off_policy_weights computes {list(OFF_POLICY_MODES)}; {mode!r} is a rollout-correction "
+                         "mode (correction.apply_correction)")
     stale = stale.long()
-    s = stale.to(torch.float32)
-    metrics = {"offpolicy/staleness_mean": s.mean() if len(s) else s.new_zeros(()),
-               "offpolicy/staleness_max": s.max() if len(s) else s.new_zeros(()),
-               "offpolicy/stale_frac": (s > 0).float().mean() if len(s) else s.new_zeros(())}
+    metrics = staleness_metrics(stale)
     rows = torch.zeros_like(stale, dtype=torch.bool) if mode == "none" else (
         stale > 0 if mode == "decoupled" else torch.ones_like(stale, dtype=torch.bool))
     zero = prox_logp.new_zeros(())

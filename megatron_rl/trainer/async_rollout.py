@@ -248,7 +248,8 @@ def engine_env(plan: CorePlan) -> dict:
 def check_async(kind: str, path_cls, max_staleness: int, off_policy: str) -> None:
     """Start-up rule: a data path that cannot run asynchronously (its class sets
     ``DataPath.async_unsupported`` to the reason) fails here, naming the combination; so does
-    ``algo.off_policy=tis`` on such a path (its loss takes no importance weight)."""
+    ``algo.off_policy`` other than decoupled / none on such a path (its loss takes no importance
+    weight, and ``bypass`` would drop the old-log-prob pass its own metrics read)."""
     why = getattr(path_cls, "async_unsupported", "")
     if not why:
         return
@@ -256,9 +257,9 @@ def check_async(kind: str, path_cls, max_staleness: int, off_policy: str) -> Non
     if max_staleness > 0:
         raise ValueError(f"algo.kind={kind!r} (data path {name!r}) cannot run with rollout.max_staleness="
                          f"{max_staleness}: {why}; use rollout.max_staleness=0")
-    if off_policy == "tis":
-        raise ValueError(f"algo.kind={kind!r} (data path {name!r}) cannot run with algo.off_policy=tis: its registered "
-                         "loss takes no importance weight; use algo.off_policy=decoupled or none")
+    if off_policy not in ("decoupled", "none"):
+        raise ValueError(f"algo.kind={kind!r} (data path {name!r}) cannot run with algo.off_policy={off_policy}: its "
+                         "registered loss takes no importance weight; use algo.off_policy=decoupled or none")
 
 
 class AsyncRollouts:

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_rl.console import LOG_FILE, RESUME_TEMPLATE
+from megatron_rl.trainer import guard
 from megatron_rl.trainer.rollout_source import open_source
 from megatron_rl.trainer.rollout_stage import Rollouts
 from megatron_rl.trainer.setup import Run, evaluate, setup_run, sync_weights
@@ -94,15 +95,18 @@ def run(cfg, resume: str | None = None, client=None, overwrite: bool = False, al
             rn.close(own_client=client is None)
     if stopped:
         if rn.info.is_driver:
-            print(f"[megatron-rl] stopped by {signal.Signals(stopped).name} after step {rn.step} of {cfg.trainer.steps}"
+            by = signal.Signals(stopped).name if isinstance(stopped, int) else "rollout.mismatch_policy=stop"
+            why = "" if isinstance(stopped, int) else f": {stopped}"
+            print(f"[megatron-rl] stopped by {by} after step {rn.step} of {cfg.trainer.steps}{why}"
                   f" (checkpoint {rn.last_checkpoint}); resume with: {resume_cmd or RESUME_TEMPLATE}", flush=True)
-        raise Stopped(stopped)
+        raise Stopped(stopped) if isinstance(stopped, int) else Stopped(0, stopped)
     return summary
 
 
-def _train_steps(rn: Run, stop: GracefulStop) -> int:
+def _train_steps(rn: Run, stop: GracefulStop) -> int | str:
     """Steps ``rn.step + 1 .. trainer.steps``; after each one every rank asks whether to stop (a
-    signal: checkpoint this step unless just done, return the signal number); 0 when all ran."""
+    signal: checkpoint this step unless just done, return the signal number; the mismatch guard with
+    ``rollout.mismatch_policy=stop``: the same, returning its line, ``trainer/guard.py``); 0 when all ran."""
     cfg = rn.cfg
     for step in range(rn.step + 1, cfg.trainer.steps + 1):
         try:
@@ -112,16 +116,21 @@ def _train_steps(rn: Run, stop: GracefulStop) -> int:
             raise SystemExit(f"stopping at step {step}: {e}. Last good checkpoint: {last or 'none'}") from e
         if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0 and step != cfg.trainer.steps:
             metrics.update(evaluate(rn, step))
+        over = guard.agreed(guard.over_limit(cfg, metrics)) if cfg.rollout.mismatch_limit else None
+        if cfg.rollout.mismatch_limit:
+            metrics["rollout/mismatch_over_limit"] = float(over is not None)
         rn.logger.log(step, metrics)
         rn.step = step
         saved = bool(cfg.trainer.ckpt_every and step % cfg.trainer.ckpt_every == 0)
         if saved:
             rn.checkpoint()
+        if over is not None and cfg.rollout.mismatch_policy == "warn" and rn.info.is_driver:
+            rn.logger.write(f"[megatron-rl] warning: step {step}: {guard.message(cfg, over)}")
         signum = stop.agreed()
-        if signum:
+        if signum or (over is not None and cfg.rollout.mismatch_policy == "stop"):
             if not saved:
                 rn.checkpoint()
-            return signum
+            return signum or guard.message(cfg, over)
     return 0
 
 

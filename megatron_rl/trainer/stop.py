@@ -40,13 +40,19 @@ def exit_code(signum: int) -> int:
     return 128 + int(signum)
 
 
+#: exit status of a run the mismatch guard stopped (``trainer/guard.py``, ``rollout.mismatch_policy=stop``):
+#: not 0 (done), 1 (runtime error), 2 (usage / config error) nor 128 + a signal
+GUARD_EXIT = 3
+
+
 class Stopped(SystemExit):
     """Raised by the loop after a graceful stop; a ``SystemExit`` so the process ends with
-    :func:`exit_code` and no traceback wherever ``loop.run`` was called from."""
+    :func:`exit_code` (a signal) or :data:`GUARD_EXIT` (``signum`` 0: a guard stopped the run,
+    ``reason`` says why) and no traceback wherever ``loop.run`` was called from."""
 
-    def __init__(self, signum: int):
-        super().__init__(exit_code(signum))
-        self.signum = signum
+    def __init__(self, signum: int, reason: str = ""):
+        super().__init__(exit_code(signum) if signum else GUARD_EXIT)
+        self.signum, self.reason = signum, reason
 
 
 def _say(text: str) -> None:

@@ -39,12 +39,17 @@ from typing import Any
 import torch
 
 from megatron_rl import algorithms as A
+from megatron_rl.algorithms import correction as C
+from megatron_rl.algorithms import offpolicy as O
 from megatron_rl.trainer import update_stage as U
 from megatron_rl.trainer.objective import Objective
 from megatron_rl.trainer.packing import TokenBudget
 from megatron_rl.trainer.support import teacher_tensors
 
 OPTIMIZER_STEPS_FILE = "optimizer_steps.jsonl"
+#: a rollout-correction mode's keep mask [N, R] among the rows' extras, so a path's ``train_rows``
+#: (subset, re-conditioned sequences) carries it; folded into ``resp_mask`` right after
+CORRECTION_KEEP = "correction_keep"
 
 
 @dataclasses.dataclass
@@ -108,13 +113,16 @@ def update(run, data, step: int) -> dict:
     """Every rank (collective): the pipeline of the module docstring on ``data``; the metrics row."""
     path, cfg = run.path, run.cfg
     s = path.sampled(data, step)
-    lp, metrics = logprob_passes(run, s)
+    lp, metrics = logprob_passes(run, s, step)
     if s.hp.kl_reward_coef > 0:      # only paths with ``kl_in_reward`` pass validation with a coefficient
         metrics.update(U.kl_in_reward(s.ro, lp.old, lp.ref, s.seqs.resp_mask, s.hp.kl_reward_coef, s.hp.kl_reward_type))
     path.after_logprobs(s, lp, metrics)
     ai = U.advantage_inputs(s.ro, s.seqs.resp_mask, old_logp=lp.old, ref_logp=lp.ref)
     adv = A.compute_advantages(cfg.algo.kind, dataclasses.replace(ai, **s.adv_fields), s.hp).float()
     rows = path.train_rows(s, base_rows(run, s, lp, adv, step, metrics, path.importance_weights), lp, step, metrics)
+    keep = rows.extras.pop(CORRECTION_KEEP, None)      # rollout-correction rejection: out of the loss's mask
+    if keep is not None:
+        rows.extras["resp_mask"] = rows.extras["resp_mask"] * keep
     metrics["adv/mean_abs"] = float(adv.abs().mean())
     if len(rows) == 0:
         return metrics                 # the path said why (e.g. no sample survived its filter)
@@ -124,17 +132,34 @@ def update(run, data, step: int) -> dict:
     return metrics
 
 
-def logprob_passes(run, s: Sampled) -> tuple[LogProbs, dict]:
-    """Old and reference log-probs of the sampled sequences (no grad), and the trainer<->engine
-    agreement ``rollout/logprob_gap`` (mean |old − engine log-prob| over response tokens)."""
+def logprob_passes(run, s: Sampled, step: int) -> tuple[LogProbs, dict]:
+    """Old and reference log-probs of the sampled sequences (no grad), the trainer<->engine
+    agreement ``rollout/logprob_gap`` (mean |old − engine log-prob| over response tokens) and the
+    mismatch metrics beside it (``update_stage.mismatch_inputs``). ``algo.off_policy=bypass``: no old
+    pass at all — old := the engine's log-probs (``bypass_old``), so neither gap nor mismatch exists."""
     t0 = time.perf_counter()
     mbs = run.micro
-    old_full = run.actor.forward_logprobs(s.seqs.batch, mbs).logp
+    recompute = C.correction_recomputes(run.cfg.algo.off_policy)
+    old_full = run.actor.forward_logprobs(s.seqs.batch, mbs).logp if recompute else None
     ref_full = run.ref.forward_logprobs(s.seqs.batch, mbs).logp if run.ref is not None else None
-    old = U.response_frame(old_full, s.seqs)
     ref = U.response_frame(ref_full, s.seqs) if ref_full is not None else None
+    if not recompute:
+        old_full, old = bypass_old(s)
+        return LogProbs(old_full, ref_full, old, ref), {"time/logprobs": time.perf_counter() - t0}
+    old = U.response_frame(old_full, s.seqs)
     gap = U.logprob_gap(old, s.ro.rollout_logp, s.seqs.resp_mask)
-    return LogProbs(old_full, ref_full, old, ref), {"rollout/logprob_gap": gap, "time/logprobs": time.perf_counter() - t0}
+    metrics = {"rollout/logprob_gap": gap, **U.mismatch_inputs(run.cfg, s.ro, old, s.seqs.resp_mask, step)}
+    return LogProbs(old_full, ref_full, old, ref), {**metrics, "time/logprobs": time.perf_counter() - t0}
+
+
+def bypass_old(s: Sampled) -> tuple[torch.Tensor, torch.Tensor]:
+    """π_old := π_rollout: the engine's log-probs in the response frame ``[N, R]`` (0 off the mask)
+    and scattered to the target frame ``[N, S-1]`` (0 at non-response positions)."""
+    m = s.seqs.resp_mask
+    old = O.behaviour_matrix(s.ro.rollout_logp, m) * m
+    n, s_len = s.seqs.batch.tokens.shape
+    full = torch.zeros((n, s_len - 1), dtype=old.dtype).scatter_add_(1, s.seqs.resp_pos, old)
+    return full, old
 
 
 def base_rows(run, s: Sampled, lp: LogProbs, adv: torch.Tensor, step: int, metrics: dict,
@@ -145,7 +170,14 @@ def base_rows(run, s: Sampled, lp: LogProbs, adv: torch.Tensor, step: int, metri
           "resp_pos": s.seqs.resp_pos, "resp_mask": s.seqs.resp_mask}
     if lp.ref is not None:
         ex["ref_logp"] = lp.ref
-    if importance_weights:
+    if importance_weights and C.is_correction_mode(run.cfg.algo.off_policy):   # the rollout-correction suite
+        tis, keep, off = U.correction_inputs(run.cfg, s.ro, lp.old, s.seqs.resp_mask, step)
+        if tis is not None:
+            ex["tis_weights"] = tis
+        if keep is not None:
+            ex[CORRECTION_KEEP] = keep
+        metrics.update(off)
+    elif importance_weights:
         tis, off = U.off_policy_inputs(run.cfg, s.ro, lp.old, s.seqs.resp_mask, step)   # stale batches (async)
         if tis is not None:
             ex["tis_weights"] = tis

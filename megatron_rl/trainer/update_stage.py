@@ -81,6 +81,45 @@ def off_policy_inputs(cfg, ro, old: torch.Tensor, mask: torch.Tensor, step: int)
     return out.weights, {k: float(v) for k, v in out.metrics.items()}
 
 
+def batch_staleness(ro, step: int) -> torch.Tensor:
+    """[N] staleness of the batch's samples: (step − 1) − ``ro.weight_version`` (0 without a version)."""
+    from megatron_rl.algorithms import offpolicy as O
+
+    version = step - 1 if ro.weight_version is None else ro.weight_version
+    return O.staleness(step - 1, torch.full((len(ro),), version, dtype=torch.long))
+
+
+def correction_band(cfg) -> tuple[float, float]:
+    """The ratio band [L, U] the mismatch metrics count tokens beyond: the registered mode's own
+    thresholds (``algo.correction``), else [1/C, C] with C = ``algo.tis_cap`` (verl's default lower)."""
+    corr = cfg.algo.correction
+    band = corr.band() if corr is not None else None
+    return band if band is not None else (1.0 / cfg.algo.tis_cap, cfg.algo.tis_cap)
+
+
+def mismatch_inputs(cfg, ro, old: torch.Tensor, mask: torch.Tensor, step: int) -> dict:
+    """The train–inference mismatch metrics of the batch (``algorithms/mismatch.py``): trainer =
+    ``old`` (the recomputed log-probs), engine = ``ro.rollout_logp``; split by staleness when the run
+    is asynchronous (``rollout.max_staleness`` > 0)."""
+    from megatron_rl.algorithms import mismatch as M
+    from megatron_rl.algorithms import offpolicy as O
+
+    return M.split_mismatch_metrics(old, O.behaviour_matrix(ro.rollout_logp, old), mask, batch_staleness(ro, step),
+                                    correction_band(cfg), split=cfg.rollout.max_staleness > 0)
+
+
+def correction_inputs(cfg, ro, old: torch.Tensor, mask: torch.Tensor, step: int):
+    """A registered rollout-correction mode (``algorithms/correction.py``) on the batch: (weights or
+    None, keep mask or None, metrics incl. the staleness ones)."""
+    from megatron_rl.algorithms import correction as C
+    from megatron_rl.algorithms import offpolicy as O
+
+    out = C.apply_correction(cfg.algo.off_policy, old, O.behaviour_matrix(ro.rollout_logp, old), mask, cfg.algo.correction)
+    metrics = {k: float(v) for k, v in O.staleness_metrics(batch_staleness(ro, step)).items()}
+    metrics.update({k: float(v) for k, v in out.metrics.items()})
+    return out.weights, out.keep, metrics
+
+
 def advantage_inputs(rollouts, mask: torch.Tensor, old_logp=None, ref_logp=None) -> A.AlgoInputs:
     return A.AlgoInputs(rewards=rollouts.rewards.double(), group_ids=rollouts.group_ids, mask=mask,
                         old_logp=old_logp, ref_logp=ref_logp, correct=rollouts.correct,

@@ -32,7 +32,8 @@ ASYNC_KINDS = ["grpo@async"]   # the one-step-off producer on the chat model (is
 CLIP_KINDS = ["dapo@mb2", "dapo@mb4"]   # 2 / 4 mini-batches at a learning rate that moves the policy
 MBS_KIND, MBS_REF = "dapo@mb4@mbs1", "dapo@mb4"   # micro_batch_size 1 against 4, same rollouts
 PROBE_KINDS = ["opsd@probe", "sdpo@probe"]   # the teacher of each mini-batch (fixed = θ, ema)
-VARIANTS = [*ASYNC_KINDS, *CLIP_KINDS, MBS_KIND, *PROBE_KINDS]
+GUARD_KIND, BYPASS_KIND, MIS_KIND = "grpo@guard", "grpo@bypass", "bicc@seq_mis"   # issue 29: guard, correction modes
+VARIANTS = [*ASYNC_KINDS, *CLIP_KINDS, MBS_KIND, *PROBE_KINDS, GUARD_KIND, BYPASS_KIND, MIS_KIND]
 TEACHER_KINDS = [k for k in KINDS if hasattr(ALGO_KINDS[k].hparams(), "teacher_mode")]
 PROMPTS, N = 4, 4              # data.prompts_per_step, rollout.n of the worker
 ROWS = PROMPTS * N
@@ -84,6 +85,9 @@ def test_kind_trains_on_chat_model(runs, kind):
         assert r.get("actor/update_skipped", 0.0) == 1.0 or math.isfinite(r["actor/loss"]), r
         # trainer (Megatron) and engine (vLLM) agree on the chat model's sampled-token log-probs
         assert r["rollout/logprob_gap"] < 1e-4, r["rollout/logprob_gap"]
+        # the mismatch metrics of a healthy fp32 run (measured: error 1.0000003-1.0000004, gen_kl ~1e-13)
+        assert 1.0 <= r["rollout/token_mult_prob_error"] <= 1.001 and 0.0 <= r["rollout/gen_kl"] < 1e-6, r
+        assert r["rollout/token_logprob_diff_max"] <= r["rollout/seq_logprob_diff_max"] + 1e-4 < 1e-2, r
         if kind.endswith("_ectr"):   # the _ectr plug-ins on the RLCSD hint path: a single negative (K_max = 1)
             assert r["teacher/k_mean"] == 1.0 and 0.0 <= r["teacher/kept_frac"] <= 1.0, r
     policy = _samples(out, kind, "policy") or _samples(out, kind, "score_second")
@@ -310,3 +314,47 @@ def test_teacher_of_each_mini_batch_is_that_of_its_moment(runs, kind):
     print(kind, "teacher-minus-student per mini-batch:", p["seen"], "|seen-fresh|", fresh, "|seen-stale|", stale)
     assert max(fresh) <= 1e-5, fresh
     assert stale[0] <= 1e-5 and min(stale[1:]) > 1e-3, stale
+
+
+def test_mismatch_guard_stops_the_run(runs):
+    """``rollout.mismatch_limit`` = 1.0000001 (below the healthy fp32 value) with ``mismatch_policy=stop``:
+    the run ends after step 1 of 3 through the graceful-stop path: step 1 checkpointed, one line naming
+    the step, the metric, its value and the limit, exit status 3."""
+    out, res, _ = runs
+    r = res[GUARD_KIND]
+    assert r["ok"] and r["exit"] == 3, r
+    assert len(r["said"]) == 1, r["said"]
+    line = r["said"][0]
+    assert "stopped by rollout.mismatch_policy=stop after step 1 of 3: rollout/token_mult_prob_error = 1.0000" in line
+    assert "exceeds rollout.mismatch_limit = 1.0000001" in line and line.endswith("--resume auto"), line
+    rows = [json.loads(x) for x in (out / GUARD_KIND / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in rows] == [1] and rows[0]["rollout/mismatch_over_limit"] == 1.0
+    assert rows[0]["rollout/token_mult_prob_error"] > 1.0000001
+    assert (out / GUARD_KIND / "checkpoints" / "step_1" / "COMPLETE").exists()
+
+
+def test_bypass_skips_the_old_logprob_pass(runs):
+    """``algo.off_policy=bypass`` (and no KL term, so no reference model): no log-prob pass runs at all —
+    the stage takes well under a tenth of the plain run's (which has the old and reference passes), and
+    the trainer-vs-engine metrics, which need the trainer's log-probs, are absent. It trains."""
+    out, res, _ = runs
+    assert res[BYPASS_KIND]["ok"], res[BYPASS_KIND].get("error")
+    rows = [json.loads(x) for x in (out / BYPASS_KIND / "metrics.jsonl").read_text().splitlines()]
+    plain = [json.loads(x) for x in (out / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert math.isfinite(r["actor/loss"]) and "rollout/logprob_gap" not in r and "rollout/token_mult_prob_error" not in r
+        assert r["time/logprobs"] < 0.1 * min(p["time/logprobs"] for p in plain), (r["time/logprobs"], plain)
+
+
+def test_seq_mis_rejects_sequences_through_the_bicc_path(runs):
+    """``algo.off_policy=seq_mis`` with the band [1, 1.001] on BiCC (whose rows are rebuilt conditioned):
+    sequences whose ratio exp(Σ δ) < 1 leave the loss — all rejected ones are "low", none "high"."""
+    out, res, _ = runs
+    assert res[MIS_KIND]["ok"], res[MIS_KIND].get("error")
+    rows = [json.loads(x) for x in (out / MIS_KIND / "metrics.jsonl").read_text().splitlines()]
+    for r in rows:
+        assert math.isfinite(r["actor/loss"]) and r["offpolicy/ratio_high_frac"] == 0.0, r
+        assert r["offpolicy/rejected_seq_frac"] == pytest.approx(r["offpolicy/ratio_low_frac"]), r
+        assert 1.0 <= r["offpolicy/is_mean"] <= r["offpolicy/is_max"] <= 1.001, r
+    assert sum(r["offpolicy/rejected_seq_frac"] for r in rows) > 0, rows

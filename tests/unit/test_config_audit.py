@@ -145,6 +145,8 @@ READ = {   # key -> module that consumes it (``cfg.<key>`` or the section alias 
     "rollout.logprob_gate": "megatron_rl/trainer/sync_stage.py",
     "rollout.max_staleness": "megatron_rl/trainer/rollout_source.py",
     "algo.off_policy": "megatron_rl/trainer/update_stage.py", "algo.tis_cap": "megatron_rl/trainer/update_stage.py",
+    "algo.correction": "megatron_rl/trainer/update_stage.py",
+    "rollout.mismatch_limit": "megatron_rl/trainer/loop.py", "rollout.mismatch_policy": "megatron_rl/trainer/loop.py",
     # these act at eval_temperature > 0 only (tests/unit/trainer/test_eval_sampling.py)
     "trainer.eval_top_p": "megatron_rl/trainer/setup.py", "trainer.eval_top_k": "megatron_rl/trainer/setup.py",
     "trainer.eval_min_p": "megatron_rl/trainer/setup.py", "trainer.eval_n": "megatron_rl/trainer/setup.py",

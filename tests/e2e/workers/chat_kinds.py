@@ -14,6 +14,10 @@ variants, ``<kind>@<variant>[@<variant>…]``:
               every rollout is dumped;
               dapo: up to 4 generation rounds, so that every group is informative (non-zero advantages)
     @mbsM     ``trainer.micro_batch_size=M`` (micro-batch invariance against the same kind without it)
+    @guard    ``rollout.mismatch_limit`` = 1.0000001 with ``mismatch_policy=stop`` (below the healthy fp32
+              value): the run stops after step 1; results hold its exit status and printed stop line
+    @bypass   ``algo.off_policy=bypass`` and no KL term (no reference model): no log-prob pass at all
+    @seq_mis  ``algo.off_policy=seq_mis`` with the band [1, 1.001]: sequences with ρ < 1 are rejected
     @probe    (a teacher kind: opsd, sdpo) ONE RL step of 4 mini-batches at LR_MOVE through a subclass
               of its data path that records the policy and teacher weights after every optimizer
               step and the rows / teacher sequences of every support pass; the teacher-minus-student
@@ -27,7 +31,9 @@ mini_batch_prompts, micro_batch_size, hparams, probe?}}; each kind's run dir ``O
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import json
 import os
 import sys
@@ -79,6 +85,12 @@ def overrides(kind: str, fx: dict, out: Path, grader_url: str) -> list[str]:
                 ov.append("algo.dapo.max_num_gen_batches=4")
         elif v.startswith("mbs"):
             ov.append(f"trainer.micro_batch_size={int(v[3:])}")
+        elif v == "guard":     # a mismatch limit below the healthy fp32 value: stops after step 1
+            ov += ["rollout.mismatch_limit=1.0000001", "rollout.mismatch_policy=stop", "trainer.steps=3"]
+        elif v == "bypass":    # π_old := π_rollout; no reference model either, so no log-prob pass runs
+            ov += ["algo.off_policy=bypass", f"algo.{base}.kl_loss_coef=0.0"]
+        elif v == "seq_mis":   # a band [1, 1.001] on the sequence ratio: rows with ρ < 1 leave the loss
+            ov += ["algo.off_policy=seq_mis", "algo.correction.lower=1.0", "algo.correction.upper=1.001"]
         elif v == "probe":
             ov += ["trainer.steps=1", "trainer.mini_batch_prompts=1", f"optim.lr={LR_MOVE}"]
         else:
@@ -189,6 +201,7 @@ def main(fixture_dir: str, out_dir: str, grader_url: str, kinds: list[str]) -> i
     from megatron_rl.preflight import load_checked
     from megatron_rl.trainer.loop import run
     from megatron_rl.trainer.setup import build_client
+    from megatron_rl.trainer.stop import Stopped
 
     fx = build_chat_fixture(fixture_dir)
     out = Path(out_dir)
@@ -206,6 +219,14 @@ def main(fixture_dir: str, out_dir: str, grader_url: str, kinds: list[str]) -> i
                 client = build_client(cfg)
             if kind.endswith("@probe"):
                 results[kind]["probe"] = probe_teacher(cfg, client)
+            elif kind.endswith("@guard"):   # the guard's stop: its exit status and the one line it prints
+                buf = io.StringIO()
+                try:
+                    with contextlib.redirect_stdout(buf):
+                        run(cfg, client=client)
+                except Stopped as e:
+                    results[kind].update(exit=e.code, said=[x for x in buf.getvalue().splitlines() if "stopped by" in x])
+                print(buf.getvalue(), end="", flush=True)
             else:
                 run(cfg, client=client)
             results[kind]["ok"] = True
