@@ -10,7 +10,8 @@ every rank agrees (:meth:`GracefulStop.agreed`: one small all-gather, so SPMD ra
 decision even when only some of them got the signal), writes a checkpoint of that step, prints one
 line saying how to resume and exits with :func:`exit_code` (128 + the signal number, as a shell
 reports a process killed by that signal: **130** for SIGINT, **143** for SIGTERM; never 1 = runtime
-error or 2 = usage/config error).
+error or 2 = usage/config error). The mismatch guard (``trainer/guard.py``, ``rollout.mismatch_policy=stop``)
+ends a run through the same boundary (checkpoint, one line) with status :data:`GUARD_EXIT` = 3.
 
 A second signal stops at once: one short line and ``os._exit`` — no cleanup, no traceback (Ray's
 daemons and engine actors share the driver's fate and go with it; a checkpoint cut short leaves a

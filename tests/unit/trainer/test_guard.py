@@ -1,0 +1,30 @@
+"""The mismatch guard's decision (``trainer/guard.py``) and the graceful-stop status it exits with;
+the stop itself on a real run is ``tests/e2e/test_chat_methods.py::test_mismatch_guard_stops_the_run``."""
+from __future__ import annotations
+
+from megatron_rl.config import load_config
+from megatron_rl.trainer import guard
+from megatron_rl.trainer.stop import GUARD_EXIT, Stopped
+
+
+def test_guard_reads_the_fresh_samples_and_the_limit():
+    sync = load_config(None, ["rollout.mismatch_limit=1.01"])
+    assert guard.guard_metric(sync) == "rollout/token_mult_prob_error"
+    assert guard.over_limit(sync, {"rollout/token_mult_prob_error": 1.02}) == 1.02
+    assert guard.over_limit(sync, {"rollout/token_mult_prob_error": 1.01}) is None      # at the limit: within
+    assert guard.over_limit(sync, {}) is None                                            # not measured (bypass)
+    off = load_config(None, ["rollout.mismatch_limit=0"])
+    assert guard.over_limit(off, {"rollout/token_mult_prob_error": 9.0}) is None
+    # asynchronous: a stale batch's error holds the policy's own change, only the fresh part is judged
+    asy = load_config(None, ["rollout.mismatch_limit=1.01", "rollout.max_staleness=1"])
+    assert guard.over_limit(asy, {"rollout/token_mult_prob_error": 1.5, "rollout/token_mult_prob_error_stale": 1.5}) is None
+    assert guard.over_limit(asy, {"rollout/token_mult_prob_error_fresh": 1.5}) == 1.5
+    assert guard.message(asy, 1.5) == ("rollout/token_mult_prob_error_fresh = 1.5 exceeds "
+                                       "rollout.mismatch_limit = 1.01")
+    assert guard.agreed(1.5) == 1.5 and guard.agreed(None) is None   # no process group: the local value
+
+
+def test_guard_stop_exit_status():
+    e = Stopped(0, "why")
+    assert e.code == GUARD_EXIT == 3 and e.reason == "why" and e.signum == 0
+    assert Stopped(15).code == 143
