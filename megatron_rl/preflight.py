@@ -44,9 +44,10 @@ def check_config(cfg) -> None:
     path.validate(cfg)
     check_async(cfg.algo.kind, path, cfg.rollout.max_staleness, cfg.algo.off_policy)
     if cfg.algo.off_policy == "bypass":
-        if cfg.rollout.mismatch_limit:
-            raise ValueError(f"rollout.mismatch_limit={cfg.rollout.mismatch_limit} with algo.off_policy=bypass: bypass skips "
-                             "the trainer's old-log-prob pass the guard compares with the engine; unset one of them")
+        if cfg.rollout.mismatch_limit and cfg.rollout.max_staleness > 0:
+            raise ValueError(f"rollout.mismatch_limit={cfg.rollout.mismatch_limit} with algo.off_policy=bypass and "
+                             f"rollout.max_staleness={cfg.rollout.max_staleness}: bypass measures the mismatch in the first "
+                             "optimizer step, not split by staleness as the guard reads it; unset one of them")
         if getattr(cfg.algo.hparams, "old_logprob_context", "plain") == "conditioned":
             raise ValueError(f"algo.off_policy=bypass with algo.{cfg.algo.kind}.old_logprob_context=conditioned: bypass "
                              "takes the engine's log-probs (plain context) as old, conditioned recomputes them; pick one")

@@ -18,7 +18,8 @@ Metrics: the loss's own metrics are means over the micro-batch (``losses`` contr
 ``(value · w, w)`` with the aggregation's weight — rows with any mask token for the seq-mean modes,
 mask tokens otherwise — so the step shows the global mean (zero-mask rows weigh nothing); names ``<loss>_x`` become
 ``<loss>/x``, names with a ``/`` stay, others get ``actor/``. ``actor/kl_loss`` is the KL term as it
-enters the loss; ``actor/entropy`` and (with a teacher) ``distill/teacher_minus_student`` are token means.
+enters the loss; ``rollout/token_mult_prob_error`` and ``rollout/gen_kl`` token means with ``mismatch``
+(bypass: see :class:`Objective`); ``actor/entropy`` and (with a teacher) ``distill/teacher_minus_student`` are token means.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ import torch
 
 from megatron_rl.algorithms import AlgoInputs, algo_kind, loss_support, objective_terms
 from megatron_rl.algorithms.losses import PartialLoss, partial_aggregate
+from megatron_rl.algorithms.mismatch import gen_kl, token_mult_prob_error
 
 __all__ = ["Objective", "PartialLoss", "SupportObjective", "partial_aggregate"]
 
@@ -57,8 +59,12 @@ class Objective:
     batch handed to ``train_step``: its response tokens and its rows with any response token are the
     whole-batch normalisers of the KL rule and of the KL metric; zero-mask padding rows count in neither)."""
 
-    def __init__(self, kind: str, hp, batch, step: int | None = None):
+    def __init__(self, kind: str, hp, batch, step: int | None = None, mismatch: bool = False):
         self.kind, self.hp, self.step = kind, hp, step
+        #: ``algo.off_policy=bypass``, first optimizer step of the RL step: ``old_logp`` IS the engine's
+        #: log-probs and ``logp`` the policy before any update, so the trainer-vs-engine mismatch metrics
+        #: (``algorithms/mismatch.py``) come from this forward instead of the skipped old-log-prob pass
+        self.mismatch = mismatch
         self.loss = algo_kind(kind).loss
         self.support_key = "support_idx" if loss_support(self.loss) else None
         self.batch_tokens = float(batch.extras["resp_mask"].sum())
@@ -89,6 +95,10 @@ class Objective:
         metrics["actor/kl_loss"] = (t.kl_sum.detach(), share)
         if entropy is not None:
             metrics["actor/entropy"] = ((entropy.gather(1, mb.extras["resp_pos"]) * m).sum().detach(), n_tok)
+        if self.mismatch and x.old_logp is not None:
+            lp, gen = x.logp.detach().double(), x.old_logp.double()
+            metrics["rollout/token_mult_prob_error"] = (token_mult_prob_error(lp, gen, m) * n_tok, n_tok)
+            metrics["rollout/gen_kl"] = (gen_kl(lp, gen, m) * n_tok, n_tok)
         if x.teacher_logp is not None:
             metrics["distill/teacher_minus_student"] = (((x.teacher_logp - x.logp.detach()) * m).sum(), n_tok)
         return t.loss_sum, t.normaliser, metrics

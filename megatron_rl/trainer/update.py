@@ -136,7 +136,8 @@ def logprob_passes(run, s: Sampled, step: int) -> tuple[LogProbs, dict]:
     """Old and reference log-probs of the sampled sequences (no grad), the trainer<->engine
     agreement ``rollout/logprob_gap`` (mean |old − engine log-prob| over response tokens) and the
     mismatch metrics beside it (``update_stage.mismatch_inputs``). ``algo.off_policy=bypass``: no old
-    pass at all — old := the engine's log-probs (``bypass_old``), so neither gap nor mismatch exists."""
+    pass at all — old := the engine's log-probs (``bypass_old``); no gap then, and the mismatch's
+    ``token_mult_prob_error`` / ``gen_kl`` come from the first optimizer step's forward (``Objective``)."""
     t0 = time.perf_counter()
     mbs = run.micro
     recompute = C.correction_recomputes(run.cfg.algo.off_policy)
@@ -206,7 +207,8 @@ def optimizer_steps(run, rows: Rows, hp, step: int) -> list[dict]:
             for name in sorted(stats):
                 ex[name] = stats[name](ex, hp)
             batch = dataclasses.replace(mb.seqs.batch, extras=ex).pad_rows_to_multiple(multiple)
-            res = run.actor.train_step(batch, Objective(kind, hp, batch, step), mbs,
+            first_of_bypass = not out and not C.correction_recomputes(cfg.algo.off_policy)
+            res = run.actor.train_step(batch, Objective(kind, hp, batch, step, mismatch=first_of_bypass), mbs,
                                        lr_increment=1 if not out else 0)
             if res.update_successful:
                 path.after_optimizer_step()
