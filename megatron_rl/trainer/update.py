@@ -1,11 +1,15 @@
 """The one update pipeline every data path feeds (``rl_step`` calls :func:`update`).
 
     path.sampled(data)                     the sequences the policy sampled, per-row inputs (the path)
-      -> old / ref log-probs               whole batch, once (the proximal and reference policies)
+      -> old / ref log-probs               whole batch, once (the proximal and reference policies;
+                                           ``algo.off_policy=bypass``: old := the engine's, no pass),
+                                           the trainer-vs-engine mismatch metrics
       -> in-reward KL -> path.after_logprobs
       -> advantages                        whole batch, once (registered estimator)
-      -> base rows -> path.train_rows      the rows the loss trains on (the path: conditioned
-                                           sequences, a filtered subset, a per-row teacher plan)
+      -> base rows -> path.train_rows      the rows the loss trains on, with the off-policy / rollout-
+                                           correction weights and keep mask (folded into the mask after
+                                           the path's hook) — the path's: conditioned sequences,
+                                           a filtered subset, a per-row teacher plan
       -> [epoch]* [mini-batch]*            ``trainer.ppo_epochs`` x the rows cut IN ORDER (no shuffle,
                                            as the references) into ``trainer.mini_batch_prompts`` x
                                            ``rollout.n`` rows

@@ -32,8 +32,8 @@ ASYNC_KINDS = ["grpo@async"]   # the one-step-off producer on the chat model (is
 CLIP_KINDS = ["dapo@mb2", "dapo@mb4"]   # 2 / 4 mini-batches at a learning rate that moves the policy
 MBS_KIND, MBS_REF = "dapo@mb4@mbs1", "dapo@mb4"   # micro_batch_size 1 against 4, same rollouts
 PROBE_KINDS = ["opsd@probe", "sdpo@probe"]   # the teacher of each mini-batch (fixed = θ, ema)
-GUARD_KIND, BYPASS_KIND, MIS_KIND = "grpo@guard", "grpo@bypass", "bicc@seq_mis"   # issue 29: guard, correction modes
-VARIANTS = [*ASYNC_KINDS, *CLIP_KINDS, MBS_KIND, *PROBE_KINDS, GUARD_KIND, BYPASS_KIND, MIS_KIND]
+GUARD_KIND, WARN_KIND, BYPASS_KIND, MIS_KIND = "grpo@guard", "grpo@warn", "grpo@bypass", "bicc@seq_mis"   # issue 29
+VARIANTS = [*ASYNC_KINDS, *CLIP_KINDS, MBS_KIND, *PROBE_KINDS, GUARD_KIND, WARN_KIND, BYPASS_KIND, MIS_KIND]
 TEACHER_KINDS = [k for k in KINDS if hasattr(ALGO_KINDS[k].hparams(), "teacher_mode")]
 PROMPTS, N = 4, 4              # data.prompts_per_step, rollout.n of the worker
 ROWS = PROMPTS * N
@@ -331,6 +331,18 @@ def test_mismatch_guard_stops_the_run(runs):
     assert [x["step"] for x in rows] == [1] and rows[0]["rollout/mismatch_over_limit"] == 1.0
     assert rows[0]["rollout/token_mult_prob_error"] > 1.0000001
     assert (out / GUARD_KIND / "checkpoints" / "step_1" / "COMPLETE").exists()
+
+
+def test_mismatch_guard_warns_and_goes_on(runs):
+    """The same limit with ``mismatch_policy=warn``: every step over it prints one warning line naming the
+    step, the metric and the limit; the run completes without a stop."""
+    out, res, _ = runs
+    r = res[WARN_KIND]
+    assert r["ok"] and "exit" not in r, r
+    rows = [json.loads(x) for x in (out / WARN_KIND / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in rows] == [1, 2] and all(x["rollout/mismatch_over_limit"] == 1.0 for x in rows)
+    assert [x.split(": rollout/")[0] for x in r["said"]] == ["[megatron-rl] warning: step 1", "[megatron-rl] warning: step 2"]
+    assert all("exceeds rollout.mismatch_limit = 1.0000001" in x for x in r["said"]), r["said"]
 
 
 def test_bypass_skips_the_old_logprob_pass(runs):

@@ -16,6 +16,7 @@ variants, ``<kind>@<variant>[@<variant>…]``:
     @mbsM     ``trainer.micro_batch_size=M`` (micro-batch invariance against the same kind without it)
     @guard    ``rollout.mismatch_limit`` = 1.0000001 with ``mismatch_policy=stop`` (below the healthy fp32
               value): the run stops after step 1; results hold its exit status and printed stop line
+    @warn     the same limit with ``mismatch_policy=warn``: one warning line per step, the run completes
     @bypass   ``algo.off_policy=bypass`` and no KL term (no reference model): no log-prob pass at all
     @seq_mis  ``algo.off_policy=seq_mis`` with the band [1, 1.001]: sequences with ρ < 1 are rejected
     @probe    (a teacher kind: opsd, sdpo) ONE RL step of 4 mini-batches at LR_MOVE through a subclass
@@ -87,6 +88,8 @@ def overrides(kind: str, fx: dict, out: Path, grader_url: str) -> list[str]:
             ov.append(f"trainer.micro_batch_size={int(v[3:])}")
         elif v == "guard":     # a mismatch limit below the healthy fp32 value: stops after step 1
             ov += ["rollout.mismatch_limit=1.0000001", "rollout.mismatch_policy=stop", "trainer.steps=3"]
+        elif v == "warn":      # the same limit with mismatch_policy=warn: one warning line per step, no stop
+            ov += ["rollout.mismatch_limit=1.0000001", "rollout.mismatch_policy=warn"]
         elif v == "bypass":    # π_old := π_rollout; no reference model either, so no log-prob pass runs
             ov += ["algo.off_policy=bypass", f"algo.{base}.kl_loss_coef=0.0"]
         elif v == "seq_mis":   # a band [1, 1.001] on the sequence ratio: rows with ρ < 1 leave the loss
@@ -219,13 +222,14 @@ def main(fixture_dir: str, out_dir: str, grader_url: str, kinds: list[str]) -> i
                 client = build_client(cfg)
             if kind.endswith("@probe"):
                 results[kind]["probe"] = probe_teacher(cfg, client)
-            elif kind.endswith("@guard"):   # the guard's stop: its exit status and the one line it prints
+            elif kind.endswith(("@guard", "@warn")):   # the guard: its exit status and the lines it prints
                 buf = io.StringIO()
                 try:
                     with contextlib.redirect_stdout(buf):
                         run(cfg, client=client)
                 except Stopped as e:
-                    results[kind].update(exit=e.code, said=[x for x in buf.getvalue().splitlines() if "stopped by" in x])
+                    results[kind]["exit"] = e.code
+                results[kind]["said"] = [x for x in buf.getvalue().splitlines() if "stopped by" in x or "warning: step" in x]
                 print(buf.getvalue(), end="", flush=True)
             else:
                 run(cfg, client=client)
