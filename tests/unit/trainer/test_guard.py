@@ -28,3 +28,33 @@ def test_guard_stop_exit_status():
     e = Stopped(0, "why")
     assert e.code == GUARD_EXIT == 3 and e.reason == "why" and e.signum == 0
     assert Stopped(15).code == 143
+
+
+def _agree_worker(rank: int, port: int, out) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:   # only rank 0's metrics decide: rank 1 saw nothing over the limit, rank 0 did
+        out.put((rank, guard.agreed(1.5 if rank == 0 else None)))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_every_rank_takes_rank_zeros_decision():
+    """Two gloo ranks: the guard's value is rank 0's on both, so all ranks stop at the same boundary."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("fork")   # the children inherit the imported torch (a spawn re-imports it: ~20 s here)
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_agree_worker, args=(r, port, q)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = dict(q.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    assert got == {0: 1.5, 1: 1.5} and all(p.exitcode == 0 for p in procs)
