@@ -175,3 +175,16 @@ def test_hparams_validation():
         with pytest.raises(ValueError, match=msg):
             bad()
     assert BandHParams(upper=4.0).band() == (0.25, 4.0) and GeoHParams().band() == (0.999, 1.001)
+
+
+def test_config_builds_the_modes_dataclass_and_round_trips():
+    """``algo.correction`` becomes the mode's typed dataclass (its defaults when unset) and survives the
+    run's config dump (``to_dict`` -> ``from_dict``); the built-in modes keep their earlier dump."""
+    from megatron_rl.config import from_dict, load_config
+
+    cfg = load_config(None, ["algo.off_policy=seq_mis", "algo.correction.upper=3"])
+    assert cfg.algo.correction == BandHParams(upper=3.0) and cfg.algo.correction.band() == (1 / 3, 3.0)
+    assert from_dict(cfg.to_dict()) == cfg and cfg.to_dict()["algo"]["correction"] == {"upper": 3.0, "lower": None}
+    assert load_config(None, ["algo.off_policy=icepop"]).algo.correction == IcePopHParams()
+    plain = load_config(None, [])
+    assert plain.algo.correction is None and "correction" not in plain.to_dict()["algo"]
