@@ -11,6 +11,8 @@ Every rank takes the same decision (rank 0's metrics, broadcast).
 """
 from __future__ import annotations
 
+import math
+
 METRIC = "rollout/token_mult_prob_error"
 
 
@@ -20,12 +22,14 @@ def guard_metric(cfg) -> str:
 
 
 def over_limit(cfg, metrics: dict) -> float | None:
-    """The guarded value when it exceeds ``rollout.mismatch_limit`` (None: within, off, or not measured)."""
+    """The guarded value when it exceeds ``rollout.mismatch_limit`` or is not finite (None: within,
+    off, or not measured)."""
     limit = cfg.rollout.mismatch_limit
     value = metrics.get(guard_metric(cfg))
     if not limit or value is None:
         return None
-    return float(value) if float(value) > limit else None
+    value = float(value)
+    return value if not math.isfinite(value) or value > limit else None
 
 
 def message(cfg, value: float) -> str:

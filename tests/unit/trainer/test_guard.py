@@ -12,7 +12,8 @@ def test_guard_reads_the_fresh_samples_and_the_limit():
     assert guard.guard_metric(sync) == "rollout/token_mult_prob_error"
     assert guard.over_limit(sync, {"rollout/token_mult_prob_error": 1.02}) == 1.02
     assert guard.over_limit(sync, {"rollout/token_mult_prob_error": 1.01}) is None      # at the limit: within
-    assert guard.over_limit(sync, {}) is None                                            # not measured (bypass)
+    assert guard.over_limit(sync, {}) is None                                            # not measured
+    assert str(guard.over_limit(sync, {"rollout/token_mult_prob_error": float("nan")})) == "nan"   # a NaN trips it
     off = load_config(None, ["rollout.mismatch_limit=0"])
     assert guard.over_limit(off, {"rollout/token_mult_prob_error": 9.0}) is None
     # asynchronous: a stale batch's error holds the policy's own change, only the fresh part is judged
