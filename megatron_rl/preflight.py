@@ -187,9 +187,31 @@ def check_backend(cfg) -> str:
     return resolve_model_backend(cfg.model.backend, cfg.model.fp8)
 
 
-#: the start-up probes' sample: one real request of each prompt the run will send (rubric, outcome)
-_PROBE = {"problem": "What is 1 + 1?", "reference": "Adding 1 and 1 gives \\boxed{2}.",
-          "solution": "One plus one is two, so the answer is \\boxed{2}.", "answer": "2", "truth": "2"}
+def _probe_row(cfg) -> dict:
+    """The start-up probes' texts, from the first ``data.train`` row as the run will send them (its
+    problem, its reference solution — also as the student solution, a realistic length — and its
+    ground truth), so a judge context too short for the data is found now; a fixed sample when the
+    row lacks them."""
+    out = {"problem": "What is 1 + 1?", "reference": "Adding 1 and 1 gives \\boxed{2}.", "truth": "2"}
+    try:
+        import pyarrow.parquet as pq
+
+        f = pq.ParquetFile(cfg.data.train)
+        cols = [c for c in ("prompt", "extra_info", "reward_model") if c in f.schema_arrow.names]
+        row = next(f.iter_batches(batch_size=1, columns=cols)).to_pylist()[0]
+    except (OSError, ValueError, StopIteration, IndexError):
+        return out
+    extra = row.get("extra_info") if isinstance(row.get("extra_info"), dict) else {}
+    users = [m.get("content") for m in row.get("prompt") or [] if isinstance(m, dict) and m.get("role") == "user"]
+    truth = (row.get("reward_model") or {}).get("ground_truth") if isinstance(row.get("reward_model"), dict) else None
+    problem = extra.get("problem") or extra.get("question") or (users[-1] if users else None)
+    if problem:
+        out["problem"] = str(problem)
+    if truth is not None and str(truth).strip():
+        out["truth"] = out["reference"] = str(truth)
+    if extra.get("reference_solution") or extra.get("solution"):
+        out["reference"] = str(extra.get("reference_solution") or extra.get("solution"))
+    return out
 
 
 def check_grader(cfg, timeout: float = 3.0) -> None:
@@ -197,7 +219,8 @@ def check_grader(cfg, timeout: float = 3.0) -> None:
     usable: it accepts a TCP connection (unless ``reward.grader_required=false``: then a closed port
     starts the run on the fallback score); the ``max_model_len`` its ``/v1/models`` lists (vLLM's)
     leaves room for ``reward.grader_max_tokens``; and one real request with the rubric prompt and one
-    with the outcome prompt — the run's body, streamed and closed after the first chunk — succeed.
+    with the outcome prompt — the run's body on the first training row (:func:`_probe_row`), streamed
+    and closed after the first chunk — succeed.
     Otherwise one line with the server's own error text (``judge_client.probe``)."""
     import socket
     from urllib.parse import urlparse
@@ -230,13 +253,13 @@ def check_grader(cfg, timeout: float = 3.0) -> None:
         raise ValueError(f"reward.grader_max_tokens={r.grader_max_tokens} cannot fit the grader's context: "
                          f"{r.grader_model!r} at {r.grader_url} serves max_model_len={ctx}, which must hold the prompt "
                          "too; lower it, or set 0 to leave max_tokens to the server")
-    p = _PROBE
+    p = _probe_row(cfg)
     probes = []
     if rubric:
         probes.append(("rubric", build_grader(cfg), RUBRIC_PROMPT.format(problem=p["problem"], reference=p["reference"],
-                                                                        solution=p["solution"])))
+                                                                        solution=p["reference"])))
     if verifier is not None:
-        probes.append(("outcome", verifier, OUTCOME_PROMPT.format(question=p["problem"], answer=p["answer"],
+        probes.append(("outcome", verifier, OUTCOME_PROMPT.format(question=p["problem"], answer=p["truth"],
                                                                  reference=p["truth"])))
     for what, client, prompt in probes:
         try:

@@ -10,7 +10,8 @@ wrong, asked of the same OpenAI-compatible endpoint as the rubric grader (PAPO's
 The judge gets the question, the extracted answer and the reference answer, in one user message,
 and ends its short explanation with ``Final Grade: CORRECT`` or ``INCORRECT``. Extracted answer: the
 response with ``<think>…</think>`` removed (and anything before a lone ``</think>``), the content of
-its last ``\\boxed{}`` / ``\\fbox{}``, else the whole remaining text; an empty one is 0 without a call.
+its last ``\\boxed{}`` / ``\\fbox{}``, else the whole remaining text; an empty one, or a non-finite one
+against a finite reference (``1/0``, ``\\infty``: ``prime_math.degenerate``), is 0 without a call.
 Parsing: ``<think>`` removed from the judge's text; the "Final Grade: X" line, else a standalone
 CORRECT with no INCORRECT anywhere; anything else is INCORRECT (``verifier/unparsable``).
 
@@ -26,6 +27,7 @@ import re
 from megatron_rl.rewards.breaker import log
 from megatron_rl.rewards.extract import last_boxed, strip_think
 from megatron_rl.rewards.judge_client import JudgeClient
+from megatron_rl.rewards.prime_math import degenerate
 
 OUTCOME_PROMPT = """Decide whether a student's final answer to a math question matches the reference answer.
 
@@ -75,8 +77,8 @@ class OutcomeVerifier(JudgeClient):
     async def _one(self, session, sem, item: tuple[str, str, str]) -> bool | None:
         question, response, reference = item
         answer = extract_answer(response)
-        if not answer or not str(reference).strip():
-            return False
+        if not answer or not str(reference).strip() or degenerate(answer, reference):
+            return False       # nothing to judge; a non-finite answer never gets a second opinion (no reward hack)
         key = (question, answer, str(reference))
         if key in self.cache:
             self._stats.cache_hits += 1

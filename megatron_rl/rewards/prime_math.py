@@ -364,15 +364,22 @@ def _finite_text(s: str) -> bool:
     return not re.search(r"inf|nan|zoo|∞|\boo\b|/ *0+(?![0-9.])", s.lower().replace(" ", "") + " ")
 
 
+def degenerate(answer: str, truth) -> bool:
+    """A non-finite / undefined answer (``1/0``, ``\\infty``, ``nan``, ``zoo``) against a truth that has
+    none (an interval's ``\\infty`` stays comparable): a mismatch for the rule and for the LLM verifier."""
+    forms = lambda s: (s, prm_normalize(s), latex_to_text(s))  # noqa: E731
+    truth = str(truth)
+    return not all(map(_finite_text, forms(answer))) and all(map(_finite_text, forms(truth)))
+
+
 def prime_math_score(response: str, ground_truth) -> float:
     """1.0 when the answer of ``response`` equals ``ground_truth`` by the rules of the module docstring, else 0.0."""
     truth = str(ground_truth).strip()
     given = match_answer(str(response))
     if not truth or not given.strip():
         return 0.0
-    forms = lambda s: (s, prm_normalize(s), latex_to_text(s))  # noqa: E731
-    if not all(map(_finite_text, forms(given))) and all(map(_finite_text, forms(truth))):
-        return 0.0       # a non-finite / undefined answer against a finite truth (an interval's ∞ stays comparable)
+    if degenerate(given, truth):
+        return 0.0
     try:
         return 1.0 if grade_answer(given, truth) or math_equal(given, truth) else 0.0
     except RecursionError:
