@@ -253,9 +253,10 @@ def _sympy_value(expr: str):
     e = expr.strip().replace("sqrt", "\x00").replace("pi", "\x01")
     letters = {c for c in e if c.isalpha()}
     e = e.replace("\x00", "sqrt").replace("\x01", "pi")
-    e = re.sub(r"\( *(-?\w) *\)", r"\1", e.replace(" ", ""))     # (4) -> 4, so that 2^(4) passes the guard
+    e = re.sub(r"(?<![a-z])\((-?\w)\)", r"\1", e.replace(" ", ""))   # (4) -> 4 (not sqrt(4)): 2^(4) passes the guard
     if (not e or len(e) > _SYMPY_MAX_CHARS or len(letters) > 2 or not _SAFE.fullmatch(e) or e.count("^") > 3
-            or any(not _SMALL_EXP.match(e, i + 1) for i, c in enumerate(e) if c == "^")):
+            or any(not _SMALL_EXP.match(e, i + 1) for i, c in enumerate(e) if c == "^")
+            or re.search(r"\d{40,}|\de[+-]?\d{3,}", e)):          # a huge literal or exponent (1e1000000)
         return None
     try:
         v = sympy_parser.parse_expr(e.replace("^", "**"), evaluate=True, transformations=(
