@@ -74,9 +74,6 @@ class RewardManager:
         for name in {*self.by_source.values(), default, *self.second_opinion}:
             get_reward(name)
 
-    def names_in_use(self) -> set[str]:
-        return {*self.by_source.values(), self.default}
-
     def stats(self) -> dict[str, float]:
         out = {}
         for judge in self.second_opinion.values():
