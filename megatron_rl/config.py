@@ -215,9 +215,10 @@ class RewardConfig:
     """Concurrent grader requests."""
     grader_fallback: float = 0.0
     """Process score used (and counted) when the grader fails after all retries: 0, 0.5 or 1."""
-    grader_max_tokens: int = 16384
-    """``max_tokens`` of each grader request (the reference sends 16384; prompt + this must fit the
-    grader's served context, or the server rejects the request)."""
+    grader_max_tokens: int = 0
+    """``max_tokens`` of each grader request; 0: the field is left out and the server decides (vLLM: the
+    rest of its context). The reference sends 16384, which a judge served with ``--max-model-len 8192``
+    refuses: a value >= the served ``max_model_len`` (the server's ``/v1/models``) is refused at start-up."""
     grader_required: bool = True
     """Fail at start-up when ``grader_url`` does not accept a connection (false: start anyway and use
     ``grader_fallback`` while it is down)."""
@@ -225,11 +226,15 @@ class RewardConfig:
     """Circuit breaker: after this many consecutive failed requests the grader is skipped (fallback at once)."""
     grader_breaker_cooldown: float = 60.0
     """Seconds the breaker stays open before one request probes the grader again."""
+    outcome_verifier: bool = True
+    """Reward ``papo_math``: when the rule check says wrong, ask the LLM at ``grader_url`` whether the
+    extracted answer matches the reference (PAPO's outcome verifier; the rule's 0 stands when it fails,
+    counted). False: the rule check alone (the reference's ``USE_LLM_VERIFIER=false``)."""
 
     def __post_init__(self):
         _check(self.grader_fallback in (0.0, 0.5, 1.0), f"reward.grader_fallback must be 0, 0.5 or 1, got {self.grader_fallback}")
         _check(self.grader_timeout > 0 and self.grader_retries >= 0, "reward.grader_timeout > 0 and grader_retries >= 0")
-        _check(self.grader_max_tokens >= 1, f"reward.grader_max_tokens must be >= 1, got {self.grader_max_tokens}")
+        _check(self.grader_max_tokens >= 0, f"reward.grader_max_tokens must be >= 0 (0: left to the server), got {self.grader_max_tokens}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,7 +13,8 @@ Two levels:
 * :func:`preflight` — what a run on *this* machine needs: the model, tokenizer and data files exist,
   the resume checkpoint exists, the run directory may be used (``trainer/run_dir.py``), the layer
   backend resolves here (``te`` / ``fp8`` need CUDA + Transformer Engine), the batch divides over
-  ``WORLD_SIZE``, ``rollout.placement`` fits the GPUs here with its sync backend, and the PAPO grader answers a TCP connect (unless ``reward.grader_required=false``);
+  ``WORLD_SIZE``, ``rollout.placement`` fits the GPUs here with its sync backend, and the LLM judge (PAPO's grader, ``papo_math``'s
+  verifier) fits its served context and answers one real request of each prompt (:func:`check_grader`);
   first of all, the torchrun variables and the Ray address answer (``launch_env``, bounded in time).
   ``setup_run`` calls it first thing (before ``init_parallel``); ``megatron-rl train --check`` too.
 """
@@ -76,6 +77,11 @@ def check_config(cfg) -> None:
             raise ValueError(f"trainer.{key} must be >= 0, got {getattr(t, key)}")
     if cfg.reward.grader_breaker_failures < 1 or not cfg.reward.grader_breaker_cooldown > 0:
         raise ValueError("reward.grader_breaker_failures must be >= 1 and reward.grader_breaker_cooldown > 0")
+    rw = cfg.reward
+    if rw.outcome_verifier and not rw.grader_url and "papo_math" in {rw.default, *rw.by_source.values()}:
+        raise ValueError("reward papo_math asks PAPO's LLM outcome verifier at reward.grader_url when its rule check says "
+                         "wrong: set reward.grader_url (an OpenAI-compatible endpoint), or reward.outcome_verifier=false "
+                         "for the rule check alone")
     for key in ("eval_prompts",):
         if getattr(t, key) < 1:
             raise ValueError(f"trainer.{key} must be >= 1, got {getattr(t, key)}")
@@ -189,17 +195,51 @@ def check_backend(cfg) -> str:
     return resolve_model_backend(cfg.model.backend, cfg.model.fp8)
 
 
+def _probe_row(cfg) -> dict:
+    """The start-up probes' texts, from the first ``data.train`` row as the run will send them (its
+    problem, its reference solution — also as the student solution, a realistic length — and its
+    ground truth), so a judge context too short for the data is found now; a fixed sample when the
+    row lacks them."""
+    out = {"problem": "What is 1 + 1?", "reference": "Adding 1 and 1 gives \\boxed{2}.", "truth": "2"}
+    try:
+        import pyarrow.parquet as pq
+
+        f = pq.ParquetFile(cfg.data.train)
+        cols = [c for c in ("prompt", "extra_info", "reward_model") if c in f.schema_arrow.names]
+        row = next(f.iter_batches(batch_size=1, columns=cols)).to_pylist()[0]
+    except (OSError, ValueError, StopIteration, IndexError):
+        return out
+    extra = row.get("extra_info") if isinstance(row.get("extra_info"), dict) else {}
+    users = [m.get("content") for m in row.get("prompt") or [] if isinstance(m, dict) and m.get("role") == "user"]
+    truth = (row.get("reward_model") or {}).get("ground_truth") if isinstance(row.get("reward_model"), dict) else None
+    problem = extra.get("problem") or extra.get("question") or (users[-1] if users else None)
+    if problem:
+        out["problem"] = str(problem)
+    if truth is not None and str(truth).strip():
+        out["truth"] = out["reference"] = str(truth)
+    if extra.get("reference_solution") or extra.get("solution"):
+        out["reference"] = str(extra.get("reference_solution") or extra.get("solution"))
+    return out
+
+
 def check_grader(cfg, timeout: float = 3.0) -> None:
-    """PAPO: the grader URL accepts a TCP connection (else every step would wait for retries)."""
+    """The LLM judge at ``reward.grader_url`` (PAPO's rubric grader, ``papo_math``'s outcome verifier) is
+    usable: it accepts a TCP connection (unless ``reward.grader_required=false``: then a closed port
+    starts the run on the fallback score); the ``max_model_len`` its ``/v1/models`` lists (vLLM's)
+    leaves room for ``reward.grader_max_tokens``; and one real request with the rubric prompt and one
+    with the outcome prompt — the run's body on the first training row (:func:`_probe_row`), streamed
+    and closed after the first chunk — succeed.
+    Otherwise one line with the server's own error text (``judge_client.probe``)."""
     import socket
     from urllib.parse import urlparse
 
-    r = cfg.reward
-    if not r.grader_url or not getattr(r, "grader_required", True):
-        return
     from megatron_rl.trainer.paths import path_class
+    from megatron_rl.trainer.setup import build_grader, build_outcome_verifier
 
-    if not path_class(cfg.algo.kind).uses_grader:
+    r = cfg.reward
+    rubric = bool(r.grader_url) and path_class(cfg.algo.kind).uses_grader
+    verifier = build_outcome_verifier(cfg)
+    if not rubric and verifier is None:
         return
     u = urlparse(r.grader_url)
     if u.scheme not in ("http", "https") or not u.hostname:
@@ -208,8 +248,33 @@ def check_grader(cfg, timeout: float = 3.0) -> None:
     try:
         socket.create_connection((u.hostname, port), timeout=timeout).close()
     except OSError as e:
+        if not getattr(r, "grader_required", True):
+            return
         raise ValueError(f"reward.grader_url={r.grader_url}: grader unreachable ({e.strerror or e}); start it, fix "
                          "the URL, or set reward.grader_required=false to train on the fallback score") from None
+    from megatron_rl.rewards.grader import RUBRIC_PROMPT
+    from megatron_rl.rewards.judge_client import probe, served_max_model_len
+    from megatron_rl.rewards.outcome_judge import OUTCOME_PROMPT
+
+    ctx = served_max_model_len(r.grader_url, r.grader_model, timeout=min(r.grader_timeout, 10.0))
+    if ctx is not None and r.grader_max_tokens >= ctx:
+        raise ValueError(f"reward.grader_max_tokens={r.grader_max_tokens} cannot fit the grader's context: "
+                         f"{r.grader_model!r} at {r.grader_url} serves max_model_len={ctx}, which must hold the prompt "
+                         "too; lower it, or set 0 to leave max_tokens to the server")
+    p = _probe_row(cfg)
+    probes = []
+    if rubric:
+        probes.append(("rubric", build_grader(cfg), RUBRIC_PROMPT.format(problem=p["problem"], reference=p["reference"],
+                                                                        solution=p["reference"])))
+    if verifier is not None:
+        probes.append(("outcome", verifier, OUTCOME_PROMPT.format(question=p["problem"], answer=p["truth"],
+                                                                 reference=p["truth"])))
+    for what, client, prompt in probes:
+        try:
+            probe(client, prompt, r.grader_timeout)
+        except ValueError as e:
+            raise ValueError(f"reward.grader_url={r.grader_url}: a {what} request to model {r.grader_model!r} failed at "
+                             f"start-up: {e}") from None
 
 
 def check_world(cfg) -> None:

@@ -285,16 +285,26 @@ class AsyncRollouts:
 
     def next(self, step: int) -> tuple[Any, dict]:
         """Collective: the batch of ``step`` and ``{weight_version, staleness, gen_s}``."""
-        msg = None
-        if self.is_driver:
-            tag, self.waited = self.producer.get(step)
-            if hasattr(tag.data, "weight_version"):   # Rollouts: each sample carries its weight version
-                tag.data.weight_version = tag.weight_version
-            msg = (tag.data, {"weight_version": tag.weight_version, "staleness": step - 1 - tag.weight_version,
-                              "gen_s": tag.gen_s})
+        from megatron_rl.rewards.judge_client import JudgeRejected
         from megatron_rl.trainer.rollout_stage import broadcast_object
 
-        return broadcast_object(msg)
+        msg = None
+        if self.is_driver:
+            try:
+                tag, self.waited = self.producer.get(step)
+            except RuntimeError as e:   # the producer's grader refused its requests: every rank stops on it
+                if not isinstance(e.__cause__, JudgeRejected):
+                    raise
+                tag, msg = None, e.__cause__
+            if tag is not None:
+                if hasattr(tag.data, "weight_version"):   # Rollouts: each sample carries its weight version
+                    tag.data.weight_version = tag.weight_version
+                msg = (tag.data, {"weight_version": tag.weight_version, "staleness": step - 1 - tag.weight_version,
+                                  "gen_s": tag.gen_s})
+        msg = broadcast_object(msg)
+        if isinstance(msg, JudgeRejected):
+            raise msg
+        return msg
 
     def before_push(self, step: int) -> None:
         if self.is_driver:

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_rl.console import LOG_FILE, RESUME_TEMPLATE
+from megatron_rl.rewards.judge_client import JudgeRejected
 from megatron_rl.trainer import guard
 from megatron_rl.trainer.rollout_source import open_source
 from megatron_rl.trainer.rollout_stage import Rollouts
@@ -111,7 +112,7 @@ def _train_steps(rn: Run, stop: GracefulStop) -> int | str:
     for step in range(rn.step + 1, cfg.trainer.steps + 1):
         try:
             metrics = rl_step(rn, step)
-        except FloatingPointError as e:
+        except (FloatingPointError, JudgeRejected) as e:   # a non-finite number; a grader refusing its requests
             last = rn.last_checkpoint
             raise SystemExit(f"stopping at step {step}: {e}. Last good checkpoint: {last or 'none'}") from e
         if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0 and step != cfg.trainer.steps:

@@ -33,8 +33,18 @@ class SyncRollouts:
         self.collect, self.is_driver = collect, is_driver
 
     def next(self, step: int) -> tuple[Any, dict]:
+        from megatron_rl.rewards.judge_client import JudgeRejected
+
         t0 = time.perf_counter()
-        data = broadcast_object(self.collect(step) if self.is_driver else None)
+        data = None
+        if self.is_driver:
+            try:
+                data = self.collect(step)
+            except JudgeRejected as e:     # every rank stops on it, not the driver alone (the others would wait)
+                data = e
+        data = broadcast_object(data)
+        if isinstance(data, JudgeRejected):
+            raise data
         return data, {"gen_s": time.perf_counter() - t0}
 
     def before_push(self, step: int) -> None:

@@ -160,8 +160,39 @@ def build_grader(cfg):
     r = cfg.reward
     grader = RubricGrader(r.grader_url, r.grader_model, concurrency=r.grader_concurrency, timeout=r.grader_timeout,
                           retries=r.grader_retries, fallback=r.grader_fallback, max_tokens=r.grader_max_tokens)
-    grader.breaker = CircuitBreaker(r.grader_breaker_failures, r.grader_breaker_cooldown)
+    grader.breaker = CircuitBreaker(r.grader_breaker_failures, r.grader_breaker_cooldown, name="grader")
     return grader
+
+
+def uses_outcome_verifier(cfg) -> bool:
+    """Whether the run asks PAPO's LLM outcome verifier: reward ``papo_math`` selected (``reward.default`` or
+    a ``by_source`` value) with ``reward.outcome_verifier`` on and a ``grader_url``."""
+    r = cfg.reward
+    return bool(r.outcome_verifier and r.grader_url and "papo_math" in {r.default, *r.by_source.values()})
+
+
+def build_outcome_verifier(cfg):
+    """PAPO's LLM outcome verifier on the grader endpoint (``rewards/outcome_judge.py``) with its own
+    circuit breaker, or None when the run does not use it (no request is made here)."""
+    from megatron_rl.rewards.breaker import CircuitBreaker
+    from megatron_rl.rewards.outcome_judge import OutcomeVerifier
+
+    if not uses_outcome_verifier(cfg):
+        return None
+    r = cfg.reward
+    v = OutcomeVerifier(r.grader_url, r.grader_model, concurrency=r.grader_concurrency, timeout=r.grader_timeout,
+                        retries=r.grader_retries, max_tokens=r.grader_max_tokens)
+    v.breaker = CircuitBreaker(r.grader_breaker_failures, r.grader_breaker_cooldown, name="verifier")
+    return v
+
+
+def build_rewards(cfg, is_driver: bool = True):
+    """The run's reward manager; on the driver (which scores) with PAPO's outcome verifier when used."""
+    from megatron_rl.rewards.manager import RewardManager
+
+    verifier = build_outcome_verifier(cfg) if is_driver else None
+    return RewardManager(cfg.reward.by_source, cfg.reward.default,
+                         second_opinion={"papo_math": verifier} if verifier is not None else None)
 
 
 def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = False,
@@ -178,7 +209,6 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
     from megatron_rl.models.provider import load_hf_config
     from megatron_rl.parallel import init_parallel
     from megatron_rl.preflight import preflight
-    from megatron_rl.rewards.manager import RewardManager
     from megatron_rl.trainer.actor import PolicyActor, ReferencePolicy
     from megatron_rl.trainer.paths import build_path
     from megatron_rl.trainer.run_dir import archive_run
@@ -224,8 +254,7 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
         ref = ReferencePolicy(hf_cfg, cfg.rollout.temperature, info.sequence_parallel, cfg.model.bf16, parallel_info=info,
                               backend=backend, fp8=cfg.model.fp8)
         ref.load_hf(cfg.model.hf_path)
-    run = Run(cfg, info, tok, train, val, sampler, actor, ref, None, RewardManager(cfg.reward.by_source, cfg.reward.default),
-              None, path)
+    run = Run(cfg, info, tok, train, val, sampler, actor, ref, None, build_rewards(cfg, info.is_driver), None, path)
     path.setup(run)
     _resume(run, resume)
     run.colo = build_colocation(run)  # colocated: the trainer offloads before the engines start beside it and

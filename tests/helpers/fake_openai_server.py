@@ -2,7 +2,8 @@
 
 Run: ``python tests/helpers/fake_openai_server.py PORT LIFETIME_S``. It exits by itself after
 LIFETIME_S seconds. Behaviour is switched at runtime: ``POST /control {"mode": M, "delay": s,
-"score": "0.5"}`` with M in ok | slow | error500 | malformed | unparsable. ``GET /stats`` returns
+"score": "0.5", "ok_first": n}`` with M in ok | slow | error500 | error400 | malformed | unparsable (``ok_first``:
+the first n chat requests answered as ``ok`` whatever the mode, e.g. a start-up probe before the garbage). ``GET /stats`` returns
 the request count, ``GET /requests`` the bodies of the last 64 chat requests (:func:`requests_seen`). ``start_server(lifetime)`` starts it as a subprocess and returns (proc, base_url).
 """
 from __future__ import annotations
@@ -48,7 +49,7 @@ def control(url: str, **kw) -> None:
 def _main(port: int, lifetime: float) -> None:
     from aiohttp import web
 
-    state = {"mode": "ok", "delay": 0.0, "score": "1", "requests": 0}
+    state = {"mode": "ok", "delay": 0.0, "score": "1", "requests": 0, "ok_first": 0}
     bodies: list = []
 
     async def chat(req):
@@ -56,11 +57,15 @@ def _main(port: int, lifetime: float) -> None:
         body = await req.json()
         bodies.append(body)
         del bodies[:-64]
-        mode = state["mode"]
+        mode = "ok" if state["requests"] <= state["ok_first"] else state["mode"]
         if mode == "slow":
             await asyncio.sleep(state["delay"])
         if mode == "error500":
             return web.Response(status=500, text="internal error")
+        if mode == "error400":     # vLLM's reply to a max_tokens beyond its context
+            return web.json_response({"object": "error", "type": "BadRequestError", "code": 400, "error": {
+                "message": "max_tokens=16384 cannot be greater than max_model_len=8192. Please request fewer output "
+                           "tokens.", "type": "BadRequestError", "code": 400}}, status=400)
         if mode == "malformed":
             return web.Response(status=200, text="{not json", content_type="application/json")
         text = "I cannot decide." if mode == "unparsable" else f"Step by step ... final \\boxed{{{state['score']}}}"

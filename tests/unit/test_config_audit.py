@@ -77,6 +77,15 @@ def _grader(cfg):
             g.max_tokens)
 
 
+def _verifier(cfg):
+    import dataclasses
+
+    from megatron_rl.trainer.setup import build_rewards
+
+    r = dataclasses.replace(cfg.reward, default="papo_math", grader_url="http://127.0.0.1:9/v1")
+    return sorted(build_rewards(dataclasses.replace(cfg, reward=r)).second_opinion)
+
+
 def _preflight(cfg):
     from megatron_rl.preflight import preflight
 
@@ -103,7 +112,7 @@ SPEC = {   # key -> (value, observer)
     "reward.grader_timeout": ("5", _grader), "reward.grader_retries": ("1", _grader),
     "reward.grader_concurrency": ("2", _grader), "reward.grader_fallback": ("0.5", _grader),
     "reward.grader_breaker_failures": ("2", _grader), "reward.grader_breaker_cooldown": ("5", _grader),
-    "reward.grader_max_tokens": ("512", _grader), "rollout.sync_backend": ("ray", _client),
+    "reward.grader_max_tokens": ("512", _grader), "reward.outcome_verifier": ("false", _verifier), "rollout.sync_backend": ("ray", _client),
     "rollout.placement": ("colocated", _client),
 }
 REJECTED = {   # key -> (value, words of the start-up error on this CPU machine)

@@ -52,7 +52,8 @@ class PendingGrades:
     ``start`` (rank 0) submits the grader calls for the correct responses and returns at once;
     ``finish`` (collective) waits for them on rank 0, broadcasts the process scores and stores them in
     ``rollouts.process``. The grader's own timeout / retries / fallback bound the wait, so an outage
-    delays a step by at most the configured timeout budget and is counted in the grader stats.
+    delays a step by at most the configured timeout budget and is counted in the grader stats; a
+    grader that refuses the requests (``JudgeRejected``) stops every rank at this step.
     """
 
     def __init__(self):
@@ -66,13 +67,21 @@ class PendingGrades:
 
     def finish(self, rollouts: Rollouts, is_driver: bool) -> float:
         """Collective; returns the seconds rank 0 waited for the grader (0 elsewhere)."""
+        from megatron_rl.rewards.judge_client import JudgeRejected
+
         t0 = time.perf_counter()
         proc = None
         if is_driver:
-            scores = self.future.result() if self.future is not None else []
-            proc = _process_tensor(len(rollouts), self.idx, scores)
+            try:
+                scores = self.future.result() if self.future is not None else []
+                proc = _process_tensor(len(rollouts), self.idx, scores)
+            except JudgeRejected as e:   # a misconfigured grader: every rank stops at this step (trainer/loop.py)
+                proc = e
             self.future, self.idx = None, []
-        rollouts.process = broadcast_object(proc)
+        proc = broadcast_object(proc)
+        if isinstance(proc, JudgeRejected):
+            raise proc
+        rollouts.process = proc
         return time.perf_counter() - t0 if is_driver else 0.0
 
     def close(self) -> None:

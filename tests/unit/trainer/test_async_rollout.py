@@ -199,3 +199,24 @@ def test_wall_clock_metrics_carry_a_timing_prefix():
     got = sync_metrics(0.25, 1.0)
     assert got == {"time/gen_batch": 0.25, "perf/trainer_idle_frac": 0.25, "perf/engine_idle_frac": 0.75}
     assert all(k.startswith(TIMING) for k in got)
+
+
+def test_a_grader_refusing_its_requests_in_the_producer_stops_the_step():
+    """PAPO's grades are taken on the producer thread with max_staleness > 0: a JudgeRejected there reaches
+    the loop as itself (one line, every rank), not as a wrapped RuntimeError."""
+    from megatron_rl.rewards.judge_client import JudgeRejected
+    from megatron_rl.trainer.async_rollout import AsyncRollouts
+
+    def collect(step):
+        if step == 2:
+            raise JudgeRejected("grader refused 5 consecutive requests: HTTP 400: max_tokens too large")
+        return [step]
+
+    src = AsyncRollouts(collect, is_driver=True, first_step=1, last_step=3, max_staleness=1, version=0)
+    try:
+        assert src.next(1)[0] == [1]
+        src.pushed(1)
+        with pytest.raises(JudgeRejected, match="HTTP 400: max_tokens too large"):
+            src.next(2)
+    finally:
+        src.close()
