@@ -95,6 +95,7 @@ def score(rollouts: Rollouts, reward_manager) -> Rollouts:
     if bad:
         raise FloatingPointError(f"non-finite reward for sample(s) {bad[:5]}")
     rollouts.rewards, rollouts.correct = rb.reward, rb.correct
+    rollouts.stats = {**rollouts.stats, **rb.stats}
     return rollouts
 
 
