@@ -50,11 +50,20 @@ _THOUSANDS = re.compile(r"^[+-]?\d{1,3}(,\d{3})+(\.\d*)?$")
 _DECIMAL = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)$")
 
 
+_BARE_BOX = re.compile(r"\\boxed[ \t]+([^\s${}\\]+)")
+
+
 def extract_answer(response: str, fallbacks: bool = True) -> str | None:
-    """Step 1: the last box (``fallbacks``: else the last ``<answer>`` block, else ``#### N``)."""
+    """Step 1: the last box (``fallbacks``: also TeX's brace-less ``\\boxed 5`` when it is the last
+    box, else the last ``<answer>`` block, else ``#### N``)."""
     text = strip_think(response)
     b = last_boxed(text)
-    if b is not None or not fallbacks:
+    if not fallbacks:
+        return b
+    bare = list(_BARE_BOX.finditer(text))
+    if bare and bare[-1].start() > max(text.rfind("\\boxed{"), text.rfind("\\fbox{")):
+        return bare[-1].group(1)
+    if b is not None:
         return b
     tags = _ANSWER.findall(text)
     if tags:
