@@ -12,7 +12,8 @@ from megatron_rl.rewards.registry import get_reward, register_reward, score_one 
 from megatron_rl.rewards.verdict import reason_of
 
 DEFAULT_BY_SOURCE = {"reverse": "exact", "addition": "exact", "knights_knaves": "kk", "kk": "kk",
-                     "math": "math", "gsm8k": "math", "aime": "math", "amc": "math", "math500": "math"}
+                     "math": "math", "gsm8k": "math", "aime": "math", "amc": "math", "math500": "math",
+                     "math_dapo": "dapo"}
 #: rewards scored on the worker pool (a symbolic check that may need killing, or just CPU-heavy)
 POOLED = frozenset({"math", "math_rlcsd"})
 
