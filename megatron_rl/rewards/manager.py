@@ -13,7 +13,9 @@ from megatron_rl.rewards.verdict import reason_of
 
 DEFAULT_BY_SOURCE = {"reverse": "exact", "addition": "exact", "knights_knaves": "kk", "kk": "kk",
                      "math": "math", "gsm8k": "math", "aime": "math", "amc": "math", "math500": "math",
-                     "math_dapo": "dapo"}
+                     "math_dapo": "dapo", "kk_logic": "kk", "logic_kk": "kk"}
+#: data-source prefixes and their reward, after the exact names (RLCSD's ``kk_4to8``, ``kk_4to8_test``, ``kk_9`` ...)
+DEFAULT_BY_PREFIX = (("kk_", "kk"),)
 #: rewards scored on the worker pool (a symbolic check that may need killing, or just CPU-heavy)
 POOLED = frozenset({"math", "math_rlcsd"})
 
@@ -42,7 +44,11 @@ class RewardManager:
             get_reward(name)
 
     def name_of(self, data_source: str) -> str:
-        return self.by_source.get(data_source, self.default)
+        """The reward of ``data_source``: ``by_source`` (exact name), else :data:`DEFAULT_BY_PREFIX`, else ``default``."""
+        name = self.by_source.get(data_source)
+        if name is None:
+            name = next((r for p, r in DEFAULT_BY_PREFIX if str(data_source).startswith(p)), self.default)
+        return name
 
     def values(self, names: Sequence[str], texts: Sequence[str], truths: Sequence) -> tuple[list, dict]:
         """Raw reward values (floats / Verdicts) for parallel lists, and the pool counters."""

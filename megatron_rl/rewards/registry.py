@@ -42,12 +42,13 @@ register_reward("exact")(exact_match)
 def _register_builtin() -> None:
     from megatron_rl.rewards.dapo import dapo_reward, dapo_strict_box_reward
     from megatron_rl.rewards.format import score_rewards
-    from megatron_rl.rewards.knights_knaves import verify_kk
+    from megatron_rl.rewards.knights_knaves import verify_kk, verify_kk_rlcsd
     from megatron_rl.rewards.math_reward import math_reward, math_rlcsd_reward
 
     register_reward("math")(math_reward)
     register_reward("math_rlcsd")(math_rlcsd_reward)
     register_reward("kk")(verify_kk)
+    register_reward("kk_rlcsd")(verify_kk_rlcsd)
     register_reward("dapo")(dapo_reward)
     register_reward("dapo_strict_box")(dapo_strict_box_reward)
     for name, fn in score_rewards().items():

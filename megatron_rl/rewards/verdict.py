@@ -3,7 +3,7 @@ compares or tensors rewards keeps working; the reward manager reads ``reason`` f
 from __future__ import annotations
 
 #: reasons a verifier gives; ``timeout`` is not a verdict (retried once, counted, never cached)
-REASONS = ("matched", "mismatch", "no answer found", "timeout", "degenerate", "hedged", "")
+REASONS = ("matched", "mismatch", "no answer found", "timeout", "degenerate", "hedged", "contradiction", "")
 
 
 class Verdict(float):
