@@ -152,6 +152,14 @@ def build_client(cfg, trainer_world: int = 1):
                          actor_env=env, placement=a["placement"], engine_gpus=gpus, gpus_per_engine=1.0 if gpus else 0.0)
 
 
+def build_reward_manager(cfg):
+    """The reward manager of ``cfg.reward`` (verifier per data source, the reward pool's size and timeout)."""
+    from megatron_rl.rewards.manager import RewardManager
+
+    r = cfg.reward
+    return RewardManager(r.by_source, r.default, workers=r.workers, timeout_s=r.timeout_s)
+
+
 def build_grader(cfg):
     """The PAPO rubric grader of ``cfg.reward`` with its circuit breaker (no request is made here)."""
     from megatron_rl.rewards.breaker import CircuitBreaker
@@ -178,7 +186,6 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
     from megatron_rl.models.provider import load_hf_config
     from megatron_rl.parallel import init_parallel
     from megatron_rl.preflight import preflight
-    from megatron_rl.rewards.manager import RewardManager
     from megatron_rl.trainer.actor import PolicyActor, ReferencePolicy
     from megatron_rl.trainer.paths import build_path
     from megatron_rl.trainer.run_dir import archive_run
@@ -224,7 +231,7 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
         ref = ReferencePolicy(hf_cfg, cfg.rollout.temperature, info.sequence_parallel, cfg.model.bf16, parallel_info=info,
                               backend=backend, fp8=cfg.model.fp8)
         ref.load_hf(cfg.model.hf_path)
-    run = Run(cfg, info, tok, train, val, sampler, actor, ref, None, RewardManager(cfg.reward.by_source, cfg.reward.default),
+    run = Run(cfg, info, tok, train, val, sampler, actor, ref, None, build_reward_manager(cfg),
               None, path)
     path.setup(run)
     _resume(run, resume)
