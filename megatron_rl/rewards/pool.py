@@ -7,7 +7,7 @@ guarded, the way Math-Verify's users guard it (a process that can be killed, not
 
 - a task still running ``deadline_s`` after it started is killed with its worker (a fresh worker
   takes its place) and counts as a **timeout**; a result whose ``reason`` is ``"timeout"`` (the
-  verifier's own alarm) counts the same;
+  verifier's own alarm; or the first item of a tuple result) counts the same;
 - a timeout is not a verdict: the task is run once more; a second timeout gives
   ``Verdict(0, "timeout")``, counted in :attr:`RewardPool.stats` (``reward/timeouts``);
 - an exception raised by the reward function is re-raised here (same type when it pickles);
@@ -192,11 +192,12 @@ class RewardPool:
                         if isinstance(val, BaseException) and not isinstance(val, (KeyboardInterrupt, SystemExit)):
                             raise val from RuntimeError(f"in reward worker, task {i}:\n{tb}")
                         raise RewardPoolError(f"reward task {i} failed: {val!r}\n{tb}")
-                    if reason_of(val) == "timeout" and attempts[i] < 2:
+                    timed_out = reason_of(val[0] if isinstance(val, tuple) and val else val) == "timeout"
+                    if timed_out and attempts[i] < 2:
                         self.stats["retries"] += 1
                         pending.append(i)
                         continue
-                    if reason_of(val) == "timeout":
+                    if timed_out:
                         self.stats["timeouts"] += 1
                     results[i] = val
                     done += 1

@@ -56,3 +56,12 @@ def _register_builtin() -> None:
 
 
 _register_builtin()
+
+
+def score_timed(name: str, response: str, ground_truth, timeout_s: float | None = None):
+    """``(score_one(...), seconds it took in the worker)`` — the latency of one response (benchmarks)."""
+    import time
+
+    t0 = time.perf_counter()
+    v = score_one(name, response, ground_truth, timeout_s)
+    return v, time.perf_counter() - t0
