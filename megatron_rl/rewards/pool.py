@@ -76,7 +76,7 @@ def _worker_main(conn, preload) -> None:
             out = (tid, "err", e, traceback.format_exc(limit=8))
         try:
             conn.send(out)
-        except Exception:  # an unpicklable exception: send its text
+        except Exception:  # noqa: BLE001 -- an unpicklable exception: send its text
             conn.send((tid, "err", RuntimeError(repr(out[2])[:500]), out[3]))
 
 

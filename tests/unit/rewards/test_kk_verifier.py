@@ -72,7 +72,7 @@ CASES = [  # (kind, response, expected)
     ("missing", THINK + f"{RIGHT_LINES}", 0),
     ("missing", f"<answer>{RIGHT_LINES}", 0),                                  # unclosed block
     ("missing", f"{RIGHT_LINES}</answer>", 0),
-    ("missing", f"<think>\\boxed{{Zoey is a knight, Oliver is a knave, Ethan is a knight}}</think> I am unsure.", 0),
+    ("missing", "<think>\\boxed{Zoey is a knight, Oliver is a knave, Ethan is a knight}</think> I am unsure.", 0),
     ("missing", "Zoey is a knave. Oliver is a knight.\n<answer></answer>", 0),
     ("missing", "", 0),
     # ---- case
