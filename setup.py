@@ -14,6 +14,7 @@ CORE = [
     "psutil",  # undeclared dependency of megatron dist_checkpointing.save
     "pyyaml",
     "sympy",
+    "math-verify==0.9.0",  # the `math` reward (huggingface/Math-Verify); pins latex2sympy2_extended itself
     "tqdm",
     "matplotlib",
     "numpy",

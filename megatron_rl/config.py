@@ -203,6 +203,12 @@ class RewardConfig:
     """``data_source -> reward name`` overrides (default map: synthetic tasks -> exact)."""
     default: str = "exact"
     """Reward for data sources not in the map."""
+    workers: int = 0
+    """Reward worker processes for the verifiers scored on the reward pool (``math``): 0 = one per CPU the
+    driver may use (``os.sched_getaffinity``)."""
+    timeout_s: float = 5.0
+    """Seconds for one ``math`` answer's math-verify check (the reference's 5 s); past it the check is
+    retried once, then scored 0 and counted (``reward/timeouts``)."""
     grader_url: str = ""
     """OpenAI-compatible endpoint of the PAPO rubric grader (e.g. a vLLM server's ``/v1``)."""
     grader_model: str = "judge"
@@ -232,6 +238,8 @@ class RewardConfig:
     counted). False: the rule check alone (the reference's ``USE_LLM_VERIFIER=false``)."""
 
     def __post_init__(self):
+        _check(self.workers >= 0, f"reward.workers must be >= 0 (0 = one per CPU), got {self.workers}")
+        _check(self.timeout_s > 0, f"reward.timeout_s must be > 0, got {self.timeout_s}")
         _check(self.grader_fallback in (0.0, 0.5, 1.0), f"reward.grader_fallback must be 0, 0.5 or 1, got {self.grader_fallback}")
         _check(self.grader_timeout > 0 and self.grader_retries >= 0, "reward.grader_timeout > 0 and grader_retries >= 0")
         _check(self.grader_max_tokens >= 0, f"reward.grader_max_tokens must be >= 0 (0: left to the server), got {self.grader_max_tokens}")

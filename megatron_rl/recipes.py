@@ -50,6 +50,7 @@ ROWS = (
     ("rollout correction (cap)", ("algo.off_policy", "algo.tis_cap")),
     ("KL loss β / in-reward β", ("algo.hp.kl_loss_coef", "algo.hp.kl_reward_coef")),
     ("chat template options", ("data.chat_template_kwargs",)),
+    ("outcome reward", ("reward.default",)),
     ("eval every / n / T / top-p / top-k / max tokens",
      ("trainer.eval_every", "trainer.eval_n", "trainer.eval_temperature", "trainer.eval_top_p", "trainer.eval_top_k",
       "trainer.eval_max_tokens")),
@@ -67,7 +68,7 @@ def _rlcsd(method: str, kl: float, clip: float = 1.0, **departures: str) -> Reci
          "algo.tis_cap": 2.0, "algo.hp.kl_loss_coef": kl, "algo.hp.kl_reward_coef": 0.0,
          "data.chat_template_kwargs": _THINK, "trainer.eval_every": 50, "trainer.eval_n": 12,
          "trainer.eval_temperature": 0.6, "trainer.eval_top_p": 0.95, "trainer.eval_top_k": 20,
-         "trainer.eval_max_tokens": 38912}
+         "trainer.eval_max_tokens": 38912, "reward.default": "math"}
     return Recipe(method, "rlcsd spec §1.2, §1.8 (THU-BPM/RLCSD)", v, {k.replace("__", "."): r for k, r in departures.items()})
 
 
@@ -92,7 +93,7 @@ PAPER: dict[str, Recipe] = {
          "trainer.max_tokens_per_micro_batch": 6144, "algo.off_policy": Note("none"), "algo.hp.kl_loss_coef": 0.0, "algo.hp.kl_reward_coef": 0.001,
          "data.chat_template_kwargs": Note("none (Qwen3-4B-Instruct-2507 does not think)"), "trainer.eval_every": 100,
          "trainer.eval_n": 32, "trainer.eval_temperature": 0.6, "trainer.eval_top_p": 0.95, "trainer.eval_top_k": -1,
-         "trainer.eval_max_tokens": 3072},
+         "trainer.eval_max_tokens": 3072, "reward.default": "dapo"},
         {"data.chat_template_kwargs": "Qwen3-8B thinks by default; off to match the non-thinking 4B-Instruct"}),
     "qwen2_5_7b_papo": Recipe(
         "papo", "papo spec §2.5 (paper appendix + scripts)",
@@ -107,7 +108,8 @@ PAPER: dict[str, Recipe] = {
         {"rollout.temperature": 1.0, "data.prompts_per_step": 512, "rollout.n": 16, "rollout.max_tokens": 20480,
          "trainer.max_tokens_per_micro_batch": 22528, "optim.lr": 1e-6, "optim.warmup_steps": 20, "optim.weight_decay": 0.1, "optim.clip_grad": 1.0,
          "algo.hp.kl_loss_coef": 0.0, "algo.hp.kl_reward_coef": 0.0, "trainer.eval_n": 32,
-         "trainer.eval_temperature": 1.0, "trainer.eval_top_p": 0.7, "trainer.eval_max_tokens": 20480}),
+         "trainer.eval_temperature": 1.0, "trainer.eval_top_p": 0.7, "trainer.eval_max_tokens": 20480,
+         "reward.default": "dapo"}),
 }
 
 

@@ -161,7 +161,7 @@ def greedy_accuracy(model, tok, pool, max_new: int = 24) -> float:
     """Greedy held-out accuracy through the math verifier (left-padded batch ``generate``)."""
     import torch
 
-    from megatron_rl.rewards.math_verify import math_reward
+    from megatron_rl.rewards.math_reward import math_reward
 
     pairs = _encode_pairs(tok, pool)
     width = max(len(p) for p, _ in pairs)

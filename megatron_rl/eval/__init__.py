@@ -76,23 +76,26 @@ def run_eval(eval_parquet, completions_jsonl, k, out_dir, reward_by_source: dict
     ``out_dir`` once the inputs passed their checks (the CLI's ``--out`` rule, ``out_dir.py``)."""
     from tqdm import tqdm
 
-    from megatron_rl.rewards.manager import DEFAULT_BY_SOURCE, get_reward
+    from megatron_rl.rewards.manager import RewardManager
 
     ks = tuple(sorted({k} if isinstance(k, int) else set(k)))
     rows = _load_rows(eval_parquet)
     comps = _load_completions(completions_jsonl)
-    by_source = {**DEFAULT_BY_SOURCE, **(reward_by_source or {})}
+    rm = RewardManager(reward_by_source, default="exact")   # the training loop's verifiers and reward pool
     _check_completions(rows, comps, n or ks[-1], "n" if n else "k", completions_jsonl, eval_parquet)
     out = Path(out_dir)
     prepare_out() if prepare_out is not None else out.mkdir(parents=True, exist_ok=True)
+    resps = [(comps.get(i, [])[:n] if n else comps.get(i, [])) for i in range(len(rows))]
+    flat = [(i, r) for i in range(len(rows)) for r in resps[i]]
+    vals, _ = rm.values([rm.name_of(rows[i]["data_source"]) for i, _ in flat], [r for _, r in flat],
+                        [rows[i]["reward_model"]["ground_truth"] for i, _ in flat])
+    by_row: list[list[float]] = [[] for _ in rows]
+    for (i, _), v in zip(flat, vals):
+        by_row[i].append(float(v))
     scored: list[tuple[str, list[bool]]] = []
     with open(out / "samples.jsonl", "w") as f:
         for i, row in enumerate(tqdm(rows, desc="eval", unit="row")):
-            resp = comps.get(i, [])
-            resp = resp[:n] if n else resp
-            fn = get_reward(by_source.get(row["data_source"], "exact"))
-            gt = row["reward_model"]["ground_truth"]
-            scores = [float(fn(r, gt)) for r in resp]
+            scores = by_row[i]
             correct = [s >= 1.0 for s in scores]
             for j, (s, c) in enumerate(zip(scores, correct)):
                 f.write(json.dumps({"row": i, "sample": j, "score": s, "correct": c}) + "\n")

@@ -1,53 +1,23 @@
-"""Reward composition: a registry of verifiers chosen per row's ``data_source``."""
+"""Reward composition: a registry of verifiers chosen per row's ``data_source``, scored on the reward
+pool (``rewards/pool.py``) for the verifiers that need one."""
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 
-from megatron_rl.rewards.exact import exact_match
+from megatron_rl.rewards.registry import get_reward, register_reward, score_one  # noqa: F401 -- re-exported
+from megatron_rl.rewards.verdict import reason_of
 
-_REWARDS: dict[str, Callable[[str, object], float]] = {}
-
-
-def register_reward(name: str):
-    """Register ``fn(response_text, ground_truth) -> float`` under ``name`` (twice raises)."""
-    def deco(fn):
-        if name in _REWARDS:
-            raise ValueError(f"reward {name!r} registered twice")
-        _REWARDS[name] = fn
-        return fn
-    return deco
-
-
-def get_reward(name: str):
-    try:
-        return _REWARDS[name]
-    except KeyError:
-        raise KeyError(f"unknown reward {name!r}; valid: {sorted(_REWARDS)}") from None
-
-
-register_reward("exact")(exact_match)
-
-
-def _register_builtin() -> None:
-    from megatron_rl.rewards.format import score_rewards
-    from megatron_rl.rewards.knights_knaves import verify_kk
-    from megatron_rl.rewards.math_verify import math_reward
-    from megatron_rl.rewards.prime_math import prime_math_score
-
-    register_reward("math")(math_reward)
-    register_reward("papo_math")(prime_math_score)   # + the LLM outcome verifier: RewardManager(second_opinion=...)
-    register_reward("kk")(verify_kk)
-    for name, fn in score_rewards().items():
-        register_reward(name)(fn)
-
-
-_register_builtin()
 DEFAULT_BY_SOURCE = {"reverse": "exact", "addition": "exact", "knights_knaves": "kk", "kk": "kk",
-                     "math": "math", "gsm8k": "math", "aime": "math", "amc": "math", "math500": "math"}
+                     "math": "math", "gsm8k": "math", "aime": "math", "amc": "math", "math500": "math",
+                     "math_dapo": "dapo", "kk_logic": "kk", "logic_kk": "kk"}
+#: data-source prefixes and their reward, after the exact names (RLCSD's ``kk_4to8``, ``kk_4to8_test``, ``kk_9`` ...)
+DEFAULT_BY_PREFIX = (("kk_", "kk"),)
+#: rewards scored on the worker pool (a symbolic check that may need killing, or just CPU-heavy)
+POOLED = frozenset({"math", "math_rlcsd", "papo_math"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,37 +26,66 @@ class RewardBatch:
     correct: torch.Tensor       # [N] bool
     process: torch.Tensor | None
     info: list
+    stats: dict = dataclasses.field(default_factory=dict)   # reward/timeouts, reward/degenerate, ...
 
 
 class RewardManager:
     """``score(rows, texts)``: the verifier of each row's ``data_source`` (``by_source`` map, else
-    ``default``). Non-finite rewards raise naming the sample.
+    ``default``). Rows whose reward is in :data:`POOLED` run on a pool of ``workers`` processes (0: one
+    per CPU the driver may use), each check bounded by ``timeout_s``; the others run inline.
+    Non-finite rewards raise naming the sample.
 
     ``second_opinion``: ``{reward name: judge}`` — for the rows of that reward whose rule score is 0,
     ``judge.verify_batch([(question, response, ground_truth)])`` is asked and a True verdict makes the
     reward 1 (PAPO's LLM outcome verifier on ``papo_math``, ``outcome_judge.py``); a failed check
-    (None) leaves the rule's 0, counted by the judge. :meth:`stats` has the judges' counters."""
+    (None) leaves the rule's 0, counted by the judge. :meth:`score`'s stats carry the judges' counters
+    and ``reward/llm_corrected``."""
 
-    def __init__(self, by_source: dict[str, str] | None = None, default: str = "exact", second_opinion: dict | None = None):
+    def __init__(self, by_source: dict[str, str] | None = None, default: str = "exact", workers: int = 0,
+                 timeout_s: float = 5.0, second_opinion: dict | None = None):
         self.by_source = {**DEFAULT_BY_SOURCE, **(by_source or {})}
         self.default = default
+        self.workers, self.timeout_s = workers, float(timeout_s)
         self.second_opinion = dict(second_opinion or {})
         for name in {*self.by_source.values(), default, *self.second_opinion}:
             get_reward(name)
 
-    def stats(self) -> dict[str, float]:
-        out = {}
-        for judge in self.second_opinion.values():
-            out.update(judge.stats())
-        return out
+    def name_of(self, data_source: str) -> str:
+        """The reward of ``data_source``: ``by_source`` (exact name), else :data:`DEFAULT_BY_PREFIX`, else ``default``."""
+        name = self.by_source.get(data_source)
+        if name is None:
+            name = next((r for p, r in DEFAULT_BY_PREFIX if str(data_source).startswith(p)), self.default)
+        return name
 
-    def _ask_second_opinion(self, rows: Sequence, texts: Sequence[str], vals: list[float]) -> set[int]:
+    def values(self, names: Sequence[str], texts: Sequence[str], truths: Sequence) -> tuple[list, dict]:
+        """Raw reward values (floats / Verdicts) for parallel lists, and the pool counters."""
+        from megatron_rl.rewards import pool as P
+        from megatron_rl.rewards.math_reward import deadline_for
+
+        vals: list = [None] * len(texts)
+        pooled = [i for i, n in enumerate(names) if n in POOLED]
+        stats = {"reward/timeouts": 0, "reward/timeout_zero": 0}
+        if pooled:
+            p = P.shared_pool(self.workers, deadline_for(self.timeout_s))
+            before = dict(p.stats)
+            out = p.map("megatron_rl.rewards.registry:score_one",
+                        [(names[i], texts[i], truths[i], self.timeout_s) for i in pooled])
+            for i, v in zip(pooled, out):
+                vals[i] = v
+            final = p.stats["timeouts"] - before["timeouts"]
+            stats = {"reward/timeouts": p.stats["retries"] - before["retries"] + final, "reward/timeout_zero": final}
+        for i, n in enumerate(names):
+            if vals[i] is None:
+                vals[i] = get_reward(n)(texts[i], truths[i])
+        return vals, stats
+
+    def _ask_second_opinion(self, names: Sequence[str], rows: Sequence, texts: Sequence[str], vals: list[float]) -> set[int]:
         """Rule-wrong rows of a reward with a judge: 1 where the judge says correct; returns those rows."""
         from megatron_rl.data.dataset import problem_text
 
         corrected = set()
         for name, judge in self.second_opinion.items():
-            idx = [i for i, r in enumerate(rows) if self.by_source.get(r.data_source, self.default) == name and vals[i] <= 0]
+            idx = [i for i, n in enumerate(names) if n == name and vals[i] <= 0]
             if not idx:
                 continue
             items = []
@@ -105,12 +104,23 @@ class RewardManager:
     def score(self, rows: Sequence, texts: Sequence[str]) -> RewardBatch:
         if len(rows) != len(texts):
             raise ValueError(f"{len(rows)} rows but {len(texts)} responses")
+        names = [self.name_of(r.data_source) for r in rows]
+        raw, stats = self.values(names, texts, [r.ground_truth for r in rows])
         vals = []
-        for i, (r, t) in enumerate(zip(rows, texts)):
-            v = float(get_reward(self.by_source.get(r.data_source, self.default))(t, r.ground_truth))
+        for i, (r, v) in enumerate(zip(rows, raw)):
+            v = float(v)
             if not math.isfinite(v):
                 raise FloatingPointError(f"reward of sample {i} (data_source={r.data_source!r}, row {r.index}) is {v}")
             vals.append(v)
-        corrected = self._ask_second_opinion(rows, texts, vals) if self.second_opinion else set()
+        reasons = [reason_of(v) for v in raw]
+        stats["reward/degenerate"] = sum(x == "degenerate" for x in reasons)
+        info = [{"reason": x} if x else {} for x in reasons]
+        if self.second_opinion:
+            corrected = self._ask_second_opinion(names, rows, texts, vals)
+            for i in corrected:
+                info[i]["llm_corrected"] = True
+            for judge in self.second_opinion.values():
+                stats.update(judge.stats())
+            stats["reward/llm_corrected"] = float(len(corrected))
         rew = torch.tensor(vals, dtype=torch.float32)
-        return RewardBatch(rew, rew > 0.5, None, [{"llm_corrected": True} if i in corrected else {} for i in range(len(vals))])
+        return RewardBatch(rew, rew > 0.5, None, info, stats)

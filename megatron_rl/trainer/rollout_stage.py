@@ -95,9 +95,7 @@ def score(rollouts: Rollouts, reward_manager) -> Rollouts:
     if bad:
         raise FloatingPointError(f"non-finite reward for sample(s) {bad[:5]}")
     rollouts.rewards, rollouts.correct = rb.reward, rb.correct
-    if getattr(reward_manager, "second_opinion", None):   # PAPO's LLM outcome verifier: its counters, this batch's corrections
-        rollouts.stats = {**rollouts.stats, **reward_manager.stats(),
-                          "reward/llm_corrected": float(sum(bool(i.get("llm_corrected")) for i in rb.info))}
+    rollouts.stats = {**rollouts.stats, **rb.stats}
     return rollouts
 
 

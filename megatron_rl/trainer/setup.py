@@ -187,11 +187,13 @@ def build_outcome_verifier(cfg):
 
 
 def build_rewards(cfg, is_driver: bool = True):
-    """The run's reward manager; on the driver (which scores) with PAPO's outcome verifier when used."""
+    """The run's reward manager (verifier per data source, the reward pool's size and timeout); on the
+    driver (which scores) with PAPO's outcome verifier when used."""
     from megatron_rl.rewards.manager import RewardManager
 
+    r = cfg.reward
     verifier = build_outcome_verifier(cfg) if is_driver else None
-    return RewardManager(cfg.reward.by_source, cfg.reward.default,
+    return RewardManager(r.by_source, r.default, workers=r.workers, timeout_s=r.timeout_s,
                          second_opinion={"papo_math": verifier} if verifier is not None else None)
 
 

@@ -33,7 +33,8 @@ CLIP_KINDS = ["dapo@mb2", "dapo@mb4"]   # 2 / 4 mini-batches at a learning rate 
 MBS_KIND, MBS_REF = "dapo@mb4@mbs1", "dapo@mb4"   # micro_batch_size 1 against 4, same rollouts
 PROBE_KINDS = ["opsd@probe", "sdpo@probe"]   # the teacher of each mini-batch (fixed = θ, ema)
 GUARD_KIND, WARN_KIND, BYPASS_KIND, MIS_KIND = "grpo@guard", "grpo@warn", "grpo@bypass", "bicc@seq_mis"   # issue 29
-VARIANTS = [*ASYNC_KINDS, *CLIP_KINDS, MBS_KIND, *PROBE_KINDS, GUARD_KIND, WARN_KIND, BYPASS_KIND, MIS_KIND]
+KK_KIND = "grpo@kk"          # a Logic-RL Knights & Knaves row through the loop (issue 35)
+VARIANTS = [*ASYNC_KINDS, *CLIP_KINDS, MBS_KIND, *PROBE_KINDS, GUARD_KIND, WARN_KIND, BYPASS_KIND, MIS_KIND, KK_KIND]
 TEACHER_KINDS = [k for k in KINDS if hasattr(ALGO_KINDS[k].hparams(), "teacher_mode")]
 PROMPTS, N = 4, 4              # data.prompts_per_step, rollout.n of the worker
 ROWS = PROMPTS * N
@@ -155,6 +156,18 @@ def test_async_kind_trains_on_chat_model(runs, kind):
         assert math.isfinite(r["actor/loss"]) and 0 < r["offpolicy/is_mean"] <= r["offpolicy/is_max"] < math.inf, r
     policy = _samples(out, kind, "policy")
     assert policy and policy[0]["text"].startswith(f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n")
+
+
+def test_logic_rl_rows_train_one_step(runs):
+    """Rows in Logic-RL's parquet schema (data_source ``kk_logic``, ground truth the
+    ``{solution_text_format, statements}`` dict) load, are scored by the ``kk`` reward (0 / 1) and train."""
+    out, res, _ = runs
+    assert res[KK_KIND]["ok"], res[KK_KIND].get("error")
+    rows = _jsonl(out, KK_KIND, "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1]
+    assert 0.0 <= rows[0]["reward/mean"] <= 1.0 and rows[0]["reward/timeouts"] == 0
+    policy = _samples(out, KK_KIND, "policy")
+    assert policy and " says: " in policy[0]["text"] and "<answer>" in policy[0]["text"]
 
 
 def _trained_rows(row: dict) -> int:

@@ -69,6 +69,13 @@ def _rewards(cfg):
     return RewardManager(cfg.reward.by_source, cfg.reward.default).score(rows, ["\\boxed{1/2}"] * 2).reward.tolist()
 
 
+def _reward_pool(cfg):
+    from megatron_rl.trainer.setup import build_rewards
+
+    rm = build_rewards(cfg)
+    return (rm.workers, rm.timeout_s)
+
+
 def _grader(cfg):
     from megatron_rl.trainer.setup import build_grader
 
@@ -108,6 +115,7 @@ SPEC = {   # key -> (value, observer)
     "trainer.eval_max_tokens": ("5", _eval_sampling),
     "data.prompts_per_step": ("16", _sampler), "data.seed": ("3", _sampler),
     "reward.default": ("math", _rewards), "reward.by_source": ("{mysrc: math}", _rewards),
+    "reward.workers": ("3", _reward_pool), "reward.timeout_s": ("2.5", _reward_pool),
     "reward.grader_url": ("http://127.0.0.1:19/v1", _grader), "reward.grader_model": ("j2", _grader),
     "reward.grader_timeout": ("5", _grader), "reward.grader_retries": ("1", _grader),
     "reward.grader_concurrency": ("2", _grader), "reward.grader_fallback": ("0.5", _grader),

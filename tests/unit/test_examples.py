@@ -244,3 +244,26 @@ def test_teacher_examples_set_template_and_support(path):
     top_k = (tree["algo"].get(kind) or {}).get("top_k")
     if kind in ("opsd", "sdpo", "srpo", "opsd_ectr"):
         assert top_k == (8 if tiny else 100), f"{path.name}: top_k {top_k}"
+
+
+#: the outcome reward each 7B–14B example's reference computes (issue 35): BiCC and DAPO train on
+#: DAPO-Math-17k with verl's math_dapo (``dapo``); the RLCSD family and GRPO use the RLCSD verifier
+#: (``math``; its Knights & Knaves data sources map to ``kk``)
+REFERENCE_REWARD = {"llama3_1_8b_dapo": "dapo", "qwen3_8b_bicc_rcc": "dapo", "qwen2_5_14b_rlcsd": "math",
+                    **{f"qwen3_8b_{m}": "math" for m in ("grpo", "grpo_separate", "rlcsd", "opsd", "opsd_ectr", "rlsd",
+                                                         "rlsd_ectr", "sdpo", "srpo")}}
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCE_REWARD))
+def test_large_configs_select_the_reference_reward(name):
+    import yaml
+
+    from megatron_rl.rewards.manager import RewardManager
+
+    sec = yaml.safe_load((REPO / "examples" / "configs" / f"{name}.yaml").read_text())["reward"]
+    assert sec["default"] == REFERENCE_REWARD[name]
+    rm = RewardManager(sec.get("by_source"), sec["default"])
+    if REFERENCE_REWARD[name] == "dapo":   # DAPO-Math-17k rows and the AIME validation
+        assert rm.name_of("math_dapo") == "dapo" and rm.name_of("aime24") == "dapo"
+    else:                                  # the RLCSD family's logic data
+        assert rm.name_of("kk_4to8") == "kk" and rm.name_of("kk_logic") == "kk"

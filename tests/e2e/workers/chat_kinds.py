@@ -19,6 +19,7 @@ variants, ``<kind>@<variant>[@<variant>…]``:
     @warn     the same limit with ``mismatch_policy=warn``: one warning line per step, the run completes
     @bypass   ``algo.off_policy=bypass`` and no KL term (no reference model): no log-prob pass at all
     @seq_mis  ``algo.off_policy=seq_mis`` with the band [1, 1.001]: sequences with ρ < 1 are rejected
+    @kk       one step on Logic-RL Knights & Knaves rows (:func:`write_logic_rl`; the ``kk`` reward)
     @probe    (a teacher kind: opsd, sdpo) ONE RL step of 4 mini-batches at LR_MOVE through a subclass
               of its data path that records the policy and teacher weights after every optimizer
               step and the rows / teacher sequences of every support pass; the teacher-minus-student
@@ -96,9 +97,36 @@ def overrides(kind: str, fx: dict, out: Path, grader_url: str) -> list[str]:
             ov += ["algo.off_policy=seq_mis", "algo.correction.lower=1.0", "algo.correction.upper=1.001"]
         elif v == "probe":
             ov += ["trainer.steps=1", "trainer.mini_batch_prompts=1", f"optim.lr={LR_MOVE}"]
+        elif v == "kk":          # Logic-RL rows (data_source kk_logic, the {solution_text_format, statements} truth)
+            ov += [f"data.train={write_logic_rl(out / 'kk_logic.parquet')}", "data.max_prompt_len=256", "trainer.steps=1"]
         else:
             raise ValueError(f"unknown variant @{v} of {kind!r}")
     return ov
+
+
+def write_logic_rl(path: Path, rows: int = PROMPTS) -> Path:
+    """Knights & Knaves rows in Logic-RL's parquet schema (zhiyuanhubj/Logic-RL
+    ``examples/data_preprocess/kk.py``): ``data_source`` ``kk_logic``, ``ability`` ``logic``,
+    ``reward_model.ground_truth`` = {solution_text_format, statements}, ``extra_info`` {split, index}."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from megatron_rl.rewards.knights_knaves import generate_puzzle
+
+    puzzles = [generate_puzzle(2, seed) for seed in range(rows)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ask = ("\nState each person's identity in <answer> </answer> tags, e.g. "
+           "<answer> (1) Zoey is a knight\n(2) Oliver is a knave </answer>.")
+    pq.write_table(pa.table({
+        "data_source": ["kk_logic"] * rows,
+        "prompt": [[{"role": "user", "content": p["question"] + ask}] for p in puzzles],
+        "ability": ["logic"] * rows,
+        "reward_model": [{"style": "rule", "ground_truth": {
+            "solution_text_format": "\n".join(f"({i + 1}) {n} is a {r}" for i, (n, r) in enumerate(p["solution"].items())),
+            "statements": str(p["statements"])}} for p in puzzles],
+        "extra_info": [{"split": "train", "index": i} for i in range(rows)],
+    }), path)
+    return path
 
 
 def probe_teacher(cfg, client) -> dict:
