@@ -178,7 +178,7 @@ def check_backend(cfg) -> str:
     """The layer backend this machine will build (``models.provider.resolve_model_backend``)."""
     from megatron_rl.models.provider import resolve_model_backend
 
-    return resolve_model_backend(cfg.model.backend, cfg.model.fp8)
+    return resolve_model_backend(cfg.model.backend, cfg.model.fp8, cfg.parallel.sequence_parallel and cfg.parallel.tp > 1)
 
 
 def check_grader(cfg, timeout: float = 3.0) -> None:

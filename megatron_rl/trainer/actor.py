@@ -105,22 +105,32 @@ def unwrap(module: torch.nn.Module) -> torch.nn.Module:
 
 
 def _build_chunks(hf_cfg, bf16: bool, g: Groups, sequence_parallel: bool, backend: str = "local",
-                  fp8: str | None = None):
+                  fp8: str | None = None, **overrides):
     """(list of model chunks, TransformerConfig) from the provider for this pipeline stage, with the
-    layer spec of ``backend`` (``models.provider.resolve_model_backend``) and TE ``fp8``."""
+    layer spec of ``backend`` (``models.provider.resolve_model_backend``), TE ``fp8``, the CUDA fusions
+    of that backend (``models.provider.cuda_fusions``) and ``overrides`` (``TransformerConfig`` fields:
+    the recompute settings, ``trainer/recompute.py``).
+
+    Every chunk is on the trainer's device (``device.default_device``) when this returns, whatever
+    wraps it later: the distributed optimizer re-points ``param.data`` into its own buffers, but the
+    reference and a plain-optimizer actor have no such step, and megatron's local norms are built on
+    the host even without ``use_cpu_initialization``."""
     from megatron_rl.models.provider import (
         build_gpt_model,
+        cuda_fusions,
         resolve_model_backend,
         transformer_config_from_hf,
     )
 
-    backend = resolve_model_backend(backend, fp8)
+    backend = resolve_model_backend(backend, fp8, sequence_parallel)
     dtype = torch.bfloat16 if bf16 else torch.float32
     config = transformer_config_from_hf(
         hf_cfg, tp=g.tp_size, pp=g.pp_size, sequence_parallel=sequence_parallel, params_dtype=dtype,
-        calculate_per_token_loss=True, bf16=bf16, pipeline_dtype=dtype, fp8=fp8)
+        calculate_per_token_loss=True, bf16=bf16, pipeline_dtype=dtype, fp8=fp8,
+        **{**cuda_fusions(backend), **overrides})
     model = build_gpt_model(hf_cfg, config, pre_process=g.is_first_stage, post_process=g.is_last_stage,
                             backend=backend)
+    model.to(default_device())
     if bf16:
         from megatron.core.transformer.module import Float16Module
         model = Float16Module(config, model)
@@ -407,7 +417,7 @@ class PolicyActor(_LogProbModel):
         super().__init__(hf_cfg, chunks, config, temperature, sp, parallel_info)
         from megatron_rl.models.provider import resolve_model_backend
 
-        self.backend, self.fp8 = resolve_model_backend(backend, fp8), fp8   # what was built: local | te
+        self.backend, self.fp8 = resolve_model_backend(backend, fp8, sp), fp8   # what was built: local | te
         self.optim_spec = optim
         self.optimizer, self.scheduler = build_optimizer(optim, chunks)
         config.no_sync_func = chunks[0].no_sync if len(chunks) == 1 else [c.no_sync for c in chunks]
@@ -577,7 +587,7 @@ class ReferencePolicy(_LogProbModel):
         super().__init__(hf_cfg, chunks, config, temperature, sp, parallel_info)
         from megatron_rl.models.provider import resolve_model_backend
 
-        self.backend = resolve_model_backend(backend, fp8)    # te: packed rows run as THD
+        self.backend = resolve_model_backend(backend, fp8, sp)    # te: packed rows run as THD
 
     @classmethod
     def from_actor(cls, actor: PolicyActor) -> "ReferencePolicy":
