@@ -69,6 +69,9 @@ def init_distributed(timeout_s: float | None = None) -> None:
     device.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     kw = {"timeout": datetime.timedelta(seconds=timeout_s)} if timeout_s else {}
     dist.init_process_group(backend=device.dist_backend(), **kw)
+    from megatron_rl import driver_wait
+
+    driver_wait.start(timeout_s)   # rank 0's heartbeat: the others wait for its rollouts in the store, not in NCCL
 
 
 def init_parallel(tp: int = 1, pp: int = 1, *, seed: int = 1234, sequence_parallel: bool = False,
@@ -107,4 +110,7 @@ def destroy_parallel(process_group: bool = False) -> None:
 
     ps.destroy_model_parallel()
     if process_group and dist.is_initialized():
+        from megatron_rl import driver_wait
+
+        driver_wait.stop()
         dist.destroy_process_group()

@@ -232,6 +232,9 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
     run.colo.start()                  # stays so through the first push (trainer/colocate.py)
     if info.is_driver and client is None:
         client = build_client(cfg, trainer_world=info.world)
+    from megatron_rl.trainer.rollout_stage import broadcast_object
+
+    broadcast_object(None)   # the others wait out the engines' start-up in the store (driver_wait), not in NCCL
     if cfg.rollout.max_staleness > 0:
         # engines and trainer on disjoint cores. After Ray started, so its daemons (and the workers
         # they fork) are not confined to the trainer's cores; the engine actors pin themselves.
