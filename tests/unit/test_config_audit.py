@@ -104,13 +104,15 @@ SPEC = {   # key -> (value, observer)
     "reward.grader_concurrency": ("2", _grader), "reward.grader_fallback": ("0.5", _grader),
     "reward.grader_breaker_failures": ("2", _grader), "reward.grader_breaker_cooldown": ("5", _grader),
     "reward.grader_max_tokens": ("512", _grader), "rollout.sync_backend": ("ray", _client),
-    "rollout.placement": ("colocated", _client),
+    "rollout.placement": ("colocated", _client), "rollout.gpu_memory_utilization": ("0.7", _client),
 }
 REJECTED = {   # key -> (value, words of the start-up error on this CPU machine)
     "model.backend": ("te", "model.backend=te needs a CUDA GPU"),
     "model.fp8": ("e4m3", "model.fp8=e4m3 needs the Transformer Engine backend"),
     "parallel.tp": ("2", "world size 1 is not divisible by tp*pp=2"),
     "parallel.pp": ("2", "world size 1 is not divisible by tp*pp=2"),
+    "rollout.tensor_parallel_size": ("2", "rollout.tensor_parallel_size=2 needs CUDA GPUs"),
+    "rollout.enforce_eager": ("false", "rollout.enforce_eager=false"),
     "data.train": ("{W}/none.parquet", "data.train="),
     "data.val": ("{W}/none.parquet", "data.val="),
     "model.tokenizer_path": ("{W}/notok", "model.tokenizer_path="),
