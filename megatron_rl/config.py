@@ -33,9 +33,23 @@ class ModelConfig:
     """Train in bf16 (fp32 main params in the optimizer)."""
     fp8: str | None = None
     """Transformer Engine fp8 format (``e4m3`` / ``hybrid``); GPU only."""
+    recompute: str = "none"
+    """Activation recompute of the policy's training passes (Megatron's ``recompute_granularity``): none |
+    selective (core attention recomputed in the backward) | full (each recompute unit keeps only its input,
+    ``recompute_method`` / ``recompute_num_layers``)."""
+    recompute_method: str = "uniform"
+    """Full recompute only: uniform (the layers of a stage in units of ``recompute_num_layers``, each
+    recomputed) | block (the first ``recompute_num_layers`` layers of each stage recomputed, the rest not)."""
+    recompute_num_layers: int = 1
+    """Full recompute only: layers per recompute unit (uniform) or recomputed layers per stage (block)."""
 
     def __post_init__(self):
         _check(self.backend in ("auto", "local", "te"), f"model.backend must be auto|local|te, got {self.backend!r}")
+        _check(self.recompute in ("none", "selective", "full"),
+               f"model.recompute must be none|selective|full, got {self.recompute!r}")
+        _check(self.recompute_method in ("uniform", "block"),
+               f"model.recompute_method must be uniform|block, got {self.recompute_method!r}")
+        _check(self.recompute_num_layers >= 1, f"model.recompute_num_layers must be >= 1, got {self.recompute_num_layers}")
         _check(self.fp8 in (None, "e4m3", "hybrid"), f"model.fp8 must be null|e4m3|hybrid, got {self.fp8!r}")
 
 
@@ -47,6 +61,10 @@ class ParallelConfig:
     """Pipeline-parallel size."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism (tp > 1)."""
+    cp: int = 1
+    """Context parallelism (each sequence split over ``cp`` GPUs). Not implemented: > 1 is refused at
+    start-up (it needs Transformer Engine's THD attention with the loss and teacher log-probs sliced per
+    CP rank); long traces use ``model.recompute`` with ``tp`` instead."""
     timeout_s: float = 1800.0
     """torch.distributed collective timeout: a rank whose peer vanished (node loss) fails after this
     long instead of hanging. Must exceed the longest wait in a collective (rank 0's rollout phase)."""
@@ -54,6 +72,9 @@ class ParallelConfig:
     def __post_init__(self):
         _check(self.tp >= 1 and self.pp >= 1, f"parallel.tp/pp must be >= 1, got {self.tp}/{self.pp}")
         _check(self.timeout_s > 0, f"parallel.timeout_s must be > 0, got {self.timeout_s}")
+        _check(self.cp == 1, f"parallel.cp={self.cp}: context parallelism is not implemented here (it needs Transformer "
+               "Engine's THD attention with the loss and teacher log-probs sliced per CP rank); use model.recompute=full "
+               "with parallel.tp for long sequences")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -558,6 +579,10 @@ def validate(cfg: Config, world_size: int | None = None) -> None:
                          "(teacher and conditioned prompts included); raise the budget")
     if cfg.model.hf_path:
         check_model_path(cfg.model.hf_path)
-        from megatron_rl.models.provider import validate_layout
+        from megatron_rl.models.provider import model_arch_info, validate_layout
 
         validate_layout(cfg.model.hf_path, cfg.parallel.tp, cfg.parallel.pp)
+        per_stage = model_arch_info(cfg.model.hf_path).num_layers // cfg.parallel.pp
+        if cfg.model.recompute == "full" and cfg.model.recompute_num_layers > per_stage:
+            raise ValueError(f"model.recompute_num_layers={cfg.model.recompute_num_layers} exceeds the {per_stage} layers of a "
+                             f"pipeline stage (num_hidden_layers / parallel.pp)")

@@ -165,6 +165,21 @@ def cuda_fusions(backend: str, cuda: bool | None = None, wgrad_ext: bool | None 
     return {"bias_activation_fusion": cuda, "apply_rope_fusion": te, "gradient_accumulation_fusion": te and wgrad_ext}
 
 
+def recompute_overrides(recompute: str = "none", method: str = "uniform", num_layers: int = 1) -> dict:
+    """``model.recompute*`` as Megatron ``TransformerConfig`` fields: none -> {}; selective ->
+    ``recompute_granularity="selective"`` (Megatron's default module set: core attention); full ->
+    ``recompute_granularity="full"`` with ``recompute_method`` (uniform | block) and ``recompute_num_layers``."""
+    if recompute == "none":
+        return {}
+    if recompute == "selective":
+        return {"recompute_granularity": "selective"}
+    if recompute == "full":
+        if method not in ("uniform", "block") or num_layers < 1:
+            raise ValueError(f"full recompute needs method uniform|block and num_layers >= 1, got {method!r} / {num_layers}")
+        return {"recompute_granularity": "full", "recompute_method": method, "recompute_num_layers": int(num_layers)}
+    raise ValueError(f"model.recompute must be none|selective|full, got {recompute!r}")
+
+
 def transformer_config_from_hf(cfg, *, tp: int = 1, pp: int = 1, sequence_parallel: bool = False,
                                params_dtype: torch.dtype = torch.float32, fp8: str | None = None,
                                **overrides):

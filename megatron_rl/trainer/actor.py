@@ -109,7 +109,7 @@ def _build_chunks(hf_cfg, bf16: bool, g: Groups, sequence_parallel: bool, backen
     """(list of model chunks, TransformerConfig) from the provider for this pipeline stage, with the
     layer spec of ``backend`` (``models.provider.resolve_model_backend``), TE ``fp8``, the CUDA fusions
     of that backend (``models.provider.cuda_fusions``) and ``overrides`` (``TransformerConfig`` fields:
-    the recompute settings, ``trainer/recompute.py``).
+    the recompute settings, ``models.provider.recompute_overrides``).
 
     Every chunk is on the trainer's device (``device.default_device``) when this returns, whatever
     wraps it later: the distributed optimizer re-points ``param.data`` into its own buffers, but the
@@ -392,11 +392,12 @@ class PolicyActor(_LogProbModel):
         sequence_parallel: use Megatron sequence parallelism (TP > 1 only).
         offload: what :meth:`offload` parks in host memory: none | optimizer | all
             (``trainer/offload.py``).
+        recompute: Megatron activation-recompute fields (``models.provider.recompute_overrides``).
     """
 
     def __init__(self, hf_cfg, parallel_info, optim: OptimSpec, temperature: float = 1.0,
                  sequence_parallel: bool = False, backend: str = "local", fp8: str | None = None,
-                 offload: str = "none"):
+                 offload: str = "none", recompute: dict | None = None):
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
         from megatron_rl.trainer.offload import HostStash, check_offload_mode
@@ -407,7 +408,7 @@ class PolicyActor(_LogProbModel):
 
         g = Groups.current()
         sp = bool(sequence_parallel and g.tp_size > 1)
-        chunks, config = _build_chunks(hf_cfg, optim.bf16, g, sp, backend, fp8)
+        chunks, config = _build_chunks(hf_cfg, optim.bf16, g, sp, backend, fp8, **(recompute or {}))
         ddp_cfg = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True, overlap_grad_reduce=False,
             use_distributed_optimizer=optim.use_distributed_optimizer)

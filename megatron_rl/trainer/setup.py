@@ -224,9 +224,13 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
                          f"data.prompts_per_step={cfg.data.prompts_per_step}: lower it or fix the skipped rows")
     sampler = DeterministicSampler(len(train), cfg.data.prompts_per_step, cfg.data.seed)
     hf_cfg = load_hf_config(cfg.model.hf_path)
+    from megatron_rl.models.provider import recompute_overrides
+
+    recompute = recompute_overrides(cfg.model.recompute, cfg.model.recompute_method, cfg.model.recompute_num_layers)
     actor = PolicyActor(hf_cfg, info, _optim_spec(cfg), temperature=cfg.rollout.temperature,
                         sequence_parallel=info.sequence_parallel, backend=backend, fp8=cfg.model.fp8,
-                        offload=cfg.trainer.offload)
+                        offload=cfg.trainer.offload,
+                        recompute=recompute)
     actor.load_hf(cfg.model.hf_path)
     ref = None
     if "ref_logp" in A.kind_required_inputs(cfg.algo.kind, cfg.algo.hparams):
