@@ -255,7 +255,8 @@ def check_rollout_placement(cfg) -> str:
     from megatron_rl.rollout.placement import check_placement
 
     return check_placement(cfg, has_cuda(), gpu_count(), int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
-                           int(os.environ.get("WORLD_SIZE", "1")))
+                           int(os.environ.get("WORLD_SIZE", "1")),
+                           cluster=bool(cfg.rollout.ray_address or os.environ.get("RAY_ADDRESS")))
 
 
 def preflight(cfg, resume: str | None = None, overwrite: bool = False, allow_config_change: bool = False) -> str:

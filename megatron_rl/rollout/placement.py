@@ -90,12 +90,14 @@ def engine_gpus(placement: str, trainer_gpus: int, num_engines: int, tp: int = 1
     return list(range(first, first + num_engines * tp))
 
 
-def check_placement(cfg, cuda: bool, visible_gpus: int, trainer_gpus: int, trainer_world: int, tp: int | None = None) -> str:
+def check_placement(cfg, cuda: bool, visible_gpus: int, trainer_gpus: int, trainer_world: int, tp: int | None = None,
+                    cluster: bool | None = None) -> str:
     """``rollout.placement`` against this machine; returns the sync backend it will use, or raises a
     one-line ``ValueError``. ``trainer_gpus``: trainer processes on this node (torchrun's
     ``LOCAL_WORLD_SIZE``); ``trainer_world``: all of them (``WORLD_SIZE``)."""
     r = cfg.rollout
     tp = r.tensor_parallel_size if tp is None else tp
+    cluster = bool(r.ray_address) if cluster is None else cluster   # a Ray cluster over the nodes (RAY_ADDRESS too)
     if r.placement not in PLACEMENTS:
         raise ValueError(f"rollout.placement must be {'|'.join(PLACEMENTS)}, got {r.placement!r}")
     if not cuda and r.placement == "colocated" and r.engine == "vllm":
@@ -105,9 +107,13 @@ def check_placement(cfg, cuda: bool, visible_gpus: int, trainer_gpus: int, train
     check_engine_keys(cfg, cuda)
     if cuda:
         need = r.num_engines * tp
-        if r.placement == "colocated" and need > trainer_gpus:
+        # colocated over several nodes: the engines' placement group spreads them over the Ray cluster's nodes,
+        # so they share all the trainer's GPUs; with a Ray of this node only, this node's
+        share = trainer_world if cluster and trainer_world > trainer_gpus else trainer_gpus
+        where = f"{share} in all its nodes' Ray cluster" if share != trainer_gpus else f"{trainer_gpus} on this node"
+        if r.placement == "colocated" and need > share:
             raise ValueError(f"rollout.placement=colocated: {r.num_engines} engine(s) x {tp} GPU(s) = {need} GPUs, but the "
-                             f"trainer has {trainer_gpus} on this node to share; lower rollout.num_engines or use separate")
+                             f"trainer has {where} to share; lower rollout.num_engines or use separate")
         if r.placement == "separate" and not r.ray_address and trainer_gpus + need > visible_gpus:
             raise ValueError(f"rollout.placement=separate: the trainer's {trainer_gpus} GPU(s) + {r.num_engines} engine(s) "
                              f"x {tp} = {trainer_gpus + need} GPUs, but {visible_gpus} are visible; use "

@@ -100,3 +100,14 @@ def test_engine_keys_refused_on_cpu_in_one_line(rollout, words):
 def test_engine_keys_bad_values(rollout, words):
     with pytest.raises(ValueError, match=re.escape(words)):
         _cfg(**rollout)
+
+
+def test_colocated_engines_share_every_node_of_a_ray_cluster():
+    """Two nodes of 8 (WORLD_SIZE 16): 8 engines x TP2 fit the trainer's 16 GPUs when a Ray cluster spans the
+    nodes (the placement group spreads them); a Ray of one node has only its 8."""
+    cfg = _cfg(placement="colocated", num_engines=8, tensor_parallel_size=2)
+    assert check_placement(cfg, True, 8, 8, 16, cluster=True) == "ray"
+    with pytest.raises(ValueError, match=re.escape("= 16 GPUs, but the trainer has 8 on this node to share")):
+        check_placement(cfg, True, 8, 8, 16, cluster=False)
+    with pytest.raises(ValueError, match=re.escape("= 32 GPUs, but the trainer has 16 in all its nodes' Ray cluster")):
+        check_placement(_cfg(placement="colocated", num_engines=16, tensor_parallel_size=2), True, 8, 8, 16, cluster=True)
