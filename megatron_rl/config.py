@@ -153,10 +153,12 @@ class RolloutConfig:
     sync_backend: str = "auto"
     """Weight transport (vLLM's weight-transfer API): auto | ray | gloo | nccl | ipc. auto: gloo on
     CPU, nccl with CUDA, ray for the HF engine; nccl/ipc need CUDA (checked at start-up)."""
-    logprob_gate: float = 1e-2
+    logprob_gate: float | None = None
     """Start-up gate: after the first sync, the mean |trainer − engine| log-prob over a fixed probe
-    batch must be <= this, else the run stops with both numbers (fp32 CPU runs measure ~1e-7; a
-    mis-mapped weight gives ~1; bf16 on GPU ~1e-3)."""
+    batch must be <= this, else the run stops with both numbers. null = by precision
+    (``trainer/sync_stage.py``): 1e-2 in fp32 (CPU measures ~1e-7, TF32 GPU matmuls ~1e-3), 5e-2 with
+    ``model.bf16`` (bf16 trainer vs bf16 engine differ by ~1e-2 on a 4B model: different kernels and
+    reduction orders in bf16); a mis-mapped weight gives ~1, far above either."""
     placement: str = "separate"
     """Where the engines run relative to the trainer (``trainer/colocate.py``). separate: on their own
     devices, nothing sleeps (GPU: ``num_engines`` more GPUs beside the trainer's; CPU: own processes —
@@ -181,7 +183,8 @@ class RolloutConfig:
         _check(not (self.engine == "hf" and self.tensor_parallel_size > 1),
                f"rollout.tensor_parallel_size={self.tensor_parallel_size} needs rollout.engine=vllm (the hf engine "
                "has no tensor parallelism)")
-        _check(self.logprob_gate > 0, f"rollout.logprob_gate must be > 0, got {self.logprob_gate}")
+        _check(self.logprob_gate is None or self.logprob_gate > 0,
+               f"rollout.logprob_gate must be > 0 or null, got {self.logprob_gate}")
         _check(self.n >= 1 and self.num_engines >= 1, "rollout.n and rollout.num_engines must be >= 1")
         _check(self.temperature > 0, f"rollout.temperature must be > 0, got {self.temperature}")
         from megatron_rl.rollout.sampling import LOGPROB_MODES, check_truncation
