@@ -12,7 +12,7 @@ export RAY_AUTH_MODE ?= disabled
 export WANDB_MODE ?= offline
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: demo test test-unit test-distributed test-e2e bench lint clean venv venv-gpu cluster-deps cluster-deps-try slurm-up slurm-down test-cluster
+.PHONY: demo test test-unit test-distributed test-e2e bench lint clean venv venv-gpu gpu-check cluster-deps cluster-deps-try slurm-up slurm-down test-cluster
 
 venv: $(STAMP)
 
@@ -37,6 +37,10 @@ venv-gpu:
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e .
 	$(BIN)/pip install -q --disable-pip-version-check pytest pytest-timeout pytest-xdist
 	touch $(VENV)/.installed-gpu
+
+# One GPU machine, no internet: tests/gpu/, a 2-step actor + reference run, plan vs measured peak (tools/gpu_check.sh).
+gpu-check:
+	PYTHON=$(if $(wildcard $(BIN)/python),$(BIN)/python,python3) tools/gpu_check.sh
 
 demo: $(STAMP)
 	$(BIN)/megatron-rl demo --algo $(ALGO)
