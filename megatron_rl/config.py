@@ -61,6 +61,10 @@ class ParallelConfig:
     """Pipeline-parallel size."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism (tp > 1)."""
+    vpp: int = 1
+    """Virtual pipeline stages per pipeline rank: > 1 runs Megatron's interleaved 1F1B schedule (``pp`` >= 2,
+    layers divisible by pp x vpp; fewer micro-batches than ``pp`` in a pass are made up by zero-mask fillers).
+    A checkpoint written at one vpp loads at that vpp only."""
     cp: int = 1
     """Context parallelism (each sequence split over ``cp`` GPUs). Not implemented: > 1 is refused at
     start-up (it needs Transformer Engine's THD attention with the loss and teacher log-probs sliced per
@@ -72,6 +76,8 @@ class ParallelConfig:
     def __post_init__(self):
         _check(self.tp >= 1 and self.pp >= 1, f"parallel.tp/pp must be >= 1, got {self.tp}/{self.pp}")
         _check(self.timeout_s > 0, f"parallel.timeout_s must be > 0, got {self.timeout_s}")
+        _check(self.vpp >= 1, f"parallel.vpp must be >= 1, got {self.vpp}")
+        _check(self.vpp == 1 or self.pp >= 2, f"parallel.vpp={self.vpp} (interleaved 1F1B) needs parallel.pp >= 2, got {self.pp}")
         _check(self.cp == 1, f"parallel.cp={self.cp}: context parallelism is not implemented here (it needs Transformer "
                "Engine's THD attention with the loss and teacher log-probs sliced per CP rank); use model.recompute=full "
                "with parallel.tp for long sequences")
@@ -585,7 +591,11 @@ def validate(cfg: Config, world_size: int | None = None) -> None:
         from megatron_rl.models.provider import model_arch_info, validate_layout
 
         validate_layout(cfg.model.hf_path, cfg.parallel.tp, cfg.parallel.pp)
-        per_stage = model_arch_info(cfg.model.hf_path).num_layers // cfg.parallel.pp
+        layers = model_arch_info(cfg.model.hf_path).num_layers
+        if layers % (cfg.parallel.pp * cfg.parallel.vpp):
+            raise ValueError(f"num_hidden_layers={layers} is not divisible by parallel.pp x parallel.vpp = "
+                             f"{cfg.parallel.pp} x {cfg.parallel.vpp} (each virtual stage holds the same number of layers)")
+        per_stage = layers // cfg.parallel.pp
         if cfg.model.recompute == "full" and cfg.model.recompute_num_layers > per_stage:
             raise ValueError(f"model.recompute_num_layers={cfg.model.recompute_num_layers} exceeds the {per_stage} layers of a "
                              f"pipeline stage (num_hidden_layers / parallel.pp)")

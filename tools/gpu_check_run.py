@@ -125,7 +125,9 @@ def main(argv=None) -> int:
     ratio = f" (measured / plan = {measured / plan.train_total:.2f})" if measured else " (no CUDA: nothing measured)"
     print(f"[gpu-check] plan training total {plan.train_total / GIB:.2f} GiB (without overhead) vs "
           f"torch.cuda.max_memory_allocated {measured / GIB:.2f} GiB{ratio}", flush=True)
-    ok = all(x == x and abs(x) != float("inf") for x in losses)
+    import math
+
+    ok = all(math.isfinite(x) for x in losses)
     return 0 if ok else 1
 
 
