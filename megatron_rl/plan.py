@@ -33,7 +33,8 @@ Transformer Models", eq. 1-2, generalised to GQA + SwiGLU and no dropout), bytes
                                          one also keeps silu(gate) and its input: e·(h/σ + 5f/t)
 
 With 1F1B the first stage keeps p micro-batches of L/p layers in flight, i.e. L layers' worth
-(Korthikanti §4.2.3): activations = T·L·per_layer. Full recompute (Megatron's ``recompute_method``):
+(Korthikanti §4.2.3): activations = T·L·per_layer; interleaved 1F1B with v virtual stages
+(``parallel.vpp``) keeps 1 + (p − 1)/(p·v) times that (Megatron-LM's theoretical memory estimate). Full recompute (Megatron's ``recompute_method``):
 uniform with k layers per unit keeps each unit's input (ceil(n/k)·e·h/σ per token) plus one unit's
 activations (k layers) while it is recomputed; block with k keeps only the inputs of the first k layers
 and everything of the other n − k, plus one recomputed layer. Selective recompute (Megatron's default
@@ -182,6 +183,7 @@ class PlanInputs:
 
     tp: int = 1
     pp: int = 1
+    vpp: int = 1                     # virtual stages per rank (interleaved 1F1B, parallel.vpp)
     dp: int = 1
     micro_batch: int | None = None   # padded sequences per micro-batch (trainer.micro_batch_size); None = 1
     seq_len: int = 4096              # one training sequence (prompt + response): a padded row, the longest packed one
@@ -213,7 +215,7 @@ class PlanInputs:
     vocab_multiple: int = 128
 
     def __post_init__(self):
-        for f in ("tp", "pp", "dp", "micro_batch", "seq_len", "rollout_tp", "rollout_seqs", "rollout_engines",
+        for f in ("tp", "pp", "vpp", "dp", "micro_batch", "seq_len", "rollout_tp", "rollout_seqs", "rollout_engines",
                   "vocab_multiple", "max_model_len"):
             if getattr(self, f) is not None and getattr(self, f) < 1:
                 raise ValueError(f"{f} must be >= 1, got {getattr(self, f)}")
@@ -333,7 +335,10 @@ def activation_bytes(arch: ArchSpec, inp: PlanInputs, padded_v: int) -> tuple[in
         return tokens * (k * inputs + (n - k) * per_tok + per_tok)   # block: k layers recomputed, one at a time
 
     logits = tokens * (padded_v / t) * (e + 4 + 4)
-    return int(layers_worth(arch.layers)), int(layers_worth(arch.layers // inp.pp)), int(logits)
+    # interleaved 1F1B keeps more micro-batches in flight on the first stage: Megatron-LM's
+    # theoretical_memory_usage.py penalty 1 + (p - 1) / (p * v)
+    penalty = 1 + (inp.pp - 1) / (inp.pp * inp.vpp) if inp.vpp > 1 else 1.0
+    return int(layers_worth(arch.layers) * penalty), int(layers_worth(arch.layers // inp.pp)), int(logits)
 
 
 @dataclass(frozen=True)
@@ -433,7 +438,7 @@ def format_report(rep: PlanReport) -> str:
     lines = [
         f"model {a.name}: {a.total_params() / 1e9:.3f} B params, {a.layers} layers, hidden {a.hidden}, "
         f"heads {a.heads}/{a.kv_heads} (q/kv), ffn {a.ffn}, vocab {a.vocab} (padded {rep.params.padded_vocab})",
-        f"layout TP={i.tp} PP={i.pp} DP={i.dp} ({i.tp * i.pp * i.dp} GPUs), micro-batch {micro}, "
+        f"layout TP={i.tp} PP={i.pp}{f' (x{i.vpp} virtual)' if i.vpp > 1 else ''} DP={i.dp} ({i.tp * i.pp * i.dp} GPUs), micro-batch {micro}, "
         f"{i.dtype}, dist-opt {'on' if i.dist_opt else 'off'}, SP {'on' if i.sequence_parallel else 'off'}, "
         f"recompute {_recompute_text(i)}, flash-attn {'on' if i.flash_attn else 'off'}, "
         f"SwiGLU {'fused' if i.fused_swiglu else 'unfused'}",
@@ -505,6 +510,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--list-models", action="store_true", help="print the preset names and exit")
     p.add_argument("--tp", type=int, default=d.tp, help="tensor-parallel size")
     p.add_argument("--pp", type=int, default=d.pp, help="pipeline-parallel size")
+    p.add_argument("--vpp", type=int, default=d.vpp, help="virtual pipeline stages per rank (interleaved 1F1B)")
     p.add_argument("--dp", type=int, default=d.dp, help="data-parallel size")
     p.add_argument("--micro-batch", type=int, default=d.micro_batch,
                    help="padded micro-batch: sequences of --seq-len tokens (default 1; trainer.micro_batch_size)")

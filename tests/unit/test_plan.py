@@ -250,6 +250,11 @@ def test_config_built_copies_swiglu_recompute_and_engine_share():
     assert estimate(a, PlanInputs(recompute="full", recompute_method="block", **base)).activations == inp + 2 * per_tok
     share = estimate(a, PlanInputs(rollout_mem_util=0.5, **base))
     assert share.rollout_total == 40 * GIB and share.generation_peak == r.trainer_resident + 40 * GIB and fits(share)
+    from megatron_rl.plan import activation_bytes
+
+    first, last, _ = activation_bytes(a, PlanInputs(pp=2, **base), 256)
+    i_first, i_last, _ = activation_bytes(a, PlanInputs(pp=2, vpp=2, **base), 256)   # interleaved: x (1 + (p-1)/(p v))
+    assert (i_first, i_last) == (int(first * 1.25), last) and first == 16 * 2 * 1664
     short = estimate(a, PlanInputs(rollout_mem_util=1e-9, **base))
     assert not fits(short) and "holds less than its weights + KV cache" in format_report(short)
 
