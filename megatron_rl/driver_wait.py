@@ -37,10 +37,11 @@ class DriverSilentError(RuntimeError):
 class DriverWait:
     """Store-side rendezvous before each rank-0 broadcast (see module docstring)."""
 
-    def __init__(self, store, rank: int, timeout_s: float, poll_s: float | None = None, beat_s: float | None = None):
+    def __init__(self, store, rank: int, timeout_s: float, poll_s: float | None = None, beat_s: float | None = None,
+                 prefix: str = PREFIX):
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-        self.store, self.rank, self.timeout_s = store, rank, float(timeout_s)
+        self.store, self.rank, self.timeout_s, self.prefix = store, rank, float(timeout_s), prefix
         self.poll_s = float(poll_s) if poll_s else min(1.0, max(0.05, self.timeout_s / 8))
         self.beat_s = float(beat_s) if beat_s else min(10.0, max(0.1, self.timeout_s / 8))
         self.round = 0
@@ -48,14 +49,14 @@ class DriverWait:
         self._stop = threading.Event()
         self._thread = None
         if rank == 0:
-            self.store.add(f"{PREFIX}/beat", 1)
+            self.store.add(f"{self.prefix}/beat", 1)
             self._thread = threading.Thread(target=self._beat, name="megatron-rl-driver-beat", daemon=True)
             self._thread.start()
 
     def _beat(self) -> None:
         while not self._stop.wait(self.beat_s):
             try:
-                self.store.add(f"{PREFIX}/beat", 1)
+                self.store.add(f"{self.prefix}/beat", 1)
             except Exception as e:   # the store is gone: the job is ending
                 log.debug("driver heartbeat stopped: %s", e)
                 return
@@ -69,7 +70,7 @@ class DriverWait:
     def sync(self) -> None:
         """Rank 0: announce that round ``n``'s data is ready. Others: return once it is (see module
         docstring); :class:`DriverSilentError` when rank 0's heartbeat stood still for ``timeout_s``."""
-        key = f"{PREFIX}/ready/{self.round}"
+        key = f"{self.prefix}/ready/{self.round}"
         self.round += 1
         if self.rank == 0:
             self.store.set(key, b"1")
@@ -90,23 +91,26 @@ class DriverWait:
         self.waited_s += time.monotonic() - t0
 
     def _beats(self) -> int:
-        return int(self.store.add(f"{PREFIX}/beat", 0))
+        return int(self.store.add(f"{self.prefix}/beat", 0))
 
 
 _CURRENT: DriverWait | None = None
+_STARTS = 0   # process groups started in this process: the same count on every rank, so a store that outlives
+              # a group (torchrun's agent store) never shows a new group the old group's keys
 
 
 def start(timeout_s: float | None) -> DriverWait | None:
     """Called by ``parallel.init_distributed`` right after the process group exists: rank 0's heartbeat
     runs from then on. None in a one-process world."""
-    global _CURRENT
+    global _CURRENT, _STARTS
     import torch.distributed as dist
 
     if _CURRENT is not None or not dist.is_initialized() or dist.get_world_size() == 1:
         return _CURRENT
     from torch.distributed.distributed_c10d import _get_default_store
 
-    _CURRENT = DriverWait(_get_default_store(), dist.get_rank(), timeout_s or 1800.0)
+    _STARTS += 1
+    _CURRENT = DriverWait(_get_default_store(), dist.get_rank(), timeout_s or 1800.0, prefix=f"{PREFIX}/{_STARTS}")
     return _CURRENT
 
 

@@ -26,4 +26,4 @@ def test_waiting_rank_survives_a_pause_longer_than_the_timeout(tmp_path):
     assert rec["waited_s"] >= PAUSE - 0.5                      # it did wait out rank 0's pause
     assert rec["control_error"] is not None, "a plain gloo collective did not time out: the test proves nothing"
     assert rec["silent_error"] is not None and "rank 0" in rec["silent_error"] and "\n" not in rec["silent_error"]
-    assert TIMEOUT <= rec["silent_after_s"] <= TIMEOUT + 5
+    assert TIMEOUT <= rec["silent_after_s"] <= TIMEOUT + 15            # bounded (a loaded machine adds seconds)

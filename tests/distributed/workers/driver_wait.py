@@ -24,10 +24,18 @@ def main(out: str, timeout_s: str, pause_s: str) -> None:
     from megatron_rl.parallel import init_distributed
     from megatron_rl.trainer.rollout_stage import broadcast_object
 
+    from torch.distributed.distributed_c10d import _set_pg_timeout
+
     timeout, pause = float(timeout_s), float(pause_s)
-    init_distributed(timeout_s=timeout)
+    # the rendezvous under a loaded machine may take longer than the short timeout: groups are built with a
+    # long one, then their collectives get the short one (what parallel.timeout_s sets at init in a run)
+    init_distributed(timeout_s=120)
     rank, rec = dist.get_rank(), {}
-    control = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout))
+    control = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=120))
+    for group in (None, control):
+        _set_pg_timeout(datetime.timedelta(seconds=timeout), group)
+    driver_wait.stop()                    # the waiter of this timeout (a second start: a fresh key prefix)
+    driver_wait.start(timeout)
 
     # 1. the rollout-style broadcast after a long rank-0 phase
     t0 = time.monotonic()
