@@ -71,7 +71,8 @@ class ParallelConfig:
     CP rank); long traces use ``model.recompute`` with ``tp`` instead."""
     timeout_s: float = 1800.0
     """torch.distributed collective timeout: a rank whose peer vanished (node loss) fails after this
-    long instead of hanging. Must exceed the longest wait in a collective (rank 0's rollout phase)."""
+    long instead of hanging. Ranks waiting for rank 0's rollouts / evaluation wait in the c10d store, not in a
+    collective (``driver_wait.py``), so a rank-0 phase may last longer; a rank 0 silent this long fails them."""
 
     def __post_init__(self):
         _check(self.tp >= 1 and self.pp >= 1, f"parallel.tp/pp must be >= 1, got {self.tp}/{self.pp}")
