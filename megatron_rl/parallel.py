@@ -69,12 +69,16 @@ def init_distributed(timeout_s: float | None = None) -> None:
     device.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     kw = {"timeout": datetime.timedelta(seconds=timeout_s)} if timeout_s else {}
     dist.init_process_group(backend=device.dist_backend(), **kw)
+    from megatron_rl import driver_wait
+
+    driver_wait.start(timeout_s)   # rank 0's heartbeat: the others wait for its rollouts in the store, not in NCCL
 
 
 def init_parallel(tp: int = 1, pp: int = 1, *, seed: int = 1234, sequence_parallel: bool = False,
-                  timeout_s: float | None = None) -> ParallelInfo:
+                  timeout_s: float | None = None, vpp: int = 1) -> ParallelInfo:
     """Start-up: patches, process group, megatron model-parallel groups, seeds. Idempotent for the
-    same layout; a different layout after initialisation raises."""
+    same layout; a different layout after initialisation raises. ``vpp`` > 1: interleaved 1F1B, each
+    pipeline rank holding ``vpp`` model chunks (Megatron's virtual pipeline stages)."""
     from megatron_rl import patches
 
     patches.apply_all(("megatron",))
@@ -85,11 +89,15 @@ def init_parallel(tp: int = 1, pp: int = 1, *, seed: int = 1234, sequence_parall
     world = dist.get_world_size()
     if tp < 1 or pp < 1 or world % (tp * pp):
         raise ValueError(f"tensor parallel {tp} x pipeline parallel {pp} does not divide world size {world}")
+    if vpp < 1 or (vpp > 1 and pp < 2):
+        raise ValueError(f"virtual pipeline stages {vpp} need pipeline parallel >= 2 (got {pp})")
     if ps.model_parallel_is_initialized():
-        if (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()) != (tp, pp):
+        if (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(),
+                ps.get_virtual_pipeline_model_parallel_world_size() or 1) != (tp, pp, vpp):
             raise RuntimeError("model parallel already initialised with a different layout; call destroy_parallel() first")
     else:
-        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                     virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None)
     # Same seed on every rank for replicated params; megatron offsets the TP tracker per TP rank.
     torch.manual_seed(seed)
     model_parallel_cuda_manual_seed(seed)
@@ -107,4 +115,7 @@ def destroy_parallel(process_group: bool = False) -> None:
 
     ps.destroy_model_parallel()
     if process_group and dist.is_initialized():
+        from megatron_rl import driver_wait
+
+        driver_wait.stop()
         dist.destroy_process_group()

@@ -28,11 +28,17 @@ Transformer Models", eq. 1-2, generalised to GQA + SwiGLU and no dropout), bytes
     attn    e·(h/σ + (q + 2kv)/t + q/t)  (QKV input, Q/K/V, out-proj input)
             + e·a·s/t                    (softmax probs, rows of s tokens; 0 with flash attention /
                                           selective recompute)
-    mlp     e·(h/σ + 3f/t)               (fc1 input, gate+up outputs, SwiGLU output)
+    mlp     e·(h/σ + 3f/t)               (fc1 input, gate+up outputs, SwiGLU output), with the fused
+                                         SwiGLU (``bias_activation_fusion``, on with CUDA); the unfused
+                                         one also keeps silu(gate) and its input: e·(h/σ + 5f/t)
 
 With 1F1B the first stage keeps p micro-batches of L/p layers in flight, i.e. L layers' worth
-(Korthikanti §4.2.3): activations = T·L·per_layer. Full recompute keeps only each layer's input
-(e·h/σ per token per layer) plus one layer's activations. The last stage also holds the logits:
+(Korthikanti §4.2.3): activations = T·L·per_layer; interleaved 1F1B with v virtual stages
+(``parallel.vpp``) keeps 1 + (p − 1)/(p·v) times that (Megatron-LM's theoretical memory estimate). Full recompute (Megatron's ``recompute_method``):
+uniform with k layers per unit keeps each unit's input (ceil(n/k)·e·h/σ per token) plus one unit's
+activations (k layers) while it is recomputed; block with k keeps only the inputs of the first k layers
+and everything of the other n − k, plus one recomputed layer. Selective recompute (Megatron's default
+module: core attention) drops the softmax term only, which flash attention never stores. The last stage also holds the logits:
 T·(V/t)·(e + 4 + 4) (logits, fp32 copy, fp32 softmax for log-prob/entropy backward). A token budget
 below the longest sequence a pass holds (``--max-model-len``, default ``--seq-len``) is refused, as
 config validation refuses one below ``rollout.max_model_len``.
@@ -41,6 +47,16 @@ Colocated rollout engine (vLLM, TP t_r) on the same GPU::
 
     weights  = e_w · P_total / t_r
     KV cache = 2 · L · ceil(k / t_r) · d · e_kv · n_seqs · (prompt + response tokens)
+
+With ``rollout.gpu_memory_utilization`` u (``--rollout-mem-util``; a run config always sets it: null =
+0.5 colocated, 0.9 separate) the engine takes u × the device's memory (``--gpu-total-gib``, 80) whatever
+it needs, as vLLM sizes its KV cache to fill that share, and its weights + KV + overhead must fit in
+the share (else it holds fewer sequences than ``--rollout-seqs``: refused like a layout that does not fit).
+
+Copies of the weights beside the policy's (``--config`` reads them from the method): the reference
+policy (model precision) and the teacher's snapshot / EMA shadow (an fp32 copy of the local shard, plus
+the live weights it saves in model precision while a teacher pass runs, ``trainer/teacher.py``);
+``--extra-weight-copies`` adds copies in model precision on top.
 
 Colocated placement (``rollout.placement: colocated``, the default) runs two phases on every GPU, in
 the loop's order: generate -> engines sleep -> trainer onloads -> update -> trainer offloads ->
@@ -61,7 +77,7 @@ both kinds of GPU: peak = max(train total, rollout engine total). ``--config run
 layout, precision, micro-batching (token budget or padded rows), sequence length, placement, offload
 and engine count from a run config (``plan_config.py``). All figures exclude allocator
 fragmentation; ``--overhead-gib`` (default 2) stands for the CUDA context, NCCL buffers and
-workspaces of each process.
+workspaces of each process. The budget ``--gpu-mem-gib`` is 78 GiB: what an 80 GB H100 leaves usable.
 """
 from __future__ import annotations
 
@@ -167,6 +183,7 @@ class PlanInputs:
 
     tp: int = 1
     pp: int = 1
+    vpp: int = 1                     # virtual stages per rank (interleaved 1F1B, parallel.vpp)
     dp: int = 1
     micro_batch: int | None = None   # padded sequences per micro-batch (trainer.micro_batch_size); None = 1
     seq_len: int = 4096              # one training sequence (prompt + response): a padded row, the longest packed one
@@ -177,21 +194,28 @@ class PlanInputs:
     sequence_parallel: bool = False
     flash_attn: bool = True
     recompute: str = "none"          # none | selective | full
-    extra_weight_copies: int = 0     # reference policy / teacher snapshot kept on the GPU
+    recompute_method: str = "uniform"  # full recompute: uniform | block
+    recompute_num_layers: int = 1    # full recompute: layers per unit (uniform) / recomputed layers (block)
+    fused_swiglu: bool = True        # bias_activation_fusion (on with CUDA): 3f/t instead of 5f/t MLP activations
+    reference: bool = False          # a frozen reference policy (model precision) on the GPU
+    teacher_shadow: bool = False     # the teacher's snapshot / EMA weights (fp32 copy) + the live copy of a teacher pass
+    extra_weight_copies: int = 0     # further weight copies (model precision) kept on the GPU
     colocated: bool = True
     engine_sleep: bool = True
     offload: str = "none"            # trainer.offload: none | optimizer | all
     rollout_engines: int = 1         # rollout.num_engines (GPUs of separate placement: engines x rollout_tp)
     rollout_tp: int = 1
+    rollout_mem_util: float | None = None  # rollout.gpu_memory_utilization: the engine's share of the GPU
     rollout_seqs: int = 64           # concurrent sequences in the engine's KV cache
     rollout_len: int | None = None   # prompt + response tokens (default: seq_len)
     kv_dtype: str = "bf16"
     overhead_gib: float = 2.0
-    gpu_mem_gib: float = 80.0
+    gpu_mem_gib: float = 78.0        # usable of an 80 GB H100
+    gpu_total_gib: float = 80.0      # what gpu_memory_utilization is a fraction of
     vocab_multiple: int = 128
 
     def __post_init__(self):
-        for f in ("tp", "pp", "dp", "micro_batch", "seq_len", "rollout_tp", "rollout_seqs", "rollout_engines",
+        for f in ("tp", "pp", "vpp", "dp", "micro_batch", "seq_len", "rollout_tp", "rollout_seqs", "rollout_engines",
                   "vocab_multiple", "max_model_len"):
             if getattr(self, f) is not None and getattr(self, f) < 1:
                 raise ValueError(f"{f} must be >= 1, got {getattr(self, f)}")
@@ -202,6 +226,11 @@ class PlanInputs:
             raise ValueError(f"offload must be one of {'|'.join(OFFLOAD_MODES)}, got {self.offload!r}")
         if self.recompute not in ("none", "selective", "full"):
             raise ValueError(f"recompute must be none|selective|full, got {self.recompute!r}")
+        if self.recompute_method not in ("uniform", "block") or self.recompute_num_layers < 1:
+            raise ValueError(f"--recompute-method must be uniform|block and --recompute-num-layers >= 1, got "
+                             f"{self.recompute_method!r} / {self.recompute_num_layers}")
+        if self.rollout_mem_util is not None and not 0 < self.rollout_mem_util <= 1:
+            raise ValueError(f"--rollout-mem-util must be in (0, 1], got {self.rollout_mem_util}")
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("sequence_parallel needs tp > 1")
         if not self.gpu_mem_gib > 0 or self.overhead_gib < 0:
@@ -292,17 +321,24 @@ def activation_bytes(arch: ArchSpec, inp: PlanInputs, padded_v: int) -> tuple[in
     t, sig = inp.tp, (inp.tp if inp.sequence_parallel else 1)
     h, q, kv = arch.hidden, arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
     tokens = inp.micro_batch_tokens
-    per_tok = e * (2 * h / sig + h / sig + (q + 2 * kv) / t + q / t + h / sig + 3 * arch.ffn / t)
+    mlp = 3 if inp.fused_swiglu else 5
+    per_tok = e * (2 * h / sig + h / sig + (q + 2 * kv) / t + q / t + h / sig + mlp * arch.ffn / t)
     if not inp.flash_attn and inp.recompute == "none":
         per_tok += e * arch.heads * inp.seq_len / t
 
     def layers_worth(n: int) -> float:
-        if inp.recompute == "full":  # layer inputs only, plus one layer being recomputed
-            return tokens * (n * e * h / sig + per_tok)
-        return tokens * n * per_tok
+        if inp.recompute != "full":
+            return tokens * n * per_tok
+        k, inputs = min(inp.recompute_num_layers, n), e * h / sig
+        if inp.recompute_method == "uniform":   # each unit's input, plus one unit recomputed
+            return tokens * (math.ceil(n / k) * inputs + k * per_tok)
+        return tokens * (k * inputs + (n - k) * per_tok + per_tok)   # block: k layers recomputed, one at a time
 
     logits = tokens * (padded_v / t) * (e + 4 + 4)
-    return int(layers_worth(arch.layers)), int(layers_worth(arch.layers // inp.pp)), int(logits)
+    # interleaved 1F1B keeps more micro-batches in flight on the first stage: Megatron-LM's
+    # theoretical_memory_usage.py penalty 1 + (p - 1) / (p * v)
+    penalty = 1 + (inp.pp - 1) / (inp.pp * inp.vpp) if inp.vpp > 1 else 1.0
+    return int(layers_worth(arch.layers) * penalty), int(layers_worth(arch.layers // inp.pp)), int(logits)
 
 
 @dataclass(frozen=True)
@@ -329,8 +365,15 @@ class PlanReport:
                 + self.logits + self.overhead)
 
     @property
-    def rollout_total(self) -> int:
+    def rollout_need(self) -> int:
+        """What the engine needs: its weights, the KV cache of ``rollout_seqs`` sequences, its overhead."""
         return self.rollout_weights + self.rollout_kv + self.overhead
+
+    @property
+    def rollout_total(self) -> int:
+        """What the engine takes: its ``gpu_memory_utilization`` share when set (vLLM fills it), else its need."""
+        u = self.inputs.rollout_mem_util
+        return max(self.rollout_need, int(u * self.inputs.gpu_total_gib * GIB)) if u is not None else self.rollout_need
 
     @property
     def trainer_resident(self) -> int:
@@ -379,8 +422,9 @@ def _stage(common: dict, stage: str, n: int, acts: int, logits: int) -> PlanRepo
     e = DTYPE_BYTES[inp.dtype]
     grad_b, opt_b = (4, 12) if e == 2 else (4, 8)
     r = inp.dp if inp.dist_opt else 1
+    copies = (inp.extra_weight_copies + inp.reference) * n * e + inp.teacher_shadow * n * (4 + e)
     return PlanReport(**common, stage=stage, weights=n * e, grads=n * grad_b, optimizer=int(n * opt_b / r),
-                      extra_copies=inp.extra_weight_copies * n * e, activations=acts, logits=logits)
+                      extra_copies=copies, activations=acts, logits=logits)
 
 
 def format_report(rep: PlanReport) -> str:
@@ -394,9 +438,10 @@ def format_report(rep: PlanReport) -> str:
     lines = [
         f"model {a.name}: {a.total_params() / 1e9:.3f} B params, {a.layers} layers, hidden {a.hidden}, "
         f"heads {a.heads}/{a.kv_heads} (q/kv), ffn {a.ffn}, vocab {a.vocab} (padded {rep.params.padded_vocab})",
-        f"layout TP={i.tp} PP={i.pp} DP={i.dp} ({i.tp * i.pp * i.dp} GPUs), micro-batch {micro}, "
+        f"layout TP={i.tp} PP={i.pp}{f' (x{i.vpp} virtual)' if i.vpp > 1 else ''} DP={i.dp} ({i.tp * i.pp * i.dp} GPUs), micro-batch {micro}, "
         f"{i.dtype}, dist-opt {'on' if i.dist_opt else 'off'}, SP {'on' if i.sequence_parallel else 'off'}, "
-        f"recompute {i.recompute}, flash-attn {'on' if i.flash_attn else 'off'}",
+        f"recompute {_recompute_text(i)}, flash-attn {'on' if i.flash_attn else 'off'}, "
+        f"SwiGLU {'fused' if i.fused_swiglu else 'unfused'}",
         f"params per GPU: first stage {rep.params.first_stage / 1e6:.1f} M, last stage {rep.params.last_stage / 1e6:.1f} M",
         "",
         f"{'component (' + rep.stage + ' pipeline stage)':<44}{'GiB/GPU':>9}",
@@ -404,14 +449,15 @@ def format_report(rep: PlanReport) -> str:
         f"{'weights':<44}{g(rep.weights)}",
         f"{'gradients (fp32 main grads)':<44}{g(rep.grads)}",
         f"{'optimizer (Adam' + (' + fp32 master' if i.dtype != 'fp32' else '') + (', /DP' if i.dist_opt else '') + ')':<44}{g(rep.optimizer)}",
-        f"{'reference/teacher weight copies (x' + str(i.extra_weight_copies) + ')':<44}{g(rep.extra_copies)}",
+        f"{_copies_text(i):<44}{g(rep.extra_copies)}",
         f"{'activations (1F1B)':<44}{g(rep.activations)}",
         f"{'logits + fp32 softmax':<44}{g(rep.logits)}",
         f"{'overhead (CUDA context, NCCL, workspaces)':<44}{g(rep.overhead)}",
         f"{'= training total':<44}{g(rep.train_total)}",
         f"{'rollout engine weights (TP=' + str(i.rollout_tp) + ')':<44}{g(rep.rollout_weights)}",
         f"{'rollout KV cache (' + str(i.rollout_seqs) + ' seqs x ' + str(i.rollout_len or i.seq_len) + ' tok)':<44}{g(rep.rollout_kv)}",
-        f"{'= rollout engine total':<44}{g(rep.rollout_total)}",
+        f"{'= rollout engine total' + (f' (gpu_memory_utilization {i.rollout_mem_util:g})' if i.rollout_mem_util else ''):<44}"
+        f"{g(rep.rollout_total)}",
         f"{'-' * 53}",
     ]
     if i.colocated:
@@ -428,11 +474,25 @@ def format_report(rep: PlanReport) -> str:
     return "\n".join(lines)
 
 
+def _copies_text(i: PlanInputs) -> str:
+    parts = (["reference"] if i.reference else []) + (["teacher fp32"] if i.teacher_shadow else []) + \
+        ([f"+{i.extra_weight_copies}"] if i.extra_weight_copies else [])
+    return f"weight copies ({', '.join(parts) or 'none'})"
+
+
+def _recompute_text(i: PlanInputs) -> str:
+    return f"full {i.recompute_method}/{i.recompute_num_layers}" if i.recompute == "full" else i.recompute
+
+
 def _hint(rep: PlanReport) -> str:
     """What to change when the layout does not fit, for the side that sets the peak."""
     i = rep.inputs
     if fits(rep):
         return ""
+    if not engine_holds(rep):
+        return (f" - the engine's share (gpu_memory_utilization {i.rollout_mem_util:g}) holds less than its weights + KV "
+                f"cache ({rep.rollout_need / GIB:.1f} GiB): raise rollout.gpu_memory_utilization, --rollout-tp or "
+                "lower --rollout-seqs")
     rollout_side = (rep.generation_peak >= rep.update_peak if i.colocated else rep.rollout_total > rep.train_total)
     if not rollout_side:
         lower = "--max-tokens-per-micro-batch" if i.max_tokens_per_micro_batch else "micro-batch"
@@ -450,6 +510,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--list-models", action="store_true", help="print the preset names and exit")
     p.add_argument("--tp", type=int, default=d.tp, help="tensor-parallel size")
     p.add_argument("--pp", type=int, default=d.pp, help="pipeline-parallel size")
+    p.add_argument("--vpp", type=int, default=d.vpp, help="virtual pipeline stages per rank (interleaved 1F1B)")
     p.add_argument("--dp", type=int, default=d.dp, help="data-parallel size")
     p.add_argument("--micro-batch", type=int, default=d.micro_batch,
                    help="padded micro-batch: sequences of --seq-len tokens (default 1; trainer.micro_batch_size)")
@@ -464,8 +525,16 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (needs TP > 1)")
     p.add_argument("--no-flash-attn", dest="flash_attn", action="store_false", help="store the s x s softmax")
     p.add_argument("--recompute", choices=("none", "selective", "full"), default=d.recompute, help="activation recompute")
+    p.add_argument("--recompute-method", choices=("uniform", "block"), default=d.recompute_method,
+                   help="full recompute: uniform units or the first N layers of a stage (model.recompute_method)")
+    p.add_argument("--recompute-num-layers", type=int, default=d.recompute_num_layers,
+                   help="full recompute: layers per unit / recomputed layers (model.recompute_num_layers)")
+    p.add_argument("--unfused-swiglu", dest="fused_swiglu", action="store_false",
+                   help="SwiGLU without bias_activation_fusion (CPU builds): 5f/t MLP activations instead of 3f/t")
+    p.add_argument("--reference", action="store_true", help="a frozen reference policy on the GPU (model precision)")
+    p.add_argument("--teacher-shadow", action="store_true", help="the teacher's snapshot / EMA weights (fp32 copy)")
     p.add_argument("--extra-weight-copies", type=int, default=d.extra_weight_copies,
-                   help="reference policy / teacher snapshot copies kept on the GPU")
+                   help="further weight copies (model precision) kept on the GPU")
     p.add_argument("--config", help="run config (YAML): layout, precision, micro-batching, seq-len, max-model-len, "
                    "placement, trainer.offload and engine count come from it (plan_config.py)")
     p.add_argument("--separate", dest="colocated", action="store_false", help="rollout engines on other GPUs")
@@ -475,11 +544,15 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--no-engine-sleep", dest="engine_sleep", action="store_false",
                    help="colocated engines keep weights + KV cache during training")
     p.add_argument("--rollout-tp", type=int, default=d.rollout_tp, help="tensor-parallel size of each rollout engine")
+    p.add_argument("--rollout-mem-util", type=float, default=d.rollout_mem_util,
+                   help="the engine's gpu_memory_utilization share (vLLM fills it); default: its need")
     p.add_argument("--rollout-seqs", type=int, default=d.rollout_seqs, help="concurrent sequences in the KV cache")
     p.add_argument("--rollout-len", type=int, default=None, help="tokens per rollout sequence (default: --seq-len)")
     p.add_argument("--kv-dtype", choices=sorted(DTYPE_BYTES), default=d.kv_dtype, help="KV-cache precision")
     p.add_argument("--overhead-gib", type=float, default=d.overhead_gib, help="fixed per-GPU overhead")
-    p.add_argument("--gpu-mem-gib", type=float, default=d.gpu_mem_gib, help="GPU memory to check the peak against")
+    p.add_argument("--gpu-mem-gib", type=float, default=d.gpu_mem_gib, help="GPU memory to check the peak against (usable)")
+    p.add_argument("--gpu-total-gib", type=float, default=d.gpu_total_gib,
+                   help="the device's memory, of which gpu_memory_utilization is a fraction")
     return p
 
 
@@ -507,9 +580,16 @@ def report_for(args: argparse.Namespace) -> PlanReport:
     return estimate(load_arch(args.model), PlanInputs(**given))
 
 
+def engine_holds(rep: PlanReport) -> bool:
+    """Whether the engine's ``gpu_memory_utilization`` share holds its weights + KV cache (True when unset)."""
+    u = rep.inputs.rollout_mem_util
+    return u is None or rep.rollout_need <= u * rep.inputs.gpu_total_gib * GIB
+
+
 def fits(rep: PlanReport | None) -> bool:
-    """Whether the estimated peak fits ``--gpu-mem-gib`` (True for ``--list-models``)."""
-    return rep is None or rep.peak <= rep.inputs.gpu_mem_gib * GIB
+    """Whether the estimated peak fits ``--gpu-mem-gib`` and the engine's share holds what it needs
+    (True for ``--list-models``)."""
+    return rep is None or (rep.peak <= rep.inputs.gpu_mem_gib * GIB and engine_holds(rep))
 
 
 def exit_status(rep: PlanReport | None) -> int:

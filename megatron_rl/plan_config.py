@@ -3,7 +3,7 @@
 :func:`config_inputs` reads from a run config the :class:`~megatron_rl.plan.PlanInputs` fields the
 config decides::
 
-    tp, pp, sequence_parallel   parallel.*
+    tp, pp, vpp, sequence_parallel   parallel.*
     dist_opt                    optim.use_distributed_optimizer
     dtype                       model.bf16 (bf16, else fp32)
     max_tokens_per_micro_batch  trainer.max_tokens_per_micro_batch (the token budget; 0 = padded)
@@ -13,9 +13,15 @@ config decides::
     colocated                   rollout.placement == colocated (``--separate`` contradicting it is refused)
     offload                     trainer.offload
     rollout_engines             rollout.num_engines
+    rollout_tp                  rollout.tensor_parallel_size
+    rollout_mem_util            rollout.gpu_memory_utilization (null: the placement's auto share)
+    recompute, recompute_method, recompute_num_layers   model.recompute*
+    reference                   the method needs reference log-probs (its KL loss / in-reward KL is on)
+    teacher_shadow              the method's teacher_mode is snapshot or ema (an fp32 copy, trainer/teacher.py)
+    fused_swiglu                true: a GPU build fuses SwiGLU (models/provider.py cuda_fusions)
 
-The rest (``--model``, ``--dp``: the world size is the launcher's, ``--rollout-tp``,
-``--rollout-seqs``, ``--extra-weight-copies``) stay command-line options: each 7B–14B example
+The rest (``--model``, ``--dp``: the world size is the launcher's, ``--rollout-seqs``,
+``--extra-weight-copies``) stay command-line options: each 7B–14B example
 names them in its header's ``megatron-rl plan --config ...`` line. A flag that contradicts the
 config is refused (one line naming both). :func:`layout_table` renders the README's table from
 those header lines (``python -m megatron_rl.plan_config`` prints it; ``tests/unit/test_plan_config.py``
@@ -32,25 +38,37 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "examples" / "configs"
 #: PlanInputs field -> the config key it comes from (for messages)
-KEYS = {"tp": "parallel.tp", "pp": "parallel.pp", "sequence_parallel": "parallel.sequence_parallel",
+KEYS = {"tp": "parallel.tp", "pp": "parallel.pp", "vpp": "parallel.vpp", "sequence_parallel": "parallel.sequence_parallel",
         "dist_opt": "optim.use_distributed_optimizer", "dtype": "model.bf16", "micro_batch": "trainer.micro_batch_size",
         "max_tokens_per_micro_batch": "trainer.max_tokens_per_micro_batch", "max_model_len": "rollout.max_model_len",
         "seq_len": "data.max_prompt_len + rollout.max_tokens", "colocated": "rollout.placement",
-        "offload": "trainer.offload", "rollout_engines": "rollout.num_engines"}
+        "offload": "trainer.offload", "rollout_engines": "rollout.num_engines",
+        "rollout_tp": "rollout.tensor_parallel_size", "rollout_mem_util": "rollout.gpu_memory_utilization",
+        "recompute": "model.recompute", "recompute_method": "model.recompute_method",
+        "recompute_num_layers": "model.recompute_num_layers", "reference": "algo.<kind> (its KL needs a reference)",
+        "teacher_shadow": "algo.<kind>.teacher_mode", "fused_swiglu": "the GPU build (fused SwiGLU)"}
 
 
 def config_inputs(path: str | Path) -> dict[str, Any]:
     """The PlanInputs fields that the run config at ``path`` decides (module docstring)."""
     from megatron_rl.preflight import load_checked
 
+    from megatron_rl.algorithms import kind_required_inputs
+    from megatron_rl.rollout.placement import engine_memory_utilization
+
     cfg = load_checked(path, ["model.hf_path="])           # the weights need not be here
-    budget = cfg.trainer.max_tokens_per_micro_batch
-    return {"tp": cfg.parallel.tp, "pp": cfg.parallel.pp, "sequence_parallel": cfg.parallel.sequence_parallel,
+    budget, m, r = cfg.trainer.max_tokens_per_micro_batch, cfg.model, cfg.rollout
+    return {"tp": cfg.parallel.tp, "pp": cfg.parallel.pp, "vpp": cfg.parallel.vpp, "sequence_parallel": cfg.parallel.sequence_parallel,
             "dist_opt": cfg.optim.use_distributed_optimizer, "dtype": "bf16" if cfg.model.bf16 else "fp32",
             "max_tokens_per_micro_batch": budget, "micro_batch": None if budget else cfg.trainer.rows_per_micro_batch,
             "max_model_len": cfg.rollout.max_model_len, "seq_len": cfg.data.max_prompt_len + cfg.rollout.max_tokens,
             "offload": cfg.trainer.offload, "rollout_engines": cfg.rollout.num_engines,
-            "colocated": cfg.rollout.placement == "colocated"}
+            "colocated": cfg.rollout.placement == "colocated", "rollout_tp": r.tensor_parallel_size,
+            "rollout_mem_util": engine_memory_utilization(r.gpu_memory_utilization, r.placement),
+            "recompute": m.recompute, "recompute_method": m.recompute_method, "recompute_num_layers": m.recompute_num_layers,
+            "reference": "ref_logp" in kind_required_inputs(cfg.algo.kind, cfg.algo.hparams),
+            "teacher_shadow": getattr(cfg.algo.hparams, "teacher_mode", "fixed") in ("snapshot", "ema"),
+            "fused_swiglu": True}
 
 
 def merge_config(path: str | Path, given: dict[str, Any], defaults) -> dict[str, Any]:
@@ -67,6 +85,26 @@ def merge_config(path: str | Path, given: dict[str, Any], defaults) -> dict[str,
 def header_plan_line(path: Path) -> str | None:
     """The ``megatron-rl plan ...`` command in an example config's header comment, if any."""
     m = re.search(r"^#\s+(megatron-rl plan .*)$", path.read_text(), re.MULTILINE)
+    return m.group(1) if m else None
+
+
+def figures_line(rep) -> str:
+    """The plan figures an example's header states under its plan command (``tests/unit/test_plan_config.py``
+    pins them): GiB per GPU against the budget."""
+    from megatron_rl.plan import GIB
+
+    i = rep.inputs
+    if i.colocated:
+        parts = [f"training {rep.train_total / GIB:.1f}", f"update {rep.update_peak / GIB:.1f}",
+                 f"generation {rep.generation_peak / GIB:.1f}"]
+    else:
+        parts = [f"training {rep.train_total / GIB:.1f}", f"rollout {rep.rollout_total / GIB:.1f}"]
+    return f"plan (GiB per GPU of {i.gpu_mem_gib:g}): " + ", ".join(parts) + f", peak {rep.peak / GIB:.1f}"
+
+
+def header_figures(path: Path) -> str | None:
+    """The ``# plan (GiB per GPU ...): ...`` line of an example's header, if any."""
+    m = re.search(r"^#\s+(plan \(GiB per GPU .*)$", path.read_text(), re.MULTILINE)
     return m.group(1) if m else None
 
 
@@ -92,7 +130,7 @@ def layout_table() -> str:
         return f"{b / GIB:.1f}"
 
     head = ("| config | model | layout (GPUs) | micro-batch per DP rank | placement / trainer.offload | train peak "
-            "| rollout peak | colocated peak: max(update, generation) | fits 80 GiB |")
+            "| rollout peak | colocated peak: max(update, generation) | fits 78 GiB |")
     lines = [head, "|---|---|---|---|---|---|---|---|---|"]
     for path in sorted(CONFIGS.glob("*.yaml")):
         if path.stem.startswith("tiny_cpu_"):

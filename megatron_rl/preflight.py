@@ -12,7 +12,8 @@ Two levels:
   again first for a ``Config`` built in code.
 * :func:`preflight` — what a run on *this* machine needs: the model, tokenizer and data files exist,
   the resume checkpoint exists, the run directory may be used (``trainer/run_dir.py``), the layer
-  backend resolves here (``te`` / ``fp8`` need CUDA + Transformer Engine), the batch divides over
+  backend resolves here (``te`` / ``fp8`` need CUDA + Transformer Engine), the installed vLLM / TE /
+  megatron-core are the supported versions (``stack.py``), the batch divides over
   ``WORLD_SIZE``, ``rollout.placement`` fits the GPUs here with its sync backend, and the LLM judge (PAPO's grader, ``papo_math``'s
   verifier) fits its served context and answers one real request of each prompt (:func:`check_grader`);
   first of all, the torchrun variables and the Ray address answer (``launch_env``, bounded in time).
@@ -97,6 +98,10 @@ def _check_against_model(cfg) -> None:
     if positions is not None and cfg.rollout.max_model_len > positions:   # only when the file states it
         raise ValueError(f"rollout.max_model_len={cfg.rollout.max_model_len} exceeds the model's "
                          f"max_position_embeddings={positions} ({cfg.model.hf_path}/config.json)")
+    etp = cfg.rollout.tensor_parallel_size
+    if a.num_heads % etp:
+        raise ValueError(f"rollout.tensor_parallel_size={etp} does not divide the model's num_attention_heads={a.num_heads} "
+                         f"({cfg.model.hf_path}/config.json); vLLM shards the heads over the engine's GPUs")
     top_k = getattr(cfg.algo.hparams, "top_k", None)
     if top_k is not None and top_k > a.vocab_size:
         raise ValueError(f"algo.{cfg.algo.kind}.top_k={top_k} exceeds the model's vocab_size={a.vocab_size}")
@@ -192,7 +197,15 @@ def check_backend(cfg) -> str:
     """The layer backend this machine will build (``models.provider.resolve_model_backend``)."""
     from megatron_rl.models.provider import resolve_model_backend
 
-    return resolve_model_backend(cfg.model.backend, cfg.model.fp8)
+    return resolve_model_backend(cfg.model.backend, cfg.model.fp8, cfg.parallel.sequence_parallel and cfg.parallel.tp > 1)
+
+
+def check_stack(cfg, backend: str) -> None:
+    """The installed vLLM / Transformer Engine / megatron-core against the versions the code is written
+    for (``megatron_rl/stack.py``): one line naming installed vs supported when they differ."""
+    from megatron_rl.stack import check_stack as check
+
+    check(cfg.rollout.engine, backend)
 
 
 def _probe_row(cfg) -> dict:
@@ -315,7 +328,8 @@ def check_rollout_placement(cfg) -> str:
     from megatron_rl.rollout.placement import check_placement
 
     return check_placement(cfg, has_cuda(), gpu_count(), int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
-                           int(os.environ.get("WORLD_SIZE", "1")))
+                           int(os.environ.get("WORLD_SIZE", "1")),
+                           cluster=bool(cfg.rollout.ray_address or os.environ.get("RAY_ADDRESS")))
 
 
 def preflight(cfg, resume: str | None = None, overwrite: bool = False, allow_config_change: bool = False) -> str:
@@ -334,5 +348,6 @@ def preflight(cfg, resume: str | None = None, overwrite: bool = False, allow_con
     check_world(cfg)
     check_rollout_placement(cfg)
     backend = check_backend(cfg)
+    check_stack(cfg, backend)
     check_grader(cfg)
     return backend

@@ -39,6 +39,9 @@ MODULE_SECONDS = {
     "tests/distributed/test_actor.py": 19, "tests/distributed/test_backend_wiring.py": 14,
     "tests/distributed/test_actor_vocab_parallel.py": 8, "tests/unit/rewards/test_math_reward.py": 30,
     "tests/unit/rewards/test_math_corpus.py": 15,
+    "tests/distributed/test_driver_wait.py": 25,
+    "tests/distributed/test_model_device.py": 20, "tests/distributed/test_recompute.py": 45,
+    "tests/distributed/test_vpp.py": 25,
 }
 
 

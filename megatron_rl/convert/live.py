@@ -131,10 +131,20 @@ def full_shape(rule: name_maps.Rule, arch: ArchInfo) -> tuple[int, ...]:
     return (h,)
 
 
-def _owner_stage(rule: name_maps.Rule, arch: ArchInfo, pp: int) -> int:
+def _owner_stage(rule: name_maps.Rule, arch: ArchInfo, pp: int, vpp: int = 1) -> int:
+    """The pipeline rank holding ``rule``'s tensor. With ``vpp`` virtual stages (interleaved 1F1B) Megatron
+    gives virtual chunk v of rank r the layers from v·L/vpp + r·L/(pp·vpp) (``get_transformer_layer_offset``),
+    so layer l lives on rank (l mod L/vpp) // (L/(pp·vpp))."""
     if rule.per_layer or rule.mcore.startswith("decoder.layers."):
-        return int(rule.mcore.split(".")[2]) // (arch.num_layers // pp)
+        layer = int(rule.mcore.split(".")[2])
+        return (layer % (arch.num_layers // vpp)) // (arch.num_layers // (pp * vpp))
     return 0 if rule.mcore.startswith("embedding") else pp - 1
+
+
+def _vpp() -> int:
+    from megatron.core import parallel_state as ps
+
+    return (ps.get_virtual_pipeline_model_parallel_world_size() or 1) if ps.model_parallel_is_initialized() else 1
 
 
 def iter_hf_tensors(model_chunks, hf_cfg) -> Iterator[tuple[str, torch.Tensor]]:
@@ -150,8 +160,9 @@ def iter_hf_tensors(model_chunks, hf_cfg) -> Iterator[tuple[str, torch.Tensor]]:
     arch = model_arch_info(hf_cfg)
     tp, _, pp, pp_rank = _grid()
     params = local_params(model_chunks, arch)
+    vpp = _vpp()
     for rule in name_maps.expand(arch):
-        owner = _owner_stage(rule, arch, pp)
+        owner = _owner_stage(rule, arch, pp, vpp)
         dtype = next(iter(params.values())).dtype
         full = None
         if pp_rank == owner:
@@ -206,8 +217,9 @@ def stream_hf_tensors(model_chunks, hf_cfg, sender: int = 0) -> Iterator[tuple[s
     dtype = next(iter(params.values())).dtype
     pp_ranks = dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group()) if pp > 1 else [me]
     on_sender_column = sender in pp_ranks
+    vpp = _vpp()
     for rule in name_maps.expand(arch):
-        owner = _owner_stage(rule, arch, pp)
+        owner = _owner_stage(rule, arch, pp, vpp)
         full = None
         if pp_rank == owner:
             local = params[rule.mcore].detach()

@@ -143,22 +143,64 @@ def validate_layout(cfg, tp: int = 1, pp: int = 1) -> None:
         raise ValueError(f"num_hidden_layers={a.num_layers} is not divisible by pipeline parallel size {pp}")
 
 
+def cuda_fusions(backend: str, cuda: bool | None = None, wgrad_ext: bool | None = None) -> dict[str, bool]:
+    """The CUDA fusions a build turns on (all off on CPU, where the fused kernels do not exist):
+
+    * ``bias_activation_fusion`` (SwiGLU in one kernel, megatron's ``bias_swiglu_impl``; with it the MLP
+      keeps ~3f/t activations per token instead of ~5f/t, ``plan.activation_bytes``): on with CUDA;
+    * ``apply_rope_fusion`` (Transformer Engine's fused RoPE): on with CUDA and ``backend="te"``;
+    * ``gradient_accumulation_fusion`` (wgrad accumulated into ``main_grad`` inside the GEMM): on with
+      CUDA, ``te`` and apex's ``fused_weight_gradient_mlp_cuda`` extension (``wgrad_ext``; None: look
+      for it) — megatron's own output layer (a ``ColumnParallelLinear`` under the TE spec too) raises
+      without it, and the pinned GPU stack does not install apex.
+    """
+    import importlib.util
+
+    from megatron_rl.device import has_cuda
+
+    cuda = has_cuda() if cuda is None else cuda
+    te = cuda and backend == "te"
+    if wgrad_ext is None:
+        wgrad_ext = importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is not None
+    return {"bias_activation_fusion": cuda, "apply_rope_fusion": te, "gradient_accumulation_fusion": te and wgrad_ext}
+
+
+def recompute_overrides(recompute: str = "none", method: str = "uniform", num_layers: int = 1) -> dict:
+    """``model.recompute*`` as Megatron ``TransformerConfig`` fields: none -> {}; selective ->
+    ``recompute_granularity="selective"`` (Megatron's default module set: core attention); full ->
+    ``recompute_granularity="full"`` with ``recompute_method`` (uniform | block) and ``recompute_num_layers``."""
+    if recompute == "none":
+        return {}
+    if recompute == "selective":
+        return {"recompute_granularity": "selective"}
+    if recompute == "full":
+        if method not in ("uniform", "block") or num_layers < 1:
+            raise ValueError(f"full recompute needs method uniform|block and num_layers >= 1, got {method!r} / {num_layers}")
+        return {"recompute_granularity": "full", "recompute_method": method, "recompute_num_layers": int(num_layers)}
+    raise ValueError(f"model.recompute must be none|selective|full, got {recompute!r}")
+
+
 def transformer_config_from_hf(cfg, *, tp: int = 1, pp: int = 1, sequence_parallel: bool = False,
                                params_dtype: torch.dtype = torch.float32, fp8: str | None = None,
                                **overrides):
     """Megatron ``TransformerConfig`` equivalent to the HF config, for a TP x PP layout.
 
     ``fp8``: ``None`` or a Transformer Engine fp8 format (``"e4m3"`` / ``"hybrid"``); GPU + TE only.
-    ``overrides`` are passed through to ``TransformerConfig`` last (e.g. ``recompute_granularity``).
+    ``overrides`` are passed through to ``TransformerConfig`` last (e.g. ``recompute_granularity``,
+    the fusions of :func:`cuda_fusions`).
+
+    ``use_cpu_initialization`` only without CUDA: on a GPU megatron creates each rank's shard on the
+    device directly, with no full fp32 master copy of every weight in host memory at build time (the
+    weights are overwritten by ``load_hf`` anyway).
     """
+    from megatron_rl.device import has_cuda
+
     import torch.nn.functional as F
     from megatron.core.transformer import TransformerConfig
 
     a = model_arch_info(cfg)
     validate_layout(cfg, tp, pp)
     if fp8 is not None:
-        from megatron_rl.device import has_cuda
-
         if not has_cuda():
             raise ValueError("fp8 needs a CUDA GPU with Transformer Engine; set model.fp8=null on CPU")
     kw: dict[str, Any] = dict(
@@ -169,7 +211,7 @@ def transformer_config_from_hf(cfg, *, tp: int = 1, pp: int = 1, sequence_parall
         hidden_dropout=0.0, attention_dropout=0.0, tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp, sequence_parallel=sequence_parallel and tp > 1,
         params_dtype=params_dtype, pipeline_dtype=params_dtype, bf16=params_dtype == torch.bfloat16,
-        fp16=params_dtype == torch.float16, batch_p2p_sync=False, use_cpu_initialization=True,
+        fp16=params_dtype == torch.float16, batch_p2p_sync=False, use_cpu_initialization=not has_cuda(),
         apply_rope_fusion=False, bias_activation_fusion=False, masked_softmax_fusion=False,
         persist_layer_norm=False, gradient_accumulation_fusion=False)
     if fp8 is not None:
@@ -186,61 +228,77 @@ def layer_spec(cfg, backend: str = "local"):
 
         return get_gpt_layer_local_spec(qk_layernorm=a.qk_norm, normalization="RMSNorm")
     if backend == "te":
-        try:
-            import transformer_engine  # noqa: F401
-        except ImportError as e:
-            raise ValueError("model.backend='te' needs Transformer Engine (pip install -e .[gpu]) on a "
-                             "CUDA machine; use backend='local' on CPU") from e
+        err = te_import_error()
+        if err is not None:
+            raise ValueError(f"model.backend='te' needs Transformer Engine (requirements/gpu.txt) on a CUDA machine "
+                             f"({err}); use backend='local' on CPU")
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
 
         return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=a.qk_norm)
     raise ValueError(f"unknown layer backend {backend!r}; supported: local, te, auto")
 
 
-def resolve_backend(backend: str = "auto") -> str:
-    """``auto`` -> ``te`` when CUDA and Transformer Engine are present, else ``local``."""
+def te_import_error() -> str | None:
+    """Why Transformer Engine's PyTorch extension cannot be used here (None: it imports). Strict: the
+    top-level ``transformer_engine`` package imports without its compiled torch extension (a wheel
+    built for another torch, a CPU-only install), so the check imports ``transformer_engine.pytorch``."""
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+    except Exception as e:   # ImportError, or an OSError / RuntimeError of a mismatched extension
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
+    return None
+
+
+def _has_te() -> bool:
+    return te_import_error() is None
+
+
+def resolve_backend(backend: str = "auto", cuda: bool | None = None, te: bool | None = None) -> str:
+    """``auto`` -> ``te`` when CUDA and Transformer Engine (``transformer_engine.pytorch``) are present,
+    else ``local``. ``cuda`` / ``te``: what this machine has (None: ask it)."""
     if backend != "auto":
         return backend
     from megatron_rl.device import has_cuda
 
-    if not has_cuda():
-        return "local"
-    try:
-        import transformer_engine  # noqa: F401
-        return "te"
-    except ImportError:
-        return "local"
+    cuda = has_cuda() if cuda is None else cuda
+    return "te" if cuda and (_has_te() if te is None else te) else "local"
 
 
-def _has_te() -> bool:
-    try:
-        import transformer_engine  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def resolve_model_backend(backend: str = "auto", fp8: str | None = None) -> str:
+def resolve_model_backend(backend: str = "auto", fp8: str | None = None, sequence_parallel: bool = False,
+                          cuda: bool | None = None, te: bool | None = None) -> str:
     """The one layer backend a run builds (``local`` | ``te``), from ``model.backend`` and ``model.fp8``.
 
     Every consumer reads the value this returns (the actor and reference builders, the teacher's
     ``pack=auto`` rule), so the layers built and the decisions made about them cannot disagree.
-    ``te`` needs CUDA and Transformer Engine; ``fp8`` needs ``te``. A ``ValueError`` names the key.
+    ``te`` needs CUDA and Transformer Engine; ``fp8`` needs ``te``. On CUDA the local spec cannot run
+    sequence parallelism (megatron's ``WrappedTorchNorm`` asserts; the CPU patch
+    ``cpu_megatron_norm_sp`` is a CPU-only fix), so ``auto`` falling back to ``local`` there is refused
+    rather than left to assert in the first forward. A ``ValueError`` names the key. ``cuda`` / ``te``:
+    what this machine has (None: ask it).
     """
     from megatron_rl.device import has_cuda
 
     if backend not in ("auto", "local", "te"):
         raise ValueError(f"model.backend must be auto|local|te, got {backend!r}")
-    resolved = resolve_backend(backend)
-    if resolved == "te" and not (has_cuda() and _has_te()):
-        missing = "no CUDA device" if not has_cuda() else "transformer_engine is not installed"
+    cuda = has_cuda() if cuda is None else cuda
+    te_err = (te_import_error() if te is None else None if te else "not installed")
+    te = te_err is None
+    resolved = resolve_backend(backend, cuda, te)
+    if resolved == "te" and not (cuda and te):
+        missing = "no CUDA device" if not cuda else f"transformer_engine.pytorch does not import: {te_err}"
         raise ValueError(f"model.backend=te needs a CUDA GPU with Transformer Engine ({missing} here); "
                          "use model.backend=local (or auto)")
     if fp8 is not None and resolved != "te":
-        why = "no CUDA device" if not has_cuda() else "Transformer Engine is not installed" if not _has_te() \
+        why = "no CUDA device" if not cuda else "Transformer Engine is not installed" if not te \
             else "model.backend=local"
         raise ValueError(f"model.fp8={fp8} needs the Transformer Engine backend on a CUDA GPU ({why}); "
                          "set model.fp8=null or model.backend=te on a GPU machine")
+    if cuda and resolved == "local" and sequence_parallel:
+        why = "model.backend=local" if backend == "local" else \
+            f"model.backend=auto found no Transformer Engine ({te_err})"
+        raise ValueError(f"parallel.sequence_parallel=true on CUDA needs the Transformer Engine layer spec, but {why}: "
+                         "megatron's local norms assert under sequence parallelism on GPU; install the GPU stack "
+                         "(requirements/gpu.txt) or set parallel.sequence_parallel=false")
     return resolved
 
 

@@ -58,28 +58,62 @@ def resolve_backend(requested: str, engine_kind: str, cuda: bool, trainer_world:
     return requested
 
 
+#: rollout.gpu_memory_utilization=null: vLLM's share of an engine GPU per placement
+AUTO_MEMORY_UTILIZATION = {"colocated": 0.5, "separate": 0.9}
+
+
+def engine_memory_utilization(value: float | None, placement: str) -> float:
+    """``rollout.gpu_memory_utilization`` in force: the value, or the placement's auto share."""
+    return float(value) if value is not None else AUTO_MEMORY_UTILIZATION[placement]
+
+
+def engine_eager(value: bool | None, cuda: bool) -> bool:
+    """``rollout.enforce_eager`` in force: the value, or auto = eager without CUDA, CUDA graphs with it."""
+    return (not cuda) if value is None else bool(value)
+
+
+def check_engine_keys(cfg, cuda: bool) -> None:
+    """The engine keys against this machine, one-line ``ValueError``: on CPU, vLLM-CPU's engines are
+    TP 1 (its worker binds one NUMA node's cores per rank and asserts with more ranks than the node
+    split gives; not supported here) and eager (no CUDA graphs)."""
+    r = cfg.rollout
+    if not cuda and r.engine == "vllm" and r.tensor_parallel_size > 1:
+        raise ValueError(f"rollout.tensor_parallel_size={r.tensor_parallel_size} needs CUDA GPUs: vLLM-CPU engines run "
+                         "tensor parallel 1 here (its CPU worker's NUMA binding); use rollout.num_engines for more engines")
+    if not cuda and r.enforce_eager is False:
+        raise ValueError("rollout.enforce_eager=false (CUDA graphs) needs CUDA GPUs; leave it null (auto: eager on CPU)")
+
+
 def engine_gpus(placement: str, trainer_gpus: int, num_engines: int, tp: int = 1) -> list[int]:
     """The node-local GPU indices the engines use, in engine order (``tp`` consecutive ones each)."""
     first = 0 if placement == "colocated" else trainer_gpus
     return list(range(first, first + num_engines * tp))
 
 
-def check_placement(cfg, cuda: bool, visible_gpus: int, trainer_gpus: int, trainer_world: int, tp: int = 1) -> str:
+def check_placement(cfg, cuda: bool, visible_gpus: int, trainer_gpus: int, trainer_world: int, tp: int | None = None,
+                    cluster: bool | None = None) -> str:
     """``rollout.placement`` against this machine; returns the sync backend it will use, or raises a
     one-line ``ValueError``. ``trainer_gpus``: trainer processes on this node (torchrun's
     ``LOCAL_WORLD_SIZE``); ``trainer_world``: all of them (``WORLD_SIZE``)."""
     r = cfg.rollout
+    tp = r.tensor_parallel_size if tp is None else tp
+    cluster = bool(r.ray_address) if cluster is None else cluster   # a Ray cluster over the nodes (RAY_ADDRESS too)
     if r.placement not in PLACEMENTS:
         raise ValueError(f"rollout.placement must be {'|'.join(PLACEMENTS)}, got {r.placement!r}")
     if not cuda and r.placement == "colocated" and r.engine == "vllm":
         raise ValueError("rollout.placement=colocated with rollout.engine=vllm needs CUDA: vLLM-CPU has no sleep mode; "
                          "use rollout.placement=separate on CPU, or rollout.engine=hf (its sleep frees the weights)")
     backend = resolve_backend(r.sync_backend, r.engine, cuda, trainer_world, r.placement)
+    check_engine_keys(cfg, cuda)
     if cuda:
         need = r.num_engines * tp
-        if r.placement == "colocated" and need > trainer_gpus:
+        # colocated over several nodes: the engines' placement group spreads them over the Ray cluster's nodes,
+        # so they share all the trainer's GPUs; with a Ray of this node only, this node's
+        share = trainer_world if cluster and trainer_world > trainer_gpus else trainer_gpus
+        where = f"{share} in all its nodes' Ray cluster" if share != trainer_gpus else f"{trainer_gpus} on this node"
+        if r.placement == "colocated" and need > share:
             raise ValueError(f"rollout.placement=colocated: {r.num_engines} engine(s) x {tp} GPU(s) = {need} GPUs, but the "
-                             f"trainer has {trainer_gpus} on this node to share; lower rollout.num_engines or use separate")
+                             f"trainer has {where} to share; lower rollout.num_engines or use separate")
         if r.placement == "separate" and not r.ray_address and trainer_gpus + need > visible_gpus:
             raise ValueError(f"rollout.placement=separate: the trainer's {trainer_gpus} GPU(s) + {r.num_engines} engine(s) "
                              f"x {tp} = {trainer_gpus + need} GPUs, but {visible_gpus} are visible; use "

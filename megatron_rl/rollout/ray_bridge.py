@@ -70,6 +70,14 @@ class _EngineActor:
     def named_parameters(self) -> dict:
         return self.engine.named_parameters()
 
+    def engine_config(self) -> dict:
+        """The settings the engine was built with (vLLM's record; ``{}`` for an engine without one) and
+        the Ray node this actor runs on."""
+        import ray
+
+        cfg = getattr(self.engine, "engine_config", None)
+        return {**(cfg() if cfg is not None else {}), "node_id": ray.get_runtime_context().get_node_id()}
+
     def sleep(self, level: int):
         self.engine.sleep(level)
 
@@ -186,23 +194,29 @@ class RolloutClient:
         self.engine_kwargs = dict(engine_kwargs or {})
         if engine_kind == "vllm":
             self.engine_kwargs["weight_transfer"] = WORKER_BACKEND[self.backend]
+        self.tp = int(self.engine_kwargs.get("tensor_parallel_size", 1))   # worker ranks per engine (sync group)
         self.cpus, self.threads, self.gpus = cpus_per_engine, threads_per_engine, gpus_per_engine
+        self._pg = _placement_group(num_engines, cpus_per_engine, gpus_per_engine)
         self.actor_env = dict(actor_env or {})
         self.max_restarts, self.bucket_bytes = max_restarts, bucket_bytes
         self._stats = RolloutStats()
         self._transfer = None     # the sender's TrainerWeightTransferEngine (opened at the first sync)
         self._stale: set[int] = set()  # replaced engines that have not received the current weights
         self.last_sync: dict = {}
-        self.actors = [self._spawn() for _ in range(num_engines)]
+        self.actors = [self._spawn(i) for i in range(num_engines)]
         ray.get([a.ping.remote() for a in self.actors])
         log.info("rollout: %d %s engine(s), weight sync backend %s", num_engines, engine_kind, self.backend)
 
-    def _spawn(self):
+    def _spawn(self, i: int):
+        """Engine ``i`` in bundle ``i`` of the pool's placement group (a replacement takes its bundle)."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
         cls = self._ray.remote(_EngineActor)
         env = {"OMP_NUM_THREADS": str(self.threads), "RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false",
                **self.actor_env}
-        return cls.options(num_cpus=self.cpus, num_gpus=self.gpus, runtime_env={"env_vars": env}).remote(
-            self.kind, self.model_dir, self.engine_kwargs)
+        where = PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=i)
+        return cls.options(num_cpus=self.cpus, num_gpus=self.gpus, runtime_env={"env_vars": env},
+                           scheduling_strategy=where).remote(self.kind, self.model_dir, self.engine_kwargs)
 
     def _restart(self, i: int) -> None:
         if self._stats.restarts >= self.max_restarts:
@@ -214,7 +228,7 @@ class RolloutClient:
             self._ray.kill(self.actors[i])
         except Exception:  # already dead
             pass
-        self.actors[i] = self._spawn()
+        self.actors[i] = self._spawn(i)
         self._ray.get(self.actors[i].ping.remote())
         if self._stats.weight_version > 0:  # the model dir is not the current policy any more
             self._stale.add(i)
@@ -315,8 +329,8 @@ class RolloutClient:
     def _open_transfer(self) -> None:
         from .trainer_engines import trainer_init
 
-        self._sync_client = ActorSyncClient(self.actors)
-        self._transfer = trainer_init(self.backend, self._sync_client, self.bucket_bytes, 1 + len(self.actors),
+        self._sync_client = ActorSyncClient(self.actors, ranks_per_engine=self.tp)   # every engine TP rank receives
+        self._transfer = trainer_init(self.backend, self._sync_client, self.bucket_bytes, 1 + len(self.actors) * self.tp,
                                       master_address=_node_ip())
 
     def _close_transfer(self, reinit: bool) -> None:
@@ -332,6 +346,10 @@ class RolloutClient:
         except (RayError, RuntimeError, OSError) as e:  # a half-broken group: engines are re-initialised anyway
             log.warning("closing the weight-transfer group: %s", e)
         self._transfer = None
+
+    def engine_configs(self) -> list[dict]:
+        """Each engine's settings as its engine recorded them (``VLLMEngine.engine_config``) and its Ray node."""
+        return self._ray.get([a.engine_config.remote() for a in self.actors])
 
     def engine_transfer_stats(self) -> list[dict]:
         """Each engine's receive / load / finish seconds since the last call (benchmarks)."""
@@ -389,6 +407,28 @@ class RolloutClient:
             except Exception:
                 pass
         self.actors = []
+        if self._pg is not None:
+            from ray.util import remove_placement_group
+
+            remove_placement_group(self._pg)
+            self._pg = None
+
+
+def _placement_group(num_engines: int, cpus: float, gpus: float, timeout_s: float = 300.0):
+    """One Ray placement-group bundle per engine (its CPUs and its ``gpus`` = TP GPUs, so an engine's
+    TP ranks share a node), strategy SPREAD: engines over the cluster's nodes rather than all on
+    the driver's. A cluster that cannot hold the bundles within ``timeout_s`` is one line, not a hang."""
+    import ray
+    from ray.util import placement_group, remove_placement_group
+
+    bundle = {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
+    pg = placement_group([dict(bundle) for _ in range(num_engines)], strategy="SPREAD")
+    if not pg.wait(timeout_seconds=timeout_s):
+        remove_placement_group(pg)
+        raise RuntimeError(f"rollout: Ray cannot place {num_engines} engine(s) of {bundle} within {timeout_s:.0f} s "
+                           f"(cluster resources {ray.cluster_resources()}); lower rollout.num_engines or "
+                           "rollout.tensor_parallel_size, or add nodes")
+    return pg
 
 
 def _init_local_ray(num_cpus: int, engine_gpus: list[int] | None) -> None:

@@ -41,7 +41,7 @@ class VLLMEngine:
     def __init__(self, model_dir: str, *, dtype: str = "float32", seed: int = 0, max_model_len: int = 512,
                  kv_cache_gib: float = 1.0, max_num_seqs: int = 256, gpu_memory_utilization: float = 0.5,
                  enable_sleep_mode: bool = False, weight_transfer: str = "gloo", logprobs: str = "processed",
-                 tensor_parallel_size: int = 1):
+                 tensor_parallel_size: int = 1, enforce_eager: bool = True):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         from .. import patches
 
@@ -63,13 +63,24 @@ class VLLMEngine:
             if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
                 log.warning("VLLM_CPU_KVCACHE_SPACE=%s is set: vLLM uses it instead of rollout.kv_cache_gib=%s",
                             os.environ["VLLM_CPU_KVCACHE_SPACE"], kv_cache_gib)
-        self.llm = LLM(model=model_dir, skip_tokenizer_init=True, dtype=dtype, enforce_eager=True,
+        # TP > 1: vLLM's multiprocessing executor, its workers on the GPUs Ray gave this actor (one bundle
+        # of TP GPUs on one node, rollout/ray_bridge.py), whatever Ray placement group the actor sits in
+        tp_exec = {"distributed_executor_backend": "mp"} if tensor_parallel_size > 1 else {}
+        self.llm = LLM(model=model_dir, skip_tokenizer_init=True, dtype=dtype, enforce_eager=enforce_eager,
                        max_model_len=max_model_len, seed=seed, max_num_seqs=max_num_seqs,
                        gpu_memory_utilization=gpu_memory_utilization, logprobs_mode=_VLLM_LOGPROBS_MODE[logprobs],
                        enable_sleep_mode=enable_sleep_mode, tensor_parallel_size=tensor_parallel_size,
-                       weight_transfer_config={"backend": weight_transfer}, **kv)
+                       weight_transfer_config={"backend": weight_transfer}, **kv, **tp_exec)
         self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
         self.sleep_mode = enable_sleep_mode
+
+    def engine_config(self) -> dict:
+        """The settings the engine was built with, as vLLM recorded them (``rollout.*`` keys reach it)."""
+        c = self.llm.llm_engine.vllm_config
+        return {"enforce_eager": bool(c.model_config.enforce_eager),
+                "gpu_memory_utilization": float(c.cache_config.gpu_memory_utilization),
+                "tensor_parallel_size": int(c.parallel_config.tensor_parallel_size),
+                "max_model_len": int(c.model_config.max_model_len), "dtype": str(c.model_config.dtype)}
 
     def _params(self, s: SamplingParams, i: int):
         from vllm import SamplingParams as VSP

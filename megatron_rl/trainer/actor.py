@@ -105,26 +105,49 @@ def unwrap(module: torch.nn.Module) -> torch.nn.Module:
 
 
 def _build_chunks(hf_cfg, bf16: bool, g: Groups, sequence_parallel: bool, backend: str = "local",
-                  fp8: str | None = None):
+                  fp8: str | None = None, **overrides):
     """(list of model chunks, TransformerConfig) from the provider for this pipeline stage, with the
-    layer spec of ``backend`` (``models.provider.resolve_model_backend``) and TE ``fp8``."""
+    layer spec of ``backend`` (``models.provider.resolve_model_backend``), TE ``fp8``, the CUDA fusions
+    of that backend (``models.provider.cuda_fusions``) and ``overrides`` (``TransformerConfig`` fields:
+    the recompute settings, ``models.provider.recompute_overrides``).
+
+    Every chunk is on the trainer's device (``device.default_device``) when this returns, whatever
+    wraps it later: the distributed optimizer re-points ``param.data`` into its own buffers, but the
+    reference and a plain-optimizer actor have no such step, and megatron's local norms are built on
+    the host even without ``use_cpu_initialization``."""
+    from megatron.core import parallel_state as ps
+
     from megatron_rl.models.provider import (
         build_gpt_model,
+        cuda_fusions,
         resolve_model_backend,
         transformer_config_from_hf,
     )
 
-    backend = resolve_model_backend(backend, fp8)
+    backend = resolve_model_backend(backend, fp8, sequence_parallel)
     dtype = torch.bfloat16 if bf16 else torch.float32
+    vpp = ps.get_virtual_pipeline_model_parallel_world_size() or 1    # interleaved 1F1B: vpp chunks per rank
+    if vpp > 1:   # Megatron-LM's interleaved defaults: overlapped, unbatched p2p. Batched p2p at PP=2 posts the
+        # activation and the gradient to the same peer in different orders on the two ranks, and gloo pairs them
+        # by order: they were swapped (measured: a 230x grad norm); the unbatched path uses two groups
+        overrides = {"virtual_pipeline_model_parallel_size": vpp, "overlap_p2p_comm": True, "batch_p2p_comm": False,
+                     **overrides}
     config = transformer_config_from_hf(
         hf_cfg, tp=g.tp_size, pp=g.pp_size, sequence_parallel=sequence_parallel, params_dtype=dtype,
-        calculate_per_token_loss=True, bf16=bf16, pipeline_dtype=dtype, fp8=fp8)
-    model = build_gpt_model(hf_cfg, config, pre_process=g.is_first_stage, post_process=g.is_last_stage,
-                            backend=backend)
-    if bf16:
-        from megatron.core.transformer.module import Float16Module
-        model = Float16Module(config, model)
-    return [model], config
+        calculate_per_token_loss=True, bf16=bf16, pipeline_dtype=dtype, fp8=fp8,
+        **{**cuda_fusions(backend), **overrides})
+    chunks = []
+    for v in range(vpp):
+        vp = v if vpp > 1 else None
+        model = build_gpt_model(hf_cfg, config, backend=backend, vp_stage=vp,
+                                pre_process=ps.is_pipeline_first_stage(ignore_virtual=vpp == 1, vp_stage=vp),
+                                post_process=ps.is_pipeline_last_stage(ignore_virtual=vpp == 1, vp_stage=vp))
+        model.to(default_device())
+        if bf16:
+            from megatron.core.transformer.module import Float16Module
+            model = Float16Module(config, model)
+        chunks.append(model)
+    return chunks, config
 
 
 @contextlib.contextmanager
@@ -162,6 +185,8 @@ class _LogProbModel:
         self.parallel_info = parallel_info
         self.device = default_device()
         self.backend = "local"     # the layer spec built (subclasses: local | te)
+        # interleaved 1F1B (several chunks per rank) needs at least PP micro-batches: zero-mask fillers make up the rest
+        self.min_micro_batches = self.groups.pp_size if len(chunks) > 1 else 1
 
     # ----- helpers -------------------------------------------------------------------------
     def _budget(self, budget: TokenBudget) -> TokenBudget:
@@ -173,7 +198,7 @@ class _LogProbModel:
     def _packed(self, batch: TrainBatch, budget: TokenBudget, pack_keys=()) -> tuple[Any, RankMicroBatches]:
         """This DP rank's packed micro-batches of the global ``batch`` and the plan (every rank computes
         the same plan from the same batch, so no communication is needed)."""
-        plan = pack_plan(seq_lengths(batch), self._budget(budget), self.groups.dp_size)
+        plan = pack_plan(seq_lengths(batch), self._budget(budget), self.groups.dp_size, self.min_micro_batches)
         mbs = RankMicroBatches(batch, plan, self.groups.dp_rank, pack_keys=pack_keys, same_shape=self.groups.pp_size > 1,
                                thd=self.backend == "te")      # TE's kernels take packed rows as THD, not a dense mask
         return plan, mbs
@@ -186,7 +211,9 @@ class _LogProbModel:
         local = batch.shard(g.dp_rank, g.dp_size)
         if self.sequence_parallel:
             local = local.pad_to_multiple(g.tp_size)
-        return local, local.micro_batches(micro_batch_size)
+        mbs = local.micro_batches(micro_batch_size)
+        # interleaved 1F1B: zero-mask copies up to PP micro-batches (no loss, normaliser or metric; dropped after)
+        return local, mbs + [mbs[0].zero_masked() for _ in range(self.min_micro_batches - len(mbs))]
 
     def _logprobs(self, logits: torch.Tensor, mb: TrainBatch, temperature: float):
         z = logits[:, :-1]
@@ -268,6 +295,7 @@ class _LogProbModel:
         with torch.no_grad():
             store = run_schedule(self.chunks, mbs, partial(self._forward_step, collect, masked=masked),
                                  forward_only=True)
+        store = store[: local.num_samples // micro_batch_size]     # the fillers' collections are dropped
         out = {}
         for key, (trail, dtype) in specs.items():
             shape = (local.num_samples, local.seq_len - 1, *trail)
@@ -382,11 +410,12 @@ class PolicyActor(_LogProbModel):
         sequence_parallel: use Megatron sequence parallelism (TP > 1 only).
         offload: what :meth:`offload` parks in host memory: none | optimizer | all
             (``trainer/offload.py``).
+        recompute: Megatron activation-recompute fields (``models.provider.recompute_overrides``).
     """
 
     def __init__(self, hf_cfg, parallel_info, optim: OptimSpec, temperature: float = 1.0,
                  sequence_parallel: bool = False, backend: str = "local", fp8: str | None = None,
-                 offload: str = "none"):
+                 offload: str = "none", recompute: dict | None = None):
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
         from megatron_rl.trainer.offload import HostStash, check_offload_mode
@@ -397,17 +426,18 @@ class PolicyActor(_LogProbModel):
 
         g = Groups.current()
         sp = bool(sequence_parallel and g.tp_size > 1)
-        chunks, config = _build_chunks(hf_cfg, optim.bf16, g, sp, backend, fp8)
+        chunks, config = _build_chunks(hf_cfg, optim.bf16, g, sp, backend, fp8, **(recompute or {}))
         ddp_cfg = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True, overlap_grad_reduce=False,
             use_distributed_optimizer=optim.use_distributed_optimizer)
-        chunks = [DistributedDataParallel(config, ddp_cfg, c) for c in chunks]
+        # later chunks of an interleaved pipeline in one bucket each (Megatron-LM's disable_bucketing rule)
+        chunks = [DistributedDataParallel(config, ddp_cfg, c, disable_bucketing=i > 0) for i, c in enumerate(chunks)]
         for c in chunks:
             c.broadcast_params()
         super().__init__(hf_cfg, chunks, config, temperature, sp, parallel_info)
         from megatron_rl.models.provider import resolve_model_backend
 
-        self.backend, self.fp8 = resolve_model_backend(backend, fp8), fp8   # what was built: local | te
+        self.backend, self.fp8 = resolve_model_backend(backend, fp8, sp), fp8   # what was built: local | te
         self.optim_spec = optim
         self.optimizer, self.scheduler = build_optimizer(optim, chunks)
         config.no_sync_func = chunks[0].no_sync if len(chunks) == 1 else [c.no_sync for c in chunks]
@@ -577,7 +607,7 @@ class ReferencePolicy(_LogProbModel):
         super().__init__(hf_cfg, chunks, config, temperature, sp, parallel_info)
         from megatron_rl.models.provider import resolve_model_backend
 
-        self.backend = resolve_model_backend(backend, fp8)    # te: packed rows run as THD
+        self.backend = resolve_model_backend(backend, fp8, sp)    # te: packed rows run as THD
 
     @classmethod
     def from_actor(cls, actor: PolicyActor) -> "ReferencePolicy":

@@ -192,8 +192,10 @@ class PackPlan:
         return [sum(self.lengths[i] for mb in rk for row in mb for i in row) for rk in self.ranks]
 
 
-def plan(lengths: list[int], budget: TokenBudget, dp: int) -> PackPlan:
-    """The packing of a global batch with sequence ``lengths`` over ``dp`` ranks (module docstring)."""
+def plan(lengths: list[int], budget: TokenBudget, dp: int, min_micro_batches: int = 1) -> PackPlan:
+    """The packing of a global batch with sequence ``lengths`` over ``dp`` ranks (module docstring);
+    at least ``min_micro_batches`` per rank (zero-mask fillers where sequences run out: Megatron's
+    interleaved schedule needs as many micro-batches as pipeline stages)."""
     if not lengths:
         raise ValueError("packing: no sequences")
     longest = max(lengths)
@@ -203,7 +205,7 @@ def plan(lengths: list[int], budget: TokenBudget, dp: int) -> PackPlan:
                          f"trainer.max_tokens_per_micro_batch={budget.max_tokens}; raise the budget to at least {row_len}")
     per_mb = budget.max_tokens // row_len
     rows = [ffd_rows(lengths, idx, row_len) for idx in balance_dp(lengths, dp)]
-    k = max(1, max(math.ceil(len(r) / per_mb) for r in rows))
+    k = max(1, min_micro_batches, max(math.ceil(len(r) / per_mb) for r in rows))
     ranks = []
     for r in rows:
         if len(r) < k:      # too few rows for k micro-batches: one sequence per row, then fillers

@@ -49,9 +49,17 @@ class Rollouts:
 
 
 def broadcast_object(obj: Any, src: int = 0) -> Any:
-    """Rank ``src``'s object on every rank (pickled through torch.distributed)."""
+    """Rank ``src``'s object on every rank (pickled through torch.distributed). From rank 0 (the driver,
+    whose rollouts / evaluation the others wait for) the others first wait in the c10d store
+    (``megatron_rl/driver_wait.py``) and join the collective only once the object is ready, so a long
+    rank-0 phase never sits in an NCCL collective against ``parallel.timeout_s`` and its watchdog."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return obj
+    from megatron_rl import driver_wait
+
+    waiter = driver_wait.current()
+    if src == 0 and waiter is not None:
+        waiter.sync()
     box = [obj if dist.get_rank() == src else None]
     dist.broadcast_object_list(box, src=src)
     return box[0]

@@ -117,14 +117,22 @@ def _optim_spec(cfg):
                      use_distributed_optimizer=o.use_distributed_optimizer, bf16=cfg.model.bf16)
 
 
-def client_args(cfg, trainer_world: int = 1) -> dict:
-    """The rollout pool's arguments (pure: what ``build_client`` passes to ``RolloutClient``)."""
+def client_args(cfg, trainer_world: int = 1, cuda: bool | None = None) -> dict:
+    """The rollout pool's arguments (what ``build_client`` passes to ``RolloutClient``; ``cuda``: this
+    machine's, None = ask it — the auto engine keys depend on it, ``rollout/placement.py``)."""
+    from megatron_rl.device import has_cuda
+    from megatron_rl.rollout.placement import engine_eager, engine_memory_utilization
+
     r = cfg.rollout
+    cuda = has_cuda() if cuda is None else cuda
     kw = {"max_model_len": r.max_model_len, "seed": cfg.trainer.seed, "dtype": "bfloat16" if cfg.model.bf16 else "float32",
           "logprobs": r.logprobs}
     if r.engine == "vllm":
         kw["kv_cache_gib"] = r.kv_cache_gib
         kw["enable_sleep_mode"] = r.placement == "colocated"   # CUDA only: refused on CPU at start-up
+        kw["gpu_memory_utilization"] = engine_memory_utilization(r.gpu_memory_utilization, r.placement)
+        kw["enforce_eager"] = engine_eager(r.enforce_eager, cuda)
+        kw["tensor_parallel_size"] = r.tensor_parallel_size
     return {"engine": r.engine, "model": cfg.model.hf_path, "num_engines": r.num_engines, "engine_kwargs": kw,
             "cpus_per_engine": r.cpus_per_engine, "ray_address": r.ray_address, "sync_backend": r.sync_backend,
             "bucket_bytes": r.bucket_mb << 20, "trainer_world": trainer_world, "placement": r.placement}
@@ -138,9 +146,10 @@ def build_client(cfg, trainer_world: int = 1):
     from megatron_rl.rollout.ray_bridge import RolloutClient
 
     a = client_args(cfg, trainer_world)
-    gpus = None   # on GPU: one per engine, those of rollout.placement (the trainer's, or the ones after them)
+    tp = cfg.rollout.tensor_parallel_size
+    gpus = None   # on GPU: TP per engine, those of rollout.placement (the trainer's, or the ones after them)
     if has_cuda():
-        gpus = engine_gpus(a["placement"], int(os.environ.get("LOCAL_WORLD_SIZE", "1")), a["num_engines"])
+        gpus = engine_gpus(a["placement"], int(os.environ.get("LOCAL_WORLD_SIZE", "1")), a["num_engines"], tp)
     env = None
     if cfg.rollout.max_staleness > 0:
         from megatron_rl.trainer.async_rollout import engine_env, local_plan
@@ -149,7 +158,7 @@ def build_client(cfg, trainer_world: int = 1):
     return RolloutClient(a["engine"], a["model"], a["num_engines"], a["engine_kwargs"],
                          cpus_per_engine=a["cpus_per_engine"], ray_address=a["ray_address"],
                          sync_backend=a["sync_backend"], bucket_bytes=a["bucket_bytes"], trainer_world=a["trainer_world"],
-                         actor_env=env, placement=a["placement"], engine_gpus=gpus, gpus_per_engine=1.0 if gpus else 0.0)
+                         actor_env=env, placement=a["placement"], engine_gpus=gpus, gpus_per_engine=float(tp) if gpus else 0.0)
 
 
 def build_grader(cfg):
@@ -234,7 +243,8 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
 
         remove_stale_tmp(cfg.trainer.run_dir)    # .tmp-step_* of a save cut short by a crash or kill: one line
     info = init_parallel(cfg.parallel.tp, cfg.parallel.pp, seed=cfg.trainer.seed,
-                         sequence_parallel=cfg.parallel.sequence_parallel, timeout_s=cfg.parallel.timeout_s)
+                         sequence_parallel=cfg.parallel.sequence_parallel, timeout_s=cfg.parallel.timeout_s,
+                         vpp=cfg.parallel.vpp)
     validate(cfg, world_size=info.world)
     if not cfg.model.hf_path:
         raise ValueError("model.hf_path is required (HF model dir with config.json + safetensors)")
@@ -247,9 +257,13 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
                          f"data.prompts_per_step={cfg.data.prompts_per_step}: lower it or fix the skipped rows")
     sampler = DeterministicSampler(len(train), cfg.data.prompts_per_step, cfg.data.seed)
     hf_cfg = load_hf_config(cfg.model.hf_path)
+    from megatron_rl.models.provider import recompute_overrides
+
+    recompute = recompute_overrides(cfg.model.recompute, cfg.model.recompute_method, cfg.model.recompute_num_layers)
     actor = PolicyActor(hf_cfg, info, _optim_spec(cfg), temperature=cfg.rollout.temperature,
                         sequence_parallel=info.sequence_parallel, backend=backend, fp8=cfg.model.fp8,
-                        offload=cfg.trainer.offload)
+                        offload=cfg.trainer.offload,
+                        recompute=recompute)
     actor.load_hf(cfg.model.hf_path)
     ref = None
     if "ref_logp" in A.kind_required_inputs(cfg.algo.kind, cfg.algo.hparams):
@@ -263,6 +277,9 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
     run.colo.start()                  # stays so through the first push (trainer/colocate.py)
     if info.is_driver and client is None:
         client = build_client(cfg, trainer_world=info.world)
+    from megatron_rl.trainer.rollout_stage import broadcast_object
+
+    broadcast_object(None)   # the others wait out the engines' start-up in the store (driver_wait), not in NCCL
     if cfg.rollout.max_staleness > 0:
         # engines and trainer on disjoint cores. After Ray started, so its daemons (and the workers
         # they fork) are not confined to the trainer's cores; the engine actors pin themselves.

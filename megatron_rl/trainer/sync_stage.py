@@ -50,6 +50,17 @@ def push(actor, client, bucket_bytes: int) -> int | None:
     return client.update_weights(RoundSource(meta, stream), bucket_bytes=bucket_bytes)
 
 
+#: rollout.logprob_gate=null: the gate of each trainer precision (config.py says why)
+AUTO_GATE = {"fp32": 1e-2, "bf16": 5e-2}
+
+
+def gate_threshold(cfg) -> float:
+    """``rollout.logprob_gate`` in force: the value, or the precision's :data:`AUTO_GATE` (``model.bf16``)."""
+    if cfg.rollout.logprob_gate is not None:
+        return float(cfg.rollout.logprob_gate)
+    return AUTO_GATE["bf16" if cfg.model.bf16 else "fp32"]
+
+
 def startup_gate(run) -> dict:
     """Collective: compare engine vs trainer log-probs on the probe batch; raise above the gate."""
     from megatron_rl.rollout.engine import SamplingParams
@@ -73,7 +84,7 @@ def startup_gate(run) -> dict:
     diff = (mine - theirs).abs() * sb.resp_mask
     gap = {"gate/logprob_gap_mean": float(diff.sum() / sb.resp_mask.sum().clamp_min(1)),
            "gate/logprob_gap_max": float(diff.max()), "gate/tokens": int(sb.resp_mask.sum())}
-    thr = run.cfg.rollout.logprob_gate
+    thr = gate_threshold(run.cfg)
     if gap["gate/logprob_gap_mean"] > thr:
         raise LogProbGateError(
             f"start-up gate: trainer vs engine log-probs differ by {gap['gate/logprob_gap_mean']:.3g} on average "

@@ -21,11 +21,19 @@ def tiny_hf(tmp_path_factory):
     return save_tiny_qwen3(tmp_path_factory.mktemp("tiny_hf"))
 
 
+#: engine keys set away from their defaults: the engines are built from them (test_engine_keys_reach_vllm)
+ENGINE_KEYS = ("gpu_memory_utilization", "enforce_eager", "tensor_parallel_size")
+
+
 @pytest.fixture(scope="module")
 def client(tiny_hf):
+    from megatron_rl.config import load_config
     from megatron_rl.rollout.ray_bridge import RolloutClient
+    from megatron_rl.trainer.setup import client_args
 
-    c = RolloutClient("vllm", str(tiny_hf), num_engines=2, engine_kwargs={"max_model_len": 256, "kv_cache_gib": 0.25},
+    keys = client_args(load_config(None, ["rollout.gpu_memory_utilization=0.37", "rollout.enforce_eager=null"]))
+    kw = {k: keys["engine_kwargs"][k] for k in ENGINE_KEYS}
+    c = RolloutClient("vllm", str(tiny_hf), num_engines=2, engine_kwargs={"max_model_len": 256, "kv_cache_gib": 0.25, **kw},
                       cpus_per_engine=0.5)
     yield c
     c.shutdown()
@@ -52,6 +60,20 @@ def test_generate_order_logprobs_and_hf_agreement(client, tiny_hf):
     # same seeds -> same samples (independent of how prompts are split over engines)
     again = client.generate(PROMPTS, sp)
     assert [c.response_ids for c in again] == [c.response_ids for c in comps]
+
+
+def test_engine_keys_reach_vllm(client):
+    """``rollout.gpu_memory_utilization`` / ``enforce_eager`` (null = auto: eager on CPU) /
+    ``tensor_parallel_size`` as vLLM recorded them in each engine's ``vllm_config``; both engines in
+    bundles of the pool's placement group (one node here)."""
+    confs = client.engine_configs()
+    assert len(confs) == 2
+    for c in confs:
+        assert (c["gpu_memory_utilization"], c["enforce_eager"], c["tensor_parallel_size"]) == (0.37, True, 1), c
+        assert c["max_model_len"] == 256
+    assert len({c["node_id"] for c in confs}) == 1
+    table = client._ray.util.placement_group_table(client._pg)
+    assert table["state"] == "CREATED" and len(table["bundles"]) == 2 and table["strategy"] == "SPREAD"
 
 
 def test_truncated_sampling_matches_the_hf_engine(client, tiny_hf):

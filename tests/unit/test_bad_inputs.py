@@ -128,7 +128,7 @@ CASES = [
      "num_attention_heads=32 is not divisible by --rollout-tp=3"),
     ("plan-negative-mem", ["plan", "--model", "qwen3-8b", "--gpu-mem-gib", "-1"], "--gpu-mem-gib must be > 0"),
     ("plan-no-fit", ["plan", "--model", "qwen3-8b", "--tp", "2", "--dp", "4", "--seq-len", "8192"],
-     "the layout does not fit: peak 125.59 GiB per GPU > --gpu-mem-gib 80"),
+     "the layout does not fit: peak 125.59 GiB per GPU > --gpu-mem-gib 78"),
     ("plan-model", ["plan", "--model", "qwen9-1t"], "qwen9-1t"),
     ("plan-budget-below-seq", ["plan", "--model", "qwen3-8b", "--max-tokens-per-micro-batch", "4000", "--seq-len", "8192"],
      "--max-tokens-per-micro-batch=4000 is below --seq-len=8192: a single sequence longer than the budget cannot be packed"),

@@ -45,9 +45,9 @@ def test_plan_exits_non_zero_when_the_layout_does_not_fit(capsys):
     """The table is printed either way; a layout over --gpu-mem-gib is refused: exit 2, one stderr line."""
     assert cli.main(["plan", "--model", "qwen3-8b", "--tp", "2", "--dp", "4", "--seq-len", "8192"]) == 2
     out, err = capsys.readouterr()
-    assert "DOES NOT FIT in 80 GiB" in out
+    assert "DOES NOT FIT in 78 GiB" in out
     assert err.strip().startswith("megatron-rl plan: error: the layout does not fit: peak 125.59 GiB per GPU > "
-                                  "--gpu-mem-gib 80") and len(err.strip().splitlines()) == 1
+                                  "--gpu-mem-gib 78") and len(err.strip().splitlines()) == 1
 
 
 def test_plan_bad_layout_is_one_clear_line():

@@ -121,13 +121,17 @@ SPEC = {   # key -> (value, observer)
     "reward.grader_concurrency": ("2", _grader), "reward.grader_fallback": ("0.5", _grader),
     "reward.grader_breaker_failures": ("2", _grader), "reward.grader_breaker_cooldown": ("5", _grader),
     "reward.grader_max_tokens": ("512", _grader), "reward.outcome_verifier": ("false", _verifier), "rollout.sync_backend": ("ray", _client),
-    "rollout.placement": ("colocated", _client),
+    "rollout.placement": ("colocated", _client), "rollout.gpu_memory_utilization": ("0.7", _client),
 }
 REJECTED = {   # key -> (value, words of the start-up error on this CPU machine)
     "model.backend": ("te", "model.backend=te needs a CUDA GPU"),
     "model.fp8": ("e4m3", "model.fp8=e4m3 needs the Transformer Engine backend"),
     "parallel.tp": ("2", "world size 1 is not divisible by tp*pp=2"),
     "parallel.pp": ("2", "world size 1 is not divisible by tp*pp=2"),
+    "parallel.cp": ("2", "parallel.cp=2: context parallelism is not implemented"),
+    "parallel.vpp": ("2", "parallel.vpp=2 .interleaved 1F1B. needs parallel.pp >= 2"),   # pp=1 here; test_vpp.py runs it
+    "rollout.tensor_parallel_size": ("2", "rollout.tensor_parallel_size=2 needs CUDA GPUs"),
+    "rollout.enforce_eager": ("false", "rollout.enforce_eager=false"),
     "data.train": ("{W}/none.parquet", "data.train="),
     "data.val": ("{W}/none.parquet", "data.val="),
     "model.tokenizer_path": ("{W}/notok", "model.tokenizer_path="),
@@ -143,6 +147,9 @@ REJECTED = {   # key -> (value, words of the start-up error on this CPU machine)
 READ = {   # key -> module that consumes it (``cfg.<key>`` or the section alias read there)
     "model.tokenizer_path": "megatron_rl/trainer/setup.py",
     "parallel.sequence_parallel": "megatron_rl/trainer/setup.py",
+    # into PolicyActor(recompute=...): tests/distributed/test_recompute.py checks loss and grads against none
+    "model.recompute": "megatron_rl/trainer/setup.py", "model.recompute_method": "megatron_rl/trainer/setup.py",
+    "model.recompute_num_layers": "megatron_rl/trainer/setup.py",
     "rollout.bucket_mb": "megatron_rl/trainer/setup.py",
     "data.max_prompt_len": "megatron_rl/trainer/setup.py", "data.on_error": "megatron_rl/trainer/setup.py",
     "data.chat_template_kwargs": "megatron_rl/trainer/setup.py",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -90,3 +91,38 @@ def test_torchrun_scripts_keep_the_callers_directory(tmp_path):
     (tmp_path / "my.yaml").write_text("{}")
     p = _run("torchrun/train_1node.sh", {"CONFIG": "my.yaml", "VENV": "/nonexistent"}, cwd=tmp_path)
     assert p.returncode == 2 and "VENV=/nonexistent" in p.stderr, p.stderr  # CONFIG passed, VENV reached
+
+
+def test_gpu_check_refuses_bad_input_in_one_line(tmp_path):
+    """tools/gpu_check.sh: wheels over the 64 MiB limit, a missing wheel folder, and (here) no CUDA device are
+    one line each, before anything is installed or run."""
+    tool = REPO / "tools" / "gpu_check.sh"
+    big = tmp_path / "wheels"
+    big.mkdir()
+    with open(big / "megatron_core-0.16.1-py3-none-any.whl", "wb") as f:
+        f.truncate(65 * 1024 * 1024)                     # sparse: 65 MiB by size
+    base = {k: v for k, v in os.environ.items() if k != "WHEELS"}
+    for env, words in (({"WHEELS": str(big)}, "65 MiB of wheels, over the 64 MiB limit"),
+                       ({"WHEELS": str(tmp_path / "none")}, "is not a directory"),
+                       ({"SEQ_LEN": "0"}, "SEQ_LEN=0 is not a positive integer"),
+                       ({"PYTHON": sys.executable}, "no CUDA device visible")):
+        p = subprocess.run(["bash", str(tool)], capture_output=True, text=True, timeout=120, check=False,
+                           env={**base, "OUT": str(tmp_path / "out"), **env})
+        assert p.returncode == 2 and words in p.stderr and len(p.stderr.strip().splitlines()) == 1, (env, p.stderr)
+    assert not (tmp_path / "out").exists()
+
+
+def test_gpu_check_run_on_cpu(tmp_path):
+    """The Python half of the bring-up (tools/gpu_check_run.py) on a tiny random model on CPU: the policy and
+    the reference are built and loaded, two steps train, the record names plan's total (nothing to measure
+    without CUDA). On the GPU machine it runs the Qwen3-1.7B shape (not run here)."""
+    import json
+
+    p = subprocess.run([sys.executable, str(REPO / "tools" / "gpu_check_run.py"), "--out", str(tmp_path), "--shape", "tiny",
+                        "--seq-len", "64", "--rows", "2"], capture_output=True, text=True, timeout=300, check=False,
+                       env={**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"})
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
+    rec = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert rec["backend"] == "local" and not rec["cuda"] and len(rec["losses"]) == 2
+    assert rec["plan_train_total"] > 0 and rec["plan_parts"]["extra_copies"] == rec["plan_parts"]["weights"]  # the reference
+    assert "plan training total" in p.stdout

@@ -1,4 +1,4 @@
-"""`megatron-rl plan --config`: every 7B–14B example fits 80 GiB as configured (its placement, offload
+"""`megatron-rl plan --config`: every 7B–14B example fits 78 GiB (usable of 80) as configured (its placement, offload
 and engines read from the config), the README's layout table is the generated one, contradicting
 flags are refused, and the phases follow the placement/offload model of ``plan.py``."""
 from __future__ import annotations
@@ -25,7 +25,7 @@ def _expected_placement(path: Path, cfg) -> str:
 @pytest.mark.parametrize("path", LARGE, ids=[p.stem for p in LARGE])
 def test_example_fits_as_configured(path):
     """The header's plan line names this config and plans what it configures: a layout that does not
-    fit 80 GiB, or a plan of another placement/offload/layout than the config's, fails here."""
+    fit 78 GiB, or a plan of another placement/offload/layout than the config's, fails here."""
     from megatron_rl.recipes import load
 
     line = PC.header_plan_line(path)
@@ -44,6 +44,39 @@ def test_example_fits_as_configured(path):
     assert i.micro_batch == (None if budget else cfg.trainer.rows_per_micro_batch)
     world = int(re.search(r"^# layout: TP=\d+ PP=\d+ DP=\d+ \((\d+) GPUs\)", path.read_text(), re.MULTILINE).group(1))
     assert i.tp * i.pp * i.dp == world, f"{path.name}: header layout vs plan --dp"
+
+
+@pytest.mark.parametrize("path", LARGE, ids=[p.stem for p in LARGE])
+def test_example_plan_counts_what_the_config_builds(path):
+    """The plan of every 7B-14B example counts what its config builds (the reference when the method's KL
+    needs one, the teacher's fp32 snapshot / EMA shadow, the engines' TP and memory share, recompute, the
+    fused SwiGLU of a GPU build) against 78 GiB usable, and the header states those figures (pinned)."""
+    from megatron_rl.algorithms import kind_required_inputs
+    from megatron_rl.recipes import load
+    from megatron_rl.rollout.placement import engine_memory_utilization
+
+    cfg, rep = load(path.stem), PC.example_report(path)
+    i = rep.inputs
+    assert i.reference == ("ref_logp" in kind_required_inputs(cfg.algo.kind, cfg.algo.hparams))
+    assert i.teacher_shadow == (getattr(cfg.algo.hparams, "teacher_mode", "fixed") in ("snapshot", "ema"))
+    assert (i.rollout_tp, i.rollout_mem_util) == (cfg.rollout.tensor_parallel_size, engine_memory_utilization(
+        cfg.rollout.gpu_memory_utilization, cfg.rollout.placement))
+    assert (i.recompute, i.recompute_method, i.recompute_num_layers) == (cfg.model.recompute, cfg.model.recompute_method,
+                                                                        cfg.model.recompute_num_layers)
+    assert i.fused_swiglu and i.gpu_mem_gib == 78 and i.extra_weight_copies == 0   # copies come from the config
+    n = rep.params.max if rep.stage == "only" else (rep.params.first_stage if rep.stage == "first" else rep.params.last_stage)
+    assert rep.extra_copies == (i.reference * 2 + i.teacher_shadow * (4 + 2)) * n       # bf16 + fp32 shadow
+    assert PC.header_figures(path) == PC.figures_line(rep), f"{path.name}: header plan figures are stale"
+
+
+def test_eight_b_flagships_use_peer_layouts():
+    """8B recipes with the 40960-token budget: TP 4 with full recompute (not TP 8, DP 1); engines of TP 2."""
+    from megatron_rl.recipes import load
+
+    for path in LARGE:
+        cfg = load(path.stem)
+        if path.stem.startswith("qwen3_8b") and cfg.trainer.max_tokens_per_micro_batch == 40960:
+            assert (cfg.parallel.tp, cfg.model.recompute, cfg.rollout.tensor_parallel_size) == (4, "full", 2), path.name
 
 
 def test_a_separate_8_gpu_example_fits_without_sleep():
@@ -71,11 +104,11 @@ def test_flag_contradicting_the_config_is_one_line(capsys):
     rc = cli.main(["plan", "--config", cfg, "--model", "qwen3-8b", "--dp", "1", "--tp", "2"])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1, err
-    assert "--tp=2 contradicts parallel.tp of" in err and "(8)" in err
+    assert "--tp=2 contradicts parallel.tp of" in err and "(4)" in err
     rc = cli.main(["plan", "--config", cfg, "--model", "qwen3-8b", "--dp", "1", "--offload", "all"])
     assert rc == 2 and "--offload=all contradicts trainer.offload" in capsys.readouterr().err
     # a flag that agrees with the config is fine; the config's offload is what is planned
-    assert cli.main(["plan", "--config", cfg, "--model", "qwen3-8b", "--dp", "1", "--tp", "8", "--rollout-seqs", "16",
+    assert cli.main(["plan", "--config", cfg, "--model", "qwen3-8b", "--dp", "2", "--tp", "4", "--rollout-seqs", "16",
                      "--max-tokens-per-micro-batch", "40960"]) == 0
     out = capsys.readouterr().out
     assert "trainer resident (offload optimizer)" in out and "colocated: max(update, generation)" in out

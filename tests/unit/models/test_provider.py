@@ -61,3 +61,40 @@ def test_te_backend_fails_clearly_without_te():
         P.layer_spec(_cfg(), "te")
     with pytest.raises(ValueError, match="fp8 needs a CUDA GPU"):
         P.transformer_config_from_hf(_cfg(), fp8="e4m3")
+
+
+def test_te_detection_is_strict():
+    """TE counts as present only when its torch extension imports (``transformer_engine.pytorch``);
+    here it is not installed, and the reason is named."""
+    import importlib.util
+
+    err = P.te_import_error()
+    if importlib.util.find_spec("transformer_engine") is None:
+        assert err is not None and "transformer_engine" in err
+    assert P.resolve_backend("auto") == "local"     # CPU: always the local spec
+
+
+@pytest.mark.parametrize("backend,cuda,te,sp,expect", [
+    ("auto", True, True, True, "te"), ("auto", True, False, False, "local"), ("auto", False, True, True, "local"),
+    ("auto", True, False, True, "parallel.sequence_parallel=true on CUDA needs the Transformer Engine layer spec"),
+    ("local", True, True, True, "parallel.sequence_parallel=true on CUDA needs the Transformer Engine layer spec"),
+    ("local", False, False, True, "local"),          # CPU: the cpu_megatron_norm_sp patch makes it exact
+    ("te", False, True, False, "model.backend=te needs a CUDA GPU"),
+])
+def test_backend_never_resolves_to_a_spec_that_cannot_run(backend, cuda, te, sp, expect):
+    if expect in ("te", "local"):
+        assert P.resolve_model_backend(backend, None, sp, cuda=cuda, te=te) == expect
+    else:
+        with pytest.raises(ValueError, match=expect) as e:
+            P.resolve_model_backend(backend, None, sp, cuda=cuda, te=te)
+        assert "\n" not in str(e.value)
+
+
+def test_cuda_fusions_follow_device_and_backend():
+    assert not any(P.cuda_fusions("local", cuda=False).values())
+    assert P.cuda_fusions("local", cuda=True) == {"bias_activation_fusion": True, "apply_rope_fusion": False,
+                                                  "gradient_accumulation_fusion": False}
+    assert all(P.cuda_fusions("te", cuda=True, wgrad_ext=True).values())
+    assert P.cuda_fusions("te", cuda=True, wgrad_ext=False)["gradient_accumulation_fusion"] is False   # no apex
+    cfg = P.transformer_config_from_hf(_cfg())
+    assert cfg.use_cpu_initialization is True and cfg.bias_activation_fusion is False   # CPU build

@@ -33,8 +33,14 @@ def test_auto_backend_fits_the_placement(placement, engine, cuda, world, expecte
     ({"placement": "separate", "num_engines": 8, "ray_address": "10.0.0.1:6379"}, 8, 8, None),  # engines elsewhere
     ({"placement": "separate", "sync_backend": "ipc"}, 8, 4, "CUDA IPC shares memory on one GPU"),
     ({"placement": "colocated", "sync_backend": "ipc"}, 8, 8, "ipc needs a single trainer process"),
+    ({"placement": "colocated", "num_engines": 4, "tensor_parallel_size": 2}, 8, 8, None),
+    ({"placement": "colocated", "num_engines": 8, "tensor_parallel_size": 2}, 8, 8,
+     "8 engine(s) x 2 GPU(s) = 16 GPUs, but the trainer has 8"),
+    ({"placement": "separate", "num_engines": 2, "tensor_parallel_size": 2}, 8, 4, None),
+    ({"placement": "separate", "num_engines": 3, "tensor_parallel_size": 2}, 8, 4, "+ 3 engine(s) x 2 = 10 GPUs"),
 ], ids=["colocated-fits", "colocated-too-many", "separate-fits", "separate-too-many", "separate-cluster",
-        "separate-ipc", "colocated-ipc-8"])
+        "separate-ipc", "colocated-ipc-8", "colocated-tp2-fits", "colocated-tp2-too-many", "separate-tp2-fits",
+        "separate-tp2-too-many"])
 def test_gpu_counts(rollout, gpus, trainer, words):
     cfg = _cfg(**rollout)
     if words is None:
@@ -56,3 +62,52 @@ def test_cpu_colocated_is_for_the_hf_engine_only():
     assert check_placement(_cfg(placement="separate"), False, 0, 1, 1) == "gloo"
     with pytest.raises(ValueError, match="vLLM-CPU has no sleep mode"):
         check_placement(_cfg(placement="colocated"), False, 0, 1, 1)
+
+
+def test_engine_keys_resolve_per_machine_and_reach_the_engine_arguments():
+    """null = auto: eager on CPU / CUDA graphs on GPU; 0.5 colocated / 0.9 separate; the values in force
+    are what ``client_args`` hands the engines (``tests/e2e/test_rollout_vllm.py``: what vLLM records)."""
+    from megatron_rl.trainer.setup import client_args
+
+    def kw(cuda, **rollout):
+        return client_args(_cfg(**rollout), cuda=cuda)["engine_kwargs"]
+
+    assert (kw(False)["enforce_eager"], kw(True)["enforce_eager"], kw(True, enforce_eager=True)["enforce_eager"]) == \
+        (True, False, True)
+    assert kw(True, placement="colocated")["gpu_memory_utilization"] == 0.5
+    assert kw(True, placement="separate")["gpu_memory_utilization"] == 0.9
+    assert kw(True, gpu_memory_utilization=0.8)["gpu_memory_utilization"] == 0.8
+    assert kw(True, tensor_parallel_size=4)["tensor_parallel_size"] == 4
+    assert "tensor_parallel_size" not in kw(False, engine="hf")      # the HF engine has no TP
+
+
+@pytest.mark.parametrize("rollout,words", [
+    ({"tensor_parallel_size": 2}, "rollout.tensor_parallel_size=2 needs CUDA GPUs"),
+    ({"enforce_eager": False}, "rollout.enforce_eager=false (CUDA graphs) needs CUDA GPUs"),
+])
+def test_engine_keys_refused_on_cpu_in_one_line(rollout, words):
+    check_placement(_cfg(**rollout), True, 8, 4, 4)                 # fine with GPUs
+    with pytest.raises(ValueError, match=re.escape(words)) as e:
+        check_placement(_cfg(**rollout), False, 0, 1, 1)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("rollout,words", [
+    ({"tensor_parallel_size": 0}, "rollout.tensor_parallel_size must be >= 1"),
+    ({"gpu_memory_utilization": 1.5}, "rollout.gpu_memory_utilization must be in (0, 1]"),
+    ({"engine": "hf", "tensor_parallel_size": 2}, "needs rollout.engine=vllm"),
+])
+def test_engine_keys_bad_values(rollout, words):
+    with pytest.raises(ValueError, match=re.escape(words)):
+        _cfg(**rollout)
+
+
+def test_colocated_engines_share_every_node_of_a_ray_cluster():
+    """Two nodes of 8 (WORLD_SIZE 16): 8 engines x TP2 fit the trainer's 16 GPUs when a Ray cluster spans the
+    nodes (the placement group spreads them); a Ray of one node has only its 8."""
+    cfg = _cfg(placement="colocated", num_engines=8, tensor_parallel_size=2)
+    assert check_placement(cfg, True, 8, 8, 16, cluster=True) == "ray"
+    with pytest.raises(ValueError, match=re.escape("= 16 GPUs, but the trainer has 8 on this node to share")):
+        check_placement(cfg, True, 8, 8, 16, cluster=False)
+    with pytest.raises(ValueError, match=re.escape("= 32 GPUs, but the trainer has 16 in all its nodes' Ray cluster")):
+        check_placement(_cfg(placement="colocated", num_engines=16, tensor_parallel_size=2), True, 8, 8, 16, cluster=True)

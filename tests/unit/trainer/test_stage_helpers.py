@@ -2,6 +2,7 @@
 rlcsd_counts (in-process, no model)."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from megatron_rl import algorithms as A
@@ -81,3 +82,16 @@ def test_rlcsd_counts_split_the_mask_by_the_gate():
     assert n_non + n_sel == float(ex["resp_mask"].sum()) and n_sel > 0
     field = A.loss_batch_stats("rlcsd")["rlcsd_counts"](ex, hp)
     assert field.shape == (n, 2) and field[:, 0].eq(n_non).all() and field[:, 1].eq(n_sel).all()
+
+
+def test_logprob_gate_default_follows_the_trainer_precision():
+    """rollout.logprob_gate null: 1e-2 in fp32, 5e-2 with bf16 (bf16 trainer vs bf16 engine differ by ~1e-2);
+    a value set wins in either precision."""
+    from megatron_rl.config import load_config
+    from megatron_rl.trainer.sync_stage import gate_threshold
+
+    assert gate_threshold(load_config(None, [])) == 1e-2
+    assert gate_threshold(load_config(None, ["model.bf16=true"])) == 5e-2
+    assert gate_threshold(load_config(None, ["model.bf16=true", "rollout.logprob_gate=0.003"])) == 0.003
+    with pytest.raises(ValueError, match="rollout.logprob_gate must be > 0 or null"):
+        load_config(None, ["rollout.logprob_gate=0"])

@@ -1,0 +1,55 @@
+"""Every model the trainer builds lives on the trainer's device (``megatron_rl/device.py``).
+
+Issue 30: the reference policy was built on the host and never moved, so its first forward on a GPU
+mixed host weights with device inputs; only the distributed optimizer's buffers carried the actor
+there. One worker process (``workers/model_device.py``, real megatron-core, gloo) builds the policy
+with the distributed optimizer on and off (fp32 and bf16), the reference (from the HF dir and from
+the actor), and the teacher's snapshot / EMA shadow weights, and lists every tensor off the device.
+On this CPU machine the device is ``cpu``; ``tests/gpu/test_model_device_cuda.py`` runs the same
+worker on CUDA.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.dist import torchrun
+
+WORKERS = Path(__file__).resolve().parent / "workers"
+CASES = ["actor[distopt=1,bf16=0]", "actor[distopt=1,bf16=1]", "actor[distopt=0,bf16=0]", "actor[distopt=0,bf16=1]",
+         "reference[load_hf]", "reference[from_actor,bf16]", "teacher[snapshot]", "teacher[ema]"]
+
+
+def run_worker(tmp: Path, env: dict | None = None) -> dict:
+    sys.path.insert(0, str(WORKERS))
+    from actor_common import make_tiny_hf
+
+    hf = make_tiny_hf(tmp / "hf")
+    out = tmp / "devices.json"
+    torchrun(WORKERS / "model_device.py", hf, out, nproc=1, timeout=600, env=env)
+    return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def devices(tmp_path_factory) -> dict:
+    return run_worker(tmp_path_factory.mktemp("device"), env={"CUDA_VISIBLE_DEVICES": ""})
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_tensor_is_on_the_trainer_device(case, devices):
+    from megatron_rl.device import default_device
+
+    assert devices["device"] == str(default_device()) == "cpu"
+    rec = {r["case"]: r for r in devices["records"]}[case]
+    assert rec["checked"] > 0
+    assert rec["n_off"] == 0, rec["off_device"]
+    if "use_cpu_initialization" in rec:      # the host build is the CPU path only (the GPU test asserts False)
+        assert rec["use_cpu_initialization"] is True
+
+
+def test_reference_forward_runs(devices):
+    rec = {r["case"]: r for r in devices["records"]}["reference[load_hf]"]
+    assert rec["logp_sum"] < 0
