@@ -70,6 +70,9 @@ class _EngineActor:
     def named_parameters(self) -> dict:
         return self.engine.named_parameters()
 
+    def hf_named_parameters(self) -> dict:
+        return self.engine.hf_named_parameters()
+
     def sleep(self, level: int):
         self.engine.sleep(level)
 
@@ -189,6 +192,7 @@ class RolloutClient:
         self.cpus, self.threads, self.gpus = cpus_per_engine, threads_per_engine, gpus_per_engine
         self.actor_env = dict(actor_env or {})
         self.max_restarts, self.bucket_bytes = max_restarts, bucket_bytes
+        self.engine_impl = getattr(self, "engine_impl", None) or engine_kind   # the class the actors build (make_engine)
         self._stats = RolloutStats()
         self._transfer = None     # the sender's TrainerWeightTransferEngine (opened at the first sync)
         self._stale: set[int] = set()  # replaced engines that have not received the current weights
@@ -202,7 +206,7 @@ class RolloutClient:
         env = {"OMP_NUM_THREADS": str(self.threads), "RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false",
                **self.actor_env}
         return cls.options(num_cpus=self.cpus, num_gpus=self.gpus, runtime_env={"env_vars": env}).remote(
-            self.kind, self.model_dir, self.engine_kwargs)
+            self.engine_impl, self.model_dir, self.engine_kwargs)
 
     def _restart(self, i: int) -> None:
         if self._stats.restarts >= self.max_restarts:
@@ -341,6 +345,13 @@ class RolloutClient:
         """Copies of engine ``i``'s parameters (engine names) — verification in tests. Copied out
         of the object store at once, so nothing stays pinned there."""
         return {k: v.clone() for k, v in self._ray.get(self.actors[i].named_parameters.remote()).items()}
+
+    def engine_hf_parameters(self) -> list[dict[str, torch.Tensor]]:
+        """Every engine's parameters under the trainer's HF names (``hf_named_parameters``), one dict per
+        engine holding the current weights (replaced engines waiting for a sync are left out): sync
+        verification. Copied out of the object store one engine at a time."""
+        return [{k: v.clone() for k, v in self._ray.get(self.actors[i].hf_named_parameters.remote()).items()}
+                for i in self._fresh()]
 
     def set_sync_backend(self, backend: str, trainer_world: int = 1) -> None:
         """Switch the weight transport without restarting the engines (e.g. gloo <-> ray, which
