@@ -24,7 +24,8 @@ from megatron_rl.console import LOG_FILE, RESUME_TEMPLATE
 from megatron_rl.trainer.rollout_source import open_source
 from megatron_rl.trainer.rollout_stage import Rollouts
 from megatron_rl.trainer.setup import Run, evaluate, setup_run, sync_weights
-from megatron_rl.trainer.stop import GracefulStop, Stopped
+from megatron_rl.trainer.stop import GracefulStop, Halted, Stopped
+from megatron_rl.trainer.sync_stage import SyncVerifyError, verify_due, verify_push, warm_probe
 from megatron_rl.trainer.update import update
 
 
@@ -49,10 +50,16 @@ def rl_step(run: Run, step: int) -> dict:
     metrics = step_metrics(run.path.logged(data), run.cfg)
     metrics.update(update(run, data, step))
     run.source.before_push(step)       # async: the driver waits for the batches due before the push
+    verify = verify_due(run.cfg.rollout.verify_sync, step, run.verified)
+    if verify and not run.colo.active:
+        warm_probe(run)                # the probe's prefix into the engines' caches under the old weights
     run.colo.before_push()             # trainer offloads, engines wake their weights
     t1 = time.perf_counter()
     sync_weights(run)
     run.colo.after_push()              # engines wake their KV cache
+    if verify:                         # before the producer samples with the new weights
+        metrics.update(verify_push(run, step))
+        run.verified += 1
     run.source.pushed(step)
     t2 = time.perf_counter()
     ro = run.path.trained(data)
@@ -110,6 +117,11 @@ def _train_steps(rn: Run, stop: GracefulStop) -> int:
         except FloatingPointError as e:
             last = rn.last_checkpoint
             raise SystemExit(f"stopping at step {step}: {e}. Last good checkpoint: {last or 'none'}") from e
+        except SyncVerifyError as e:   # the trainer's step is sound, the engines are not: keep it, then stop
+            rn.step = step
+            rn.checkpoint()
+            raise Halted(f"[megatron-rl] stopped after step {step} (checkpoint {rn.last_checkpoint}): {e}",
+                         rn.info.is_driver) from None
         if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0 and step != cfg.trainer.steps:
             metrics.update(evaluate(rn, step))
         rn.logger.log(step, metrics)
