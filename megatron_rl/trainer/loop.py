@@ -58,7 +58,8 @@ def rl_step(run: Run, step: int) -> dict:
     sync_weights(run)
     run.colo.after_push()              # engines wake their KV cache
     if verify:                         # before the producer samples with the new weights
-        metrics.update(verify_push(run, step))
+        with run.colo.trainer_loaded():   # colocated: the probe's trainer pass needs the parked weights
+            metrics.update(verify_push(run, step))
         run.verified += 1
     run.source.pushed(step)
     t2 = time.perf_counter()
