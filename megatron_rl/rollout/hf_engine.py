@@ -104,8 +104,8 @@ class HFEngine:
         return {n: p.detach().clone() for n, p in self.model.named_parameters()}
 
     def hf_named_parameters(self) -> dict[str, torch.Tensor]:
-        """The same as :meth:`named_parameters`: this engine's names are the HF names."""
-        return self.named_parameters()
+        """Host copies of the parameters (this engine's names are the HF names)."""
+        return {n: p.detach().to("cpu", copy=True) for n, p in self.model.named_parameters()}
 
     def reset_caches(self) -> None:
         """Nothing derived from the weights outlives a call here: the KV cache is built per prompt inside

@@ -49,7 +49,7 @@ def _worker_hf_params(worker) -> dict[str, torch.Tensor]:
     """The worker model's parameters under the HF names the trainer exports: vLLM's fused modules
     (the model's ``packed_modules_mapping``, e.g. ``qkv_proj`` -> q/k/v, ``gate_up_proj`` -> gate/up) are
     split back by their ``output_sizes``, and vocabulary rows vLLM padded (``org_vocab_size``) are cut.
-    Full tensors only at tensor-parallel size 1 (a TP worker holds a shard)."""
+    Host copies (a GPU engine's too). Full tensors only at tensor-parallel size 1 (a TP worker holds a shard)."""
     model = worker.get_model()
     packed = getattr(model, "packed_modules_mapping", {}) or {}
     mods = dict(model.named_modules())
@@ -64,9 +64,9 @@ def _worker_hf_params(worker) -> dict[str, torch.Tensor]:
         sizes = getattr(mod, "output_sizes", None)
         if kind in packed and sizes is not None and len(sizes) == len(packed[kind]) and t.shape[0] == sum(sizes):
             for part, piece in zip(packed[kind], t.split(list(sizes), 0)):
-                out[f"{parent}.{part}.{leaf}"] = piece.clone()
+                out[f"{parent}.{part}.{leaf}"] = piece.to("cpu", copy=True)
         else:
-            out[name] = t.clone()
+            out[name] = t.to("cpu", copy=True)
     return out
 
 

@@ -168,6 +168,7 @@ def weight_mismatches(actor, client, limit: int = 3) -> list[str]:
     engines, bad, seen = client.engine_hf_parameters(), [], set()
     for name, t in stream:
         seen.add(name)
+        t = t.detach().cpu()   # the engines' copies are host tensors
         for i, eng in enumerate(engines):
             e = eng.get(name)
             if e is None:

@@ -186,8 +186,11 @@ def test_push_leaves_no_stale_prefix_cache(client, tiny_hf, tmp_path):
     assert gap <= 1e-4 and differ == 0, f"synchronous: |engine - HF(new)| log-prob {gap:.3g}, {differ} response(s) " \
                                         "unlike a fresh engine's: the push left stale prefix-cache KV"
 
-    # max_staleness = 1: batches 1 and 2 are sampled with B while step 1 trains; its push (A) waits
-    # for them (before_push), then batch 3 is sampled with A, over the same prefix as 1 and 2
+    # max_staleness = 1, over the ray backend this time (gloo above; nccl / ipc need CUDA — every backend
+    # ends a push with the same engine call, finish_weight_update, where the reset sits): batches 1 and 2
+    # are sampled with B while step 1 trains; its push (A) waits for them (before_push), then batch 3
+    # is sampled with A, over the same prefix as 1 and 2
+    client.set_sync_backend("ray")
     batches = _prefix_batches(12, 3)
     prod = AsyncProducer(lambda j: client.generate(batches[j - 1], GREEDY), first_step=1, last_step=3,
                          max_staleness=1, version=0)
@@ -200,6 +203,7 @@ def test_push_leaves_no_stale_prefix_cache(client, tiny_hf, tmp_path):
         third = prod.get(3)[0]
     finally:
         prod.close()
+        client.set_sync_backend("gloo")
     assert third.weight_version == 1
     gap, differ = _check_against_new_weights(third.data, tiny_hf)
     assert gap <= 1e-4 and differ == 0, f"max_staleness=1: |engine - HF(new)| log-prob {gap:.3g}, {differ} " \
