@@ -19,7 +19,11 @@ Bound of a configuration: with gen and train from the SYNCHRONOUS run, perfect o
 ``max(gen, train) / (gen + train)`` of the synchronous step; "of bound" = that bound divided by
 the measured ratio (1.0 = the overlap is perfect). Goal on this 2-core machine: async step ≤ 0.75 ×
 sync. With ``max_staleness`` ≥ 1 the trainer and the engines get disjoint cores (1 + 1 here), so the
-async trainer computes on one core where the synchronous one used two.
+async trainer computes on one core where the synchronous one used two. The ratio splits exactly as
+``x sync = bound × overlap × slowdown``: ``overlap`` = the run's step / max(its gen, its train) (1.0:
+the stages hide each other completely), ``slowdown`` = its longer stage / the baseline's (what the
+core split costs each stage — nothing on GPUs, where the placement gives engines and trainer
+disjoint devices in both modes).
 
 With ``--dp 2 --engines 2`` the trainer runs data-parallel on 2 ranks (``torchrun``) and the rollout
 pool has 2 engines, each generating half of every batch; the asynchronous split then gives the
@@ -108,14 +112,18 @@ def main() -> None:
           f"gen {base['gen']:.2f} s = {base['gen'] / base['step']:.0%} of its step, train {base['train']:.2f} s, "
           f"bound max(gen, train)/(gen + train) = {bound:.2f}")
     print(f"{'staleness':>9} {'step':>7} {'x sync':>7} {'of bound':>8} {'tokens/s':>9} {'gen':>6} {'train':>6} "
-          f"{'sync':>6} {'idle trainer':>12} {'idle engines':>12} {'resp len':>8}")
+          f"{'sync':>6} {'overlap':>7} {'slowdown':>8} {'idle trainer':>12} {'idle engines':>12} {'resp len':>8}")
     for k, r in res.items():
         ratio = r["step"] / base["step"]
         print(f"{k:>9} {r['step']:6.2f}s {ratio:6.2f}x {bound / ratio if k else 1.0:7.2f} {r['tokens_s']:9.0f} "
-              f"{r['gen']:5.2f}s {r['train']:5.2f}s {r['sync']:5.2f}s {r['idle_trainer']:11.0%} {r['idle_engines']:11.0%} "
+              f"{r['gen']:5.2f}s {r['train']:5.2f}s {r['sync']:5.2f}s {r['step'] / max(r['gen'], r['train']):6.2f}x "
+              f"{max(r['gen'], r['train']) / max(base['gen'], base['train']):7.2f}x {r['idle_trainer']:11.0%} {r['idle_engines']:11.0%} "
               f"{r['resp_len']:8.1f}")
     print("x sync = step / baseline step (goal <= 0.75); of bound = bound / (x sync), 1.0 = perfect overlap "
-          "(goal >= 1 / 1.05 = 0.95: step <= 1.05 x the bound); sync = the weight push inside train")
+          "(goal >= 1 / 1.05 = 0.95: step <= 1.05 x the bound); sync = the weight push inside train.\n"
+          "Where the time goes, x sync = bound x overlap x slowdown: overlap = step / max(gen, train) of the same run "
+          "(1.00: the stages hide each other completely), slowdown = that run's longer stage / the baseline's "
+          "(what splitting the cores between trainer and engines costs each stage)")
 
 
 if __name__ == "__main__":
