@@ -33,6 +33,7 @@ def test_healthy_run_verifies_every_push(res):
     assert r["exit"] == "ok" and r["steps"] == [1, 2], r
     for v in r["verify"]:   # fp32 on CPU: far inside the 1e-3 / 1e-2 tolerance
         assert v["sync/verify_tensors_bad"] == 0 and v["sync/verify_gap_mean"] < 1e-5 and v["sync/verify_gap_max"] < 1e-4, v
+        assert v["time/verify"] > 0, v
 
 
 @pytest.mark.parametrize("case, named", [

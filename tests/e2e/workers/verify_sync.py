@@ -85,7 +85,7 @@ def main(work: str) -> int:
         client.set_engine_fault(None)
         rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()] \
             if (run_dir / "metrics.jsonl").is_file() else []
-        r.update(steps=[x["step"] for x in rows], verify=[{k: v for k, v in x.items() if k.startswith("sync/")} for x in rows],
+        r.update(steps=[x["step"] for x in rows], verify=[{k: v for k, v in x.items() if k.startswith("sync/") or k == "time/verify"} for x in rows],
                  checkpoint_1=(run_dir / "checkpoints" / "step_1" / "COMPLETE").is_file(), secs=round(time.time() - t0, 1))
         print(f"[verify_sync] {name}: {r}", flush=True)
     for c in clients.values():
