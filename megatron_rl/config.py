@@ -167,6 +167,12 @@ class RolloutConfig:
     (``trainer/sync_stage.py``): 1e-2 in fp32 (CPU measures ~1e-7, TF32 GPU matmuls ~1e-3), 5e-2 with
     ``model.bf16`` (bf16 trainer vs bf16 engine differ by ~1e-2 on a 4B model: different kernels and
     reduction orders in bf16); a mis-mapped weight gives ~1, far above either."""
+    verify_sync: str = "first"
+    """Verified weight swaps: first | every:N | never. After the first training push of a run (and with
+    every:N, every N-th step's), the engines re-score a fixed probe (with a prefix shared over several KV
+    blocks) against the trainer under the dtype's tolerance, and their parameters are compared with the
+    trainer's export; a failure names the differing tensors and stops the run at the step boundary
+    (``trainer/sync_stage.py``). Each verification copies the model out of every engine once."""
     placement: str = "separate"
     """Where the engines run relative to the trainer (``trainer/colocate.py``). separate: on their own
     devices, nothing sleeps (GPU: ``num_engines`` more GPUs beside the trainer's; CPU: own processes —
@@ -200,6 +206,9 @@ class RolloutConfig:
                "has no tensor parallelism)")
         _check(self.logprob_gate is None or self.logprob_gate > 0,
                f"rollout.logprob_gate must be > 0 or null, got {self.logprob_gate}")
+        _check(self.verify_sync in ("first", "never") or (
+            self.verify_sync.startswith("every:") and self.verify_sync[6:].isdigit() and int(self.verify_sync[6:]) >= 1),
+            f"rollout.verify_sync must be first|every:N (N >= 1)|never, got {self.verify_sync!r}")
         _check(self.n >= 1 and self.num_engines >= 1, "rollout.n and rollout.num_engines must be >= 1")
         _check(self.temperature > 0, f"rollout.temperature must be > 0, got {self.temperature}")
         from megatron_rl.rollout.sampling import LOGPROB_MODES, check_truncation

@@ -32,7 +32,7 @@ MODULE_SECONDS = {
     "tests/e2e/test_distill.py": 340, "tests/e2e/test_score.py": 200, "tests/cluster/test_slurm.py": 210,
     "tests/e2e/test_quickstart.py": 190, "tests/e2e/test_chat_methods.py": 170, "tests/unit/test_cli.py": 15,
     "tests/distributed/test_weight_transport.py": 95,
-    "tests/e2e/test_rollout_vllm.py": 65, "tests/unit/rewards/test_judge_vllm.py": 120, "tests/unit/test_convert_stream.py": 50, "tests/unit/test_plan.py": 45,
+    "tests/e2e/test_rollout_vllm.py": 125, "tests/e2e/test_verify_sync.py": 115, "tests/unit/rewards/test_judge_vllm.py": 120, "tests/unit/test_convert_stream.py": 50, "tests/unit/test_plan.py": 45,
     "tests/distributed/test_convert.py": 50, "tests/distributed/test_checkpoint.py": 45,
     "tests/distributed/test_invariance.py": 40, "tests/unit/trainer/test_paths.py": 37,
     "tests/distributed/test_teacher_pass.py": 35, "tests/unit/convert/test_convert_units.py": 34,

@@ -103,6 +103,16 @@ class HFEngine:
     def named_parameters(self) -> dict[str, torch.Tensor]:
         return {n: p.detach().clone() for n, p in self.model.named_parameters()}
 
+    def hf_named_parameters(self) -> dict[str, torch.Tensor]:
+        """Host copies of the parameters (this engine's names are the HF names)."""
+        return {n: p.detach().to("cpu", copy=True) for n, p in self.model.named_parameters()}
+
+    def reset_caches(self) -> None:
+        """Nothing derived from the weights outlives a call here: the KV cache is built per prompt inside
+        ``generate`` and dropped with it, so a push leaves no stale state (the end of every push calls this,
+        as on :class:`~megatron_rl.rollout.vllm_engine.VLLMEngine`)."""
+        return None
+
     def weight_transfer(self, method: str, **kwargs):
         """The object-store (``ray`` backend) side of vLLM's weight-transfer lifecycle (the ``ray`` backend), so the
         HF fallback is driven exactly like a vLLM engine; other backends are refused at start-up."""
@@ -110,8 +120,9 @@ class HFEngine:
             from .weight_sync import unpack_update
 
             return self.update_weights(unpack_update(kwargs["update_info"]))
-        if method in ("init_weight_transfer_engine", "start_weight_update", "finish_weight_update",
-                      "shutdown_weight_transfer_engine"):
+        if method == "finish_weight_update":
+            return self.reset_caches()
+        if method in ("init_weight_transfer_engine", "start_weight_update", "shutdown_weight_transfer_engine"):
             return None
         if method == "stats":
             return {}
@@ -186,7 +197,14 @@ def _release_freed_memory() -> None:
 
 
 def make_engine(kind: str, model_dir: str, **kwargs):
-    """``"vllm"`` (default) or ``"hf"``."""
+    """``"vllm"`` (default) or ``"hf"``; or ``"package.module:Class"``, an engine class imported by path
+    in the engine's own process (a Ray actor): how a subclass of these (a plugin engine, the
+    fault-injecting engines of ``tests/helpers/sync_faults.py``) gets into the pool."""
+    if ":" in kind:
+        import importlib
+
+        mod, _, cls = kind.partition(":")
+        return getattr(importlib.import_module(mod), cls)(model_dir, **kwargs)
     if kind == "vllm":
         from .vllm_engine import VLLMEngine
 

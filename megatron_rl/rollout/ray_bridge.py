@@ -78,6 +78,9 @@ class _EngineActor:
         cfg = getattr(self.engine, "engine_config", None)
         return {**(cfg() if cfg is not None else {}), "node_id": ray.get_runtime_context().get_node_id()}
 
+    def hf_named_parameters(self) -> dict:
+        return self.engine.hf_named_parameters()
+
     def sleep(self, level: int):
         self.engine.sleep(level)
 
@@ -199,6 +202,7 @@ class RolloutClient:
         self._pg = _placement_group(num_engines, cpus_per_engine, gpus_per_engine)
         self.actor_env = dict(actor_env or {})
         self.max_restarts, self.bucket_bytes = max_restarts, bucket_bytes
+        self.engine_impl = getattr(self, "engine_impl", None) or engine_kind   # the class the actors build (make_engine)
         self._stats = RolloutStats()
         self._transfer = None     # the sender's TrainerWeightTransferEngine (opened at the first sync)
         self._stale: set[int] = set()  # replaced engines that have not received the current weights
@@ -216,7 +220,7 @@ class RolloutClient:
                **self.actor_env}
         where = PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=i)
         return cls.options(num_cpus=self.cpus, num_gpus=self.gpus, runtime_env={"env_vars": env},
-                           scheduling_strategy=where).remote(self.kind, self.model_dir, self.engine_kwargs)
+                           scheduling_strategy=where).remote(self.engine_impl, self.model_dir, self.engine_kwargs)
 
     def _restart(self, i: int) -> None:
         if self._stats.restarts >= self.max_restarts:
@@ -359,6 +363,13 @@ class RolloutClient:
         """Copies of engine ``i``'s parameters (engine names) — verification in tests. Copied out
         of the object store at once, so nothing stays pinned there."""
         return {k: v.clone() for k, v in self._ray.get(self.actors[i].named_parameters.remote()).items()}
+
+    def engine_hf_parameters(self) -> list[dict[str, torch.Tensor]]:
+        """Every engine's parameters under the trainer's HF names (``hf_named_parameters``), one dict per
+        engine holding the current weights (replaced engines waiting for a sync are left out): sync
+        verification. Copied out of the object store one engine at a time."""
+        return [{k: v.clone() for k, v in self._ray.get(self.actors[i].hf_named_parameters.remote()).items()}
+                for i in self._fresh()]
 
     def set_sync_backend(self, backend: str, trainer_world: int = 1) -> None:
         """Switch the weight transport without restarting the engines (e.g. gloo <-> ray, which

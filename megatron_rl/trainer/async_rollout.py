@@ -14,7 +14,9 @@ It is enforced, not timed: the producer starts batch j only once v >= j - 1 - k,
 push that ends step t (v: t-1 -> t) first waits until batch t + k is finished
 (:meth:`before_push`). So a push never cuts a generation in half — it waits at a batch boundary.
 Engine calls are Ray actor methods, which run one at a time per actor, and no ``generate`` is
-outstanding while the push runs. We do NOT use vLLM's ``pause_generation(mode="keep")``: it exists
+outstanding while the push runs; the push ends with the engines' cache reset
+(``VLLMEngine.reset_caches``, which vLLM refuses while any request holds KV blocks), so no request
+is served across a push and batch t+k+1 starts without a KV block of the old weights. We do NOT use vLLM's ``pause_generation(mode="keep")``: it exists
 only on ``AsyncLLM`` (our engines are the synchronous in-process ``LLM``), and a request resumed on
 new weights would mix weight versions inside one response at timing-dependent token positions,
 which no resume could reproduce. The cost of waiting at the boundary is bounded by one batch's

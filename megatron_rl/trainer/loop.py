@@ -26,7 +26,8 @@ from megatron_rl.trainer import guard
 from megatron_rl.trainer.rollout_source import open_source
 from megatron_rl.trainer.rollout_stage import Rollouts
 from megatron_rl.trainer.setup import Run, evaluate, setup_run, sync_weights
-from megatron_rl.trainer.stop import GracefulStop, Stopped
+from megatron_rl.trainer.stop import GracefulStop, Halted, Stopped
+from megatron_rl.trainer.sync_stage import SyncVerifyError, verify_due, verify_push, warm_probe
 from megatron_rl.trainer.update import update
 
 
@@ -51,14 +52,28 @@ def rl_step(run: Run, step: int) -> dict:
     metrics = step_metrics(run.path.logged(data), run.cfg)
     metrics.update(update(run, data, step))
     run.source.before_push(step)       # async: the driver waits for the batches due before the push
+    verify = verify_due(run.cfg.rollout.verify_sync, step, run.verified)
+    t_warm = t_check = 0.0
+    if verify and not run.colo.active:
+        tv = time.perf_counter()
+        warm_probe(run)                # the probe's prefix into the engines' caches under the old weights
+        t_warm = time.perf_counter() - tv
     run.colo.before_push()             # trainer offloads, engines wake their weights
     t1 = time.perf_counter()
     sync_weights(run)
     run.colo.after_push()              # engines wake their KV cache
+    if verify:                         # before the producer samples with the new weights
+        tv = time.perf_counter()
+        with run.colo.trainer_loaded():   # colocated: the probe's trainer pass needs the parked weights
+            metrics.update(verify_push(run, step))
+        run.verified += 1
+        t_check = time.perf_counter() - tv
     run.source.pushed(step)
     t2 = time.perf_counter()
     ro = run.path.trained(data)
-    metrics.update({"time/sync": t2 - t1, "time/generate": t_gen, "time/step": t2 - t0,
+    if verify:
+        metrics["time/verify"] = t_warm + t_check
+    metrics.update({"time/sync": t2 - t1 - t_check, "time/generate": t_gen, "time/step": t2 - t0,
                     "perf/tokens_per_s": sum(len(p) + len(r) for p, r in zip(ro.prompts, ro.responses)) / (t2 - t0)})
     metrics.update(run.source.metrics(t0, t2, meta["gen_s"]))
     if run.info.is_driver:
@@ -115,6 +130,11 @@ def _train_steps(rn: Run, stop: GracefulStop) -> int | str:
         except (FloatingPointError, JudgeRejected) as e:   # a non-finite number; a grader refusing its requests
             last = rn.last_checkpoint
             raise SystemExit(f"stopping at step {step}: {e}. Last good checkpoint: {last or 'none'}") from e
+        except SyncVerifyError as e:   # the trainer's step is sound, the engines are not: keep it, then stop
+            rn.step = step
+            rn.checkpoint()
+            raise Halted(f"[megatron-rl] stopped after step {step} (checkpoint {rn.last_checkpoint}): {e}",
+                         rn.info.is_driver) from None
         if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0 and step != cfg.trainer.steps:
             metrics.update(evaluate(rn, step))
         over = guard.agreed(guard.over_limit(cfg, metrics)) if cfg.rollout.mismatch_limit else None

@@ -45,6 +45,7 @@ class Run:
     step: int = 0
     last_checkpoint: str | None = None
     gate: dict | None = None       # start-up gate numbers (sync_stage.startup_gate)
+    verified: int = 0              # weight pushes verified in this process (rollout.verify_sync)
     source: SyncRollouts | AsyncRollouts | None = None   # set by the loop (trainer/rollout_source.py)
     colo: Colocation = dataclasses.field(default_factory=Colocation.separate)  # rollout.placement turn-taking
     async_pending: list = dataclasses.field(default_factory=list)  # finished batches restored from a checkpoint

@@ -56,6 +56,16 @@ class Stopped(SystemExit):
         self.signum, self.reason = signum, reason
 
 
+class Halted(SystemExit):
+    """Raised by the loop when it stops itself at a step boundary for a reason of its own (a failed
+    weight-sync verification), after checkpointing that step: exit status 1 and ``line`` on stderr —
+    from the driver only (``say``), so a torchrun job prints it once — without a traceback."""
+
+    def __init__(self, line: str, say: bool = True):
+        super().__init__(line if say else 1)
+        self.line = line
+
+
 def _say(text: str) -> None:
     """Write one line to stderr from a signal handler (``print`` may be inside a write already)."""
     with contextlib.suppress(OSError):

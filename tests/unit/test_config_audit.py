@@ -167,6 +167,7 @@ READ = {   # key -> module that consumes it (``cfg.<key>`` or the section alias 
     "algo.kind": "megatron_rl/trainer/paths/sampling.py", "algo.hparams": "megatron_rl/trainer/paths/sampling.py",
     "logging.dump_samples": "megatron_rl/trainer/setup.py", "parallel.timeout_s": "megatron_rl/trainer/setup.py",
     "rollout.logprob_gate": "megatron_rl/trainer/sync_stage.py",
+    "rollout.verify_sync": "megatron_rl/trainer/loop.py",
     "rollout.max_staleness": "megatron_rl/trainer/rollout_source.py",
     "algo.off_policy": "megatron_rl/trainer/update_stage.py", "algo.tis_cap": "megatron_rl/trainer/update_stage.py",
     "algo.correction": "megatron_rl/trainer/update_stage.py",

@@ -160,11 +160,12 @@ def gate_case(actor, client, res):
     from megatron_rl.trainer.sync_stage import LogProbGateError, startup_gate
 
     rows = [types.SimpleNamespace(prompt_ids=(1, 5 + i, 7, 9 + i)) for i in range(4)]
-    cfg = types.SimpleNamespace(rollout=types.SimpleNamespace(max_tokens=6, logprob_gate=1e-3),
+    cfg = types.SimpleNamespace(rollout=types.SimpleNamespace(max_tokens=6, logprob_gate=1e-3, max_model_len=64),
                                 trainer=types.SimpleNamespace(seed=0, micro_batch_size=2))
     info = types.SimpleNamespace(is_driver=dist.get_rank() == 0)
     run = types.SimpleNamespace(actor=actor, client=client, cfg=cfg, info=info, train_set=rows, micro=2,
-                                tok=types.SimpleNamespace(pad_id=0), seq_len=lambda p, r: 16)
+                                tok=types.SimpleNamespace(pad_id=0),
+                                seq_len=lambda p, r: -(-max(len(a) + len(b) for a, b in zip(p, r)) // 8) * 8)
     r = {"pass": startup_gate(run)}
     perturb(actor, 99)  # the trainer moves on, the engines do not get the weights
     try:
