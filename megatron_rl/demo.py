@@ -85,6 +85,8 @@ def prepare(run_dir: Path, seed: int):
 
 #: what a demo run dir holds besides the training run's artifacts (``trainer/run_dir.RUN_ARTIFACTS``)
 DEMO_ENTRIES = ("data", "tokenizer", "init_hf", "sft_hf", "archive", "samples.jsonl")
+#: what the demo's RL phase keeps when it archives the earlier run (``run_dir.archive_run``)
+DEMO_INPUTS = ("data", "tokenizer", "init_hf", "sft_hf")
 
 
 def check_demo_dir(run_dir: Path) -> None:
@@ -171,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     from megatron_rl.trainer.loop import run
 
     print(f"[demo] RL: algo={args.algo}, {args.steps} steps x {cfg.data.prompts_per_step} prompts x G={cfg.rollout.n}")
-    summary = run(cfg, client=_CLIENT[0], overwrite=True)   # re-running the demo starts over (old run archived)
+    summary = run(cfg, client=_CLIENT[0], overwrite=True,   # re-running the demo starts over (old run archived)
+                  keep=[run_dir / e for e in DEMO_INPUTS])
     _CLIENT[0].shutdown()
     from megatron_rl.console import format_summary
 

@@ -165,10 +165,11 @@ def build_grader(cfg):
 
 
 def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = False,
-              allow_config_change: bool = False) -> Run:
+              allow_config_change: bool = False, keep: tuple = ()) -> Run:
     """init_parallel -> tokenizer, data, reward manager, actor (+ reference), engines, logger;
     ``resume``: ``"auto"`` (newest complete checkpoint, if any), a checkpoint path, or None;
-    ``overwrite``: a fresh run in a used ``run_dir`` archives the earlier one (else it is refused);
+    ``overwrite``: a fresh run in a used ``run_dir`` archives the earlier one (else it is refused), all
+    but the new run's inputs and ``keep`` (``trainer/run_dir.archive_run``);
     ``allow_config_change``: resume despite a changed method / group size / model (``trainer/run_config.py``)."""
     from megatron_rl import algorithms as A
     from megatron_rl.config import validate
@@ -181,7 +182,7 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
     from megatron_rl.rewards.manager import RewardManager
     from megatron_rl.trainer.actor import PolicyActor, ReferencePolicy
     from megatron_rl.trainer.paths import build_path
-    from megatron_rl.trainer.run_dir import archive_run
+    from megatron_rl.trainer.run_dir import archive_run, config_inputs
 
     backend = preflight(cfg, resume, overwrite, allow_config_change)   # every user error before anything starts
     from megatron_rl.usage import begin_run
@@ -189,7 +190,7 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
     begin_run()                                       # from here an error is a runtime error (exit 1)
     rank = int(os.environ.get("RANK", "0"))           # torchrun's; process groups start below
     if overwrite and rank == 0:
-        archive_run(cfg.trainer.run_dir)
+        archive_run(cfg.trainer.run_dir, keep=[*config_inputs(cfg, cfg.trainer.run_dir), *keep])
     if rank == 0:
         from megatron_rl.trainer.run_config import save_run_config
 
