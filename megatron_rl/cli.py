@@ -5,6 +5,7 @@ dispatches and turns user errors into one clear line (``--debug`` shows the trac
 
     megatron-rl train --config examples/configs/tiny_cpu_grpo.yaml [a.b=c ...] [--resume auto|PATH]
     megatron-rl train --print-config [--algo KIND]    -> every key, default, description (config_doc.py)
+    megatron-rl train --print-config --config X [a.b=c ...]  -> X's value of every key, with its description
     megatron-rl demo [--algo bicc_rcc] ...            -> megatron_rl.demo.main(argv)
     megatron-rl eval ...                              -> megatron_rl.eval main(argv)
     megatron-rl convert hf-to-mcore|mcore-to-hf ...   -> megatron_rl.convert.cli.main(argv)
@@ -100,7 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--allow-config-change", action="store_true",
                    help="--resume even though algo.kind, rollout.n or the model differ from the run's config.yaml")
     t.add_argument("--print-config", action="store_true",
-                   help="print every config key with its default and description (a loadable YAML) and exit")
+                   help="print every config key with its default and description (a loadable YAML) and exit; "
+                        "with --config X [a.b=c ...]: X's values")
     t.add_argument("--algo", metavar="KIND", default=None,
                    help="with --print-config: show the algo.<KIND> section of that method (default: grpo)")
 
@@ -123,6 +125,8 @@ def parse_command(argv: Sequence[str]) -> ParsedCommand:
     args, extra = parser.parse_known_args(argv)
     if args.command == "train" and not args.config and not args.print_config:
         _train_usage_error("the following arguments are required: --config (or --print-config)")
+    if args.command == "train" and args.print_config and (args.check or args.resume or args.overwrite):
+        _train_usage_error("--print-config prints a config and exits; it does not go with --check, --resume or --overwrite")
     if args.command == "train" and args.algo and not args.print_config:
         _train_usage_error("--algo KIND goes with --print-config (a run's method is the override algo.kind=KIND)")
     if extra and args.command == "train" and all(OVERRIDE_RE.match(x) and not x.startswith("-") for x in extra):
@@ -137,6 +141,18 @@ def _train_usage_error(message: str):
     from megatron_rl.usage import OneLineParser
 
     OneLineParser(prog="megatron-rl train").error(message)
+
+
+def check_overrides(overrides: Sequence[str]) -> None:
+    """The same key overridden twice with two values on one command line is refused: the last one won
+    silently, so a value typed early in a long command line did nothing (the same value twice, as a
+    wrapper script and its user may both pass it, is harmless)."""
+    seen: dict[str, str] = {}
+    for o in overrides:
+        key = o.split("=", 1)[0].strip()
+        if key in seen and seen[key].split("=", 1)[1] != o.split("=", 1)[1]:
+            raise CliError(f"override {key} given twice with different values ({seen[key]} and {o}): keep one")
+        seen[key] = o
 
 
 def resolve_main(command: str) -> Callable[[list[str]], int | None]:
@@ -159,7 +175,10 @@ def resolve_main(command: str) -> Callable[[list[str]], int | None]:
 
 def run_train(args: argparse.Namespace) -> int:
     """``train``: ``preflight.load_checked(yaml, overrides)`` then ``trainer.loop.main(cfg, resume=...)``."""
-    if args.print_config:
+    if args.print_config and not args.config:
+        if args.overrides:
+            raise CliError("--print-config prints the defaults; overrides go with --config X (--print-config --config X a.b=c "
+                           "prints that config's values)")
         from megatron_rl.config_doc import print_config
 
         print_config(args.algo)
@@ -168,6 +187,13 @@ def run_train(args: argparse.Namespace) -> int:
         raise CliError(f"--config {args.config} is a directory; pass a YAML file (e.g. examples/configs/tiny_cpu_grpo.yaml)")
     if not Path(args.config).is_file():
         raise CliError(f"config file not found: {args.config}")
+    check_overrides(args.overrides)
+    if args.print_config:   # --config X: X's values (and the overrides'), each with its description
+        from megatron_rl.config import load_config
+        from megatron_rl.config_doc import print_config
+
+        print_config(args.algo, load_config(args.config, list(args.overrides)))
+        return 0
     from megatron_rl.preflight import load_checked
 
     cfg = load_checked(args.config, list(args.overrides))   # fields, then the cross-component rules

@@ -81,7 +81,7 @@ class OptimConfig:
     def __post_init__(self):
         _check(self.lr > 0, f"optim.lr must be > 0, got {self.lr}")
         _check(self.clip_grad is None or self.clip_grad >= 0, f"optim.clip_grad must be >= 0 or null, got {self.clip_grad}")
-        _check(self.decay_style in ("constant", "linear", "cosine"), f"optim.decay_style invalid: {self.decay_style!r}")
+        _check(self.decay_style in ("constant", "linear", "cosine"), f"optim.decay_style invalid: {self.decay_style!r}; valid: constant|linear|cosine")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -346,7 +346,7 @@ class LoggingConfig:
     ``run_dir/samples.jsonl`` (0 = off). For checking what reaches the loss."""
 
     def __post_init__(self):
-        _check(self.wandb_mode in ("offline", "online", "disabled"), f"logging.wandb_mode invalid: {self.wandb_mode!r}")
+        _check(self.wandb_mode in ("offline", "online", "disabled"), f"logging.wandb_mode invalid: {self.wandb_mode!r}; valid: offline|online|disabled")
         _check(self.dump_samples >= 0, f"logging.dump_samples must be >= 0, got {self.dump_samples}")
 
 
@@ -364,9 +364,9 @@ class TeacherConfig:
     Transformer Engine, whose causal kernels ignore a custom mask) | on | off (one sequence per row)."""
 
     def __post_init__(self):
-        _check(self.template in ("auto", "chat", "inline"), f"teacher.template invalid: {self.template!r}")
+        _check(self.template in ("auto", "chat", "inline"), f"teacher.template invalid: {self.template!r}; valid: auto|chat|inline")
         _check(self.pack_len >= 0, "teacher.pack_len must be >= 0")
-        _check(self.pack in ("auto", "on", "off"), f"teacher.pack invalid: {self.pack!r}")
+        _check(self.pack in ("auto", "on", "off"), f"teacher.pack invalid: {self.pack!r}; valid: auto|on|off")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -467,8 +467,9 @@ def _read_yaml(p: Path) -> dict:
         raise ValueError(f"{where}: YAML syntax error: {what}") from None
     except yaml.YAMLError as e:
         raise ValueError(f"{p}: YAML error: {str(e).splitlines()[0]}") from None
-    if tree is None:
-        return {}
+    if tree is None:   # an empty file (or only comments): refused, not silently the defaults
+        raise ValueError(f"{p}: the config file is empty; a config is a mapping of sections (model:, data:, trainer:, "
+                         "...): start from examples/configs/tiny_cpu_grpo.yaml or `megatron-rl train --print-config`")
     if not isinstance(tree, dict):
         raise ValueError(f"{p}: a config file is a mapping of sections (model:, trainer:, ...), got a "  # noqa: TRY004
                          f"{type(tree).__name__}")

@@ -71,8 +71,48 @@ def check_config(cfg) -> None:
     for key in ("eval_prompts",):
         if getattr(t, key) < 1:
             raise ValueError(f"trainer.{key} must be >= 1, got {getattr(t, key)}")
+    check_offload_placement(cfg)
     if cfg.model.hf_path and (Path(cfg.model.hf_path) / "config.json").is_file():
         _check_against_model(cfg)
+
+
+def check_offload_placement(cfg) -> None:
+    """``trainer.offload`` acts only while colocated engines generate: with ``separate`` placement the
+    trainer never gives its GPUs away, so a set value would silently do nothing."""
+    if cfg.trainer.offload != "none" and cfg.rollout.placement != "colocated":
+        raise ValueError(f"trainer.offload={cfg.trainer.offload} does nothing with rollout.placement="
+                         f"{cfg.rollout.placement}: the trainer parks its state only while colocated engines use its "
+                         "GPUs; set rollout.placement=colocated, or trainer.offload=none")
+
+
+def host_memory_bytes() -> tuple[int, int]:
+    """(total, available) bytes of this host's memory (``/proc/meminfo``; sysconf where it is missing)."""
+    try:
+        info = dict(ln.split(":", 1) for ln in Path("/proc/meminfo").read_text().splitlines() if ":" in ln)
+        total = int(info["MemTotal"].split()[0]) * 1024
+        return total, int(info.get("MemAvailable", info["MemTotal"]).split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return total, total
+
+
+def check_kv_cache_memory(cfg) -> None:
+    """vLLM-CPU keeps each engine's KV cache (``rollout.kv_cache_gib``) in host memory: more than this
+    host has available fails 20 s into the run inside Ray / vLLM; refused here (no CUDA only: on a
+    GPU the cache lives in GPU memory)."""
+    from megatron_rl.device import has_cuda
+
+    r = cfg.rollout
+    if r.engine != "vllm" or has_cuda():
+        return
+    total, avail = host_memory_bytes()
+    cluster = r.ray_address or os.environ.get("RAY_ADDRESS", "local").lower() not in ("", "local")
+    here = 1 if cluster else r.num_engines   # a local Ray puts every engine on this host; a cluster, at least one
+    need = here * r.kv_cache_gib * 2**30
+    if need > avail:
+        raise ValueError(f"rollout.kv_cache_gib={r.kv_cache_gib:g} x {here} engine(s) on this host = "
+                         f"{need / 2**30:.1f} GiB of KV cache in host memory (vLLM-CPU), but this host has "
+                         f"{avail / 2**30:.1f} GiB available of {total / 2**30:.1f} GiB: lower rollout.kv_cache_gib")
 
 
 def _check_against_model(cfg) -> None:
@@ -86,6 +126,10 @@ def _check_against_model(cfg) -> None:
     top_k = getattr(cfg.algo.hparams, "top_k", None)
     if top_k is not None and top_k > a.vocab_size:
         raise ValueError(f"algo.{cfg.algo.kind}.top_k={top_k} exceeds the model's vocab_size={a.vocab_size}")
+    for key, k in (("rollout.top_k", cfg.rollout.top_k), ("trainer.eval_top_k", cfg.trainer.eval_top_k)):
+        if k > a.vocab_size:   # -1 = off; above the vocabulary it would keep every token, silently
+            raise ValueError(f"{key}={k} exceeds the model's vocab_size={a.vocab_size} (it would keep every token): "
+                             f"lower it, or -1 for no top-k")
 
 
 def _need_file(key: str, value: str, what: str, is_dir: bool = False) -> None:
@@ -174,6 +218,63 @@ def check_row_fields(cfg) -> None:
                              f"{alt}, {why}: add it to every row, or use a method or template that does not need it")
 
 
+_PROMPTS: dict = {}   # (file, its size and mtime, tokenizer, length, on_error) -> PromptDataset, built once
+
+
+def _prompt_key(cfg, path: str) -> tuple:
+    st = Path(path).stat()
+    d = cfg.data
+    return (str(Path(path).resolve()), st.st_size, st.st_mtime_ns, cfg.model.tokenizer_path or cfg.model.hf_path,
+            json.dumps(d.chat_template_kwargs, sort_keys=True, default=str), d.max_prompt_len, d.on_error)
+
+
+def _tokenizer(cfg):
+    from megatron_rl.data.tokenizer import load_tokenizer
+
+    key, where = ("model.tokenizer_path", cfg.model.tokenizer_path) if cfg.model.tokenizer_path else \
+        ("model.hf_path", cfg.model.hf_path)
+    try:
+        return load_tokenizer(where, cfg.data.chat_template_kwargs)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{key}={where}: no tokenizer there (sp.model, or tokenizer.json / tokenizer_config.json)"
+                                + ("; set model.tokenizer_path to the directory that holds it" if key == "model.hf_path"
+                                   else "")) from None
+
+
+def prompt_datasets(cfg, tok=None):
+    """``(train, val)`` :class:`~megatron_rl.data.dataset.PromptDataset` of ``cfg`` (val None when unset),
+    each file read, templated and tokenised once per process: :func:`check_prompts` builds them among the
+    start-up checks and ``setup_run`` takes the same objects."""
+    from megatron_rl.data.dataset import PromptDataset
+
+    out = []
+    for key, path in (("data.train", cfg.data.train), ("data.val", cfg.data.val)):
+        if not path:
+            out.append(None)
+            continue
+        k = _prompt_key(cfg, path)
+        if k not in _PROMPTS:
+            if tok is None:
+                tok = _tokenizer(cfg)
+            try:
+                _PROMPTS[k] = PromptDataset.from_parquet(path, tok, cfg.data.max_prompt_len, cfg.data.on_error)
+            except ValueError as e:
+                raise ValueError(f"{key}={e}" if str(e).startswith(str(path)) else f"{key}={path}: {e}") from None
+        out.append(_PROMPTS[k])
+    return tuple(out)
+
+
+def check_prompts(cfg) -> None:
+    """Every row of ``data.train`` / ``data.val`` passes the dataset's own checks with the run's tokenizer
+    (the verl columns, ``prompt`` a list of chat messages, a ground truth, the prompt within
+    ``data.max_prompt_len``; ``data.on_error=skip`` drops such rows, counted), and the usable rows
+    still fill a step -- before anything is written (a bad row once failed after ``config.yaml``)."""
+    train, _ = prompt_datasets(cfg)
+    if len(train) < cfg.data.prompts_per_step:   # rows skipped (data.on_error=skip) below one step's worth
+        raise ValueError(f"data.train={cfg.data.train}: {len(train)} usable row(s) ({train.skipped} skipped), fewer than "
+                         f"data.prompts_per_step={cfg.data.prompts_per_step}: lower it or fix the skipped rows")
+
+
 def check_backend(cfg) -> str:
     """The layer backend this machine will build (``models.provider.resolve_model_backend``)."""
     from megatron_rl.models.provider import resolve_model_backend
@@ -255,11 +356,13 @@ def preflight(cfg, resume: str | None = None, overwrite: bool = False, allow_con
     check_files(cfg, resume)
     check_data(cfg)
     check_row_fields(cfg)
+    check_prompts(cfg)
     check_run_dir(cfg.trainer.run_dir, resume, overwrite)
     check_resume(cfg, resume, allow_config_change)   # the saved run_dir/config.yaml against this one
     check_export_dir(cfg, overwrite)
     check_world(cfg)
     check_rollout_placement(cfg)
+    check_kv_cache_memory(cfg)
     backend = check_backend(cfg)
     check_grader(cfg)
     return backend

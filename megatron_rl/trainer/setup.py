@@ -178,7 +178,7 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
     from megatron_rl.logging import RunLogger
     from megatron_rl.models.provider import load_hf_config
     from megatron_rl.parallel import init_parallel
-    from megatron_rl.preflight import preflight
+    from megatron_rl.preflight import preflight, prompt_datasets
     from megatron_rl.rewards.manager import RewardManager
     from megatron_rl.trainer.actor import PolicyActor, ReferencePolicy
     from megatron_rl.trainer.paths import build_path
@@ -209,11 +209,7 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
         raise ValueError("model.hf_path is required (HF model dir with config.json + safetensors)")
     tok = load_tokenizer(cfg.model.tokenizer_path or cfg.model.hf_path, cfg.data.chat_template_kwargs)
     path = build_path(cfg, tok)     # template / layout errors surface here, before any model is built
-    train = PromptDataset.from_parquet(cfg.data.train, tok, cfg.data.max_prompt_len, cfg.data.on_error)
-    val = PromptDataset.from_parquet(cfg.data.val, tok, cfg.data.max_prompt_len, cfg.data.on_error) if cfg.data.val else None
-    if len(train) < cfg.data.prompts_per_step:   # rows skipped (data.on_error=skip) below one step's worth
-        raise ValueError(f"data.train={cfg.data.train}: {len(train)} usable row(s) ({train.skipped} skipped), fewer than "
-                         f"data.prompts_per_step={cfg.data.prompts_per_step}: lower it or fix the skipped rows")
+    train, val = prompt_datasets(cfg, tok)   # read and checked by preflight (check_prompts): the same objects
     sampler = DeterministicSampler(len(train), cfg.data.prompts_per_step, cfg.data.seed)
     hf_cfg = load_hf_config(cfg.model.hf_path)
     actor = PolicyActor(hf_cfg, info, _optim_spec(cfg), temperature=cfg.rollout.temperature,

