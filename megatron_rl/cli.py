@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from megatron_rl import __version__
-from megatron_rl.diskspace import DiskSpaceError
+from megatron_rl.diskspace import DiskSpaceError, NotWritableError
 
 #: pass-through subcommands -> candidate ``module:function`` owners of ``main(argv)``, in order.
 PASSTHROUGH: dict[str, tuple[str, ...]] = {
@@ -47,7 +47,8 @@ COMMANDS = tuple(HELP)
 VERBOSE_OWNERS = ("eval", "convert")
 #: exception types reported as one ``error:`` line instead of a traceback.
 USER_ERRORS = (ValueError, KeyError, FileNotFoundError, FileExistsError, NotADirectoryError, ImportError,
-               DiskSpaceError)   # a full disk (megatron_rl/diskspace.py): a runtime error, one line
+               DiskSpaceError,   # a full disk (megatron_rl/diskspace.py): a runtime error, one line
+               NotWritableError)  # a read-only or foreign place of a write (diskspace.check_writable)
 OVERRIDE_RE = re.compile(r"^[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*)*=.*$", re.DOTALL)
 
 

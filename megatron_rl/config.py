@@ -507,6 +507,10 @@ def demo_hint(path: str) -> str:
 def check_model_path(path: str) -> None:
     """``model.hf_path`` names an HF model directory with ``config.json`` (or that file itself)."""
     p = Path(path)
+    from megatron_rl.path_kind import MCORE, RUN, expect_hf, kind
+
+    if kind(p) in (MCORE, RUN):   # a checkpoint or a run dir where an HF dir is meant: say which to pass
+        expect_hf(p, "model.hf_path", sep="=")
     if p.is_file() and p.suffix != ".json":
         raise ValueError(f"model.hf_path={path} is a file; set it to the HF model directory that holds config.json "
                          f"and the *.safetensors (here: {p.parent})")
@@ -527,7 +531,12 @@ def validate(cfg: Config, world_size: int | None = None) -> None:
     if world_size is not None:
         mp = cfg.parallel.tp * cfg.parallel.pp
         if world_size % mp:
-            raise ValueError(f"world size {world_size} is not divisible by tp*pp={mp}")
+            p = cfg.parallel
+            fix = (f"launch {mp} processes (torchrun --nproc-per-node {mp}) or set parallel.tp=1 parallel.pp=1"
+                   if world_size < mp else f"launch a multiple of {mp} processes, or set parallel.tp x parallel.pp to "
+                   f"a divisor of {world_size}")
+            raise ValueError(f"parallel.tp={p.tp} x parallel.pp={p.pp} = {mp} processes per model replica, but the "
+                             f"world size {world_size} is not divisible by tp*pp={mp}: {fix}")
         dp, mbs = world_size // mp, cfg.trainer.rows_per_micro_batch
         if not cfg.trainer.max_tokens_per_micro_batch and n % (dp * mbs):   # packed micro-batches take any count
             raise ValueError(f"batch of {n} sequences (prompts_per_step x rollout.n) is not divisible by "

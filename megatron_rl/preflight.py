@@ -153,6 +153,11 @@ def check_files(cfg, resume: str | None = None) -> None:
     _need_file("data.train", cfg.data.train, "training prompts, parquet")
     if cfg.data.val:
         _need_file("data.val", cfg.data.val, "held-out prompts, parquet")
+    if resume not in (None, "auto") and Path(resume).is_dir() and not (Path(resume) / "COMPLETE").is_file():
+        from megatron_rl.path_kind import HF, RUN, expect_checkpoint, kind
+
+        if kind(resume) in (RUN, HF):   # a run dir or an HF dir where a checkpoint is meant: say which fits
+            expect_checkpoint(resume, "--resume")
     if resume not in (None, "auto") and not Path(resume).is_dir():
         raise FileNotFoundError(f"--resume {resume}: no such checkpoint directory; pass a checkpoint of "
                                 f"{cfg.trainer.run_dir}/checkpoints/, or --resume auto for the newest one")
@@ -275,6 +280,33 @@ def check_prompts(cfg) -> None:
                          f"data.prompts_per_step={cfg.data.prompts_per_step}: lower it or fix the skipped rows")
 
 
+def check_resume_step(cfg, resume: str | None) -> None:
+    """The checkpoint a resume continues is not past ``trainer.steps`` (else the run would start Ray,
+    train nothing and export the checkpoint's weights over ``hf/``)."""
+    if resume is None:
+        return
+    from megatron_rl.trainer.checkpoint import find_latest
+
+    ck = find_latest(cfg.trainer.run_dir) if resume == "auto" else Path(resume)
+    if ck is None:
+        return
+    try:
+        step = int(json.loads((ck / "COMPLETE").read_text()).get("step"))
+    except (OSError, ValueError, TypeError, AttributeError):
+        step = int(ck.name[5:]) if ck.name.startswith("step_") and ck.name[5:].isdigit() else None
+    if step is not None and step > cfg.trainer.steps:
+        raise ValueError(f"--resume {resume}: the checkpoint {ck.name} is at step {step}, past trainer.steps="
+                         f"{cfg.trainer.steps}: nothing to train; set trainer.steps above {step} to continue the run")
+
+
+def check_run_dir_writable(cfg) -> None:
+    """``trainer.run_dir`` (or the parent it will be created in) can be written: a read-only place is
+    one line now, not a raw ``OSError`` (or "no free space") once the run has started."""
+    from megatron_rl.diskspace import check_writable
+
+    check_writable(cfg.trainer.run_dir, "trainer.run_dir")
+
+
 def check_backend(cfg) -> str:
     """The layer backend this machine will build (``models.provider.resolve_model_backend``)."""
     from megatron_rl.models.provider import resolve_model_backend
@@ -357,7 +389,9 @@ def preflight(cfg, resume: str | None = None, overwrite: bool = False, allow_con
     check_data(cfg)
     check_row_fields(cfg)
     check_prompts(cfg)
+    check_run_dir_writable(cfg)
     check_run_dir(cfg.trainer.run_dir, resume, overwrite)
+    check_resume_step(cfg, resume)   # before check_resume's warning lines: a refusal is the only line
     check_resume(cfg, resume, allow_config_change)   # the saved run_dir/config.yaml against this one
     check_export_dir(cfg, overwrite)
     check_world(cfg)

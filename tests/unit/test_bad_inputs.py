@@ -138,7 +138,7 @@ CASES = [
     ("convert-user-dir", ["convert", "hf-to-mcore", "--hf", "{X}/model", "--out", "{X}/userdir"],
      "is not a checkpoint written by megatron-rl; refusing to touch it"),
     ("convert-run-dir", ["convert", "mcore-to-hf", "--ckpt", "{X}/used", "--out", "{X}/hfout"],
-     "(a run directory? pass one of its checkpoints"),
+     "--ckpt {X}/used is a training run directory: pass one of its checkpoints, e.g. {X}/used/checkpoints/step_10"),
     # issue 24 (more in tests/unit/test_run_explains.py): nothing overwritten, a run that explains itself
     ("eval-out-user-dir", ["eval", "--data", "{X}/train.parquet", "--completions", "{X}/c.jsonl", "--out", "{X}/userdir",
                            "--force"], "is not an eval output of megatron-rl; refusing to write into it"),
@@ -191,6 +191,35 @@ CASES = [
     ("print-config-algo-mismatch", ["train", "--print-config", "--config", str(TINY), "model.hf_path={X}/model", "--algo",
                                     "dapo"],
      "--algo dapo but the config's algo.kind is grpo: drop --algo, or add the override algo.kind=dapo"),
+    ("tp2-world1", ["{T}", "parallel.tp=2"],
+     "parallel.tp=2 x parallel.pp=1 = 2 processes per model replica, but the world size 1 is not divisible by tp*pp=2: "
+     "launch 2 processes (torchrun --nproc-per-node 2) or set parallel.tp=1 parallel.pp=1"),
+    ("resume-past-steps", ["{T}", "trainer.run_dir={X}/ahead", "trainer.steps=3", "--resume", "auto"],
+     "--resume auto: the checkpoint step_5 is at step 5, past trainer.steps=3: nothing to train; set trainer.steps "
+     "above 5"),
+    ("resume-run-dir", ["{T}", "--resume", "{X}/used"],
+     "--resume {X}/used is a training run directory: pass one of its checkpoints, e.g. {X}/used/checkpoints/step_10"),
+    ("model-is-run-dir", ["{T}", "model.hf_path={X}/used"],
+     "model.hf_path={X}/used is a training run directory, not an HF model dir: it has no HF export (hf/) yet"),
+    ("model-is-checkpoint", ["{T}", "model.hf_path={X}/saved/checkpoints/step_1"],
+     "model.hf_path={X}/saved/checkpoints/step_1 is a Megatron checkpoint, not an HF model dir: export it with "
+     "`megatron-rl convert mcore-to-hf --ckpt {X}/saved/checkpoints/step_1 --out DIR`"),
+    ("convert-hf-as-ckpt", ["convert", "mcore-to-hf", "--ckpt", "{X}/model", "--out", "{X}/hfout"],
+     "--ckpt {X}/model is an HF model dir, not a Megatron checkpoint: it is in HF format already"),
+    ("convert-missing-ckpt", ["convert", "mcore-to-hf", "--ckpt", "{X}/nothing", "--out", "{X}/hfout"],
+     "--ckpt {X}/nothing: no such directory (a Megatron checkpoint: COMPLETE + dist/)"),
+    ("convert-other-dir", ["convert", "mcore-to-hf", "--ckpt", "{X}/userdir", "--out", "{X}/hfout"],
+     "--ckpt {X}/userdir is not a Megatron checkpoint (no COMPLETE marker, no dist/)"),
+    ("convert-ckpt-as-hf", ["convert", "hf-to-mcore", "--hf", "{X}/saved/checkpoints/step_1", "--out", "{X}/conv"],
+     "--hf {X}/saved/checkpoints/step_1 is a Megatron checkpoint, not an HF model dir"),
+    ("convert-run-as-hf", ["convert", "hf-to-mcore", "--hf", "{X}/used", "--out", "{X}/conv"],
+     "--hf {X}/used is a training run directory, not an HF model dir"),
+    ("eval-model-run-dir", ["eval", "--data", "{X}/train.parquet", "--model", "{X}/used", "--out", "{X}/e"],
+     "--model {X}/used is a training run directory, not an HF model dir"),
+    ("eval-model-checkpoint", ["eval", "--data", "{X}/train.parquet", "--model", "{X}/saved/checkpoints/step_1", "--out",
+                               "{X}/e"], "--model {X}/saved/checkpoints/step_1 is a Megatron checkpoint, not an HF model dir"),
+    ("eval-tp2-cpu", ["eval", "--data", "{X}/train.parquet", "--model", "{X}/model", "--tp", "2", "--out", "{X}/e"],
+     "--tp 2 with no CUDA GPU: vLLM-CPU runs one tensor-parallel rank per NUMA node and this host has"),
     # issue 19: a method from outside the package (megatron_rl/plugins.py)
     ("plugin-missing", ["{T}", "plugins=[my_pkg.no_such_method]", "algo.kind=toy"],
      "plugins: cannot import 'my_pkg.no_such_method': no module named 'my_pkg' on sys.path (put the directory"),
@@ -237,18 +266,19 @@ def make_work(x: Path) -> Path:
     (x / "c.jsonl").write_text('{"index": 0, "response": "1"}\n')
     (x / "badresp.jsonl").write_text('{"index": 0, "response": 12}\n')
     _saved_run(x)
+    _saved_run(x, "ahead", step=5)   # a run past the trainer.steps of a resume
     return x
 
 
-def _saved_run(x: Path) -> None:
+def _saved_run(x: Path, name: str = "saved", step: int = 1) -> None:
     """``{X}/saved``: a grpo run as a start leaves it (config.yaml, one complete checkpoint)."""
     from megatron_rl.config import load_config
     from megatron_rl.trainer.run_config import save_run_config
 
-    (x / "saved" / "checkpoints" / "step_1").mkdir(parents=True)
-    (x / "saved" / "checkpoints" / "step_1" / "COMPLETE").write_text('{"step": 1}')
+    (x / name / "checkpoints" / f"step_{step}").mkdir(parents=True)
+    (x / name / "checkpoints" / f"step_{step}" / "COMPLETE").write_text(f'{{"step": {step}}}')
     save_run_config(load_config(TINY, [f"model.hf_path={x / 'model'}", f"data.train={x / 'train.parquet'}", "data.val=",
-                                       f"trainer.run_dir={x / 'saved'}"]))
+                                       f"trainer.run_dir={x / name}"]))
 
 
 @pytest.fixture(scope="module")
@@ -452,6 +482,48 @@ def test_unknown_characters_are_warned_and_counted(work, caplog):
     assert msgs == [f"{work / 'unk.parquet'}: 4 of 32 rows hold characters the tokenizer does not know ('x', '\u00e9'), "
                     "read as its unknown token; 3 of them in the ground truth, which the policy can never write (reward "
                     "0): fix the data or use a tokenizer that covers them"]
+
+
+def test_read_only_places_are_one_line_before_anything(work, tmp_path, capsys, monkeypatch):
+    """A read-only ``trainer.run_dir``, ``eval --out``, ``convert --out``: one line naming the key and
+    "read-only", exit 2, before the log file beside / inside the output is opened (it was a raw OSError,
+    or "not enough free space" on a tiny read-only mount)."""
+    from megatron_rl.diskspace import DiskSpaceError, NotWritableError, check_free
+    from tests.helpers.tmpfs import read_only_tmpfs
+
+    monkeypatch.chdir(work)
+    with read_only_tmpfs(tmp_path / "ro") as ro:
+        with pytest.raises(NotWritableError, match="read-only file system") as e:
+            check_free(ro / "ckpt", 1, "checkpoint step_1")
+        assert not isinstance(e.value, DiskSpaceError)
+        for argv, want in [
+            (expand(["{T}", f"trainer.run_dir={ro}/run"], work), f"trainer.run_dir {ro}/run: {ro} is on a read-only file"),
+            (["eval", "--data", str(work / "train.parquet"), "--completions", str(work / "c.jsonl"), "--out", f"{ro}/e"],
+             f"--out {ro}/e: {ro} is on a read-only file system; nothing was written"),
+            (["convert", "hf-to-mcore", "--hf", str(work / "model"), "--out", f"{ro}/conv"],
+             f"--out {ro}/conv: {ro} is on a read-only file system"),
+        ]:
+            rc, err = run_case(argv, capsys)
+            lines = [ln for ln in err.splitlines() if ln.strip()]
+            assert rc == 2 and len(lines) == 1 and want in lines[0], (argv, rc, err)
+            assert "free space" not in err and "Traceback" not in err
+
+
+def test_a_failed_eval_leaves_no_output_that_needs_force(work, tmp_path, capsys):
+    """An eval that failed before writing anything leaves only its marker in ``--out``: the rerun
+    writes there without ``--force`` (user files and finished outputs are still protected)."""
+    from megatron_rl.eval.out_dir import MARKER
+
+    out = tmp_path / "e"
+    out.mkdir()
+    (out / MARKER).write_text("{}")   # what a failed `eval --model` (engine start-up) left
+    argv = ["eval", "--data", str(work / "train.parquet"), "--completions", str(tmp_path / "c.jsonl"), "--out", str(out)]
+    (tmp_path / "c.jsonl").write_text("".join(f'{{"index": {i}, "response": "21"}}\n' for i in range(32)))
+    rc, err = run_case(argv, capsys)
+    assert rc == 0, err
+    assert (out / "summary.json").is_file()
+    rc, err = run_case(argv, capsys)   # now a finished output: --force needed, as before
+    assert rc == 2 and "pass --force to replace it" in err
 
 
 def test_the_table_has_enough_rows():
