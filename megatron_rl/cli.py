@@ -257,7 +257,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         hint = "" if cmd.args.debug else " (run 'megatron-rl --debug ...' for the traceback)"
         kind = "" if isinstance(e, CliError) else f"{type(e).__name__}: "
-        print(f"megatron-rl {cmd.command}: error: {kind}{msg}{hint}", file=sys.stderr)
+        from megatron_rl.console import fresh_line
+
+        print(f"{fresh_line()}megatron-rl {cmd.command}: error: {kind}{msg}{hint}", file=sys.stderr)
         return error_status()
 
 

@@ -220,6 +220,8 @@ CASES = [
                                "{X}/e"], "--model {X}/saved/checkpoints/step_1 is a Megatron checkpoint, not an HF model dir"),
     ("eval-tp2-cpu", ["eval", "--data", "{X}/train.parquet", "--model", "{X}/model", "--tp", "2", "--out", "{X}/e"],
      "--tp 2 with no CUDA GPU: vLLM-CPU runs one tensor-parallel rank per NUMA node and this host has"),
+    ("gpt2-dir", ["{T}", "model.hf_path={X}/gpt2"],
+     "unsupported architecture 'GPT2LMHeadModel'; supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"),
     # issue 19: a method from outside the package (megatron_rl/plugins.py)
     ("plugin-missing", ["{T}", "plugins=[my_pkg.no_such_method]", "algo.kind=toy"],
      "plugins: cannot import 'my_pkg.no_such_method': no module named 'my_pkg' on sys.path (put the directory"),
@@ -261,6 +263,10 @@ def make_work(x: Path) -> Path:
         pq.write_table(pa.Table.from_pylist([r] + [row if same_type else r] * 31), x / f"{name}.parquet")
     pq.write_table(pa.Table.from_pylist([{"data_source": "reverse", "prompt": row["prompt"]}] * 32), x / "nocol.parquet")
     pq.write_table(pa.Table.from_pylist([bad["nullgt"], row] * 16), x / "halfbad.parquet")
+    (x / "gpt2").mkdir()   # token ids outside its vocabulary: transformers warns while validating such a config
+    (x / "gpt2" / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+                                                        "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 100,
+                                                        "bos_token_id": 50256, "eos_token_id": 50256}))
     (x / "notok_model").mkdir()
     (x / "notok_model" / "config.json").write_text(json.dumps(TINY_HF))
     (x / "c.jsonl").write_text('{"index": 0, "response": "1"}\n')
