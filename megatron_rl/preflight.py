@@ -280,6 +280,27 @@ def check_prompts(cfg) -> None:
                          f"data.prompts_per_step={cfg.data.prompts_per_step}: lower it or fix the skipped rows")
 
 
+def check_model_weights(cfg) -> None:
+    """The safetensors headers of ``model.hf_path`` (no tensor is read) hold every tensor the model's
+    ``config.json`` implies, each with its shape, named as the HF files name them (a wrong-shape tensor
+    once failed after ``config.yaml`` was written, naming the Megatron parameter)."""
+    hf = Path(cfg.model.hf_path)
+    if not any(hf.glob("*.safetensors")):
+        return   # no weights to compare (a stand-in config); the load names what is missing
+    from megatron_rl.convert.live import check_hf_names
+    from megatron_rl.convert.safetensors_index import SafetensorsIndex
+    from megatron_rl.convert.stream import check_shapes
+    from megatron_rl.models.provider import model_arch_info
+
+    try:
+        index = SafetensorsIndex(hf)
+        arch = model_arch_info(cfg.model.hf_path)
+        check_hf_names(index.names(), arch)
+        check_shapes(index, arch)
+    except (KeyError, ValueError) as e:
+        raise ValueError(f"model.hf_path={hf}: {e.args[0] if isinstance(e, KeyError) else e}") from None
+
+
 def check_resume_step(cfg, resume: str | None) -> None:
     """The checkpoint a resume continues is not past ``trainer.steps`` (else the run would start Ray,
     train nothing and export the checkpoint's weights over ``hf/``)."""
@@ -386,6 +407,7 @@ def preflight(cfg, resume: str | None = None, overwrite: bool = False, allow_con
     check_config(cfg)   # already run by load_checked; again here for a Config built in code
     check_launch(cfg)
     check_files(cfg, resume)
+    check_model_weights(cfg)
     check_data(cfg)
     check_row_fields(cfg)
     check_prompts(cfg)

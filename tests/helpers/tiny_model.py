@@ -51,3 +51,20 @@ def add_char_tokenizer(d: Path, text: str = "0123456789+-=R|") -> Path:
 
     SentencePieceTokenizer.train([text], d)
     return d
+
+
+def save_zero_weights(d: Path, reshape: str | None = None) -> Path:
+    """``d/model.safetensors`` with every tensor ``d/config.json`` implies (zeros, fp32; the name map's
+    names and shapes), so the start-up checks see a complete model; ``reshape``: that tensor gets one
+    row too many (a wrong-shape checkpoint)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from megatron_rl.convert.live import hf_tensor_meta
+
+    tensors = {}
+    for name, dtype, shape in hf_tensor_meta(str(d), torch.float32):
+        shape = (shape[0] + 1, *shape[1:]) if name == reshape else shape
+        tensors[name] = torch.zeros(shape, dtype=dtype)
+    save_file(tensors, str(d / "model.safetensors"))
+    return d

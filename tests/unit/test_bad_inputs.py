@@ -220,6 +220,9 @@ CASES = [
                                "{X}/e"], "--model {X}/saved/checkpoints/step_1 is a Megatron checkpoint, not an HF model dir"),
     ("eval-tp2-cpu", ["eval", "--data", "{X}/train.parquet", "--model", "{X}/model", "--tp", "2", "--out", "{X}/e"],
      "--tp 2 with no CUDA GPU: vLLM-CPU runs one tensor-parallel rank per NUMA node and this host has"),
+    ("hf-tensor-shape", ["{T}", "model.hf_path={X}/badshape"],
+     "model.hf_path={X}/badshape: HF tensor 'model.layers.1.mlp.up_proj.weight' has shape (513, 128), expected (512, "
+     "128) for Qwen3ForCausalLM"),
     ("gpt2-dir", ["{T}", "model.hf_path={X}/gpt2"],
      "unsupported architecture 'GPT2LMHeadModel'; supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"),
     # issue 19: a method from outside the package (megatron_rl/plugins.py)
@@ -244,7 +247,13 @@ def make_work(x: Path) -> Path:
     pq.write_table(pa.Table.from_pylist([row] * 32), x / "train.parquet")   # the tiny config's prompts_per_step
     pq.write_table(pa.Table.from_pylist([row]), x / "one.parquet")
     pq.write_table(pa.Table.from_pylist([row]).slice(0, 0), x / "empty.parquet")
-    (x / "model" / "model.safetensors").write_bytes(b"\x80\x00" * 64)
+    from tests.helpers.tiny_model import save_zero_weights
+
+    save_zero_weights(x / "model")   # what the start-up checks compare with config.json (headers only)
+    (x / "badshape").mkdir()
+    (x / "badshape" / "config.json").write_text(json.dumps(TINY_HF))
+    add_char_tokenizer(x / "badshape")
+    save_zero_weights(x / "badshape", reshape="model.layers.1.mlp.up_proj.weight")
     (x / "oob.jsonl").write_text("".join(f'{{"index": {i}, "response": "1"}}\n' for i in (*range(32), 40)))
     (x / "used" / "checkpoints" / "step_10").mkdir(parents=True)
     (x / "used" / "metrics.jsonl").write_text('{"step": 1}\n')
