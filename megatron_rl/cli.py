@@ -18,8 +18,10 @@ Under ``torchrun`` every rank runs the same command line.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import re
+import signal
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -123,6 +125,8 @@ def parse_command(argv: Sequence[str]) -> ParsedCommand:
     idx = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
     if idx is not None and argv[idx] in PASSTHROUGH:
         return ParsedCommand(argv[idx], parser.parse_args(argv[: idx + 1]), argv[idx + 1:])
+    if idx is not None and argv[idx] == "train":
+        _once(argv[idx + 1:], ("--config", "--resume", "--algo"))
     args, extra = parser.parse_known_args(argv)
     if args.command == "train" and not args.config and not args.print_config:
         _train_usage_error("the following arguments are required: --config (or --print-config)")
@@ -135,6 +139,14 @@ def parse_command(argv: Sequence[str]) -> ParsedCommand:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return ParsedCommand(args.command, args, [])
+
+
+def _once(argv: Sequence[str], options: tuple[str, ...]) -> None:
+    """An option that takes a value given twice is a usage error (argparse keeps the last silently)."""
+    for opt in options:
+        given = [a for a in argv if a == opt or a.startswith(opt + "=")]
+        if len(given) > 1:
+            _train_usage_error(f"{opt} given {len(given)} times; give it once")
 
 
 def _train_usage_error(message: str):
@@ -234,6 +246,37 @@ def dispatch(cmd: ParsedCommand) -> int:
     return _exit_code(resolve_main(cmd.command)(rest))
 
 
+class Signalled(BaseException):
+    """SIGINT / SIGTERM received by a command outside a training run's own handling (``trainer/stop.py``):
+    raised where the main thread is, so ``finally`` blocks and the writers' temp-dir cleanup run
+    (``convert/atomic.py``), then :func:`main` prints one line and exits 128 + signum."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _signals_end_in_one_line():
+    """While a command runs: SIGINT and SIGTERM raise :class:`Signalled` (Ctrl-C was a
+    ``KeyboardInterrupt`` traceback, SIGTERM a silent death); the previous handlers come back after."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _raise(signum, frame):
+        raise Signalled(signum)
+
+    previous = {s: signal.signal(s, _raise) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Console-script entry point. Exit status (README "Exit codes"): 0 ok; 2 usage or configuration
     error, refused before the run starts; 1 runtime error after start-up (``usage.begin_run`` marks it)."""
@@ -250,7 +293,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         build_parser().print_help()
         return 2
     try:
-        return dispatch(cmd)
+        with _signals_end_in_one_line():
+            return dispatch(cmd)
+    except Signalled as e:   # a signal outside a training run: one line, 128 + signum, our children ended
+        from megatron_rl.console import fresh_line
+        from megatron_rl.trainer.stop import end_children, exit_code
+
+        end_children()
+        print(f"{fresh_line()}megatron-rl {cmd.command}: stopped by {signal.Signals(e.signum).name}; nothing "
+              "half-written is left in place", file=sys.stderr)
+        return exit_code(e.signum)
     except (CliError, *USER_ERRORS) as e:
         if cmd.args.debug:
             traceback.print_exc()

@@ -452,12 +452,37 @@ def from_dict(tree: dict) -> Config:
     return cfg
 
 
+def _unique_key_loader():
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        """``yaml.SafeLoader`` that refuses a mapping key given twice (PyYAML keeps the last one
+        silently: a section written twice lost every key of the first)."""
+
+        def construct_mapping(self, node, deep=False):
+            seen: dict = {}
+            for k_node, _ in node.value:
+                k = self.construct_object(k_node, deep=deep)
+                if isinstance(k, (str, int, float, bool)) and k in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {k!r} appears twice in one mapping (first at line {seen[k] + 1}); "
+                        "merge the two", k_node.start_mark)
+                seen.setdefault(k, k_node.start_mark.line)
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
+
+
 def _read_yaml(p: Path) -> dict:
     """The YAML mapping of a config file; a syntax error is one line naming ``file:line:column``."""
     import yaml
 
     try:
-        tree = yaml.safe_load(p.read_text())
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{p}: not a UTF-8 text file (byte {e.start}); a config is a YAML text file") from None
+    try:
+        tree = yaml.load(text, Loader=_unique_key_loader())   # noqa: S506 (a SafeLoader refusing a key given twice)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(p)

@@ -149,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     run_dir = Path(args.run_dir or f"runs/demo_{args.algo}").resolve()
     check_demo_dir(run_dir)   # nothing of the user's is overwritten (before anything is set up)
+    demo_config(args, run_dir, {"train": "", "val": "", "test": ""}, "")   # --steps, --lr, -o ...: before any file
     from megatron_rl.console import quiet_console
     from megatron_rl.usage import begin_run
 

@@ -325,7 +325,14 @@ def check_run_dir_writable(cfg) -> None:
     one line now, not a raw ``OSError`` (or "no free space") once the run has started."""
     from megatron_rl.diskspace import check_writable
 
-    check_writable(cfg.trainer.run_dir, "trainer.run_dir")
+    d = cfg.trainer.run_dir
+    if not str(d).strip():
+        raise ValueError("trainer.run_dir is empty: set it to the run's own directory (e.g. runs/my_run); an empty "
+                         "value would write the run into the working directory")
+    if Path(d).exists() and not Path(d).is_dir():
+        raise NotADirectoryError(f"trainer.run_dir={d} is an existing file, not a directory; choose another "
+                                 "trainer.run_dir")
+    check_writable(d, "trainer.run_dir")
 
 
 def check_backend(cfg) -> str:

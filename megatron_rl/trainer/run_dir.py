@@ -57,6 +57,13 @@ def check_run_dir(run_dir: str | os.PathLike, resume: str | None, overwrite: boo
     """Raise ``ValueError`` for a fresh run in a used ``run_dir`` without ``overwrite`` (read only)."""
     if resume is not None and overwrite:
         raise ValueError("--overwrite starts a fresh run; it cannot be combined with --resume")
+    if overwrite:   # everything but the inputs moves: never the working directory, home or an ancestor
+        here = Path(run_dir).resolve()
+        for shared, what in ((Path.cwd().resolve(), "the working directory"), (Path.home().resolve(), "the home "
+                                                                                                   "directory")):
+            if here == shared or here in shared.parents:
+                raise ValueError(f"--overwrite would move everything in trainer.run_dir={run_dir} ({what} or one "
+                                 "of its parents) into an archive: give the run a directory of its own")
     if resume is not None or overwrite:
         return
     found = used_by(run_dir)

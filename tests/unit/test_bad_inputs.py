@@ -225,6 +225,25 @@ CASES = [
      "128) for Qwen3ForCausalLM"),
     ("gpt2-dir", ["{T}", "model.hf_path={X}/gpt2"],
      "unsupported architecture 'GPT2LMHeadModel'; supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"),
+    # issue 31, the reporter's own cases
+    ("yaml-duplicate-key", ["train", "--config", "{X}/dupkey.yaml"],
+     "{X}/dupkey.yaml:4:1: YAML syntax error: key 'trainer' appears twice in one mapping (first at line 1); merge the two"),
+    ("yaml-not-text", ["train", "--config", "{X}/binary.yaml"], "{X}/binary.yaml: not a UTF-8 text file (byte 0)"),
+    ("run-dir-empty", ["{T}", "trainer.run_dir="], "trainer.run_dir is empty: set it to the run's own directory"),
+    ("run-dir-is-file", ["{T}", "trainer.run_dir={X}/c.jsonl"],
+     "trainer.run_dir={X}/c.jsonl is an existing file, not a directory"),
+    ("resume-twice", ["{T}", "--resume", "auto", "--resume", "none"], "--resume given 2 times; give it once"),
+    ("config-twice", ["{T}", "--config", str(TINY)], "--config given 2 times; give it once"),
+    ("overwrite-working-dir", ["{T}", "trainer.run_dir={X}", "--overwrite"],
+     "--overwrite would move everything in trainer.run_dir={X} (the working directory or one of its parents) into an "
+     "archive"),
+    ("resume-hf-dir", ["{T}", "--resume", "{X}/model"],
+     "--resume {X}/model is an HF model dir, not a Megatron checkpoint"),
+    ("plan-config-missing", ["plan", "--config", "{X}/none.yaml"], "plan: --config {X}/none.yaml: no such file"),
+    ("plan-config-model-missing", ["plan", "--config", str(TINY)],
+     "model.hf_path=runs/demo_bicc_rcc/sft_hf: no config.json in runs/demo_bicc_rcc/sft_hf"),
+    ("demo-bad-steps", ["demo", "--run-dir", "{X}/demo_new", "--steps", "0"],
+     "trainer.steps and micro_batch_size must be >= 1"),
     # issue 19: a method from outside the package (megatron_rl/plugins.py)
     ("plugin-missing", ["{T}", "plugins=[my_pkg.no_such_method]", "algo.kind=toy"],
      "plugins: cannot import 'my_pkg.no_such_method': no module named 'my_pkg' on sys.path (put the directory"),
@@ -264,6 +283,8 @@ def make_work(x: Path) -> Path:
     (x / "bad.yaml").write_text("model:\n  hf_path: x\n  bf16: [true\ntrainer:\n  steps: 3\n")
     (x / "list.yaml").write_text("- model\n- trainer\n")
     (x / "empty.yaml").write_text("# nothing here yet\n")
+    (x / "dupkey.yaml").write_text("trainer:\n  steps: 3\nmodel: {bf16: false}\ntrainer:\n  seed: 1\n")
+    (x / "binary.yaml").write_bytes(b"\xff\xfe\x00PK")
     bad = {"long": {**row, "prompt": [{"role": "user", "content": "1" * 40}]},
            "nullgt": {**row, "reward_model": {"ground_truth": None}},
            "strprompt": {**row, "prompt": "12"}, "rmstr": {**row, "reward_model": "21"}}

@@ -81,7 +81,48 @@ def test_second_signal_or_startup_signal_ends_at_once(sig, phase, code, lines):
     assert len(got) == len(lines) and all(want in g for want, g in zip(lines, got)), got
 
 
-def test_sigterm_during_engine_start_up_is_one_line_143_and_leaves_no_process(tmp_path):
+@pytest.fixture(scope="module")
+def demo_assets(tmp_path_factory):
+    from megatron_rl.demo import prepare
+
+    paths, _, hf = prepare(tmp_path_factory.mktemp("assets"), seed=0)
+    return paths, hf
+
+
+def _catches_sigterm(pid: int) -> bool:
+    """Has process ``pid`` installed a SIGTERM handler (``SigCgt`` of /proc/PID/status)?"""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    mask = next((int(ln.split()[1], 16) for ln in text.splitlines() if ln.startswith("SigCgt:")), 0)
+    return bool(mask >> (signal.SIGTERM - 1) & 1)
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_signal_during_convert_is_one_line_and_leaves_nothing(demo_assets, tmp_path, sig):
+    """Outside a training run too (here ``convert``, as soon as the command's handlers are in): one
+    line, 128 + signum, no traceback, nothing at --out (Ctrl-C was a KeyboardInterrupt traceback,
+    SIGTERM a silent death)."""
+    import time
+
+    _, hf = demo_assets
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    p = subprocess.Popen([sys.executable, "-m", "megatron_rl.cli", "convert", "hf-to-mcore", "--hf", str(hf), "--out",
+                          str(tmp_path / "ck")], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    deadline = time.monotonic() + 60
+    while not _catches_sigterm(p.pid) and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    p.send_signal(getattr(signal, sig))
+    out, err = p.communicate(timeout=60)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert p.returncode == exit_code(getattr(signal, sig)), (out, err)
+    assert lines == [f"megatron-rl convert: stopped by {sig}; nothing half-written is left in place"], err
+    assert not (tmp_path / "ck").exists() and not [q for q in tmp_path.iterdir() if q.name.startswith(".tmp")]
+
+
+def test_sigterm_during_engine_start_up_is_one_line_143_and_leaves_no_process(demo_assets, tmp_path):
     """Issue 31: a SIGTERM while the run starts Ray and its engines ended with Ray's own handler (exit
     15, no line) and left two Ray agents running. Now: the real ``megatron-rl train``, signalled once its
     local Ray is up (a raylet among its descendants), prints one line, exits 143, and none of the
@@ -90,9 +131,7 @@ def test_sigterm_during_engine_start_up_is_one_line_143_and_leaves_no_process(tm
 
     import psutil
 
-    from megatron_rl.demo import prepare
-
-    paths, _, hf = prepare(tmp_path / "assets", seed=0)
+    paths, hf = demo_assets
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "disabled", "WANDB_MODE": "offline"}
     for k in ("RAY_ADDRESS", "WORLD_SIZE", "RANK"):
         env.pop(k, None)
