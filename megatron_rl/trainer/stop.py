@@ -36,6 +36,13 @@ import signal
 import sys
 import threading
 
+from megatron_rl.console import fresh_line   # imported now: a signal handler should not import
+
+try:
+    import psutil   # Ray's dependency: the process tree for end_children
+except ImportError:  # pragma: no cover
+    psutil = None
+
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -56,8 +63,6 @@ class Stopped(SystemExit):
 def _say(text: str) -> None:
     """Write one line to stderr from a signal handler (``print`` may be inside a write already), on a
     line of its own (``console.fresh_line``: not after the progress bar)."""
-    from megatron_rl.console import fresh_line
-
     with contextlib.suppress(OSError):
         os.write(2, (fresh_line() + text + "\n").encode())
 
@@ -66,9 +71,7 @@ def end_children(grace_s: float = 3.0) -> int:
     """End every descendant process of this one (SIGTERM, then SIGKILL after ``grace_s``); returns how
     many there were. Collected before any is signalled, so the grandchildren of a child that dies
     first (the raylet's agents and workers) are still known."""
-    try:
-        import psutil
-    except ImportError:
+    if psutil is None:
         return 0
     try:
         kids = psutil.Process().children(recursive=True)
