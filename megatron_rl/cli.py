@@ -269,7 +269,8 @@ def _signals_end_in_one_line():
     def _raise(signum, frame):
         raise Signalled(signum)
 
-    previous = {s: signal.signal(s, _raise) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, _raise) for s in (signal.SIGINT, signal.SIGTERM)
+                if signal.getsignal(s) is not signal.SIG_IGN}   # an ignored signal (a background job's SIGINT) stays so
     try:
         yield
     finally:

@@ -37,7 +37,7 @@ MODULE_SECONDS = {
     "tests/distributed/test_invariance.py": 40, "tests/unit/trainer/test_paths.py": 37,
     "tests/distributed/test_teacher_pass.py": 35, "tests/unit/convert/test_convert_units.py": 34,
     "tests/distributed/test_actor.py": 19, "tests/distributed/test_backend_wiring.py": 14,
-    "tests/distributed/test_actor_vocab_parallel.py": 8,
+    "tests/distributed/test_actor_vocab_parallel.py": 8, "tests/unit/trainer/test_stop.py": 40,
 }
 
 
