@@ -5,6 +5,7 @@ dispatches and turns user errors into one clear line (``--debug`` shows the trac
 
     megatron-rl train --config examples/configs/tiny_cpu_grpo.yaml [a.b=c ...] [--resume auto|PATH]
     megatron-rl train --print-config [--algo KIND]    -> every key, default, description (config_doc.py)
+    megatron-rl train --print-config --config X [a.b=c ...]  -> X's value of every key, with its description
     megatron-rl demo [--algo bicc_rcc] ...            -> megatron_rl.demo.main(argv)
     megatron-rl eval ...                              -> megatron_rl.eval main(argv)
     megatron-rl convert hf-to-mcore|mcore-to-hf ...   -> megatron_rl.convert.cli.main(argv)
@@ -17,8 +18,10 @@ Under ``torchrun`` every rank runs the same command line.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import re
+import signal
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -26,7 +29,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from megatron_rl import __version__
-from megatron_rl.diskspace import DiskSpaceError
+from megatron_rl.diskspace import DiskSpaceError, NotWritableError
 
 #: pass-through subcommands -> candidate ``module:function`` owners of ``main(argv)``, in order.
 PASSTHROUGH: dict[str, tuple[str, ...]] = {
@@ -46,7 +49,8 @@ COMMANDS = tuple(HELP)
 VERBOSE_OWNERS = ("eval", "convert")
 #: exception types reported as one ``error:`` line instead of a traceback.
 USER_ERRORS = (ValueError, KeyError, FileNotFoundError, FileExistsError, NotADirectoryError, ImportError,
-               DiskSpaceError)   # a full disk (megatron_rl/diskspace.py): a runtime error, one line
+               DiskSpaceError,   # a full disk (megatron_rl/diskspace.py): a runtime error, one line
+               NotWritableError)  # a read-only or foreign place of a write (diskspace.check_writable)
 OVERRIDE_RE = re.compile(r"^[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*)*=.*$", re.DOTALL)
 
 
@@ -100,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--allow-config-change", action="store_true",
                    help="--resume even though algo.kind, rollout.n or the model differ from the run's config.yaml")
     t.add_argument("--print-config", action="store_true",
-                   help="print every config key with its default and description (a loadable YAML) and exit")
+                   help="print every config key with its default and description (a loadable YAML) and exit; "
+                        "with --config X [a.b=c ...]: X's values")
     t.add_argument("--algo", metavar="KIND", default=None,
                    help="with --print-config: show the algo.<KIND> section of that method (default: grpo)")
 
@@ -120,9 +125,13 @@ def parse_command(argv: Sequence[str]) -> ParsedCommand:
     idx = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
     if idx is not None and argv[idx] in PASSTHROUGH:
         return ParsedCommand(argv[idx], parser.parse_args(argv[: idx + 1]), argv[idx + 1:])
+    if idx is not None and argv[idx] == "train":
+        _once(argv[idx + 1:], ("--config", "--resume", "--algo"))
     args, extra = parser.parse_known_args(argv)
     if args.command == "train" and not args.config and not args.print_config:
         _train_usage_error("the following arguments are required: --config (or --print-config)")
+    if args.command == "train" and args.print_config and (args.check or args.resume or args.overwrite):
+        _train_usage_error("--print-config prints a config and exits; it does not go with --check, --resume or --overwrite")
     if args.command == "train" and args.algo and not args.print_config:
         _train_usage_error("--algo KIND goes with --print-config (a run's method is the override algo.kind=KIND)")
     if extra and args.command == "train" and all(OVERRIDE_RE.match(x) and not x.startswith("-") for x in extra):
@@ -132,11 +141,31 @@ def parse_command(argv: Sequence[str]) -> ParsedCommand:
     return ParsedCommand(args.command, args, [])
 
 
+def _once(argv: Sequence[str], options: tuple[str, ...]) -> None:
+    """An option that takes a value given twice is a usage error (argparse keeps the last silently)."""
+    for opt in options:
+        given = [a for a in argv if a == opt or a.startswith(opt + "=")]
+        if len(given) > 1:
+            _train_usage_error(f"{opt} given {len(given)} times; give it once")
+
+
 def _train_usage_error(message: str):
     """A ``train`` usage error: one line, exit status 2 (``usage.OneLineParser``)."""
     from megatron_rl.usage import OneLineParser
 
     OneLineParser(prog="megatron-rl train").error(message)
+
+
+def check_overrides(overrides: Sequence[str]) -> None:
+    """The same key overridden twice with two values on one command line is refused: the last one won
+    silently, so a value typed early in a long command line did nothing (the same value twice, as a
+    wrapper script and its user may both pass it, is harmless)."""
+    seen: dict[str, str] = {}
+    for o in overrides:
+        key = o.split("=", 1)[0].strip()
+        if key in seen and seen[key].split("=", 1)[1] != o.split("=", 1)[1]:
+            raise CliError(f"override {key} given twice with different values ({seen[key]} and {o}): keep one")
+        seen[key] = o
 
 
 def resolve_main(command: str) -> Callable[[list[str]], int | None]:
@@ -159,7 +188,10 @@ def resolve_main(command: str) -> Callable[[list[str]], int | None]:
 
 def run_train(args: argparse.Namespace) -> int:
     """``train``: ``preflight.load_checked(yaml, overrides)`` then ``trainer.loop.main(cfg, resume=...)``."""
-    if args.print_config:
+    if args.print_config and not args.config:
+        if args.overrides:
+            raise CliError("--print-config prints the defaults; overrides go with --config X (--print-config --config X a.b=c "
+                           "prints that config's values)")
         from megatron_rl.config_doc import print_config
 
         print_config(args.algo)
@@ -168,6 +200,13 @@ def run_train(args: argparse.Namespace) -> int:
         raise CliError(f"--config {args.config} is a directory; pass a YAML file (e.g. examples/configs/tiny_cpu_grpo.yaml)")
     if not Path(args.config).is_file():
         raise CliError(f"config file not found: {args.config}")
+    check_overrides(args.overrides)
+    if args.print_config:   # --config X: X's values (and the overrides'), each with its description
+        from megatron_rl.config import load_config
+        from megatron_rl.config_doc import print_config
+
+        print_config(args.algo, load_config(args.config, list(args.overrides)))
+        return 0
     from megatron_rl.preflight import load_checked
 
     cfg = load_checked(args.config, list(args.overrides))   # fields, then the cross-component rules
@@ -207,6 +246,38 @@ def dispatch(cmd: ParsedCommand) -> int:
     return _exit_code(resolve_main(cmd.command)(rest))
 
 
+class Signalled(BaseException):
+    """SIGINT / SIGTERM received by a command outside a training run's own handling (``trainer/stop.py``):
+    raised where the main thread is, so ``finally`` blocks and the writers' temp-dir cleanup run
+    (``convert/atomic.py``), then :func:`main` prints one line and exits 128 + signum."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _signals_end_in_one_line():
+    """While a command runs: SIGINT and SIGTERM raise :class:`Signalled` (Ctrl-C was a
+    ``KeyboardInterrupt`` traceback, SIGTERM a silent death); the previous handlers come back after."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _raise(signum, frame):
+        raise Signalled(signum)
+
+    previous = {s: signal.signal(s, _raise) for s in (signal.SIGINT, signal.SIGTERM)
+                if signal.getsignal(s) is not signal.SIG_IGN}   # an ignored signal (a background job's SIGINT) stays so
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Console-script entry point. Exit status (README "Exit codes"): 0 ok; 2 usage or configuration
     error, refused before the run starts; 1 runtime error after start-up (``usage.begin_run`` marks it)."""
@@ -223,14 +294,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         build_parser().print_help()
         return 2
     try:
-        return dispatch(cmd)
+        with _signals_end_in_one_line():
+            return dispatch(cmd)
+    except Signalled as e:   # a signal outside a training run: one line, 128 + signum, our children ended
+        from megatron_rl.console import fresh_line
+        from megatron_rl.trainer.stop import end_children, exit_code
+
+        end_children()
+        print(f"{fresh_line()}megatron-rl {cmd.command}: stopped by {signal.Signals(e.signum).name}; nothing "
+              "half-written is left in place", file=sys.stderr)
+        return exit_code(e.signum)
     except (CliError, *USER_ERRORS) as e:
         if cmd.args.debug:
             traceback.print_exc()
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         hint = "" if cmd.args.debug else " (run 'megatron-rl --debug ...' for the traceback)"
         kind = "" if isinstance(e, CliError) else f"{type(e).__name__}: "
-        print(f"megatron-rl {cmd.command}: error: {kind}{msg}{hint}", file=sys.stderr)
+        from megatron_rl.console import fresh_line
+
+        print(f"{fresh_line()}megatron-rl {cmd.command}: error: {kind}{msg}{hint}", file=sys.stderr)
         return error_status()
 
 

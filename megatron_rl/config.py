@@ -110,7 +110,7 @@ class OptimConfig:
     def __post_init__(self):
         _check(self.lr > 0, f"optim.lr must be > 0, got {self.lr}")
         _check(self.clip_grad is None or self.clip_grad >= 0, f"optim.clip_grad must be >= 0 or null, got {self.clip_grad}")
-        _check(self.decay_style in ("constant", "linear", "cosine"), f"optim.decay_style invalid: {self.decay_style!r}")
+        _check(self.decay_style in ("constant", "linear", "cosine"), f"optim.decay_style invalid: {self.decay_style!r}; valid: constant|linear|cosine")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -441,7 +441,7 @@ class LoggingConfig:
     ``run_dir/samples.jsonl`` (0 = off). For checking what reaches the loss."""
 
     def __post_init__(self):
-        _check(self.wandb_mode in ("offline", "online", "disabled"), f"logging.wandb_mode invalid: {self.wandb_mode!r}")
+        _check(self.wandb_mode in ("offline", "online", "disabled"), f"logging.wandb_mode invalid: {self.wandb_mode!r}; valid: offline|online|disabled")
         _check(self.dump_samples >= 0, f"logging.dump_samples must be >= 0, got {self.dump_samples}")
 
 
@@ -459,9 +459,9 @@ class TeacherConfig:
     Transformer Engine, whose causal kernels ignore a custom mask) | on | off (one sequence per row)."""
 
     def __post_init__(self):
-        _check(self.template in ("auto", "chat", "inline"), f"teacher.template invalid: {self.template!r}")
+        _check(self.template in ("auto", "chat", "inline"), f"teacher.template invalid: {self.template!r}; valid: auto|chat|inline")
         _check(self.pack_len >= 0, "teacher.pack_len must be >= 0")
-        _check(self.pack in ("auto", "on", "off"), f"teacher.pack invalid: {self.pack!r}")
+        _check(self.pack in ("auto", "on", "off"), f"teacher.pack invalid: {self.pack!r}; valid: auto|on|off")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -558,12 +558,37 @@ def from_dict(tree: dict) -> Config:
     return cfg
 
 
+def _unique_key_loader():
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        """``yaml.SafeLoader`` that refuses a mapping key given twice (PyYAML keeps the last one
+        silently: a section written twice lost every key of the first)."""
+
+        def construct_mapping(self, node, deep=False):
+            seen: dict = {}
+            for k_node, _ in node.value:
+                k = self.construct_object(k_node, deep=deep)
+                if isinstance(k, (str, int, float, bool)) and k in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {k!r} appears twice in one mapping (first at line {seen[k] + 1}); "
+                        "merge the two", k_node.start_mark)
+                seen.setdefault(k, k_node.start_mark.line)
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
+
+
 def _read_yaml(p: Path) -> dict:
     """The YAML mapping of a config file; a syntax error is one line naming ``file:line:column``."""
     import yaml
 
     try:
-        tree = yaml.safe_load(p.read_text())
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{p}: not a UTF-8 text file (byte {e.start}); a config is a YAML text file") from None
+    try:
+        tree = yaml.load(text, Loader=_unique_key_loader())   # noqa: S506 (a SafeLoader refusing a key given twice)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(p)
@@ -573,8 +598,9 @@ def _read_yaml(p: Path) -> dict:
         raise ValueError(f"{where}: YAML syntax error: {what}") from None
     except yaml.YAMLError as e:
         raise ValueError(f"{p}: YAML error: {str(e).splitlines()[0]}") from None
-    if tree is None:
-        return {}
+    if tree is None:   # an empty file (or only comments): refused, not silently the defaults
+        raise ValueError(f"{p}: the config file is empty; a config is a mapping of sections (model:, data:, trainer:, "
+                         "...): start from examples/configs/tiny_cpu_grpo.yaml or `megatron-rl train --print-config`")
     if not isinstance(tree, dict):
         raise ValueError(f"{p}: a config file is a mapping of sections (model:, trainer:, ...), got a "  # noqa: TRY004
                          f"{type(tree).__name__}")
@@ -612,6 +638,10 @@ def demo_hint(path: str) -> str:
 def check_model_path(path: str) -> None:
     """``model.hf_path`` names an HF model directory with ``config.json`` (or that file itself)."""
     p = Path(path)
+    from megatron_rl.path_kind import MCORE, RUN, expect_hf, kind
+
+    if kind(p) in (MCORE, RUN):   # a checkpoint or a run dir where an HF dir is meant: say which to pass
+        expect_hf(p, "model.hf_path", sep="=")
     if p.is_file() and p.suffix != ".json":
         raise ValueError(f"model.hf_path={path} is a file; set it to the HF model directory that holds config.json "
                          f"and the *.safetensors (here: {p.parent})")
@@ -632,7 +662,12 @@ def validate(cfg: Config, world_size: int | None = None) -> None:
     if world_size is not None:
         mp = cfg.parallel.tp * cfg.parallel.pp
         if world_size % mp:
-            raise ValueError(f"world size {world_size} is not divisible by tp*pp={mp}")
+            p = cfg.parallel
+            fix = (f"launch {mp} processes (torchrun --nproc-per-node {mp}) or set parallel.tp=1 parallel.pp=1"
+                   if world_size < mp else f"launch a multiple of {mp} processes, or set parallel.tp x parallel.pp to "
+                   f"a divisor of {world_size}")
+            raise ValueError(f"parallel.tp={p.tp} x parallel.pp={p.pp} = {mp} processes per model replica, but the "
+                             f"world size {world_size} is not divisible by tp*pp={mp}: {fix}")
         dp, mbs = world_size // mp, cfg.trainer.rows_per_micro_batch
         if not cfg.trainer.max_tokens_per_micro_batch and n % (dp * mbs):   # packed micro-batches take any count
             raise ValueError(f"batch of {n} sequences (prompts_per_step x rollout.n) is not divisible by "

@@ -63,46 +63,64 @@ def _scalar(value) -> str:
     return json.dumps(value, default=str, ensure_ascii=False)
 
 
-def _section(cls, indent: str, skip: tuple = ()) -> list[str]:
+def _value(obj, f: dataclasses.Field):
+    """``obj``'s value of field ``f`` (dataclasses as mappings), or the default when ``obj`` is None."""
+    if obj is None:
+        return _default(f)
+    v = getattr(obj, f.name)
+    return dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v
+
+
+def _section(cls, indent: str, skip: tuple = (), values=None) -> list[str]:
     out = []
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
         doc = field_doc(cls, f.name)
         out += [f"{indent}# {ln}" if ln else f"{indent}#" for ln in doc.splitlines()]
-        out.append(f"{indent}{f.name}: {_scalar(_default(f))}")
+        out.append(f"{indent}{f.name}: {_scalar(_value(values, f))}")
     return out
 
 
-def render(kind: str | None = None) -> str:
-    """The annotated YAML of every key's default; ``kind``: the method whose ``algo.<kind>`` is shown."""
+def render(kind: str | None = None, cfg=None) -> str:
+    """The annotated YAML of every key's default; ``kind``: the method whose ``algo.<kind>`` is shown.
+    ``cfg`` (a loaded ``Config``: ``--print-config --config X [a.b=c ...]``): its values instead of
+    the defaults, same descriptions, its ``algo.kind``."""
     from megatron_rl.algorithms import ALGO_KINDS
     from megatron_rl.config import AlgoConfig, Config
 
+    if cfg is not None:
+        if kind and kind != cfg.algo.kind:
+            raise ValueError(f"--algo {kind} but the config's algo.kind is {cfg.algo.kind}: drop --algo, or "
+                             f"add the override algo.kind={kind}")
+        kind = cfg.algo.kind
     kind = kind or AlgoConfig.kind
     if kind not in ALGO_KINDS:
         raise ValueError(f"--algo {kind!r}: unknown method; valid: {sorted(ALGO_KINDS)}")
     hp = ALGO_KINDS[kind].hparams
     flag = f" --algo {kind}" if kind != AlgoConfig.kind else ""
-    out = [f"# Every key of a `megatron-rl train` config with its default (megatron-rl train --print-config{flag}).",
+    head = (f"# Every key of a `megatron-rl train` config with its default (megatron-rl train --print-config{flag})."
+            if cfg is None else "# Every key of this config with its value (megatron-rl train --print-config --config ...).")
+    out = [head,
            f"# Methods (algo.kind): {', '.join(sorted(ALGO_KINDS))}; --print-config --algo KIND shows algo.<KIND>."]
     types = typing.get_type_hints(Config)
     sections = [f for f in dataclasses.fields(Config) if f.name != "plugins"]
-    out += [""] + _section(Config, "", skip=tuple(f.name for f in sections))   # plugins: [] (read first)
+    out += [""] + _section(Config, "", skip=tuple(f.name for f in sections), values=cfg)   # plugins: [] (read first)
     for sec in sections:
         cls = types[sec.name]
+        vals = None if cfg is None else getattr(cfg, sec.name)
         doc = inspect.cleandoc(cls.__doc__ or "") if sec.name == "teacher" else ""
         out += [""] + [f"# {ln}" for ln in doc.splitlines()] + [f"{sec.name}:"]
         if sec.name != "algo":
-            out += _section(cls, "  ")
+            out += _section(cls, "  ", values=vals)
             continue
         out += [f"  # {field_doc(AlgoConfig, 'kind')}", f"  kind: {_scalar(kind)}"]
         out += [f"  # {ln}" for ln in (inspect.cleandoc(hp.__doc__ or "").splitlines())]
-        out += [f"  {kind}:"] + _section(hp, "    ")
-        out += _section(AlgoConfig, "  ", skip=("kind", "hparams"))
+        out += [f"  {kind}:"] + _section(hp, "    ", values=None if vals is None else vals.hparams)
+        out += _section(AlgoConfig, "  ", skip=("kind", "hparams"), values=vals)
     return "\n".join(out) + "\n"
 
 
-def print_config(kind: str | None = None) -> None:
+def print_config(kind: str | None = None, cfg=None) -> None:
     """``train --print-config``: :func:`render` to stdout."""
-    sys.stdout.write(render(kind))
+    sys.stdout.write(render(kind, cfg))

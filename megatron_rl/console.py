@@ -116,6 +116,17 @@ def attach_run_log(run_dir: str | Path, rank: int = 0, name: str = LOG_FILE, laz
     return path
 
 
+def fresh_line() -> str:
+    """A newline when a progress bar (tqdm) is drawn on the console now, so an error or signal line that
+    follows starts on a line of its own instead of after the bar; the empty string otherwise."""
+    tqdm = sys.modules.get("tqdm.std")
+    try:
+        bars = list(getattr(getattr(tqdm, "tqdm", None), "_instances", ()) or ())
+    except Exception:  # noqa: BLE001 (a weak set changing under us: no newline is the safe answer)
+        return ""
+    return "\n" if any(not getattr(b, "disable", True) for b in bars) else ""
+
+
 @contextlib.contextmanager
 def quiet_command(log_path: str | Path, verbose: bool = False) -> Iterator[Path | None]:
     """``megatron-rl eval`` / ``convert``: INFO and third-party warnings go to ``log_path`` (appended;

@@ -85,6 +85,8 @@ def prepare(run_dir: Path, seed: int):
 
 #: what a demo run dir holds besides the training run's artifacts (``trainer/run_dir.RUN_ARTIFACTS``)
 DEMO_ENTRIES = ("data", "tokenizer", "init_hf", "sft_hf", "archive", "samples.jsonl")
+#: what the demo's RL phase keeps when it archives the earlier run (``run_dir.archive_run``)
+DEMO_INPUTS = ("data", "tokenizer", "init_hf", "sft_hf")
 
 
 def check_demo_dir(run_dir: Path) -> None:
@@ -147,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     run_dir = Path(args.run_dir or f"runs/demo_{args.algo}").resolve()
     check_demo_dir(run_dir)   # nothing of the user's is overwritten (before anything is set up)
+    demo_config(args, run_dir, {"train": "", "val": "", "test": ""}, "")   # --steps, --lr, -o ...: before any file
     from megatron_rl.console import quiet_console
     from megatron_rl.usage import begin_run
 
@@ -171,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     from megatron_rl.trainer.loop import run
 
     print(f"[demo] RL: algo={args.algo}, {args.steps} steps x {cfg.data.prompts_per_step} prompts x G={cfg.rollout.n}")
-    summary = run(cfg, client=_CLIENT[0], overwrite=True)   # re-running the demo starts over (old run archived)
+    summary = run(cfg, client=_CLIENT[0], overwrite=True,   # re-running the demo starts over (old run archived)
+                  keep=[run_dir / e for e in DEMO_INPUTS])
     _CLIENT[0].shutdown()
     from megatron_rl.console import format_summary
 

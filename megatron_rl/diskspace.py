@@ -48,9 +48,47 @@ def free_bytes(path: str | os.PathLike) -> int:
     return st.f_bavail * st.f_frsize
 
 
+class NotWritableError(PermissionError):
+    """The place of a write is on a read-only file system or not writable by this user (a user error:
+    checked before anything is written, one line, never reported as a full disk)."""
+
+
+def _existing(path: str | os.PathLike) -> Path:
+    p = Path(path).absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def is_read_only(path: str | os.PathLike) -> bool:
+    """Is the file system of ``path`` (or of its nearest existing parent) mounted read-only?"""
+    try:
+        return bool(os.statvfs(_existing(path)).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+def check_writable(path: str | os.PathLike, what: str) -> None:
+    """Raise :class:`NotWritableError` (one line naming ``what`` and ``path``) when ``path`` -- or, for a
+    path not created yet, its nearest existing parent -- cannot be written: a read-only mount, or no
+    write permission (root writes anywhere but a read-only mount). Also ``NotADirectoryError`` when
+    that parent is a file."""
+    q = _existing(path)
+    if q != Path(path).absolute() and not q.is_dir():
+        raise NotADirectoryError(f"{what} {path}: {q} is a file, not a directory; choose another location")
+    if is_read_only(q):
+        raise NotWritableError(f"{what} {path}: {q} is on a read-only file system; nothing was written - choose a "
+                               "writable location")
+    if not os.access(q, os.W_OK | (os.X_OK if q.is_dir() else 0)):
+        raise NotWritableError(f"{what} {path}: no write permission in {q}; nothing was written - choose a writable "
+                               "location or fix its permissions")
+
+
 def check_free(path: str | os.PathLike, need: int, what: str) -> None:
-    """Raise :class:`DiskSpaceError` naming ``path`` and the bytes needed vs free when ``need`` bytes
-    do not fit on its file system."""
+    """Raise :class:`NotWritableError` when ``path`` cannot be written at all (a read-only mount has no
+    free blocks either; it must not read as a full disk), else :class:`DiskSpaceError` naming ``path``
+    and the bytes needed vs free when ``need`` bytes do not fit on its file system."""
+    check_writable(path, what)
     free = free_bytes(path)
     if free < need:
         raise DiskSpaceError(f"not enough free space for {what} in {path}: needs {need} bytes ({human(need)}), "
@@ -99,7 +137,7 @@ def is_disk_full(exc: BaseException, path: str | os.PathLike) -> bool:
             stack += [v[0] if isinstance(v, tuple) else v for v in failures.values() if isinstance(v, (tuple, BaseException))]
     write_error = type(exc).__name__ == "CheckpointException" or (
         isinstance(exc, (RuntimeError, OSError)) and not isinstance(exc, (FileExistsError, FileNotFoundError)))
-    if not write_error:          # a config or usage error is never blamed on the disk
+    if not write_error or is_read_only(path):   # a config or usage error, a read-only mount: never the disk
         return False
     try:
         return free_bytes(path) < NEARLY_FULL
@@ -117,11 +155,11 @@ def check_free_on_rank0(path: str | os.PathLike, need: int, what: str) -> None:
     if not multi or dist.get_rank() == 0:
         try:
             check_free(path, need, what)
-        except DiskSpaceError as e:
-            msg = str(e)
+        except (DiskSpaceError, NotWritableError) as e:
+            msg = (isinstance(e, NotWritableError), str(e))
     if multi:
         box = [msg]
         dist.broadcast_object_list(box, src=0)
         msg = box[0]
     if msg:
-        raise DiskSpaceError(msg)
+        raise (NotWritableError if msg[0] else DiskSpaceError)(msg[1])

@@ -48,6 +48,11 @@ def check_torch_env(env: Mapping[str, str] | None = None, wait_s: float = 120.0)
     ``MASTER_ADDR:MASTER_PORT`` that accepts no connection within ``wait_s`` seconds (rank 0 or
     torchrun's agent may still be starting, so it is polled, not tried once)."""
     env = os.environ if env is None else env
+    if "WORLD_SIZE" in env and "RANK" not in env and env["WORLD_SIZE"].strip() not in ("", "1"):
+        # init_distributed would make a 1-process world: a WORLD_SIZE=2 by hand trained one process silently
+        raise ValueError(f"WORLD_SIZE={env['WORLD_SIZE']} is set but RANK is not: no launcher started this process, "
+                         "so it would train alone; launch with torchrun (--nproc-per-node N), or unset WORLD_SIZE "
+                         "for one process")
     if "RANK" not in env or "WORLD_SIZE" not in env:   # init_distributed makes a 1-process world
         return
     try:

@@ -562,6 +562,18 @@ def run(args: argparse.Namespace) -> PlanReport | None:
         for name in sorted(PRESETS):
             print(f"{name:<14}{ArchSpec.from_hf(PRESETS[name], name).total_params() / 1e9:7.3f} B")
         return None
+    if not args.model and getattr(args, "config", None):   # the run config names its model: model.hf_path
+        from megatron_rl.config import load_config
+
+        if not Path(args.config).is_file():
+            raise FileNotFoundError(f"plan: --config {args.config}: no such file")
+        try:
+            args.model = load_config(args.config).model.hf_path or None
+        except FileNotFoundError as e:   # the model is not downloaded here: a preset plans it all the same
+            raise FileNotFoundError(f"{e}; or pass --model PRESET (megatron-rl plan --list-models)") from None
+        if not args.model:
+            raise ValueError(f"plan: --config {args.config} sets no model.hf_path; pass --model (a preset name or a "
+                             "config.json path)")
     if not args.model:
         raise ValueError("plan: --model is required (a preset name or a config.json path)")
     rep = report_for(args)

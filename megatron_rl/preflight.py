@@ -86,8 +86,48 @@ def check_config(cfg) -> None:
     for key in ("eval_prompts",):
         if getattr(t, key) < 1:
             raise ValueError(f"trainer.{key} must be >= 1, got {getattr(t, key)}")
+    check_offload_placement(cfg)
     if cfg.model.hf_path and (Path(cfg.model.hf_path) / "config.json").is_file():
         _check_against_model(cfg)
+
+
+def check_offload_placement(cfg) -> None:
+    """``trainer.offload`` acts only while colocated engines generate: with ``separate`` placement the
+    trainer never gives its GPUs away, so a set value would silently do nothing."""
+    if cfg.trainer.offload != "none" and cfg.rollout.placement != "colocated":
+        raise ValueError(f"trainer.offload={cfg.trainer.offload} does nothing with rollout.placement="
+                         f"{cfg.rollout.placement}: the trainer parks its state only while colocated engines use its "
+                         "GPUs; set rollout.placement=colocated, or trainer.offload=none")
+
+
+def host_memory_bytes() -> tuple[int, int]:
+    """(total, available) bytes of this host's memory (``/proc/meminfo``; sysconf where it is missing)."""
+    try:
+        info = dict(ln.split(":", 1) for ln in Path("/proc/meminfo").read_text().splitlines() if ":" in ln)
+        total = int(info["MemTotal"].split()[0]) * 1024
+        return total, int(info.get("MemAvailable", info["MemTotal"]).split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return total, total
+
+
+def check_kv_cache_memory(cfg) -> None:
+    """vLLM-CPU keeps each engine's KV cache (``rollout.kv_cache_gib``) in host memory: more than this
+    host has available fails 20 s into the run inside Ray / vLLM; refused here (no CUDA only: on a
+    GPU the cache lives in GPU memory)."""
+    from megatron_rl.device import has_cuda
+
+    r = cfg.rollout
+    if r.engine != "vllm" or has_cuda():
+        return
+    total, avail = host_memory_bytes()
+    cluster = r.ray_address or os.environ.get("RAY_ADDRESS", "local").lower() not in ("", "local")
+    here = 1 if cluster else r.num_engines   # a local Ray puts every engine on this host; a cluster, at least one
+    need = here * r.kv_cache_gib * 2**30
+    if need > avail:
+        raise ValueError(f"rollout.kv_cache_gib={r.kv_cache_gib:g} x {here} engine(s) on this host = "
+                         f"{need / 2**30:.1f} GiB of KV cache in host memory (vLLM-CPU), but this host has "
+                         f"{avail / 2**30:.1f} GiB available of {total / 2**30:.1f} GiB: lower rollout.kv_cache_gib")
 
 
 def _check_against_model(cfg) -> None:
@@ -105,6 +145,10 @@ def _check_against_model(cfg) -> None:
     top_k = getattr(cfg.algo.hparams, "top_k", None)
     if top_k is not None and top_k > a.vocab_size:
         raise ValueError(f"algo.{cfg.algo.kind}.top_k={top_k} exceeds the model's vocab_size={a.vocab_size}")
+    for key, k in (("rollout.top_k", cfg.rollout.top_k), ("trainer.eval_top_k", cfg.trainer.eval_top_k)):
+        if k > a.vocab_size:   # -1 = off; above the vocabulary it would keep every token, silently
+            raise ValueError(f"{key}={k} exceeds the model's vocab_size={a.vocab_size} (it would keep every token): "
+                             f"lower it, or -1 for no top-k")
 
 
 def _need_file(key: str, value: str, what: str, is_dir: bool = False) -> None:
@@ -128,6 +172,11 @@ def check_files(cfg, resume: str | None = None) -> None:
     _need_file("data.train", cfg.data.train, "training prompts, parquet")
     if cfg.data.val:
         _need_file("data.val", cfg.data.val, "held-out prompts, parquet")
+    if resume not in (None, "auto") and Path(resume).is_dir() and not (Path(resume) / "COMPLETE").is_file():
+        from megatron_rl.path_kind import HF, RUN, expect_checkpoint, kind
+
+        if kind(resume) in (RUN, HF):   # a run dir or an HF dir where a checkpoint is meant: say which fits
+            expect_checkpoint(resume, "--resume")
     if resume not in (None, "auto") and not Path(resume).is_dir():
         raise FileNotFoundError(f"--resume {resume}: no such checkpoint directory; pass a checkpoint of "
                                 f"{cfg.trainer.run_dir}/checkpoints/, or --resume auto for the newest one")
@@ -191,6 +240,118 @@ def check_row_fields(cfg) -> None:
             alt = "".join(f" (or extra_info.{k})" for k in keys[1:])
             raise ValueError(f"data.train={cfg.data.train}: {missing} of {len(rows)} rows have no extra_info.{keys[0]}"
                              f"{alt}, {why}: add it to every row, or use a method or template that does not need it")
+
+
+_PROMPTS: dict = {}   # (file, its size and mtime, tokenizer, length, on_error) -> PromptDataset, built once
+
+
+def _prompt_key(cfg, path: str) -> tuple:
+    st = Path(path).stat()
+    d = cfg.data
+    return (str(Path(path).resolve()), st.st_size, st.st_mtime_ns, cfg.model.tokenizer_path or cfg.model.hf_path,
+            json.dumps(d.chat_template_kwargs, sort_keys=True, default=str), d.max_prompt_len, d.on_error)
+
+
+def _tokenizer(cfg):
+    from megatron_rl.data.tokenizer import load_tokenizer
+
+    key, where = ("model.tokenizer_path", cfg.model.tokenizer_path) if cfg.model.tokenizer_path else \
+        ("model.hf_path", cfg.model.hf_path)
+    try:
+        return load_tokenizer(where, cfg.data.chat_template_kwargs)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{key}={where}: no tokenizer there (sp.model, or tokenizer.json / tokenizer_config.json)"
+                                + ("; set model.tokenizer_path to the directory that holds it" if key == "model.hf_path"
+                                   else "")) from None
+
+
+def prompt_datasets(cfg, tok=None):
+    """``(train, val)`` :class:`~megatron_rl.data.dataset.PromptDataset` of ``cfg`` (val None when unset),
+    each file read, templated and tokenised once per process: :func:`check_prompts` builds them among the
+    start-up checks and ``setup_run`` takes the same objects."""
+    from megatron_rl.data.dataset import PromptDataset
+
+    out = []
+    for key, path in (("data.train", cfg.data.train), ("data.val", cfg.data.val)):
+        if not path:
+            out.append(None)
+            continue
+        k = _prompt_key(cfg, path)
+        if k not in _PROMPTS:
+            if tok is None:
+                tok = _tokenizer(cfg)
+            try:
+                _PROMPTS[k] = PromptDataset.from_parquet(path, tok, cfg.data.max_prompt_len, cfg.data.on_error)
+            except ValueError as e:
+                raise ValueError(f"{key}={e}" if str(e).startswith(str(path)) else f"{key}={path}: {e}") from None
+        out.append(_PROMPTS[k])
+    return tuple(out)
+
+
+def check_prompts(cfg) -> None:
+    """Every row of ``data.train`` / ``data.val`` passes the dataset's own checks with the run's tokenizer
+    (the verl columns, ``prompt`` a list of chat messages, a ground truth, the prompt within
+    ``data.max_prompt_len``; ``data.on_error=skip`` drops such rows, counted), and the usable rows
+    still fill a step -- before anything is written (a bad row once failed after ``config.yaml``)."""
+    train, _ = prompt_datasets(cfg)
+    if len(train) < cfg.data.prompts_per_step:   # rows skipped (data.on_error=skip) below one step's worth
+        raise ValueError(f"data.train={cfg.data.train}: {len(train)} usable row(s) ({train.skipped} skipped), fewer than "
+                         f"data.prompts_per_step={cfg.data.prompts_per_step}: lower it or fix the skipped rows")
+
+
+def check_model_weights(cfg) -> None:
+    """The safetensors headers of ``model.hf_path`` (no tensor is read) hold every tensor the model's
+    ``config.json`` implies, each with its shape, named as the HF files name them (a wrong-shape tensor
+    once failed after ``config.yaml`` was written, naming the Megatron parameter)."""
+    hf = Path(cfg.model.hf_path)
+    if not any(hf.glob("*.safetensors")):
+        return   # no weights to compare (a stand-in config); the load names what is missing
+    from megatron_rl.convert.live import check_hf_names
+    from megatron_rl.convert.safetensors_index import SafetensorsIndex
+    from megatron_rl.convert.stream import check_shapes
+    from megatron_rl.models.provider import model_arch_info
+
+    try:
+        index = SafetensorsIndex(hf)
+        arch = model_arch_info(cfg.model.hf_path)
+        check_hf_names(index.names(), arch)
+        check_shapes(index, arch)
+    except (KeyError, ValueError) as e:
+        raise ValueError(f"model.hf_path={hf}: {e.args[0] if isinstance(e, KeyError) else e}") from None
+
+
+def check_resume_step(cfg, resume: str | None) -> None:
+    """The checkpoint a resume continues is not past ``trainer.steps`` (else the run would start Ray,
+    train nothing and export the checkpoint's weights over ``hf/``)."""
+    if resume is None:
+        return
+    from megatron_rl.trainer.checkpoint import find_latest
+
+    ck = find_latest(cfg.trainer.run_dir) if resume == "auto" else Path(resume)
+    if ck is None:
+        return
+    try:
+        step = int(json.loads((ck / "COMPLETE").read_text()).get("step"))
+    except (OSError, ValueError, TypeError, AttributeError):
+        step = int(ck.name[5:]) if ck.name.startswith("step_") and ck.name[5:].isdigit() else None
+    if step is not None and step > cfg.trainer.steps:
+        raise ValueError(f"--resume {resume}: the checkpoint {ck.name} is at step {step}, past trainer.steps="
+                         f"{cfg.trainer.steps}: nothing to train; set trainer.steps above {step} to continue the run")
+
+
+def check_run_dir_writable(cfg) -> None:
+    """``trainer.run_dir`` (or the parent it will be created in) can be written: a read-only place is
+    one line now, not a raw ``OSError`` (or "no free space") once the run has started."""
+    from megatron_rl.diskspace import check_writable
+
+    d = cfg.trainer.run_dir
+    if not str(d).strip():
+        raise ValueError("trainer.run_dir is empty: set it to the run's own directory (e.g. runs/my_run); an empty "
+                         "value would write the run into the working directory")
+    if Path(d).exists() and not Path(d).is_dir():
+        raise NotADirectoryError(f"trainer.run_dir={d} is an existing file, not a directory; choose another "
+                                 "trainer.run_dir")
+    check_writable(d, "trainer.run_dir")
 
 
 def check_backend(cfg) -> str:
@@ -340,13 +501,18 @@ def preflight(cfg, resume: str | None = None, overwrite: bool = False, allow_con
     check_config(cfg)   # already run by load_checked; again here for a Config built in code
     check_launch(cfg)
     check_files(cfg, resume)
+    check_model_weights(cfg)
     check_data(cfg)
     check_row_fields(cfg)
+    check_prompts(cfg)
+    check_run_dir_writable(cfg)
     check_run_dir(cfg.trainer.run_dir, resume, overwrite)
+    check_resume_step(cfg, resume)   # before check_resume's warning lines: a refusal is the only line
     check_resume(cfg, resume, allow_config_change)   # the saved run_dir/config.yaml against this one
     check_export_dir(cfg, overwrite)
     check_world(cfg)
     check_rollout_placement(cfg)
+    check_kv_cache_memory(cfg)
     backend = check_backend(cfg)
     check_stack(cfg, backend)
     check_grader(cfg)

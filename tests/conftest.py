@@ -42,6 +42,7 @@ MODULE_SECONDS = {
     "tests/distributed/test_driver_wait.py": 25,
     "tests/distributed/test_model_device.py": 20, "tests/distributed/test_recompute.py": 45,
     "tests/distributed/test_vpp.py": 25,
+    "tests/unit/trainer/test_stop.py": 40,
 }
 
 

@@ -54,8 +54,32 @@ def log_path(out: str) -> Path:
     return out_path.with_name(out_path.name + LOG_SUFFIX)
 
 
+def check_paths(args) -> None:
+    """The input is the kind of directory its flag takes (``path_kind``: an HF dir given to
+    ``mcore-to-hf``, a checkpoint or run dir given to ``hf-to-mcore`` say so and what fits), and
+    ``--out`` can be written (a read-only place is one line, not a raw ``OSError`` or "no free space")
+    -- before the log file beside ``--out`` is opened."""
+    from megatron_rl.diskspace import check_writable
+    from megatron_rl.path_kind import expect_checkpoint, expect_hf
+
+    if args.direction == "hf-to-mcore":
+        expect_hf(args.hf, "--hf")
+    else:
+        expect_checkpoint(args.ckpt, "--ckpt")
+    check_writable(args.out, "--out")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from megatron_rl.diskspace import NotWritableError
+
+    try:
+        check_paths(args)
+    except (FileNotFoundError, NotADirectoryError, NotWritableError) as e:
+        from megatron_rl.usage import EXIT_USAGE
+
+        print(f"megatron-rl convert: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
     if args.verbose:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     with quiet_command(log_path(args.out), verbose=args.verbose) as log:   # INFO + library warnings -> OUT.convert.log
@@ -75,7 +99,7 @@ def _convert(args, log: Path | None) -> int:
     except DiskSpaceError as e:            # a runtime error: not enough space, or ENOSPC mid-write
         print(f"megatron-rl convert: error: {e}", file=sys.stderr)
         return 1
-    except (FileExistsError, FileNotFoundError, KeyError, ValueError) as e:
+    except (FileExistsError, FileNotFoundError, NotADirectoryError, KeyError, ValueError, PermissionError) as e:
         from megatron_rl.usage import error_status
 
         print(f"megatron-rl convert: error: {e}", file=sys.stderr)

@@ -68,6 +68,22 @@ _PIECE = 8 << 20
 _NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EBADF, errno.EPERM}
 
 
+def byte_view(t: torch.Tensor) -> memoryview:
+    """The bytes of the contiguous CPU tensor ``t`` as a memoryview, without copying and without
+    ``Tensor.numpy()``: numpy's view marks the tensor's storage as not resizable for good, and a live
+    model's parameters are often passed here as they are (a CPU tensor's ``.to("cpu")`` is itself),
+    after which ``trainer.offload`` could no longer release them ("Trying to resize storage that is
+    not resizable", issue 31). Valid while ``t`` is alive."""
+    import ctypes
+
+    n = t.numel() * t.element_size()
+    if not n:
+        return memoryview(b"")
+    if not t.is_contiguous() or t.device.type != "cpu":
+        raise ValueError("byte_view needs a contiguous CPU tensor")
+    return memoryview((ctypes.c_ubyte * n).from_address(t.data_ptr())).cast("B")
+
+
 def copy_bytes(src: int, dst: int, off: int, n: int, pos: int, kernel: bool = True, what: str = "") -> tuple[int, bool]:
     """Copy ``src[off : off + n]`` to ``dst`` at ``pos``: ``os.copy_file_range`` (page cache to page
     cache, no user-space buffer) or, where the kernel cannot (``kernel`` False or it refuses),
@@ -170,7 +186,7 @@ class HFWriter:
         self._begin(name, tensor.dtype, tuple(tensor.shape))
         t = tensor.detach().to("cpu").contiguous()
         if t.numel():
-            self._put(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+            self._put(byte_view(t))
 
     def copy(self, name: str, dtype: torch.dtype, shape: tuple[int, ...], ranges: list[tuple[int, int, int]]) -> None:
         """Append the next planned tensor from byte ranges ``(fd, offset, nbytes)`` of other files

@@ -84,6 +84,7 @@ def load_hf_into_model(model_chunks, hf_dir, parallel_info=None) -> int:
     Every parameter of the chunks must be covered and the checkpoint must hold exactly the
     architecture's tensors (else ``KeyError`` / ``ValueError`` naming them). Returns #params set.
     """
+    from megatron_rl.convert.mcore_layout import hf_shapes
     from megatron_rl.models.provider import load_hf_config
 
     arch = model_arch_info(load_hf_config(hf_dir))
@@ -100,7 +101,12 @@ def load_hf_into_model(model_chunks, hf_dir, parallel_info=None) -> int:
             rule = emb if g == "output_layer.weight(tied)" else by_name.get(g)
             if rule is None:
                 raise KeyError(f"Megatron parameter {g!r} has no rule in the {arch.architecture} name map")
-            full = build_full(rule, [reader.get(h) for h in rule.hf], arch)
+            parts = [reader.get(h) for h in rule.hf]
+            for h, t, want in zip(rule.hf, parts, hf_shapes(rule, arch)):   # named as the user's files name it
+                if tuple(t.shape) != tuple(want):
+                    raise ValueError(f"{hf_dir}: HF tensor {h!r} has shape {tuple(t.shape)}, expected {tuple(want)} "
+                                     f"for {arch.architecture} as its config.json describes it")
+            full = build_full(rule, parts, arch)
             part = transforms.shard(full, rule.tp, rule.transform, tp, tp_rank, vpad)
             if part.shape != p.shape:
                 raise ValueError(f"{g}: HF-derived shard {tuple(part.shape)} != Megatron {tuple(p.shape)}")

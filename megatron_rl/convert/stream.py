@@ -225,9 +225,9 @@ def _agree(err: Exception | None, world: int, payload) -> list:
 
 def _rebuild(kind: str, msg: str) -> Exception:
     """Another rank's error, re-raised here with the same type where it is a plain one."""
-    from megatron_rl.diskspace import DiskSpaceError
+    from megatron_rl.diskspace import DiskSpaceError, NotWritableError
 
     cls = {"FileExistsError": FileExistsError, "FileNotFoundError": FileNotFoundError, "KeyError": KeyError,
-           "DiskSpaceError": DiskSpaceError,
+           "DiskSpaceError": DiskSpaceError, "NotWritableError": NotWritableError,
            "ValueError": ValueError}.get(kind, RuntimeError)
     return cls(msg.strip("'\"") if cls is KeyError else msg)

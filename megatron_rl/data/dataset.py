@@ -26,10 +26,11 @@ class PromptRow:
 class PromptDataset:
     """Rows of a verl-convention parquet file, chat-templated and tokenised."""
 
-    def __init__(self, rows: list[PromptRow], skipped: int = 0):
+    def __init__(self, rows: list[PromptRow], skipped: int = 0, unknown: "UnknownChars | None" = None):
         if not rows:
             raise ValueError("prompt dataset is empty")
         self.rows, self.skipped = rows, skipped
+        self.unknown = unknown or UnknownChars()
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -49,7 +50,7 @@ class PromptDataset:
         missing = [c for c in REQUIRED if c not in table.column_names]
         if missing:
             raise ValueError(f"{path}: missing column(s) {missing}; a verl prompt file needs {list(REQUIRED)}")
-        rows, skipped = [], 0
+        rows, skipped, unknown = [], 0, UnknownChars()
         for i, r in enumerate(table.to_pylist()):
             try:
                 rows.append(_row(i, r, tokenizer, max_prompt_len, add_bos))
@@ -58,10 +59,46 @@ class PromptDataset:
                     raise ValueError(f"{path}: row {i}: {e}") from None
                 skipped += 1
                 log.warning("%s: skipping row %d: %s", path, i, e)
+            else:
+                unknown.count(rows[-1], tokenizer)
         if not rows:
             raise ValueError(f"{path}: no prompt rows" + (f" ({skipped} of {table.num_rows} skipped as unusable, "
                                                           "see the warnings above)" if skipped else " (an empty file)"))
-        return cls(rows, skipped)
+        if unknown.rows:
+            log.warning("%s: %s", path, unknown.describe(len(rows)))
+        return cls(rows, skipped, unknown)
+
+
+@dataclasses.dataclass
+class UnknownChars:
+    """Characters of the prompts and ground truths that the tokenizer maps to its unknown token,
+    counted per file (a logged, counted fallback: the row still trains, but a ground truth the policy
+    cannot write scores 0 for ever). Byte-level vocabularies (no unknown token) never count any."""
+
+    rows: int = 0            # rows with an unknown character in the prompt or the ground truth
+    answer_rows: int = 0     # of which the ground truth has one
+    chars: set = dataclasses.field(default_factory=set)
+
+    def count(self, row: PromptRow, tokenizer) -> None:
+        unk = getattr(tokenizer, "unk_id", None)
+        if unk is None or unk < 0:
+            return
+        in_prompt = unk in row.prompt_ids
+        answer = row.ground_truth if isinstance(row.ground_truth, str) else ""
+        in_answer = bool(answer) and unk in tokenizer.encode(answer)
+        if not (in_prompt or in_answer):
+            return
+        self.rows += 1
+        self.answer_rows += in_answer
+        if len(self.chars) < 8:
+            text = "".join(m["content"] for m in row.messages) + answer
+            self.chars.update(c for c in set(text) if unk in tokenizer.encode(c))
+
+    def describe(self, total: int) -> str:
+        shown = ", ".join(repr(c) for c in sorted(self.chars)[:5])
+        return (f"{self.rows} of {total} rows hold characters the tokenizer does not know ({shown}), read as its "
+                f"unknown token; {self.answer_rows} of them in the ground truth, which the policy can never write "
+                "(reward 0): fix the data or use a tokenizer that covers them")
 
 
 def _row(i: int, r: dict, tokenizer, max_len: int, add_bos: bool) -> PromptRow:
@@ -76,7 +113,10 @@ def _row(i: int, r: dict, tokenizer, max_len: int, add_bos: bool) -> PromptRow:
         ids = [tokenizer.bos_id] + ids
     if len(ids) > max_len:
         raise ValueError(f"prompt has {len(ids)} tokens > max_prompt_len={max_len}")
-    gt = (r.get("reward_model") or {}).get("ground_truth")
+    rm = r.get("reward_model")
+    if rm is not None and not isinstance(rm, dict):
+        raise ValueError(f"'reward_model' must be a mapping {{ground_truth: ...}}, got {type(rm).__name__} {str(rm)[:40]!r}")
+    gt = (rm or {}).get("ground_truth")
     if gt is None:
         raise ValueError("reward_model.ground_truth is missing")
     return PromptRow(i, tuple(ids), str(r["data_source"]), gt, dict(r.get("extra_info") or {}),

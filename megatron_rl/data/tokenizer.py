@@ -41,6 +41,7 @@ class SentencePieceTokenizer:
         self.sp = spm.SentencePieceProcessor(model_file=str(self.path))
         self.vocab_size = self.sp.get_piece_size()
         self.bos_id, self.eos_id, self.pad_id = self.sp.bos_id(), self.sp.eos_id(), self.sp.pad_id()
+        self.unk_id = self.sp.unk_id()   # what a character outside the vocabulary becomes
         if self.eos_id < 0 or self.pad_id < 0:
             raise ValueError(f"{model_file}: SentencePiece model needs eos and pad ids")
 
@@ -104,6 +105,7 @@ class HFTokenizer:
         self.bos_id = self.tok.bos_token_id
         self.eos_id = self.tok.eos_token_id
         self.pad_id = self.tok.pad_token_id if self.tok.pad_token_id is not None else self.eos_id
+        self.unk_id = self.tok.unk_token_id   # None for byte-level vocabularies, which know every character
 
     def encode(self, text: str) -> list[int]:
         return list(self.tok.encode(text, add_special_tokens=False))

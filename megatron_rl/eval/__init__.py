@@ -197,8 +197,35 @@ def _check_args(a) -> str | None:
     for flag, path in (("--data", a.data), ("--completions", a.completions)):
         if path and not Path(path).is_file():
             return f"{flag} {path}: no such file"
-    if a.model and not (Path(a.model) / "config.json").is_file():
-        return f"--model {a.model}: no config.json (not an HF model dir)"
+    if a.model:
+        from megatron_rl.path_kind import expect_hf
+
+        try:
+            expect_hf(a.model, "--model")
+        except (FileNotFoundError, NotADirectoryError) as e:
+            return str(e)
+        problem = _check_tp_here(a.tp, a.engine)
+        if problem:
+            return problem
+    return None
+
+
+def _check_tp_here(tp: int, engine: str) -> str | None:
+    """``--tp`` > 1 needs that many GPUs, or on CPU that many NUMA nodes (vLLM-CPU puts one TP rank
+    per NUMA node and asserts otherwise, 60 lines into its start-up)."""
+    if tp <= 1 or engine != "vllm":
+        return None
+    from megatron_rl.device import gpu_count, has_cuda
+
+    if has_cuda():
+        n = gpu_count()
+        return None if n >= tp else f"--tp {tp} needs {tp} GPUs, this machine has {n}: lower --tp"
+    nodes = len(list(Path("/sys/devices/system/node").glob("node[0-9]*"))) or 1
+    if nodes < tp:
+        return (f"--tp {tp} with no CUDA GPU: vLLM-CPU runs one tensor-parallel rank per NUMA node and this host has "
+                f"{nodes}; use --tp 1 here (or --tp {nodes})" if nodes > 1 else
+                f"--tp {tp} with no CUDA GPU: vLLM-CPU runs one tensor-parallel rank per NUMA node and this host has 1; "
+                "use --tp 1 here")
     return None
 
 
@@ -234,6 +261,14 @@ def main(argv: list[str] | None = None) -> int:
                         f"OUT/{LOG_FILE}")
     a = p.parse_args(argv)
     a.k = a.k or [a.n or 1]
+    from megatron_rl.diskspace import NotWritableError, check_writable
+    from megatron_rl.usage import EXIT_USAGE
+
+    try:   # before the log file in --out is opened: a read-only --out is one line, not a logging traceback
+        check_writable(a.out, "--out")
+    except (NotWritableError, NotADirectoryError) as e:
+        print(f"megatron-rl eval: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
     with quiet_command(Path(a.out) / LOG_FILE, verbose=a.verbose):   # before vLLM / torch load
         return _run(a)
 
@@ -246,6 +281,7 @@ def _run(a) -> int:
     if problem:
         print(f"megatron-rl eval: error: {problem}", file=sys.stderr)
         return EXIT_USAGE
+
     from .out_dir import check_eval_out, prepare_eval_out
 
     try:   # convert's rule for --out (nothing of the user's overwritten); written only once inputs pass

@@ -1,6 +1,8 @@
 """What ``megatron-rl eval --out DIR`` may write into: ``convert``'s rule (``convert/atomic.py``).
 
 * ``DIR`` does not exist, or is an empty directory: written.
+* ``DIR`` holds only :data:`MARKER` (and the log): an eval that failed before it wrote any output
+  (e.g. the engine did not start); written again without ``--force``.
 * ``DIR`` is an earlier eval output of this package (it holds :data:`MARKER`) and nothing but the
   files eval writes (:data:`OURS`): replaced only with ``--force`` (its old outputs are removed
   first, so no stale ``completions.jsonl`` sits beside a new summary; a ``--completions`` file
@@ -41,7 +43,7 @@ def check_eval_out(out: str | os.PathLike, force: bool) -> None:
     if foreign:
         raise FileExistsError(f"--out {out} holds an eval output of megatron-rl plus other files "
                               f"({', '.join(foreign[:3])}); refusing to touch them: move them away or choose another --out")
-    if not force:
+    if not force and set(entries) - {MARKER}:   # marker only: an eval that failed before writing anything
         raise FileExistsError(f"--out {out} already holds an eval output of megatron-rl; pass --force to replace it")
 
 

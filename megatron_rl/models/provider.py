@@ -21,6 +21,7 @@ import dataclasses
 import json
 import math
 import os
+import types
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,9 @@ def load_hf_config(src: Any):
         cfg = src
     elif isinstance(src, dict):
         d = dict(src)
+        # the architecture first, from the dict: transformers' validation of an unsupported model's config
+        # (e.g. GPT-2's token ids) would print its warnings before this one clear line
+        architecture(types.SimpleNamespace(architectures=d.get("architectures"), model_type=d.get("model_type", "")))
         cfg = AutoConfig.for_model(d.pop("model_type"), **d) if "model_type" in d else None
         if cfg is None:
             raise ValueError("HF config dict has no 'model_type'")

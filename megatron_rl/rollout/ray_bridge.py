@@ -17,6 +17,7 @@ is rebuilt with every engine. Restarts, retries and sync volume/time are counted
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -187,7 +188,8 @@ class RolloutClient:
                 from ..launch_env import check_ray_address
 
                 check_ray_address(ray_address)   # ray.init retries an address nobody serves forever
-                ray.init(address=ray_address, log_to_driver=False)
+                with _keep_signal_handlers():
+                    ray.init(address=ray_address, log_to_driver=False, logging_level=logging.WARNING)
                 log.info("rollout: joined the Ray cluster at %s", ray_address)
             else:
                 _init_local_ray(max(2, int(num_engines * cpus_per_engine + 1)), engine_gpus)
@@ -442,6 +444,31 @@ def _placement_group(num_engines: int, cpus: float, gpus: float, timeout_s: floa
     return pg
 
 
+@contextlib.contextmanager
+def _keep_signal_handlers():
+    """``ray.init`` installs its own SIGTERM handler first thing (``sys.exit(15)``: exit status 15, no
+    line, Ray's processes left running while engines start); the caller's handlers (``trainer/stop.py``:
+    one line, 143, Ray's processes ended) are put back as soon as it returns, and a SIGTERM that Ray's
+    handler turned into ``SystemExit(15)`` meanwhile is handed to the caller's handler."""
+    import signal
+    import threading
+
+    main = threading.current_thread() is threading.main_thread()
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
+    try:
+        yield
+    except SystemExit as e:
+        ours = saved.get(signal.SIGTERM)
+        if e.code != signal.SIGTERM or not callable(ours):
+            raise
+        ours(signal.SIGTERM, None)   # e.g. GracefulStop's: one line, Ray's processes ended, exit 143
+        raise
+    finally:
+        for s, h in saved.items():
+            if h is not None and signal.getsignal(s) != h:
+                signal.signal(s, h)
+
+
 def _init_local_ray(num_cpus: int, engine_gpus: list[int] | None) -> None:
     """A Ray of this node; with ``engine_gpus`` it sees only those GPUs (Ray takes its GPU ids from
     ``CUDA_VISIBLE_DEVICES`` at start and hands them to the actors that ask for GPUs), so a separate
@@ -455,7 +482,8 @@ def _init_local_ray(num_cpus: int, engine_gpus: list[int] | None) -> None:
         ids = saved.split(",") if saved else [str(i) for i in range(gpu_count())]
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(ids[i] for i in engine_gpus)
     try:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+        with _keep_signal_handlers():   # "Started a local Ray instance" (INFO) stays off the console
+            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
     finally:
         if saved is None:
             os.environ.pop("CUDA_VISIBLE_DEVICES", None)

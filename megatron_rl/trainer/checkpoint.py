@@ -71,8 +71,13 @@ def find_latest(run_dir: str | os.PathLike) -> Path | None:
         problem = _damage(p)
         if problem is None:
             return p
-        log.warning("skipping damaged checkpoint %s: %s; falling back to the previous complete one", p.name, problem)
+        if (str(p), problem) not in _WARNED:   # once per process: preflight and the resume both look
+            _WARNED.add((str(p), problem))
+            log.warning("skipping damaged checkpoint %s: %s; falling back to the previous complete one", p.name, problem)
     return None
+
+
+_WARNED: set[tuple[str, str]] = set()
 
 
 def _damage(path: Path) -> str | None:

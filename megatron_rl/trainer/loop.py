@@ -86,14 +86,16 @@ def rl_step(run: Run, step: int) -> dict:
 
 
 def run(cfg, resume: str | None = None, client=None, overwrite: bool = False, allow_config_change: bool = False,
-        resume_cmd: str | None = None) -> dict:
+        resume_cmd: str | None = None, keep: tuple = ()) -> dict:
     """Train ``cfg`` (SPMD); returns the summary dict (held-out accuracy before/after etc.).
-    ``overwrite``: archive an earlier run in ``trainer.run_dir`` (``trainer/run_dir.py``);
+    ``overwrite``: archive an earlier run in ``trainer.run_dir`` (``trainer/run_dir.py``; ``keep``: entries
+    that stay besides the config's inputs);
     ``allow_config_change``: resume despite a changed method / group size / model (``trainer/run_config.py``).
     SIGINT / SIGTERM stop it gracefully (``trainer/stop.py``): the step in flight is finished and
     checkpointed, the line to continue it printed (``resume_cmd``, ``cli``'s; else a template), then :class:`~megatron_rl.trainer.stop.Stopped` (exit status 130 / 143) is raised."""
     with GracefulStop() as stop:
-        rn = setup_run(cfg, resume=resume, client=client, overwrite=overwrite, allow_config_change=allow_config_change)
+        rn = setup_run(cfg, resume=resume, client=client, overwrite=overwrite, allow_config_change=allow_config_change,
+                       keep=keep)
         stop.reclaim()           # ray.init (in setup_run) installed its own SIGTERM handler
         summary, stopped = {"start_step": rn.step}, 0
         rn.source = open_source(rn)

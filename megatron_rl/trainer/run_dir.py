@@ -6,26 +6,35 @@ continue the *other* run. Like verl's ``resume_mode`` (``disable`` refuses nothi
 old state; here we refuse instead of guessing):
 
 * ``--resume auto`` / ``--resume PATH``: continue; the directory is used as is.
-* fresh run, directory unused (no ``checkpoints/step_*``, no non-empty ``metrics.jsonl``): start.
+* fresh run, directory unused (no ``checkpoints/step_*``, no non-empty row log :data:`RUN_LOGS`): start.
 * fresh run, directory used: ``ValueError`` naming what is there and the two ways out, unless
-  ``--overwrite``, which moves the old run's artifacts (:data:`RUN_ARTIFACTS`) into
-  ``run_dir/archive/<UTC time>/`` (nothing is deleted) and then starts.
+  ``--overwrite``, which moves the earlier run into ``run_dir/archive/<UTC time>/`` (nothing is
+  deleted) and then starts.
 
-Only run artifacts are moved: other files the user keeps in the directory (the demo keeps its
-data, tokenizer and warm-start policy there) stay where they are.
+What ``--overwrite`` moves is decided by what stays, not by a list of what a run writes (a list
+missed ``optimizer_steps.jsonl`` once): every entry of the directory moves except ``archive/`` and
+the *inputs* of the new run -- each entry that holds a path the new configuration reads (any config
+value naming an existing file or directory inside the run dir: the demo keeps its data and
+warm-start policy there) or that the caller names in ``keep`` (the demo's tokenizer and initial
+policy). A file the user left there is archived with the run, never deleted or overwritten.
 """
 from __future__ import annotations
 
 import logging
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 log = logging.getLogger("megatron_rl.run_dir")
 
-#: what a training run writes into its run_dir (archived together by ``--overwrite``)
+#: what a training run writes into its run_dir (``--overwrite`` moves every entry but the inputs; this list
+#: is what the demo's directory check and the docs name)
 RUN_ARTIFACTS = ("checkpoints", "metrics.jsonl", "curve.png", "wandb", "wandb_id.txt", "hf", "train.log", "config.yaml",
-                 "samples.jsonl")
+                 "samples.jsonl", "optimizer_steps.jsonl")
+#: row logs a run appends to: a non-empty one marks the directory as used
+RUN_LOGS = ("metrics.jsonl", "optimizer_steps.jsonl", "samples.jsonl")
+ARCHIVE = "archive"
 
 
 def used_by(run_dir: str | os.PathLike) -> list[str]:
@@ -37,9 +46,10 @@ def used_by(run_dir: str | os.PathLike) -> list[str]:
         steps = sorted(p.name for p in ck.iterdir() if p.name.startswith("step_"))
         if steps:
             found.append(f"checkpoints/{steps[-1]}" + (f" (+{len(steps) - 1} more)" if len(steps) > 1 else ""))
-    m = d / "metrics.jsonl"
-    if m.is_file() and m.stat().st_size > 0:
-        found.append("metrics.jsonl")
+    for name in RUN_LOGS:
+        m = d / name
+        if m.is_file() and m.stat().st_size > 0:
+            found.append(name)
     return found
 
 
@@ -47,6 +57,13 @@ def check_run_dir(run_dir: str | os.PathLike, resume: str | None, overwrite: boo
     """Raise ``ValueError`` for a fresh run in a used ``run_dir`` without ``overwrite`` (read only)."""
     if resume is not None and overwrite:
         raise ValueError("--overwrite starts a fresh run; it cannot be combined with --resume")
+    if overwrite:   # everything but the inputs moves: never the working directory, home or an ancestor
+        here = Path(run_dir).resolve()
+        for shared, what in ((Path.cwd().resolve(), "the working directory"), (Path.home().resolve(), "the home "
+                                                                                                   "directory")):
+            if here == shared or here in shared.parents:
+                raise ValueError(f"--overwrite would move everything in trainer.run_dir={run_dir} ({what} or one "
+                                 "of its parents) into an archive: give the run a directory of its own")
     if resume is not None or overwrite:
         return
     found = used_by(run_dir)
@@ -55,15 +72,48 @@ def check_run_dir(run_dir: str | os.PathLike, resume: str | None, overwrite: boo
                          "continue it, --overwrite to archive it and start fresh, or choose another trainer.run_dir")
 
 
-def archive_run(run_dir: str | os.PathLike) -> Path | None:
-    """Move the earlier run's artifacts into ``run_dir/archive/<UTC time>/``; returns that dir (None if
-    there was nothing to move). Call on one rank only."""
+def config_inputs(cfg, run_dir: str | os.PathLike) -> list[Path]:
+    """Every path the configuration names that exists inside ``run_dir`` (generic: any string value
+    of ``cfg.to_dict()``, relative ones taken from the working directory as the run takes them)."""
+    root = Path(run_dir).resolve()
+    found: list[Path] = []
+
+    def walk(v) -> None:
+        if isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                walk(x)
+        elif isinstance(v, str) and v and len(v) < 4096:
+            try:
+                p = Path(v).resolve()
+                if p != root and p.is_relative_to(root) and p.exists():
+                    found.append(p)
+            except (OSError, ValueError):
+                pass
+
+    walk(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg)
+    return found
+
+
+def archive_run(run_dir: str | os.PathLike, keep: Iterable[str | os.PathLike] = ()) -> Path | None:
+    """Move the earlier run into ``run_dir/archive/<UTC time>/``: every entry except ``archive/`` and
+    the top-level entries holding a path of ``keep`` (the new run's inputs, :func:`config_inputs`);
+    returns that dir (None if there was nothing to move). Call on one rank only."""
     d = Path(run_dir)
-    present = [n for n in RUN_ARTIFACTS if (d / n).exists()] + sorted(p.name for p in d.glob("metrics.*.jsonl"))
-    present += sorted(p.name for p in d.glob("config.*.yaml"))   # the later starts' configs (trainer/run_config.py)
+    if not d.is_dir():
+        return None
+    root = d.resolve()
+    kept = set()
+    for k in keep:
+        p = Path(k).resolve()
+        if p.is_relative_to(root) and p != root:
+            kept.add(p.relative_to(root).parts[0])
+    present = sorted(e.name for e in d.iterdir() if e.name not in (ARCHIVE, *kept))
     if not present:
         return None
-    dest = d / "archive" / time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    dest = d / ARCHIVE / time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     n = 0
     while dest.exists():
         n += 1
@@ -71,5 +121,6 @@ def archive_run(run_dir: str | os.PathLike) -> Path | None:
     dest.mkdir(parents=True)
     for name in present:
         os.rename(d / name, dest / name)
-    log.warning("--overwrite: the earlier run in %s was moved to %s", d, dest)
+    log.warning("--overwrite: the earlier run in %s was moved to %s (%d entr%s%s)", d, dest, len(present),
+                "y" if len(present) == 1 else "ies", f"; kept as inputs: {', '.join(sorted(kept))}" if kept else "")
     return dest

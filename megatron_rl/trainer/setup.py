@@ -208,10 +208,11 @@ def build_rewards(cfg, is_driver: bool = True):
 
 
 def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = False,
-              allow_config_change: bool = False) -> Run:
+              allow_config_change: bool = False, keep: tuple = ()) -> Run:
     """init_parallel -> tokenizer, data, reward manager, actor (+ reference), engines, logger;
     ``resume``: ``"auto"`` (newest complete checkpoint, if any), a checkpoint path, or None;
-    ``overwrite``: a fresh run in a used ``run_dir`` archives the earlier one (else it is refused);
+    ``overwrite``: a fresh run in a used ``run_dir`` archives the earlier one (else it is refused), all
+    but the new run's inputs and ``keep`` (``trainer/run_dir.archive_run``);
     ``allow_config_change``: resume despite a changed method / group size / model (``trainer/run_config.py``)."""
     from megatron_rl import algorithms as A
     from megatron_rl.config import validate
@@ -220,10 +221,10 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
     from megatron_rl.logging import RunLogger
     from megatron_rl.models.provider import load_hf_config
     from megatron_rl.parallel import init_parallel
-    from megatron_rl.preflight import preflight
+    from megatron_rl.preflight import preflight, prompt_datasets
     from megatron_rl.trainer.actor import PolicyActor, ReferencePolicy
     from megatron_rl.trainer.paths import build_path
-    from megatron_rl.trainer.run_dir import archive_run
+    from megatron_rl.trainer.run_dir import archive_run, config_inputs
 
     backend = preflight(cfg, resume, overwrite, allow_config_change)   # every user error before anything starts
     from megatron_rl.usage import begin_run
@@ -231,7 +232,7 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
     begin_run()                                       # from here an error is a runtime error (exit 1)
     rank = int(os.environ.get("RANK", "0"))           # torchrun's; process groups start below
     if overwrite and rank == 0:
-        archive_run(cfg.trainer.run_dir)
+        archive_run(cfg.trainer.run_dir, keep=[*config_inputs(cfg, cfg.trainer.run_dir), *keep])
     if rank == 0:
         from megatron_rl.trainer.run_config import save_run_config
 
@@ -251,11 +252,7 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
         raise ValueError("model.hf_path is required (HF model dir with config.json + safetensors)")
     tok = load_tokenizer(cfg.model.tokenizer_path or cfg.model.hf_path, cfg.data.chat_template_kwargs)
     path = build_path(cfg, tok)     # template / layout errors surface here, before any model is built
-    train = PromptDataset.from_parquet(cfg.data.train, tok, cfg.data.max_prompt_len, cfg.data.on_error)
-    val = PromptDataset.from_parquet(cfg.data.val, tok, cfg.data.max_prompt_len, cfg.data.on_error) if cfg.data.val else None
-    if len(train) < cfg.data.prompts_per_step:   # rows skipped (data.on_error=skip) below one step's worth
-        raise ValueError(f"data.train={cfg.data.train}: {len(train)} usable row(s) ({train.skipped} skipped), fewer than "
-                         f"data.prompts_per_step={cfg.data.prompts_per_step}: lower it or fix the skipped rows")
+    train, val = prompt_datasets(cfg, tok)   # read and checked by preflight (check_prompts): the same objects
     sampler = DeterministicSampler(len(train), cfg.data.prompts_per_step, cfg.data.seed)
     hf_cfg = load_hf_config(cfg.model.hf_path)
     from megatron_rl.models.provider import recompute_overrides

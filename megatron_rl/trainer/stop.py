@@ -13,10 +13,14 @@ reports a process killed by that signal: **130** for SIGINT, **143** for SIGTERM
 error or 2 = usage/config error). The mismatch guard (``trainer/guard.py``, ``rollout.mismatch_policy=stop``)
 ends a run through the same boundary (checkpoint, one line) with status :data:`GUARD_EXIT` = 3.
 
-A second signal stops at once: one short line and ``os._exit`` — no cleanup, no traceback (Ray's
-daemons and engine actors share the driver's fate and go with it; a checkpoint cut short leaves a
-``.tmp-step_*`` directory that the next start removes, ``checkpoint.remove_stale_tmp``). Before the
-run is :meth:`~GracefulStop.arm`-ed (start-up: nothing to save yet) the first signal already stops at once.
+A second signal stops at once: one short line, this process's own children ended (:func:`end_children`:
+the local Ray's GCS, raylet and agents and the engine workers they started, which otherwise outlive
+the driver -- two Ray agents were still alive 45 s after a SIGTERM during engine start-up), then
+``os._exit`` — no other cleanup, no traceback (a checkpoint cut short leaves a ``.tmp-step_*``
+directory that the next start removes, ``checkpoint.remove_stale_tmp``). Before the run is
+:meth:`~GracefulStop.arm`-ed (start-up: nothing to save yet) the first signal already stops at once,
+the same way. ``ray.init`` would replace the SIGTERM handler; ``rollout/ray_bridge.py`` puts it back
+as soon as ``ray.init`` returns.
 
 A rank that cannot reach the boundary (stuck in a collective with a dead peer) is ended by its
 launcher's escalation (torchrun sends SIGKILL after its grace period; Slurm after ``KillWait``).
@@ -32,6 +36,13 @@ import os
 import signal
 import sys
 import threading
+
+from megatron_rl.console import fresh_line   # imported now: a signal handler should not import
+
+try:
+    import psutil   # Ray's dependency: the process tree for end_children
+except ImportError:  # pragma: no cover
+    psutil = None
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -67,9 +78,31 @@ class Halted(SystemExit):
 
 
 def _say(text: str) -> None:
-    """Write one line to stderr from a signal handler (``print`` may be inside a write already)."""
+    """Write one line to stderr from a signal handler (``print`` may be inside a write already), on a
+    line of its own (``console.fresh_line``: not after the progress bar)."""
     with contextlib.suppress(OSError):
-        os.write(2, (text + "\n").encode())
+        os.write(2, (fresh_line() + text + "\n").encode())
+
+
+def end_children(grace_s: float = 3.0) -> int:
+    """End every descendant process of this one (SIGTERM, then SIGKILL after ``grace_s``); returns how
+    many there were. Collected before any is signalled, so the grandchildren of a child that dies
+    first (the raylet's agents and workers) are still known."""
+    if psutil is None:
+        return 0
+    try:
+        kids = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return 0
+    for k in kids:
+        with contextlib.suppress(psutil.Error):
+            k.terminate()
+    _, alive = psutil.wait_procs(kids, timeout=grace_s)
+    for k in alive:
+        with contextlib.suppress(psutil.Error):
+            k.kill()
+    psutil.wait_procs(alive, timeout=grace_s)
+    return len(kids)
 
 
 class GracefulStop:
@@ -90,6 +123,8 @@ class GracefulStop:
             _say(f"[megatron-rl] {name}: stopping now ({why}); the last complete checkpoint is kept")
             with contextlib.suppress(Exception):      # best effort: we are leaving
                 sys.stdout.flush()
+            with contextlib.suppress(Exception):
+                end_children()
             os._exit(exit_code(signum))
         self.signum = signum
         if os.environ.get("RANK", "0") == "0":    # one acknowledgement per run, not one per rank

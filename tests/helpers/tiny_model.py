@@ -42,3 +42,29 @@ def save_random_qwen3(d: Path, vocab_size: int = 32000, hidden_size: int = 512, 
     cfg.save_pretrained(str(d))
     save_file(tensors, str(Path(d) / "model.safetensors"), metadata={"format": "pt"})
     return d
+
+
+def add_char_tokenizer(d: Path, text: str = "0123456789+-=R|") -> Path:
+    """A character SentencePiece tokenizer (``sp.model``: 4 specials + the characters of ``text``) in the
+    stand-in model dir ``d``: what the start-up checks tokenise the prompt files with."""
+    from megatron_rl.data.tokenizer import SentencePieceTokenizer
+
+    SentencePieceTokenizer.train([text], d)
+    return d
+
+
+def save_zero_weights(d: Path, reshape: str | None = None) -> Path:
+    """``d/model.safetensors`` with every tensor ``d/config.json`` implies (zeros, fp32; the name map's
+    names and shapes), so the start-up checks see a complete model; ``reshape``: that tensor gets one
+    row too many (a wrong-shape checkpoint)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from megatron_rl.convert.live import hf_tensor_meta
+
+    tensors = {}
+    for name, dtype, shape in hf_tensor_meta(str(d), torch.float32):
+        shape = (shape[0] + 1, *shape[1:]) if name == reshape else shape
+        tensors[name] = torch.zeros(shape, dtype=dtype)
+    save_file(tensors, str(d / "model.safetensors"))
+    return d

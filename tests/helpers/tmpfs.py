@@ -37,3 +37,19 @@ def small_tmpfs(where: Path, size: str) -> Iterator[Path]:
         yield where
     finally:
         umount(where)
+
+
+@contextlib.contextmanager
+def read_only_tmpfs(where: Path) -> Iterator[Path]:
+    """A tiny tmpfs mounted read-only on ``where`` (statvfs reports ST_RDONLY and no free blocks: the
+    place a write must be refused as read-only, not as a full disk); skips when mounting is not
+    permitted."""
+    where.mkdir(parents=True, exist_ok=True)
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(where)], capture_output=True,
+                       text=True, check=False)
+    if p.returncode:
+        pytest.skip(f"cannot mount a read-only tmpfs here (needs root / CAP_SYS_ADMIN): {p.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        umount(where)

@@ -55,7 +55,7 @@ CASES = [
     ("section", ["{T}", "optimizer.lr=1"], "config: unknown section(s) ['optimizer']"),
     ("section-scalar", ["{T}", "trainer=5"], "trainer: expected a mapping"),
     ("on-error", ["{T}", "data.on_error=ignore"], "data.on_error must be raise|skip, got 'ignore'"),
-    ("wandb-mode", ["{T}", "logging.wandb_mode=cloud"], "logging.wandb_mode invalid: 'cloud'"),
+    ("wandb-mode", ["{T}", "logging.wandb_mode=cloud"], "logging.wandb_mode invalid: 'cloud'; valid: offline|online|disabled"),
     ("decay-style", ["{T}", "optim.decay_style=exp"], "optim.decay_style invalid: 'exp'"),
     ("reward-name", ["{T}", "reward.default=nope"], "reward.default: unknown reward 'nope'"),
     ("reward-by-source", ["{T}", "reward.by_source={gsm8k: mathh}"], "reward.by_source.gsm8k: unknown reward 'mathh'"),
@@ -141,7 +141,7 @@ CASES = [
     ("convert-user-dir", ["convert", "hf-to-mcore", "--hf", "{X}/model", "--out", "{X}/userdir"],
      "is not a checkpoint written by megatron-rl; refusing to touch it"),
     ("convert-run-dir", ["convert", "mcore-to-hf", "--ckpt", "{X}/used", "--out", "{X}/hfout"],
-     "(a run directory? pass one of its checkpoints"),
+     "--ckpt {X}/used is a training run directory: pass one of its checkpoints, e.g. {X}/used/checkpoints/step_10"),
     # issue 24 (more in tests/unit/test_run_explains.py): nothing overwritten, a run that explains itself
     ("eval-out-user-dir", ["eval", "--data", "{X}/train.parquet", "--completions", "{X}/c.jsonl", "--out", "{X}/userdir",
                            "--force"], "is not an eval output of megatron-rl; refusing to write into it"),
@@ -172,6 +172,93 @@ CASES = [
      "rollout.sync_backend=nccl with rollout.placement=colocated: NCCL cannot put the sender and an engine on one GPU"),
     ("placement-ipc", ["{T}", "rollout.sync_backend=ipc"],
      "rollout.sync_backend=ipc with rollout.placement=separate: CUDA IPC shares memory on one GPU"),
+    # issue 31: the silent and weak cases of the third first-hour report
+    ("override-twice", ["{T}", "trainer.steps=3", "trainer.steps=5"],
+     "override trainer.steps given twice with different values (trainer.steps=3 and trainer.steps=5): keep one"),
+    ("yaml-empty", ["train", "--config", "{X}/empty.yaml"], "{X}/empty.yaml: the config file is empty"),
+    ("offload-separate", ["{T}", "trainer.offload=all"],
+     "trainer.offload=all does nothing with rollout.placement=separate: the trainer parks its state only while"),
+    ("rollout-top-k-vocab", ["{T}", "rollout.top_k=64"], "rollout.top_k=64 exceeds the model's vocab_size=32"),
+    ("eval-top-k-vocab", ["{T}", "trainer.eval_top_k=33"], "trainer.eval_top_k=33 exceeds the model's vocab_size=32"),
+    ("kv-cache-host-memory", ["{T}", "rollout.kv_cache_gib=100000"],
+     "rollout.kv_cache_gib=100000 x 1 engine(s) on this host = 100000.0 GiB of KV cache in host memory (vLLM-CPU), but "
+     "this host has"),
+    ("row-too-long", ["{T}", "data.train={X}/long.parquet"],
+     "data.train={X}/long.parquet: row 0: prompt has 41 tokens > max_prompt_len=16"),
+    ("row-no-column", ["{T}", "data.train={X}/nocol.parquet"],
+     "data.train={X}/nocol.parquet: missing column(s) ['reward_model']; a verl prompt file needs"),
+    ("row-null-ground-truth", ["{T}", "data.train={X}/nullgt.parquet"],
+     "data.train={X}/nullgt.parquet: row 0: reward_model.ground_truth is missing"),
+    ("row-string-prompt", ["{T}", "data.train={X}/strprompt.parquet"],
+     "data.train={X}/strprompt.parquet: row 0: 'prompt' must be a list of chat messages {role, content}"),
+    ("row-reward-model-string", ["{T}", "data.train={X}/rmstr.parquet"],
+     "data.train={X}/rmstr.parquet: row 0: 'reward_model' must be a mapping {ground_truth: ...}, got str '21'"),
+    ("val-row-bad", ["{T}", "data.val={X}/nullgt.parquet"], "data.val={X}/nullgt.parquet: row 0: reward_model.ground_truth"),
+    ("rows-skipped-below-step", ["{T}", "data.train={X}/halfbad.parquet", "data.on_error=skip"],
+     "data.train={X}/halfbad.parquet: 16 usable row(s) (16 skipped), fewer than data.prompts_per_step=32"),
+    ("model-no-tokenizer", ["{T}", "model.hf_path={X}/notok_model"],
+     "model.hf_path={X}/notok_model: no tokenizer there (sp.model, or tokenizer.json / tokenizer_config.json); set "
+     "model.tokenizer_path"),
+    ("print-config-with-check", ["train", "--print-config", "--check"],
+     "--print-config prints a config and exits; it does not go with --check, --resume or --overwrite"),
+    ("print-config-overrides", ["train", "--print-config", "trainer.steps=3"],
+     "--print-config prints the defaults; overrides go with --config X"),
+    ("print-config-algo-mismatch", ["train", "--print-config", "--config", str(TINY), "model.hf_path={X}/model", "--algo",
+                                    "dapo"],
+     "--algo dapo but the config's algo.kind is grpo: drop --algo, or add the override algo.kind=dapo"),
+    ("tp2-world1", ["{T}", "parallel.tp=2"],
+     "parallel.tp=2 x parallel.pp=1 = 2 processes per model replica, but the world size 1 is not divisible by tp*pp=2: "
+     "launch 2 processes (torchrun --nproc-per-node 2) or set parallel.tp=1 parallel.pp=1"),
+    ("resume-past-steps", ["{T}", "trainer.run_dir={X}/ahead", "trainer.steps=3", "--resume", "auto"],
+     "--resume auto: the checkpoint step_5 is at step 5, past trainer.steps=3: nothing to train; set trainer.steps "
+     "above 5"),
+    ("resume-run-dir", ["{T}", "--resume", "{X}/used"],
+     "--resume {X}/used is a training run directory: pass one of its checkpoints, e.g. {X}/used/checkpoints/step_10"),
+    ("model-is-run-dir", ["{T}", "model.hf_path={X}/used"],
+     "model.hf_path={X}/used is a training run directory, not an HF model dir: it has no HF export (hf/) yet"),
+    ("model-is-checkpoint", ["{T}", "model.hf_path={X}/saved/checkpoints/step_1"],
+     "model.hf_path={X}/saved/checkpoints/step_1 is a Megatron checkpoint, not an HF model dir: export it with "
+     "`megatron-rl convert mcore-to-hf --ckpt {X}/saved/checkpoints/step_1 --out DIR`"),
+    ("convert-hf-as-ckpt", ["convert", "mcore-to-hf", "--ckpt", "{X}/model", "--out", "{X}/hfout"],
+     "--ckpt {X}/model is an HF model dir, not a Megatron checkpoint: it is in HF format already"),
+    ("convert-missing-ckpt", ["convert", "mcore-to-hf", "--ckpt", "{X}/nothing", "--out", "{X}/hfout"],
+     "--ckpt {X}/nothing: no such directory (a Megatron checkpoint: COMPLETE + dist/)"),
+    ("convert-other-dir", ["convert", "mcore-to-hf", "--ckpt", "{X}/userdir", "--out", "{X}/hfout"],
+     "--ckpt {X}/userdir is not a Megatron checkpoint (no COMPLETE marker, no dist/)"),
+    ("convert-ckpt-as-hf", ["convert", "hf-to-mcore", "--hf", "{X}/saved/checkpoints/step_1", "--out", "{X}/conv"],
+     "--hf {X}/saved/checkpoints/step_1 is a Megatron checkpoint, not an HF model dir"),
+    ("convert-run-as-hf", ["convert", "hf-to-mcore", "--hf", "{X}/used", "--out", "{X}/conv"],
+     "--hf {X}/used is a training run directory, not an HF model dir"),
+    ("eval-model-run-dir", ["eval", "--data", "{X}/train.parquet", "--model", "{X}/used", "--out", "{X}/e"],
+     "--model {X}/used is a training run directory, not an HF model dir"),
+    ("eval-model-checkpoint", ["eval", "--data", "{X}/train.parquet", "--model", "{X}/saved/checkpoints/step_1", "--out",
+                               "{X}/e"], "--model {X}/saved/checkpoints/step_1 is a Megatron checkpoint, not an HF model dir"),
+    ("eval-tp2-cpu", ["eval", "--data", "{X}/train.parquet", "--model", "{X}/model", "--tp", "2", "--out", "{X}/e"],
+     "--tp 2 with no CUDA GPU: vLLM-CPU runs one tensor-parallel rank per NUMA node and this host has"),
+    ("hf-tensor-shape", ["{T}", "model.hf_path={X}/badshape"],
+     "model.hf_path={X}/badshape: HF tensor 'model.layers.1.mlp.up_proj.weight' has shape (513, 128), expected (512, "
+     "128) for Qwen3ForCausalLM"),
+    ("gpt2-dir", ["{T}", "model.hf_path={X}/gpt2"],
+     "unsupported architecture 'GPT2LMHeadModel'; supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"),
+    # issue 31, the reporter's own cases
+    ("yaml-duplicate-key", ["train", "--config", "{X}/dupkey.yaml"],
+     "{X}/dupkey.yaml:4:1: YAML syntax error: key 'trainer' appears twice in one mapping (first at line 1); merge the two"),
+    ("yaml-not-text", ["train", "--config", "{X}/binary.yaml"], "{X}/binary.yaml: not a UTF-8 text file (byte 0)"),
+    ("run-dir-empty", ["{T}", "trainer.run_dir="], "trainer.run_dir is empty: set it to the run's own directory"),
+    ("run-dir-is-file", ["{T}", "trainer.run_dir={X}/c.jsonl"],
+     "trainer.run_dir={X}/c.jsonl is an existing file, not a directory"),
+    ("resume-twice", ["{T}", "--resume", "auto", "--resume", "none"], "--resume given 2 times; give it once"),
+    ("config-twice", ["{T}", "--config", str(TINY)], "--config given 2 times; give it once"),
+    ("overwrite-working-dir", ["{T}", "trainer.run_dir={X}", "--overwrite"],
+     "--overwrite would move everything in trainer.run_dir={X} (the working directory or one of its parents) into an "
+     "archive"),
+    ("resume-hf-dir", ["{T}", "--resume", "{X}/model"],
+     "--resume {X}/model is an HF model dir, not a Megatron checkpoint"),
+    ("plan-config-missing", ["plan", "--config", "{X}/none.yaml"], "plan: --config {X}/none.yaml: no such file"),
+    ("plan-config-model-missing", ["plan", "--config", str(TINY)],
+     "model.hf_path=runs/demo_bicc_rcc/sft_hf: no config.json in runs/demo_bicc_rcc/sft_hf"),
+    ("demo-bad-steps", ["demo", "--run-dir", "{X}/demo_new", "--steps", "0"],
+     "trainer.steps and micro_batch_size must be >= 1"),
     # issue 19: a method from outside the package (megatron_rl/plugins.py)
     ("plugin-missing", ["{T}", "plugins=[my_pkg.no_such_method]", "algo.kind=toy"],
      "plugins: cannot import 'my_pkg.no_such_method': no module named 'my_pkg' on sys.path (put the directory"),
@@ -184,6 +271,9 @@ def make_work(x: Path) -> Path:
     """The files the cases refer to: a stand-in model, data, a used run dir, a user dir, bad YAML."""
     (x / "model").mkdir()
     (x / "model" / "config.json").write_text(json.dumps(TINY_HF))
+    from tests.helpers.tiny_model import add_char_tokenizer
+
+    add_char_tokenizer(x / "model")   # preflight tokenises the prompt files
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -191,7 +281,13 @@ def make_work(x: Path) -> Path:
     pq.write_table(pa.Table.from_pylist([row] * 32), x / "train.parquet")   # the tiny config's prompts_per_step
     pq.write_table(pa.Table.from_pylist([row]), x / "one.parquet")
     pq.write_table(pa.Table.from_pylist([row]).slice(0, 0), x / "empty.parquet")
-    (x / "model" / "model.safetensors").write_bytes(b"\x80\x00" * 64)
+    from tests.helpers.tiny_model import save_zero_weights
+
+    save_zero_weights(x / "model")   # what the start-up checks compare with config.json (headers only)
+    (x / "badshape").mkdir()
+    (x / "badshape" / "config.json").write_text(json.dumps(TINY_HF))
+    add_char_tokenizer(x / "badshape")
+    save_zero_weights(x / "badshape", reshape="model.layers.1.mlp.up_proj.weight")
     (x / "oob.jsonl").write_text("".join(f'{{"index": {i}, "response": "1"}}\n' for i in (*range(32), 40)))
     (x / "used" / "checkpoints" / "step_10").mkdir(parents=True)
     (x / "used" / "metrics.jsonl").write_text('{"step": 1}\n')
@@ -201,21 +297,39 @@ def make_work(x: Path) -> Path:
     (x / "userdir" / "thesis.tex").write_text("keep me")
     (x / "bad.yaml").write_text("model:\n  hf_path: x\n  bf16: [true\ntrainer:\n  steps: 3\n")
     (x / "list.yaml").write_text("- model\n- trainer\n")
+    (x / "empty.yaml").write_text("# nothing here yet\n")
+    (x / "dupkey.yaml").write_text("trainer:\n  steps: 3\nmodel: {bf16: false}\ntrainer:\n  seed: 1\n")
+    (x / "binary.yaml").write_bytes(b"\xff\xfe\x00PK")
+    bad = {"long": {**row, "prompt": [{"role": "user", "content": "1" * 40}]},
+           "nullgt": {**row, "reward_model": {"ground_truth": None}},
+           "strprompt": {**row, "prompt": "12"}, "rmstr": {**row, "reward_model": "21"}}
+    for name, r in bad.items():
+        same_type = name in ("long", "nullgt")   # a parquet column holds one type: the others are bad in every row
+        pq.write_table(pa.Table.from_pylist([r] + [row if same_type else r] * 31), x / f"{name}.parquet")
+    pq.write_table(pa.Table.from_pylist([{"data_source": "reverse", "prompt": row["prompt"]}] * 32), x / "nocol.parquet")
+    pq.write_table(pa.Table.from_pylist([bad["nullgt"], row] * 16), x / "halfbad.parquet")
+    (x / "gpt2").mkdir()   # token ids outside its vocabulary: transformers warns while validating such a config
+    (x / "gpt2" / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+                                                        "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 100,
+                                                        "bos_token_id": 50256, "eos_token_id": 50256}))
+    (x / "notok_model").mkdir()
+    (x / "notok_model" / "config.json").write_text(json.dumps(TINY_HF))
     (x / "c.jsonl").write_text('{"index": 0, "response": "1"}\n')
     (x / "badresp.jsonl").write_text('{"index": 0, "response": 12}\n')
     _saved_run(x)
+    _saved_run(x, "ahead", step=5)   # a run past the trainer.steps of a resume
     return x
 
 
-def _saved_run(x: Path) -> None:
+def _saved_run(x: Path, name: str = "saved", step: int = 1) -> None:
     """``{X}/saved``: a grpo run as a start leaves it (config.yaml, one complete checkpoint)."""
     from megatron_rl.config import load_config
     from megatron_rl.trainer.run_config import save_run_config
 
-    (x / "saved" / "checkpoints" / "step_1").mkdir(parents=True)
-    (x / "saved" / "checkpoints" / "step_1" / "COMPLETE").write_text('{"step": 1}')
+    (x / name / "checkpoints" / f"step_{step}").mkdir(parents=True)
+    (x / name / "checkpoints" / f"step_{step}" / "COMPLETE").write_text(f'{{"step": {step}}}')
     save_run_config(load_config(TINY, [f"model.hf_path={x / 'model'}", f"data.train={x / 'train.parquet'}", "data.val=",
-                                       f"trainer.run_dir={x / 'saved'}"]))
+                                       f"trainer.run_dir={x / name}"]))
 
 
 @pytest.fixture(scope="module")
@@ -226,6 +340,8 @@ def work(tmp_path_factory) -> Path:
 def expand(argv: list[str], work: Path) -> list[str]:
     tiny = ["train", "--config", str(TINY), f"model.hf_path={work / 'model'}", f"data.train={work / 'train.parquet'}",
             "data.val=", f"trainer.run_dir={work / 'fresh'}"]
+    given = {a.split("=", 1)[0] for a in argv if "=" in a and not a.startswith("-")}
+    tiny = [a for a in tiny if a.split("=", 1)[0] not in given]   # a case's own value replaces the base one
     out = []
     for a in argv:
         out += tiny if a == "{T}" else [a.replace("{X}", str(work)).replace("{PORT}", str(_free_port()))]
@@ -280,6 +396,11 @@ ENV_CASES = [
     ("ray-address-config", {}, ["{T}", "rollout.ray_address=127.0.0.1:{PORT}"],
      "rollout.ray_address=127.0.0.1:{PORT}: no Ray cluster answers at 127.0.0.1:{PORT}"),
     ("ray-address-form", {}, ["{T}", "rollout.ray_address=http://"], "rollout.ray_address=http://: expected HOST:PORT"),
+    ("world-size-alone", {"WORLD_SIZE": "2"}, ["{T}"],
+     "WORLD_SIZE=2 is set but RANK is not: no launcher started this process, so it would train alone"),
+    # the real train path: a bad row is refused before anything is written (no run dir, no config.yaml)
+    ("bad-row-before-writing", {}, ["{T}", "data.train={X}/nullgt.parquet"],
+     "data.train={X}/nullgt.parquet: row 0: reward_model.ground_truth is missing"),
     ("convert-torchrun-leftover", {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "{PORT}"},
      ["convert", "hf-to-mcore", "--hf", "{X}/model", "--out", "{X}/conv"], "are set but no launcher started this process"),
 ]
@@ -325,7 +446,7 @@ def test_bad_launch_environment_fails_fast_in_one_line(case, work, capsys, monke
     took = time.monotonic() - t0
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert rc == 2 and took <= 15, (rc, took)
-    assert len(lines) == 1 and want.replace("{PORT}", port) in lines[0], err
+    assert len(lines) == 1 and want.replace("{PORT}", port).replace("{X}", str(work)) in lines[0], err
     assert not dist.is_initialized() and snapshot(work) == before
 
 
@@ -365,6 +486,95 @@ def test_good_launch_environment_passes_the_checks(case, work, capsys, monkeypat
             monkeypatch.setenv(k, fill(v))
         rc, err = run_case(expand(["{T}", *map(fill, overrides)], work), capsys)
     assert rc == 0, err
+
+
+def test_print_config_honours_the_config(work, capsys):
+    """``--print-config --config X [a.b=c]``: X's values with the overrides applied, each key still
+    described, and the output loads back as the same config (it was the defaults, X ignored)."""
+    import yaml
+
+    from megatron_rl.config import load_config
+
+    from megatron_rl import cli
+    from megatron_rl.config import TrainerConfig
+    from megatron_rl.config_doc import field_doc
+
+    argv = ["train", "--print-config", "--config", str(TINY), f"model.hf_path={work / 'model'}", "trainer.steps=7"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    tree = yaml.safe_load(out)
+    assert tree["trainer"]["steps"] == 7 and tree["data"]["max_prompt_len"] == 16 and tree["rollout"]["max_tokens"] == 6
+    assert f"# {field_doc(TrainerConfig, 'steps').splitlines()[0]}" in out
+    assert load_config(None, []).trainer.steps != 7 and load_config(None, []).data.max_prompt_len != 16
+
+
+def test_unknown_characters_are_warned_and_counted(work, caplog):
+    """Characters outside the tokenizer's vocabulary: the run goes on (a logged, counted fallback), the
+    start-up checks say how many rows and which characters, and how many ground truths the policy
+    can never write."""
+    import logging
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from megatron_rl.config import load_config
+    from megatron_rl.preflight import check_prompts, prompt_datasets
+
+    rows = [{"data_source": "reverse", "prompt": [{"role": "user", "content": c}], "reward_model": {"ground_truth": g}}
+            for c, g in [("12", "21")] * 28 + [("1\u00e92", "2\u00e91")] * 3 + [("1x2", "21")]]
+    pq.write_table(pa.Table.from_pylist(rows), work / "unk.parquet")
+    cfg = load_config(TINY, [f"model.hf_path={work / 'model'}", f"data.train={work / 'unk.parquet'}", "data.val="])
+    with caplog.at_level(logging.WARNING, logger="megatron_rl.data"):
+        check_prompts(cfg)
+    train, _ = prompt_datasets(cfg)
+    assert len(train) == 32 and (train.unknown.rows, train.unknown.answer_rows) == (4, 3)
+    assert train.unknown.chars == {"\u00e9", "x"}
+    msgs = [r.getMessage() for r in caplog.records if "does not know" in r.getMessage()]
+    assert msgs == [f"{work / 'unk.parquet'}: 4 of 32 rows hold characters the tokenizer does not know ('x', '\u00e9'), "
+                    "read as its unknown token; 3 of them in the ground truth, which the policy can never write (reward "
+                    "0): fix the data or use a tokenizer that covers them"]
+
+
+def test_read_only_places_are_one_line_before_anything(work, tmp_path, capsys, monkeypatch):
+    """A read-only ``trainer.run_dir``, ``eval --out``, ``convert --out``: one line naming the key and
+    "read-only", exit 2, before the log file beside / inside the output is opened (it was a raw OSError,
+    or "not enough free space" on a tiny read-only mount)."""
+    from megatron_rl.diskspace import DiskSpaceError, NotWritableError, check_free
+    from tests.helpers.tmpfs import read_only_tmpfs
+
+    monkeypatch.chdir(work)
+    with read_only_tmpfs(tmp_path / "ro") as ro:
+        with pytest.raises(NotWritableError, match="read-only file system") as e:
+            check_free(ro / "ckpt", 1, "checkpoint step_1")
+        assert not isinstance(e.value, DiskSpaceError)
+        for argv, want in [
+            (expand(["{T}", f"trainer.run_dir={ro}/run"], work), f"trainer.run_dir {ro}/run: {ro} is on a read-only file"),
+            (["eval", "--data", str(work / "train.parquet"), "--completions", str(work / "c.jsonl"), "--out", f"{ro}/e"],
+             f"--out {ro}/e: {ro} is on a read-only file system; nothing was written"),
+            (["convert", "hf-to-mcore", "--hf", str(work / "model"), "--out", f"{ro}/conv"],
+             f"--out {ro}/conv: {ro} is on a read-only file system"),
+        ]:
+            rc, err = run_case(argv, capsys)
+            lines = [ln for ln in err.splitlines() if ln.strip()]
+            assert rc == 2 and len(lines) == 1 and want in lines[0], (argv, rc, err)
+            assert "free space" not in err and "Traceback" not in err
+
+
+def test_a_failed_eval_leaves_no_output_that_needs_force(work, tmp_path, capsys):
+    """An eval that failed before writing anything leaves only its marker in ``--out``: the rerun
+    writes there without ``--force`` (user files and finished outputs are still protected)."""
+    from megatron_rl.eval.out_dir import MARKER
+
+    out = tmp_path / "e"
+    out.mkdir()
+    (out / MARKER).write_text("{}")   # what a failed `eval --model` (engine start-up) left
+    argv = ["eval", "--data", str(work / "train.parquet"), "--completions", str(tmp_path / "c.jsonl"), "--out", str(out)]
+    (tmp_path / "c.jsonl").write_text("".join(f'{{"index": {i}, "response": "21"}}\n' for i in range(32)))
+    rc, err = run_case(argv, capsys)
+    assert rc == 0, err
+    assert (out / "summary.json").is_file()
+    rc, err = run_case(argv, capsys)   # now a finished output: --force needed, as before
+    assert rc == 2 and "pass --force to replace it" in err
 
 
 def test_the_table_has_enough_rows():

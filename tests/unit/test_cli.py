@@ -120,7 +120,9 @@ def _stand_in_model(tmp_path: Path) -> Path:
         architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=32, intermediate_size=512, vocab_size=32,
         tie_word_embeddings=True)))
-    return d
+    from tests.helpers.tiny_model import add_char_tokenizer
+
+    return add_char_tokenizer(d)   # preflight tokenises the prompt file
 
 
 def test_train_check_loads_config_with_overrides(tmp_path):

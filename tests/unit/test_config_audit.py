@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from megatron_rl import config as C
+from tests.helpers.tiny_model import add_char_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_HF = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 128, "num_hidden_layers": 2,
@@ -151,7 +152,7 @@ READ = {   # key -> module that consumes it (``cfg.<key>`` or the section alias 
     "model.recompute": "megatron_rl/trainer/setup.py", "model.recompute_method": "megatron_rl/trainer/setup.py",
     "model.recompute_num_layers": "megatron_rl/trainer/setup.py",
     "rollout.bucket_mb": "megatron_rl/trainer/setup.py",
-    "data.max_prompt_len": "megatron_rl/trainer/setup.py", "data.on_error": "megatron_rl/trainer/setup.py",
+    "data.max_prompt_len": "megatron_rl/preflight.py", "data.on_error": "megatron_rl/preflight.py",   # prompt_datasets
     "data.chat_template_kwargs": "megatron_rl/trainer/setup.py",
     "trainer.steps": "megatron_rl/trainer/loop.py", "trainer.eval_every": "megatron_rl/trainer/loop.py",
     "trainer.eval_prompts": "megatron_rl/trainer/setup.py", "trainer.ckpt_every": "megatron_rl/trainer/loop.py",
@@ -193,6 +194,7 @@ def work(tmp_path_factory) -> Path:
     for d in (m / "model", m / "model2"):
         d.mkdir()
         (d / "config.json").write_text(json.dumps(TINY_HF))
+        add_char_tokenizer(d)   # preflight tokenises the prompt file
     import pyarrow as pa
     import pyarrow.parquet as pq
 

@@ -108,3 +108,22 @@ def test_train_console_keeps_library_warnings_but_not_cpu_facts(capsys):
         root.setLevel(level)
         logging.captureWarnings(False)
     assert capsys.readouterr().err.splitlines() == ["WARNING megatron.core: a real library warning"]
+
+
+def test_error_and_signal_lines_start_on_a_fresh_line_after_a_progress_bar():
+    """Issue 31: with a progress bar on the console an error or signal line began on the bar's line."""
+    import io
+
+    from tqdm import tqdm
+
+    from megatron_rl.console import fresh_line
+
+    assert fresh_line() == ""
+    bar = tqdm(total=3, file=io.StringIO())
+    try:
+        assert fresh_line() == "\n"
+    finally:
+        bar.close()
+    assert fresh_line() == ""
+    with tqdm(total=3, disable=True):
+        assert fresh_line() == ""

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from megatron_rl import cli
+from tests.helpers.tiny_model import add_char_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "examples" / "configs" / "tiny_cpu_grpo.yaml"
@@ -40,6 +41,7 @@ def work(tmp_path) -> Path:
     for name, hidden in (("model", 128), ("model2", 256)):
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_text(json.dumps({**TINY_HF, "hidden_size": hidden}))
+        add_char_tokenizer(tmp_path / name)   # preflight tokenises the prompt file
     _parquet(tmp_path / "train.parquet")
     return tmp_path
 
@@ -50,7 +52,9 @@ def _base(work: Path, run: str = "run") -> list[str]:
 
 
 def _train(work: Path, *args: str, run: str = "run", capsys) -> tuple[int, str, str]:
-    argv = ["train", "--config", str(TINY), *_base(work, run), *args, "--check"]
+    given = {a.split("=", 1)[0] for a in args if "=" in a}
+    argv = ["train", "--config", str(TINY), *(b for b in _base(work, run) if b.split("=", 1)[0] not in given), *args,
+            "--check"]
     try:
         rc = cli.main(argv)
     except SystemExit as e:

@@ -43,6 +43,8 @@ def test_damaged_newest_checkpoint_falls_back_with_a_warning(tmp_path, caplog, v
         assert find_latest(run) == run / "checkpoints" / "step_2"
     msg = " ".join(r.getMessage() for r in caplog.records)
     assert "skipping damaged checkpoint step_4" in msg and str(f) in msg
+    caplog.clear()   # issue 31: the start-up checks and the resume both look; the warning prints once
+    assert find_latest(run) == run / "checkpoints" / "step_2" and not caplog.records
     with pytest.raises(ValueError, match="is damaged: .*" + victim.split("/")[-1]):
         _complete(newest)                          # an explicit --resume PATH: one clear error
 

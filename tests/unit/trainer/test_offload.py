@@ -92,3 +92,26 @@ def test_offload_mode_is_checked_at_load():
         load_config(None, ["trainer.offload=gpu"])
     with pytest.raises(ValueError, match="trainer.offload must be one of"):
         check_offload_mode("opt")
+
+
+def test_weights_written_by_the_hf_writer_can_still_be_offloaded(tmp_path):
+    """Issue 31: the end-of-run HF export passed the live (CPU) parameters to ``HFWriter.write``, whose
+    ``Tensor.numpy()`` view marked their storage not resizable for good, so the offload after the export
+    failed ("Trying to resize storage that is not resizable"). The file written is read back by the
+    safetensors library (the oracle), and the weights still park and come back bit for bit."""
+    from safetensors.torch import load_file
+
+    from megatron_rl.convert.hf_io import HFWriter
+
+    params, _, step = _adam_setup()
+    step()
+    weights = params[0].detach()                 # a view of the flat parameter buffer, as an export streams it
+    w = HFWriter(tmp_path, [("w", weights.dtype, tuple(weights.shape))])
+    w.write("w", weights)
+    w.close()
+    assert torch.equal(load_file(str(tmp_path / "model.safetensors"))["w"], weights)
+    before = _snapshot(params)
+    stash = HostStash()
+    assert stash.offload(params) == 40 * 4 and params[0].untyped_storage().nbytes() == 0
+    stash.restore()
+    assert all(torch.equal(a, b) for a, b in zip(params, before))

@@ -79,7 +79,9 @@ def test_toy_method_trains_end_to_end(tmp_path):
     its loss metric was logged and ``run_dir/config.yaml`` keeps the key (a resume imports it again).
     The run uses the HF ``generate`` engine (the fallback) through Ray: the suite's loop run on that
     engine (tests/e2e/test_quickstart.py runs vLLM), colocated (``rollout.placement``) with
-    ``trainer.offload=all`` (two-stage offload, a checkpoint between parked stages)."""
+    ``trainer.offload=all`` (two-stage offload, a checkpoint between parked stages), and the end-of-run
+    HF export between parked stages (issue 31: the export left the weights' storage unresizable, so the
+    offload after it failed)."""
     import yaml
 
     from megatron_rl.demo import prepare
@@ -91,7 +93,7 @@ def test_toy_method_trains_end_to_end(tmp_path):
     p = subprocess.run([sys.executable, "-m", "megatron_rl.cli", "train", "--config", "examples/configs/tiny_cpu_grpo.yaml",
                         "plugins=[toy_method]", "algo.kind=toy", "algo.toy.baseline_scale=0.5",
                         f"model.hf_path={hf}", f"data.train={paths['train']}", "data.val=", f"trainer.run_dir={run_dir}",
-                        "trainer.steps=2", "trainer.ckpt_every=0", "trainer.export_hf=false", "data.prompts_per_step=4",
+                        "trainer.steps=2", "trainer.ckpt_every=0", "data.prompts_per_step=4",
                         "rollout.n=4", "rollout.engine=hf", "trainer.micro_batch_size=8", "logging.progress=false",
                         "logging.wandb_mode=disabled", "rollout.placement=colocated", "trainer.offload=all"],
                        capture_output=True, text=True, timeout=300, cwd=ROOT, env=env, check=False)
@@ -106,6 +108,17 @@ def test_toy_method_trains_end_to_end(tmp_path):
     # engine refuses unless the push restored every weight (trainer/colocate.py's order)
     assert [r["rollout/sleeps"] for r in rows] == [1.0, 2.0]
     assert (run_dir / "checkpoints" / "step_2" / "COMPLETE").is_file()   # saved between the parked stages
+    # exported between parked stages too (the run ends with its summary, exit 0 above): the safetensors
+    # library reads every tensor of the initial policy back, same shapes and dtypes, finite
+    import torch
+    from safetensors.torch import load_file
+
+    exported = load_file(str(run_dir / "hf" / "model.safetensors"))
+    initial = load_file(str(hf / "model.safetensors"))
+    assert exported.keys() == initial.keys() and "hf_export" not in p.stderr
+    assert all(exported[k].shape == initial[k].shape and exported[k].dtype == initial[k].dtype
+               and torch.isfinite(exported[k].float()).all() for k in exported)
+    assert (run_dir / "hf" / "config.json").is_file() and "Trying to resize" not in p.stderr
 
 
 def test_plugins_are_kept_in_config_yaml_and_imported_again_on_load(tmp_path, monkeypatch):

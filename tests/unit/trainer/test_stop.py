@@ -4,6 +4,7 @@ only sets the flag, a second one (or one before the run is armed) ends the proce
 library such as Ray replaced ours in between)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -78,3 +79,100 @@ def test_second_signal_or_startup_signal_ends_at_once(sig, phase, code, lines):
         assert p.stdout.split() == ["flag", str(int(getattr(signal, sig)))]
     got = p.stderr.strip().splitlines()
     assert len(got) == len(lines) and all(want in g for want, g in zip(lines, got)), got
+
+
+@pytest.fixture(scope="module")
+def demo_assets(tmp_path_factory):
+    from megatron_rl.demo import prepare
+
+    paths, _, hf = prepare(tmp_path_factory.mktemp("assets"), seed=0)
+    return paths, hf
+
+
+def _catches_sigterm(pid: int) -> bool:
+    """Has process ``pid`` installed a SIGTERM handler (``SigCgt`` of /proc/PID/status)?"""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    mask = next((int(ln.split()[1], 16) for ln in text.splitlines() if ln.startswith("SigCgt:")), 0)
+    return bool(mask >> (signal.SIGTERM - 1) & 1)
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_signal_during_convert_is_one_line_and_leaves_nothing(demo_assets, tmp_path, sig):
+    """Outside a training run too (here ``convert``, as soon as the command's handlers are in): one
+    line, 128 + signum, no traceback, nothing at --out (Ctrl-C was a KeyboardInterrupt traceback,
+    SIGTERM a silent death)."""
+    import time
+
+    _, hf = demo_assets
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    p = subprocess.Popen([sys.executable, "-m", "megatron_rl.cli", "convert", "hf-to-mcore", "--hf", str(hf), "--out",
+                          str(tmp_path / "ck")], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    deadline = time.monotonic() + 60
+    while not _catches_sigterm(p.pid) and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    p.send_signal(getattr(signal, sig))
+    out, err = p.communicate(timeout=60)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert p.returncode == exit_code(getattr(signal, sig)), (out, err)
+    assert lines == [f"megatron-rl convert: stopped by {sig}; nothing half-written is left in place"], err
+    assert not (tmp_path / "ck").exists() and not [q for q in tmp_path.iterdir() if q.name.startswith(".tmp")]
+
+
+def test_sigterm_during_engine_start_up_is_one_line_143_and_leaves_no_process(demo_assets, tmp_path):
+    """Issue 31: a SIGTERM while the run starts Ray and its engines ended with Ray's own handler (exit
+    15, no line) and left two Ray agents running. Now: the real ``megatron-rl train``, signalled once its
+    local Ray is up (a raylet among its descendants), prints one line, exits 143, and none of the
+    processes it started is alive afterwards."""
+    import time
+
+    import psutil
+
+    paths, hf = demo_assets
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "disabled", "WANDB_MODE": "offline"}
+    for k in ("RAY_ADDRESS", "WORLD_SIZE", "RANK"):
+        env.pop(k, None)
+    p = subprocess.Popen([sys.executable, "-m", "megatron_rl.cli", "train", "--config", "examples/configs/tiny_cpu_grpo.yaml",
+                          f"model.hf_path={hf}", f"data.train={paths['train']}", "data.val=",
+                          f"trainer.run_dir={tmp_path / 'run'}", "rollout.engine=hf", "data.prompts_per_step=4",
+                          "rollout.n=4", "trainer.micro_batch_size=8", "logging.wandb_mode=disabled"],
+                         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen: dict[int, psutil.Process] = {}
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and p.poll() is None:
+            with contextlib.suppress(psutil.Error):
+                for c in psutil.Process(p.pid).children(recursive=True):
+                    seen.setdefault(c.pid, c)
+            if any("raylet" in " ".join(_cmd(c)) for c in seen.values()):
+                break
+            time.sleep(0.2)
+        assert p.poll() is None, p.communicate()[1][-3000:]
+        time.sleep(1.0)   # engine actors starting
+        with contextlib.suppress(psutil.Error):
+            for c in psutil.Process(p.pid).children(recursive=True):
+                seen.setdefault(c.pid, c)
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert p.returncode == 143, err[-3000:]
+    assert lines[-1] == "[megatron-rl] SIGTERM: stopping now (nothing to save yet); the last complete checkpoint is kept"
+    assert "Traceback" not in err and "Started a local Ray instance" not in err, err[-3000:]
+    assert len(seen) >= 2
+    gone, alive = psutil.wait_procs(list(seen.values()), timeout=10)
+    assert not alive, [(c.pid, _cmd(c)) for c in alive]
+
+
+def _cmd(proc) -> list[str]:
+    import psutil
+
+    try:
+        return proc.cmdline()
+    except psutil.Error:
+        return []
