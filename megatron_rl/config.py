@@ -17,7 +17,8 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from megatron_rl.config_parse import Override, build, set_dotted, typed
+from megatron_rl.config_parse import Override, build, read_yaml, set_dotted, typed
+from megatron_rl.path_kind import check_model_path
 
 _UNSET = object()
 
@@ -558,55 +559,6 @@ def from_dict(tree: dict) -> Config:
     return cfg
 
 
-def _unique_key_loader():
-    import yaml
-
-    class UniqueKeyLoader(yaml.SafeLoader):
-        """``yaml.SafeLoader`` that refuses a mapping key given twice (PyYAML keeps the last one
-        silently: a section written twice lost every key of the first)."""
-
-        def construct_mapping(self, node, deep=False):
-            seen: dict = {}
-            for k_node, _ in node.value:
-                k = self.construct_object(k_node, deep=deep)
-                if isinstance(k, (str, int, float, bool)) and k in seen:
-                    raise yaml.constructor.ConstructorError(
-                        None, None, f"key {k!r} appears twice in one mapping (first at line {seen[k] + 1}); "
-                        "merge the two", k_node.start_mark)
-                seen.setdefault(k, k_node.start_mark.line)
-            return super().construct_mapping(node, deep=deep)
-
-    return UniqueKeyLoader
-
-
-def _read_yaml(p: Path) -> dict:
-    """The YAML mapping of a config file; a syntax error is one line naming ``file:line:column``."""
-    import yaml
-
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{p}: not a UTF-8 text file (byte {e.start}); a config is a YAML text file") from None
-    try:
-        tree = yaml.load(text, Loader=_unique_key_loader())   # noqa: S506 (a SafeLoader refusing a key given twice)
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(p)
-        what = e.problem or e.context or "invalid YAML"
-        if e.context and e.context_mark is not None and e.problem:
-            what += f" ({e.context} at line {e.context_mark.line + 1})"
-        raise ValueError(f"{where}: YAML syntax error: {what}") from None
-    except yaml.YAMLError as e:
-        raise ValueError(f"{p}: YAML error: {str(e).splitlines()[0]}") from None
-    if tree is None:   # an empty file (or only comments): refused, not silently the defaults
-        raise ValueError(f"{p}: the config file is empty; a config is a mapping of sections (model:, data:, trainer:, "
-                         "...): start from examples/configs/tiny_cpu_grpo.yaml or `megatron-rl train --print-config`")
-    if not isinstance(tree, dict):
-        raise ValueError(f"{p}: a config file is a mapping of sections (model:, trainer:, ...), got a "  # noqa: TRY004
-                         f"{type(tree).__name__}")
-    return tree
-
-
 def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """YAML file (or None for defaults) + ``a.b=c`` overrides -> validated :class:`Config`."""
     tree = {}
@@ -614,40 +566,13 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
         p = Path(path)
         if not p.is_file():
             raise FileNotFoundError(f"config file {p} not found")
-        tree = _read_yaml(p)
+        tree = read_yaml(p)
     for o in overrides:
         if "=" not in o:
             raise ValueError(f"override {o!r} must look like section.key=value")
         k, v = o.split("=", 1)
         set_dotted(tree, k.strip(), Override(v))
     return from_dict(tree)
-
-
-def demo_hint(path: str) -> str:
-    """What to do about a missing file under ``runs/demo_<algo>/``: the tiny example configs read the
-    model and data that ``megatron-rl demo --algo <algo>`` writes there (``make demo``: bicc_rcc)."""
-    import re
-
-    m = re.search(r"(?:^|/)runs/demo_(\w+)/", f"{path}/")
-    if not m:
-        return ""
-    return (f"; `megatron-rl demo --algo {m.group(1)}` creates it" + (" (so does `make demo`)" if m.group(1) == "bicc_rcc"
-            else "") + ", or point model.hf_path and data.* at your own model and prompts")
-
-
-def check_model_path(path: str) -> None:
-    """``model.hf_path`` names an HF model directory with ``config.json`` (or that file itself)."""
-    p = Path(path)
-    from megatron_rl.path_kind import MCORE, RUN, expect_hf, kind
-
-    if kind(p) in (MCORE, RUN):   # a checkpoint or a run dir where an HF dir is meant: say which to pass
-        expect_hf(p, "model.hf_path", sep="=")
-    if p.is_file() and p.suffix != ".json":
-        raise ValueError(f"model.hf_path={path} is a file; set it to the HF model directory that holds config.json "
-                         f"and the *.safetensors (here: {p.parent})")
-    if not p.is_file() and not (p / "config.json").is_file():
-        raise FileNotFoundError(f"model.hf_path={path}: no config.json in {path}"
-                                + (demo_hint(path) or " (set it to an HF model dir: config.json + *.safetensors)"))
 
 
 def validate(cfg: Config, world_size: int | None = None) -> None:

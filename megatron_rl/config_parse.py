@@ -1,11 +1,12 @@
 """Typed reading of config values (the machinery of ``config.py``): a command-line override's raw text,
 field annotations, strict scalar typing with errors naming the key, building a section dataclass and
-setting dotted keys. Imports nothing of the project (``config.py`` stays the leaf above it)."""
+setting dotted keys; reading a config file's YAML (a key given twice refused). Imports nothing of the project (``config.py`` stays the leaf above it)."""
 from __future__ import annotations
 
 import dataclasses
 import types
 import typing
+from pathlib import Path
 from typing import Any
 
 
@@ -91,3 +92,52 @@ def set_dotted(tree: dict, key: str, value: str) -> None:
         if not isinstance(node, dict):
             raise ValueError(f"override {key}: {p} is not a section")  # noqa: TRY004
     node[parts[-1]] = value
+
+
+def _unique_key_loader():
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        """``yaml.SafeLoader`` that refuses a mapping key given twice (PyYAML keeps the last one
+        silently: a section written twice lost every key of the first)."""
+
+        def construct_mapping(self, node, deep=False):
+            seen: dict = {}
+            for k_node, _ in node.value:
+                k = self.construct_object(k_node, deep=deep)
+                if isinstance(k, (str, int, float, bool)) and k in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {k!r} appears twice in one mapping (first at line {seen[k] + 1}); "
+                        "merge the two", k_node.start_mark)
+                seen.setdefault(k, k_node.start_mark.line)
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
+
+
+def read_yaml(p: Path) -> dict:
+    """The YAML mapping of a config file; a syntax error is one line naming ``file:line:column``."""
+    import yaml
+
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{p}: not a UTF-8 text file (byte {e.start}); a config is a YAML text file") from None
+    try:
+        tree = yaml.load(text, Loader=_unique_key_loader())   # noqa: S506 (a SafeLoader refusing a key given twice)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(p)
+        what = e.problem or e.context or "invalid YAML"
+        if e.context and e.context_mark is not None and e.problem:
+            what += f" ({e.context} at line {e.context_mark.line + 1})"
+        raise ValueError(f"{where}: YAML syntax error: {what}") from None
+    except yaml.YAMLError as e:
+        raise ValueError(f"{p}: YAML error: {str(e).splitlines()[0]}") from None
+    if tree is None:   # an empty file (or only comments): refused, not silently the defaults
+        raise ValueError(f"{p}: the config file is empty; a config is a mapping of sections (model:, data:, trainer:, "
+                         "...): start from examples/configs/tiny_cpu_grpo.yaml or `megatron-rl train --print-config`")
+    if not isinstance(tree, dict):
+        raise ValueError(f"{p}: a config file is a mapping of sections (model:, trainer:, ...), got a "  # noqa: TRY004
+                         f"{type(tree).__name__}")
+    return tree

@@ -84,3 +84,30 @@ def expect_checkpoint(path: str | os.PathLike, flag: str, sep: str = " ") -> Non
         raise FileNotFoundError(f"{flag}{sep}{path} is a training run directory: pass one of its checkpoints, e.g. "
                                 f"{ck or p / 'checkpoints' / 'step_N'}{extra}")
     raise FileNotFoundError(f"{flag}{sep}{path} is not a Megatron checkpoint (no COMPLETE marker, no dist/)")
+
+
+def demo_hint(path: str) -> str:
+    """What to do about a missing file under ``runs/demo_<algo>/``: the tiny example configs read the
+    model and data that ``megatron-rl demo --algo <algo>`` writes there (``make demo``: bicc_rcc)."""
+    import re
+
+    m = re.search(r"(?:^|/)runs/demo_(\w+)/", f"{path}/")
+    if not m:
+        return ""
+    return (f"; `megatron-rl demo --algo {m.group(1)}` creates it" + (" (so does `make demo`)" if m.group(1) == "bicc_rcc"
+            else "") + ", or point model.hf_path and data.* at your own model and prompts")
+
+
+def check_model_path(path: str) -> None:
+    """``model.hf_path`` names an HF model directory with ``config.json`` (or that file itself)."""
+    p = Path(path)
+    from megatron_rl.path_kind import MCORE, RUN, expect_hf, kind
+
+    if kind(p) in (MCORE, RUN):   # a checkpoint or a run dir where an HF dir is meant: say which to pass
+        expect_hf(p, "model.hf_path", sep="=")
+    if p.is_file() and p.suffix != ".json":
+        raise ValueError(f"model.hf_path={path} is a file; set it to the HF model directory that holds config.json "
+                         f"and the *.safetensors (here: {p.parent})")
+    if not p.is_file() and not (p / "config.json").is_file():
+        raise FileNotFoundError(f"model.hf_path={path}: no config.json in {path}"
+                                + (demo_hint(path) or " (set it to an HF model dir: config.json + *.safetensors)"))

@@ -156,7 +156,7 @@ def _need_file(key: str, value: str, what: str, is_dir: bool = False) -> None:
         raise ValueError(f"{key} is required ({what})")
     p = Path(value)
     if not (p.is_dir() if is_dir else p.exists()):
-        from megatron_rl.config import demo_hint
+        from megatron_rl.path_kind import demo_hint
 
         raise FileNotFoundError(f"{key}={value}: no such {'directory' if is_dir else 'file'} ({what}){demo_hint(value)}")
 
