@@ -238,7 +238,11 @@ class _LogProbModel:
         """``(tokens, positions, cu_seqlens, cu_seqlens_padded, padded_positions, local index)`` of
         micro-batch ``mb`` on this CP rank: every THD sequence (``packing.thd_layout``; a padded row is one)
         padded to a multiple of 2 x cp, this rank's two chunks of each (``context_parallel.partition_indices``)."""
-        from megatron_rl.trainer.context_parallel import padded_cu_seqlens, padded_positions, partition_indices
+        from megatron_rl.trainer.context_parallel import (
+            padded_cu_seqlens,
+            padded_positions,
+            partition_indices,
+        )
         from megatron_rl.trainer.packing import thd_layout
 
         g = self.groups

@@ -27,7 +27,10 @@ def maxdiff(a: torch.Tensor, b: torch.Tensor) -> float:
 def actor_path(model, mb, full: torch.Tensor, temperature: float, rec: dict, tag: str) -> None:
     """``full`` [rows, L, V] logits; this rank's slice through the actor's CP code vs the unsplit one."""
     from megatron_rl.trainer.context_parallel import unpartition
-    from megatron_rl.trainer.vocab_parallel import vocab_parallel_logprobs, vocab_parallel_topk
+    from megatron_rl.trainer.vocab_parallel import (
+        vocab_parallel_logprobs,
+        vocab_parallel_topk,
+    )
 
     g = model.groups
     rows, length, vocab = full.shape
@@ -66,8 +69,17 @@ def main(out: str) -> None:
     from megatron_rl.parallel import destroy_parallel, init_parallel
     from megatron_rl.trainer.actor import _LogProbModel
     from megatron_rl.trainer.batch import make_batch
-    from megatron_rl.trainer.context_parallel import gather_cp, padded_cu_seqlens, partition_indices
-    from megatron_rl.trainer.packing import RankMicroBatches, TokenBudget, plan, seq_lengths
+    from megatron_rl.trainer.context_parallel import (
+        gather_cp,
+        padded_cu_seqlens,
+        partition_indices,
+    )
+    from megatron_rl.trainer.packing import (
+        RankMicroBatches,
+        TokenBudget,
+        plan,
+        seq_lengths,
+    )
 
     info = init_parallel(1, 1, seed=3, cp=2)
     rank, rec = dist.get_rank(), {}

@@ -11,7 +11,12 @@ import torch
 
 from megatron_rl.config import ParallelConfig
 from megatron_rl.models.provider import check_cp_backend
-from megatron_rl.trainer.context_parallel import padded_cu_seqlens, padded_positions, partition_indices, unpartition
+from megatron_rl.trainer.context_parallel import (
+    padded_cu_seqlens,
+    padded_positions,
+    partition_indices,
+    unpartition,
+)
 
 
 def _cu(lens):
