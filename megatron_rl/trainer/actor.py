@@ -40,6 +40,7 @@ from typing import Any, Callable, Iterator, NamedTuple
 import torch
 
 from megatron_rl.device import default_device
+from megatron_rl.trainer import cp_batch
 from megatron_rl.trainer.batch import TrainBatch
 from megatron_rl.trainer.packing import PackedMicroBatch, RankMicroBatches, TokenBudget, seq_lengths, unpacked_collection
 from megatron_rl.trainer.packing import plan as pack_plan
@@ -220,73 +221,23 @@ class _LogProbModel:
         return local, mbs + [mbs[0].zero_masked() for _ in range(self.min_micro_batches - len(mbs))]
 
     def _logprobs(self, logits: torch.Tensor, mb: TrainBatch, temperature: float):
-        if self._cp_split(mb):
-            d = self._per_token_cp(mb, logits, temperature, lambda z, t: vocab_parallel_logprobs(
-                z, t, self.groups.tp, vocab_size=self.vocab_size)._asdict(), mb.targets)
-            return LogProbs(d["logp"], d["entropy"])
+        return LogProbs(**self._per_token(mb, logits, temperature, lambda z, t: vocab_parallel_logprobs(
+            z, t, self.groups.tp, vocab_size=self.vocab_size)._asdict(), mb.targets))
+
+    def _per_token(self, mb, logits: torch.Tensor, temperature: float, fn: Callable, *inputs: torch.Tensor) -> dict:
+        """``fn(z, *inputs) -> {key: [b, n, ...]}`` per-token terms in the target frame ``[rows, L-1, ...]``:
+        on ``logits[:, :-1] / temperature``, or, under context parallelism, on this CP rank's slice and
+        gathered back (``cp_batch.per_token``: every micro-batch then runs as THD, a padded row as one sequence)."""
+        g = self.groups
+        if g.cp_size > 1:
+            fr = cp_batch.frame(mb, g.cp_size, g.cp_rank)
+            return cp_batch.per_token(mb, fr, logits, temperature, fn, inputs, g.cp, g.cp_rank, g.cp_size)
         z = logits[:, :-1]
-        if temperature != 1.0:
-            z = z / temperature
-        return vocab_parallel_logprobs(z, mb.targets, self.groups.tp, vocab_size=self.vocab_size)
-
-    def _cp_split(self, mb) -> bool:
-        """Is ``mb`` split over a context-parallel group (``parallel.cp`` > 1)? Every micro-batch then runs
-        as THD: packed rows by their segments, padded rows (the teacher passes) one sequence per row."""
-        return self.groups.cp_size > 1
-
-    def _cp_frame(self, mb):
-        """``(tokens, positions, cu_seqlens, cu_seqlens_padded, padded_positions, local index)`` of
-        micro-batch ``mb`` on this CP rank: every THD sequence (``packing.thd_layout``; a padded row is one)
-        padded to a multiple of 2 x cp, this rank's two chunks of each (``context_parallel.partition_indices``)."""
-        from megatron_rl.trainer.context_parallel import (
-            padded_cu_seqlens,
-            padded_positions,
-            partition_indices,
-        )
-        from megatron_rl.trainer.packing import thd_layout
-
-        g = self.groups
-        if getattr(mb, "thd", False):
-            tokens, pos, cu, _ = thd_layout(mb)
-        else:
-            rows, length = mb.num_samples, mb.seq_len
-            tokens = mb.tokens.reshape(1, -1)
-            pos = mb.position_ids().expand(rows, length).reshape(1, -1)
-            cu = (torch.arange(rows + 1, device=tokens.device) * length).to(torch.int32)
-        cu_pad = padded_cu_seqlens(cu, g.cp_size)
-        ppos = padded_positions(cu, cu_pad)
-        return tokens, pos, cu, cu_pad, ppos, partition_indices(cu_pad, g.cp_size, g.cp_rank)
-
-    def _per_token_cp(self, mb, logits: torch.Tensor, temperature: float, fn: Callable, *inputs: torch.Tensor) -> dict:
-        """Per-token terms ``fn(z, *inputs) -> {key: [1, n, ...]}`` on this CP rank's slice (``logits``
-        ``[1, n_local, V]``; ``inputs`` in the target frame ``[rows, L-1, ...]``, sliced the same way),
-        all-gathered over the CP group and returned in the target frame ``[rows, L-1, ...]`` as the
-        unsplit path computes them (``context_parallel.gather_cp``: differentiable)."""
-        from megatron_rl.trainer.context_parallel import gather_cp
-
-        g = self.groups
-        _, _, _, cu_pad, ppos, idx = self._cp_frame(mb)
-        rows, length, total = mb.num_samples, mb.seq_len, int(cu_pad[-1])
-        ppos, idx = ppos.to(logits.device), idx.to(logits.device)
-
-        def local(x: torch.Tensor) -> torch.Tensor:          # [rows, L-1, ...] -> [1, n_local, ...]
-            full = x.new_zeros((rows, length, *x.shape[2:]))
-            full[:, :-1] = x
-            pad = x.new_zeros((total, *x.shape[2:]))
-            pad[ppos] = full.reshape(rows * length, *x.shape[2:])
-            return pad.index_select(0, idx)[None]
-
-        z = logits / temperature if temperature != 1.0 else logits
-        out = fn(z, *(local(x) for x in inputs))
-        res = {}
-        for key, v in out.items():
-            full = gather_cp(v[0], cu_pad.to(v.device), g.cp, g.cp_rank, g.cp_size).index_select(0, ppos)
-            res[key] = full.reshape(rows, length, *full.shape[1:])[:, :-1]
-        return res
+        return fn(z / temperature if temperature != 1.0 else z, *inputs)
 
     def _forward_step(self, loss_func: Callable, data_iterator: Iterator, model, masked: bool = False):
         mb = next(data_iterator).to(self.device)
-        if getattr(mb, "thd", False) or self._cp_split(mb):
+        if getattr(mb, "thd", False) or self.groups.cp_size > 1:
             return self._thd_forward(mb, model), partial(loss_func, mb)
         with _output_rows(model, mb.loss_mask > 0 if masked else None):
             out = model(mb.tokens, mb.position_ids(), mb.attention_mask())
@@ -302,19 +253,9 @@ class _LogProbModel:
 
         from megatron_rl.trainer.packing import thd_layout
 
-        if self._cp_split(mb):   # this CP rank's two chunks of every sequence; logits stay [1, n_local, V]
-            tokens, pos, cu, cu_pad, ppos, idx = self._cp_frame(mb)
-            total = int(cu_pad[-1])
-            tok_pad = tokens.new_zeros((1, total))
-            tok_pad[0, ppos] = tokens[0]
-            pos_pad = pos.new_zeros((1, total))
-            pos_pad[0, ppos] = pos[0]
-            longest = int((cu_pad[1:] - cu_pad[:-1]).max())
-            # Megatron-core's THD + CP contract (utils.get_thd_batch_on_this_cp_rank): cu_seqlens the real
-            # lengths, cu_seqlens_*_padded the offsets of the 2 x cp-padded sequences, both of the whole batch
-            psp = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, cu_seqlens_q_padded=cu_pad,
-                                  cu_seqlens_kv_padded=cu_pad, max_seqlen_q=longest, max_seqlen_kv=longest)
-            return model(tok_pad.index_select(1, idx), pos_pad.index_select(1, idx), None, packed_seq_params=psp)
+        if self.groups.cp_size > 1:   # this CP rank's two chunks of every sequence; logits stay [1, n_local, V]
+            tokens, pos, psp = cp_batch.model_inputs(cp_batch.frame(mb, self.groups.cp_size, self.groups.cp_rank))
+            return model(tokens, pos, None, packed_seq_params=psp)
         tokens, pos, cu, longest = thd_layout(mb)
         psp = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest,
                               max_seqlen_kv=longest)
@@ -331,36 +272,26 @@ class _LogProbModel:
 
     def _collect_support(self, temperature: float, k: int | None, index_key: str | None, masked: bool,
                          mb: TrainBatch, logits: torch.Tensor):
-        if self._cp_split(mb):                           # over a CP group: logits at this rank's tokens only
-            def terms(z, targets, *index):
-                tok = vocab_parallel_logprobs(z, targets, self.groups.tp, vocab_size=self.vocab_size)
-                d = {"token_logp": tok.logp, "entropy": tok.entropy}
-                if k is not None:
-                    tk = vocab_parallel_topk(z, k, self.groups.tp, vocab_size=self.vocab_size)
-                    d.update({"idx": tk.idx, "logp": tk.logp})
-                elif index:
-                    d["logp"] = vocab_parallel_gather_logprobs(z, index[0], self.groups.tp, vocab_size=self.vocab_size)
-                return d
-            with torch.no_grad():
-                data = self._per_token_cp(mb, logits, temperature, terms, mb.targets,
-                                          *((mb.extras[index_key],) if k is None and index_key is not None else ()))
-            return torch.zeros((), device=logits.device), torch.zeros((), dtype=torch.int, device=logits.device), data
-        sel = mb.loss_mask > 0 if masked else None       # masked: logits [1, n, V] at sel (_output_rows)
-        z = logits[:, :-1] if sel is None else logits
-        pick = (lambda x: x) if sel is None else (lambda x: x[sel][None])
-        if temperature != 1.0:
-            z = z / temperature
-        with torch.no_grad():
-            tok = vocab_parallel_logprobs(z, pick(mb.targets), self.groups.tp, vocab_size=self.vocab_size)
-            data = {"token_logp": tok.logp, "entropy": tok.entropy}
+        tp, nv = self.groups.tp, self.vocab_size
+
+        def terms(z, targets, *index):
+            tok = vocab_parallel_logprobs(z, targets, tp, vocab_size=nv)
+            d = {"token_logp": tok.logp, "entropy": tok.entropy}
             if k is not None:
-                tk = vocab_parallel_topk(z, k, self.groups.tp, vocab_size=self.vocab_size)
-                data.update({"idx": tk.idx, "logp": tk.logp})
-            elif index_key is not None:
-                data["logp"] = vocab_parallel_gather_logprobs(z, pick(mb.extras[index_key]), self.groups.tp,
-                                                              vocab_size=self.vocab_size)
-            if sel is not None:                          # back to [b, S-1, ...], 0 off the mask
-                for key, v in data.items():
+                tk = vocab_parallel_topk(z, k, tp, vocab_size=nv)
+                d.update({"idx": tk.idx, "logp": tk.logp})
+            elif index:
+                d["logp"] = vocab_parallel_gather_logprobs(z, index[0], tp, vocab_size=nv)
+            return d
+
+        inputs = (mb.targets, *((mb.extras[index_key],) if k is None and index_key is not None else ()))
+        sel = mb.loss_mask > 0 if masked and self.groups.cp_size == 1 else None   # masked: logits [1, n, V] at sel
+        with torch.no_grad():
+            if sel is None:
+                data = self._per_token(mb, logits, temperature, terms, *inputs)
+            else:                                        # _output_rows: logits at the loss-mask positions only
+                data = terms(logits / temperature if temperature != 1.0 else logits, *(x[sel][None] for x in inputs))
+                for key, v in data.items():              # back to [b, S-1, ...], 0 off the mask
                     full = v.new_zeros((*sel.shape, *v.shape[2:]))
                     full[sel] = v[0]
                     data[key] = full
@@ -605,12 +536,8 @@ class PolicyActor(_LogProbModel):
         if key is None:
             out = loss_fn(logp, ent, view)
         else:
-            if self._cp_split(mb):
-                support = self._per_token_cp(mb, logits, temperature, lambda z, ix: {"s": vocab_parallel_gather_logprobs(
-                    z, ix, self.groups.tp, vocab_size=self.vocab_size)}, mb.extras[key])["s"]
-            else:
-                z = logits[:, :-1] / temperature if temperature != 1.0 else logits[:, :-1]
-                support = vocab_parallel_gather_logprobs(z, mb.extras[key], self.groups.tp, vocab_size=self.vocab_size)
+            support = self._per_token(mb, logits, temperature, lambda z, ix: {"s": vocab_parallel_gather_logprobs(
+                z, ix, self.groups.tp, vocab_size=self.vocab_size)}, mb.extras[key])["s"]
             out = loss_fn(logp, ent, view, mb.unpack(support) if packed else support)
         if not (isinstance(out, tuple) and len(out) == 3):
             raise TypeError("loss_fn must return (loss_sum, normaliser_or_None, metrics)")

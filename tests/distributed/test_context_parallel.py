@@ -28,5 +28,5 @@ def test_cp_group_gathers_slices_back_to_the_full_frame(tmp_path):
         r = rec[tag]
         assert r["local_tokens"] * 2 == r["total_tokens"], r
         assert r["logp"] <= 1e-5 and r["entropy"] <= 1e-5 and r["token_logp"] <= 1e-5 and r["topk_logp"] <= 1e-5, (tag, r)
-        assert r["topk_idx_same"], tag
+        assert r["topk_idx_same"] and r["inputs_ok"], tag
         assert r["grad"] <= 1e-6 * max(1.0, r["grad_scale"]), (tag, r)

@@ -26,6 +26,7 @@ def maxdiff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def actor_path(model, mb, full: torch.Tensor, temperature: float, rec: dict, tag: str) -> None:
     """``full`` [rows, L, V] logits; this rank's slice through the actor's CP code vs the unsplit one."""
+    from megatron_rl.trainer import cp_batch
     from megatron_rl.trainer.context_parallel import unpartition
     from megatron_rl.trainer.vocab_parallel import (
         vocab_parallel_logprobs,
@@ -34,8 +35,8 @@ def actor_path(model, mb, full: torch.Tensor, temperature: float, rec: dict, tag
 
     g = model.groups
     rows, length, vocab = full.shape
-    _, _, _, cu_pad, ppos, idx = model._cp_frame(mb)
-    total = int(cu_pad[-1])
+    fr = cp_batch.frame(mb, g.cp_size, g.cp_rank)
+    cu_pad, ppos, idx, total = fr.cu_pad, fr.ppos, fr.idx, fr.total
     pad = full.new_zeros((total, vocab))
     pad[ppos] = full.reshape(rows * length, vocab)
     local = pad.index_select(0, idx)[None].clone().requires_grad_(True)
@@ -52,13 +53,19 @@ def actor_path(model, mb, full: torch.Tensor, temperature: float, rec: dict, tag
     dist.all_gather(parts, local.grad[0].contiguous(), group=g.cp)
     grad = unpartition(parts, cu_pad).index_select(0, ppos).reshape(rows, length, vocab)
 
+    tok, _, psp = cp_batch.model_inputs(fr)               # the model's inputs: this rank's tokens, whole-batch cu_seqlens
+    tparts = [torch.empty_like(tok[0]) for _ in range(g.cp_size)]
+    dist.all_gather(tparts, tok[0].contiguous(), group=g.cp)
+    inputs_ok = (torch.equal(unpartition(tparts, cu_pad)[ppos], fr.tokens[0]) and torch.equal(psp.cu_seqlens_q, fr.cu)
+                 and torch.equal(psp.cu_seqlens_q_padded, cu_pad) and psp.qkv_format == "thd"
+                 and psp.max_seqlen_q == int((cu_pad[1:] - cu_pad[:-1]).max()))
     _, _, data = model._collect_support(temperature, 3, None, False, mb, local.detach())
     tk = vocab_parallel_topk(full[:, :-1] / temperature, 3, None, vocab_size=vocab)
     rec[tag] = {"logp": maxdiff(lp.logp, ref.logp), "entropy": maxdiff(lp.entropy, ref.entropy),
                 "grad": maxdiff(grad, ref_in.grad), "grad_scale": float(ref_in.grad.abs().max()),
                 "topk_logp": maxdiff(data["logp"], tk.logp), "topk_idx_same": bool(torch.equal(data["idx"], tk.idx)),
                 "token_logp": maxdiff(data["token_logp"], ref.logp.detach()),
-                "local_tokens": int(local.shape[1]), "total_tokens": total, "shape": list(lp.logp.shape)}
+                "inputs_ok": inputs_ok, "local_tokens": int(local.shape[1]), "total_tokens": total, "shape": list(lp.logp.shape)}
 
 
 def main(out: str) -> None:
