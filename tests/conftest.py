@@ -39,7 +39,7 @@ MODULE_SECONDS = {
     "tests/distributed/test_actor.py": 19, "tests/distributed/test_backend_wiring.py": 14,
     "tests/distributed/test_actor_vocab_parallel.py": 8, "tests/distributed/test_driver_wait.py": 25,
     "tests/distributed/test_model_device.py": 20, "tests/distributed/test_recompute.py": 45,
-    "tests/distributed/test_vpp.py": 25,
+    "tests/distributed/test_vpp.py": 25, "tests/distributed/test_context_parallel.py": 20,
 }
 
 

@@ -230,7 +230,7 @@ class _LogProbModel:
         gathered back (``cp_batch.per_token``: every micro-batch then runs as THD, a padded row as one sequence)."""
         g = self.groups
         if g.cp_size > 1:
-            fr = cp_batch.frame(mb, g.cp_size, g.cp_rank)
+            fr = cp_batch.rank_frame(mb, g, self.sequence_parallel)
             return cp_batch.per_token(mb, fr, logits, temperature, fn, inputs, g.cp, g.cp_rank, g.cp_size)
         z = logits[:, :-1]
         return fn(z / temperature if temperature != 1.0 else z, *inputs)
@@ -254,7 +254,7 @@ class _LogProbModel:
         from megatron_rl.trainer.packing import thd_layout
 
         if self.groups.cp_size > 1:   # this CP rank's two chunks of every sequence; logits stay [1, n_local, V]
-            tokens, pos, psp = cp_batch.model_inputs(cp_batch.frame(mb, self.groups.cp_size, self.groups.cp_rank))
+            tokens, pos, psp = cp_batch.model_inputs(cp_batch.rank_frame(mb, self.groups, self.sequence_parallel))
             return model(tokens, pos, None, packed_seq_params=psp)
         tokens, pos, cu, longest = thd_layout(mb)
         psp = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest,

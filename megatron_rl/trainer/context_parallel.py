@@ -26,12 +26,13 @@ import torch
 import torch.distributed as dist
 
 
-def padded_cu_seqlens(cu_seqlens: torch.Tensor, cp: int) -> torch.Tensor:
-    """``cu_seqlens`` with every sequence's length rounded up to a multiple of ``2·cp``."""
+def padded_cu_seqlens(cu_seqlens: torch.Tensor, cp: int, tp: int = 1) -> torch.Tensor:
+    """``cu_seqlens`` with every sequence's length rounded up to a multiple of ``2·cp·tp`` (``tp`` > 1 with
+    sequence parallelism, which splits each rank's tokens over TP: Megatron-LM pads packed sequences the same)."""
     lens = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
     if (lens < 0).any():
         raise ValueError("cu_seqlens must be non-decreasing")
-    q = 2 * cp
+    q = 2 * cp * tp
     padded = (lens + q - 1) // q * q
     return torch.cat([cu_seqlens.new_zeros(1), padded.cumsum(0).to(cu_seqlens.dtype)])
 

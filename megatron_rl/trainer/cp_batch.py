@@ -41,9 +41,10 @@ class CPFrame:
         return int(self.cu_pad[-1])
 
 
-def frame(mb, cp: int, rank: int) -> CPFrame:
+def frame(mb, cp: int, rank: int, sp_tp: int = 1) -> CPFrame:
     """The :class:`CPFrame` of micro-batch ``mb`` (a ``PackedMicroBatch`` with ``thd`` or a padded
-    ``TrainBatch``) on CP rank ``rank`` of ``cp``."""
+    ``TrainBatch``) on CP rank ``rank`` of ``cp``; ``sp_tp``: the TP size under sequence parallelism
+    (sequences padded to 2·cp·tp so each rank's tokens split evenly over TP), else 1."""
     from megatron_rl.trainer.packing import thd_layout
 
     if getattr(mb, "thd", False):
@@ -53,9 +54,14 @@ def frame(mb, cp: int, rank: int) -> CPFrame:
         tokens = mb.tokens.reshape(1, -1)
         pos = mb.position_ids().expand(rows, length).reshape(1, -1)
         cu = (torch.arange(rows + 1, device=tokens.device) * length).to(torch.int32)
-    cu_pad = padded_cu_seqlens(cu, cp)
+    cu_pad = padded_cu_seqlens(cu, cp, sp_tp)
     ppos = padded_positions(cu, cu_pad)
     return CPFrame(tokens, pos, cu, cu_pad, ppos, partition_indices(cu_pad, cp, rank).to(ppos.device))
+
+
+def rank_frame(mb, groups, sequence_parallel: bool) -> CPFrame:
+    """:func:`frame` on this rank of ``groups`` (``schedule.Groups``)."""
+    return frame(mb, groups.cp_size, groups.cp_rank, groups.tp_size if sequence_parallel else 1)
 
 
 def model_inputs(fr: CPFrame):

@@ -41,6 +41,8 @@ def test_padding_to_two_cp():
     assert pad.tolist() == [0, 4, 12, 20, 24] and pad.dtype == cu.dtype
     assert padded_positions(cu, pad).tolist() == [0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 20]
     assert padded_cu_seqlens(cu, 4).tolist() == [0, 8, 16, 24, 32]
+    assert padded_cu_seqlens(cu, 2, tp=2).tolist() == [0, 8, 16, 24, 32]      # sequence parallel: 2*cp*tp
+    assert partition_indices(padded_cu_seqlens(_cu([3]), 2, tp=2), 2, 1).tolist() == [2, 3, 4, 5]
 
 
 @pytest.mark.parametrize("cp", [2, 4])
