@@ -98,3 +98,16 @@ def test_cp_needs_cuda_and_te_in_one_line():
         ParallelConfig(cp=2, pp=2)
     with pytest.raises(ValueError, match="parallel.cp must be >= 1"):
         ParallelConfig(cp=0)
+
+
+def test_world_divides_by_tp_pp_cp_and_dp_excludes_cp():
+    from megatron_rl.config import load_config, validate
+
+    c = load_config(None, ["parallel.tp=2", "parallel.cp=2", "data.prompts_per_step=4", "rollout.n=2",
+                           "trainer.micro_batch_size=2"])
+    with pytest.raises(ValueError, match=r"world size 6 is not divisible by tp\*pp\*cp=4"):
+        validate(c, world_size=6)
+    validate(c, world_size=4)       # dp 1: 8 sequences over 1 x 2 rows
+    odd = load_config(None, ["parallel.cp=2", "data.prompts_per_step=3", "rollout.n=2", "trainer.micro_batch_size=2"])
+    with pytest.raises(ValueError, match="batch of 6 sequences .* not divisible by dp=2 x micro_batch_size=2"):
+        validate(odd, world_size=4)      # DP = 4 / (1 x 1 x 2) = 2, without CP
