@@ -68,9 +68,11 @@ class ParallelConfig:
     layers divisible by pp x vpp; fewer micro-batches than ``pp`` in a pass are made up by zero-mask fillers).
     A checkpoint written at one vpp loads at that vpp only."""
     cp: int = 1
-    """Context parallelism (each sequence split over ``cp`` GPUs). Not implemented: > 1 is refused at
-    start-up (it needs Transformer Engine's THD attention with the loss and teacher log-probs sliced per
-    CP rank); long traces use ``model.recompute`` with ``tp`` instead."""
+    """Context parallelism: each packed sequence split over ``cp`` GPUs (Megatron-core's load-balanced THD
+    split, 2 x cp chunks, ``trainer/context_parallel.py``; attention through Transformer Engine's p2p ring,
+    ``cp_comm_type`` p2p; packed rows split by sequence, a padded row as one sequence). > 1 needs CUDA +
+    Transformer Engine (``model.backend`` resolving to te) and ``pp`` = 1; refused at start-up otherwise.
+    DP = world size / (tp x pp x cp)."""
     timeout_s: float = 1800.0
     """torch.distributed collective timeout: a rank whose peer vanished (node loss) fails after this
     long instead of hanging. Ranks waiting for rank 0's rollouts / evaluation wait in the c10d store, not in a
@@ -81,9 +83,9 @@ class ParallelConfig:
         _check(self.timeout_s > 0, f"parallel.timeout_s must be > 0, got {self.timeout_s}")
         _check(self.vpp >= 1, f"parallel.vpp must be >= 1, got {self.vpp}")
         _check(self.vpp == 1 or self.pp >= 2, f"parallel.vpp={self.vpp} (interleaved 1F1B) needs parallel.pp >= 2, got {self.pp}")
-        _check(self.cp == 1, f"parallel.cp={self.cp}: context parallelism is not implemented here (it needs Transformer "
-               "Engine's THD attention with the loss and teacher log-probs sliced per CP rank); use model.recompute=full "
-               "with parallel.tp for long sequences")
+        _check(self.cp >= 1, f"parallel.cp must be >= 1, got {self.cp}")
+        _check(self.cp == 1 or self.pp == 1, f"parallel.cp={self.cp} with parallel.pp={self.pp}: context parallelism "
+               "runs with pp=1 here (the THD pipeline buffers are not sized per CP rank); use tp x cp")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -585,14 +587,16 @@ def validate(cfg: Config, world_size: int | None = None) -> None:
         raise ValueError(f"trainer.mini_batch_prompts={mbp} must divide data.prompts_per_step={cfg.data.prompts_per_step} "
                          "(the batch is cut into equal mini-batches; 0 = the whole batch)")
     if world_size is not None:
-        mp = cfg.parallel.tp * cfg.parallel.pp
+        mp = cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.cp
         if world_size % mp:
             p = cfg.parallel
+            prod = "tp*pp*cp" if p.cp > 1 else "tp*pp"
             fix = (f"launch {mp} processes (torchrun --nproc-per-node {mp}) or set parallel.tp=1 parallel.pp=1"
                    if world_size < mp else f"launch a multiple of {mp} processes, or set parallel.tp x parallel.pp to "
                    f"a divisor of {world_size}")
-            raise ValueError(f"parallel.tp={p.tp} x parallel.pp={p.pp} = {mp} processes per model replica, but the "
-                             f"world size {world_size} is not divisible by tp*pp={mp}: {fix}")
+            raise ValueError(f"parallel.tp={p.tp} x parallel.pp={p.pp}" + (f" x parallel.cp={p.cp}" if p.cp > 1 else "")
+                             + f" = {mp} processes per model replica, but the world size {world_size} is not divisible "
+                             f"by {prod}={mp}: {fix}")
         dp, mbs = world_size // mp, cfg.trainer.rows_per_micro_batch
         if not cfg.trainer.max_tokens_per_micro_batch and n % (dp * mbs):   # packed micro-batches take any count
             raise ValueError(f"batch of {n} sequences (prompts_per_step x rollout.n) is not divisible by "

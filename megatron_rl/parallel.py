@@ -22,7 +22,9 @@ log = logging.getLogger("megatron_rl.parallel")
 
 @dataclasses.dataclass(frozen=True)
 class ParallelInfo:
-    """This process's place in the TP x PP x DP grid (megatron order: tp fastest, then dp, then pp)."""
+    """This process's place in the TP x CP x DP x PP grid (megatron order: tp fastest, then cp, dp, pp).
+    ``dp`` is the data-parallel size WITHOUT context parallelism (ranks that see different sequences);
+    gradients are summed over dp x cp (Megatron's ``get_data_parallel_group(with_context_parallel=True)``)."""
 
     rank: int
     world: int
@@ -33,6 +35,8 @@ class ParallelInfo:
     pp_rank: int
     dp_rank: int
     sequence_parallel: bool = False
+    cp: int = 1
+    cp_rank: int = 0
 
     @property
     def is_first_stage(self) -> bool:
@@ -75,10 +79,12 @@ def init_distributed(timeout_s: float | None = None) -> None:
 
 
 def init_parallel(tp: int = 1, pp: int = 1, *, seed: int = 1234, sequence_parallel: bool = False,
-                  timeout_s: float | None = None, vpp: int = 1) -> ParallelInfo:
+                  timeout_s: float | None = None, vpp: int = 1, cp: int = 1) -> ParallelInfo:
     """Start-up: patches, process group, megatron model-parallel groups, seeds. Idempotent for the
     same layout; a different layout after initialisation raises. ``vpp`` > 1: interleaved 1F1B, each
-    pipeline rank holding ``vpp`` model chunks (Megatron's virtual pipeline stages)."""
+    pipeline rank holding ``vpp`` model chunks (Megatron's virtual pipeline stages). ``cp`` > 1:
+    Megatron's context-parallel groups (DP = world / (tp x pp x cp)); the groups build on any backend,
+    the model needs CUDA + Transformer Engine (refused at start-up otherwise: ``config.validate``)."""
     from megatron_rl import patches
 
     patches.apply_all(("megatron",))
@@ -87,24 +93,28 @@ def init_parallel(tp: int = 1, pp: int = 1, *, seed: int = 1234, sequence_parall
 
     init_distributed(timeout_s)
     world = dist.get_world_size()
-    if tp < 1 or pp < 1 or world % (tp * pp):
-        raise ValueError(f"tensor parallel {tp} x pipeline parallel {pp} does not divide world size {world}")
+    if tp < 1 or pp < 1 or cp < 1 or world % (tp * pp * cp):
+        raise ValueError(f"tensor parallel {tp} x pipeline parallel {pp} x context parallel {cp} does not divide "
+                         f"world size {world}")
     if vpp < 1 or (vpp > 1 and pp < 2):
         raise ValueError(f"virtual pipeline stages {vpp} need pipeline parallel >= 2 (got {pp})")
     if ps.model_parallel_is_initialized():
         if (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(),
-                ps.get_virtual_pipeline_model_parallel_world_size() or 1) != (tp, pp, vpp):
+                ps.get_virtual_pipeline_model_parallel_world_size() or 1,
+                ps.get_context_parallel_world_size()) != (tp, pp, vpp, cp):
             raise RuntimeError("model parallel already initialised with a different layout; call destroy_parallel() first")
     else:
         ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                                     virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None)
+                                     virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
+                                     context_parallel_size=cp)
     # Same seed on every rank for replicated params; megatron offsets the TP tracker per TP rank.
     torch.manual_seed(seed)
     model_parallel_cuda_manual_seed(seed)
     info = ParallelInfo(
-        rank=dist.get_rank(), world=world, tp=tp, pp=pp, dp=world // (tp * pp),
+        rank=dist.get_rank(), world=world, tp=tp, pp=pp, dp=world // (tp * pp * cp),
         tp_rank=ps.get_tensor_model_parallel_rank(), pp_rank=ps.get_pipeline_model_parallel_rank(),
-        dp_rank=ps.get_data_parallel_rank(), sequence_parallel=bool(sequence_parallel and tp > 1))
+        dp_rank=ps.get_data_parallel_rank(), sequence_parallel=bool(sequence_parallel and tp > 1),
+        cp=cp, cp_rank=ps.get_context_parallel_rank())
     log.info("parallel: %s", info)
     return info
 

@@ -39,7 +39,15 @@ uniform with k layers per unit keeps each unit's input (ceil(n/k)·e·h/σ per t
 activations (k layers) while it is recomputed; block with k keeps only the inputs of the first k layers
 and everything of the other n − k, plus one recomputed layer. Selective recompute (Megatron's default
 module: core attention) drops the softmax term only, which flash attention never stores. The last stage also holds the logits:
-T·(V/t)·(e + 4 + 4) (logits, fp32 copy, fp32 softmax for log-prob/entropy backward). A token budget
+T·(V/t)·(e + 4 + 4) (logits, fp32 copy, fp32 softmax for log-prob/entropy backward).
+
+Context parallelism c (``parallel.cp``, Transformer Engine's p2p ring, ``trainer/context_parallel.py``):
+each GPU holds T/c of every micro-batch's tokens, so activations and logits above use T/c; the ring
+adds, for the one layer whose attention runs, the KV chunk being sent plus the one being received
+(double-buffered): ``cp_ring = 2·(T/c)·(2·kv/t)·e`` (forward, and again in backward, where TE
+re-circulates KV rather than keep the other ranks' chunks). The gathered per-token log-probs (T·4
+bytes) are negligible. The distributed optimizer shards over DP × CP (Megatron's
+``get_data_parallel_group(with_context_parallel=True)``): r' = r·c; GPUs = t·p·c·r. A token budget
 below the longest sequence a pass holds (``--max-model-len``, default ``--seq-len``) is refused, as
 config validation refuses one below ``rollout.max_model_len``.
 
@@ -184,6 +192,7 @@ class PlanInputs:
     tp: int = 1
     pp: int = 1
     vpp: int = 1                     # virtual stages per rank (interleaved 1F1B, parallel.vpp)
+    cp: int = 1                      # context parallelism (parallel.cp): each sequence split over cp GPUs
     dp: int = 1
     micro_batch: int | None = None   # padded sequences per micro-batch (trainer.micro_batch_size); None = 1
     seq_len: int = 4096              # one training sequence (prompt + response): a padded row, the longest packed one
@@ -215,7 +224,7 @@ class PlanInputs:
     vocab_multiple: int = 128
 
     def __post_init__(self):
-        for f in ("tp", "pp", "vpp", "dp", "micro_batch", "seq_len", "rollout_tp", "rollout_seqs", "rollout_engines",
+        for f in ("tp", "pp", "vpp", "cp", "dp", "micro_batch", "seq_len", "rollout_tp", "rollout_seqs", "rollout_engines",
                   "vocab_multiple", "max_model_len"):
             if getattr(self, f) is not None and getattr(self, f) < 1:
                 raise ValueError(f"{f} must be >= 1, got {getattr(self, f)}")
@@ -320,7 +329,7 @@ def activation_bytes(arch: ArchSpec, inp: PlanInputs, padded_v: int) -> tuple[in
     e = DTYPE_BYTES[inp.dtype]
     t, sig = inp.tp, (inp.tp if inp.sequence_parallel else 1)
     h, q, kv = arch.hidden, arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
-    tokens = inp.micro_batch_tokens
+    tokens = math.ceil(inp.micro_batch_tokens / inp.cp)    # this CP rank's share of the micro-batch
     mlp = 3 if inp.fused_swiglu else 5
     per_tok = e * (2 * h / sig + h / sig + (q + 2 * kv) / t + q / t + h / sig + mlp * arch.ffn / t)
     if not inp.flash_attn and inp.recompute == "none":
@@ -335,10 +344,12 @@ def activation_bytes(arch: ArchSpec, inp: PlanInputs, padded_v: int) -> tuple[in
         return tokens * (k * inputs + (n - k) * per_tok + per_tok)   # block: k layers recomputed, one at a time
 
     logits = tokens * (padded_v / t) * (e + 4 + 4)
+    ring = 2 * tokens * (2 * kv / t) * e if inp.cp > 1 else 0   # TE's p2p ring: the KV chunk sent + the one received
     # interleaved 1F1B keeps more micro-batches in flight on the first stage: Megatron-LM's
     # theoretical_memory_usage.py penalty 1 + (p - 1) / (p * v)
     penalty = 1 + (inp.pp - 1) / (inp.pp * inp.vpp) if inp.vpp > 1 else 1.0
-    return int(layers_worth(arch.layers) * penalty), int(layers_worth(arch.layers // inp.pp)), int(logits)
+    return (int(layers_worth(arch.layers) * penalty + ring), int(layers_worth(arch.layers // inp.pp) + ring),
+            int(logits))
 
 
 @dataclass(frozen=True)
@@ -421,7 +432,7 @@ def _stage(common: dict, stage: str, n: int, acts: int, logits: int) -> PlanRepo
     inp: PlanInputs = common["inputs"]
     e = DTYPE_BYTES[inp.dtype]
     grad_b, opt_b = (4, 12) if e == 2 else (4, 8)
-    r = inp.dp if inp.dist_opt else 1
+    r = inp.dp * inp.cp if inp.dist_opt else 1      # Megatron's distributed optimizer shards over DP x CP
     copies = (inp.extra_weight_copies + inp.reference) * n * e + inp.teacher_shadow * n * (4 + e)
     return PlanReport(**common, stage=stage, weights=n * e, grads=n * grad_b, optimizer=int(n * opt_b / r),
                       extra_copies=copies, activations=acts, logits=logits)
@@ -438,7 +449,8 @@ def format_report(rep: PlanReport) -> str:
     lines = [
         f"model {a.name}: {a.total_params() / 1e9:.3f} B params, {a.layers} layers, hidden {a.hidden}, "
         f"heads {a.heads}/{a.kv_heads} (q/kv), ffn {a.ffn}, vocab {a.vocab} (padded {rep.params.padded_vocab})",
-        f"layout TP={i.tp} PP={i.pp}{f' (x{i.vpp} virtual)' if i.vpp > 1 else ''} DP={i.dp} ({i.tp * i.pp * i.dp} GPUs), micro-batch {micro}, "
+        f"layout TP={i.tp} PP={i.pp}{f' (x{i.vpp} virtual)' if i.vpp > 1 else ''}{f' CP={i.cp}' if i.cp > 1 else ''} DP={i.dp} "
+        f"({i.tp * i.pp * i.cp * i.dp} GPUs), micro-batch {micro}, "
         f"{i.dtype}, dist-opt {'on' if i.dist_opt else 'off'}, SP {'on' if i.sequence_parallel else 'off'}, "
         f"recompute {_recompute_text(i)}, flash-attn {'on' if i.flash_attn else 'off'}, "
         f"SwiGLU {'fused' if i.fused_swiglu else 'unfused'}",
@@ -511,6 +523,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--tp", type=int, default=d.tp, help="tensor-parallel size")
     p.add_argument("--pp", type=int, default=d.pp, help="pipeline-parallel size")
     p.add_argument("--vpp", type=int, default=d.vpp, help="virtual pipeline stages per rank (interleaved 1F1B)")
+    p.add_argument("--cp", type=int, default=d.cp, help="context-parallel size (each sequence split over cp GPUs)")
     p.add_argument("--dp", type=int, default=d.dp, help="data-parallel size")
     p.add_argument("--micro-batch", type=int, default=d.micro_batch,
                    help="padded micro-batch: sequences of --seq-len tokens (default 1; trainer.micro_batch_size)")

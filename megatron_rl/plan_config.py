@@ -3,7 +3,7 @@
 :func:`config_inputs` reads from a run config the :class:`~megatron_rl.plan.PlanInputs` fields the
 config decides::
 
-    tp, pp, vpp, sequence_parallel   parallel.*
+    tp, pp, vpp, cp, sequence_parallel   parallel.*
     dist_opt                    optim.use_distributed_optimizer
     dtype                       model.bf16 (bf16, else fp32)
     max_tokens_per_micro_batch  trainer.max_tokens_per_micro_batch (the token budget; 0 = padded)
@@ -38,7 +38,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "examples" / "configs"
 #: PlanInputs field -> the config key it comes from (for messages)
-KEYS = {"tp": "parallel.tp", "pp": "parallel.pp", "vpp": "parallel.vpp", "sequence_parallel": "parallel.sequence_parallel",
+KEYS = {"tp": "parallel.tp", "pp": "parallel.pp", "vpp": "parallel.vpp", "cp": "parallel.cp", "sequence_parallel": "parallel.sequence_parallel",
         "dist_opt": "optim.use_distributed_optimizer", "dtype": "model.bf16", "micro_batch": "trainer.micro_batch_size",
         "max_tokens_per_micro_batch": "trainer.max_tokens_per_micro_batch", "max_model_len": "rollout.max_model_len",
         "seq_len": "data.max_prompt_len + rollout.max_tokens", "colocated": "rollout.placement",
@@ -58,7 +58,7 @@ def config_inputs(path: str | Path) -> dict[str, Any]:
 
     cfg = load_checked(path, ["model.hf_path="])           # the weights need not be here
     budget, m, r = cfg.trainer.max_tokens_per_micro_batch, cfg.model, cfg.rollout
-    return {"tp": cfg.parallel.tp, "pp": cfg.parallel.pp, "vpp": cfg.parallel.vpp, "sequence_parallel": cfg.parallel.sequence_parallel,
+    return {"tp": cfg.parallel.tp, "pp": cfg.parallel.pp, "vpp": cfg.parallel.vpp, "cp": cfg.parallel.cp, "sequence_parallel": cfg.parallel.sequence_parallel,
             "dist_opt": cfg.optim.use_distributed_optimizer, "dtype": "bf16" if cfg.model.bf16 else "fp32",
             "max_tokens_per_micro_batch": budget, "micro_batch": None if budget else cfg.trainer.rows_per_micro_batch,
             "max_model_len": cfg.rollout.max_model_len, "seq_len": cfg.data.max_prompt_len + cfg.rollout.max_tokens,
@@ -137,12 +137,13 @@ def layout_table() -> str:
             continue
         rep = example_report(path)
         i = rep.inputs
-        train_gpus, roll_gpus = i.tp * i.pp * i.dp, i.rollout_engines * i.rollout_tp
+        train_gpus, roll_gpus = i.tp * i.pp * i.cp * i.dp, i.rollout_engines * i.rollout_tp
+        cp = f"×CP{i.cp}" if i.cp > 1 else ""
         if i.colocated:
-            layout = f"TP{i.tp}×PP{i.pp}×DP{i.dp} ({train_gpus}), {i.rollout_engines} engines × TP{i.rollout_tp} on them"
+            layout = f"TP{i.tp}×PP{i.pp}{cp}×DP{i.dp} ({train_gpus}), {i.rollout_engines} engines × TP{i.rollout_tp} on them"
             coloc = f"{g(rep.peak)} = max({g(rep.update_peak)}, {g(rep.generation_peak)})"
         else:
-            layout = (f"TP{i.tp}×PP{i.pp}×DP{i.dp} ({train_gpus}) + {i.rollout_engines} engines × "
+            layout = (f"TP{i.tp}×PP{i.pp}{cp}×DP{i.dp} ({train_gpus}) + {i.rollout_engines} engines × "
                       f"TP{i.rollout_tp} ({roll_gpus})")
             coloc = "— (own GPUs)"
         where = "colocated" if i.colocated else "separate"

@@ -42,6 +42,8 @@ def check_config(cfg) -> None:
     from megatron_rl.trainer.async_rollout import check_async
     from megatron_rl.trainer.paths import path_class
 
+    if cfg.parallel.cp > 1:
+        check_backend(cfg)             # context parallelism needs CUDA + TE: said before any layout arithmetic
     path = path_class(cfg.algo.kind)   # an unknown path, wrong hparams class, missing inputs, the path's own rules
     path.validate(cfg)
     check_async(cfg.algo.kind, path, cfg.rollout.max_staleness, cfg.algo.off_policy)
@@ -356,9 +358,11 @@ def check_run_dir_writable(cfg) -> None:
 
 def check_backend(cfg) -> str:
     """The layer backend this machine will build (``models.provider.resolve_model_backend``)."""
-    from megatron_rl.models.provider import resolve_model_backend
+    from megatron_rl.models.provider import check_cp_backend, resolve_model_backend
 
-    return resolve_model_backend(cfg.model.backend, cfg.model.fp8, cfg.parallel.sequence_parallel and cfg.parallel.tp > 1)
+    backend = resolve_model_backend(cfg.model.backend, cfg.model.fp8, cfg.parallel.sequence_parallel and cfg.parallel.tp > 1)
+    check_cp_backend(cfg.parallel.cp, backend)
+    return backend
 
 
 def check_stack(cfg, backend: str) -> None:

@@ -41,7 +41,7 @@ MODULE_SECONDS = {
     "tests/unit/rewards/test_math_corpus.py": 15,
     "tests/distributed/test_driver_wait.py": 25,
     "tests/distributed/test_model_device.py": 20, "tests/distributed/test_recompute.py": 45,
-    "tests/distributed/test_vpp.py": 25,
+    "tests/distributed/test_vpp.py": 25, "tests/distributed/test_context_parallel.py": 20,
     "tests/unit/trainer/test_stop.py": 40,
 }
 

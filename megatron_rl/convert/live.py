@@ -217,8 +217,9 @@ def stream_hf_tensors(model_chunks, hf_cfg, sender: int = 0) -> Iterator[tuple[s
     arch = model_arch_info(hf_cfg)
     tp, _, pp, pp_rank = _grid()
     me = dist.get_rank() if dist.is_initialized() else 0
-    if me != sender and ps.model_parallel_is_initialized() and ps.get_data_parallel_rank() != 0:
-        return
+    if me != sender and ps.model_parallel_is_initialized() and (ps.get_data_parallel_rank() != 0
+                                                                or ps.get_context_parallel_rank() != 0):
+        return        # another DP / CP replica of the weights (a whole TP group leaves together)
     params = local_params(model_chunks, arch)
     dtype = next(iter(params.values())).dtype
     pp_ranks = dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group()) if pp > 1 else [me]

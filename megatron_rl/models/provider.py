@@ -268,6 +268,20 @@ def resolve_backend(backend: str = "auto", cuda: bool | None = None, te: bool | 
     return "te" if cuda and (_has_te() if te is None else te) else "local"
 
 
+def check_cp_backend(cp: int, backend: str, cuda: bool | None = None) -> None:
+    """``parallel.cp`` > 1 runs only through Transformer Engine's THD context-parallel attention on CUDA
+    (megatron's local attention has no CP path): one-line ``ValueError`` naming the key otherwise."""
+    from megatron_rl.device import has_cuda
+
+    if cp <= 1:
+        return
+    cuda = has_cuda() if cuda is None else cuda
+    if not cuda or backend != "te":
+        why = "no CUDA device" if not cuda else f"model.backend resolves to {backend}"
+        raise ValueError(f"parallel.cp={cp} needs CUDA + Transformer Engine (model.backend=te: TE's THD context-parallel "
+                         f"attention; here: {why}); set parallel.cp=1")
+
+
 def resolve_model_backend(backend: str = "auto", fp8: str | None = None, sequence_parallel: bool = False,
                           cuda: bool | None = None, te: bool | None = None) -> str:
     """The one layer backend a run builds (``local`` | ``te``), from ``model.backend`` and ``model.fp8``.

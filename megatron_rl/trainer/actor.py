@@ -40,13 +40,14 @@ from typing import Any, Callable, Iterator, NamedTuple
 import torch
 
 from megatron_rl.device import default_device
+from megatron_rl.trainer import cp_batch
 from megatron_rl.trainer.batch import TrainBatch
 from megatron_rl.trainer.packing import PackedMicroBatch, RankMicroBatches, TokenBudget, seq_lengths, unpacked_collection
 from megatron_rl.trainer.packing import plan as pack_plan
 from megatron_rl.trainer.optim import OptimSpec, build_optimizer, current_lr
 from megatron_rl.trainer.schedule import (Groups, from_last_stage, gather_dp, run_schedule, sum_dp,
                                           tensor_from_last_stage)
-from megatron_rl.trainer.vocab_parallel import (vocab_parallel_gather_logprobs, vocab_parallel_logprobs,
+from megatron_rl.trainer.vocab_parallel import (LogProbs, vocab_parallel_gather_logprobs, vocab_parallel_logprobs,
                                                 vocab_parallel_topk)
 
 LossFn = Callable[[torch.Tensor, torch.Tensor, TrainBatch], tuple]
@@ -119,12 +120,16 @@ def _build_chunks(hf_cfg, bf16: bool, g: Groups, sequence_parallel: bool, backen
 
     from megatron_rl.models.provider import (
         build_gpt_model,
+        check_cp_backend,
         cuda_fusions,
         resolve_model_backend,
         transformer_config_from_hf,
     )
 
     backend = resolve_model_backend(backend, fp8, sequence_parallel)
+    check_cp_backend(g.cp_size, backend)
+    if g.cp_size > 1:   # TE's THD attention with its p2p ring (KV chunks passed round the CP group)
+        overrides = {"context_parallel_size": g.cp_size, "cp_comm_type": "p2p", **overrides}
     dtype = torch.bfloat16 if bf16 else torch.float32
     vpp = ps.get_virtual_pipeline_model_parallel_world_size() or 1    # interleaved 1F1B: vpp chunks per rank
     if vpp > 1:   # Megatron-LM's interleaved defaults: overlapped, unbatched p2p. Batched p2p at PP=2 posts the
@@ -216,14 +221,23 @@ class _LogProbModel:
         return local, mbs + [mbs[0].zero_masked() for _ in range(self.min_micro_batches - len(mbs))]
 
     def _logprobs(self, logits: torch.Tensor, mb: TrainBatch, temperature: float):
+        return LogProbs(**self._per_token(mb, logits, temperature, lambda z, t: vocab_parallel_logprobs(
+            z, t, self.groups.tp, vocab_size=self.vocab_size)._asdict(), mb.targets))
+
+    def _per_token(self, mb, logits: torch.Tensor, temperature: float, fn: Callable, *inputs: torch.Tensor) -> dict:
+        """``fn(z, *inputs) -> {key: [b, n, ...]}`` per-token terms in the target frame ``[rows, L-1, ...]``:
+        on ``logits[:, :-1] / temperature``, or, under context parallelism, on this CP rank's slice and
+        gathered back (``cp_batch.per_token``: every micro-batch then runs as THD, a padded row as one sequence)."""
+        g = self.groups
+        if g.cp_size > 1:
+            fr = cp_batch.rank_frame(mb, g, self.sequence_parallel)
+            return cp_batch.per_token(mb, fr, logits, temperature, fn, inputs, g.cp, g.cp_rank, g.cp_size)
         z = logits[:, :-1]
-        if temperature != 1.0:
-            z = z / temperature
-        return vocab_parallel_logprobs(z, mb.targets, self.groups.tp, vocab_size=self.vocab_size)
+        return fn(z / temperature if temperature != 1.0 else z, *inputs)
 
     def _forward_step(self, loss_func: Callable, data_iterator: Iterator, model, masked: bool = False):
         mb = next(data_iterator).to(self.device)
-        if getattr(mb, "thd", False):
+        if getattr(mb, "thd", False) or self.groups.cp_size > 1:
             return self._thd_forward(mb, model), partial(loss_func, mb)
         with _output_rows(model, mb.loss_mask > 0 if masked else None):
             out = model(mb.tokens, mb.position_ids(), mb.attention_mask())
@@ -239,6 +253,9 @@ class _LogProbModel:
 
         from megatron_rl.trainer.packing import thd_layout
 
+        if self.groups.cp_size > 1:   # this CP rank's two chunks of every sequence; logits stay [1, n_local, V]
+            tokens, pos, psp = cp_batch.model_inputs(cp_batch.rank_frame(mb, self.groups, self.sequence_parallel))
+            return model(tokens, pos, None, packed_seq_params=psp)
         tokens, pos, cu, longest = thd_layout(mb)
         psp = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest,
                               max_seqlen_kv=longest)
@@ -255,22 +272,26 @@ class _LogProbModel:
 
     def _collect_support(self, temperature: float, k: int | None, index_key: str | None, masked: bool,
                          mb: TrainBatch, logits: torch.Tensor):
-        sel = mb.loss_mask > 0 if masked else None       # masked: logits [1, n, V] at sel (_output_rows)
-        z = logits[:, :-1] if sel is None else logits
-        pick = (lambda x: x) if sel is None else (lambda x: x[sel][None])
-        if temperature != 1.0:
-            z = z / temperature
-        with torch.no_grad():
-            tok = vocab_parallel_logprobs(z, pick(mb.targets), self.groups.tp, vocab_size=self.vocab_size)
-            data = {"token_logp": tok.logp, "entropy": tok.entropy}
+        tp, nv = self.groups.tp, self.vocab_size
+
+        def terms(z, targets, *index):
+            tok = vocab_parallel_logprobs(z, targets, tp, vocab_size=nv)
+            d = {"token_logp": tok.logp, "entropy": tok.entropy}
             if k is not None:
-                tk = vocab_parallel_topk(z, k, self.groups.tp, vocab_size=self.vocab_size)
-                data.update({"idx": tk.idx, "logp": tk.logp})
-            elif index_key is not None:
-                data["logp"] = vocab_parallel_gather_logprobs(z, pick(mb.extras[index_key]), self.groups.tp,
-                                                              vocab_size=self.vocab_size)
-            if sel is not None:                          # back to [b, S-1, ...], 0 off the mask
-                for key, v in data.items():
+                tk = vocab_parallel_topk(z, k, tp, vocab_size=nv)
+                d.update({"idx": tk.idx, "logp": tk.logp})
+            elif index:
+                d["logp"] = vocab_parallel_gather_logprobs(z, index[0], tp, vocab_size=nv)
+            return d
+
+        inputs = (mb.targets, *((mb.extras[index_key],) if k is None and index_key is not None else ()))
+        sel = mb.loss_mask > 0 if masked and self.groups.cp_size == 1 else None   # masked: logits [1, n, V] at sel
+        with torch.no_grad():
+            if sel is None:
+                data = self._per_token(mb, logits, temperature, terms, *inputs)
+            else:                                        # _output_rows: logits at the loss-mask positions only
+                data = terms(logits / temperature if temperature != 1.0 else logits, *(x[sel][None] for x in inputs))
+                for key, v in data.items():              # back to [b, S-1, ...], 0 off the mask
                     full = v.new_zeros((*sel.shape, *v.shape[2:]))
                     full[sel] = v[0]
                     data[key] = full
@@ -503,6 +524,8 @@ class PolicyActor(_LogProbModel):
         """
         from megatron.core.distributed.finalize_model_grads import finalize_model_grads
         norm = self._step_state["norm"].clone()
+        if self.groups.cp_rank > 0:   # every CP rank holds the whole normaliser; finalize sums over dp x cp
+            norm.zero_()
         finalize_model_grads(model, norm, pg_collection=pg_collection, force_all_reduce=force_all_reduce)
 
     def _train_loss(self, loss_fn: LossFn, temperature: float, mb, logits: torch.Tensor):
@@ -513,8 +536,8 @@ class PolicyActor(_LogProbModel):
         if key is None:
             out = loss_fn(logp, ent, view)
         else:
-            z = logits[:, :-1] / temperature if temperature != 1.0 else logits[:, :-1]
-            support = vocab_parallel_gather_logprobs(z, mb.extras[key], self.groups.tp, vocab_size=self.vocab_size)
+            support = self._per_token(mb, logits, temperature, lambda z, ix: {"s": vocab_parallel_gather_logprobs(
+                z, ix, self.groups.tp, vocab_size=self.vocab_size)}, mb.extras[key])["s"]
             out = loss_fn(logp, ent, view, mb.unpack(support) if packed else support)
         if not (isinstance(out, tuple) and len(out) == 3):
             raise TypeError("loss_fn must return (loss_sum, normaliser_or_None, metrics)")

@@ -93,8 +93,10 @@ def _damage(path: Path) -> str | None:
 def _layout() -> dict[str, int]:
     from megatron.core import parallel_state as ps
 
+    cp = ps.get_context_parallel_world_size()    # recorded only when > 1: earlier checkpoints have no key
     return {"world_size": dist.get_world_size(), "tp": ps.get_tensor_model_parallel_world_size(),
-            "pp": ps.get_pipeline_model_parallel_world_size(), "dp": ps.get_data_parallel_world_size()}
+            "pp": ps.get_pipeline_model_parallel_world_size(), "dp": ps.get_data_parallel_world_size(),
+            **({"cp": cp} if cp > 1 else {})}
 
 
 def _sharded_state(actor, is_loading: bool) -> dict[str, Any]:

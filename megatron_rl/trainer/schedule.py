@@ -1,6 +1,6 @@
 """Glue between the actor and megatron-core's pipeline schedules + parallel groups.
 
-* :class:`Groups` — this rank's TP / PP / DP groups and positions (read from ``parallel_state``).
+* :class:`Groups` — this rank's TP / PP / DP / CP groups and positions (read from ``parallel_state``).
 * :func:`run_schedule` — one ``get_forward_backward_func()`` call over a list of micro-batches
   (PP=1 no-pipelining, PP>=2 1F1B), returning the last stage's ``forward_data_store``.
 * :func:`from_last_stage` / :func:`gather_dp` — make last-stage, per-DP-shard results available on
@@ -32,6 +32,9 @@ class Groups:
     is_first_stage: bool
     is_last_stage: bool
     pp_last_global_rank: int
+    cp: Any = None          # context-parallel group (``cp_size`` 1: no split); ``dp`` excludes it
+    cp_size: int = 1
+    cp_rank: int = 0
 
     @classmethod
     def current(cls) -> "Groups":
@@ -44,7 +47,9 @@ class Groups:
             dp=ps.get_data_parallel_group(), tp_size=ps.get_tensor_model_parallel_world_size(),
             pp_size=ps.get_pipeline_model_parallel_world_size(), dp_size=ps.get_data_parallel_world_size(),
             dp_rank=ps.get_data_parallel_rank(), is_first_stage=ps.is_pipeline_first_stage(),
-            is_last_stage=ps.is_pipeline_last_stage(), pp_last_global_rank=ps.get_pipeline_model_parallel_last_rank())
+            is_last_stage=ps.is_pipeline_last_stage(), pp_last_global_rank=ps.get_pipeline_model_parallel_last_rank(),
+            cp=ps.get_context_parallel_group(), cp_size=ps.get_context_parallel_world_size(),
+            cp_rank=ps.get_context_parallel_rank())
 
 
 def run_schedule(chunks: Sequence[torch.nn.Module], micro_batches: Sequence[TrainBatch],

@@ -246,7 +246,7 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
         remove_stale_tmp(cfg.trainer.run_dir)    # .tmp-step_* of a save cut short by a crash or kill: one line
     info = init_parallel(cfg.parallel.tp, cfg.parallel.pp, seed=cfg.trainer.seed,
                          sequence_parallel=cfg.parallel.sequence_parallel, timeout_s=cfg.parallel.timeout_s,
-                         vpp=cfg.parallel.vpp)
+                         vpp=cfg.parallel.vpp, cp=cfg.parallel.cp)
     validate(cfg, world_size=info.world)
     if not cfg.model.hf_path:
         raise ValueError("model.hf_path is required (HF model dir with config.json + safetensors)")

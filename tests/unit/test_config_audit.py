@@ -129,7 +129,7 @@ REJECTED = {   # key -> (value, words of the start-up error on this CPU machine)
     "model.fp8": ("e4m3", "model.fp8=e4m3 needs the Transformer Engine backend"),
     "parallel.tp": ("2", "world size 1 is not divisible by tp*pp=2"),
     "parallel.pp": ("2", "world size 1 is not divisible by tp*pp=2"),
-    "parallel.cp": ("2", "parallel.cp=2: context parallelism is not implemented"),
+    "parallel.cp": ("2", "parallel.cp=2 needs CUDA"),   # TE's THD context-parallel attention; tests/gpu/test_context_parallel_te.py
     "parallel.vpp": ("2", "parallel.vpp=2 .interleaved 1F1B. needs parallel.pp >= 2"),   # pp=1 here; test_vpp.py runs it
     "rollout.tensor_parallel_size": ("2", "rollout.tensor_parallel_size=2 needs CUDA GPUs"),
     "rollout.enforce_eager": ("false", "rollout.enforce_eager=false"),

@@ -259,6 +259,26 @@ def test_config_built_copies_swiglu_recompute_and_engine_share():
     assert not fits(short) and "holds less than its weights + KV cache" in format_report(short)
 
 
+def test_context_parallel_splits_tokens_adds_the_ring_and_shards_over_dp_cp():
+    """CP c on the tiny model (per token per layer 1664 B, 16 tokens per micro-batch): activations and
+    logits of 16/c tokens, plus TE's p2p ring of one layer, 2 buffers x (16/c) x 2kv (2 x 32) x e; the
+    distributed optimizer shards over DP x CP; the report counts tp x pp x cp x dp GPUs."""
+    a = ArchSpec.from_hf(TINY["Qwen3ForCausalLM"], "tiny")
+    base = dict(micro_batch=2, seq_len=8, overhead_gib=0, rollout_seqs=3, rollout_len=10, dp=2)
+    one, two = estimate(a, PlanInputs(**base)), estimate(a, PlanInputs(cp=2, **base))
+    n = a.total_params()
+    assert one.activations == 16 * 2 * 1664
+    assert two.activations == 8 * 2 * 1664 + 2 * 8 * 64 * 2
+    assert (one.logits, two.logits) == (16 * 256 * 10, 8 * 256 * 10)
+    assert (one.optimizer, two.optimizer) == (12 * n // 2, 12 * n // 4)
+    assert (two.weights, two.grads) == (one.weights, one.grads)          # CP replicates the weights
+    assert "CP=2 DP=2 (4 GPUs)" in format_report(two)
+    full = estimate(a, PlanInputs(cp=4, recompute="full", **base))         # 4 tokens: 2 inputs + one layer + ring
+    assert full.activations == 4 * 2 * 64 * 2 + 4 * 1664 + 2 * 4 * 64 * 2
+    with pytest.raises(ValueError, match="cp must be >= 1"):
+        PlanInputs(cp=0)
+
+
 def test_verdict_hint_names_the_dominant_side():
     a = load_arch("qwen3-8b")
     roll = format_report(estimate(a, PlanInputs(tp=4, dp=2, seq_len=18432, sequence_parallel=True, rollout_seqs=32)))
