@@ -5,7 +5,8 @@ circuit breaker, failure counters the trainer logs) is ``judge_client.JudgeClien
 prompt, the parsing, and a per-run cache keyed by (problem, response). A grader that is down never
 stops training: after the retries the configured ``fallback`` score is used and counted
 (``stats()["grader/fallbacks"]``); a grader that refuses the requests (HTTP 4xx) stops the run once
-the breaker opens on them (``judge_client`` says why). Scores follow the spec exactly (bicc_rcc_papo spec §2.2):
+the breaker opens on them (``judge_client`` says why). Scores are parsed as PAPO's reference grader
+does (the PAPO paper's rubric judge):
 last ``\\boxed{}``/``\\fbox{}`` of the judge output (``<think>`` removed) converted to float and
 accepted only if in {0, 0.5, 1}; else a "score: x" / "score is x" regex, same set; else 0.0.
 Empty student solution or missing reference -> 0.0 without a call.
