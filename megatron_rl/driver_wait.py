@@ -20,14 +20,17 @@ clock; no clock skew between nodes matters) raises one line naming rank 0. A sto
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 
 log = logging.getLogger("megatron_rl.driver_wait")
 
-#: torchrun's restart count in the key: a restarted worker group on the same agent store starts afresh
-PREFIX = f"megatron_rl/driver/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+#: the keys' root. Not torchrun's restart count: after one node's worker dies, that node's agent counts a
+#: restart and the other nodes' agents restart on the membership change without counting one, so the
+#: count differs between nodes (measured: a 2-node job's rank 1 then waited on keys rank 0 never set).
+#: torch gives every rendezvous round a new agent TCPStore (``rendezvous._create_c10d_store``), so a
+#: restarted worker group never sees an earlier round's keys anyway.
+PREFIX = "megatron_rl/driver"
 
 
 class DriverSilentError(RuntimeError):
