@@ -15,10 +15,13 @@ WORKER = REPO / "tests" / "e2e" / "workers" / "demo_runs.py"
 def warm_overrides(warm: Path, run_dir: Path, *extra: str) -> list[str]:
     """The ``megatron-rl train`` overrides of a short test run of a ``tiny_cpu_*`` config from a warm-started
     demo run dir ``warm`` (its ``sft_hf`` policy and training data), checkpointing every 2 steps into
-    ``run_dir``, with no eval, export or progress bar; then ``extra``."""
-    return [f"model.hf_path={warm / 'sft_hf'}", f"data.train={warm / 'data' / 'train.parquet'}", "data.val=",
+    ``run_dir``, with no eval, export or progress bar; then ``extra``, whose keys replace the base's (the
+    CLI refuses a key overridden twice with different values)."""
+    base = [f"model.hf_path={warm / 'sft_hf'}", f"data.train={warm / 'data' / 'train.parquet'}", "data.val=",
             "trainer.ckpt_every=2", "trainer.eval_every=0", f"trainer.run_dir={run_dir}", "trainer.export_hf=false",
-            "logging.progress=false", "rollout.kv_cache_gib=0.25", *extra]
+            "logging.progress=false", "rollout.kv_cache_gib=0.25"]
+    mine = {o.split("=", 1)[0] for o in extra}
+    return [o for o in base if o.split("=", 1)[0] not in mine] + list(extra)
 
 
 def start_demo_runs(out: Path, runs: list[dict], *, warm: dict | None = None,
