@@ -85,7 +85,7 @@ def main(argv=None) -> int:
             backend, fp8 = "auto", None
 
         class parallel:  # noqa: N801
-            sequence_parallel, tp = False, 1
+            sequence_parallel, tp, cp = False, 1, 1
 
     backend = check_backend(_Cfg)
     hf_cfg = load_hf_config(str(out / "model"))

@@ -71,7 +71,7 @@ def test_engine_keys_reach_vllm(client):
     assert len(confs) == 2
     for c in confs:
         assert (c["gpu_memory_utilization"], c["enforce_eager"], c["tensor_parallel_size"]) == (0.37, True, 1), c
-        assert c["max_model_len"] == 256
+        assert c["max_model_len"] == 512
     assert len({c["node_id"] for c in confs}) == 1
     table = client._ray.util.placement_group_table(client._pg)
     assert table["state"] == "CREATED" and len(table["bundles"]) == 2 and table["strategy"] == "SPREAD"
