@@ -216,7 +216,7 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
     ``allow_config_change``: resume despite a changed method / group size / model (``trainer/run_config.py``)."""
     from megatron_rl import algorithms as A
     from megatron_rl.config import validate
-    from megatron_rl.data.dataset import DeterministicSampler, PromptDataset
+    from megatron_rl.data.dataset import DeterministicSampler
     from megatron_rl.data.tokenizer import load_tokenizer
     from megatron_rl.logging import RunLogger
     from megatron_rl.models.provider import load_hf_config
