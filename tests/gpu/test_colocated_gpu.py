@@ -1,6 +1,6 @@
 """Colocated placement on ONE GPU (skipped without CUDA: ``requires_gpus`` of tests/conftest.py).
 
-The Megatron actor and a rollout engine share the GPU and take turns as ``trainer/colocate.py``
+The Megatron actor and a rollout engine share the GPU and take turns as ``trainer/loop/colocate.py``
 orders (worker: ``tests/distributed/workers/colocated_gpu.py``): vLLM's own sleep mode where vLLM is
 installed, else the HF engine on the GPU. Shows: during the colocated update the trainer's
 ``torch.cuda.memory_allocated`` peak stays below (its peak alone + what the slept engine still

@@ -57,7 +57,7 @@ def test_repo_paths_in_readme_exist():
 
 
 def test_plan_presets_listed_in_readme():
-    from megatron_rl.plan import PRESETS
+    from megatron_rl.cli.plan import PRESETS
 
     section = README[README.index("### `megatron-rl plan`"):]
     for name in PRESETS:

@@ -40,7 +40,7 @@ TINY_HF = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden
 
 def load(path: Path, overrides: list[str] | None = None):
     """The example as an entry point loads it: fields, then the cross-component rules."""
-    from megatron_rl.preflight import load_checked
+    from megatron_rl.trainer.loop.preflight import load_checked
 
     return load_checked(str(path), list(overrides or []))
 
@@ -49,7 +49,7 @@ def stand_in_model(path: Path, tmp: Path) -> str:
     """A folder with the config.json of the example's model (weights are not needed to validate)."""
     import json
 
-    from megatron_rl.plan import PRESETS
+    from megatron_rl.cli.plan import PRESETS
 
     prefix = next((k for k in PRESET_OF if path.stem.startswith(k + "_")), None)
     cfg = TINY_HF if path.stem.startswith("tiny_cpu_") else PRESETS[PRESET_OF[prefix]] if prefix else None
@@ -62,7 +62,7 @@ def stand_in_model(path: Path, tmp: Path) -> str:
 
 def trainer_supports(kind: str) -> bool:
     """Whether the trainer runs ``kind`` yet (the config rejects kinds whose data path is missing)."""
-    from megatron_rl.preflight import load_checked
+    from megatron_rl.trainer.loop.preflight import load_checked
 
     try:
         load_checked(None, [f"algo.kind={kind}", "reward.grader_url=http://127.0.0.1:1/v1",
@@ -120,7 +120,7 @@ def test_large_config_plan_command_fits(path, capsys):
     cmd = cli.parse_command(shlex.split(line.group(1))[1:])
     if cmd.args.config:
         cmd.args.config = str(REPO / cmd.args.config)
-    from megatron_rl import plan
+    from megatron_rl.cli import plan
 
     rep = plan.run(cmd.args)
     assert rep.peak <= rep.inputs.gpu_mem_gib * plan.GIB, capsys.readouterr().out
@@ -180,7 +180,7 @@ def test_readme_command_lines_parse(line, tmp_path):
         assert path.is_file(), f"README example uses a missing config: {cmd.args.config}"
         load(path, [*cmd.args.overrides, f"model.hf_path={stand_in_model(path, tmp_path)}"])
     if cmd.command == "plan":
-        from megatron_rl.plan import PlanInputs, estimate, load_arch
+        from megatron_rl.cli.plan import PlanInputs, estimate, load_arch
 
         fields = set(PlanInputs.__dataclass_fields__)
         estimate(load_arch(cmd.args.model), PlanInputs(**{k: v for k, v in vars(cmd.args).items() if k in fields}))

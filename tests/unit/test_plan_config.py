@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from megatron_rl import plan_config as PC
-from megatron_rl.plan import GIB, fits, format_report
+from megatron_rl.cli import plan_config as PC
+from megatron_rl.cli.plan import GIB, fits, format_report
 
 REPO = Path(__file__).resolve().parents[2]
 LARGE = sorted(p for p in PC.CONFIGS.glob("*.yaml") if not p.stem.startswith("tiny_cpu_"))
@@ -93,7 +93,7 @@ def test_readme_layout_table_is_the_generated_one():
     m = re.search(r"<!-- layout-table:start -->\n(.*?)<!-- layout-table:end -->", (REPO / "README.md").read_text(),
                   re.DOTALL)
     assert m, "README lacks the layout table markers"
-    assert m.group(1) == PC.layout_table(), "README layout table is stale: paste `python -m megatron_rl.plan_config`"
+    assert m.group(1) == PC.layout_table(), "README layout table is stale: paste `python -m megatron_rl.cli.plan_config`"
     assert "| NO |" not in m.group(1)
 
 

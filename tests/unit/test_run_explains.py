@@ -70,7 +70,7 @@ def _lines(text: str) -> list[str]:
 def _started_run(work: Path, *overrides: str, run: str = "run") -> Path:
     """A run dir as a start leaves it: config.yaml (written by the code a start runs) + a checkpoint."""
     from megatron_rl.config import load_config
-    from megatron_rl.trainer.run_config import save_run_config
+    from megatron_rl.trainer.state.run_config import save_run_config
 
     cfg = load_config(TINY, [*_base(work, run), *overrides])
     ck = Path(cfg.trainer.run_dir) / "checkpoints" / "step_2"
@@ -90,8 +90,8 @@ def _snapshot(d: Path) -> dict:
 def test_config_yaml_is_loadable_records_the_package_and_never_overwrites(work):
     from megatron_rl import __version__
     from megatron_rl.config import load_config
-    from megatron_rl.trainer.run_config import save_run_config
-    from megatron_rl.trainer.run_dir import archive_run
+    from megatron_rl.trainer.state.run_config import save_run_config
+    from megatron_rl.trainer.state.run_dir import archive_run
 
     cfg = load_config(TINY, _base(work))
     first = save_run_config(cfg)
@@ -201,7 +201,7 @@ def test_train_without_config_or_print_config_is_a_usage_error(capsys):
 
 
 def test_keep_last_zero_keeps_every_checkpoint_and_is_documented(tmp_path):
-    from megatron_rl.trainer.checkpoint import _prune
+    from megatron_rl.trainer.state.checkpoint import _prune
 
     for s in (1, 2, 3):
         (tmp_path / f"step_{s}").mkdir()

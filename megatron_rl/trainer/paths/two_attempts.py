@@ -48,8 +48,8 @@ import torch
 
 from megatron_rl.algorithms.hparams import ScoreHParams
 from megatron_rl.rollout.engine import SamplingParams
-from megatron_rl.trainer import rollout_stage as R
-from megatron_rl.trainer import update_stage as U
+from megatron_rl.trainer.loop import rollout_stage as R
+from megatron_rl.trainer.pipeline import update_stage as U
 
 from . import DataPath, register_path
 
@@ -192,7 +192,7 @@ class TwoAttemptsPath(DataPath):
     def sampled(self, two: TwoAttempts, step: int):
         """The sequences ``x2 ++ y2`` (their rollouts: attempt 2), attempt 1's rewards for the credit
         and its positions inside them; the stage's hparams (:func:`stage_of`)."""
-        from megatron_rl.trainer.update import Sampled
+        from megatron_rl.trainer.pipeline.update import Sampled
 
         run, sec, R_max = self.run, two.second, self.cfg.rollout.max_tokens
         sb = U.build_seq_batch(sec.prompts, sec.responses, run.tok.pad_id, run.seq_len(sec.prompts, sec.responses), R_max)
