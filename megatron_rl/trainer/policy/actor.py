@@ -45,7 +45,7 @@ from megatron_rl.trainer.pipeline.batch import TrainBatch
 from megatron_rl.trainer.pipeline.packing import PackedMicroBatch, RankMicroBatches, TokenBudget, seq_lengths, unpacked_collection
 from megatron_rl.trainer.pipeline.packing import plan as pack_plan
 from megatron_rl.trainer.policy.optim import OptimSpec, build_optimizer, current_lr
-from megatron_rl.trainer.loop.schedule import (Groups, from_last_stage, gather_dp, run_schedule, sum_dp,
+from megatron_rl.trainer.policy.schedule import (Groups, from_last_stage, gather_dp, run_schedule, sum_dp,
                                           tensor_from_last_stage)
 from megatron_rl.trainer.policy.vocab_parallel import (LogProbs, vocab_parallel_gather_logprobs, vocab_parallel_logprobs,
                                                 vocab_parallel_topk)
