@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from .grouping import Groups, check_1d, check_finite, gmean, group_index, gsum, guniform, gvar
+from .registry import bicc_base, bicc_base_names
 
 _GRPO_SCALES = ("std", "std_pop", "none")
 
@@ -178,11 +179,6 @@ def rcc_delta(old_logp: Tensor, ref_logp: Tensor, mask: Tensor, mode: str = "sum
     return d
 
 
-#: how RCC scales the centred reward r − b, declared by each registered base (``register_bicc_base``):
-#: ``std_u`` sample std + ε (singleton r/(1+ε)), ``one`` unscaled (singleton r), ``std_p`` population
-#: std (singleton 0), ``greedy`` ReMax's greedy baseline instead of the group mean
-RCC_SCALES = ("std_u", "one", "std_p", "greedy")
-
 
 def rcc_advantage(rewards: Tensor, delta: Tensor, group_ids: Tensor, *, base: str = "grpo",
                   eps: float = 1e-6, greedy_rewards: Tensor | None = None) -> Tensor:
@@ -195,8 +191,6 @@ def rcc_advantage(rewards: Tensor, delta: Tensor, group_ids: Tensor, *, base: st
     base's singleton rule (grpo r/(1+ε), drgrpo r, bicc 0).
     Shapes: rewards [N], delta [N], group_ids [N] → [N].
     """
-    from .registry import bicc_base, bicc_base_names
-
     try:
         scale = bicc_base(base).scale       # the base's registration says how RCC scales (RCC_SCALES)
     except KeyError:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 
 from .kl import kl_kinds
 from .losses import AGG_MODES
+from .registry import bicc_base_names
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -126,8 +127,6 @@ class BiCCHParams(SamplingHParams):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        from .registry import bicc_base_names
-
         label = "rcc" if hasattr(self, "rcc_delta") else "bicc"
         bases = bicc_base_names()   # the estimators registered as BiCC's base (register_bicc_base)
         _check(self.base in bases, f"{label} base {self.base!r} invalid; valid: {bases}")

@@ -89,21 +89,22 @@ def loss_support(name: str) -> str | None:
     return _lookup(_LOSSES, "policy loss", name).support
 
 
-def _load_builtins() -> None:
-    from . import builtin  # noqa: F401  (registers the built-in functions on first import)
-
-
 def _lookup(table: dict, kind: str, name: str) -> Entry:
-    _load_builtins()
     if name not in table:
         raise KeyError(f"unknown {kind} {name!r}; valid: {sorted(table)}")
     return table[name]
 
 
+#: how RCC scales the centred reward r − b, declared by each registered base (``register_bicc_base``):
+#: ``std_u`` sample std + ε (singleton r/(1+ε)), ``one`` unscaled (singleton r), ``std_p`` population
+#: std (singleton 0), ``greedy`` ReMax's greedy baseline instead of the group mean
+RCC_SCALES = ("std_u", "one", "std_p", "greedy")
+
+
 @dataclass(frozen=True)
 class BiCCBase:
     """An estimator BiCC and BiCC + RCC may use as ``algo.<kind>.base``: ``fn(inputs, hp) -> Tensor[N]``
-    is BiCC's advantage with it, ``scale`` how RCC scales its centred reward (``advantages.RCC_SCALES``),
+    is BiCC's advantage with it, ``scale`` how RCC scales its centred reward (:data:`RCC_SCALES`),
     ``needs`` the optional inputs it reads."""
 
     name: str
@@ -118,8 +119,6 @@ _BICC_BASES: dict = {}
 def register_bicc_base(name: str, scale: str, needs=()):
     """Decorator registering ``fn(inputs, hp) -> Tensor[N]`` as a BiCC / RCC base estimator ``name``
     (``algo.bicc.base=name``); duplicates, unknown fields and unknown scales raise."""
-    from .advantages import RCC_SCALES
-
     unknown = sorted(set(needs) - set(FIELD_SHAPES))
     if unknown:
         raise ValueError(f"bicc base {name!r} declares unknown input field(s) {unknown}; valid: {sorted(FIELD_SHAPES)}")
@@ -136,7 +135,6 @@ def register_bicc_base(name: str, scale: str, needs=()):
 
 def bicc_base(name: str) -> BiCCBase:
     """The registered BiCC / RCC base ``name`` (KeyError listing the valid names otherwise)."""
-    _load_builtins()
     if name not in _BICC_BASES:
         raise KeyError(f"unknown bicc base {name!r}; valid: {sorted(_BICC_BASES)}")
     return _BICC_BASES[name]
@@ -144,7 +142,6 @@ def bicc_base(name: str) -> BiCCBase:
 
 def bicc_base_names() -> list:
     """Sorted registered BiCC / RCC base estimator names."""
-    _load_builtins()
     return sorted(_BICC_BASES)
 
 
@@ -160,13 +157,11 @@ def get_policy_loss(name: str) -> Callable:
 
 def advantage_names() -> list:
     """Sorted registered advantage names."""
-    _load_builtins()
     return sorted(_ADVANTAGES)
 
 
 def policy_loss_names() -> list:
     """Sorted registered policy-loss names."""
-    _load_builtins()
     return sorted(_LOSSES)
 
 

@@ -1,4 +1,4 @@
-"""`megatron-rl plan --config run.yaml`: the plan of a run config, and the README's layout table.
+"""`megatron-rl plan --config run.yaml`: the plan of a run config.
 
 :func:`config_inputs` reads from a run config the :class:`~megatron_rl.cli.plan.PlanInputs` fields the
 config decides::
@@ -23,20 +23,15 @@ config decides::
 The rest (``--model``, ``--dp``: the world size is the launcher's, ``--rollout-seqs``,
 ``--extra-weight-copies``) stay command-line options: each 7B–14B example
 names them in its header's ``megatron-rl plan --config ...`` line. A flag that contradicts the
-config is refused (one line naming both). :func:`layout_table` renders the README's table from
-those header lines (``python -m megatron_rl.cli.plan_config`` prints it; ``tests/unit/test_plan_config.py``
-checks the README holds exactly that text and that every example fits as configured).
+config is refused (one line naming both). The README's layout table is rendered from those header
+lines by ``tools/example_plans.py`` (a documentation generator, outside the package).
 Loading a config imports torch (config validation); plan without ``--config`` does not.
 """
 from __future__ import annotations
 
-import re
-import shlex
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-CONFIGS = REPO / "examples" / "configs"
 #: PlanInputs field -> the config key it comes from (for messages)
 KEYS = {"tp": "parallel.tp", "pp": "parallel.pp", "vpp": "parallel.vpp", "cp": "parallel.cp", "sequence_parallel": "parallel.sequence_parallel",
         "dist_opt": "optim.use_distributed_optimizer", "dtype": "model.bf16", "micro_batch": "trainer.micro_batch_size",
@@ -80,77 +75,3 @@ def merge_config(path: str | Path, given: dict[str, Any], defaults) -> dict[str,
             raise ValueError(f"plan: --{k.replace('_', '-')}={given[k]} contradicts {KEYS[k]} of {path} "
                              f"({'null' if v is None else v}); drop the flag or change the config")
     return {**given, **from_cfg}
-
-
-def header_plan_line(path: Path) -> str | None:
-    """The ``megatron-rl plan ...`` command in an example config's header comment, if any."""
-    m = re.search(r"^#\s+(megatron-rl plan .*)$", path.read_text(), re.MULTILINE)
-    return m.group(1) if m else None
-
-
-def figures_line(rep) -> str:
-    """The plan figures an example's header states under its plan command (``tests/unit/test_plan_config.py``
-    pins them): GiB per GPU against the budget."""
-    from megatron_rl.cli.plan import GIB
-
-    i = rep.inputs
-    if i.colocated:
-        parts = [f"training {rep.train_total / GIB:.1f}", f"update {rep.update_peak / GIB:.1f}",
-                 f"generation {rep.generation_peak / GIB:.1f}"]
-    else:
-        parts = [f"training {rep.train_total / GIB:.1f}", f"rollout {rep.rollout_total / GIB:.1f}"]
-    return f"plan (GiB per GPU of {i.gpu_mem_gib:g}): " + ", ".join(parts) + f", peak {rep.peak / GIB:.1f}"
-
-
-def header_figures(path: Path) -> str | None:
-    """The ``# plan (GiB per GPU ...): ...`` line of an example's header, if any."""
-    m = re.search(r"^#\s+(plan \(GiB per GPU .*)$", path.read_text(), re.MULTILINE)
-    return m.group(1) if m else None
-
-
-def example_report(path: Path):
-    """The plan of an example config, from its header's ``megatron-rl plan --config`` line."""
-    from megatron_rl.cli import parse_command
-    from megatron_rl.cli.plan import report_for
-
-    line = header_plan_line(path)
-    if line is None:
-        raise ValueError(f"{path.name}: header lacks a 'megatron-rl plan --config ...' line")
-    args = parse_command(shlex.split(line)[1:]).args
-    if args.config and not Path(args.config).is_absolute():
-        args.config = str(REPO / args.config)           # the header's path is relative to the repository
-    return report_for(args)
-
-
-def layout_table() -> str:
-    """The README's layout table (markdown): per 7B–14B example, the plan as configured."""
-    from megatron_rl.cli.plan import GIB, fits
-
-    def g(b: int) -> str:
-        return f"{b / GIB:.1f}"
-
-    head = ("| config | model | layout (GPUs) | micro-batch per DP rank | placement / trainer.offload | train peak "
-            "| rollout peak | colocated peak: max(update, generation) | fits 78 GiB |")
-    lines = [head, "|---|---|---|---|---|---|---|---|---|"]
-    for path in sorted(CONFIGS.glob("*.yaml")):
-        if path.stem.startswith("tiny_cpu_"):
-            continue
-        rep = example_report(path)
-        i = rep.inputs
-        train_gpus, roll_gpus = i.tp * i.pp * i.cp * i.dp, i.rollout_engines * i.rollout_tp
-        cp = f"×CP{i.cp}" if i.cp > 1 else ""
-        if i.colocated:
-            layout = f"TP{i.tp}×PP{i.pp}{cp}×DP{i.dp} ({train_gpus}), {i.rollout_engines} engines × TP{i.rollout_tp} on them"
-            coloc = f"{g(rep.peak)} = max({g(rep.update_peak)}, {g(rep.generation_peak)})"
-        else:
-            layout = (f"TP{i.tp}×PP{i.pp}{cp}×DP{i.dp} ({train_gpus}) + {i.rollout_engines} engines × "
-                      f"TP{i.rollout_tp} ({roll_gpus})")
-            coloc = "— (own GPUs)"
-        where = "colocated" if i.colocated else "separate"
-        lines.append(f"| `{path.stem}` | {rep.arch.name} | {layout} | {i.micro_batch_text()} | {where} / {i.offload} "
-                     f"| {g(rep.train_total)} | {g(rep.rollout_total)} | {coloc} | {'yes' if fits(rep) else 'NO'} |")
-    return "\n".join(lines) + "\n"
-
-
-if __name__ == "__main__":
-    print(layout_table(), end="")

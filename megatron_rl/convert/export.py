@@ -77,7 +77,7 @@ def hf_rows(rule, arch) -> dict[str, list[tuple[str, tuple[int, ...], int, int]]
 def copy_rule(reader, writer, rule, arch, dtype: torch.dtype) -> bool:
     """Write the HF tensors of ``rule`` as byte copies from the checkpoint's files when every piece
     is a plain byte range in ``dtype`` (``DcpReader.row_ranges``); False (nothing written) otherwise."""
-    from megatron_rl.convert.mcore_layout import hf_shapes
+    from megatron_rl.convert.live import hf_shapes
 
     plans = []
     for (name, pieces), shape in zip(hf_rows(rule, arch).items(), hf_shapes(rule, arch)):

@@ -84,7 +84,6 @@ def load_hf_into_model(model_chunks, hf_dir, parallel_info=None) -> int:
     Every parameter of the chunks must be covered and the checkpoint must hold exactly the
     architecture's tensors (else ``KeyError`` / ``ValueError`` naming them). Returns #params set.
     """
-    from megatron_rl.convert.mcore_layout import hf_shapes
     from megatron_rl.models.provider import load_hf_config
 
     arch = model_arch_info(load_hf_config(hf_dir))
@@ -135,6 +134,17 @@ def full_shape(rule: name_maps.Rule, arch: ArchInfo) -> tuple[int, ...]:
     if "q_layernorm" in m or "k_layernorm" in m:
         return (d,)
     return (h,)
+
+
+def hf_shapes(rule: name_maps.Rule, arch: ArchInfo) -> tuple[tuple[int, ...], ...]:
+    """Expected shapes of the HF tensors of ``rule`` (same order as ``rule.hf``)."""
+    full = full_shape(rule, arch)
+    if rule.transform == "qkv":
+        q, kv = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
+        return ((q, *full[1:]), (kv, *full[1:]), (kv, *full[1:]))
+    if rule.transform == "gate_up":
+        return ((full[0] // 2, *full[1:]),) * 2
+    return (full,)
 
 
 def _owner_stage(rule: name_maps.Rule, arch: ArchInfo, pp: int, vpp: int = 1) -> int:

@@ -73,17 +73,6 @@ def stacked_key(local: str) -> str:
     return "decoder.layers." + rest
 
 
-def hf_shapes(rule: name_maps.Rule, arch: ArchInfo) -> tuple[tuple[int, ...], ...]:
-    """Expected shapes of the HF tensors of ``rule`` (same order as ``rule.hf``)."""
-    full = full_shape(rule, arch)
-    if rule.transform == "qkv":
-        q, kv = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
-        return ((q, *full[1:]), (kv, *full[1:]), (kv, *full[1:]))
-    if rule.transform == "gate_up":
-        return ((full[0] // 2, *full[1:]),) * 2
-    return (full,)
-
-
 def _qkv_segments(rule: name_maps.Rule, arch: ArchInfo) -> tuple[Segment, ...]:
     q, k, v = rule.hf
     per, d = arch.num_heads // arch.num_kv_heads * arch.head_dim, arch.head_dim

@@ -85,7 +85,7 @@ def _all(obj, world: int) -> list:
 def check_shapes(index, arch) -> None:
     """Every HF tensor the name map needs has its expected shape (``ValueError`` naming it)."""
     from megatron_rl.convert import name_maps
-    from megatron_rl.convert.mcore_layout import hf_shapes
+    from megatron_rl.convert.live import hf_shapes
 
     for rule in name_maps.expand(arch):
         for name, want in zip(rule.hf, hf_shapes(rule, arch)):

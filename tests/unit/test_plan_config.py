@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from megatron_rl.cli import plan_config as PC
+from tools import example_plans as EP
 from megatron_rl.cli.plan import GIB, fits, format_report
 
 REPO = Path(__file__).resolve().parents[2]
-LARGE = sorted(p for p in PC.CONFIGS.glob("*.yaml") if not p.stem.startswith("tiny_cpu_"))
+LARGE = sorted(p for p in EP.CONFIGS.glob("*.yaml") if not p.stem.startswith("tiny_cpu_"))
 
 
 def _expected_placement(path: Path, cfg) -> str:
@@ -28,10 +28,10 @@ def test_example_fits_as_configured(path):
     fit 78 GiB, or a plan of another placement/offload/layout than the config's, fails here."""
     from megatron_rl.recipes import load
 
-    line = PC.header_plan_line(path)
+    line = EP.header_plan_line(path)
     assert line and f"--config examples/configs/{path.name} " in line, f"{path.name}: plan line must use --config"
     cfg = load(path.stem)
-    rep = PC.example_report(path)
+    rep = EP.example_report(path)
     i = rep.inputs
     assert fits(rep), f"{path.name} does not fit as configured:\n{format_report(rep)}"
     assert ("colocated" if i.colocated else "separate") == _expected_placement(path, cfg)
@@ -55,7 +55,7 @@ def test_example_plan_counts_what_the_config_builds(path):
     from megatron_rl.recipes import load
     from megatron_rl.rollout.placement import engine_memory_utilization
 
-    cfg, rep = load(path.stem), PC.example_report(path)
+    cfg, rep = load(path.stem), EP.example_report(path)
     i = rep.inputs
     assert i.reference == ("ref_logp" in kind_required_inputs(cfg.algo.kind, cfg.algo.hparams))
     assert i.teacher_shadow == (getattr(cfg.algo.hparams, "teacher_mode", "fixed") in ("snapshot", "ema"))
@@ -66,7 +66,7 @@ def test_example_plan_counts_what_the_config_builds(path):
     assert i.fused_swiglu and i.gpu_mem_gib == 78 and i.extra_weight_copies == 0   # copies come from the config
     n = rep.params.max if rep.stage == "only" else (rep.params.first_stage if rep.stage == "first" else rep.params.last_stage)
     assert rep.extra_copies == (i.reference * 2 + i.teacher_shadow * (4 + 2)) * n       # bf16 + fp32 shadow
-    assert PC.header_figures(path) == PC.figures_line(rep), f"{path.name}: header plan figures are stale"
+    assert EP.header_figures(path) == EP.figures_line(rep), f"{path.name}: header plan figures are stale"
 
 
 def test_eight_b_flagships_use_peer_layouts():
@@ -80,10 +80,10 @@ def test_eight_b_flagships_use_peer_layouts():
 
 
 def test_a_separate_8_gpu_example_fits_without_sleep():
-    seps = [p for p in LARGE if not PC.example_report(p).inputs.colocated]
+    seps = [p for p in LARGE if not EP.example_report(p).inputs.colocated]
     assert seps, "no separate-placement example"
     for p in seps:
-        rep = PC.example_report(p)
+        rep = EP.example_report(p)
         i = rep.inputs
         assert i.tp * i.pp * i.dp + i.rollout_engines * i.rollout_tp == 8, p.name
         assert i.offload == "none" and rep.peak == max(rep.train_total, rep.rollout_total) <= 80 * GIB
@@ -93,14 +93,14 @@ def test_readme_layout_table_is_the_generated_one():
     m = re.search(r"<!-- layout-table:start -->\n(.*?)<!-- layout-table:end -->", (REPO / "README.md").read_text(),
                   re.DOTALL)
     assert m, "README lacks the layout table markers"
-    assert m.group(1) == PC.layout_table(), "README layout table is stale: paste `python -m megatron_rl.cli.plan_config`"
+    assert m.group(1) == EP.layout_table(), "README layout table is stale: paste `python tools/example_plans.py`"
     assert "| NO |" not in m.group(1)
 
 
 def test_flag_contradicting_the_config_is_one_line(capsys):
     from megatron_rl import cli
 
-    cfg = str(PC.CONFIGS / "qwen3_8b_grpo.yaml")
+    cfg = str(EP.CONFIGS / "qwen3_8b_grpo.yaml")
     rc = cli.main(["plan", "--config", cfg, "--model", "qwen3-8b", "--dp", "1", "--tp", "2"])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1, err
@@ -120,7 +120,7 @@ def test_plan_config_of_a_packed_and_a_padded_config(capsys):
 
     for name, dp, want in (("qwen3_8b_grpo", "1", "micro-batch 40960 tokens (packed), seq 18432, bf16"),
                            ("qwen3_8b_grpo_separate", "1", "micro-batch 1 x 18432 (padded), bf16")):
-        rc = cli.main(["plan", "--config", str(PC.CONFIGS / f"{name}.yaml"), "--model", "qwen3-8b", "--dp", dp,
+        rc = cli.main(["plan", "--config", str(EP.CONFIGS / f"{name}.yaml"), "--model", "qwen3-8b", "--dp", dp,
                        "--rollout-seqs", "16"])
         out = capsys.readouterr().out
         assert rc == 0 and want in out, out
@@ -135,7 +135,7 @@ def test_plan_config_of_a_packed_and_a_padded_config(capsys):
 def test_micro_batch_flags_contradicting_a_budget_config(flags, want, capsys):
     from megatron_rl import cli
 
-    cfg = str(PC.CONFIGS / "qwen3_8b_grpo.yaml")
+    cfg = str(EP.CONFIGS / "qwen3_8b_grpo.yaml")
     rc = cli.main(["plan", "--config", cfg, "--model", "qwen3-8b", "--dp", "1", *flags])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and want.format(cfg=cfg) in err, err
@@ -145,7 +145,7 @@ def test_config_budget_below_max_model_len_is_one_line(tmp_path, capsys):
     """plan --config refuses a budget a single sequence does not fit, as config validation does."""
     from megatron_rl import cli
 
-    text = (PC.CONFIGS / "qwen3_8b_grpo.yaml").read_text()
+    text = (EP.CONFIGS / "qwen3_8b_grpo.yaml").read_text()
     assert "  max_tokens_per_micro_batch: 40960" in text
     bad = tmp_path / "small_budget.yaml"
     bad.write_text(text.replace("  max_tokens_per_micro_batch: 40960", "  max_tokens_per_micro_batch: 20000"))
