@@ -17,7 +17,8 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from megatron_rl.config_parse import Override, build, read_yaml, set_dotted, typed
+from megatron_rl.config_parse import LOGPROB_MODES, Override, build, check_truncation, read_yaml, set_dotted, typed
+from megatron_rl.plugins import import_plugins, plugin_names
 from megatron_rl.runtime.path_kind import check_model_path
 
 _UNSET = object()
@@ -214,8 +215,6 @@ class RolloutConfig:
             f"rollout.verify_sync must be first|every:N (N >= 1)|never, got {self.verify_sync!r}")
         _check(self.n >= 1 and self.num_engines >= 1, "rollout.n and rollout.num_engines must be >= 1")
         _check(self.temperature > 0, f"rollout.temperature must be > 0, got {self.temperature}")
-        from megatron_rl.rollout.sampling import LOGPROB_MODES, check_truncation
-
         check_truncation(self.top_p, self.top_k, self.min_p, "rollout.")
         _check(self.logprobs in LOGPROB_MODES, f"rollout.logprobs must be processed|full, got {self.logprobs!r}")
         _check(not (self.engine == "vllm" and self.logprobs == "full" and self.temperature != 1.0),
@@ -323,13 +322,13 @@ class AlgoConfig:
     mode's typed dataclass with its defaults when unset; refused with decoupled / tis / none."""
 
     def __post_init__(self):
-        from megatron_rl.algorithms import ALGO_KINDS
-        from megatron_rl.algorithms.offpolicy import check_mode
+        from megatron_rl.algorithms import ALGO_KINDS  # lazy: defers torch to the call
+        from megatron_rl.algorithms.offpolicy import check_mode  # lazy: defers torch to the call
 
         if self.kind not in ALGO_KINDS:
             raise ValueError(f"unknown algo.kind {self.kind!r}; valid: {sorted(ALGO_KINDS)}")
         check_mode(self.off_policy, self.tis_cap)
-        from megatron_rl.algorithms.correction import CORRECTION_MODES
+        from megatron_rl.algorithms.correction import CORRECTION_MODES  # lazy: defers torch to the call
 
         mode = CORRECTION_MODES.get(self.off_policy)
         if mode is None and self.correction is not None:
@@ -418,8 +417,6 @@ class TrainerConfig:
         _check(self.eval_max_tokens >= 0, f"trainer.eval_max_tokens must be >= 0, got {self.eval_max_tokens}")
         _check(self.offload in ("none", "optimizer", "all"),
                f"trainer.offload must be one of none|optimizer|all, got {self.offload!r}")
-        from megatron_rl.rollout.sampling import check_truncation
-
         check_truncation(self.eval_top_p, self.eval_top_k, self.eval_min_p, "trainer.eval_")
 
     @property
@@ -506,7 +503,7 @@ def _check(cond: bool, msg: str) -> None:
 
 
 def _build_algo(sec: dict) -> AlgoConfig:
-    from megatron_rl.algorithms import ALGO_KINDS
+    from megatron_rl.algorithms import ALGO_KINDS  # lazy: defers torch to the call
 
     kind = sec.get("kind", "grpo")
     if not isinstance(kind, str):
@@ -521,7 +518,7 @@ def _build_algo(sec: dict) -> AlgoConfig:
     hints = typing.get_type_hints(AlgoConfig)
     top = {k: typed(f"algo.{k}", sec[k], hints[k]) for k in _ALGO_TOP if k not in ("kind", "correction") and k in sec}
     if sec.get("correction") is not None:
-        from megatron_rl.algorithms.correction import CORRECTION_MODES
+        from megatron_rl.algorithms.correction import CORRECTION_MODES  # lazy: defers torch to the call
 
         mode = CORRECTION_MODES.get(top.get("off_policy", _ALGO_DEFAULTS["off_policy"]))
         if mode is None:
@@ -547,7 +544,6 @@ def from_dict(tree: dict) -> Config:
     unknown = sorted(set(tree) - set(sections) - {"plugins"})
     if unknown:
         raise ValueError(f"config: unknown section(s) {unknown}; valid: {sorted(sections)} + plugins")
-    from megatron_rl.plugins import import_plugins, plugin_names
 
     raw = tree.get("plugins")
     kw = {"plugins": plugin_names(typed("plugins", raw, Any) if isinstance(raw, Override) else raw)}
@@ -610,16 +606,5 @@ def validate(cfg: Config, world_size: int | None = None) -> None:
         raise ValueError(f"trainer.max_tokens_per_micro_batch={budget} is below rollout.max_model_len={longest} (rounded up "
                          f"to {-(-longest // q) * q}, a multiple of 8 x parallel.tp), the longest sequence a pass can hold "
                          "(teacher and conditioned prompts included); raise the budget")
-    if cfg.model.hf_path:
+    if cfg.model.hf_path:     # the layout against the model's config.json: preflight.check_config (models/)
         check_model_path(cfg.model.hf_path)
-        from megatron_rl.models.provider import model_arch_info, validate_layout
-
-        validate_layout(cfg.model.hf_path, cfg.parallel.tp, cfg.parallel.pp)
-        layers = model_arch_info(cfg.model.hf_path).num_layers
-        if layers % (cfg.parallel.pp * cfg.parallel.vpp):
-            raise ValueError(f"num_hidden_layers={layers} is not divisible by parallel.pp x parallel.vpp = "
-                             f"{cfg.parallel.pp} x {cfg.parallel.vpp} (each virtual stage holds the same number of layers)")
-        per_stage = layers // cfg.parallel.pp
-        if cfg.model.recompute == "full" and cfg.model.recompute_num_layers > per_stage:
-            raise ValueError(f"model.recompute_num_layers={cfg.model.recompute_num_layers} exceeds the {per_stage} layers of a "
-                             f"pipeline stage (num_hidden_layers / parallel.pp)")

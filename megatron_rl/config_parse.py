@@ -9,10 +9,11 @@ import typing
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 
 class Override(str):
     """A command-line override's raw text (``a.b=TEXT``): parsed as a YAML scalar for its field."""
-
 
 def field_type(typ) -> tuple[Any, bool]:
     """(base type, accepts None) of a field annotation such as ``int``, ``str | None``."""
@@ -30,8 +31,6 @@ def typed(key: str, value: Any, typ) -> Any:
     true/false, a float field numbers (not booleans), a str field text (numbers are kept as their
     text); ``null`` only where the field is optional. Overrides are parsed as YAML scalars first.
     """
-    import yaml
-
     base, optional = field_type(typ)
     if isinstance(value, Override):
         try:
@@ -95,8 +94,6 @@ def set_dotted(tree: dict, key: str, value: str) -> None:
 
 
 def _unique_key_loader():
-    import yaml
-
     class UniqueKeyLoader(yaml.SafeLoader):
         """``yaml.SafeLoader`` that refuses a mapping key given twice (PyYAML keeps the last one
         silently: a section written twice lost every key of the first)."""
@@ -117,8 +114,6 @@ def _unique_key_loader():
 
 def read_yaml(p: Path) -> dict:
     """The YAML mapping of a config file; a syntax error is one line naming ``file:line:column``."""
-    import yaml
-
     try:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
@@ -141,3 +136,18 @@ def read_yaml(p: Path) -> dict:
         raise ValueError(f"{p}: a config file is a mapping of sections (model:, trainer:, ...), got a "  # noqa: TRY004
                          f"{type(tree).__name__}")
     return tree
+
+
+#: which log-prob the engines report for a sampled token (``rollout.logprobs``; ``rollout/sampling.py``)
+LOGPROB_MODES = ("processed", "full")
+
+
+def check_truncation(top_p: float, top_k: int, min_p: float, where: str = "") -> None:
+    """Raise ``ValueError`` for out-of-range settings (vLLM's own limits: 0 < top_p <= 1,
+    top_k = -1/0 (off) or >= 1, 0 <= min_p <= 1); the config's and the engines' check."""
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"{where}top_p must be in (0, 1], got {top_p}")
+    if top_k < -1:
+        raise ValueError(f"{where}top_k must be -1 (off) or >= 1, got {top_k}")
+    if not 0.0 <= min_p <= 1.0:
+        raise ValueError(f"{where}min_p must be in [0, 1], got {min_p}")

@@ -20,6 +20,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from megatron_rl.trainer.loop.preflight import load_checked
+
 CONFIGS = Path(__file__).resolve().parents[1] / "examples" / "configs"
 
 
@@ -131,8 +133,6 @@ def value(cfg, key: str) -> Any:
 def load(name: str):
     """The example config ``name`` (``examples/configs/<name>.yaml``), validated except against its
     model (``model.hf_path`` unset: the 7B–14B weights are not here)."""
-    from megatron_rl.trainer.loop.preflight import load_checked
-
     return load_checked(CONFIGS / f"{name}.yaml", ["model.hf_path="])
 
 

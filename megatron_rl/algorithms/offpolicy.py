@@ -44,6 +44,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from .correction import CORRECTION_MODES
 from .losses import tis_weights
 
 OFF_POLICY_MODES = ("decoupled", "tis", "none")
@@ -60,8 +61,6 @@ class ISWeights(NamedTuple):
 def check_mode(mode: str, cap: float) -> None:
     """Raise ``ValueError`` for an unknown mode (the three here or a registered rollout-correction
     mode, ``correction.py``) or a cap ≤ 1 (a cap below 1 would down-weight on-policy tokens)."""
-    from .correction import CORRECTION_MODES
-
     if mode not in OFF_POLICY_MODES and mode not in CORRECTION_MODES:
         raise ValueError(f"algo.off_policy must be one of {[*OFF_POLICY_MODES, *CORRECTION_MODES]}, got {mode!r}")
     if not (isinstance(cap, (int, float)) and math.isfinite(cap) and cap >= 1.0):

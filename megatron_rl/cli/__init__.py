@@ -23,13 +23,24 @@ import importlib
 import re
 import signal
 import sys
+import threading
 import traceback
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+import yaml
+
 from megatron_rl import __version__
+from megatron_rl.cli import plan
+from megatron_rl.cli.config_doc import print_config
+from megatron_rl.config import load_config
+from megatron_rl.runtime.console import fresh_line, resume_command
 from megatron_rl.runtime.diskspace import DiskSpaceError, NotWritableError
+from megatron_rl.runtime.usage import OneLineParser, error_status, reset_phase
+from megatron_rl.trainer.loop.preflight import load_checked, preflight
+from megatron_rl.trainer.loop.stop import end_children, exit_code
 
 #: pass-through subcommands -> candidate ``module:function`` owners of ``main(argv)``, in order.
 PASSTHROUGH: dict[str, tuple[str, ...]] = {
@@ -57,7 +68,6 @@ OVERRIDE_RE = re.compile(r"^[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*)*=.*$", re.DOTALL)
 class CliError(Exception):
     """A user-facing error: printed as ``megatron-rl <cmd>: error: <message>``."""
 
-
 class ParsedCommand(NamedTuple):
     """Result of :func:`parse_command`: the command, its argparse namespace, pass-through argv."""
 
@@ -80,9 +90,6 @@ def resume_value(text: str) -> str | None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The full ``megatron-rl`` parser (pass-through subcommands take no options here)."""
-    from megatron_rl.cli import plan
-    from megatron_rl.runtime.usage import OneLineParser
-
     p = OneLineParser(prog="megatron-rl", description="RL post-training on Megatron-core with vLLM rollouts.",
                       epilog="Run 'megatron-rl <command> --help' for the options of a command.")
     p.add_argument("--version", action="version", version=f"megatron-rl {__version__}")
@@ -151,8 +158,6 @@ def _once(argv: Sequence[str], options: tuple[str, ...]) -> None:
 
 def _train_usage_error(message: str):
     """A ``train`` usage error: one line, exit status 2 (``usage.OneLineParser``)."""
-    from megatron_rl.runtime.usage import OneLineParser
-
     OneLineParser(prog="megatron-rl train").error(message)
 
 
@@ -192,7 +197,6 @@ def run_train(args: argparse.Namespace) -> int:
         if args.overrides:
             raise CliError("--print-config prints the defaults; overrides go with --config X (--print-config --config X a.b=c "
                            "prints that config's values)")
-        from megatron_rl.cli.config_doc import print_config
 
         print_config(args.algo)
         return 0
@@ -202,26 +206,19 @@ def run_train(args: argparse.Namespace) -> int:
         raise CliError(f"config file not found: {args.config}")
     check_overrides(args.overrides)
     if args.print_config:   # --config X: X's values (and the overrides'), each with its description
-        from megatron_rl.config import load_config
-        from megatron_rl.cli.config_doc import print_config
 
         print_config(args.algo, load_config(args.config, list(args.overrides)))
         return 0
-    from megatron_rl.trainer.loop.preflight import load_checked
 
     cfg = load_checked(args.config, list(args.overrides))   # fields, then the cross-component rules
     if args.check:
-        from megatron_rl.trainer.loop.preflight import preflight
-
         preflight(cfg, args.resume, args.overwrite, args.allow_config_change)   # train's start-up checks, nothing started
         print(f"config OK: {args.config}" + (f" with {len(args.overrides)} override(s)" if args.overrides else ""))
-        import yaml
 
         tree = cfg.to_dict() if callable(getattr(cfg, "to_dict", None)) else cfg
         print(yaml.safe_dump(tree, sort_keys=False, default_flow_style=False) if isinstance(tree, dict) else tree)
         return 0
-    from megatron_rl.runtime.console import resume_command
-    from megatron_rl.trainer.loop import rl_loop as loop
+    from megatron_rl.trainer.loop import rl_loop as loop  # lazy: defers torch to the call
 
     return _exit_code(loop.main(cfg, resume=args.resume, overwrite=args.overwrite,
                                 resume_cmd=resume_command(args.config, args.overrides),
@@ -237,8 +234,6 @@ def dispatch(cmd: ParsedCommand) -> int:
     if cmd.command == "train":
         return run_train(cmd.args)
     if cmd.command == "plan":
-        from megatron_rl.cli import plan
-
         return plan.exit_status(plan.run(cmd.args))
     rest = list(cmd.rest)
     if cmd.args.debug and cmd.command in VERBOSE_OWNERS and "--verbose" not in rest:
@@ -260,8 +255,6 @@ class Signalled(BaseException):
 def _signals_end_in_one_line():
     """While a command runs: SIGINT and SIGTERM raise :class:`Signalled` (Ctrl-C was a
     ``KeyboardInterrupt`` traceback, SIGTERM a silent death); the previous handlers come back after."""
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -281,12 +274,9 @@ def _signals_end_in_one_line():
 def main(argv: Sequence[str] | None = None) -> int:
     """Console-script entry point. Exit status (README "Exit codes"): 0 ok; 2 usage or configuration
     error, refused before the run starts; 1 runtime error after start-up (``usage.begin_run`` marks it)."""
-    from megatron_rl.runtime.usage import error_status, reset_phase
-
     reset_phase()
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--debug" not in argv:   # megatron-core's "TE/Apex not installed, falling back" on every CPU import
-        import warnings
 
         warnings.filterwarnings("ignore", message=r".*(Transformer Engine|Apex).* not installed.*", category=UserWarning)
     cmd = parse_command(argv)
@@ -297,8 +287,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         with _signals_end_in_one_line():
             return dispatch(cmd)
     except Signalled as e:   # a signal outside a training run: one line, 128 + signum, our children ended
-        from megatron_rl.runtime.console import fresh_line
-        from megatron_rl.trainer.loop.stop import end_children, exit_code
 
         end_children()
         print(f"{fresh_line()}megatron-rl {cmd.command}: stopped by {signal.Signals(e.signum).name}; nothing "
@@ -310,7 +298,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         hint = "" if cmd.args.debug else " (run 'megatron-rl --debug ...' for the traceback)"
         kind = "" if isinstance(e, CliError) else f"{type(e).__name__}: "
-        from megatron_rl.runtime.console import fresh_line
 
         print(f"{fresh_line()}megatron-rl {cmd.command}: error: {kind}{msg}{hint}", file=sys.stderr)
         return error_status()

@@ -17,6 +17,8 @@ import sys
 import textwrap
 import typing
 
+from megatron_rl.config import AlgoConfig, Config
+
 
 @functools.cache
 def _own_docs(cls) -> dict[str, str]:
@@ -86,8 +88,7 @@ def render(kind: str | None = None, cfg=None) -> str:
     """The annotated YAML of every key's default; ``kind``: the method whose ``algo.<kind>`` is shown.
     ``cfg`` (a loaded ``Config``: ``--print-config --config X [a.b=c ...]``): its values instead of
     the defaults, same descriptions, its ``algo.kind``."""
-    from megatron_rl.algorithms import ALGO_KINDS
-    from megatron_rl.config import AlgoConfig, Config
+    from megatron_rl.algorithms import ALGO_KINDS  # lazy: defers torch to the call
 
     if cfg is not None:
         if kind and kind != cfg.algo.kind:

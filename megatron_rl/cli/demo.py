@@ -11,10 +11,22 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
+import random
+import re
 import sys
 import time
 from pathlib import Path
+
+from megatron_rl.data.synthetic import split_items, task_texts, write_task
+from megatron_rl.data.tokenizer import SentencePieceTokenizer
+from megatron_rl.runtime.console import format_summary, quiet_console
+from megatron_rl.runtime.launch_env import check_ray_address
+from megatron_rl.runtime.usage import OneLineParser, begin_run
+from megatron_rl.trainer.loop.preflight import load_checked
+from megatron_rl.trainer.loop.setup import build_client
+from megatron_rl.trainer.state.run_dir import RUN_ARTIFACTS
 
 #: the demo's own tuning of a method to this task, measured (the rest follows from the method's
 #: registration: its hparams' fields and its data path's ``prompt_context``, see demo_config)
@@ -36,11 +48,9 @@ DEMO_TUNING = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from megatron_rl.runtime.usage import OneLineParser
-
     p = OneLineParser(prog="megatron-rl demo", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    from megatron_rl.algorithms import ALGO_KINDS
+    from megatron_rl.algorithms import ALGO_KINDS  # lazy: defers torch to the call
 
     p.add_argument("--algo", default=os.environ.get("ALGO", "bicc_rcc"), choices=tuple(ALGO_KINDS),
                    help="RL method (any registered algo.kind)")
@@ -59,8 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def make_tiny_policy(out_dir: Path, tok, seed: int) -> Path:
     """A 2-layer Qwen3-style model from a config, saved as an HF dir with the tokenizer."""
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    import torch  # lazy: defers torch to the call
+    from transformers import Qwen3Config, Qwen3ForCausalLM  # lazy: defers transformers to the call
 
     cfg = Qwen3Config(vocab_size=tok.vocab_size, hidden_size=128, intermediate_size=512, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=128,
@@ -74,9 +84,6 @@ def make_tiny_policy(out_dir: Path, tok, seed: int) -> Path:
 
 def prepare(run_dir: Path, seed: int):
     """Steps 1-3 (before any megatron patch is applied in this process)."""
-    from megatron_rl.data.synthetic import task_texts, write_task
-    from megatron_rl.data.tokenizer import SentencePieceTokenizer
-
     paths = write_task("reverse", run_dir / "data", seed=seed, sizes={"train": 9000, "val": 200, "test": 500})
     tok = SentencePieceTokenizer.train(task_texts("reverse"), run_dir / "tokenizer")
     hf = make_tiny_policy(run_dir / "init_hf", tok, seed)
@@ -92,10 +99,6 @@ DEMO_INPUTS = ("data", "tokenizer", "init_hf", "sft_hf")
 def check_demo_dir(run_dir: Path) -> None:
     """The demo rewrites its run dir (data, tokenizer, policies; the earlier RL run is archived), so it
     refuses one holding anything a demo did not write: new, empty or an earlier demo run only."""
-    import re
-
-    from megatron_rl.trainer.state.run_dir import RUN_ARTIFACTS
-
     if not run_dir.is_dir():
         if run_dir.exists():
             raise FileExistsError(f"demo --run-dir {run_dir} is an existing file, not a directory; choose another --run-dir")
@@ -110,10 +113,7 @@ def check_demo_dir(run_dir: Path) -> None:
 
 
 def demo_config(args, run_dir: Path, paths: dict, hf_dir: Path):
-    import dataclasses
-
-    from megatron_rl.algorithms import algo_kind
-    from megatron_rl.trainer.loop.preflight import load_checked
+    from megatron_rl.algorithms import algo_kind  # lazy: defers torch to the call
 
     ov = [f"model.hf_path={hf_dir}", f"data.train={paths['train']}", f"data.val={paths['test']}",
           "data.prompts_per_step=32", "data.max_prompt_len=16", f"data.seed={args.seed}",
@@ -150,13 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = Path(args.run_dir or f"runs/demo_{args.algo}").resolve()
     check_demo_dir(run_dir)   # nothing of the user's is overwritten (before anything is set up)
     demo_config(args, run_dir, {"train": "", "val": "", "test": ""}, "")   # --steps, --lr, -o ...: before any file
-    from megatron_rl.runtime.console import quiet_console
-    from megatron_rl.runtime.usage import begin_run
 
     quiet_console()   # console: [demo] lines, warnings, progress bar; INFO + library warnings -> run_dir/train.log
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("WANDB_MODE", "offline")
-    from megatron_rl.runtime.launch_env import check_ray_address
 
     check_ray_address(None)   # a RAY_ADDRESS nobody serves: one line now, not Ray's endless retries later
     t0 = time.time()
@@ -168,16 +165,14 @@ def main(argv: list[str] | None = None) -> int:
         cfg = demo_config(args, run_dir, paths, init_hf)
         begin_run()   # arguments and config accepted: from here an error is a runtime error (exit 1)
         sft_hf = warm_start_phase(cfg, run_dir, tok, args)
-    import dataclasses
 
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, hf_path=str(sft_hf)))
-    from megatron_rl.trainer.loop.rl_loop import run
+    from megatron_rl.trainer.loop.rl_loop import run  # lazy: defers torch to the call
 
     print(f"[demo] RL: algo={args.algo}, {args.steps} steps x {cfg.data.prompts_per_step} prompts x G={cfg.rollout.n}")
     summary = run(cfg, client=_CLIENT[0], overwrite=True,   # re-running the demo starts over (old run archived)
                   keep=[run_dir / e for e in DEMO_INPUTS])
     _CLIENT[0].shutdown()
-    from megatron_rl.runtime.console import format_summary
 
     # the same summary as `megatron-rl train` (held-out accuracy is greedy here: trainer.eval_n = 1)
     print(format_summary(summary, title=f"done in {time.time() - t0:.0f} s", prefix="[demo] "), flush=True)
@@ -189,8 +184,7 @@ _CLIENT: list = [None]
 
 def reuse_warm_start(args, run_dir: Path):
     """``--init-from``: the earlier run's parquet files and ``sft_hf`` (which holds the tokenizer)."""
-    from megatron_rl.runtime.parallel import init_parallel
-    from megatron_rl.trainer.loop.setup import build_client
+    from megatron_rl.runtime.parallel import init_parallel  # lazy: defers torch to the call
 
     src = Path(args.init_from).resolve()
     paths = {s: src / "data" / f"{s}.parquet" for s in ("train", "val", "test")}
@@ -200,7 +194,6 @@ def reuse_warm_start(args, run_dir: Path):
                                 "run the demo there first or drop --init-from")
     sft_hf = src / "sft_hf"
     cfg = demo_config(args, run_dir, paths, sft_hf)
-    from megatron_rl.runtime.usage import begin_run
 
     begin_run()
     init_parallel(1, 1, seed=args.seed)
@@ -211,14 +204,12 @@ def reuse_warm_start(args, run_dir: Path):
 
 def warm_start_phase(cfg, run_dir: Path, tok, args) -> Path:
     """Supervised warm start on the Megatron actor; greedy eval through the (real) engines."""
-    from megatron_rl.data.synthetic import split_items
-    from megatron_rl.models.provider import load_hf_config
-    from megatron_rl.runtime.parallel import init_parallel
-    from megatron_rl.trainer.policy.actor import PolicyActor
-    from megatron_rl.trainer.policy.optim import OptimSpec
-    from megatron_rl.trainer.paths import path_class
-    from megatron_rl.trainer.loop.setup import build_client
-    from megatron_rl.trainer.policy.warmstart import warm_start
+    from megatron_rl.models.provider import load_hf_config  # lazy: defers torch to the call
+    from megatron_rl.runtime.parallel import init_parallel  # lazy: defers torch to the call
+    from megatron_rl.trainer.paths import path_class  # lazy: defers torch to the call
+    from megatron_rl.trainer.policy.actor import PolicyActor  # lazy: defers torch to the call
+    from megatron_rl.trainer.policy.optim import OptimSpec  # lazy: defers torch to the call
+    from megatron_rl.trainer.policy.warmstart import warm_start  # lazy: defers torch to the call
 
     info = init_parallel(1, 1, seed=args.seed)
     client = _CLIENT[0] = build_client(cfg)
@@ -233,7 +224,6 @@ def warm_start_phase(cfg, run_dir: Path, tok, args) -> Path:
         # BiCC scores responses with other answers of the group in the prompt. A real LLM has seen
         # such contexts in pre-training; the tiny policy has not, so half of its warm-start examples
         # carry 1-2 unrelated answers right after BOS (the serialisation BiCC uses in this task).
-        import random
 
         rng, answers, sep = random.Random(args.seed), [enc(a) for _, a in items["train"]], enc(" ")
         for i in range(0, len(pairs), 2):
@@ -248,7 +238,7 @@ def warm_start_phase(cfg, run_dir: Path, tok, args) -> Path:
     val = [([tok.bos_id] + enc(p), a) for p, a in items["val"]]
 
     def evaluate() -> float:
-        from megatron_rl.rollout.engine import SamplingParams
+        from megatron_rl.rollout.engine import SamplingParams  # lazy: defers torch to the call
 
         client.update_weights(actor.hf_weights())
         comps = client.generate([p for p, _ in val], SamplingParams(greedy=True, max_tokens=6, stop_token_ids=(tok.eos_id,)))
@@ -268,8 +258,6 @@ def _hint_warm_pairs(pairs: list, answers: list, tok, seed: int) -> list:
     answer and a space right after BOS. A real LLM reads a reference solution from pre-training; the
     tiny policy has never seen one, so every other warm-start example carries a hint that is the
     right answer (1/2) or another item's answer (1/2); the target is always the right answer."""
-    import random
-
     rng, sep = random.Random(seed + 11), tok.encode(" ")
     out = list(pairs)
     for i in range(0, len(out), 2):
@@ -284,9 +272,7 @@ def _score_warm_pairs(pairs: list, tok, seed: int) -> list:
     rewrite" instruction from pre-training, the tiny policy has never seen one, so every other
     warm-start example becomes a second turn whose first answer is right (1/2) or has 1-2 digits
     changed (1/2); the target is always the right answer."""
-    import random
-
-    from megatron_rl.trainer.paths.two_attempts import DEMO_INSTRUCTION
+    from megatron_rl.trainer.paths.two_attempts import DEMO_INSTRUCTION  # lazy: defers torch to the call
 
     rng, instr, digits = random.Random(seed + 7), tok.encode(DEMO_INSTRUCTION), [tok.encode(str(d))[0] for d in range(10)]
     out = list(pairs)

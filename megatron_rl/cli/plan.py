@@ -92,10 +92,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
+
+from megatron_rl.cli.plan_config import merge_config
+from megatron_rl.config import load_config
+from megatron_rl.runtime.usage import EXIT_USAGE
 
 GIB = 1024 ** 3
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
@@ -576,7 +581,6 @@ def run(args: argparse.Namespace) -> PlanReport | None:
             print(f"{name:<14}{ArchSpec.from_hf(PRESETS[name], name).total_params() / 1e9:7.3f} B")
         return None
     if not args.model and getattr(args, "config", None):   # the run config names its model: model.hf_path
-        from megatron_rl.config import load_config
 
         if not Path(args.config).is_file():
             raise FileNotFoundError(f"plan: --config {args.config}: no such file")
@@ -599,8 +603,6 @@ def report_for(args: argparse.Namespace) -> PlanReport:
     fields = set(PlanInputs.__dataclass_fields__)
     given = {k: v for k, v in vars(args).items() if k in fields}
     if getattr(args, "config", None):
-        from megatron_rl.cli.plan_config import merge_config
-
         given = merge_config(args.config, given, PlanInputs())
     return estimate(load_arch(args.model), PlanInputs(**given))
 
@@ -622,11 +624,9 @@ def exit_status(rep: PlanReport | None) -> int:
     line on stderr (scripts can gate a job on it)."""
     if fits(rep):
         return 0
-    import sys
 
     print(f"megatron-rl plan: error: the layout does not fit: peak {rep.peak / GIB:.2f} GiB per GPU > "
           f"--gpu-mem-gib {rep.inputs.gpu_mem_gib:g}", file=sys.stderr)
-    from megatron_rl.runtime.usage import EXIT_USAGE
 
     return EXIT_USAGE
 

@@ -32,6 +32,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from megatron_rl.trainer.loop.preflight import load_checked
+
 #: PlanInputs field -> the config key it comes from (for messages)
 KEYS = {"tp": "parallel.tp", "pp": "parallel.pp", "vpp": "parallel.vpp", "cp": "parallel.cp", "sequence_parallel": "parallel.sequence_parallel",
         "dist_opt": "optim.use_distributed_optimizer", "dtype": "model.bf16", "micro_batch": "trainer.micro_batch_size",
@@ -46,10 +48,8 @@ KEYS = {"tp": "parallel.tp", "pp": "parallel.pp", "vpp": "parallel.vpp", "cp": "
 
 def config_inputs(path: str | Path) -> dict[str, Any]:
     """The PlanInputs fields that the run config at ``path`` decides (module docstring)."""
-    from megatron_rl.trainer.loop.preflight import load_checked
-
-    from megatron_rl.algorithms import kind_required_inputs
-    from megatron_rl.rollout.placement import engine_memory_utilization
+    from megatron_rl.algorithms import kind_required_inputs  # lazy: defers torch to the call
+    from megatron_rl.rollout.placement import engine_memory_utilization  # lazy: defers torch to the call
 
     cfg = load_checked(path, ["model.hf_path="])           # the weights need not be here
     budget, m, r = cfg.trainer.max_tokens_per_micro_batch, cfg.model, cfg.rollout

@@ -24,12 +24,12 @@ __all__ = ["export_hf", "hf_tensor_meta", "iter_hf_tensors", "stream_hf_tensors"
 
 
 def hf_to_mcore(*args, **kwargs):
-    from megatron_rl.convert.checkpoints import hf_to_mcore as f
+    from megatron_rl.convert.checkpoints import hf_to_mcore as f  # lazy: defers torch.distributed.checkpoint (and sympy) to the call
 
     return f(*args, **kwargs)
 
 
 def mcore_to_hf(*args, **kwargs):
-    from megatron_rl.convert.checkpoints import mcore_to_hf as f
+    from megatron_rl.convert.checkpoints import mcore_to_hf as f  # lazy: defers torch.distributed.checkpoint (and sympy) to the call
 
     return f(*args, **kwargs)

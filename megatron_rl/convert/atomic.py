@@ -24,6 +24,8 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+from megatron_rl.runtime.diskspace import DiskSpaceError, free_bytes, is_disk_full
+
 MARKERS = ("config.json", "metadata.json", "model.safetensors", "model.safetensors.index.json", "COMPLETE")
 #: written into every HF export of this package: what makes an HF dir "ours" (replaceable with --force)
 EXPORT_MARKER = "megatron_rl_export.json"
@@ -125,8 +127,6 @@ def atomic_dir(target: str | os.PathLike, force: bool = False, enabled: bool = T
 def raise_if_disk_full(err: BaseException, tmp: Path, target: Path) -> None:
     """A write into ``tmp`` that failed because the disk is full: remove ``tmp`` and raise one
     ``DiskSpaceError`` line naming ``target`` (``diskspace.py``); any other error: return."""
-    from megatron_rl.runtime.diskspace import DiskSpaceError, free_bytes, is_disk_full
-
     if isinstance(err, DiskSpaceError) or not is_disk_full(err, tmp.parent):
         return
     shutil.rmtree(tmp, ignore_errors=True)

@@ -18,16 +18,31 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 from pathlib import Path
 
 import torch.distributed as dist
+
+from megatron_rl.convert.atomic import check_out_dir, make_temp_dir, replace_dir
+from megatron_rl.convert.export import mcore_to_hf_streaming
+from megatron_rl.convert.hf_io import copy_tokenizer_files
+from megatron_rl.convert.live import load_hf_into_model
+from megatron_rl.convert.safetensors_index import SafetensorsIndex
+from megatron_rl.convert.stream import hf_to_mcore_streaming, source_dtype
+from megatron_rl.models.provider import (
+    build_gpt_model,
+    load_hf_config,
+    model_arch_info,
+    transformer_config_from_hf,
+    validate_layout,
+)
+from megatron_rl.runtime.diskspace import check_free_on_rank0
+from megatron_rl.runtime.parallel import init_parallel
 
 log = logging.getLogger("megatron_rl.convert")
 
 
 def _init(tp: int, pp: int):
-    from megatron_rl.runtime.parallel import init_parallel
-
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1 and (tp, pp) != (1, 1):
         log.info("single process: writing at TP=1/PP=1 (dist_checkpointing reshards to tp=%d pp=%d on load)", tp, pp)
@@ -43,8 +58,6 @@ def _is_writer() -> bool:
 
 def _shared_tmp(out: Path, force: bool) -> Path:
     """Rank 0 checks ``out`` (``atomic.check_out_dir``) and creates the temp dir; every rank gets its path."""
-    from megatron_rl.convert.atomic import check_out_dir, make_temp_dir
-
     payload = [None]
     if _is_writer():
         try:
@@ -68,8 +81,6 @@ def hf_to_mcore(hf_dir: str | os.PathLike, out_dir: str | os.PathLike, tp: int =
     ``dist_checkpointing.save`` it (the reference the streaming path is tested against).
     """
     if engine == "stream":
-        from megatron_rl.convert.stream import hf_to_mcore_streaming
-
         return hf_to_mcore_streaming(hf_dir, out_dir, tp=tp, pp=pp, force=force)
     if engine != "model":
         raise ValueError(f"unknown conversion engine {engine!r}; supported: stream, model")
@@ -77,28 +88,12 @@ def hf_to_mcore(hf_dir: str | os.PathLike, out_dir: str | os.PathLike, tp: int =
 
 
 def _hf_to_mcore_via_model(hf_dir, out_dir, tp: int, pp: int, force: bool) -> Path:
-    import shutil
-
-    from megatron.core import dist_checkpointing
-
-    from megatron_rl.convert.atomic import replace_dir
-    from megatron_rl.convert.hf_io import copy_tokenizer_files
-    from megatron_rl.convert.live import load_hf_into_model
-    from megatron_rl.convert.safetensors_index import SafetensorsIndex
-    from megatron_rl.convert.stream import source_dtype
-    from megatron_rl.models.provider import (
-        build_gpt_model,
-        load_hf_config,
-        model_arch_info,
-        transformer_config_from_hf,
-        validate_layout,
-    )
+    from megatron.core import dist_checkpointing  # lazy: defers megatron to the call
 
     hf_dir, out = Path(hf_dir), Path(out_dir).resolve()
     cfg = load_hf_config(hf_dir)
     validate_layout(cfg, tp, pp)
     dtype = source_dtype(SafetensorsIndex(hf_dir), model_arch_info(cfg))  # stored as given, like ``stream``
-    from megatron_rl.runtime.diskspace import check_free_on_rank0
 
     info = _init(tp, pp)
     check_free_on_rank0(out.parent, sum(f.stat().st_size for f in hf_dir.glob("*.safetensors")),
@@ -140,7 +135,5 @@ def mcore_to_hf(ckpt_dir: str | os.PathLike, out_dir: str | os.PathLike, force: 
     ``CKPT/hf/config.json`` (both layouts write it); ``hf_config`` (a model dir or ``config.json``)
     stands in for checkpoints written without one. ``dtype``: the exported weights' dtype (default:
     the checkpoint's model dtype); ``config.json`` names it. ``--out`` is checked before anything is read."""
-    from megatron_rl.convert.export import mcore_to_hf_streaming
-
     return mcore_to_hf_streaming(ckpt_dir, out_dir, force=force, max_shard_bytes=max_shard_bytes,
                                  hf_config=hf_config, dtype=dtype)

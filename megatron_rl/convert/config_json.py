@@ -45,7 +45,7 @@ DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", 
 
 def parse_dtype(name: str):
     """``"bf16"`` / ``"bfloat16"`` / ... -> ``torch.bfloat16`` (``ValueError`` naming the choices)."""
-    import torch
+    import torch  # lazy: defers torch to the call
 
     try:
         return getattr(torch, DTYPE_NAMES[str(name).removeprefix("torch.")])

@@ -25,6 +25,8 @@ import zipfile
 from pathlib import Path
 
 import torch
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMetadata
 
 _MAX_READ = 1 << 30  # per pread call (Linux caps one read at ~2 GiB)
 
@@ -75,8 +77,6 @@ class DcpReader:
     """The tensors of one DCP checkpoint directory (``dist/`` of a megatron-rl checkpoint)."""
 
     def __init__(self, directory: str | os.PathLike):
-        from torch.distributed.checkpoint import FileSystemReader
-
         self.dir = Path(directory)
         if not (self.dir / ".metadata").is_file():
             raise FileNotFoundError(f"{self.dir}/.metadata missing: not a torch_dist checkpoint")
@@ -100,13 +100,9 @@ class DcpReader:
 
     def tensor_keys(self) -> list[str]:
         """Every tensor key (model, and for a training checkpoint the optimizer's too)."""
-        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
         return [k for k, v in self.md.state_dict_metadata.items() if isinstance(v, TensorStorageMetadata)]
 
     def _tensor_md(self, key: str):
-        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
         md = self.md.state_dict_metadata.get(key)
         if not isinstance(md, TensorStorageMetadata):
             raise KeyError(f"checkpoint {self.dir} has no tensor {key!r}" + ("" if md is None else " (it is a byte object)"))
@@ -143,8 +139,6 @@ class DcpReader:
 
     def _read_chunk_into(self, key: str, chunk, dtype: torch.dtype, dst: torch.Tensor) -> None:
         """The whole stored ``chunk`` of ``key`` into ``dst`` (its shape, contiguous)."""
-        from torch.distributed.checkpoint.metadata import MetadataIndex
-
         info = self.md.storage_data[MetadataIndex(key, torch.Size(chunk.offsets))]
         nbytes = dst.numel() * dst.element_size()
         at = self._data_offset(info, nbytes)
@@ -172,7 +166,6 @@ class DcpReader:
         md = self._tensor_md(key)
         if md.properties.dtype != dtype:
             return None
-        from torch.distributed.checkpoint.metadata import MetadataIndex
 
         k, g = len(prefix), tuple(md.size)
         itemsize = torch.empty((), dtype=dtype).element_size()

@@ -27,9 +27,21 @@ import json
 import os
 import pickle
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    StorageMeta,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+from torch.utils.serialization import config
 
 from megatron_rl.convert.hf_io import _PIECE, copy_bytes
 from megatron_rl.convert.mcore_layout import Chunk, ObjectEntry
@@ -43,8 +55,6 @@ MEGATRON_METADATA = {"sharded_backend": "torch_dist", "sharded_backend_version":
 
 @contextlib.contextmanager
 def _crc_off():
-    from torch.utils.serialization import config
-
     old = config.save.compute_crc32
     config.save.compute_crc32 = False
     try:
@@ -61,7 +71,7 @@ class _FrameSink:
         self.ptr, self.nbytes, self.parts, self.at = ptr, nbytes, [bytearray()], None
 
     def write(self, b) -> int:
-        import numpy as np
+        import numpy as np  # lazy: defers numpy to the call
 
         view = memoryview(b)
         n = view.nbytes
@@ -185,8 +195,6 @@ def write_files(directory: Path, rank: int, chunks: list[Chunk], objects: list[O
                 source: SafetensorsIndex, dtype: torch.dtype, n_files: int = 2) -> dict:
     """Write ``chunks`` + ``objects`` into ``__<rank>_<i>.distcp`` (i < n_files, one thread each,
     balanced by bytes). Returns {(key, chunk offsets | None): (file, offset, length)}."""
-    from concurrent.futures import ThreadPoolExecutor
-
     n_files = max(1, min(n_files, len(chunks) + len(objects)))
     groups: list[list] = [[] for _ in range(n_files)]
     load = [0] * n_files
@@ -223,11 +231,6 @@ def build_metadata(chunks: list[Chunk], objects: list[ObjectEntry], storage: dic
                    checkpoint_id: str):
     """The DCP ``Metadata`` of a checkpoint holding exactly ``chunks`` and ``objects`` (``storage``
     as returned by :func:`write_files`)."""
-    from torch.distributed.checkpoint.filesystem import _StorageInfo
-    from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkStorageMetadata, Metadata,
-                                                       MetadataIndex, StorageMeta, TensorProperties,
-                                                       TensorStorageMetadata)
-
     sdm: dict = {}
     for c in chunks:
         md = sdm.setdefault(c.key, TensorStorageMetadata(TensorProperties(dtype=dtype), torch.Size(c.global_shape), []))

@@ -29,15 +29,23 @@ import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+
+from megatron_rl.convert import name_maps
+from megatron_rl.convert.atomic import EXPORT_MARKER, atomic_dir, check_out_dir
+from megatron_rl.convert.config_json import arch_info, config_path, parse_dtype, read_config, with_dtype
+from megatron_rl.convert.dcp_reader import DcpReader
+from megatron_rl.convert.hf_io import HFWriter, copy_tokenizer_files
+from megatron_rl.convert.live import full_shape, hf_shapes, hf_tensor_meta, split_full
+from megatron_rl.convert.mcore_layout import rule_chunks, stacked_key
+from megatron_rl.convert.stream import _agree, _dist
+from megatron_rl.runtime.diskspace import check_free, meta_bytes
 
 log = logging.getLogger("megatron_rl.convert")
 
 
 def rule_box(rule, arch) -> tuple[str, tuple[int, ...], tuple[int, ...]]:
     """(DCP key, offsets, sizes) of the full unpadded Megatron tensor of a concrete rule."""
-    from megatron_rl.convert.live import full_shape
-    from megatron_rl.convert.mcore_layout import stacked_key
-
     shape = full_shape(rule, arch)
     if not rule.mcore.startswith("decoder.layers."):
         return rule.mcore, (0,) * len(shape), shape
@@ -47,8 +55,6 @@ def rule_box(rule, arch) -> tuple[str, tuple[int, ...], tuple[int, ...]]:
 
 def read_rule(reader, rule, arch, dtype: torch.dtype | None) -> list[tuple[str, torch.Tensor]]:
     """``(hf_name, tensor)`` of one rule from a checkpoint (``dtype``: cast to it; None keeps it)."""
-    from megatron_rl.convert.live import full_shape, split_full
-
     key, off, size = rule_box(rule, arch)
     full = reader.read(key, off, size).reshape(full_shape(rule, arch))
     parts = split_full(rule, full, arch) if rule.transform != "identity" else [full]
@@ -59,9 +65,6 @@ def hf_rows(rule, arch) -> dict[str, list[tuple[str, tuple[int, ...], int, int]]
     """Per HF tensor of a concrete rule: its rows in HF order as pieces ``(DCP key, leading index,
     first row, rows)`` of the full Megatron tensor (the inverse of ``mcore_layout.rule_chunks``'
     segments: QKV per KV group, gate / up halves, the vocab without its padding)."""
-    from megatron_rl.convert.live import full_shape
-    from megatron_rl.convert.mcore_layout import rule_chunks
-
     ndim = len(full_shape(rule, arch))
     found: dict[str, list] = {h: [] for h in rule.hf}
     for c in rule_chunks(rule, arch, tp=1):
@@ -77,8 +80,6 @@ def hf_rows(rule, arch) -> dict[str, list[tuple[str, tuple[int, ...], int, int]]
 def copy_rule(reader, writer, rule, arch, dtype: torch.dtype) -> bool:
     """Write the HF tensors of ``rule`` as byte copies from the checkpoint's files when every piece
     is a plain byte range in ``dtype`` (``DcpReader.row_ranges``); False (nothing written) otherwise."""
-    from megatron_rl.convert.live import hf_shapes
-
     plans = []
     for (name, pieces), shape in zip(hf_rows(rule, arch).items(), hf_shapes(rule, arch)):
         ranges = []
@@ -98,8 +99,6 @@ def mcore_to_hf_streaming(ckpt_dir: str | os.PathLike, out_dir: str | os.PathLik
                           dtype: str | torch.dtype | None = None) -> Path:
     """Export a Megatron checkpoint (converted, or a trainer ``checkpoints/step_N``) as an HF
     safetensors dir at ``out_dir``. Under torchrun rank 0 writes; the others wait for it."""
-    from megatron_rl.convert.stream import _agree, _dist
-
     rank, world, created = _dist()
     err = None
     try:
@@ -111,16 +110,12 @@ def mcore_to_hf_streaming(ckpt_dir: str | os.PathLike, out_dir: str | os.PathLik
         _agree(err, world, None)
     finally:
         if created:
-            import torch.distributed as dist
-
             dist.destroy_process_group()
     return Path(out_dir)
 
 
 def _check_ckpt(ckpt: Path, hf_config) -> Path:
     """The config source; ``FileNotFoundError`` with a hint when ``ckpt`` is not a complete checkpoint."""
-    from megatron_rl.convert.config_json import config_path
-
     if not (ckpt / "COMPLETE").is_file():
         hint = ""
         if (ckpt / "checkpoints").is_dir():
@@ -136,20 +131,6 @@ def _check_ckpt(ckpt: Path, hf_config) -> Path:
 
 
 def _export(ckpt: Path, out: Path, force: bool, max_shard_bytes: int, hf_config, dtype) -> None:
-    from megatron_rl.convert import name_maps
-    from megatron_rl.convert.atomic import EXPORT_MARKER, atomic_dir, check_out_dir
-    from megatron_rl.convert.config_json import (
-        arch_info,
-        config_path,
-        parse_dtype,
-        read_config,
-        with_dtype,
-    )
-    from megatron_rl.convert.dcp_reader import DcpReader
-    from megatron_rl.convert.hf_io import HFWriter, copy_tokenizer_files
-    from megatron_rl.convert.live import hf_tensor_meta
-    from megatron_rl.runtime.diskspace import check_free, meta_bytes
-
     t0 = time.perf_counter()
     src = _check_ckpt(ckpt, hf_config)
     check_out_dir(out, force)

@@ -8,6 +8,7 @@ A corrupt or truncated file raises ``ValueError`` naming the file.
 """
 from __future__ import annotations
 
+import ctypes
 import errno
 import json
 import math
@@ -26,7 +27,7 @@ class HFReader:
     """Random access to the tensors of an HF safetensors checkpoint directory."""
 
     def __init__(self, hf_dir: str | os.PathLike):
-        from safetensors import safe_open
+        from safetensors import safe_open  # lazy: defers safetensors to the call
 
         self.dir = Path(hf_dir)
         files = sorted(self.dir.glob("*.safetensors"))
@@ -74,8 +75,6 @@ def byte_view(t: torch.Tensor) -> memoryview:
     model's parameters are often passed here as they are (a CPU tensor's ``.to("cpu")`` is itself),
     after which ``trainer.offload`` could no longer release them ("Trying to resize storage that is
     not resizable", issue 31). Valid while ``t`` is alive."""
-    import ctypes
-
     n = t.numel() * t.element_size()
     if not n:
         return memoryview(b"")

@@ -8,21 +8,25 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 from typing import Iterable, Iterator
 
 import torch
 import torch.distributed as dist
 
 from megatron_rl.convert import name_maps, transforms
-from megatron_rl.convert.hf_io import HFReader
-from megatron_rl.models.provider import ArchInfo, model_arch_info, padded_vocab_size
+from megatron_rl.convert.atomic import EXPORT_MARKER, atomic_dir
+from megatron_rl.convert.config_json import with_dtype
+from megatron_rl.convert.hf_io import HFReader, HFWriter, copy_tokenizer_files
+from megatron_rl.models.provider import ArchInfo, load_hf_config, model_arch_info, padded_vocab_size
+from megatron_rl.runtime.diskspace import check_free_on_rank0, meta_bytes
 
 log = logging.getLogger("megatron_rl.convert")
 
 
 def _grid() -> tuple[int, int, int, int]:
     """(tp size, tp rank, pp size, pp rank) of this process."""
-    from megatron.core import parallel_state as ps
+    from megatron.core import parallel_state as ps  # lazy: defers megatron to the call
 
     if not ps.model_parallel_is_initialized():
         return 1, 0, 1, 0
@@ -84,8 +88,6 @@ def load_hf_into_model(model_chunks, hf_dir, parallel_info=None) -> int:
     Every parameter of the chunks must be covered and the checkpoint must hold exactly the
     architecture's tensors (else ``KeyError`` / ``ValueError`` naming them). Returns #params set.
     """
-    from megatron_rl.models.provider import load_hf_config
-
     arch = model_arch_info(load_hf_config(hf_dir))
     reader = HFReader(hf_dir)
     check_hf_names(reader.names(), arch)
@@ -158,7 +160,7 @@ def _owner_stage(rule: name_maps.Rule, arch: ArchInfo, pp: int, vpp: int = 1) ->
 
 
 def _vpp() -> int:
-    from megatron.core import parallel_state as ps
+    from megatron.core import parallel_state as ps  # lazy: defers megatron to the call
 
     return (ps.get_virtual_pipeline_model_parallel_world_size() or 1) if ps.model_parallel_is_initialized() else 1
 
@@ -171,7 +173,7 @@ def iter_hf_tensors(model_chunks, hf_cfg) -> Iterator[tuple[str, torch.Tensor]]:
     HF tensors are split out of it (``split_qkv``, ``split_gate_up``). Peak extra memory: one
     layer's largest tensor. All ranks must consume the iterator completely.
     """
-    from megatron.core import parallel_state as ps
+    from megatron.core import parallel_state as ps  # lazy: defers megatron to the call
 
     arch = model_arch_info(hf_cfg)
     tp, _, pp, pp_rank = _grid()
@@ -222,7 +224,7 @@ def stream_hf_tensors(model_chunks, hf_cfg, sender: int = 0) -> Iterator[tuple[s
     and no other rank receives anything. Peak extra memory on any rank: one full tensor (+ its
     TP shards). Other ranks yield nothing but must run the iterator to the end.
     """
-    from megatron.core import parallel_state as ps
+    from megatron.core import parallel_state as ps  # lazy: defers megatron to the call
 
     arch = model_arch_info(hf_cfg)
     tp, _, pp, pp_rank = _grid()
@@ -271,17 +273,9 @@ def export_hf(model_chunks, hf_cfg, out_dir, *, force: bool = True, tokenizer_di
     (``hf_io.HFWriter``, headers planned from :func:`hf_tensor_meta`): peak extra memory one full
     tensor, never a shard or a model copy. ``dtype``: the exported weights' dtype (default: the
     model's training dtype, i.e. its parameters'); ``config.json`` names it."""
-    from megatron_rl.convert.atomic import EXPORT_MARKER, atomic_dir
-    from megatron_rl.convert.config_json import with_dtype
-    from megatron_rl.convert.hf_io import HFWriter, copy_tokenizer_files
-    from megatron_rl.models.provider import load_hf_config
-
     cfg = load_hf_config(hf_cfg)
     writer_rank = not dist.is_initialized() or dist.get_rank() == 0
     dtype = dtype or next(p for m in model_chunks for p in m.parameters()).dtype
-    from pathlib import Path
-
-    from megatron_rl.runtime.diskspace import check_free_on_rank0, meta_bytes
 
     check_free_on_rank0(Path(out_dir).resolve().parent, meta_bytes(hf_tensor_meta(cfg, dtype)),
                         f"the HF export {Path(out_dir).name}")

@@ -36,6 +36,19 @@ import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+
+from megatron_rl.convert import name_maps
+from megatron_rl.convert.atomic import check_out_dir, make_temp_dir, raise_if_disk_full, replace_dir
+from megatron_rl.convert.config_json import arch_info
+from megatron_rl.convert.dcp_writer import finish_checkpoint, write_files
+from megatron_rl.convert.hf_io import copy_tokenizer_files
+from megatron_rl.convert.live import check_hf_names, hf_shapes
+from megatron_rl.convert.mcore_layout import mcore_layout
+from megatron_rl.convert.safetensors_index import SafetensorsIndex
+from megatron_rl.models.provider import load_hf_config, validate_layout
+from megatron_rl.runtime.diskspace import DiskSpaceError, NotWritableError, check_free
+from megatron_rl.runtime.launch_env import check_torch_env
 
 log = logging.getLogger("megatron_rl.convert")
 
@@ -43,8 +56,6 @@ log = logging.getLogger("megatron_rl.convert")
 def source_dtype(index, arch) -> torch.dtype:
     """The dtype the checkpoint stores: the source's (the dtype holding most of the HF tensors' bytes,
     so a bf16 model stays bf16; a mixed source is cast to it, logged)."""
-    from megatron_rl.convert import name_maps
-
     by: dict[torch.dtype, int] = {}
     for name in sorted(name_maps.expected_hf_names(arch)):
         loc = index[name]
@@ -60,13 +71,9 @@ def source_dtype(index, arch) -> torch.dtype:
 def _dist() -> tuple[int, int, bool]:
     """(rank, world, created) from torchrun's env; initialises a gloo group when world > 1 and
     none is up (``created``: this call did, so the converter tears it down again)."""
-    import torch.distributed as dist
-
     world = int(os.environ.get("WORLD_SIZE", "1"))
     created = world > 1 and not dist.is_initialized()
     if created:
-        from megatron_rl.runtime.launch_env import check_torch_env
-
         check_torch_env()   # leftover torchrun variables: one line instead of a 30-min wait for absent ranks
         dist.init_process_group("gloo")
     return (dist.get_rank(), dist.get_world_size(), created) if world > 1 else (0, 1, False)
@@ -75,7 +82,6 @@ def _dist() -> tuple[int, int, bool]:
 def _all(obj, world: int) -> list:
     if world == 1:
         return [obj]
-    import torch.distributed as dist
 
     out = [None] * world
     dist.all_gather_object(out, obj)
@@ -84,9 +90,6 @@ def _all(obj, world: int) -> list:
 
 def check_shapes(index, arch) -> None:
     """Every HF tensor the name map needs has its expected shape (``ValueError`` naming it)."""
-    from megatron_rl.convert import name_maps
-    from megatron_rl.convert.live import hf_shapes
-
     for rule in name_maps.expand(arch):
         for name, want in zip(rule.hf, hf_shapes(rule, arch)):
             got = index[name].shape
@@ -97,12 +100,6 @@ def check_shapes(index, arch) -> None:
 
 def _plan(hf_dir: Path, tp: int, pp: int):
     """(arch, config-from-JSON?, index, chunks, objects); raises before anything is written."""
-    from megatron_rl.convert.config_json import arch_info
-    from megatron_rl.convert.live import check_hf_names
-    from megatron_rl.convert.mcore_layout import mcore_layout
-    from megatron_rl.convert.safetensors_index import SafetensorsIndex
-    from megatron_rl.models.provider import validate_layout
-
     arch, from_json = arch_info(hf_dir)
     validate_layout(arch, tp, pp)
     index = SafetensorsIndex(hf_dir)
@@ -114,14 +111,10 @@ def _plan(hf_dir: Path, tp: int, pp: int):
 
 def _write_hf_dir(hf_dir: Path, dst: Path, from_json: bool) -> None:
     """``config.json`` (verbatim when it was read without transformers) + tokenizer files."""
-    from megatron_rl.convert.hf_io import copy_tokenizer_files
-
     dst.mkdir()
     if from_json:
         shutil.copyfile(hf_dir / "config.json", dst / "config.json")
     else:
-        from megatron_rl.models.provider import load_hf_config
-
         load_hf_config(hf_dir).save_pretrained(str(dst))
     copy_tokenizer_files(hf_dir, dst)
 
@@ -146,10 +139,6 @@ def hf_to_mcore_streaming(hf_dir: str | os.PathLike, out_dir: str | os.PathLike,
     ``tp`` / ``pp`` are validated against the model and recorded in ``COMPLETE``; the vocab is padded
     for ``tp`` (``padded_vocab_size``). The checkpoint loads at any TP / PP.
     """
-    from megatron_rl.convert.atomic import check_out_dir, make_temp_dir, replace_dir
-    from megatron_rl.convert.dcp_writer import finish_checkpoint, write_files
-    from megatron_rl.runtime.diskspace import check_free
-
     t0 = time.perf_counter()
     hf_dir, out = Path(hf_dir), Path(out_dir).resolve()
     rank, world, created = _dist()
@@ -179,36 +168,43 @@ def hf_to_mcore_streaming(hf_dir: str | os.PathLike, out_dir: str | os.PathLike,
         t_copy = time.perf_counter()
         if rank == 0:
             try:
-                merged = {k: v for s in gathered for k, v in s.items()}
-                finish_checkpoint(tmp / "dist", chunks, objects, merged, dtype)
-                _write_hf_dir(hf_dir, tmp / "hf", from_json)
-                (tmp / "COMPLETE").write_text(json.dumps({"step": 0, "tp": tp, "pp": pp, "source": str(hf_dir)}))
-                replace_dir(tmp, out, force)
+                _finish(hf_dir, tmp, out, (tp, pp, force), gathered, (chunks, objects, dtype, from_json))
             except Exception as e:
                 err = e
         _agree(err, world, None)  # nobody returns before the rename (or the failure)
     except BaseException as e:
         if rank == 0 and tmp is not None:
-            from megatron_rl.convert.atomic import raise_if_disk_full
-
             raise_if_disk_full(e, tmp, out)
             shutil.rmtree(tmp, ignore_errors=True)
         raise
     finally:
         if created:
-            import torch.distributed as dist
-
-            # every rank leaves the last collective before any rank tears gloo down: a rank that
-            # closes its pairs while a peer's gloo thread still reads them aborts the peer
-            # ("terminate called without an active exception", seen once under load)
-            try:
-                dist.barrier()
-            finally:
-                dist.destroy_process_group()
+            _leave_group()
     t1 = time.perf_counter()
     log.info("streamed %s -> %s in %.2f s (plan %.2f s, copy %.2f s, metadata %.2f s; %d chunks, %d ranks)",
              hf_dir, out, t1 - t0, t_plan - t0, t_copy - t_plan, t1 - t_copy, len(chunks), world)
     return out
+
+
+def _finish(hf_dir: Path, tmp: Path, out: Path, layout: tuple, gathered: list, plan: tuple) -> None:
+    """Rank 0, once every rank wrote its files: the checkpoint's metadata from the ranks' storage
+    (``gathered``), the HF files beside it, ``COMPLETE``, then the temp dir renamed to ``out``."""
+    (tp, pp, force), (chunks, objects, dtype, from_json) = layout, plan
+    merged = {k: v for s in gathered for k, v in s.items()}
+    finish_checkpoint(tmp / "dist", chunks, objects, merged, dtype)
+    _write_hf_dir(hf_dir, tmp / "hf", from_json)
+    (tmp / "COMPLETE").write_text(json.dumps({"step": 0, "tp": tp, "pp": pp, "source": str(hf_dir)}))
+    replace_dir(tmp, out, force)
+
+
+def _leave_group() -> None:
+    """Tear down the process group this call created. Every rank leaves the last collective before any
+    rank tears gloo down: a rank that closes its pairs while a peer's gloo thread still reads them aborts
+    the peer ("terminate called without an active exception", seen once under load)."""
+    try:
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
 
 
 def _agree(err: Exception | None, world: int, payload) -> list:
@@ -225,8 +221,6 @@ def _agree(err: Exception | None, world: int, payload) -> list:
 
 def _rebuild(kind: str, msg: str) -> Exception:
     """Another rank's error, re-raised here with the same type where it is a plain one."""
-    from megatron_rl.runtime.diskspace import DiskSpaceError, NotWritableError
-
     cls = {"FileExistsError": FileExistsError, "FileNotFoundError": FileNotFoundError, "KeyError": KeyError,
            "DiskSpaceError": DiskSpaceError, "NotWritableError": NotWritableError,
            "ValueError": ValueError}.get(kind, RuntimeError)

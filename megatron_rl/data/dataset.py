@@ -42,7 +42,7 @@ class PromptDataset:
     def from_parquet(cls, path: str | os.PathLike, tokenizer, max_prompt_len: int, on_error: str = "raise",
                      add_bos: bool = True) -> "PromptDataset":
         """Load, template and tokenise. ``on_error="skip"`` drops bad rows (counted, logged)."""
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # lazy: defers pyarrow to the call
 
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")

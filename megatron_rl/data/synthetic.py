@@ -15,6 +15,8 @@ import os
 import random
 from pathlib import Path
 
+from megatron_rl.rewards.knights_knaves import generate_puzzle
+
 TASKS = ("reverse", "addition")
 
 
@@ -46,8 +48,8 @@ def task_texts(task: str) -> list[str]:
 
 def write_parquet(rows: list[tuple[str, str]], task: str, split: str, out_path: str | os.PathLike) -> Path:
     """Write ``rows`` as a verl-convention parquet file."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    import pyarrow as pa  # lazy: defers pyarrow to the call
+    import pyarrow.parquet as pq  # lazy: defers pyarrow to the call
 
     table = pa.table({
         "prompt": [[{"role": "user", "content": p}] for p, _ in rows],
@@ -65,12 +67,8 @@ def write_knights_knaves(out_path: str | os.PathLike, n_people: int | tuple[int,
                          split: str = "train") -> Path:
     """Knights & Knaves puzzles (unique solution, brute-force checked) as verl parquet; ``n_people``
     an int or an inclusive range (e.g. (4, 8) for training, 9 / 10 / 11 for OOD evaluation)."""
-    import random
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from megatron_rl.rewards.knights_knaves import generate_puzzle
+    import pyarrow as pa  # lazy: defers pyarrow to the call
+    import pyarrow.parquet as pq  # lazy: defers pyarrow to the call
 
     lo, hi = (n_people, n_people) if isinstance(n_people, int) else n_people
     rng = random.Random(seed)

@@ -9,7 +9,9 @@ plain concatenation of the message contents (a tiny policy needs no role markup)
 """
 from __future__ import annotations
 
+import io
 import os
+import shutil
 from pathlib import Path
 from typing import Protocol, Sequence
 
@@ -35,7 +37,7 @@ class SentencePieceTokenizer:
     FILE = "sp.model"
 
     def __init__(self, model_file: str | os.PathLike):
-        import sentencepiece as spm
+        import sentencepiece as spm  # lazy: defers sentencepiece to the call
 
         self.path = Path(model_file)
         self.sp = spm.SentencePieceProcessor(model_file=str(self.path))
@@ -49,9 +51,7 @@ class SentencePieceTokenizer:
     def train(cls, texts: Sequence[str], out_dir: str | os.PathLike, vocab_size: int | None = None,
               model_type: str = "char") -> "SentencePieceTokenizer":
         """Train on ``texts`` (char model: vocab = distinct characters + 4 specials)."""
-        import io
-
-        import sentencepiece as spm
+        import sentencepiece as spm  # lazy: defers sentencepiece to the call
 
         if not texts:
             raise ValueError("cannot train a tokenizer on no text")
@@ -78,8 +78,6 @@ class SentencePieceTokenizer:
         return "".join(m["content"] for m in messages)
 
     def save(self, out_dir: str | os.PathLike) -> None:
-        import shutil
-
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         if Path(out_dir, self.FILE).resolve() != self.path.resolve():
             shutil.copy2(self.path, Path(out_dir) / self.FILE)
@@ -94,7 +92,7 @@ class HFTokenizer:
     options: they all render through :meth:`apply_chat_template`."""
 
     def __init__(self, path: str | os.PathLike, chat_template_kwargs: dict | None = None):
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # lazy: defers transformers to the call
 
         self.tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         self.chat_template_kwargs = dict(chat_template_kwargs or {})

@@ -25,7 +25,15 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from tqdm import tqdm
+
+from megatron_rl.config_parse import check_truncation
+from megatron_rl.data.tokenizer import load_tokenizer
+from megatron_rl.eval.out_dir import check_eval_out, prepare_eval_out
 from megatron_rl.runtime.console import quiet_command
+from megatron_rl.runtime.diskspace import NotWritableError, check_writable
+from megatron_rl.runtime.path_kind import expect_hf
+from megatron_rl.runtime.usage import EXIT_USAGE, OneLineParser, error_status
 
 from .metrics import pass_at_k, summarize
 
@@ -36,7 +44,7 @@ __all__ = ["generate_completions", "main", "pass_at_k", "run_eval"]
 
 
 def _load_rows(path):
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # lazy: defers pyarrow to the call
 
     t = pq.read_table(path)
     for col in ("data_source", "reward_model"):
@@ -74,9 +82,7 @@ def run_eval(eval_parquet, completions_jsonl, k, out_dir, reward_by_source: dict
     ``k``: one k or several (mean@k and pass@k for each); ``n``: samples per row used (the first n of
     each row; default: all of them, at least max k). ``prepare_out``: called instead of creating
     ``out_dir`` once the inputs passed their checks (the CLI's ``--out`` rule, ``out_dir.py``)."""
-    from tqdm import tqdm
-
-    from megatron_rl.rewards.manager import RewardManager
+    from megatron_rl.rewards.manager import RewardManager  # lazy: defers torch to the call
 
     ks = tuple(sorted({k} if isinstance(k, int) else set(k)))
     rows = _load_rows(eval_parquet)
@@ -140,10 +146,9 @@ def generate_completions(eval_parquet, model_dir, k: int, out_jsonl, max_tokens:
                          seed: int = 0) -> Path:
     """Sample k completions per row with a rollout engine (tokenizer from the model dir; prompts
     rendered with ``chat_template_kwargs``; each JSONL line also carries its rendered ``prompt``)."""
-    from megatron_rl.data.dataset import PromptDataset
-    from megatron_rl.data.tokenizer import load_tokenizer
-    from megatron_rl.rollout.engine import SamplingParams
-    from megatron_rl.rollout.hf_engine import make_engine
+    from megatron_rl.data.dataset import PromptDataset  # lazy: defers torch to the call
+    from megatron_rl.rollout.engine import SamplingParams  # lazy: defers torch to the call
+    from megatron_rl.rollout.hf_engine import make_engine  # lazy: defers torch to the call
 
     if tp > 1 and engine != "vllm":
         raise ValueError(f"--tp {tp} needs the vllm engine (the HF engine runs on one device)")
@@ -180,8 +185,6 @@ def _check_args(a) -> str | None:
         return f"--temperature must be > 0, got {a.temperature}"
     if a.tp < 1:
         return f"--tp must be >= 1, got {a.tp}"
-    from megatron_rl.rollout.sampling import check_truncation
-
     try:
         check_truncation(a.top_p, a.top_k, a.min_p, "--")
     except ValueError as e:
@@ -198,8 +201,6 @@ def _check_args(a) -> str | None:
         if path and not Path(path).is_file():
             return f"{flag} {path}: no such file"
     if a.model:
-        from megatron_rl.runtime.path_kind import expect_hf
-
         try:
             expect_hf(a.model, "--model")
         except (FileNotFoundError, NotADirectoryError) as e:
@@ -215,7 +216,7 @@ def _check_tp_here(tp: int, engine: str) -> str | None:
     per NUMA node and asserts otherwise, 60 lines into its start-up)."""
     if tp <= 1 or engine != "vllm":
         return None
-    from megatron_rl.runtime.device import gpu_count, has_cuda
+    from megatron_rl.runtime.device import gpu_count, has_cuda  # lazy: defers torch to the call
 
     if has_cuda():
         n = gpu_count()
@@ -230,8 +231,6 @@ def _check_tp_here(tp: int, engine: str) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from megatron_rl.runtime.usage import OneLineParser
-
     p = OneLineParser(prog="megatron-rl eval", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, help="eval parquet (verl columns)")
@@ -261,8 +260,6 @@ def main(argv: list[str] | None = None) -> int:
                         f"OUT/{LOG_FILE}")
     a = p.parse_args(argv)
     a.k = a.k or [a.n or 1]
-    from megatron_rl.runtime.diskspace import NotWritableError, check_writable
-    from megatron_rl.runtime.usage import EXIT_USAGE
 
     try:   # before the log file in --out is opened: a read-only --out is one line, not a logging traceback
         check_writable(a.out, "--out")
@@ -276,13 +273,10 @@ def main(argv: list[str] | None = None) -> int:
 def _run(a) -> int:
     """Check the parsed arguments, generate (``--model``) or read the completions, score, print the summary."""
     problem = _check_args(a)
-    from megatron_rl.runtime.usage import EXIT_USAGE, error_status
 
     if problem:
         print(f"megatron-rl eval: error: {problem}", file=sys.stderr)
         return EXIT_USAGE
-
-    from .out_dir import check_eval_out, prepare_eval_out
 
     try:   # convert's rule for --out (nothing of the user's overwritten); written only once inputs pass
         check_eval_out(a.out, a.force)

@@ -17,6 +17,8 @@ import os
 import time
 from pathlib import Path
 
+from megatron_rl import __version__
+
 #: written into every eval output directory: what makes a directory "ours" (replaceable with --force)
 MARKER = "megatron_rl_eval.json"
 #: the files eval writes (``eval/__init__.py``)
@@ -50,8 +52,6 @@ def check_eval_out(out: str | os.PathLike, force: bool) -> None:
 def prepare_eval_out(out: str | os.PathLike, force: bool, keep: str | os.PathLike | None = None) -> Path:
     """Check ``out`` (:func:`check_eval_out`), create it, remove our earlier outputs there (all but
     ``keep``, the ``--completions`` input) and write :data:`MARKER`; returns the directory."""
-    from megatron_rl import __version__
-
     check_eval_out(out, force)
     p = Path(out)
     p.mkdir(parents=True, exist_ok=True)

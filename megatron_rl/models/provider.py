@@ -18,6 +18,7 @@ of every log-softmax (``trainer/policy/vocab_parallel.py``); HF exports drop the
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import math
 import os
@@ -26,6 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
+
+from megatron_rl.runtime.device import has_cuda
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 VOCAB_DIVISIBLE_BY = 128
@@ -35,7 +39,7 @@ _MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3
 def load_hf_config(src: Any):
     """Return a ``transformers.PretrainedConfig`` from a model dir, a ``config.json`` path, a dict,
     or a ``PretrainedConfig`` (returned as is). Raises ``ValueError`` for unsupported architectures."""
-    from transformers import AutoConfig, PretrainedConfig
+    from transformers import AutoConfig, PretrainedConfig  # lazy: defers transformers to the call
 
     if isinstance(src, PretrainedConfig):
         cfg = src
@@ -147,6 +151,20 @@ def validate_layout(cfg, tp: int = 1, pp: int = 1) -> None:
         raise ValueError(f"num_hidden_layers={a.num_layers} is not divisible by pipeline parallel size {pp}")
 
 
+def check_model_layout(cfg) -> None:
+    """The run config's ``parallel`` layout and ``model.recompute_num_layers`` against the model of
+    ``model.hf_path`` (its ``config.json``): ``ValueError`` naming the key (``preflight.check_config``)."""
+    validate_layout(cfg.model.hf_path, cfg.parallel.tp, cfg.parallel.pp)
+    layers = model_arch_info(cfg.model.hf_path).num_layers
+    if layers % (cfg.parallel.pp * cfg.parallel.vpp):
+        raise ValueError(f"num_hidden_layers={layers} is not divisible by parallel.pp x parallel.vpp = "
+                         f"{cfg.parallel.pp} x {cfg.parallel.vpp} (each virtual stage holds the same number of layers)")
+    per_stage = layers // cfg.parallel.pp
+    if cfg.model.recompute == "full" and cfg.model.recompute_num_layers > per_stage:
+        raise ValueError(f"model.recompute_num_layers={cfg.model.recompute_num_layers} exceeds the {per_stage} layers of a "
+                         f"pipeline stage (num_hidden_layers / parallel.pp)")
+
+
 def cuda_fusions(backend: str, cuda: bool | None = None, wgrad_ext: bool | None = None) -> dict[str, bool]:
     """The CUDA fusions a build turns on (all off on CPU, where the fused kernels do not exist):
 
@@ -158,10 +176,6 @@ def cuda_fusions(backend: str, cuda: bool | None = None, wgrad_ext: bool | None 
       for it) — megatron's own output layer (a ``ColumnParallelLinear`` under the TE spec too) raises
       without it, and the pinned GPU stack does not install apex.
     """
-    import importlib.util
-
-    from megatron_rl.runtime.device import has_cuda
-
     cuda = has_cuda() if cuda is None else cuda
     te = cuda and backend == "te"
     if wgrad_ext is None:
@@ -197,10 +211,7 @@ def transformer_config_from_hf(cfg, *, tp: int = 1, pp: int = 1, sequence_parall
     device directly, with no full fp32 master copy of every weight in host memory at build time (the
     weights are overwritten by ``load_hf`` anyway).
     """
-    from megatron_rl.runtime.device import has_cuda
-
-    import torch.nn.functional as F
-    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer import TransformerConfig  # lazy: defers megatron to the call
 
     a = model_arch_info(cfg)
     validate_layout(cfg, tp, pp)
@@ -228,7 +239,9 @@ def layer_spec(cfg, backend: str = "local"):
     """Layer spec: ``"local"`` (torch ops; CPU and GPU) or ``"te"`` (Transformer Engine; GPU only)."""
     a = model_arch_info(cfg)
     if backend == "local":
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+        from megatron.core.models.gpt.gpt_layer_specs import (
+            get_gpt_layer_local_spec,  # lazy: defers megatron to the call
+        )
 
         return get_gpt_layer_local_spec(qk_layernorm=a.qk_norm, normalization="RMSNorm")
     if backend == "te":
@@ -236,7 +249,9 @@ def layer_spec(cfg, backend: str = "local"):
         if err is not None:
             raise ValueError(f"model.backend='te' needs Transformer Engine (requirements/gpu.txt) on a CUDA machine "
                              f"({err}); use backend='local' on CPU")
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+        from megatron.core.models.gpt.gpt_layer_specs import (
+            get_gpt_layer_with_transformer_engine_spec,  # lazy: defers megatron to the call
+        )
 
         return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=a.qk_norm)
     raise ValueError(f"unknown layer backend {backend!r}; supported: local, te, auto")
@@ -262,7 +277,6 @@ def resolve_backend(backend: str = "auto", cuda: bool | None = None, te: bool | 
     else ``local``. ``cuda`` / ``te``: what this machine has (None: ask it)."""
     if backend != "auto":
         return backend
-    from megatron_rl.runtime.device import has_cuda
 
     cuda = has_cuda() if cuda is None else cuda
     return "te" if cuda and (_has_te() if te is None else te) else "local"
@@ -271,8 +285,6 @@ def resolve_backend(backend: str = "auto", cuda: bool | None = None, te: bool | 
 def check_cp_backend(cp: int, backend: str, cuda: bool | None = None) -> None:
     """``parallel.cp`` > 1 runs only through Transformer Engine's THD context-parallel attention on CUDA
     (megatron's local attention has no CP path): one-line ``ValueError`` naming the key otherwise."""
-    from megatron_rl.runtime.device import has_cuda
-
     if cp <= 1:
         return
     cuda = has_cuda() if cuda is None else cuda
@@ -294,8 +306,6 @@ def resolve_model_backend(backend: str = "auto", fp8: str | None = None, sequenc
     rather than left to assert in the first forward. A ``ValueError`` names the key. ``cuda`` / ``te``:
     what this machine has (None: ask it).
     """
-    from megatron_rl.runtime.device import has_cuda
-
     if backend not in ("auto", "local", "te"):
         raise ValueError(f"model.backend must be auto|local|te, got {backend!r}")
     cuda = has_cuda() if cuda is None else cuda
@@ -341,8 +351,8 @@ def build_gpt_model(cfg, config=None, *, pre_process: bool | None = None, post_p
     """Build this rank's ``GPTModel`` chunk. ``pre_process``/``post_process`` default to whether
     this rank is the first / last pipeline stage. ``config`` defaults to
     :func:`transformer_config_from_hf` at the current TP/PP sizes."""
-    from megatron.core import parallel_state as ps
-    from megatron.core.models.gpt import GPTModel
+    from megatron.core import parallel_state as ps  # lazy: defers megatron to the call
+    from megatron.core.models.gpt import GPTModel  # lazy: defers megatron to the call
 
     cfg = load_hf_config(cfg)
     a = model_arch_info(cfg)

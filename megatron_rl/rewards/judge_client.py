@@ -31,6 +31,7 @@ import asyncio
 import dataclasses
 import json
 import re
+import urllib.request
 
 from megatron_rl.rewards.breaker import CircuitBreaker, log
 
@@ -41,7 +42,6 @@ TRANSIENT_4XX = (408, 429)
 class JudgeRejected(RuntimeError):
     """The judge refused ``breaker.failures`` consecutive requests with an HTTP 4xx: a misconfiguration
     (context, model name, key), not an outage. The message carries the server's own text, one line."""
-
 
 @dataclasses.dataclass
 class JudgeStats:
@@ -132,7 +132,7 @@ class JudgeClient:
 
     async def ask(self, session, sem, prompt: str) -> str | None:
         """The judge's text, or None after the retries / an open breaker / a refused request (counted)."""
-        import aiohttp
+        import aiohttp  # lazy: defers aiohttp to the call
 
         body = self.body(prompt)
         async with sem:
@@ -175,7 +175,7 @@ class JudgeClient:
 
     async def ask_all(self, run_one, items: list) -> list:
         """``[await run_one(session, sem, item) for item]`` concurrently, one HTTP session."""
-        import aiohttp
+        import aiohttp  # lazy: defers aiohttp to the call
 
         sem = asyncio.Semaphore(self.concurrency)
         async with aiohttp.ClientSession() as s:
@@ -191,8 +191,6 @@ class JudgeClient:
 def served_max_model_len(base_url: str, model: str, timeout: float = 10.0) -> int | None:
     """``max_model_len`` of ``model`` from the server's ``GET /models`` (vLLM lists it); None when the
     server does not say (another OpenAI-compatible server, or the model is not listed)."""
-    import urllib.request
-
     try:
         with urllib.request.urlopen(base_url.rstrip("/") + "/models", timeout=timeout) as r:
             data = json.loads(r.read())
@@ -209,7 +207,7 @@ def probe(client: JudgeClient, prompt: str, timeout: float) -> None:
     and closed after the first chunk, so a judge that would write thousands of tokens costs one token.
     Raises ``ValueError`` (one line, the server's own text) when the server refuses it or answers
     something that is not a chat completion."""
-    import aiohttp
+    import aiohttp  # lazy: defers aiohttp to the call
 
     async def go():
         body = {**client.body(prompt), "stream": True}

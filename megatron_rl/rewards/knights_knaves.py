@@ -12,8 +12,12 @@ resampled until brute force over all 2^n assignments finds exactly one consisten
 from __future__ import annotations
 
 import itertools
+import json
 import random
 import re
+
+from megatron_rl.rewards.extract import last_boxed, strip_think
+from megatron_rl.rewards.verdict import Verdict
 
 NAMES = ("Alice", "Bob", "Carol", "David", "Emma", "Frank", "Grace", "Henry", "Iris", "Jack", "Kate", "Liam")
 
@@ -107,8 +111,6 @@ def parse_solution(solution) -> dict[str, str]:
     statements}`` dict (or its ``solution_text_format`` text: one "(1) Zoey is a knight" line per
     person), or text in any of the answer formats; a JSON text of such a dict is read too."""
     if isinstance(solution, str) and solution.lstrip().startswith("{"):
-        import json
-
         try:
             solution = json.loads(solution)
         except ValueError:
@@ -130,8 +132,6 @@ def parse_solution(solution) -> dict[str, str]:
 def answer_segment(response: str) -> str | None:
     """The final answer of a response: the last ``\\boxed{}`` (RLCSD) or the last ``<answer>…</answer>``
     block (Logic-RL), whichever ends later; None when there is neither (never the whole response)."""
-    from megatron_rl.rewards.extract import last_boxed, strip_think
-
     text = strip_think(response)
     blocks = list(_ANSWER_BLOCK.finditer(text))
     box = last_boxed(text)
@@ -146,9 +146,6 @@ def kk_verdict(response: str, solution, reference: bool = False):
     person one role. A hedge ("a knight or a knave") or a name given two roles ("... Actually, Zoey is
     a knave") is wrong. ``reference``: the RLCSD reference's rule (last box only, first occurrence of a
     name wins, no hedge rule)."""
-    from megatron_rl.rewards.extract import last_boxed, strip_think
-    from megatron_rl.rewards.verdict import Verdict
-
     truth = parse_solution(solution)
     if not truth:
         raise ValueError(f"Knights & Knaves ground truth is empty or unreadable: {str(solution)[:80]!r}")

@@ -8,6 +8,9 @@ from typing import Sequence
 
 import torch
 
+from megatron_rl.data.dataset import problem_text
+from megatron_rl.rewards import pool as P
+from megatron_rl.rewards.math_reward import deadline_for
 from megatron_rl.rewards.registry import get_reward, register_reward, score_one  # noqa: F401 -- re-exported
 from megatron_rl.rewards.verdict import reason_of
 
@@ -59,9 +62,6 @@ class RewardManager:
 
     def values(self, names: Sequence[str], texts: Sequence[str], truths: Sequence) -> tuple[list, dict]:
         """Raw reward values (floats / Verdicts) for parallel lists, and the pool counters."""
-        from megatron_rl.rewards import pool as P
-        from megatron_rl.rewards.math_reward import deadline_for
-
         vals: list = [None] * len(texts)
         pooled = [i for i, n in enumerate(names) if n in POOLED]
         stats = {"reward/timeouts": 0, "reward/timeout_zero": 0}
@@ -81,8 +81,6 @@ class RewardManager:
 
     def _ask_second_opinion(self, names: Sequence[str], rows: Sequence, texts: Sequence[str], vals: list[float]) -> set[int]:
         """Rule-wrong rows of a reward with a judge: 1 where the judge says correct; returns those rows."""
-        from megatron_rl.data.dataset import problem_text
-
         corrected = set()
         for name, judge in self.second_opinion.items():
             idx = [i for i, n in enumerate(names) if n == name and vals[i] <= 0]

@@ -30,10 +30,12 @@ pool runs the sample once more and counts a second timeout (``reward/timeouts``)
 from __future__ import annotations
 
 import collections
+import logging
 import re
 import signal
 from decimal import Decimal, InvalidOperation
 
+from megatron_rl.rewards import pool
 from megatron_rl.rewards.extract import last_boxed, strip_think
 from megatron_rl.rewards.verdict import Verdict
 
@@ -102,15 +104,14 @@ class _Alarm(BaseException):
     """Raised by the interval timer inside the symbolic check (BaseException: no ``except Exception``
     in math-verify or sympy swallows it)."""
 
-
 def _on_alarm(signum, frame):
     raise _Alarm()
 
 
 def _degenerate(pred_parsed: list, gold_parsed: list) -> bool:
     """True when the answer's value is undefined, or infinite while the truth has no infinity."""
-    import sympy
-    from sympy import MatrixBase
+    import sympy  # lazy: defers sympy to the call
+    from sympy import MatrixBase  # lazy: defers sympy to the call
 
     def bad(expr, kinds) -> bool:
         if not isinstance(expr, (sympy.Basic, MatrixBase)):
@@ -140,8 +141,6 @@ _DEGENERATE_TEXT = re.compile(r"(^|[^a-z])(nan|zoo|undefined)([^a-z]|$)|/0(?![\d
 
 def _symbolic(pred: str, gold: str, timeout: float, reference: bool) -> Verdict:
     """Steps 3-4 under an interval-timer alarm of ``timeout`` seconds (main thread of a worker)."""
-    import logging
-
     from math_verify import parse, verify  # heavy (sympy, antlr): imported where used
 
     logging.getLogger("math_verify").setLevel(logging.ERROR)
@@ -169,8 +168,6 @@ def _symbolic(pred: str, gold: str, timeout: float, reference: bool) -> Verdict:
 def symbolic_check(pred: str, gold: str, timeout: float, reference: bool = False) -> Verdict:
     """Steps 3-4, cached for definite verdicts; runs in a reward worker (directly when already in
     one, else on the shared pool, so a check that hangs in C code can be killed)."""
-    from megatron_rl.rewards import pool
-
     key = (pred, gold, reference)
     hit = _cache.get(key)
     if hit is not None:

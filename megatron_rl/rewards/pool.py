@@ -22,6 +22,7 @@ from __future__ import annotations
 import atexit
 import collections
 import importlib
+import multiprocessing as mp
 import os
 import signal
 import threading
@@ -39,7 +40,6 @@ IN_WORKER = False
 
 class RewardPoolError(RuntimeError):
     """A reward worker died twice on the same task, or the pool could not start."""
-
 
 def cpu_count() -> int:
     """CPUs this process may run on (its affinity mask, not the machine's count)."""
@@ -121,8 +121,6 @@ class RewardPool:
 
     def _context(self):
         if self._ctx is None:
-            import multiprocessing as mp
-
             self._ctx = mp.get_context("forkserver")
             self._ctx.set_forkserver_preload(list(self.preload))
         return self._ctx
@@ -161,66 +159,78 @@ class RewardPool:
         self.stats["tasks"] += n
         done = 0
         while done < n:
-            for w in self._workers:
-                if w.task is None and pending:
-                    i = pending.popleft()
-                    attempts[i] += 1
-                    try:
-                        w.conn.send((i, target, args_list[i]))
-                    except (OSError, BrokenPipeError):
-                        pending.appendleft(i)
-                        attempts[i] -= 1
-                        self._replace(w)
-                        continue
-                    w.task, w.started = i, time.monotonic()
+            self._dispatch(target, args_list, pending, attempts)
             busy = [w for w in self._workers if w.task is not None]
             now = time.monotonic()
             wait_s = max(0.0, min(w.started + deadline for w in busy) - now) if busy else 0.0
             wait([x for w in busy for x in (w.conn, w.proc.sentinel)], timeout=wait_s + 0.01)
             for w in busy:
-                i = w.task
-                got = None
-                try:
-                    if w.conn.poll():
-                        got = w.conn.recv()
-                except (EOFError, OSError):
-                    got = None
-                if got is not None and got[0] == i:
-                    w.task = None
-                    _, kind, val, tb = got
-                    if kind == "err":
-                        if isinstance(val, BaseException) and not isinstance(val, (KeyboardInterrupt, SystemExit)):
-                            raise val from RuntimeError(f"in reward worker, task {i}:\n{tb}")
-                        raise RewardPoolError(f"reward task {i} failed: {val!r}\n{tb}")
-                    timed_out = reason_of(val[0] if isinstance(val, tuple) and val else val) == "timeout"
-                    if timed_out and attempts[i] < 2:
-                        self.stats["retries"] += 1
-                        pending.append(i)
-                        continue
-                    if timed_out:
-                        self.stats["timeouts"] += 1
-                    results[i] = val
-                    done += 1
-                elif not w.proc.is_alive():
-                    w.task = None
-                    code = w.proc.exitcode
-                    self._replace(w)
-                    if attempts[i] >= 2:
-                        raise RewardPoolError(f"reward worker died twice (exit code {code}) on task {i} of {target}; "
-                                              "the reward function crashes its process on this input")
-                    pending.append(i)
-                elif time.monotonic() - w.started > deadline:
-                    w.task = None
-                    self.stats["killed"] += 1
-                    self._replace(w)
-                    if attempts[i] < 2:
-                        self.stats["retries"] += 1
-                        pending.append(i)
-                    else:
-                        self.stats["timeouts"] += 1
-                        results[i] = Verdict(0.0, "timeout")
-                        done += 1
+                done += self._collect(w, target, deadline, pending, attempts, results)
         return results
+
+    def _dispatch(self, target: str, args_list: list[tuple], pending, attempts: list) -> None:
+        """Hand the next pending task to each idle worker (a worker whose pipe broke is replaced and
+        its task stays pending)."""
+        for w in self._workers:
+            if w.task is None and pending:
+                i = pending.popleft()
+                attempts[i] += 1
+                try:
+                    w.conn.send((i, target, args_list[i]))
+                except (OSError, BrokenPipeError):
+                    pending.appendleft(i)
+                    attempts[i] -= 1
+                    self._replace(w)
+                    continue
+                w.task, w.started = i, time.monotonic()
+
+    def _collect(self, w, target: str, deadline: float, pending, attempts: list, results: list) -> int:
+        """The outcome of busy worker ``w``'s task: its answer, its death or its deadline; a timed-out or
+        crashed task is retried once. Returns 1 when the task's result is final, else 0."""
+        i = w.task
+        got = None
+        try:
+            if w.conn.poll():
+                got = w.conn.recv()
+        except (EOFError, OSError):
+            got = None
+        if got is not None and got[0] == i:
+            w.task = None
+            _, kind, val, tb = got
+            if kind == "err":
+                if isinstance(val, BaseException) and not isinstance(val, (KeyboardInterrupt, SystemExit)):
+                    raise val from RuntimeError(f"in reward worker, task {i}:\n{tb}")
+                raise RewardPoolError(f"reward task {i} failed: {val!r}\n{tb}")
+            timed_out = reason_of(val[0] if isinstance(val, tuple) and val else val) == "timeout"
+            if timed_out and attempts[i] < 2:
+                self.stats["retries"] += 1
+                pending.append(i)
+                return 0
+            if timed_out:
+                self.stats["timeouts"] += 1
+            results[i] = val
+            return 1
+        if not w.proc.is_alive():
+            w.task = None
+            code = w.proc.exitcode
+            self._replace(w)
+            if attempts[i] >= 2:
+                raise RewardPoolError(f"reward worker died twice (exit code {code}) on task {i} of {target}; "
+                                      "the reward function crashes its process on this input")
+            pending.append(i)
+            return 0
+        if time.monotonic() - w.started > deadline:
+            w.task = None
+            self.stats["killed"] += 1
+            self._replace(w)
+            if attempts[i] < 2:
+                self.stats["retries"] += 1
+                pending.append(i)
+                return 0
+            self.stats["timeouts"] += 1
+            results[i] = Verdict(0.0, "timeout")
+            return 1
+        return 0
 
     def close(self) -> None:
         for w in self._workers:

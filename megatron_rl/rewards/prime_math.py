@@ -247,8 +247,8 @@ _SMALL_EXP = re.compile(r"(-?[0-9a-z]|\(-?\d{1,2}(/\(?\d{1,2}\)?)?\))(?![0-9^])"
 
 def _sympy_value(expr: str):
     """sympy's value of a guarded plain-text expression, or None (refused, unparsable, non-finite)."""
-    import sympy
-    from sympy.parsing import sympy_parser
+    import sympy  # lazy: defers sympy to the call
+    from sympy.parsing import sympy_parser  # lazy: defers sympy to the call
 
     e = expr.strip().replace("sqrt", "\x00").replace("pi", "\x01")
     letters = {c for c in e if c.isalpha()}
@@ -269,7 +269,7 @@ def _sympy_value(expr: str):
 
 
 def _sympy_equal(a: str, b: str) -> bool:
-    import sympy
+    import sympy  # lazy: defers sympy to the call
 
     va, vb = _sympy_value(a), _sympy_value(b)
     if va is None or vb is None:

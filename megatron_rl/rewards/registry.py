@@ -3,9 +3,15 @@ worker processes import it cheaply). A function may return a :class:`~megatron_r
 (a float with its reason); the manager counts the reasons."""
 from __future__ import annotations
 
+import time
 from typing import Callable
 
+from megatron_rl.rewards import math_reward
+from megatron_rl.rewards.dapo import dapo_reward, dapo_strict_box_reward
 from megatron_rl.rewards.exact import exact_match
+from megatron_rl.rewards.format import score_rewards
+from megatron_rl.rewards.knights_knaves import verify_kk, verify_kk_rlcsd
+from megatron_rl.rewards.prime_math import prime_math_score
 
 _REWARDS: dict[str, Callable[[str, object], float]] = {}
 
@@ -30,8 +36,6 @@ def get_reward(name: str):
 def score_one(name: str, response: str, ground_truth, timeout_s: float | None = None):
     """One reward value (a reward worker's task; ``timeout_s``: the ``math`` check's budget)."""
     if timeout_s is not None:
-        from megatron_rl.rewards import math_reward
-
         math_reward.TIMEOUT_S = timeout_s
     return get_reward(name)(response, ground_truth)
 
@@ -40,14 +44,8 @@ register_reward("exact")(exact_match)
 
 
 def _register_builtin() -> None:
-    from megatron_rl.rewards.dapo import dapo_reward, dapo_strict_box_reward
-    from megatron_rl.rewards.format import score_rewards
-    from megatron_rl.rewards.knights_knaves import verify_kk, verify_kk_rlcsd
-    from megatron_rl.rewards.math_reward import math_reward, math_rlcsd_reward
-    from megatron_rl.rewards.prime_math import prime_math_score
-
-    register_reward("math")(math_reward)
-    register_reward("math_rlcsd")(math_rlcsd_reward)
+    register_reward("math")(math_reward.math_reward)
+    register_reward("math_rlcsd")(math_reward.math_rlcsd_reward)
     register_reward("kk")(verify_kk)
     register_reward("kk_rlcsd")(verify_kk_rlcsd)
     register_reward("dapo")(dapo_reward)
@@ -62,8 +60,6 @@ _register_builtin()
 
 def score_timed(name: str, response: str, ground_truth, timeout_s: float | None = None):
     """``(score_one(...), seconds it took in the worker)`` — the latency of one response (benchmarks)."""
-    import time
-
     t0 = time.perf_counter()
     v = score_one(name, response, ground_truth, timeout_s)
     return v, time.perf_counter() - t0

@@ -31,18 +31,7 @@ from __future__ import annotations
 
 import torch
 
-LOGPROB_MODES = ("processed", "full")
-
-
-def check_truncation(top_p: float, top_k: int, min_p: float, where: str = "") -> None:
-    """Raise ``ValueError`` for out-of-range settings (vLLM's own limits: 0 < top_p <= 1,
-    top_k = -1/0 (off) or >= 1, 0 <= min_p <= 1)."""
-    if not 0.0 < top_p <= 1.0:
-        raise ValueError(f"{where}top_p must be in (0, 1], got {top_p}")
-    if top_k < -1:
-        raise ValueError(f"{where}top_k must be -1 (off) or >= 1, got {top_k}")
-    if not 0.0 <= min_p <= 1.0:
-        raise ValueError(f"{where}min_p must be in [0, 1], got {min_p}")
+from megatron_rl.config_parse import LOGPROB_MODES, check_truncation  # noqa: F401  (the engines' checks are the config's)
 
 
 def processed_logits(logits: torch.Tensor, temperature: float, top_k: int = -1, top_p: float = 1.0,

@@ -38,7 +38,7 @@ def _gcs_reachable(address: str, deadline: float, poll: float) -> None:
 def wait_for_ray_nodes(address: str, nodes: int, timeout: float, poll: float = 1.0) -> int:
     """Seconds-bounded wait for ``nodes`` alive Ray nodes; returns the count, raises TimeoutError.
     A watchdog ends the process (exit 1) if a Ray call blocks past the deadline."""
-    import ray
+    import ray  # lazy: defers ray to the call
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     deadline = time.monotonic() + timeout

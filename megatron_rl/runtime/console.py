@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import shlex
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -142,7 +144,6 @@ def quiet_command(log_path: str | Path, verbose: bool = False) -> Iterator[Path 
     if verbose:
         yield None
         return
-    import os
 
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
@@ -198,6 +199,4 @@ RESUME_TEMPLATE = "megatron-rl train --config <your config> [overrides] --resume
 def resume_command(config: str, overrides: list[str] | tuple[str, ...] = ()) -> str:
     """``megatron-rl train --config C [overrides] --resume auto``: continues the run (raise
     ``trainer.steps=N`` to train further), shell-quoted."""
-    import shlex
-
     return shlex.join(["megatron-rl", "train", "--config", str(config), *overrides, "--resume", "auto"])

@@ -1,6 +1,8 @@
 """The one place that asks about CUDA (STYLE.md §14: no bare ``torch.cuda`` elsewhere)."""
 from __future__ import annotations
 
+import os
+
 import torch
 
 
@@ -60,8 +62,6 @@ def pin_process(cores) -> None:
     """Pin every thread of this process (and threads it starts later) to ``cores`` and size torch's
     intra-op pool to match. ``os.sched_setaffinity(0, ...)`` alone binds only the calling thread;
     an OpenMP pool started earlier would keep running on every core, so each task id is set."""
-    import os
-
     cores = {int(c) for c in cores}
     if not cores:
         return

@@ -148,7 +148,7 @@ def is_disk_full(exc: BaseException, path: str | os.PathLike) -> bool:
 def check_free_on_rank0(path: str | os.PathLike, need: int, what: str) -> None:
     """Collective form of :func:`check_free` for a write done by global rank 0 alone: rank 0 checks
     its file system and every rank raises the same :class:`DiskSpaceError` (none enters the write)."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: defers torch to the call
 
     multi = dist.is_initialized() and dist.get_world_size() > 1
     msg = None

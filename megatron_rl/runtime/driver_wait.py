@@ -106,11 +106,11 @@ def start(timeout_s: float | None) -> DriverWait | None:
     """Called by ``parallel.init_distributed`` right after the process group exists: rank 0's heartbeat
     runs from then on. None in a one-process world."""
     global _CURRENT, _STARTS
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: defers torch to the call
 
     if _CURRENT is not None or not dist.is_initialized() or dist.get_world_size() == 1:
         return _CURRENT
-    from torch.distributed.distributed_c10d import _get_default_store
+    from torch.distributed.distributed_c10d import _get_default_store  # lazy: defers torch to the call
 
     _STARTS += 1
     _CURRENT = DriverWait(_get_default_store(), dist.get_rank(), timeout_s or 1800.0, prefix=f"{PREFIX}/{_STARTS}")

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tqdm.auto import tqdm
+
 _log = logging.getLogger("megatron_rl.runtime.logging")
 
 METRICS_FILE = "metrics.jsonl"
@@ -48,7 +50,7 @@ WANDB_MODES = ("offline", "online", "disabled")
 def global_rank() -> int:
     """Global rank: torch.distributed if initialised, else ``$RANK``, else 0."""
     try:
-        import torch.distributed as dist
+        import torch.distributed as dist  # lazy: defers torch to the call
 
         if dist.is_available() and dist.is_initialized():
             return dist.get_rank()
@@ -182,8 +184,6 @@ class RunLogger:
         self._wandb_run = self._init_wandb(config_as_dict(config_dict), wandb_mode, project,
                                            run_name or self.run_dir.name, resume_step is not None)
         if progress:
-            from tqdm.auto import tqdm
-
             self._bar = tqdm(total=total_steps, initial=max(self.last_step, 0), desc=run_name or self.run_dir.name,
                              unit="step", dynamic_ncols=True, smoothing=0.1)
 
@@ -196,7 +196,7 @@ class RunLogger:
         # "wandb:" lines on stderr whenever ``openai`` is imported, as the PAPO grader client is): its
         # documented switch is this variable. A user's own setting wins.
         os.environ.setdefault("WANDB_DISABLE_WEAVE", "true")
-        import wandb
+        import wandb  # lazy: defers wandb to the call
 
         id_file = self.run_dir / WANDB_ID_FILE
         if resuming and id_file.exists():
@@ -303,10 +303,10 @@ def plot_curve(metrics_path: str | Path, out_path: str | Path, keys: tuple[str, 
     series = {k: v for k, v in series.items() if v}
     if not series:
         return None
-    import matplotlib
+    import matplotlib  # lazy: defers matplotlib to the call
 
     matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: defers matplotlib to the call
 
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     for k, pts in series.items():

@@ -7,14 +7,14 @@ from __future__ import annotations
 import threading
 import time
 
+import psutil
+
 
 class PeakRSS:
     """``with PeakRSS() as m: ...`` then ``m.extra`` (peak private bytes above the start) and
     ``m.shared_peak - m.shared_base`` (peak shared bytes above the start)."""
 
     def __enter__(self) -> "PeakRSS":
-        import psutil
-
         self._p, self._stop = psutil.Process(), False
         m = self._p.memory_info()
         self.base = self.peak = m.rss - m.shared

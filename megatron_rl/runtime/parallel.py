@@ -15,7 +15,9 @@ import socket
 import torch
 import torch.distributed as dist
 
-from megatron_rl.runtime import device
+from megatron_rl import patches
+from megatron_rl.runtime import device, driver_wait
+from megatron_rl.runtime.launch_env import check_torch_env
 
 log = logging.getLogger("megatron_rl.runtime.parallel")
 
@@ -63,7 +65,6 @@ def init_distributed(timeout_s: float | None = None) -> None:
     bounds every collective (torch's default, 30 min, when None)."""
     if dist.is_initialized():
         return
-    from megatron_rl.runtime.launch_env import check_torch_env
 
     check_torch_env(wait_s=min(timeout_s or 120.0, 120.0))   # leftover torchrun variables: one line, not a hang
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
@@ -73,7 +74,6 @@ def init_distributed(timeout_s: float | None = None) -> None:
     device.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     kw = {"timeout": datetime.timedelta(seconds=timeout_s)} if timeout_s else {}
     dist.init_process_group(backend=device.dist_backend(), **kw)
-    from megatron_rl.runtime import driver_wait
 
     driver_wait.start(timeout_s)   # rank 0's heartbeat: the others wait for its rollouts in the store, not in NCCL
 
@@ -85,11 +85,9 @@ def init_parallel(tp: int = 1, pp: int = 1, *, seed: int = 1234, sequence_parall
     pipeline rank holding ``vpp`` model chunks (Megatron's virtual pipeline stages). ``cp`` > 1:
     Megatron's context-parallel groups (DP = world / (tp x pp x cp)); the groups build on any backend,
     the model needs CUDA + Transformer Engine (refused at start-up otherwise: ``config.validate``)."""
-    from megatron_rl import patches
-
     patches.apply_all(("megatron",))
-    from megatron.core import parallel_state as ps
-    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+    from megatron.core import parallel_state as ps  # lazy: defers megatron to the call
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed  # lazy: defers megatron to the call
 
     init_distributed(timeout_s)
     world = dist.get_world_size()
@@ -121,11 +119,9 @@ def init_parallel(tp: int = 1, pp: int = 1, *, seed: int = 1234, sequence_parall
 
 def destroy_parallel(process_group: bool = False) -> None:
     """Tear down megatron's groups (and the process group when ``process_group``)."""
-    from megatron.core import parallel_state as ps
+    from megatron.core import parallel_state as ps  # lazy: defers megatron to the call
 
     ps.destroy_model_parallel()
     if process_group and dist.is_initialized():
-        from megatron_rl.runtime import driver_wait
-
         driver_wait.stop()
         dist.destroy_process_group()

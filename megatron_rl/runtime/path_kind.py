@@ -9,6 +9,7 @@ holds both. Each ``expect_*`` raises one line that says what the path is instead
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 MISSING, FILE, HF, MCORE, RUN, OTHER = "missing", "file", "hf", "mcore", "run", "other"
@@ -89,8 +90,6 @@ def expect_checkpoint(path: str | os.PathLike, flag: str, sep: str = " ") -> Non
 def demo_hint(path: str) -> str:
     """What to do about a missing file under ``runs/demo_<algo>/``: the tiny example configs read the
     model and data that ``megatron-rl demo --algo <algo>`` writes there (``make demo``: bicc_rcc)."""
-    import re
-
     m = re.search(r"(?:^|/)runs/demo_(\w+)/", f"{path}/")
     if not m:
         return ""
@@ -101,8 +100,6 @@ def demo_hint(path: str) -> str:
 def check_model_path(path: str) -> None:
     """``model.hf_path`` names an HF model directory with ``config.json`` (or that file itself)."""
     p = Path(path)
-    from megatron_rl.runtime.path_kind import MCORE, RUN, expect_hf, kind
-
     if kind(p) in (MCORE, RUN):   # a checkpoint or a run dir where an HF dir is meant: say which to pass
         expect_hf(p, "model.hf_path", sep="=")
     if p.is_file() and p.suffix != ".json":

@@ -15,6 +15,7 @@ pin these versions (``tests/unit/test_stack.py`` keeps the three in step):
 """
 from __future__ import annotations
 
+import re
 from importlib import metadata
 
 #: distribution -> (supported range as text, lower bound inclusive, upper bound exclusive)
@@ -43,8 +44,6 @@ def installed_version(package: str) -> str | None:
 
 
 def _major_minor(version: str) -> tuple[int, int]:
-    import re
-
     m = re.match(r"(\d+)\.(\d+)", version)
     if not m:
         raise ValueError(f"unparsable version {version!r}")

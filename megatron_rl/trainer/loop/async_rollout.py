@@ -41,6 +41,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from megatron_rl.rewards.judge_client import JudgeRejected
+
 #: producer wait timeout: a wedged engine surfaces as an error instead of a silent hang
 WAIT_S = 24 * 3600.0
 
@@ -233,7 +235,7 @@ def core_plan(cores: list[int], trainer_procs: int, engine_share: float = 0.5) -
 
 def pin_trainer(plan: CorePlan, local_rank: int) -> frozenset:
     """Pin this trainer process (every thread, and torch's intra-op pool) to its cores; returns them."""
-    from megatron_rl.runtime.device import pin_process
+    from megatron_rl.runtime.device import pin_process  # lazy: defers torch to the call
 
     mine = plan.trainer[local_rank % len(plan.trainer)]
     pin_process(mine)
@@ -287,8 +289,7 @@ class AsyncRollouts:
 
     def next(self, step: int) -> tuple[Any, dict]:
         """Collective: the batch of ``step`` and ``{weight_version, staleness, gen_s}``."""
-        from megatron_rl.rewards.judge_client import JudgeRejected
-        from megatron_rl.trainer.loop.rollout_stage import broadcast_object
+        from megatron_rl.trainer.loop.rollout_stage import broadcast_object  # lazy: defers torch to the call
 
         msg = None
         if self.is_driver:

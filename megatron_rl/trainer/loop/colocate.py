@@ -43,7 +43,7 @@ def _noop() -> None:
 
 
 def _barrier() -> None:
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: defers torch to the call
 
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()

@@ -39,7 +39,7 @@ def message(cfg, value: float) -> str:
 
 def agreed(value: float | None) -> float | None:
     """Collective: rank 0's guarded value on every rank (the local one without torch.distributed)."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: defers torch to the call
 
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return value

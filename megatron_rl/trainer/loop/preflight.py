@@ -23,13 +23,28 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
+from urllib.parse import urlparse
+
+from megatron_rl.config import load_config, validate
+from megatron_rl.data.tokenizer import load_tokenizer
+from megatron_rl.rewards.grader import RUBRIC_PROMPT
+from megatron_rl.rewards.judge_client import probe, served_max_model_len
+from megatron_rl.rewards.outcome_judge import OUTCOME_PROMPT
+from megatron_rl.runtime.diskspace import check_writable
+from megatron_rl.runtime.launch_env import check_ray_address, check_torch_env
+from megatron_rl.runtime.path_kind import HF, RUN, demo_hint, expect_checkpoint, kind
+from megatron_rl.runtime.stack import check_stack as check
+from megatron_rl.trainer.loop.async_rollout import check_async
+from megatron_rl.trainer.loop.setup import build_grader, build_outcome_verifier
+from megatron_rl.trainer.state.ckpt_manifest import find_damage
+from megatron_rl.trainer.state.run_config import check_resume
+from megatron_rl.trainer.state.run_dir import check_run_dir
 
 
 def load_checked(path, overrides=()):
     """``config.load_config`` + :func:`check_config`: the config an entry point may start a run with."""
-    from megatron_rl.config import load_config
-
     cfg = load_config(path, list(overrides))
     check_config(cfg)
     return cfg
@@ -37,13 +52,16 @@ def load_checked(path, overrides=()):
 
 def check_config(cfg) -> None:
     """Config-only rules (see module docstring); ``ValueError`` naming the key."""
-    from megatron_rl.algorithms import algo_kind, single_sample_kinds
-    from megatron_rl.rewards.manager import get_reward
-    from megatron_rl.trainer.loop.async_rollout import check_async
-    from megatron_rl.trainer.paths import path_class
+    from megatron_rl.algorithms import algo_kind, single_sample_kinds  # lazy: defers torch to the call
+    from megatron_rl.rewards.manager import get_reward  # lazy: defers torch to the call
+    from megatron_rl.trainer.paths import path_class  # lazy: defers torch to the call
 
     if cfg.parallel.cp > 1:
         check_backend(cfg)             # context parallelism needs CUDA + TE: said before any layout arithmetic
+    if cfg.model.hf_path:
+        from megatron_rl.models.provider import check_model_layout  # lazy: defers torch to the call
+
+        check_model_layout(cfg)        # TP / PP / VPP and recompute against the model's config.json
     path = path_class(cfg.algo.kind)   # an unknown path, wrong hparams class, missing inputs, the path's own rules
     path.validate(cfg)
     check_async(cfg.algo.kind, path, cfg.rollout.max_staleness, cfg.algo.off_policy)
@@ -117,7 +135,7 @@ def check_kv_cache_memory(cfg) -> None:
     """vLLM-CPU keeps each engine's KV cache (``rollout.kv_cache_gib``) in host memory: more than this
     host has available fails 20 s into the run inside Ray / vLLM; refused here (no CUDA only: on a
     GPU the cache lives in GPU memory)."""
-    from megatron_rl.runtime.device import has_cuda
+    from megatron_rl.runtime.device import has_cuda  # lazy: defers torch to the call
 
     r = cfg.rollout
     if r.engine != "vllm" or has_cuda():
@@ -133,7 +151,7 @@ def check_kv_cache_memory(cfg) -> None:
 
 
 def _check_against_model(cfg) -> None:
-    from megatron_rl.models.provider import model_arch_info
+    from megatron_rl.models.provider import model_arch_info  # lazy: defers torch to the call
 
     a = model_arch_info(cfg.model.hf_path)
     positions = json.loads((Path(cfg.model.hf_path) / "config.json").read_text()).get("max_position_embeddings")
@@ -158,8 +176,6 @@ def _need_file(key: str, value: str, what: str, is_dir: bool = False) -> None:
         raise ValueError(f"{key} is required ({what})")
     p = Path(value)
     if not (p.is_dir() if is_dir else p.exists()):
-        from megatron_rl.runtime.path_kind import demo_hint
-
         raise FileNotFoundError(f"{key}={value}: no such {'directory' if is_dir else 'file'} ({what}){demo_hint(value)}")
 
 
@@ -175,8 +191,6 @@ def check_files(cfg, resume: str | None = None) -> None:
     if cfg.data.val:
         _need_file("data.val", cfg.data.val, "held-out prompts, parquet")
     if resume not in (None, "auto") and Path(resume).is_dir() and not (Path(resume) / "COMPLETE").is_file():
-        from megatron_rl.runtime.path_kind import HF, RUN, expect_checkpoint, kind
-
         if kind(resume) in (RUN, HF):   # a run dir or an HF dir where a checkpoint is meant: say which fits
             expect_checkpoint(resume, "--resume")
     if resume not in (None, "auto") and not Path(resume).is_dir():
@@ -187,7 +201,6 @@ def check_files(cfg, resume: str | None = None) -> None:
         if not marker.is_file():
             raise FileNotFoundError(f"--resume {resume}: not a complete checkpoint (no COMPLETE marker); "
                                     "use --resume auto for the newest one of trainer.run_dir")
-        from megatron_rl.trainer.state.ckpt_manifest import find_damage
 
         try:
             meta = json.loads(marker.read_text())
@@ -200,7 +213,7 @@ def check_files(cfg, resume: str | None = None) -> None:
 
 def _parquet_rows(key: str, path: str) -> int:
     """Rows of a parquet file (or directory of them), from the metadata only."""
-    import pyarrow.dataset as pds
+    import pyarrow.dataset as pds  # lazy: defers pyarrow to the call
 
     try:
         return pds.dataset(path, format="parquet").count_rows()
@@ -226,12 +239,12 @@ def check_data(cfg) -> None:
 def check_row_fields(cfg) -> None:
     """Every ``data.train`` row carries the ``extra_info`` fields the method's data path reads
     (``DataPath.row_fields``: e.g. the reference solution of a chat teacher prompt), counted."""
-    from megatron_rl.trainer.paths import path_class
+    from megatron_rl.trainer.paths import path_class  # lazy: defers torch to the call
 
     need = path_class(cfg.algo.kind).row_fields(cfg)
     if not need:
         return
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # lazy: defers pyarrow to the call
 
     f = pq.ParquetFile(cfg.data.train)
     rows = f.read(columns=["extra_info"]).column("extra_info").to_pylist() if "extra_info" in f.schema_arrow.names \
@@ -255,8 +268,6 @@ def _prompt_key(cfg, path: str) -> tuple:
 
 
 def _tokenizer(cfg):
-    from megatron_rl.data.tokenizer import load_tokenizer
-
     key, where = ("model.tokenizer_path", cfg.model.tokenizer_path) if cfg.model.tokenizer_path else \
         ("model.hf_path", cfg.model.hf_path)
     try:
@@ -271,7 +282,7 @@ def prompt_datasets(cfg, tok=None):
     """``(train, val)`` :class:`~megatron_rl.data.dataset.PromptDataset` of ``cfg`` (val None when unset),
     each file read, templated and tokenised once per process: :func:`check_prompts` builds them among the
     start-up checks and ``setup_run`` takes the same objects."""
-    from megatron_rl.data.dataset import PromptDataset
+    from megatron_rl.data.dataset import PromptDataset  # lazy: defers torch to the call
 
     out = []
     for key, path in (("data.train", cfg.data.train), ("data.val", cfg.data.val)):
@@ -308,10 +319,10 @@ def check_model_weights(cfg) -> None:
     hf = Path(cfg.model.hf_path)
     if not any(hf.glob("*.safetensors")):
         return   # no weights to compare (a stand-in config); the load names what is missing
-    from megatron_rl.convert.live import check_hf_names
-    from megatron_rl.convert.safetensors_index import SafetensorsIndex
-    from megatron_rl.convert.stream import check_shapes
-    from megatron_rl.models.provider import model_arch_info
+    from megatron_rl.convert.live import check_hf_names  # lazy: defers torch to the call
+    from megatron_rl.convert.safetensors_index import SafetensorsIndex  # lazy: defers torch to the call
+    from megatron_rl.convert.stream import check_shapes  # lazy: defers torch to the call
+    from megatron_rl.models.provider import model_arch_info  # lazy: defers torch to the call
 
     try:
         index = SafetensorsIndex(hf)
@@ -327,7 +338,7 @@ def check_resume_step(cfg, resume: str | None) -> None:
     train nothing and export the checkpoint's weights over ``hf/``)."""
     if resume is None:
         return
-    from megatron_rl.trainer.state.checkpoint import find_latest
+    from megatron_rl.trainer.state.checkpoint import find_latest  # lazy: defers numpy, torch to the call
 
     ck = find_latest(cfg.trainer.run_dir) if resume == "auto" else Path(resume)
     if ck is None:
@@ -344,8 +355,6 @@ def check_resume_step(cfg, resume: str | None) -> None:
 def check_run_dir_writable(cfg) -> None:
     """``trainer.run_dir`` (or the parent it will be created in) can be written: a read-only place is
     one line now, not a raw ``OSError`` (or "no free space") once the run has started."""
-    from megatron_rl.runtime.diskspace import check_writable
-
     d = cfg.trainer.run_dir
     if not str(d).strip():
         raise ValueError("trainer.run_dir is empty: set it to the run's own directory (e.g. runs/my_run); an empty "
@@ -358,7 +367,7 @@ def check_run_dir_writable(cfg) -> None:
 
 def check_backend(cfg) -> str:
     """The layer backend this machine will build (``models.provider.resolve_model_backend``)."""
-    from megatron_rl.models.provider import check_cp_backend, resolve_model_backend
+    from megatron_rl.models.provider import check_cp_backend, resolve_model_backend  # lazy: defers torch to the call
 
     backend = resolve_model_backend(cfg.model.backend, cfg.model.fp8, cfg.parallel.sequence_parallel and cfg.parallel.tp > 1)
     check_cp_backend(cfg.parallel.cp, backend)
@@ -368,8 +377,6 @@ def check_backend(cfg) -> str:
 def check_stack(cfg, backend: str) -> None:
     """The installed vLLM / Transformer Engine / megatron-core against the versions the code is written
     for (``megatron_rl/runtime/stack.py``): one line naming installed vs supported when they differ."""
-    from megatron_rl.runtime.stack import check_stack as check
-
     check(cfg.rollout.engine, backend)
 
 
@@ -380,7 +387,7 @@ def _probe_row(cfg) -> dict:
     row lacks them."""
     out = {"problem": "What is 1 + 1?", "reference": "Adding 1 and 1 gives \\boxed{2}.", "truth": "2"}
     try:
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # lazy: defers pyarrow to the call
 
         f = pq.ParquetFile(cfg.data.train)
         cols = [c for c in ("prompt", "extra_info", "reward_model") if c in f.schema_arrow.names]
@@ -408,11 +415,7 @@ def check_grader(cfg, timeout: float = 3.0) -> None:
     with the outcome prompt — the run's body on the first training row (:func:`_probe_row`), streamed
     and closed after the first chunk — succeed.
     Otherwise one line with the server's own error text (``judge_client.probe``)."""
-    import socket
-    from urllib.parse import urlparse
-
-    from megatron_rl.trainer.paths import path_class
-    from megatron_rl.trainer.loop.setup import build_grader, build_outcome_verifier
+    from megatron_rl.trainer.paths import path_class  # lazy: defers torch to the call
 
     r = cfg.reward
     rubric = bool(r.grader_url) and path_class(cfg.algo.kind).uses_grader
@@ -430,9 +433,6 @@ def check_grader(cfg, timeout: float = 3.0) -> None:
             return
         raise ValueError(f"reward.grader_url={r.grader_url}: grader unreachable ({e.strerror or e}); start it, fix "
                          "the URL, or set reward.grader_required=false to train on the fallback score") from None
-    from megatron_rl.rewards.grader import RUBRIC_PROMPT
-    from megatron_rl.rewards.judge_client import probe, served_max_model_len
-    from megatron_rl.rewards.outcome_judge import OUTCOME_PROMPT
 
     ctx = served_max_model_len(r.grader_url, r.grader_model, timeout=min(r.grader_timeout, 10.0))
     if ctx is not None and r.grader_max_tokens >= ctx:
@@ -457,15 +457,13 @@ def check_grader(cfg, timeout: float = 3.0) -> None:
 
 def check_world(cfg) -> None:
     """Batch / layout divisibility for ``WORLD_SIZE`` (torchrun's; 1 otherwise)."""
-    from megatron_rl.config import validate
-
     validate(cfg, world_size=int(os.environ.get("WORLD_SIZE", "1")))
 
 
 def check_export_dir(cfg, overwrite: bool = False) -> None:
     """The final HF export (``run_dir/hf``) will be allowed to replace what is there (``convert.atomic``):
     found now rather than after the whole run (e.g. a folder of user files named ``hf``)."""
-    from megatron_rl.convert.atomic import check_out_dir
+    from megatron_rl.convert.atomic import check_out_dir  # lazy: defers torch to the call
 
     out = Path(cfg.trainer.run_dir) / "hf"
     if cfg.trainer.export_hf and out.exists() and not overwrite:
@@ -479,8 +477,6 @@ def check_launch(cfg) -> None:
     """The launch environment (``launch_env``), bounded in time: torchrun's variables form a process
     group (rank > 0 waits at most min(``parallel.timeout_s``, 120 s) for the rendezvous), and on rank 0
     the Ray head of ``rollout.ray_address`` / ``RAY_ADDRESS`` answers within 10 s."""
-    from megatron_rl.runtime.launch_env import check_ray_address, check_torch_env
-
     check_torch_env(wait_s=min(cfg.parallel.timeout_s, 120.0))
     if os.environ.get("RANK", "0") == "0":   # the Ray driver
         check_ray_address(cfg.rollout.ray_address)
@@ -489,8 +485,8 @@ def check_launch(cfg) -> None:
 def check_rollout_placement(cfg) -> str:
     """``rollout.placement`` and ``rollout.sync_backend`` against the GPUs here (``rollout/placement.py``):
     torchrun's processes on this node and in all, the engines' GPUs; returns the sync backend."""
-    from megatron_rl.runtime.device import gpu_count, has_cuda
-    from megatron_rl.rollout.placement import check_placement
+    from megatron_rl.rollout.placement import check_placement  # lazy: defers torch to the call
+    from megatron_rl.runtime.device import gpu_count, has_cuda  # lazy: defers torch to the call
 
     return check_placement(cfg, has_cuda(), gpu_count(), int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
                            int(os.environ.get("WORLD_SIZE", "1")),
@@ -499,9 +495,6 @@ def check_rollout_placement(cfg) -> str:
 
 def preflight(cfg, resume: str | None = None, overwrite: bool = False, allow_config_change: bool = False) -> str:
     """All start-up checks of a run on this machine; returns the resolved layer backend."""
-    from megatron_rl.trainer.state.run_config import check_resume
-    from megatron_rl.trainer.state.run_dir import check_run_dir
-
     check_config(cfg)   # already run by load_checked; again here for a Config built in code
     check_launch(cfg)
     check_files(cfg, resume)

@@ -13,6 +13,7 @@ engine pool.
 from __future__ import annotations
 
 import math
+import os
 import signal
 import time
 from pathlib import Path
@@ -20,8 +21,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from megatron_rl.runtime.console import LOG_FILE, RESUME_TEMPLATE
 from megatron_rl.rewards.judge_client import JudgeRejected
+from megatron_rl.runtime.console import LOG_FILE, RESUME_TEMPLATE, format_summary, quiet_console
 from megatron_rl.trainer.loop import guard
 from megatron_rl.trainer.loop.rollout_source import open_source
 from megatron_rl.trainer.loop.rollout_stage import Rollouts
@@ -177,10 +178,6 @@ def main(cfg, resume: str | None = None, overwrite: bool = False, resume_cmd: st
          allow_config_change: bool = False) -> int:
     """``megatron-rl train`` entry point: console = progress bar, warnings, summary (INFO -> train.log).
     ``resume_cmd``: the command line that continues this run, printed last in the summary."""
-    import os
-
-    from megatron_rl.runtime.console import format_summary, quiet_console
-
     quiet_console(int(os.environ.get("RANK", "0")))
     summary = run(cfg, resume=resume, overwrite=overwrite, allow_config_change=allow_config_change, resume_cmd=resume_cmd)
     if not dist.is_initialized() or dist.get_rank() == 0:

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from megatron_rl.rewards.judge_client import JudgeRejected
 from megatron_rl.trainer.loop.async_rollout import AsyncRollouts, sync_metrics
 from megatron_rl.trainer.loop.rollout_stage import broadcast_object
 
@@ -33,8 +34,6 @@ class SyncRollouts:
         self.collect, self.is_driver = collect, is_driver
 
     def next(self, step: int) -> tuple[Any, dict]:
-        from megatron_rl.rewards.judge_client import JudgeRejected
-
         t0 = time.perf_counter()
         data = None
         if self.is_driver:

@@ -12,7 +12,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from megatron_rl.algorithms import dapo_overlong_penalty
 from megatron_rl.rollout.engine import SamplingParams
+from megatron_rl.runtime import driver_wait
 
 
 @dataclasses.dataclass
@@ -55,7 +57,6 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     rank-0 phase never sits in an NCCL collective against ``parallel.timeout_s`` and its watchdog."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return obj
-    from megatron_rl.runtime import driver_wait
 
     waiter = driver_wait.current()
     if src == 0 and waiter is not None:
@@ -109,8 +110,6 @@ def score(rollouts: Rollouts, reward_manager) -> Rollouts:
 
 def overlong_shaping(rollouts: Rollouts, hp, max_tokens: int) -> Rollouts:
     """DAPO soft overlong punishment added to the reward (``correct`` stays the binary outcome)."""
-    from megatron_rl.algorithms import dapo_overlong_penalty
-
     lens = torch.tensor([len(r) for r in rollouts.responses])
     pen = dapo_overlong_penalty(lens, max_tokens, hp.overlong_buffer_len, hp.overlong_penalty_factor).float()
     rollouts.rewards = rollouts.rewards + pen

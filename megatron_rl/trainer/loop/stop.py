@@ -37,10 +37,10 @@ import signal
 import sys
 import threading
 
-from megatron_rl.runtime.console import fresh_line   # imported now: a signal handler should not import
+from megatron_rl.runtime.console import fresh_line  # imported now: a signal handler should not import
 
 try:
-    import psutil   # Ray's dependency: the process tree for end_children
+    import psutil  # Ray's dependency: the process tree for end_children
 except ImportError:  # pragma: no cover
     psutil = None
 
@@ -164,7 +164,7 @@ class GracefulStop:
     def agreed(self) -> int:
         """Collective (every rank, at the same step boundary): the signal to stop on, the largest
         one any rank received (0: go on). Without torch.distributed: this process's flag."""
-        import torch.distributed as dist
+        import torch.distributed as dist  # lazy: defers torch to the call
 
         if not dist.is_initialized() or dist.get_world_size() == 1:
             return self.signum

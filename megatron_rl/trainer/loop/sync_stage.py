@@ -31,6 +31,12 @@ import logging
 
 import torch
 
+from megatron_rl.convert import hf_tensor_meta, stream_hf_tensors
+from megatron_rl.rollout.engine import SamplingParams
+from megatron_rl.rollout.weight_sync import RoundSource, param_meta
+from megatron_rl.trainer.loop.rollout_stage import broadcast_object
+from megatron_rl.trainer.pipeline.update_stage import build_seq_batch, response_frame
+
 log = logging.getLogger("megatron_rl.sync")
 
 PROBE_PROMPTS = 8
@@ -52,7 +58,6 @@ TOLERANCE = {"float32": (1e-3, 1e-2), "bfloat16": (5e-2, 1.0)}
 class LogProbGateError(RuntimeError):
     """The trainer and the engines disagree on the log-probs right after a weight sync."""
 
-
 def verify_due(spec: str, step: int, verified: int) -> bool:
     """Whether the push that ends ``step`` is verified under ``rollout.verify_sync`` = ``spec``, with
     ``verified`` pushes verified so far in this process: ``first`` (the first training push of the
@@ -72,15 +77,12 @@ def sync(run) -> None:
 def push(actor, client, bucket_bytes: int) -> int | None:
     """Collective: stream ``actor``'s weights; ``client`` (a ``RolloutClient``, rank 0 only; None
     elsewhere) sends them. Returns the new weight version on rank 0."""
-    from megatron_rl.convert import hf_tensor_meta, stream_hf_tensors
-
     models = actor.bare_models()
     stream = stream_hf_tensors(models, actor.hf_cfg, sender=0)
     if client is None:
         for _ in stream:
             pass
         return None
-    from megatron_rl.rollout.weight_sync import RoundSource, param_meta
 
     dtype = next(models[0].parameters()).dtype
     meta = [param_meta(n, d, s) for n, d, s in hf_tensor_meta(actor.hf_cfg, dtype)]
@@ -113,8 +115,6 @@ def probe_prompts(prompts: list[list[int]], max_model_len: int, max_tokens: int)
 
 
 def _probe_set(run) -> tuple[list[list[int]], object]:
-    from megatron_rl.rollout.engine import SamplingParams
-
     r = run.cfg.rollout
     idx = list(range(min(PROBE_PROMPTS, len(run.train_set))))
     prompts = probe_prompts([list(run.train_set[i].prompt_ids) for i in idx], r.max_model_len, r.max_tokens)
@@ -132,9 +132,6 @@ def warm_probe(run) -> None:
 def probe_gap(run) -> dict:
     """Collective: the engines greedily complete the probe (driver), the trainer recomputes the
     log-probs of those tokens at temperature 1; mean / max |trainer − engine| and the token count."""
-    from megatron_rl.trainer.loop.rollout_stage import broadcast_object
-    from megatron_rl.trainer.pipeline.update_stage import build_seq_batch, response_frame
-
     probe = None
     if run.info.is_driver:
         prompts, sp = _probe_set(run)
@@ -170,9 +167,6 @@ def weight_mismatches(actor, client, limit: int = 3) -> list[str]:
     """Collective: the first ``limit`` tensors whose copy in some engine differs from the trainer's HF
     export (streamed to rank 0 as a push is; compared bit for bit, dtype and shape first), each as
     ``name (engine i: why)``; the same list on every rank. ``client`` None off the driver."""
-    from megatron_rl.convert import stream_hf_tensors
-    from megatron_rl.trainer.loop.rollout_stage import broadcast_object
-
     stream = stream_hf_tensors(actor.bare_models(), actor.hf_cfg, sender=0)
     if client is None:
         for _ in stream:
@@ -203,7 +197,6 @@ def weight_mismatches(actor, client, limit: int = 3) -> list[str]:
 
 class SyncVerifyError(RuntimeError):
     """A verified weight push left the engines disagreeing with the trainer (``rollout.verify_sync``)."""
-
 
 def verify_push(run, step: int) -> dict:
     """Collective, after the push that ends ``step``: the probe against the dtype's tolerance and the

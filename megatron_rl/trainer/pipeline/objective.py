@@ -31,6 +31,7 @@ import torch
 from megatron_rl.algorithms import AlgoInputs, algo_kind, loss_support, objective_terms
 from megatron_rl.algorithms.losses import PartialLoss, partial_aggregate
 from megatron_rl.algorithms.mismatch import gen_kl, token_mult_prob_error
+from megatron_rl.trainer.policy.vocab_parallel import with_tail
 
 __all__ = ["Objective", "PartialLoss", "SupportObjective", "partial_aggregate"]
 
@@ -72,8 +73,6 @@ class Objective:
 
     def inputs(self, logp, mb, support=None) -> AlgoInputs:
         """The micro-batch's AlgoInputs (gathers in the module docstring)."""
-        from megatron_rl.trainer.policy.vocab_parallel import with_tail
-
         ex = mb.extras
         pos = ex["resp_pos"]
         kw = {f: ex[f] for f in _PASS if f in ex}

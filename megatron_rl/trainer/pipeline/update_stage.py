@@ -13,6 +13,9 @@ import dataclasses
 import torch
 
 from megatron_rl import algorithms as A
+from megatron_rl.algorithms import correction as C
+from megatron_rl.algorithms import mismatch as M
+from megatron_rl.algorithms import offpolicy as O
 from megatron_rl.trainer.pipeline.batch import TrainBatch, make_batch
 
 
@@ -72,8 +75,6 @@ def off_policy_inputs(cfg, ro, old: torch.Tensor, mask: torch.Tensor, step: int)
     (``ro.rollout_logp``); staleness = (step − 1) − ``ro.weight_version`` (the trainer holds the
     weights of step − 1; a batch collected synchronously has no version: staleness 0). Mode and
     cap: ``algo.off_policy`` / ``algo.tis_cap``. Returns (weights [N, T] or None, metrics)."""
-    from megatron_rl.algorithms import offpolicy as O
-
     version = step - 1 if ro.weight_version is None else ro.weight_version
     stale = O.staleness(step - 1, torch.full((len(ro),), version, dtype=torch.long))
     out = O.off_policy_weights(old, O.behaviour_matrix(ro.rollout_logp, old), mask, stale,
@@ -83,8 +84,6 @@ def off_policy_inputs(cfg, ro, old: torch.Tensor, mask: torch.Tensor, step: int)
 
 def batch_staleness(ro, step: int) -> torch.Tensor:
     """[N] staleness of the batch's samples: (step − 1) − ``ro.weight_version`` (0 without a version)."""
-    from megatron_rl.algorithms import offpolicy as O
-
     version = step - 1 if ro.weight_version is None else ro.weight_version
     return O.staleness(step - 1, torch.full((len(ro),), version, dtype=torch.long))
 
@@ -101,9 +100,6 @@ def mismatch_inputs(cfg, ro, old: torch.Tensor, mask: torch.Tensor, step: int) -
     """The train–inference mismatch metrics of the batch (``algorithms/mismatch.py``): trainer =
     ``old`` (the recomputed log-probs), engine = ``ro.rollout_logp``; split by staleness when the run
     is asynchronous (``rollout.max_staleness`` > 0)."""
-    from megatron_rl.algorithms import mismatch as M
-    from megatron_rl.algorithms import offpolicy as O
-
     return M.split_mismatch_metrics(old, O.behaviour_matrix(ro.rollout_logp, old), mask, batch_staleness(ro, step),
                                     correction_band(cfg), split=cfg.rollout.max_staleness > 0)
 
@@ -111,9 +107,6 @@ def mismatch_inputs(cfg, ro, old: torch.Tensor, mask: torch.Tensor, step: int) -
 def correction_inputs(cfg, ro, old: torch.Tensor, mask: torch.Tensor, step: int):
     """A registered rollout-correction mode (``algorithms/correction.py``) on the batch: (weights or
     None, keep mask or None, metrics incl. the staleness ones)."""
-    from megatron_rl.algorithms import correction as C
-    from megatron_rl.algorithms import offpolicy as O
-
     out = C.apply_correction(cfg.algo.off_policy, old, O.behaviour_matrix(ro.rollout_logp, old), mask, cfg.algo.correction)
     metrics = {k: float(v) for k, v in O.staleness_metrics(batch_staleness(ro, step)).items()}
     metrics.update({k: float(v) for k, v in out.metrics.items()})

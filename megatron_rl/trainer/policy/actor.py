@@ -39,16 +39,22 @@ from typing import Any, Callable, Iterator, NamedTuple
 
 import torch
 
-from megatron_rl.runtime.device import default_device
-from megatron_rl.trainer.policy import cp_batch
+from megatron_rl.convert import export_hf, iter_hf_tensors, load_hf_into_model
+from megatron_rl.models.provider import (build_gpt_model, check_cp_backend, cuda_fusions, resolve_model_backend,
+                                         transformer_config_from_hf)
+from megatron_rl.runtime.device import default_device, release_cached_memory
 from megatron_rl.trainer.pipeline.batch import TrainBatch
-from megatron_rl.trainer.pipeline.packing import PackedMicroBatch, RankMicroBatches, TokenBudget, seq_lengths, unpacked_collection
+from megatron_rl.trainer.pipeline.objective import SupportObjective
+from megatron_rl.trainer.pipeline.packing import (PackedMicroBatch, RankMicroBatches, TokenBudget, seq_lengths,
+                                                  thd_layout, unpacked_collection)
 from megatron_rl.trainer.pipeline.packing import plan as pack_plan
+from megatron_rl.trainer.policy import cp_batch
+from megatron_rl.trainer.policy.offload import HostStash, check_offload_mode, trainer_tensors
 from megatron_rl.trainer.policy.optim import OptimSpec, build_optimizer, current_lr
 from megatron_rl.trainer.policy.schedule import (Groups, from_last_stage, gather_dp, run_schedule, sum_dp,
-                                          tensor_from_last_stage)
-from megatron_rl.trainer.policy.vocab_parallel import (LogProbs, vocab_parallel_gather_logprobs, vocab_parallel_logprobs,
-                                                vocab_parallel_topk)
+                                                 tensor_from_last_stage)
+from megatron_rl.trainer.policy.vocab_parallel import (LogProbs, vocab_parallel_gather_logprobs,
+                                                       vocab_parallel_logprobs, vocab_parallel_topk)
 
 LossFn = Callable[[torch.Tensor, torch.Tensor, TrainBatch], tuple]
 """``(logp [n,S-1], entropy [n,S-1], mb) -> (loss_sum scalar, normaliser scalar | None, metrics dict)``.
@@ -66,7 +72,6 @@ global batch — use this for token means so they are invariant to micro-batchin
 
 class NonFiniteLossError(FloatingPointError):
     """The global loss of a step was NaN/inf; raised BEFORE the optimizer step (weights unchanged)."""
-
 
 class LogProbResult(NamedTuple):
     """``logp`` ``[N, S-1]`` fp32 on every rank; ``entropy`` likewise or None."""
@@ -93,8 +98,6 @@ class TrainStepResult:
 
 
 def _support_key(loss_fn) -> str | None:
-    from megatron_rl.trainer.pipeline.objective import SupportObjective
-
     return loss_fn.support_key if isinstance(loss_fn, SupportObjective) else None
 
 
@@ -116,15 +119,7 @@ def _build_chunks(hf_cfg, bf16: bool, g: Groups, sequence_parallel: bool, backen
     wraps it later: the distributed optimizer re-points ``param.data`` into its own buffers, but the
     reference and a plain-optimizer actor have no such step, and megatron's local norms are built on
     the host even without ``use_cpu_initialization``."""
-    from megatron.core import parallel_state as ps
-
-    from megatron_rl.models.provider import (
-        build_gpt_model,
-        check_cp_backend,
-        cuda_fusions,
-        resolve_model_backend,
-        transformer_config_from_hf,
-    )
+    from megatron.core import parallel_state as ps  # lazy: defers megatron to the call
 
     backend = resolve_model_backend(backend, fp8, sequence_parallel)
     check_cp_backend(g.cp_size, backend)
@@ -149,7 +144,7 @@ def _build_chunks(hf_cfg, bf16: bool, g: Groups, sequence_parallel: bool, backen
                                 post_process=ps.is_pipeline_last_stage(ignore_virtual=vpp == 1, vp_stage=vp))
         model.to(default_device())
         if bf16:
-            from megatron.core.transformer.module import Float16Module
+            from megatron.core.transformer.module import Float16Module  # lazy: defers megatron to the call
             model = Float16Module(config, model)
         chunks.append(model)
     return chunks, config
@@ -249,9 +244,7 @@ class _LogProbModel:
         back to ``[rows, L, V]`` (earlier stages pass ``[T, 1, h]`` hidden states on, the shape
         ``PackedMicroBatch.schedule_shape`` gives the pipeline). GPU only (CUDA + TE): not run on the CPU
         development machine; ``tests/gpu/test_packing_thd.py``."""
-        from megatron.core.packed_seq_params import PackedSeqParams
-
-        from megatron_rl.trainer.pipeline.packing import thd_layout
+        from megatron.core.packed_seq_params import PackedSeqParams  # lazy: defers megatron to the call
 
         if self.groups.cp_size > 1:   # this CP rank's two chunks of every sequence; logits stay [1, n_local, V]
             tokens, pos, psp = cp_batch.model_inputs(cp_batch.rank_frame(mb, self.groups, self.sequence_parallel))
@@ -401,7 +394,6 @@ class _LogProbModel:
 
     def load_hf(self, hf_dir: str) -> None:
         """Load an HF checkpoint directory into the model (converter maps, TP/PP slicing)."""
-        from megatron_rl.convert import load_hf_into_model
         load_hf_into_model(self.bare_models(), hf_dir, self.parallel_info)
 
     def bare_models(self) -> list[torch.nn.Module]:
@@ -410,13 +402,11 @@ class _LogProbModel:
 
     def hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Full HF-named tensors gathered over TP/PP (``convert.iter_hf_tensors``), for weight sync."""
-        from megatron_rl.convert import iter_hf_tensors
         return iter_hf_tensors(self.bare_models(), self.hf_cfg)
 
     def export_hf(self, out_dir: str, tokenizer_dir: str | None = None) -> None:
         """Write an HF checkpoint (safetensors + config [+ the tokenizer files of ``tokenizer_dir``])
         of the current weights to ``out_dir`` (replacing only an earlier export of ours)."""
-        from megatron_rl.convert import export_hf
         export_hf(self.bare_models(), self.hf_cfg, out_dir, tokenizer_dir=tokenizer_dir)
 
 
@@ -437,9 +427,10 @@ class PolicyActor(_LogProbModel):
     def __init__(self, hf_cfg, parallel_info, optim: OptimSpec, temperature: float = 1.0,
                  sequence_parallel: bool = False, backend: str = "local", fp8: str | None = None,
                  offload: str = "none", recompute: dict | None = None):
-        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-
-        from megatron_rl.trainer.policy.offload import HostStash, check_offload_mode
+        from megatron.core.distributed import (  # lazy: defers megatron to the call
+            DistributedDataParallel,
+            DistributedDataParallelConfig,
+        )
 
         self.offload_mode = check_offload_mode(offload)
         self._stash = HostStash()
@@ -456,7 +447,6 @@ class PolicyActor(_LogProbModel):
         for c in chunks:
             c.broadcast_params()
         super().__init__(hf_cfg, chunks, config, temperature, sp, parallel_info)
-        from megatron_rl.models.provider import resolve_model_backend
 
         self.backend, self.fp8 = resolve_model_backend(backend, fp8, sp), fp8   # what was built: local | te
         self.optim_spec = optim
@@ -481,9 +471,6 @@ class PolicyActor(_LogProbModel):
         what is left of a wider mode (``optimizer`` first, then ``all``: the weights, once the push has
         read them — ``trainer/loop/colocate.py``). Training before :meth:`onload` is an error, and so are
         log-probs while the weights are parked."""
-        from megatron_rl.runtime.device import release_cached_memory
-        from megatron_rl.trainer.policy.offload import trainer_tensors
-
         mode = mode or self.offload_mode
         moved, keep = trainer_tensors(mode, self.optimizer, self.chunks)
         if not moved:
@@ -522,7 +509,9 @@ class PolicyActor(_LogProbModel):
         The normaliser lives on the last stage (0 elsewhere; broadcast inside finalize). A global
         value of 0 — every ``loss_fn`` returned None — means no division.
         """
-        from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+        from megatron.core.distributed.finalize_model_grads import (
+            finalize_model_grads,  # lazy: defers megatron to the call
+        )
         norm = self._step_state["norm"].clone()
         if self.groups.cp_rank > 0:   # every CP rank holds the whole normaliser; finalize sums over dp x cp
             norm.zero_()
@@ -628,7 +617,6 @@ class ReferencePolicy(_LogProbModel):
             c.requires_grad_(False)
             c.eval()
         super().__init__(hf_cfg, chunks, config, temperature, sp, parallel_info)
-        from megatron_rl.models.provider import resolve_model_backend
 
         self.backend = resolve_model_backend(backend, fp8, sp)    # te: packed rows run as THD
 

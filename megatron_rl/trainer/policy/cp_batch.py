@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import torch
 
+from megatron_rl.trainer.pipeline.packing import thd_layout
 from megatron_rl.trainer.policy.context_parallel import (
     gather_cp,
     padded_cu_seqlens,
@@ -45,8 +46,6 @@ def frame(mb, cp: int, rank: int, sp_tp: int = 1) -> CPFrame:
     """The :class:`CPFrame` of micro-batch ``mb`` (a ``PackedMicroBatch`` with ``thd`` or a padded
     ``TrainBatch``) on CP rank ``rank`` of ``cp``; ``sp_tp``: the TP size under sequence parallelism
     (sequences padded to 2·cp·tp so each rank's tokens split evenly over TP), else 1."""
-    from megatron_rl.trainer.pipeline.packing import thd_layout
-
     if getattr(mb, "thd", False):
         tokens, pos, cu, _ = thd_layout(mb)
     else:
@@ -66,7 +65,7 @@ def rank_frame(mb, groups, sequence_parallel: bool) -> CPFrame:
 
 def model_inputs(fr: CPFrame):
     """``(tokens [1, n_local], positions [1, n_local], PackedSeqParams)`` for the model's forward."""
-    from megatron.core.packed_seq_params import PackedSeqParams
+    from megatron.core.packed_seq_params import PackedSeqParams  # lazy: defers megatron to the call
 
     tok = fr.tokens.new_zeros((1, fr.total))
     tok[0, fr.ppos] = fr.tokens[0]

@@ -68,8 +68,8 @@ class OptimSpec:
 
 def build_optimizer(spec: OptimSpec, model_chunks: Sequence[torch.nn.Module]):
     """``(MegatronOptimizer, OptimizerParamScheduler)`` for DDP-wrapped ``model_chunks``."""
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer  # lazy: defers megatron to the call
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler  # lazy: defers megatron to the call
 
     cfg = OptimizerConfig(
         optimizer="adam", lr=spec.lr, min_lr=spec.min_lr, weight_decay=spec.weight_decay,

@@ -38,7 +38,7 @@ class Groups:
 
     @classmethod
     def current(cls) -> "Groups":
-        from megatron.core import parallel_state as ps
+        from megatron.core import parallel_state as ps  # lazy: defers megatron to the call
 
         if not ps.model_parallel_is_initialized():
             raise RuntimeError("megatron model parallel is not initialised: call megatron_rl.runtime.parallel.init_parallel() first")
@@ -61,11 +61,11 @@ def run_schedule(chunks: Sequence[torch.nn.Module], micro_batches: Sequence[Trai
     without, shapes may differ (packed micro-batches of different row counts).
     Returns the list the loss functions produced (non-empty on the last stage only).
     """
-    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.pipeline_parallel import get_forward_backward_func  # lazy: defers megatron to the call
 
     if not micro_batches:
         raise ValueError("run_schedule: no micro-batches")
-    from megatron.core import parallel_state as ps
+    from megatron.core import parallel_state as ps  # lazy: defers megatron to the call
 
     shapes = getattr(micro_batches, "schedule_shapes", None) or \
         [getattr(mb, "schedule_shape", (mb.seq_len, mb.num_samples)) for mb in micro_batches]

@@ -38,7 +38,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from megatron_rl.convert.hf_io import copy_tokenizer_files
 from megatron_rl.runtime.device import has_cuda
+from megatron_rl.runtime.diskspace import DiskSpaceError, check_free, free_bytes, human, is_disk_full, tree_bytes
+from megatron_rl.trainer.state.ckpt_manifest import build_manifest, find_damage
 
 log = logging.getLogger("megatron_rl.checkpoint")
 
@@ -81,8 +84,6 @@ _WARNED: set[tuple[str, str]] = set()
 
 
 def _damage(path: Path) -> str | None:
-    from megatron_rl.trainer.state.ckpt_manifest import find_damage
-
     try:
         meta = json.loads((path / _MARKER).read_text())
     except (OSError, ValueError):
@@ -91,7 +92,7 @@ def _damage(path: Path) -> str | None:
 
 
 def _layout() -> dict[str, int]:
-    from megatron.core import parallel_state as ps
+    from megatron.core import parallel_state as ps  # lazy: defers megatron to the call
 
     cp = ps.get_context_parallel_world_size()    # recorded only when > 1: earlier checkpoints have no key
     return {"world_size": dist.get_world_size(), "tp": ps.get_tensor_model_parallel_world_size(),
@@ -118,14 +119,14 @@ def _sharded_state(actor, is_loading: bool) -> dict[str, Any]:
 
 
 def _rng_state() -> dict[str, Any]:
-    from megatron.core import tensor_parallel
+    from megatron.core import tensor_parallel  # lazy: defers megatron to the call
 
     return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
             "tracker": tensor_parallel.get_cuda_rng_tracker().get_states()}
 
 
 def _set_rng_state(st: dict[str, Any]) -> None:
-    from megatron.core import tensor_parallel
+    from megatron.core import tensor_parallel  # lazy: defers megatron to the call
 
     random.setstate(st["python"])
     np.random.set_state(st["numpy"])
@@ -147,9 +148,7 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, actor, extra_state: d
     the barrier): a failure, a full disk included, removes the temp dir on every rank's behalf and
     raises everywhere (a full disk as one ``DiskSpaceError`` line); earlier checkpoints are untouched.
     """
-    from megatron.core import dist_checkpointing
-
-    from megatron_rl.runtime.diskspace import check_free
+    from megatron.core import dist_checkpointing  # lazy: defers megatron to the call
 
     if step < 0:
         raise ValueError(f"save_checkpoint: step must be >= 0, got {step}")
@@ -183,7 +182,6 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, actor, extra_state: d
         if rank == 0:
             _write_hf_files(tmp / "hf", hf_dir, tokenizer_dir)
             torch.save(dict(extra_state), tmp / "extra_state.pt")
-            from megatron_rl.trainer.state.ckpt_manifest import build_manifest
 
             (tmp / _MARKER).write_text(json.dumps({"step": step, **_layout(), "files": build_manifest(tmp)}))
             if final.exists():                       # re-saving a step: replace the old copy
@@ -201,8 +199,6 @@ def expected_bytes(run_dir: str | os.PathLike, actor, teacher=None) -> int:
     """The size a new checkpoint will take: the newest complete one's, else an estimate from the
     parameter count — weights in their dtype + fp32 main copy and two Adam moments (12 bytes), times
     the model-parallel size (this rank holds 1/(TP·PP) of the model), plus the teacher's weights."""
-    from megatron_rl.runtime.diskspace import tree_bytes
-
     root = checkpoints_dir(run_dir)
     done = sorted((int(m.group(1)), p) for p in root.iterdir()
                   if (m := _STEP_RE.match(p.name)) and (p / _MARKER).is_file()) if root.is_dir() else []
@@ -214,7 +210,7 @@ def expected_bytes(run_dir: str | os.PathLike, actor, teacher=None) -> int:
     if teacher is not None and getattr(teacher, "has_shadow", False):
         total += weights
     try:
-        from megatron.core import parallel_state as ps
+        from megatron.core import parallel_state as ps  # lazy: defers megatron to the call
 
         total *= ps.get_tensor_model_parallel_world_size() * ps.get_pipeline_model_parallel_world_size()
     except (AssertionError, RuntimeError):
@@ -226,8 +222,6 @@ def _phase(fn, tmp: Path, final: Path, started: bool = True) -> None:
     """Collective: run ``fn`` on this rank, then every rank learns whether any rank failed (the
     gather is also the phase's barrier). On a failure rank 0 removes ``tmp`` (when ``started``) and
     every rank raises: the same ``DiskSpaceError`` line for a full disk, else the error."""
-    from megatron_rl.runtime.diskspace import DiskSpaceError, free_bytes, human, is_disk_full
-
     err = None
     try:
         fn()
@@ -278,8 +272,6 @@ def remove_stale_tmp(run_dir: str | os.PathLike) -> list[Path]:
 
 def _write_hf_files(dst: Path, hf_dir: str | None, tokenizer_dir: str | None) -> None:
     """``hf/config.json`` (+ tokenizer files): what the checkpoint's model is, for the exporter."""
-    from megatron_rl.convert.hf_io import copy_tokenizer_files
-
     if not hf_dir or not (Path(hf_dir) / "config.json").is_file():
         return
     dst.mkdir()
@@ -311,8 +303,6 @@ def _materialize_fresh_optimizer_state(optimizer) -> None:
     skipped because hint selection dropped every group): give a stateless DistributedOptimizer the
     state of a fresh Adam (moments 0, step 0) without changing any parameter, so ``state_dict``
     works and a resume behaves exactly like the uninterrupted run's first real step."""
-    import torch
-
     for o in getattr(optimizer, "chained_optimizers", [optimizer]):
         if not hasattr(o, "_init_optimizer_states_with_dummy_values") or len(o.optimizer.state):
             continue
@@ -335,7 +325,7 @@ def load_model_weights(path: str | os.PathLike, model) -> int:
     or ReferencePolicy) — e.g. to start RL from an SFT run's Megatron checkpoint. Optimizer,
     scheduler and RNG are left untouched (an actor's fp32 main params are refreshed). Returns the step.
     """
-    from megatron.core import dist_checkpointing
+    from megatron.core import dist_checkpointing  # lazy: defers megatron to the call
 
     path, meta = _complete(path)
     models = model.bare_models()
@@ -371,7 +361,7 @@ def load_checkpoint(path: str | os.PathLike, actor, restore_rng: bool = True, te
 
     Any TP / PP / DP layout can load any checkpoint; RNG states only when the layout matches.
     """
-    from megatron.core import dist_checkpointing
+    from megatron.core import dist_checkpointing  # lazy: defers megatron to the call
 
     path, meta = _complete(path)
     _ensure_optimizer_state(actor.optimizer)

@@ -22,12 +22,17 @@ warning. ``--resume auto`` with no complete checkpoint says that it starts fresh
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import yaml
+
+from megatron_rl import __version__
 
 FILE = "config.yaml"
 _NUMBERED = re.compile(r"^config\.(\d+)\.yaml$")
@@ -61,8 +66,6 @@ def git_commit() -> str | None:
 
 def architecture(hf_path: str) -> dict:
     """The shape-deciding fields of ``hf_path/config.json`` ({} when there is none)."""
-    import json
-
     p = Path(hf_path) / "config.json" if hf_path else None
     if p is None or not p.is_file():
         return {}
@@ -75,8 +78,6 @@ def architecture(hf_path: str) -> dict:
 
 def _tree(cfg) -> dict:
     """What is saved and compared: the resolved config plus ``model.architecture``."""
-    import json
-
     tree = json.loads(json.dumps(cfg.to_dict(), default=str))   # plain YAML/JSON values (tuples -> lists)
     tree["model"]["architecture"] = architecture(cfg.model.hf_path)
     return tree
@@ -92,8 +93,6 @@ def _flat(tree, prefix: str = "") -> dict:
 
 
 def _read(path: Path) -> dict:
-    import yaml
-
     try:
         tree = yaml.safe_load(path.read_text()) or {}
     except (OSError, yaml.YAMLError) as e:
@@ -138,7 +137,7 @@ def check_resume(cfg, resume: str | None, allow_change: bool = False) -> None:
     if resume is None:
         return
     if resume == "auto":
-        from megatron_rl.trainer.state.checkpoint import find_latest
+        from megatron_rl.trainer.state.checkpoint import find_latest  # lazy: defers numpy, torch to the call
 
         if find_latest(cfg.trainer.run_dir) is None:
             _say(f"--resume auto: no complete checkpoint in {Path(cfg.trainer.run_dir) / 'checkpoints'}; "
@@ -172,10 +171,6 @@ def _v(x) -> str:
 def save_run_config(cfg, run_dir: str | os.PathLike | None = None) -> Path | None:
     """Rank 0 at every start: write ``config.yaml`` or the next ``config.<n>.yaml`` (module docstring);
     returns the file written, None when the newest saved one already holds this config and package."""
-    import yaml
-
-    from megatron_rl import __version__
-
     d = Path(run_dir or cfg.trainer.run_dir)
     tree = _tree(cfg)
     meta = {"version": __version__, "git_commit": git_commit(), "architecture": tree["model"].pop("architecture")}
