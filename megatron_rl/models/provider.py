@@ -239,9 +239,7 @@ def layer_spec(cfg, backend: str = "local"):
     """Layer spec: ``"local"`` (torch ops; CPU and GPU) or ``"te"`` (Transformer Engine; GPU only)."""
     a = model_arch_info(cfg)
     if backend == "local":
-        from megatron.core.models.gpt.gpt_layer_specs import (
-            get_gpt_layer_local_spec,  # lazy: defers megatron to the call
-        )
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec  # lazy: defers megatron to the call
 
         return get_gpt_layer_local_spec(qk_layernorm=a.qk_norm, normalization="RMSNorm")
     if backend == "te":
@@ -249,9 +247,7 @@ def layer_spec(cfg, backend: str = "local"):
         if err is not None:
             raise ValueError(f"model.backend='te' needs Transformer Engine (requirements/gpu.txt) on a CUDA machine "
                              f"({err}); use backend='local' on CPU")
-        from megatron.core.models.gpt.gpt_layer_specs import (
-            get_gpt_layer_with_transformer_engine_spec,  # lazy: defers megatron to the call
-        )
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec  # lazy: defers megatron to the call
 
         return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=a.qk_norm)
     raise ValueError(f"unknown layer backend {backend!r}; supported: local, te, auto")

@@ -509,9 +509,7 @@ class PolicyActor(_LogProbModel):
         The normaliser lives on the last stage (0 elsewhere; broadcast inside finalize). A global
         value of 0 — every ``loss_fn`` returned None — means no division.
         """
-        from megatron.core.distributed.finalize_model_grads import (
-            finalize_model_grads,  # lazy: defers megatron to the call
-        )
+        from megatron.core.distributed.finalize_model_grads import finalize_model_grads  # lazy: defers megatron to the call
         norm = self._step_state["norm"].clone()
         if self.groups.cp_rank > 0:   # every CP rank holds the whole normaliser; finalize sums over dp x cp
             norm.zero_()
