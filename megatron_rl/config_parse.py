@@ -15,6 +15,7 @@ import yaml
 class Override(str):
     """A command-line override's raw text (``a.b=TEXT``): parsed as a YAML scalar for its field."""
 
+
 def field_type(typ) -> tuple[Any, bool]:
     """(base type, accepts None) of a field annotation such as ``int``, ``str | None``."""
     args = typing.get_args(typ)

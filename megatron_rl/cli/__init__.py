@@ -68,6 +68,7 @@ OVERRIDE_RE = re.compile(r"^[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*)*=.*$", re.DOTALL)
 class CliError(Exception):
     """A user-facing error: printed as ``megatron-rl <cmd>: error: <message>``."""
 
+
 class ParsedCommand(NamedTuple):
     """Result of :func:`parse_command`: the command, its argparse namespace, pass-through argv."""
 
@@ -206,7 +207,6 @@ def run_train(args: argparse.Namespace) -> int:
         raise CliError(f"config file not found: {args.config}")
     check_overrides(args.overrides)
     if args.print_config:   # --config X: X's values (and the overrides'), each with its description
-
         print_config(args.algo, load_config(args.config, list(args.overrides)))
         return 0
 
@@ -277,7 +277,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     reset_phase()
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--debug" not in argv:   # megatron-core's "TE/Apex not installed, falling back" on every CPU import
-
         warnings.filterwarnings("ignore", message=r".*(Transformer Engine|Apex).* not installed.*", category=UserWarning)
     cmd = parse_command(argv)
     if cmd.command is None:
@@ -287,7 +286,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         with _signals_end_in_one_line():
             return dispatch(cmd)
     except Signalled as e:   # a signal outside a training run: one line, 128 + signum, our children ended
-
         end_children()
         print(f"{fresh_line()}megatron-rl {cmd.command}: stopped by {signal.Signals(e.signum).name}; nothing "
               "half-written is left in place", file=sys.stderr)

@@ -581,7 +581,6 @@ def run(args: argparse.Namespace) -> PlanReport | None:
             print(f"{name:<14}{ArchSpec.from_hf(PRESETS[name], name).total_params() / 1e9:7.3f} B")
         return None
     if not args.model and getattr(args, "config", None):   # the run config names its model: model.hf_path
-
         if not Path(args.config).is_file():
             raise FileNotFoundError(f"plan: --config {args.config}: no such file")
         try:

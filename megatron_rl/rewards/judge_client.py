@@ -43,6 +43,7 @@ class JudgeRejected(RuntimeError):
     """The judge refused ``breaker.failures`` consecutive requests with an HTTP 4xx: a misconfiguration
     (context, model name, key), not an outage. The message carries the server's own text, one line."""
 
+
 @dataclasses.dataclass
 class JudgeStats:
     calls: int = 0

@@ -104,6 +104,7 @@ class _Alarm(BaseException):
     """Raised by the interval timer inside the symbolic check (BaseException: no ``except Exception``
     in math-verify or sympy swallows it)."""
 
+
 def _on_alarm(signum, frame):
     raise _Alarm()
 

@@ -41,6 +41,7 @@ IN_WORKER = False
 class RewardPoolError(RuntimeError):
     """A reward worker died twice on the same task, or the pool could not start."""
 
+
 def cpu_count() -> int:
     """CPUs this process may run on (its affinity mask, not the machine's count)."""
     try:

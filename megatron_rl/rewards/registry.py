@@ -18,6 +18,7 @@ _REWARDS: dict[str, Callable[[str, object], float]] = {}
 
 def register_reward(name: str):
     """Register ``fn(response_text, ground_truth) -> float`` under ``name`` (twice raises)."""
+
     def deco(fn):
         if name in _REWARDS:
             raise ValueError(f"reward {name!r} registered twice")

@@ -65,6 +65,7 @@ def check_stack(engine: str, backend: str, versions: dict[str, str | None] | Non
     """Refuse (one-line ``ValueError``) an installed vLLM (``rollout.engine=vllm``), Transformer Engine
     (layer ``backend`` te) or megatron-core outside the supported versions. ``versions``: package ->
     installed version (None: read this environment)."""
+
     def v(p):
         return versions.get(p) if versions is not None else installed_version(p)
 

@@ -58,6 +58,7 @@ TOLERANCE = {"float32": (1e-3, 1e-2), "bfloat16": (5e-2, 1.0)}
 class LogProbGateError(RuntimeError):
     """The trainer and the engines disagree on the log-probs right after a weight sync."""
 
+
 def verify_due(spec: str, step: int, verified: int) -> bool:
     """Whether the push that ends ``step`` is verified under ``rollout.verify_sync`` = ``spec``, with
     ``verified`` pushes verified so far in this process: ``first`` (the first training push of the
@@ -197,6 +198,7 @@ def weight_mismatches(actor, client, limit: int = 3) -> list[str]:
 
 class SyncVerifyError(RuntimeError):
     """A verified weight push left the engines disagreeing with the trainer (``rollout.verify_sync``)."""
+
 
 def verify_push(run, step: int) -> dict:
     """Collective, after the push that ends ``step``: the probe against the dtype's tolerance and the

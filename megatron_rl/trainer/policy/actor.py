@@ -73,6 +73,7 @@ global batch — use this for token means so they are invariant to micro-batchin
 class NonFiniteLossError(FloatingPointError):
     """The global loss of a step was NaN/inf; raised BEFORE the optimizer step (weights unchanged)."""
 
+
 class LogProbResult(NamedTuple):
     """``logp`` ``[N, S-1]`` fp32 on every rank; ``entropy`` likewise or None."""
 
