@@ -314,7 +314,7 @@ class AlgoConfig:
     """Importance weight of the proximal (trainer-recomputed) against the behaviour (engine) policy,
     truncated at ``tis_cap`` (``algorithms/offpolicy.py``): decoupled = on stale samples only (w = 1
     exactly at staleness 0: the synchronous path is unchanged) | tis = on every sample (the RLCSD
-    recipes' rollout correction, spec §1.3.3) | none (ablation)."""
+    recipes' rollout correction, docs/methods/self-distillation.md) | none (ablation)."""
     tis_cap: float = 2.0
     """Upper cap C of the truncated IS weight min(π_prox/π_behav, C) (>= 1) of decoupled / tis."""
     correction: Any = None
