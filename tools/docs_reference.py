@@ -125,9 +125,9 @@ def config_reference() -> str:
                 "pages give the formulas behind them.", ""]
         for kind, spec in ALGO_KINDS.items():
             hp = spec.hparams
-            out += [f"### `algo.{kind}`", "",
-                    f"Advantage `{spec.advantage}`, policy loss `{spec.loss}`, data path `{spec.path}`"
-                    f" (`{hp.__name__}`). {_cell(inspect.cleandoc(hp.__doc__ or ''))}", ""]
+            intro = (f"Advantage `{spec.advantage}`, policy loss `{spec.loss}`, data path `{spec.path}`"
+                     f" (`{hp.__name__}`). {_cell(inspect.cleandoc(hp.__doc__ or ''))}")
+            out += [f"### `algo.{kind}`", "", intro, ""]
             out += _table(_rows(hp, f"algo.{kind}.")) + [""]
     return "\n".join(out)
 

@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import docs_reference as ref  # noqa: E402
+import docs_reference as ref
 
 
 def on_files(files, config):

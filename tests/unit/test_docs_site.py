@@ -21,7 +21,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tools"))
-import docs_reference as ref  # noqa: E402
+import docs_reference as ref
 
 DOC_FILES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 

@@ -212,7 +212,7 @@ def test_keep_last_zero_keeps_every_checkpoint_and_is_documented(tmp_path):
     _prune(tmp_path, 1)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_3"]
     sys.path.insert(0, str(REPO / "tools"))
-    import docs_reference   # the generated config reference (docs/reference/config.md)
+    import docs_reference  # the generated config reference (docs/reference/config.md)
 
     assert "0 = keep all" in next(doc for key, _, doc in docs_reference.config_rows() if key == "trainer.keep_last")
 
