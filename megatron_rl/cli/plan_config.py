@@ -1,4 +1,4 @@
-"""`megatron-rl plan --config run.yaml`: the plan of a run config, and the README's layout table.
+"""`megatron-rl plan --config run.yaml`: the plan of a run config, and the layout table of docs/plan-and-memory.md.
 
 :func:`config_inputs` reads from a run config the :class:`~megatron_rl.cli.plan.PlanInputs` fields the
 config decides::
@@ -23,9 +23,9 @@ config decides::
 The rest (``--model``, ``--dp``: the world size is the launcher's, ``--rollout-seqs``,
 ``--extra-weight-copies``) stay command-line options: each 7B–14B example
 names them in its header's ``megatron-rl plan --config ...`` line. A flag that contradicts the
-config is refused (one line naming both). :func:`layout_table` renders the README's table from
+config is refused (one line naming both). :func:`layout_table` renders that table from
 those header lines (``python -m megatron_rl.cli.plan_config`` prints it; ``tests/unit/test_plan_config.py``
-checks the README holds exactly that text and that every example fits as configured).
+checks the page holds exactly that text and that every example fits as configured).
 Loading a config imports torch (config validation); plan without ``--config`` does not.
 """
 from __future__ import annotations
@@ -51,7 +51,7 @@ KEYS = {"tp": "parallel.tp", "pp": "parallel.pp", "vpp": "parallel.vpp", "cp": "
 
 def config_inputs(path: str | Path) -> dict[str, Any]:
     """The PlanInputs fields that the run config at ``path`` decides (module docstring)."""
-    from megatron_rl.trainer.loop.preflight import load_checked
+    from megatron_rl.trainer.loop.rl_loop.preflight import load_checked
 
     from megatron_rl.algorithms import kind_required_inputs
     from megatron_rl.rollout.placement import engine_memory_utilization

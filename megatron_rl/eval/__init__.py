@@ -229,7 +229,8 @@ def _check_tp_here(tp: int, engine: str) -> str | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The ``megatron-rl eval`` parser (also read by the docs' generated CLI reference)."""
     from megatron_rl.runtime.usage import OneLineParser
 
     p = OneLineParser(prog="megatron-rl eval", description=__doc__,
@@ -259,7 +260,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--verbose", action="store_true",
                    help=f"print the libraries' INFO and warnings (vLLM's engine start) on the console instead of "
                         f"OUT/{LOG_FILE}")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
     a.k = a.k or [a.n or 1]
     from megatron_rl.runtime.diskspace import NotWritableError, check_writable
     from megatron_rl.runtime.usage import EXIT_USAGE
