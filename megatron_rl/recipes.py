@@ -131,7 +131,7 @@ def value(cfg, key: str) -> Any:
 def load(name: str):
     """The example config ``name`` (``examples/configs/<name>.yaml``), validated except against its
     model (``model.hf_path`` unset: the 7B–14B weights are not here)."""
-    from megatron_rl.trainer.loop.rl_loop.preflight import load_checked
+    from megatron_rl.trainer.loop.preflight import load_checked
 
     return load_checked(CONFIGS / f"{name}.yaml", ["model.hf_path="])
 

@@ -51,7 +51,7 @@ KEYS = {"tp": "parallel.tp", "pp": "parallel.pp", "vpp": "parallel.vpp", "cp": "
 
 def config_inputs(path: str | Path) -> dict[str, Any]:
     """The PlanInputs fields that the run config at ``path`` decides (module docstring)."""
-    from megatron_rl.trainer.loop.rl_loop.preflight import load_checked
+    from megatron_rl.trainer.loop.preflight import load_checked
 
     from megatron_rl.algorithms import kind_required_inputs
     from megatron_rl.rollout.placement import engine_memory_utilization

@@ -40,7 +40,7 @@ TINY_HF = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden
 
 def load(path: Path, overrides: list[str] | None = None):
     """The example as an entry point loads it: fields, then the cross-component rules."""
-    from megatron_rl.trainer.loop.rl_loop.preflight import load_checked
+    from megatron_rl.trainer.loop.preflight import load_checked
 
     return load_checked(str(path), list(overrides or []))
 
@@ -62,7 +62,7 @@ def stand_in_model(path: Path, tmp: Path) -> str:
 
 def trainer_supports(kind: str) -> bool:
     """Whether the trainer runs ``kind`` yet (the config rejects kinds whose data path is missing)."""
-    from megatron_rl.trainer.loop.rl_loop.preflight import load_checked
+    from megatron_rl.trainer.loop.preflight import load_checked
 
     try:
         load_checked(None, [f"algo.kind={kind}", "reward.grader_url=http://127.0.0.1:1/v1",

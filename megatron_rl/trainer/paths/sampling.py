@@ -57,7 +57,7 @@ class PlainPath(DataPath):
     def round(self, step: int, round_: int):
         """One generation batch: sample ``rollout.n`` per prompt, score, DAPO overlong shaping, and the
         greedy baseline (driver)."""
-        from megatron_rl.trainer.loop.rl_loop import rollout_stage as R
+        from megatron_rl.trainer.loop import rollout_stage as R
 
         run, cfg = self.run, self.cfg
         idx = run.sampler.next_batch()
@@ -113,7 +113,7 @@ def collect_dynamic(path: PlainPath, step: int, hp: SamplingHParams):
 
 def fill(kept: list, spare: list, need: int, n: int, ds):
     """The first ``need`` kept groups, completed (fill mode) by whole uniform groups never used before."""
-    from megatron_rl.trainer.loop.rl_loop import rollout_stage as R
+    from megatron_rl.trainer.loop import rollout_stage as R
 
     parts = [p for p in kept if len(p)]
     have = sum(len(p) for p in parts) // n

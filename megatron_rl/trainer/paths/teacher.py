@@ -91,7 +91,7 @@ class TeacherPath(PlainPath):
     def train_rows(self, s, rows, lp, step: int, metrics: dict):
         """The plan's kept rows (their own, shorter padding) with the plan; none survive: the update is
         skipped and the teacher counter stays (docs/methods/self-distillation.md)."""
-        from megatron_rl.trainer import update_stage as U
+        from megatron_rl.trainer.pipeline import update_stage as U
 
         ro, run = s.ro, self.run
         plan = self.plan(ro, step)

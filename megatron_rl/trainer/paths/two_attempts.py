@@ -48,7 +48,7 @@ import torch
 
 from megatron_rl.algorithms.hparams import ScoreHParams
 from megatron_rl.rollout.engine import SamplingParams
-from megatron_rl.trainer.loop.rl_loop import rollout_stage as R
+from megatron_rl.trainer.loop import rollout_stage as R
 from megatron_rl.trainer.pipeline import update_stage as U
 
 from . import DataPath, register_path

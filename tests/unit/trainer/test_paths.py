@@ -12,7 +12,7 @@ import pytest
 
 from megatron_rl import algorithms as A
 from megatron_rl.config import load_config
-from megatron_rl.trainer.loop.rl_loop.preflight import load_checked
+from megatron_rl.trainer.loop.preflight import load_checked
 from megatron_rl.trainer import paths as P
 from megatron_rl.trainer.paths.sampling import PlainPath
 
