@@ -77,7 +77,7 @@ class ParallelConfig:
     timeout_s: float = 1800.0
     """torch.distributed collective timeout: a rank whose peer vanished (node loss) fails after this
     long instead of hanging. Ranks waiting for rank 0's rollouts / evaluation wait in the c10d store, not in a
-    collective (``driver_wait.py``), so a rank-0 phase may last longer; a rank 0 silent this long fails them."""
+    collective (``runtime/driver_wait.py``), so a rank-0 phase may last longer; a rank 0 silent this long fails them."""
 
     def __post_init__(self):
         _check(self.tp >= 1 and self.pp >= 1, f"parallel.tp/pp must be >= 1, got {self.tp}/{self.pp}")
@@ -313,7 +313,7 @@ class AlgoConfig:
     """Importance weight of the proximal (trainer-recomputed) against the behaviour (engine) policy,
     truncated at ``tis_cap`` (``algorithms/offpolicy.py``): decoupled = on stale samples only (w = 1
     exactly at staleness 0: the synchronous path is unchanged) | tis = on every sample (the RLCSD
-    recipes' rollout correction, spec §1.3.3) | none (ablation)."""
+    recipes' rollout correction, docs/methods/self-distillation.md) | none (ablation)."""
     tis_cap: float = 2.0
     """Upper cap C of the truncated IS weight min(π_prox/π_behav, C) (>= 1) of decoupled / tis."""
     correction: Any = None

@@ -1,10 +1,10 @@
-"""The 7B–14B example configs' plans: the README's layout table and the plan lines of their headers.
+"""The 7B–14B example configs' plans: the docs' layout table and the plan lines of their headers.
 
 Each example under ``examples/configs/`` (but the ``tiny_cpu_*`` ones) names in its header the
 ``megatron-rl plan --config ...`` command that plans it, and under it the figures that plan prints
-(``# plan (GiB per GPU of 78): ...``). :func:`layout_table` renders the README's table from those
+(``# plan (GiB per GPU of 78): ...``). the layout table of docs/plan-and-memory.md: :func:`layout_table` renders it from those
 command lines; ``python tools/example_plans.py`` prints it and ``tests/unit/test_plan_config.py``
-checks that the README holds exactly that text, that every example fits as configured, and that the
+checks that the page holds exactly that text, that every example fits as configured, and that the
 header figures are the current ones. A documentation generator, so it lives outside the package:
 ``megatron_rl.cli.plan_config`` (``plan --config``) need not parse command lines of the CLI.
 """
@@ -78,7 +78,7 @@ def _row(path: Path) -> str:
 
 
 def layout_table() -> str:
-    """The README's layout table (markdown): per 7B–14B example, the plan as configured."""
+    """The layout table of docs/plan-and-memory.md (markdown): per 7B–14B example, the plan as configured."""
     head = ("| config | model | layout (GPUs) | micro-batch per DP rank | placement / trainer.offload | train peak "
             "| rollout peak | colocated peak: max(update, generation) | fits 78 GiB |")
     lines = [head, "|---|---|---|---|---|---|---|---|---|"]

@@ -272,7 +272,7 @@ def _signals_end_in_one_line():
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Console-script entry point. Exit status (README "Exit codes"): 0 ok; 2 usage or configuration
+    """Console-script entry point. Exit status (docs/troubleshooting.md, "Exit codes"): 0 ok; 2 usage or configuration
     error, refused before the run starts; 1 runtime error after start-up (``usage.begin_run`` marks it)."""
     reset_phase()
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -23,7 +23,7 @@ config decides::
 The rest (``--model``, ``--dp``: the world size is the launcher's, ``--rollout-seqs``,
 ``--extra-weight-copies``) stay command-line options: each 7B–14B example
 names them in its header's ``megatron-rl plan --config ...`` line. A flag that contradicts the
-config is refused (one line naming both). The README's layout table is rendered from those header
+config is refused (one line naming both). The layout table of docs/plan-and-memory.md is rendered from those header
 lines by ``tools/example_plans.py`` (a documentation generator, outside the package).
 Loading a config imports torch (config validation); plan without ``--config`` does not.
 """

@@ -230,7 +230,8 @@ def _check_tp_here(tp: int, engine: str) -> str | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The ``megatron-rl eval`` parser (also read by the docs' generated CLI reference)."""
     p = OneLineParser(prog="megatron-rl eval", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, help="eval parquet (verl columns)")
@@ -258,7 +259,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--verbose", action="store_true",
                    help=f"print the libraries' INFO and warnings (vLLM's engine start) on the console instead of "
                         f"OUT/{LOG_FILE}")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
     a.k = a.k or [a.n or 1]
 
     try:   # before the log file in --out is opened: a read-only --out is one line, not a logging traceback

@@ -23,7 +23,7 @@ class OneLineParser(argparse.ArgumentParser):
         raise SystemExit(status)
 
 
-#: exit status of every ``megatron-rl`` command (README "Exit codes"): 2 = usage or configuration error,
+#: exit status of every ``megatron-rl`` command (docs/troubleshooting.md, "Exit codes"): 2 = usage or configuration error,
 #: refused before the run starts (bad arguments, config, input files); 1 = runtime error after start-up.
 #: Other non-zero codes are left free for distinct outcomes (e.g. a graceful stop).
 EXIT_RUNTIME, EXIT_USAGE = 1, 2

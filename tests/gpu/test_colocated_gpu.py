@@ -6,7 +6,7 @@ installed, else the HF engine on the GPU. Shows: during the colocated update the
 ``torch.cuda.memory_allocated`` peak stays below (its peak alone + what the slept engine still
 holds); the sleep releases most of the engine's device memory; greedy generations and log-probs after
 wake + push of the same weights equal those before the sleep; the engine generates after the step.
-Not run on the development machine (CPU only): see the README's "What is not verified on GPU".
+Not run on the development machine (CPU only): docs/gpu-status.md.
 """
 from __future__ import annotations
 

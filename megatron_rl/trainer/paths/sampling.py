@@ -84,7 +84,7 @@ class GreedyPath(PlainPath):
 
 
 def collect_dynamic(path: PlainPath, step: int, hp: SamplingHParams):
-    """DAPO dynamic sampling (spec §3 DAPO): keep groups whose metric is not uniform, over successive
+    """DAPO dynamic sampling (docs/methods/grpo.md DAPO): keep groups whose metric is not uniform, over successive
     generation batches, until ``prompts_per_step`` groups are kept; then the first ``prompts_per_step``.
     ``max_num_gen_batches`` ≤ 0: unlimited (a warning every 10 batches); at the cap ``at_cap=raise``
     stops the run (the reference's behaviour), ``at_cap=fill`` completes the batch with uniform

@@ -60,8 +60,8 @@ def logprob_gap(old: torch.Tensor, rollout_logp: list, mask: torch.Tensor) -> fl
 def kl_in_reward(ro, old: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor, beta: float, kind: str) -> dict:
     """In-reward KL (verl ``apply_kl_penalty`` with the fixed controller, ``algorithms.apply_kl_in_reward``):
     r_i ← r_i − β·Σ_t KL_t(old, ref)·m_t, the sequence sum of the token-level rewards that outcome
-    advantages read (BiCC spec §1.1). ``ro.correct`` stays the binary outcome. Departure: the released
-    BiCC recipe applies it before its old log-probs exist (spec §1.5: it cannot run so); here they do."""
+    advantages read (docs/methods/bicc-rcc.md). ``ro.correct`` stays the binary outcome. Departure: the released
+    BiCC recipe applies it before its old log-probs exist (docs/methods/bicc-rcc.md: it cannot run so); here they do."""
     out = A.apply_kl_in_reward(torch.zeros_like(old), old, ref, mask, beta, kind)
     ro.rewards = ro.rewards + out.token_rewards.sum(-1).to(ro.rewards.dtype)
     return {"reward/kl_in_reward": float(out.mean_kl), "reward/kl_in_reward_mean_penalty": float(-out.token_rewards.sum(-1).mean())}

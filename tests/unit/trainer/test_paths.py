@@ -72,7 +72,8 @@ def test_register_algo_kind_is_strict():
 
 
 def test_toy_method_trains_end_to_end(tmp_path):
-    """A method from outside the package trains through the real CLI: ``megatron-rl train ...
+    """The plugin command of docs/contributing.md ("Adding a method"), with a few more overrides.
+    A method from outside the package trains through the real CLI: ``megatron-rl train ...
     plugins=[toy_method]`` with tests/unit/workers/ on ``PYTHONPATH`` (as a user's module) imports
     toy_method.py, which registers advantage + loss + kind (+ ToyHParams), before ``algo.kind=toy`` is
     validated; 2 real steps follow. Its functions ran in the training process, its config key arrived,
