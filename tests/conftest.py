@@ -80,7 +80,7 @@ def plain_warm(tmp_path_factory) -> Path:
     """One plain warm-started tiny policy + task data (`megatron-rl demo --algo grpo --steps 1`), shared by
     the learning, resume and multi-node tests (each warm start costs about a minute on 2 cores).
     ``MEGATRON_RL_TEST_WARM=DIR`` reuses a finished ``megatron-rl demo --algo grpo`` run dir instead."""
-    from tests.e2e.test_learning import run_demo
+    from tests.helpers.demo import run_demo
 
     if os.environ.get("MEGATRON_RL_TEST_WARM"):
         d = Path(os.environ["MEGATRON_RL_TEST_WARM"])
@@ -100,8 +100,8 @@ def plain_warm(tmp_path_factory) -> Path:
 def chat_tokenizer(tmp_path_factory):
     """The chat fixture's HF tokenizer alone (BPE + Qwen specials + ChatML template; ~2 s), wrapped
     in megatron_rl's tokenizer protocol."""
-    from megatron_rl.data.chat_fixture import train_tokenizer
     from megatron_rl.data.tokenizer import load_tokenizer
+    from tests.helpers.chat_fixture import train_tokenizer
 
     d = tmp_path_factory.mktemp("chat_tok")
     train_tokenizer(d)
@@ -110,9 +110,9 @@ def chat_tokenizer(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def chat_fixture(tmp_path_factory) -> dict:
-    """The warm-started tiny chat model + task (``megatron_rl.data.chat_fixture``), built once per run
+    """The warm-started tiny chat model + task (``tests.helpers.chat_fixture``), built once per run
     (``build_chat_fixture`` reuses a complete earlier build in the same dir)."""
-    from megatron_rl.data.chat_fixture import build_chat_fixture
+    from tests.helpers.chat_fixture import build_chat_fixture
 
     d, lock = _shared_dir(tmp_path_factory, "chat_fixture")
     with lock:

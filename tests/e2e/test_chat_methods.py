@@ -24,7 +24,7 @@ import pytest
 
 from megatron_rl.algorithms import ALGO_KINDS
 from megatron_rl.data import chat
-from megatron_rl.data.chat_fixture import SCORE_INSTRUCTION, SYSTEM
+from tests.helpers.chat_fixture import SCORE_INSTRUCTION, SYSTEM
 from tests.helpers.fake_openai_server import requests_seen, start_server
 
 KINDS = sorted(ALGO_KINDS)

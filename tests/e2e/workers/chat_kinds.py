@@ -52,7 +52,7 @@ BUDGET = 320                 # token-budget micro-batches (packed) for every kin
 
 
 def overrides(kind: str, fx: dict, out: Path, grader_url: str) -> list[str]:
-    from megatron_rl.data.chat_fixture import SCORE_INSTRUCTION
+    from tests.helpers.chat_fixture import SCORE_INSTRUCTION
 
     base, *variants = kind.split("@")
     mini_batches = 2 if base in TWO_MINI_BATCHES else 4
@@ -227,12 +227,12 @@ def probe_teacher(cfg, client) -> dict:
 
 
 def main(fixture_dir: str, out_dir: str, grader_url: str, kinds: list[str]) -> int:
-    from megatron_rl.data.chat_fixture import build_chat_fixture
     from megatron_rl.parallel import init_parallel
     from megatron_rl.preflight import load_checked
     from megatron_rl.trainer.loop import run
     from megatron_rl.trainer.setup import build_client
     from megatron_rl.trainer.stop import Stopped
+    from tests.helpers.chat_fixture import build_chat_fixture
 
     fx = build_chat_fixture(fixture_dir)
     out = Path(out_dir)
