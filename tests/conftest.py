@@ -73,7 +73,7 @@ def _second_module_builds_its_own(items: list) -> None:
     builds it while the other idles for the whole warm start. Move the longest module that does not
     use it to second place (its own warm start runs beside the shared one)."""
     order = list(dict.fromkeys(_module(it) for it in items))
-    uses = {m for m in order for it in items if _module(it) == m and "plain_warm" in getattr(it, "fixturenames", ())}
+    uses = {_module(it) for it in items if "plain_warm" in getattr(it, "fixturenames", ())}
     if len(order) < 3 or order[0] not in uses or order[1] not in uses:
         return
     other = next((m for m in order[2:] if m not in uses), None)
