@@ -70,9 +70,9 @@ def run_result(out: Path, res: dict, name: str) -> tuple[float, float, list[dict
 
 
 def run_demo(algo: str, run_dir: Path, steps: int = 60, *extra: str) -> tuple[float, float, list[dict]]:
-    """A whole ``python -m megatron_rl.demo --algo ALGO --steps STEPS`` in a subprocess (its own warm start):
+    """A whole ``python -m megatron_rl.cli.demo --algo ALGO --steps STEPS`` in a subprocess (its own warm start):
     ``(held-out acc before RL, after RL, metrics rows)``."""
-    cmd = [sys.executable, "-m", "megatron_rl.demo", "--algo", algo, "--steps", str(steps), "--run-dir", str(run_dir),
+    cmd = [sys.executable, "-m", "megatron_rl.cli.demo", "--algo", algo, "--steps", str(steps), "--run-dir", str(run_dir),
            *extra]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
                        env={**os.environ, "OMP_NUM_THREADS": "2", "PYTHONUNBUFFERED": "1"})

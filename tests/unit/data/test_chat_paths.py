@@ -10,7 +10,7 @@ import torch
 from megatron_rl.algorithms import BiCCHParams, ScoreHParams
 from megatron_rl.data import chat
 from megatron_rl.data.dataset import PromptRow, problem_text
-from megatron_rl.trainer import rollout_stage as R
+from megatron_rl.trainer.loop import rollout_stage as R
 from megatron_rl.trainer.paths.bicc import BiccLayout, bicc_inputs
 from megatron_rl.trainer.paths.two_attempts import second_turn
 from tests.helpers.chat_fixture import messages, solution

@@ -1,4 +1,4 @@
-"""The colocated turn-taking (``trainer/colocate.py``) with a real HF engine: each hook hands the engine
+"""The colocated turn-taking (``trainer/loop/colocate.py``) with a real HF engine: each hook hands the engine
 and the trainer over (the engine really releases its weights for the update, and after the push
 generates exactly what it would have without the turn-taking), and a hook out of its turn is refused.
 The trainer side is recorded (its offload is another module's test)."""
@@ -12,7 +12,7 @@ import pytest
 from megatron_rl.config import from_dict
 from megatron_rl.rollout.engine import SamplingParams
 from megatron_rl.rollout.hf_engine import HFEngine
-from megatron_rl.trainer.colocate import (
+from megatron_rl.trainer.loop.colocate import (
     ORDER,
     SLEEP_LEVEL,
     Colocation,
