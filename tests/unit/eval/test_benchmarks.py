@@ -208,3 +208,29 @@ def test_two_attempt_with_the_chat_fixture_model_equals_rescoring_its_completion
     assert main(["--benchmarks", "math", "--two-attempt", "--data-dir", str(data), "--n", "2",
                  "--completions-dir", str(out / "completions"), "--out", str(out2)]) == 0
     assert json.loads((out2 / "summary.json").read_text())["benchmarks"]["math"] == s
+
+
+def test_trainer_eval_benchmarks_are_checked_and_tabled(tmp_path):
+    """``trainer.eval_benchmarks``: a YAML list or comma text, refused in one line with data.val, with
+    SCoRe's two-attempt preset or with a missing file; the loop's correctness becomes the same table."""
+    from megatron_rl.config import load_config
+    from megatron_rl.eval.training import selected, table_metrics
+
+    data = tmp_path / "data"
+    _write_bench(data, "aime24", ["1", "2"])
+    _write_bench(data, "amc23", ["3"])
+    base = [f"trainer.eval_data_dir={data}", "data.val=", f"trainer.run_dir={tmp_path / 'run'}"]
+    cfg = load_config(None, [*base, "trainer.eval_benchmarks=[aime24, amc23]"])
+    assert cfg.trainer.eval_benchmarks == "aime24,amc23"
+    assert [b.name for b in selected(cfg)[0]] == ["aime24", "amc23"]
+    for over, words in ((["data.val=x.parquet"], "are both set"), (["trainer.eval_benchmarks=score"], "two-attempt"),
+                        (["trainer.eval_benchmarks=gsm8k"], "no "), (["trainer.eval_benchmarks=aime24,x"], "unknown")):
+        with pytest.raises((ValueError, FileNotFoundError), match=words):
+            selected(load_config(None, [*base, "trainer.eval_benchmarks=aime24", *over]))
+
+    class Blocks:   # the loop's held-out set: one contiguous block of problems per benchmark
+        blocks = [("aime24", 0, 2), ("amc23", 2, 3)]
+
+    m = table_metrics(cfg, Blocks(), [[True, False], [False, False], [True, True]], 2, step=5)
+    assert m == {"eval/aime24/mean@2": 0.25, "eval/amc23/mean@2": 1.0, "eval/avg": 0.625, "eval/acc": 0.625}
+    assert (tmp_path / "run/eval/step_5.md").read_text().splitlines()[-1] == "| Average | 62.5 | 3 |"
