@@ -2,15 +2,20 @@
 from __future__ import annotations
 
 
-def main(argv: list[str] | None = None) -> int:
-    from megatron_rl.data.generate_cli import add_generate_parser, run_generate
-    from megatron_rl.usage import OneLineParser
+def build_parser():
+    """The ``megatron-rl data`` parser: one sub-command per action."""
+    from megatron_rl.data.generate_cli import add_generate_parser
+    from megatron_rl.runtime.usage import OneLineParser
 
     p = OneLineParser(prog="megatron-rl data", description=__doc__)
     sub = p.add_subparsers(dest="action", metavar="{generate}", required=True)
     add_generate_parser(sub)
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from megatron_rl.data.generate_cli import run_generate
+
+    a = build_parser().parse_args(argv)
     a.argv = argv
-    if a.action == "generate":
-        return run_generate(a)
-    return 2
+    return run_generate(a) if a.action == "generate" else 2

@@ -34,12 +34,10 @@ def _sizes(text: str) -> list[int]:
 
 
 def add_generate_parser(sub) -> None:
-    """``data generate kk`` and its options."""
-    g = sub.add_parser("generate", help="generate a synthetic data set (kk: Logic-RL's Knights & Knaves)",
+    """``data generate {kk}`` and its options."""
+    k = sub.add_parser("generate", help="generate a synthetic data set (kk: Logic-RL's Knights & Knaves)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    tasks = g.add_subparsers(dest="task", metavar="{kk}", required=True)
-    k = tasks.add_parser("kk", help="Knights & Knaves in Logic-RL's format, RLCSD's splits", description=__doc__,
-                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    k.add_argument("task", choices=("kk",), help="the data set: kk (Knights & Knaves in Logic-RL's format, RLCSD's splits)")
     k.add_argument("--out", required=True, help="output dir (new or empty; or an earlier kk output with --force)")
     k.add_argument("--seed", type=int, default=0, help="generation seed (the same seed gives the same files)")
     k.add_argument("--train-sizes", type=_sizes, default=_sizes("4-8"), help="people per train puzzle (default 4-8)")

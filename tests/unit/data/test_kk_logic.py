@@ -164,3 +164,21 @@ def test_cli_out_safety_and_bad_sizes(tmp_path, capsys):
     assert "2..51" in capsys.readouterr().err
     with pytest.raises(ValueError, match="2..51"):
         K.generate(1, random.Random(0))
+
+
+def test_the_documented_command_writes_the_documented_splits(tmp_path, monkeypatch):
+    """docs/data-and-benchmarks.md's ``data generate kk`` line, run as written (in a scratch directory):
+    the default counts it states (900 / 100 per size, 100 per OOD size)."""
+    import shlex
+    from pathlib import Path
+
+    from megatron_rl.cli import main
+
+    page = (Path(__file__).resolve().parents[3] / "docs/data-and-benchmarks.md").read_text()
+    line = next(ln for ln in page.splitlines() if ln.startswith("megatron-rl data generate kk"))
+    monkeypatch.chdir(tmp_path)
+    assert main(shlex.split(line)[1:]) == 0
+    rows = {f: pq.read_metadata(tmp_path / "data/kk" / f).num_rows
+            for f in ("train.parquet", "kk_4_8/test.parquet", "kk_9/test.parquet", "kk_10/test.parquet", "kk_11/test.parquet")}
+    assert rows == {"train.parquet": 4500, "kk_4_8/test.parquet": 500, "kk_9/test.parquet": 100,
+                    "kk_10/test.parquet": 100, "kk_11/test.parquet": 100}
