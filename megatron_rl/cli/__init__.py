@@ -42,7 +42,7 @@ PASSTHROUGH: dict[str, tuple[str, ...]] = {
 HELP = {
     "train": "run RL training from a YAML config (+ dotted overrides); resumable",
     "demo": "tiny CPU end-to-end run: warm start, RL, held-out accuracy before/after",
-    "eval": "evaluate a checkpoint on a held-out prompt set",
+    "eval": "evaluate a checkpoint on a held-out prompt set or the papers' named benchmarks",
     "convert": "checkpoint conversion: hf-to-mcore | mcore-to-hf",
     "data": "make the papers' data sets: generate kk (Logic-RL's Knights & Knaves)",
     "plan": "estimate per-GPU memory for a model x TP x PP x DP x micro-batch x seq-len",

@@ -14,6 +14,12 @@ Writes ``samples.jsonl`` (per sample: row, sample, score, correct) and ``summary
 pass@k for each k of ``--k``, default n, per data source and overall; ``eval/metrics.py``) into
 ``--out``, which must be new or empty, or an earlier eval output with ``--force`` (``eval/out_dir.py``).
 
+Named benchmarks (``--benchmarks aime24,amc23`` or a paper's preset such as ``rlcsd_math``, with
+``--data-dir`` and ``--model`` or ``--completions-dir``; ``--two-attempt``: SCoRe's protocol) write
+the papers' table instead (``eval/bench.py``)::
+
+    megatron-rl eval --benchmarks rlcsd_math --data-dir data --model M --out o
+
 pass@k uses the unbiased estimator 1 − C(n−c, k) / C(n, k) (n samples, c correct);
 mean@k is the mean correctness of the first k samples of each row.
 """
