@@ -165,7 +165,7 @@ SUPPORT_CHOOSER = {"opsd": "teacher", "opsd_ectr": "teacher", "sdpo": "student",
 
 def distill_support_fields(loss_name: str, student_logits: Tensor, teacher_logits: Tensor,
                            teacher_neg_logits: Tensor | None = None, k: int = 100) -> dict:
-    """AlgoInputs fields (``student_topk``, ``teacher_topk``, optionally ``teacher_neg_topk``) for
+    """The inputs (``student_topk``, ``teacher_topk``, optionally ``teacher_neg_topk``) for
     ``loss_name``, with the support chosen as that loss requires (teacher top-k for opsd and
     opsd_ectr, where the correct-hint teacher chooses and the wrong-hint teacher is gathered at the
     same indices; student top-k for sdpo and srpo). Shapes: logits [N, T, V] → [N, T, k+1]."""
