@@ -79,7 +79,7 @@ def test_bundle_checks_shape_and_dtype(kw, msg):
 def test_padding_copies_use_each_inputs_filler(scratch):
     """``TrainBatch.zero_masked``: the response mask and every registered input with a filler (a plugin's
     too) take the filler's rows; other extras are copied as they are."""
-    from megatron_rl.trainer.batch import TrainBatch
+    from megatron_rl.trainer.pipeline.batch import TrainBatch
 
     A.register_input("tmp_keep", ("N", "K"), "float", filler=lambda v: torch.full_like(v, 7.0))
     ex = {"resp_mask": torch.ones(2, 3), "tmp_keep": torch.ones(2, 2), "old_logp": torch.full((2, 3), -1.0),
@@ -93,7 +93,7 @@ def test_padding_copies_use_each_inputs_filler(scratch):
 def test_objective_gathers_a_registered_policy_input_at_its_index(scratch):
     """An input registered with ``policy="logp"`` and its own position key is gathered from the current
     policy's log-probs by the objective, with no code naming it."""
-    from megatron_rl.trainer.objective import Objective
+    from megatron_rl.trainer.pipeline.objective import Objective
 
     A.register_input("tmp_logp_at", ("N", "U"), policy="logp", index="tmp_pos")
     logp = torch.arange(10.0).reshape(2, 5)

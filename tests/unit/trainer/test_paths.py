@@ -8,7 +8,7 @@ import pytest
 
 from megatron_rl import algorithms as A
 from megatron_rl.config import load_config
-from megatron_rl.preflight import load_checked
+from megatron_rl.trainer.loop.preflight import load_checked
 from megatron_rl.trainer import paths as P
 from megatron_rl.trainer.paths.sampling import PlainPath
 
@@ -68,7 +68,7 @@ def test_register_algo_kind_is_strict():
 def test_plugins_are_kept_in_config_yaml_and_imported_again_on_load(tmp_path, monkeypatch):
     """``run_dir/config.yaml`` keeps ``plugins:``, and loading that file (``--config run_dir/config.yaml``;
     what a resume compares) imports the module again in a process that has not imported it yet."""
-    from megatron_rl.trainer.run_config import save_run_config
+    from megatron_rl.trainer.state.run_config import save_run_config
 
     (tmp_path / "mods").mkdir()
     (tmp_path / "mods" / "mrl_probe_plugin.py").write_text("LOADED = True\n")

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from megatron_rl import algorithms as A
-from megatron_rl.preflight import load_checked
+from megatron_rl.trainer.loop.preflight import load_checked
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -167,7 +167,8 @@ def test_input_unknown_to_the_registry_is_refused(plugins):
 
 
 def test_plugin_method_with_its_own_input_trains_through_the_cli(plugins, tmp_path):
-    """``megatron-rl train ... plugins=[mrl_mean_baseline,mrl_frac_method] algo.kind=frac_reinforce``: the
+    """The plugin command of docs/contributing.md ("Adding a method"), with a few more overrides:
+    ``megatron-rl train ... plugins=[mrl_mean_baseline,mrl_frac_method] algo.kind=frac_reinforce``: the
     estimator ran in the training process with the method's config key, the loss read ``resp_frac``
     equal to its oracle on every trained row, its metrics were logged and ``run_dir/config.yaml`` keeps
     the plugins. The run uses the HF ``generate`` engine (the fallback) through Ray: the suite's loop run
@@ -178,7 +179,7 @@ def test_plugin_method_with_its_own_input_trains_through_the_cli(plugins, tmp_pa
     import yaml
     from safetensors.torch import load_file
 
-    from megatron_rl.demo import prepare
+    from megatron_rl.cli.demo import prepare
 
     paths, _, hf = prepare(tmp_path / "assets", seed=0)
     run_dir, result = tmp_path / "run", tmp_path / "result.json"
