@@ -186,7 +186,7 @@ def test_plugin_method_with_its_own_input_trains_through_the_cli(plugins, tmp_pa
     run_dir, result = tmp_path / "run", tmp_path / "result.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(plugins)]),
            "RAY_AUTH_MODE": "disabled", "WANDB_MODE": "offline", "MRL_DEMO_RESULT": str(result)}
-    p = subprocess.run([sys.executable, "-m", "megatron_rl.cli", "--debug", "train", "--config", "examples/configs/tiny_cpu_grpo.yaml",
+    p = subprocess.run([sys.executable, "-m", "megatron_rl.cli", "train", "--config", "examples/configs/tiny_cpu_grpo.yaml",
                         "plugins=[mrl_mean_baseline,mrl_frac_method]", "algo.kind=frac_reinforce",
                         "algo.frac_reinforce.frac_weight=0.25", "trainer.mini_batch_prompts=2",
                         f"model.hf_path={hf}", f"data.train={paths['train']}", "data.val=", f"trainer.run_dir={run_dir}",
