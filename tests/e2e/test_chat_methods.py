@@ -24,7 +24,8 @@ import pytest
 
 from megatron_rl.algorithms import ALGO_KINDS
 from megatron_rl.data import chat
-from megatron_rl.data.chat_fixture import SCORE_INSTRUCTION, SYSTEM
+from tests.helpers.chat_fixture import SCORE_INSTRUCTION, SYSTEM
+from tests.helpers.dist import repo_env
 from tests.helpers.fake_openai_server import requests_seen, start_server
 
 KINDS = sorted(ALGO_KINDS)
@@ -49,7 +50,7 @@ def runs(chat_fixture, tmp_path_factory):
     try:
         p = subprocess.run([sys.executable, str(ROOT / "tests/e2e/workers/chat_kinds.py"), str(Path(chat_fixture["hf_path"]).parent),
                             str(out), url, *KINDS, *VARIANTS], capture_output=True, text=True, timeout=1500, cwd=ROOT,
-                           env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "2"})
+                           env=repo_env({**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "2"}))
         assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]
         seen = requests_seen(url)
     finally:
@@ -168,6 +169,17 @@ def test_logic_rl_rows_train_one_step(runs):
     assert 0.0 <= rows[0]["reward/mean"] <= 1.0 and rows[0]["reward/timeouts"] == 0
     policy = _samples(out, KK_KIND, "policy")
     assert policy and " says: " in policy[0]["text"] and "<answer>" in policy[0]["text"]
+    # the held-out evaluation is the named benchmarks' table (trainer.eval_benchmarks=[math, gsm8k], 3 problems
+    # each, greedy): before the step and after it, in the layout of `megatron-rl eval --benchmarks`
+    for step in (0, 1):
+        table = (out / KK_KIND / "eval" / f"step_{step}.md").read_text().splitlines()
+        assert table[0] == "| Benchmark | mean@1 | Problems |" and table[1] == "|---|---:|---:|"
+        assert [ln.split(" | ")[0] for ln in table[2:]] == ["| MATH", "| GSM8K", "| Average"]
+        assert table[2].endswith(" | 3 |") and table[4].endswith(" | 6 |")
+        s = json.loads((out / KK_KIND / "eval" / f"step_{step}.json").read_text())
+        vals = [s["benchmarks"][b]["mean@1"] for b in ("math", "gsm8k")]
+        assert all(v * 3 == round(v * 3) for v in vals)   # thirds: 3 greedy problems each
+        assert abs(s["average"]["mean@1"] - sum(vals) / 2) < 1e-12
 
 
 def _trained_rows(row: dict) -> int:
