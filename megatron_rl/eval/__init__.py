@@ -41,45 +41,13 @@ from megatron_rl.runtime.diskspace import NotWritableError, check_writable
 from megatron_rl.runtime.path_kind import expect_hf
 from megatron_rl.runtime.usage import EXIT_USAGE, OneLineParser, error_status
 
+from .completions import check_completions, load_completions, load_rows, model_lengths, score_responses
 from .metrics import pass_at_k, summarize
 
 #: ``eval`` output: the libraries' INFO and warnings (the console keeps ours and errors; ``--verbose``: all)
 LOG_FILE = "eval.log"
 
 __all__ = ["generate_completions", "main", "pass_at_k", "run_eval"]
-
-
-def _load_rows(path):
-    import pyarrow.parquet as pq  # lazy: defers pyarrow to the call
-
-    t = pq.read_table(path)
-    for col in ("data_source", "reward_model"):
-        if col not in t.column_names:
-            raise ValueError(f"{path}: missing column {col!r}")
-    return t.to_pylist()
-
-
-def _load_completions(path) -> dict[int, list[str]]:
-    out: dict[int, list[str]] = defaultdict(list)
-    for ln, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-            idx = int(obj["index"])
-        except (ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"{path}:{ln}: bad completion line ({e})") from None
-        try:
-            resp = obj["responses"] if "responses" in obj else [obj["response"]]
-        except KeyError:
-            raise ValueError(f"{path}:{ln}: a completion line needs 'response' (text) or 'responses' (list of text)") from None
-        key = "responses" if "responses" in obj else "response"
-        if not isinstance(resp, list) or not all(isinstance(r, str) for r in resp):
-            got = obj[key]
-            raise ValueError(f"{path}:{ln}: {key!r} must be {'a list of strings' if key == 'responses' else 'a string'}, "
-                             f"got {type(got).__name__} {str(got)[:40]!r}")
-        out[idx].extend(resp)
-    return out
 
 
 def run_eval(eval_parquet, completions_jsonl, k, out_dir, reward_by_source: dict | None = None,
@@ -91,10 +59,10 @@ def run_eval(eval_parquet, completions_jsonl, k, out_dir, reward_by_source: dict
     from megatron_rl.rewards.manager import RewardManager  # lazy: defers torch to the call
 
     ks = tuple(sorted({k} if isinstance(k, int) else set(k)))
-    rows = _load_rows(eval_parquet)
-    comps = _load_completions(completions_jsonl)
+    rows = load_rows(eval_parquet)
+    comps = load_completions(completions_jsonl)
     rm = RewardManager(reward_by_source, default="exact")   # the training loop's verifiers and reward pool
-    _check_completions(rows, comps, n or ks[-1], "n" if n else "k", completions_jsonl, eval_parquet)
+    check_completions(rows, comps, n or ks[-1], "n" if n else "k", completions_jsonl, eval_parquet)
     out = Path(out_dir)
     prepare_out() if prepare_out is not None else out.mkdir(parents=True, exist_ok=True)
     by_row = score_responses(rows, [(comps.get(i, [])[:n] if n else comps.get(i, [])) for i in range(len(rows))], rm)
@@ -115,43 +83,6 @@ def run_eval(eval_parquet, completions_jsonl, k, out_dir, reward_by_source: dict
     return summary
 
 
-def score_responses(rows: list, resps: list[list[str]], rm) -> list[list[float]]:
-    """Every response of row i (``resps[i]``) scored by the reward its ``data_source`` selects
-    (``RewardManager``: the training loop's verifiers and reward pool)."""
-    flat = [(i, r) for i in range(len(rows)) for r in resps[i]]
-    vals, _ = rm.values([rm.name_of(rows[i]["data_source"]) for i, _ in flat], [r for _, r in flat],
-                        [rows[i]["reward_model"]["ground_truth"] for i, _ in flat])
-    by_row: list[list[float]] = [[] for _ in rows]
-    for (i, _), v in zip(flat, vals):
-        by_row[i].append(float(v))
-    return by_row
-
-
-def _check_completions(rows: list, comps: dict, need: int, what: str, completions, data) -> None:
-    """Every completion index names a row of ``data`` and every row has ``need`` completions
-    (checked before anything is written)."""
-    bad = sorted(i for i in comps if not 0 <= i < len(rows))
-    if bad:
-        raise ValueError(f"{completions}: index {bad[0]} is out of range: --data {data} has {len(rows)} rows "
-                         f"(indices 0..{len(rows) - 1}); were the completions made for another data file?")
-    for i in range(len(rows)):
-        if len(comps.get(i, [])) < need:
-            raise ValueError(f"row {i}: {len(comps.get(i, []))} completions, need {what}={need}")
-
-
-def _lengths(model_dir, longest_prompt: int, max_tokens: int | None) -> tuple[int, int]:
-    """(max_tokens, engine context length) within the model's ``max_position_embeddings``;
-    ``max_tokens=None``: 256 or what the positions leave after the longest prompt."""
-    positions = int(json.loads((Path(model_dir) / "config.json").read_text()).get("max_position_embeddings", 4096))
-    room = positions - longest_prompt
-    if max_tokens is None:
-        max_tokens = min(256, room)
-    if room < 1 or max_tokens > room:
-        raise ValueError(f"the longest prompt ({longest_prompt} tokens) + --max-tokens {max_tokens} exceeds the model's "
-                         f"max_position_embeddings={positions}; lower --max-tokens")
-    return max_tokens, longest_prompt + max_tokens
-
-
 def generate_completions(eval_parquet, model_dir, k: int, out_jsonl, max_tokens: int | None = None,
                          temperature: float = 1.0, engine: str = "vllm", top_p: float = 1.0, top_k: int = -1,
                          min_p: float = 0.0, chat_template_kwargs: dict | None = None, tp: int = 1,
@@ -166,7 +97,7 @@ def generate_completions(eval_parquet, model_dir, k: int, out_jsonl, max_tokens:
         raise ValueError(f"--tp {tp} needs the vllm engine (the HF engine runs on one device)")
     tok = load_tokenizer(model_dir, chat_template_kwargs)
     ds = PromptDataset.from_parquet(eval_parquet, tok, max_prompt_len=4096)
-    max_tokens, context = _lengths(model_dir, max(len(r.prompt_ids) for r in ds.rows), max_tokens)
+    max_tokens, context = model_lengths(model_dir, max(len(r.prompt_ids) for r in ds.rows), max_tokens)
     eng = make_engine(engine, str(model_dir), **({"max_model_len": context, "tensor_parallel_size": tp}
                                                  if engine == "vllm" else {}))
     comps = eng.generate([list(r.prompt_ids) for r in ds.rows],

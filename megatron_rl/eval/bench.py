@@ -55,20 +55,20 @@ def bench_runs(benchmarks: list[Benchmark], preset: Preset | None, n: int | None
 
 
 def _read_rows(path) -> list[dict]:
-    from . import _load_rows
+    from .completions import load_rows
 
-    return _load_rows(path)
+    return load_rows(path)
 
 
 def completions_from_dir(cdir, run: BenchRun, rows: list, attempt: int = 1) -> list[list[str]]:
     """``C/<name>.jsonl`` (attempt 2: ``C/<name>.attempt2.jsonl``): the first n responses of each row."""
-    from . import _check_completions, _load_completions
+    from .completions import check_completions, load_completions
 
     f = Path(cdir) / (f"{run.bench.name}.jsonl" if attempt == 1 else f"{run.bench.name}.attempt2.jsonl")
     if not f.is_file():
         raise FileNotFoundError(f"--completions-dir {cdir}: no {f.name} for benchmark {run.bench.name}")
-    comps = _load_completions(f)
-    _check_completions(rows, comps, run.n, "n", f, f"the {run.bench.name} benchmark")
+    comps = load_completions(f)
+    check_completions(rows, comps, run.n, "n", f, f"the {run.bench.name} benchmark")
     return [comps[i][:run.n] for i in range(len(rows))]
 
 
@@ -76,7 +76,7 @@ def score_table(runs: list[BenchRun], rows: dict, first: dict, second: dict | No
     """``(summary, samples)``: every response scored by its row's reward; the table's numbers."""
     from megatron_rl.rewards.manager import RewardManager
 
-    from . import score_responses
+    from .completions import score_responses
     from .table import bench_entry, summarize_table, two_attempt_entry
 
     rm = RewardManager(reward_by_source, default="exact")

@@ -42,16 +42,16 @@ def sample_benchmarks(a, runs, two_attempt: bool):
     from megatron_rl.data.tokenizer import load_tokenizer
     from megatron_rl.rollout.hf_engine import make_engine
 
-    from . import _lengths
+    from .completions import model_lengths
 
     tok = load_tokenizer(a.model, a.chat_template_kwargs)
     sets = {r.bench.name: PromptDataset.from_parquet(r.bench.path(a.data_dir), tok, max_prompt_len=1 << 20)
             for r in runs}
     longest = max(len(row.prompt_ids) for ds in sets.values() for row in ds.rows)
     second_prompt, extra = _second_turn(tok, a.instruction) if two_attempt else (None, 0)
-    max_tokens, context = _lengths(a.model, longest + (extra if two_attempt else 0), a.max_tokens)
+    max_tokens, context = model_lengths(a.model, longest + (extra if two_attempt else 0), a.max_tokens)
     if two_attempt:   # x2 = x1 + y1 + turn, then y2
-        max_tokens, context = _lengths(a.model, longest + extra + max_tokens, max_tokens)
+        max_tokens, context = model_lengths(a.model, longest + extra + max_tokens, max_tokens)
     eng = make_engine(a.engine, str(a.model), **({"max_model_len": context, "tensor_parallel_size": a.tp}
                                                  if a.engine == "vllm" else {}))
     first, second = {}, ({} if two_attempt else None)
