@@ -19,6 +19,10 @@ import random
 import sys
 from pathlib import Path
 
+from tqdm import tqdm
+
+from megatron_rl import __version__
+
 MANIFEST = "manifest.json"
 
 
@@ -62,12 +66,10 @@ def plan_splits(a) -> dict[str, tuple[str, list[int]]]:
 
 def generate_kk(a) -> dict:
     """Write the splits of :func:`plan_splits` and the manifest; returns the manifest."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    from tqdm import tqdm
+    import pyarrow as pa  # lazy: defers pyarrow to the call
+    import pyarrow.parquet as pq  # lazy: defers pyarrow to the call
 
-    from megatron_rl import __version__
-    from megatron_rl.data.kk_logic import generate, to_row
+    from megatron_rl.data.kk_logic import generate, to_row  # lazy: defers numpy to the call
 
     out = Path(a.out)
     _check_out(out, a.force)
@@ -114,7 +116,7 @@ def run_generate(a) -> int:
         if v < 0:
             print(f"megatron-rl data generate kk: error: {flag} must be >= 0, got {v}", file=sys.stderr)
             return 2
-    from megatron_rl.data.kk_logic import NAMES
+    from megatron_rl.data.kk_logic import NAMES  # lazy: defers numpy to the call
 
     bad = [s for s in (*a.train_sizes, *a.ood_sizes) if not 2 <= s <= len(NAMES)]
     if bad:

@@ -28,13 +28,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 from tqdm import tqdm
 
 from megatron_rl.config_parse import check_truncation
 from megatron_rl.data.tokenizer import load_tokenizer
+from megatron_rl.eval.bench import check_bench_args, run_benchmarks
 from megatron_rl.eval.out_dir import check_eval_out, prepare_eval_out
 from megatron_rl.runtime.console import quiet_command
 from megatron_rl.runtime.diskspace import NotWritableError, check_writable
@@ -234,15 +234,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(a) -> int:
     """Check the parsed arguments, generate (``--model``) or read the completions, score, print the summary."""
-    from .bench import check_bench_args
-
     problem = check_bench_args(a) or _check_args(a)
     if problem:
         print(f"megatron-rl eval: error: {problem}", file=sys.stderr)
         return EXIT_USAGE
     if a.benchmarks:
-        from .bench import run_benchmarks
-
         try:
             check_eval_out(a.out, a.force)
             run_benchmarks(a, a.preset, a.bench_list)

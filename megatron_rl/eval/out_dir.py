@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -63,8 +64,6 @@ def prepare_eval_out(out: str | os.PathLike, force: bool, keep: str | os.PathLik
         if f.is_file() and f.resolve() != keep_path:
             f.unlink()
         elif f.is_dir() and name == COMPLETIONS_DIR and not (keep_path and keep_path.is_relative_to(f.resolve())):
-            import shutil
-
             shutil.rmtree(f)
     (p / MARKER).write_text(json.dumps({"written_by": f"megatron-rl {__version__} eval",
                                         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}) + "\n")

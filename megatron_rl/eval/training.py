@@ -12,13 +12,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from megatron_rl.data.benchmarks import missing_files, resolve
+from megatron_rl.eval.bench import bench_runs
+from megatron_rl.eval.table import bench_entry, log_metrics, render_markdown, summarize_table
+
 
 def selected(cfg):
     """``(benchmarks, preset)`` named by ``trainer.eval_benchmarks`` or ``([], None)``; a one-line
     ``ValueError`` for an unknown name, a missing file, ``data.val`` set too, or SCoRe's two-attempt
     preset (``megatron-rl eval`` only)."""
-    from megatron_rl.data.benchmarks import missing_files, resolve
-
     t = cfg.trainer
     if not t.eval_benchmarks:
         return [], None
@@ -42,7 +44,7 @@ def selected(cfg):
 def benchmark_prompts(cfg, tok):
     """One :class:`~megatron_rl.data.dataset.PromptDataset` of the benchmarks' problems (at most
     ``eval_prompts`` each), with ``blocks`` = ``[(name, start, stop)]``; None when none are named."""
-    from megatron_rl.data.dataset import PromptDataset
+    from megatron_rl.data.dataset import PromptDataset  # lazy: defers torch to the call
 
     benchmarks, _ = selected(cfg)
     if not benchmarks:
@@ -65,9 +67,6 @@ def benchmark_prompts(cfg, tok):
 def table_metrics(cfg, val_set, correct: list[list[bool]], n: int, step: int, write: bool = True) -> dict:
     """The table of one evaluation from the correctness of every problem of ``val_set`` (in order);
     returns the flat metrics (``eval/acc`` = ``eval/avg``) and writes ``run_dir/eval/step_<step>.md|json``."""
-    from megatron_rl.eval.bench import bench_runs
-    from megatron_rl.eval.table import bench_entry, log_metrics, render_markdown, summarize_table
-
     benchmarks, preset = selected(cfg)
     runs = {r.bench.name: r for r in bench_runs(benchmarks, preset, n, None)}
     entries = {name: bench_entry(runs[name].bench.label, correct[a:b], runs[name].metric, runs[name].k,

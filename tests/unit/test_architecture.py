@@ -105,11 +105,8 @@ LAZY_OWNED = {
     "trainer/paths/": "issue 33 typed Run / family packages (i33-typed)",
     "trainer/teacher.py": "issue 33 family packages (i33-typed)",
     "trainer/teacher_inputs.py": "issue 33 family packages (i33-typed)",
-    "trainer/support.py": "issue 33 family packages (i33-typed)",
     "trainer/loop/setup.py": "issue 33 typed Run (i33-typed)",
     "rollout/": "issue 33 engine registry (i33-engine)",
-    "algorithms/inputs.py": "issue 33 input registry (i33-inputs)",
-    "data/chat_fixture.py": "issue 33 tests tidy: the fixture moves into tests/ (i33-tests)",
 }
 
 

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tools import example_plans as EP
 from megatron_rl.cli.plan import GIB, fits, format_report
+from tests.helpers.tools import load_tool
+
+EP = load_tool("example_plans")
 
 REPO = Path(__file__).resolve().parents[2]
 LARGE = sorted(p for p in EP.CONFIGS.glob("*.yaml") if not p.stem.startswith("tiny_cpu_"))

@@ -29,6 +29,7 @@ from urllib.parse import urlparse
 
 from megatron_rl.config import load_config, validate
 from megatron_rl.data.tokenizer import load_tokenizer
+from megatron_rl.eval.training import benchmark_prompts, selected
 from megatron_rl.rewards.grader import RUBRIC_PROMPT
 from megatron_rl.rewards.judge_client import probe, served_max_model_len
 from megatron_rl.rewards.outcome_judge import OUTCOME_PROMPT
@@ -191,8 +192,6 @@ def check_files(cfg, resume: str | None = None) -> None:
     if cfg.data.val:
         _need_file("data.val", cfg.data.val, "held-out prompts, parquet")
     if cfg.trainer.eval_benchmarks:
-        from megatron_rl.eval.training import selected
-
         selected(cfg)   # known names, every prepared file there, not beside data.val
     if resume not in (None, "auto") and Path(resume).is_dir() and not (Path(resume) / "COMPLETE").is_file():
         if kind(resume) in (RUN, HF):   # a run dir or an HF dir where a checkpoint is meant: say which fits
@@ -303,8 +302,6 @@ def prompt_datasets(cfg, tok=None):
                 raise ValueError(f"{key}={e}" if str(e).startswith(str(path)) else f"{key}={path}: {e}") from None
         out.append(_PROMPTS[k])
     if out[1] is None and cfg.trainer.eval_benchmarks:   # the named benchmarks as the held-out set
-        from megatron_rl.eval.training import benchmark_prompts
-
         k = ("benchmarks", cfg.trainer.eval_benchmarks, str(Path(cfg.trainer.eval_data_dir).resolve()),
              cfg.trainer.eval_prompts, *_prompt_key(cfg, cfg.trainer.eval_data_dir)[3:])
         if k not in _PROMPTS:

@@ -35,6 +35,7 @@ from megatron_rl.convert import hf_tensor_meta, stream_hf_tensors
 from megatron_rl.rollout.engine import SamplingParams
 from megatron_rl.rollout.weight_sync import RoundSource, param_meta
 from megatron_rl.trainer.loop.rollout_stage import broadcast_object
+from megatron_rl.trainer.pipeline.update_stage import response_frame, sequences
 
 log = logging.getLogger("megatron_rl.sync")
 
@@ -132,9 +133,6 @@ def warm_probe(run) -> None:
 def probe_gap(run) -> dict:
     """Collective: the engines greedily complete the probe (driver), the trainer recomputes the
     log-probs of those tokens at temperature 1; mean / max |trainer − engine| and the token count."""
-    from megatron_rl.trainer.loop.rollout_stage import broadcast_object
-    from megatron_rl.trainer.pipeline.update_stage import response_frame, sequences
-
     probe = None
     if run.info.is_driver:
         prompts, sp = _probe_set(run)
