@@ -258,7 +258,7 @@ def te_import_error() -> str | None:
     top-level ``transformer_engine`` package imports without its compiled torch extension (a wheel
     built for another torch, a CPU-only install), so the check imports ``transformer_engine.pytorch``."""
     try:
-        import transformer_engine.pytorch  # noqa: F401
+        import transformer_engine.pytorch  # noqa: F401  (lazy: the probe is the import itself)
     except Exception as e:   # ImportError, or an OSError / RuntimeError of a mismatched extension
         return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
     return None
