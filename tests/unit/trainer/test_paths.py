@@ -100,6 +100,7 @@ def test_toy_method_trains_end_to_end(tmp_path):
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
     res = json.loads(result.read_text())
     assert res["advantage_calls"] == 2 and res["loss_calls"] >= 2 and res["hparams"]["baseline_scale"] == 0.5
+    assert res["vllm_imported"] is False   # the HF engine's run: its driver imports no engine library it does not use
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["plugins"] == ["toy_method"]
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]

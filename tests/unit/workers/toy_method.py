@@ -5,13 +5,14 @@ through the config's ``plugins:`` key (this directory on ``PYTHONPATH``, as a us
     PYTHONPATH=tests/unit/workers megatron-rl train --config ... plugins=[toy_method] algo.kind=toy
 
 Each call of its advantage or loss rewrites ``$TOY_METHOD_RESULT`` (when set) with
-{advantage_calls, loss_calls, hparams}: the counters of the training process, read by
-``tests/unit/trainer/test_paths.py`` after the run.
+{advantage_calls, loss_calls, hparams, vllm_imported}: the counters of the training process and
+whether it has imported vLLM by then, read by ``tests/unit/trainer/test_paths.py`` after the run.
 """
 from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +28,8 @@ def _count(what: str, hp) -> None:
     CALLS[what] += 1
     out = os.environ.get("TOY_METHOD_RESULT")
     if out:
-        Path(out).write_text(json.dumps({**{f"{k}_calls": v for k, v in CALLS.items()}, "hparams": hp.to_dict()}))
+        Path(out).write_text(json.dumps({**{f"{k}_calls": v for k, v in CALLS.items()}, "hparams": hp.to_dict(),
+                                         "vllm_imported": "vllm" in sys.modules}))
 
 
 @dataclass(frozen=True)
