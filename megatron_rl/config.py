@@ -164,8 +164,9 @@ class RolloutConfig:
     ray_address: str | None = None
     """Existing Ray cluster to join (multi-node); None: Ray's own ``RAY_ADDRESS`` when set, else a local one."""
     sync_backend: str = "auto"
-    """Weight transport (vLLM's weight-transfer API): auto | ray | gloo | nccl | ipc. auto: gloo on
-    CPU, nccl with CUDA, ray for the HF engine; nccl/ipc need CUDA (checked at start-up)."""
+    """Weight transport (vLLM's weight-transfer API; ``rollout/transport.py``): auto | ray | gloo | nccl | ipc,
+    among those the engine class declares (``CAPS.transports``). auto: gloo on CPU, nccl with CUDA, ray
+    for the HF engine; nccl/ipc need CUDA (checked at start-up)."""
     logprob_gate: float | None = None
     """Start-up gate: after the first sync, the mean |trainer − engine| log-prob over a fixed probe
     batch must be <= this, else the run stops with both numbers. null = by precision
@@ -201,8 +202,10 @@ class RolloutConfig:
         from megatron_rl.rollout.registry import engine_class, engine_names
 
         caps = engine_class(self.engine).CAPS   # unknown: one line with the registered names
-        _check(self.sync_backend in ("auto", "ray", "gloo", "nccl", "ipc"),
-               f"rollout.sync_backend must be auto|ray|gloo|nccl|ipc, got {self.sync_backend!r}")
+        from megatron_rl.rollout.transport import backend_names
+
+        _check(self.sync_backend in backend_names(),
+               f"rollout.sync_backend must be {'|'.join(backend_names())}, got {self.sync_backend!r}")
         _check(self.kv_cache_gib > 0, f"rollout.kv_cache_gib must be > 0, got {self.kv_cache_gib}")
         _check(self.bucket_mb >= 1, f"rollout.bucket_mb must be >= 1, got {self.bucket_mb}")
         _check(self.gpu_memory_utilization is None or 0 < self.gpu_memory_utilization <= 1,

@@ -20,7 +20,7 @@ may live on other nodes, so the count is left to Ray there.
 from __future__ import annotations
 
 from .registry import caps, engine_names
-from .transport import BACKENDS, resolve_backend  # noqa: F401  (re-exported: the start-up checks' choice of transport)
+from .transport import resolve_backend
 
 PLACEMENTS = ("colocated", "separate")
 

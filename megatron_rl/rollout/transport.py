@@ -50,17 +50,31 @@ class Transport:
     opener: str
 
 
-TRANSPORTS: dict[str, Transport] = {t.name: t for t in (
-    Transport("gloo", cuda=False, shares_gpu=True, separate_gpus=True, single_sender=False,
-              opener="megatron_rl.rollout.trainer_engines:trainer_init"),
-    Transport("ray", cuda=False, shares_gpu=True, separate_gpus=True, single_sender=False,
-              opener="megatron_rl.rollout.ray_transport:open_sender"),
-    Transport("nccl", cuda=True, shares_gpu=False, separate_gpus=True, single_sender=False,
-              opener="megatron_rl.rollout.trainer_engines:trainer_init"),
-    Transport("ipc", cuda=True, shares_gpu=True, separate_gpus=False, single_sender=True,
-              opener="megatron_rl.rollout.trainer_engines:trainer_init"),
-)}
-BACKENDS = ("auto", *TRANSPORTS)   # rollout.sync_backend
+TRANSPORTS: dict[str, Transport] = {}
+
+
+def register_transport(t: Transport) -> Transport:
+    """Add a transport (a plugin may: its sender module named in ``opener``); a name registered twice raises."""
+    if t.name in TRANSPORTS or t.name == "auto":
+        raise ValueError(f"weight transport {t.name!r} is already registered")
+    TRANSPORTS[t.name] = t
+    return t
+
+
+for _t in (Transport("ray", cuda=False, shares_gpu=True, separate_gpus=True, single_sender=False,
+                     opener="megatron_rl.rollout.ray_transport:open_sender"),
+           Transport("gloo", cuda=False, shares_gpu=True, separate_gpus=True, single_sender=False,
+                     opener="megatron_rl.rollout.trainer_engines:trainer_init"),
+           Transport("nccl", cuda=True, shares_gpu=False, separate_gpus=True, single_sender=False,
+                     opener="megatron_rl.rollout.trainer_engines:trainer_init"),
+           Transport("ipc", cuda=True, shares_gpu=True, separate_gpus=False, single_sender=True,
+                     opener="megatron_rl.rollout.trainer_engines:trainer_init")):
+    register_transport(_t)
+
+
+def backend_names() -> tuple[str, ...]:
+    """``rollout.sync_backend``'s values: auto and every registered transport."""
+    return ("auto", *TRANSPORTS)
 
 
 def _auto_order(cuda: bool, trainer_world: int, placement: str | None) -> tuple[str, ...]:
@@ -81,8 +95,8 @@ def resolve_backend(requested: str, engine: str, cuda: bool, trainer_world: int 
     auto: the first of :func:`_auto_order` the engine accepts (vLLM: gloo on CPU, nccl / ipc / ray on
     GPU; an engine that accepts only ray: ray).
     """
-    if requested not in BACKENDS:
-        raise ValueError(f"rollout.sync_backend must be one of {'|'.join(BACKENDS)}, got {requested!r}")
+    if requested not in backend_names():
+        raise ValueError(f"rollout.sync_backend must be one of {'|'.join(backend_names())}, got {requested!r}")
     accepted = caps(engine).transports
     if requested == "auto":
         for name in _auto_order(cuda, trainer_world, placement):

@@ -16,7 +16,7 @@ import torch
 
 from megatron_rl.rollout import EngineCaps, engine_class, register_engine
 from megatron_rl.rollout.registry import engine_names
-from megatron_rl.rollout.transport import resolve_backend
+from megatron_rl.rollout.transport import TRANSPORTS, backend_names, register_transport, resolve_backend
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -48,6 +48,9 @@ def test_transport_is_chosen_from_the_engine_class():
     assert resolve_backend("auto", "hf", True, 1, "colocated") == "ray"
     with pytest.raises(ValueError, match=r"rollout.sync_backend=nccl: the hf engine accepts only ray \(or auto\)"):
         resolve_backend("nccl", "hf", True, 1, "separate")
+    with pytest.raises(ValueError, match="weight transport 'ray' is already registered"):
+        register_transport(TRANSPORTS["ray"])
+    assert backend_names() == ("auto", "ray", "gloo", "nccl", "ipc")
 
 
 def test_plugin_engine_trains_one_step_and_holds_the_pushed_weights(tmp_path):
