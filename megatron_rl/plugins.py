@@ -1,8 +1,8 @@
 """``plugins:``: the user's own modules, imported before a config's sections are read.
 
-A method added outside the package (README "Adding a method") registers its advantage, loss,
-hparams dataclass and kind when its module is imported, a rollout engine (README "Adding a rollout
-engine") its engine class; ``config.from_dict`` imports the modules named by the top-level
+A method added outside the package (docs/contributing.md, "Adding a method") registers its advantage, loss,
+hparams dataclass and kind when its module is imported, a rollout engine (docs/contributing.md,
+"Adding a rollout engine") its engine class; ``config.from_dict`` imports the modules named by the top-level
 ``plugins:`` key first, so ``algo.kind``, ``algo.<kind>.*`` and ``rollout.engine`` validate against
 those registrations. Every process that loads the config (each ``torchrun`` rank, a resume from
 ``run_dir/config.yaml``, which keeps the key) imports them itself; the Ray engine actors get no

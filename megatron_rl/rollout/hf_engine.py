@@ -141,7 +141,7 @@ class HFEngine:
             return {}
         raise ValueError(f"HF engine: unknown weight-transfer method {method!r}")
 
-    # -- colocation (rollout.placement=colocated, trainer/colocate.py) ---------------------------------
+    # -- colocation (rollout.placement=colocated, trainer/loop/colocate.py) ---------------------------------
     # The engine's cache is per call (nothing survives a generate), so sleep is about the weights. Each
     # parameter's storage is swapped for an empty tensor (shape, dtype and device kept to restore it);
     # tied parameters are one Parameter, so they are freed and restored once. Buffers (rotary tables)
@@ -204,6 +204,6 @@ def _release_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):   # not glibc: nothing to trim
         pass
-    from ..device import empty_cache
+    from ..runtime.device import empty_cache
 
     empty_cache()

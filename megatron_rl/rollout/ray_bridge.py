@@ -39,7 +39,7 @@ class _EngineActor:
     def __init__(self, impl: str, model_dir: str, engine_kwargs: dict):
         cores = os.environ.get("MEGATRON_RL_CPU_CORES")
         if cores:   # asynchronous runs: the engines' own cores, disjoint from the trainer's
-            from ..device import pin_process
+            from ..runtime.device import pin_process
 
             pin_process(int(c) for c in cores.split(","))
         torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
@@ -174,7 +174,7 @@ class RolloutClient:
                  placement: str | None = None, engine_gpus: list[int] | None = None):
         import ray
 
-        from ..device import has_cuda
+        from ..runtime.device import has_cuda
 
         from .registry import caps, engine_path
         from .transport import resolve_backend
@@ -188,7 +188,7 @@ class RolloutClient:
         if not ray.is_initialized():
             ray_address = ray_address or os.environ.get("RAY_ADDRESS")   # Ray's own variable (`ray job submit`)
             if ray_address:
-                from ..launch_env import check_ray_address
+                from ..runtime.launch_env import check_ray_address
 
                 check_ray_address(ray_address)   # ray.init retries an address nobody serves forever
                 with _keep_signal_handlers():
@@ -378,7 +378,7 @@ class RolloutClient:
     def set_sync_backend(self, backend: str, trainer_world: int = 1) -> None:
         """Switch the weight transport without restarting the engines (e.g. gloo <-> ray, which
         share the engines' worker engine); the next sync opens the new one."""
-        from ..device import has_cuda
+        from ..runtime.device import has_cuda
 
         from .registry import caps
         from .transport import resolve_backend
@@ -396,7 +396,7 @@ class RolloutClient:
         self._ray.kill(self.actors[i], no_restart=True)
 
     def sleep(self, level: int = 1) -> None:
-        """Every engine sleeps (``RolloutEngine.sleep``; colocated placement, ``trainer/colocate.py``)."""
+        """Every engine sleeps (``RolloutEngine.sleep``; colocated placement, ``trainer/loop/colocate.py``)."""
         t0 = time.perf_counter()
         self._ray.get([a.sleep.remote(level) for a in self.actors])
         self._stats.sleeps += 1
@@ -451,7 +451,7 @@ def _placement_group(num_engines: int, cpus: float, gpus: float, timeout_s: floa
 @contextlib.contextmanager
 def _keep_signal_handlers():
     """``ray.init`` installs its own SIGTERM handler first thing (``sys.exit(15)``: exit status 15, no
-    line, Ray's processes left running while engines start); the caller's handlers (``trainer/stop.py``:
+    line, Ray's processes left running while engines start); the caller's handlers (``trainer/loop/stop.py``:
     one line, 143, Ray's processes ended) are put back as soon as it returns, and a SIGTERM that Ray's
     handler turned into ``SystemExit(15)`` meanwhile is handed to the caller's handler."""
     import signal
@@ -481,7 +481,7 @@ def _init_local_ray(num_cpus: int, engine_gpus: list[int] | None) -> None:
 
     saved = os.environ.get("CUDA_VISIBLE_DEVICES")
     if engine_gpus is not None:
-        from ..device import gpu_count
+        from ..runtime.device import gpu_count
 
         ids = saved.split(",") if saved else [str(i) for i in range(gpu_count())]
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(ids[i] for i in engine_gpus)

@@ -25,7 +25,7 @@ import dataclasses
 import importlib
 from collections.abc import Mapping
 
-#: optional constructor arguments an engine may take from ``rollout.*`` (``trainer/setup.client_args``)
+#: optional constructor arguments an engine may take from ``rollout.*`` (``trainer/loop/setup.client_args``)
 OPTIONS = frozenset({"kv_cache_gib", "enable_sleep_mode", "gpu_memory_utilization", "enforce_eager", "tensor_parallel_size"})
 WHERE = ("always", "cuda", "never")
 

