@@ -19,7 +19,12 @@ import torch
 
 from megatron_rl.rollout import EngineCaps, engine_class, register_engine
 from megatron_rl.rollout.registry import engine_names
-from megatron_rl.rollout.transport import TRANSPORTS, backend_names, register_transport, resolve_backend
+from megatron_rl.rollout.transport import (
+    TRANSPORTS,
+    backend_names,
+    register_transport,
+    resolve_backend,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 
