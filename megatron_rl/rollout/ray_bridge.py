@@ -177,13 +177,14 @@ class RolloutClient:
         from ..runtime.device import has_cuda
 
         from .registry import caps, engine_path
-        from .transport import resolve_backend
+        from .transport import resolve_backend, sender_opener
 
         if num_engines < 1:
             raise ValueError(f"num_engines must be >= 1, got {num_engines}")
         if bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
         self.backend = resolve_backend(sync_backend, engine_kind, has_cuda(), trainer_world, placement)
+        self._opener = sender_opener(self.backend)   # the chosen transport's sender module, imported here
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         if not ray.is_initialized():
             ray_address = ray_address or os.environ.get("RAY_ADDRESS")   # Ray's own variable (`ray job submit`)
@@ -335,11 +336,9 @@ class RolloutClient:
         return self._stats.weight_version
 
     def _open_transfer(self) -> None:
-        from .transport import open_sender
-
         self._sync_client = ActorSyncClient(self.actors, ranks_per_engine=self.tp)   # every engine TP rank receives
-        self._transfer = open_sender(self.backend, self._sync_client, self.bucket_bytes, 1 + len(self.actors) * self.tp,
-                                     master_address=_node_ip())
+        self._transfer = self._opener(self.backend, self._sync_client, self.bucket_bytes, 1 + len(self.actors) * self.tp,
+                                      master_address=_node_ip())
 
     def _close_transfer(self, reinit: bool) -> None:
         """Tear the transfer group down on both sides (the next sync re-opens it with every engine)."""
@@ -381,7 +380,7 @@ class RolloutClient:
         from ..runtime.device import has_cuda
 
         from .registry import caps
-        from .transport import resolve_backend
+        from .transport import resolve_backend, sender_opener
 
         new = resolve_backend(backend, self.kind, has_cuda(), trainer_world)
         side = caps(self.kind).transports[new]
@@ -389,7 +388,7 @@ class RolloutClient:
             raise ValueError(f"sync backend {new} needs engines built for {side!r}; these were built "
                              f"for {self.engine_kwargs['weight_transfer']!r}")
         self._close_transfer(reinit=True)
-        self.backend = new
+        self.backend, self._opener = new, sender_opener(new)
 
     def kill_engine(self, i: int) -> None:
         """Kill actor ``i`` (fault-injection for tests and drills)."""

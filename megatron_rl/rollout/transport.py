@@ -16,8 +16,8 @@ Transports (``rollout.sync_backend``):
   engine library on the trainer, so it serves any engine whose receiving side unpacks a bucket
   (vLLM's worker engine, the HF engine's in-process copy, a plugin's).
 
-Each :class:`Transport` names the module of its sender (imported only when a push opens it), so
-choosing a transport, and a run whose engine takes only ``ray``, imports no engine library on the
+Each :class:`Transport` names the module of its sender, imported only for the transport chosen
+(:func:`sender_opener`), so a run whose engine takes only ``ray`` imports no engine library on the
 trainer's driver.
 """
 from __future__ import annotations
@@ -123,7 +123,9 @@ def resolve_backend(requested: str, engine: str, cuda: bool, trainer_world: int 
     return requested
 
 
-def open_sender(name: str, client, bucket_bytes: int, world_size: int, master_address: str = "127.0.0.1"):
-    """Open transport ``name``'s sender with every engine behind ``client`` (its module imported now)."""
+def sender_opener(name: str):
+    """Transport ``name``'s opener, its module imported now: the pool calls this where it chooses the
+    transport (start-up), so a missing library fails before the first push and its import is not part
+    of one; ``opener(name, client, bucket_bytes, world_size, master_address)`` returns the ready sender."""
     mod, _, fn = TRANSPORTS[name].opener.partition(":")
-    return getattr(importlib.import_module(mod), fn)(name, client, bucket_bytes, world_size, master_address)
+    return getattr(importlib.import_module(mod), fn)
