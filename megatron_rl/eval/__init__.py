@@ -146,6 +146,17 @@ def _lengths(model_dir, longest_prompt: int, max_tokens: int | None) -> tuple[in
     return max_tokens, longest_prompt + max_tokens
 
 
+
+def open_engine(engine: str, model_dir, context: int, tp: int):
+    """A registered rollout engine on ``model_dir`` with a ``context``-token window, ``tp``-way tensor
+    parallel when the engine takes those options (``EngineCaps.options``)."""
+    from megatron_rl.rollout.registry import caps, make_engine
+
+    if tp > 1 and caps(engine).tensor_parallel == "never":
+        raise ValueError(f"--tp {tp} needs an engine with tensor parallelism (the {engine} engine runs on one device)")
+    return make_engine(engine, str(model_dir), **({"max_model_len": context, "tensor_parallel_size": tp}
+                                                 if "tensor_parallel_size" in caps(engine).options else {}))
+
 def generate_completions(eval_parquet, model_dir, k: int, out_jsonl, max_tokens: int | None = None,
                          temperature: float = 1.0, engine: str = "vllm", top_p: float = 1.0, top_k: int = -1,
                          min_p: float = 0.0, chat_template_kwargs: dict | None = None, tp: int = 1,
@@ -155,15 +166,11 @@ def generate_completions(eval_parquet, model_dir, k: int, out_jsonl, max_tokens:
     from megatron_rl.data.dataset import PromptDataset
     from megatron_rl.data.tokenizer import load_tokenizer
     from megatron_rl.rollout.engine import SamplingParams
-    from megatron_rl.rollout.registry import caps, make_engine
 
-    if tp > 1 and caps(engine).tensor_parallel == "never":
-        raise ValueError(f"--tp {tp} needs an engine with tensor parallelism (the {engine} engine runs on one device)")
     tok = load_tokenizer(model_dir, chat_template_kwargs)
     ds = PromptDataset.from_parquet(eval_parquet, tok, max_prompt_len=4096)
     max_tokens, context = _lengths(model_dir, max(len(r.prompt_ids) for r in ds.rows), max_tokens)
-    eng = make_engine(engine, str(model_dir), **({"max_model_len": context, "tensor_parallel_size": tp}
-                                                 if "tensor_parallel_size" in caps(engine).options else {}))
+    eng = open_engine(engine, model_dir, context, tp)
     comps = eng.generate([list(r.prompt_ids) for r in ds.rows],
                          SamplingParams(n=k, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
                                         max_tokens=max_tokens, seed=seed, stop_token_ids=(tok.eos_id,)))

@@ -40,9 +40,7 @@ def sample_benchmarks(a, runs, two_attempt: bool):
     two-attempt protocol); the completions are written to ``OUT/completions/``."""
     from megatron_rl.data.dataset import PromptDataset
     from megatron_rl.data.tokenizer import load_tokenizer
-    from megatron_rl.rollout.hf_engine import make_engine
-
-    from . import _lengths
+    from . import _lengths, open_engine
 
     tok = load_tokenizer(a.model, a.chat_template_kwargs)
     sets = {r.bench.name: PromptDataset.from_parquet(r.bench.path(a.data_dir), tok, max_prompt_len=1 << 20)
@@ -52,8 +50,7 @@ def sample_benchmarks(a, runs, two_attempt: bool):
     max_tokens, context = _lengths(a.model, longest + (extra if two_attempt else 0), a.max_tokens)
     if two_attempt:   # x2 = x1 + y1 + turn, then y2
         max_tokens, context = _lengths(a.model, longest + extra + max_tokens, max_tokens)
-    eng = make_engine(a.engine, str(a.model), **({"max_model_len": context, "tensor_parallel_size": a.tp}
-                                                 if a.engine == "vllm" else {}))
+    eng = open_engine(a.engine, a.model, context, a.tp)
     first, second = {}, ({} if two_attempt else None)
     out = Path(a.out) / "completions"
     for r in runs:
