@@ -13,12 +13,14 @@
       -> [epoch]* [mini-batch]*            ``trainer.ppo_epochs`` x the rows cut IN ORDER (no shuffle,
                                            as the references) into ``trainer.mini_batch_prompts`` x
                                            ``rollout.n`` rows
-           -> support passes               teacher / student top-k under the weights of THAT moment
+           -> path.mini_batch_inputs       the path's per-mini-batch inputs under the weights of THAT
+                                           moment (the teacher family's support passes)
            -> batch statistics             the loss's whole-mini-batch fields (registry)
            -> micro-batches -> objective -> one optimizer step   (``actor.train_step``)
            -> path.after_optimizer_step    (teacher EMA / snapshot counter)
 
-Nothing here knows a method name: what runs is asked of the path (its hooks, ``teacher``) and of the
+Nothing here knows a method name: what runs is asked of the path (its hooks, each handed an
+:class:`~megatron_rl.trainer.paths.context.UpdateContext`) and of the
 registries (the loss's ``support`` and ``batch_stats``). Each mini-batch is one global batch of
 ``actor.train_step``: split over DP ranks and micro-batches there, normalised by its own token /
 row counts (global over DP). ``mini_batch_prompts`` = 0 (the default) is one mini-batch = the whole
@@ -48,7 +50,7 @@ from megatron_rl.algorithms import offpolicy as O
 from megatron_rl.trainer import update_stage as U
 from megatron_rl.trainer.objective import Objective
 from megatron_rl.trainer.packing import TokenBudget
-from megatron_rl.trainer.support import teacher_tensors
+from megatron_rl.trainer.paths.context import UpdateContext
 
 OPTIMIZER_STEPS_FILE = "optimizer_steps.jsonl"
 #: a rollout-correction mode's keep mask [N, R] among the rows' extras, so a path's ``train_rows``
@@ -115,23 +117,24 @@ def mini_batches(n_rows: int, rows_per_mini_batch: int) -> list[list[int]]:
 
 def update(run, data, step: int) -> dict:
     """Every rank (collective): the pipeline of the module docstring on ``data``; the metrics row."""
-    path, cfg = run.path, run.cfg
-    s = path.sampled(data, step)
+    path, cfg, ctx = run.path, run.cfg, run.update_context()
+    s = path.sampled(ctx, data, step)
     lp, metrics = logprob_passes(run, s, step)
     if s.hp.kl_reward_coef > 0:      # only paths with ``kl_in_reward`` pass validation with a coefficient
         metrics.update(U.kl_in_reward(s.ro, lp.old, lp.ref, s.seqs.resp_mask, s.hp.kl_reward_coef, s.hp.kl_reward_type))
-    path.after_logprobs(s, lp, metrics)
+    path.after_logprobs(ctx, s, lp, metrics)
     ai = U.advantage_inputs(s.ro, s.seqs.resp_mask, old_logp=lp.old, ref_logp=lp.ref)
     adv = A.compute_advantages(cfg.algo.kind, dataclasses.replace(ai, **s.adv_fields), s.hp).float()
-    rows = path.train_rows(s, base_rows(run, s, lp, adv, step, metrics, path.importance_weights), lp, step, metrics)
+    rows = path.train_rows(ctx, s, base_rows(run, s, lp, adv, step, metrics, path.importance_weights), lp, step,
+                           metrics)
     keep = rows.extras.pop(CORRECTION_KEEP, None)      # rollout-correction rejection: out of the loss's mask
     if keep is not None:
         rows.extras["resp_mask"] = rows.extras["resp_mask"] * keep
     metrics["adv/mean_abs"] = float(adv.abs().mean())
     if len(rows) == 0:
         return metrics                 # the path said why (e.g. no sample survived its filter)
-    per_step = optimizer_steps(run, rows, s.hp, step)
-    metrics.update(mean_metrics(per_step))
+    per_step = optimizer_steps(run, rows, s.hp, step, ctx)
+    metrics.update(mean_metrics(per_step, path.summed_metrics, path.last_metrics))
     _log_optimizer_steps(run, step, per_step)
     return metrics
 
@@ -191,8 +194,9 @@ def base_rows(run, s: Sampled, lp: LogProbs, adv: torch.Tensor, step: int, metri
     return Rows(s.seqs, ex, ro=s.ro)
 
 
-def optimizer_steps(run, rows: Rows, hp, step: int) -> list[dict]:
-    """``ppo_epochs`` x the mini-batches of ``rows``: one optimizer step each; their metric dicts."""
+def optimizer_steps(run, rows: Rows, hp, step: int, ctx: UpdateContext | None = None) -> list[dict]:
+    """``ppo_epochs`` x the mini-batches of ``rows``: one optimizer step each; their metric dicts
+    (``ctx``: what the path's ``mini_batch_inputs`` hook is handed, ``run.update_context()`` if None)."""
     cfg, path = run.cfg, run.path
     kind, t = cfg.algo.kind, cfg.trainer
     loss = A.algo_kind(kind).loss
@@ -200,14 +204,14 @@ def optimizer_steps(run, rows: Rows, hp, step: int) -> list[dict]:
     mbs = run.micro
     multiple = 1 if isinstance(mbs, TokenBudget) else run.info.dp * mbs   # padded: N a multiple of DP x rows
     chunks = mini_batches(len(rows), t.mini_batch_prompts * cfg.rollout.n)
+    ctx = run.update_context() if ctx is None else ctx
     out = []
     for epoch in range(t.ppo_epochs):
         for k, idx in enumerate(chunks):
             mb = rows if len(chunks) == 1 else rows.select(idx)
-            ex, m = dict(mb.extras), {}
-            if path.teacher is not None:     # support passes under the teacher weights of this moment
-                t_ex, m = teacher_tensors(run, path, mb, hp, loss, step)
-                ex.update(t_ex)
+            ex = dict(mb.extras)
+            p_ex, m = path.mini_batch_inputs(ctx, mb, hp, loss, step)   # under the weights of this moment
+            ex.update(p_ex)
             for name in sorted(stats):
                 ex[name] = stats[name](ex, hp)
             batch = dataclasses.replace(mb.seqs.batch, extras=ex).pad_rows_to_multiple(multiple)
@@ -227,22 +231,22 @@ def actor_metrics(res) -> dict:
     return {f"actor/{k}" if "/" not in k else k: v for k, v in res.to_dict().items()}
 
 
-_SUMMED = ("time/", "teacher/sequences", "teacher/rows", "teacher/tokens")
-_LAST = ("teacher/syncs",)
 _PER_STEP_ONLY = ("epoch", "mini_batch", "rows")
 
 
-def mean_metrics(per_step: list[dict]) -> dict:
-    """One row from the optimizer steps of an RL step: means; timings and teacher token counts summed;
-    the teacher's sync counter as after the last one; ``actor/optimizer_steps`` = their number."""
+def mean_metrics(per_step: list[dict], summed: tuple[str, ...] = (), last: tuple[str, ...] = ()) -> dict:
+    """One row from the optimizer steps of an RL step: means; timings and the keys starting with one
+    of ``summed`` summed (the path's counts, ``DataPath.summed_metrics``); ``last`` as after the last
+    step (a path's counters); ``actor/optimizer_steps`` = their number."""
+    summed = ("time/", *summed)
     out: dict = {}
     for key in dict.fromkeys(k for m in per_step for k in m):   # every key, in the order first seen
         if key in _PER_STEP_ONLY:
             continue
         vals = [float(m[key]) for m in per_step if key in m]
-        if key in _LAST:
+        if key in last:
             out[key] = vals[-1]
-        elif key.startswith(_SUMMED):
+        elif key.startswith(summed):
             out[key] = sum(vals)
         else:
             out[key] = sum(vals) / len(vals)

@@ -49,7 +49,7 @@ def main(hf_dir: str, out: str) -> None:
     from megatron_rl.parallel import init_parallel
     from megatron_rl.trainer.actor import PolicyActor, ReferencePolicy
     from megatron_rl.trainer.optim import OptimSpec
-    from megatron_rl.trainer.teacher import TeacherWeights
+    from megatron_rl.trainer.paths.teacher.weights import TeacherWeights
 
     info = init_parallel(1, 1, seed=7)
     hf = load_hf_config(hf_dir)

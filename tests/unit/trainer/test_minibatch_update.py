@@ -32,6 +32,7 @@ from megatron_rl.config import load_config
 from megatron_rl.trainer.actor import TrainStepResult
 from megatron_rl.trainer.objective import SupportObjective
 from megatron_rl.trainer.paths import DataPath
+from megatron_rl.trainer.paths.context import SampleDump, UpdateContext
 from megatron_rl.trainer.update import Rows, mean_metrics, mini_batches, optimizer_steps
 from megatron_rl.trainer.update_stage import build_seq_batch
 
@@ -261,7 +262,7 @@ class CountingPath(DataPath):
         super().__init__(cfg, tok=None)
         self.steps_after = 0
 
-    def collect(self, step):
+    def collect(self, ctx, step):
         raise AssertionError("not used by optimizer_steps")
 
     def after_optimizer_step(self) -> None:
@@ -275,9 +276,10 @@ def _cfg(kind: str, *extra: str):
 
 def _run(cfg, lr: float = LR):
     """What ``optimizer_steps`` reads of a Run: cfg, info (dp, driver), path, actor, micro (the padded rows)."""
-    return types.SimpleNamespace(cfg=cfg, info=types.SimpleNamespace(dp=1, tp=1, is_driver=True),
-                                 micro=cfg.trainer.rows_per_micro_batch,
-                                 path=CountingPath(cfg), actor=SoftmaxActor(lr=lr))
+    info, micro, actor = types.SimpleNamespace(dp=1, tp=1, is_driver=True), cfg.trainer.rows_per_micro_batch, SoftmaxActor(lr=lr)
+    ctx = UpdateContext(actor, info, micro, SampleDump(0, True, None, ""))   # what the path's hooks are handed
+    return types.SimpleNamespace(cfg=cfg, info=info, micro=micro, path=CountingPath(cfg), actor=actor,
+                                 update_context=lambda: ctx)
 
 
 def _old_logp() -> torch.Tensor:
@@ -332,7 +334,8 @@ def test_mean_metrics():
             "teacher/syncs": 1.0, "epoch": 0, "mini_batch": 0, "rows": 2, "actor/once": 4.0},
            {"actor/loss": 3.0, "actor/pg_clipfrac": 0.5, "time/step": 0.25, "teacher/tokens": 6.0,
             "teacher/syncs": 2.0, "epoch": 0, "mini_batch": 1, "rows": 2}]
-    assert mean_metrics(per) == {"actor/loss": 2.0, "actor/pg_clipfrac": 0.25, "time/step": 0.75,
+    summed, last = ("teacher/sequences", "teacher/rows", "teacher/tokens"), ("teacher/syncs",)  # the teacher path's
+    assert mean_metrics(per, summed, last) == {"actor/loss": 2.0, "actor/pg_clipfrac": 0.25, "time/step": 0.75,
                                  "teacher/tokens": 16.0, "teacher/syncs": 2.0, "actor/once": 4.0,
                                  "actor/optimizer_steps": 2.0}
 
@@ -370,13 +373,13 @@ def test_ppo_dual_clip_two_mini_batches_by_hand():
 
 def test_rlcsd_two_path_clip_by_hand():
     """rlcsd (two-path plain clip, ε 0.2, η 0.5, token-sum with the mini-batch's own N_non / N_sel),
-    teacher tensors supplied in the rows (no teacher: no support pass); both paths clip on mini-batch 2."""
+    teacher tensors supplied in the rows (a path without a per-mini-batch input hook: no support pass); both paths clip on mini-batch 2."""
     cfg = _cfg("rlcsd", f"algo.rlcsd.eta={ETA}")
     hp = cfg.algo.hparams
     assert (hp.clip_low, hp.eta, hp.tau, hp.beta, hp.lam, hp.delta, hp.loss_agg_mode, hp.kl_loss_coef) == \
         (RLCSD_EPS, ETA, 0.02, 1.0, 0.5, 0.02, "token-sum", 0.0)
     run, rows = _run(cfg), _rows(ADV_RLCSD, teacher=True)
-    assert run.path.teacher is None
+    assert type(run.path).mini_batch_inputs is DataPath.mini_batch_inputs    # no support pass of its own
     per = optimizer_steps(run, rows, hp, step=1)
     calls = run.actor.calls
 

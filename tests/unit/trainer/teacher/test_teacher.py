@@ -11,8 +11,8 @@ import torch
 
 from megatron_rl import algorithms as A
 from megatron_rl.trainer.batch import make_batch
-from megatron_rl.trainer.teacher import TeacherWeights
-from megatron_rl.trainer.teacher_inputs import (
+from megatron_rl.trainer.paths.teacher.weights import TeacherWeights
+from megatron_rl.trainer.paths.teacher.inputs import (
     ChatHintTemplate,
     InlineHintTemplate,
     pack,
