@@ -92,8 +92,8 @@ def main() -> None:
     from megatron_rl.trainer.paths.teacher.support import teacher_pass
     from megatron_rl.trainer.optim import OptimSpec
     from megatron_rl.trainer.packing import TokenBudget, plan, seq_lengths
-    from megatron_rl.trainer.paths.teacher.weights import TeacherWeights
     from megatron_rl.trainer.paths.teacher.inputs import attention_crossover, pack
+    from megatron_rl.trainer.paths.teacher.weights import TeacherWeights
 
     rng = random.Random(0)
     tmp = tempfile.mkdtemp()

@@ -40,7 +40,7 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -51,6 +51,10 @@ from megatron_rl.trainer import update_stage as U
 from megatron_rl.trainer.objective import Objective
 from megatron_rl.trainer.packing import TokenBudget
 from megatron_rl.trainer.paths.context import UpdateContext
+
+if TYPE_CHECKING:
+    from megatron_rl.trainer.paths import DataPath
+    from megatron_rl.trainer.setup import Run
 
 OPTIMIZER_STEPS_FILE = "optimizer_steps.jsonl"
 #: a rollout-correction mode's keep mask [N, R] among the rows' extras, so a path's ``train_rows``
@@ -115,16 +119,17 @@ def mini_batches(n_rows: int, rows_per_mini_batch: int) -> list[list[int]]:
     return [list(range(i, min(i + size, n_rows))) for i in range(0, n_rows, size)]
 
 
-def update(run, data, step: int) -> dict:
+def update(run: Run, data, step: int) -> dict:
     """Every rank (collective): the pipeline of the module docstring on ``data``; the metrics row."""
-    path, cfg, ctx = run.path, run.cfg, run.update_context()
+    path: DataPath = run.path
+    ctx = run.update_context()       # what the path's hooks see of the run (paths/context.py)
     s = path.sampled(ctx, data, step)
     lp, metrics = logprob_passes(run, s, step)
     if s.hp.kl_reward_coef > 0:      # only paths with ``kl_in_reward`` pass validation with a coefficient
         metrics.update(U.kl_in_reward(s.ro, lp.old, lp.ref, s.seqs.resp_mask, s.hp.kl_reward_coef, s.hp.kl_reward_type))
     path.after_logprobs(ctx, s, lp, metrics)
     ai = U.advantage_inputs(s.ro, s.seqs.resp_mask, old_logp=lp.old, ref_logp=lp.ref)
-    adv = A.compute_advantages(cfg.algo.kind, dataclasses.replace(ai, **s.adv_fields), s.hp).float()
+    adv = A.compute_advantages(run.cfg.algo.kind, dataclasses.replace(ai, **s.adv_fields), s.hp).float()
     rows = path.train_rows(ctx, s, base_rows(run, s, lp, adv, step, metrics, path.importance_weights), lp, step,
                            metrics)
     keep = rows.extras.pop(CORRECTION_KEEP, None)      # rollout-correction rejection: out of the loss's mask
@@ -139,7 +144,7 @@ def update(run, data, step: int) -> dict:
     return metrics
 
 
-def logprob_passes(run, s: Sampled, step: int) -> tuple[LogProbs, dict]:
+def logprob_passes(run: Run, s: Sampled, step: int) -> tuple[LogProbs, dict]:
     """Old and reference log-probs of the sampled sequences (no grad), the trainer<->engine
     agreement ``rollout/logprob_gap`` (mean |old − engine log-prob| over response tokens) and the
     mismatch metrics beside it (``update_stage.mismatch_inputs``). ``algo.off_policy=bypass``: no old
@@ -170,7 +175,7 @@ def bypass_old(s: Sampled) -> tuple[torch.Tensor, torch.Tensor]:
     return full, old
 
 
-def base_rows(run, s: Sampled, lp: LogProbs, adv: torch.Tensor, step: int, metrics: dict,
+def base_rows(run: Run, s: Sampled, lp: LogProbs, adv: torch.Tensor, step: int, metrics: dict,
               importance_weights: bool = True) -> Rows:
     """Every sampled row with its loss inputs: rewards, groups, advantages, old / ref log-probs,
     the decoupled-PPO / TIS weights of a stale batch (``importance_weights``), the path's extras."""
@@ -194,7 +199,7 @@ def base_rows(run, s: Sampled, lp: LogProbs, adv: torch.Tensor, step: int, metri
     return Rows(s.seqs, ex, ro=s.ro)
 
 
-def optimizer_steps(run, rows: Rows, hp, step: int, ctx: UpdateContext | None = None) -> list[dict]:
+def optimizer_steps(run: Run, rows: Rows, hp, step: int, ctx: UpdateContext | None = None) -> list[dict]:
     """``ppo_epochs`` x the mini-batches of ``rows``: one optimizer step each; their metric dicts
     (``ctx``: what the path's ``mini_batch_inputs`` hook is handed, ``run.update_context()`` if None)."""
     cfg, path = run.cfg, run.path
@@ -254,7 +259,7 @@ def mean_metrics(per_step: list[dict], summed: tuple[str, ...] = (), last: tuple
     return out
 
 
-def _log_optimizer_steps(run, step: int, per_step: list[dict]) -> None:
+def _log_optimizer_steps(run: Run, step: int, per_step: list[dict]) -> None:
     """Driver: one row per optimizer step in ``run_dir/optimizer_steps.jsonl``."""
     if not run.info.is_driver:
         return

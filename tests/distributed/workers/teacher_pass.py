@@ -19,9 +19,9 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from actor_common import VOCAB, build_actor
 
 from megatron_rl.trainer.batch import make_batch
+from megatron_rl.trainer.paths.teacher.inputs import pack
 from megatron_rl.trainer.paths.teacher.support import teacher_pass
 from megatron_rl.trainer.paths.teacher.weights import TeacherWeights
-from megatron_rl.trainer.paths.teacher.inputs import pack
 
 TOL = 1e-5
 TOPK = 5

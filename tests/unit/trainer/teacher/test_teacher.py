@@ -11,7 +11,6 @@ import torch
 
 from megatron_rl import algorithms as A
 from megatron_rl.trainer.batch import make_batch
-from megatron_rl.trainer.paths.teacher.weights import TeacherWeights
 from megatron_rl.trainer.paths.teacher.inputs import (
     ChatHintTemplate,
     InlineHintTemplate,
@@ -20,6 +19,7 @@ from megatron_rl.trainer.paths.teacher.inputs import (
     plan_hints,
     truncate_left,
 )
+from megatron_rl.trainer.paths.teacher.weights import TeacherWeights
 from megatron_rl.trainer.vocab_parallel import (
     vocab_parallel_gather_logprobs,
     vocab_parallel_topk,

@@ -7,8 +7,8 @@ import torch
 
 from megatron_rl.trainer.batch import make_batch
 from megatron_rl.trainer.packing import TokenBudget
-from megatron_rl.trainer.paths.teacher.support import _width_groups
 from megatron_rl.trainer.paths.teacher.inputs import _cost, _ffd, attention_crossover, pack
+from megatron_rl.trainer.paths.teacher.support import _width_groups
 
 
 def bench_step(seed: int = 0) -> list[tuple[list[int], list[int]]]:
