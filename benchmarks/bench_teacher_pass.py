@@ -89,10 +89,10 @@ def main() -> None:
     from megatron_rl.parallel import init_parallel
     from megatron_rl.trainer.actor import PolicyActor
     from megatron_rl.trainer.batch import make_batch
-    from megatron_rl.trainer.paths.teacher.support import teacher_pass
     from megatron_rl.trainer.optim import OptimSpec
     from megatron_rl.trainer.packing import TokenBudget, plan, seq_lengths
     from megatron_rl.trainer.paths.teacher.inputs import attention_crossover, pack
+    from megatron_rl.trainer.paths.teacher.support import teacher_pass
     from megatron_rl.trainer.paths.teacher.weights import TeacherWeights
 
     rng = random.Random(0)

@@ -60,15 +60,10 @@ class Run:
     path: DataPath                  # the data path of cfg.algo.kind (trainer/paths/)
     colo: Colocation                # rollout.placement turn-taking (trainer/colocate.py)
     samples: SampleDump             # logging.dump_samples
+    #: how every policy pass cuts its micro-batches: a ``TokenBudget`` (packed,
+    #: ``trainer.max_tokens_per_micro_batch``) or the padded rows per micro-batch (``packing.micro_of``)
+    micro: TokenBudget | int
     state: RunState
-
-    @property
-    def micro(self) -> TokenBudget | int:
-        """How every policy pass cuts its micro-batches: a ``TokenBudget`` (packed,
-        ``trainer.max_tokens_per_micro_batch``) or the padded rows per micro-batch."""
-        from megatron_rl.trainer.packing import micro_of
-
-        return micro_of(self.cfg, self.info.tp)
 
     def seq_len(self, prompts, responses) -> int:
         """Padded sequence length of a batch (multiple of 8 and of TP for sequence parallel)."""
@@ -179,6 +174,7 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
     from megatron_rl.parallel import init_parallel
     from megatron_rl.preflight import preflight, prompt_datasets
     from megatron_rl.rewards.factory import build_rewards
+    from megatron_rl.trainer.packing import micro_of
     from megatron_rl.trainer.paths import build_path
     from megatron_rl.trainer.sync_stage import startup_gate
 
@@ -208,7 +204,7 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
         colo.engines = client
     samples = SampleDump(cfg.logging.dump_samples, info.is_driver, tok, cfg.trainer.run_dir)
     run = Run(cfg, info, tok, train, val, sampler, actor, ref, client, rewards, _open_logger(cfg, info, state), path,
-              colo, samples, state)
+              colo, samples, micro_of(cfg, info.tp), state)
     sync_weights(run)  # engines start from the HF dir; after a resume they must get the checkpoint's weights
     state.gate = startup_gate(run)  # stops the run if trainer and engines disagree after the first sync
     return run
