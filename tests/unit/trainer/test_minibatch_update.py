@@ -407,6 +407,43 @@ def test_rlcsd_two_path_clip_by_hand():
     assert abs(other[1][0]["actor/loss"] - per[1]["actor/loss"]) > 1e-2
 
 
+class TeacherTensorsPath(CountingPath):
+    """A path that hands the RLCSD teacher tensors to each mini-batch through its ``mini_batch_inputs``
+    hook (as the teacher family's support passes do), keyed by the mini-batch's rows."""
+
+    def __init__(self, cfg, full: Rows):
+        super().__init__(cfg)
+        self.full, self.seen = full, []
+
+    def mini_batch_inputs(self, ctx, rows, hp, loss, step):
+        # which rows: matched by their advantages (distinct in ADV_RLCSD), not by the mini-batch's order
+        idx = [int(torch.nonzero(self.full.extras["advantages"] == a)[0, 0]) for a in rows.extras["advantages"]]
+        self.seen.append((idx, ctx.micro, loss, step))
+        keys = ("teacher_logp", "teacher_neg_logp", "teacher_neg_mask")
+        return {k: self.full.extras[k][idx] for k in keys}, {"teacher/rows": float(len(idx))}
+
+
+def test_mini_batch_inputs_hook_feeds_the_loss_per_mini_batch():
+    """The same two RLCSD optimizer steps (the hand-computed ones) when the teacher tensors come from
+    the path's ``mini_batch_inputs`` hook per mini-batch instead of the rows; the hook sees each
+    mini-batch's rows in order, the update context and the loss; its metrics join the step's."""
+    cfg = _cfg("rlcsd", f"algo.rlcsd.eta={ETA}")
+    hp, full = cfg.algo.hparams, _rows(ADV_RLCSD, teacher=True)
+    run = _run(cfg)
+    path = TeacherTensorsPath(cfg, full)
+    run.path = path
+    bare = _rows(ADV_RLCSD)
+    per = optimizer_steps(run, bare, hp, step=1)
+    assert [(i, loss, step) for i, _, loss, step in path.seen] == [([0, 1], "rlcsd", 1), ([2, 3], "rlcsd", 1)]
+    assert all(m == cfg.trainer.rows_per_micro_batch for _, m, _, _ in path.seen)
+    assert [m["teacher/rows"] for m in per] == [2.0, 2.0] and path.steps_after == 2
+    for m, c, (want, theta, _) in zip(per, run.actor.calls, _hand_rlcsd([[0, 1], [2, 3]])):
+        _close(m, want)
+        assert c["theta"] == pytest.approx(theta, abs=1e-6)
+    # the rows themselves carried no teacher tensor: the loss read the hook's
+    assert "teacher_logp" not in bare.extras and "teacher_logp" in run.actor.calls[0]["batch"].extras
+
+
 def test_two_epochs_four_optimizer_steps_in_order():
     """ppo_epochs = 2: epoch 0 mb 0, mb 1, epoch 1 mb 0, mb 1 (old log-probs and advantages fixed),
     the LR schedule advanced only before the first; one micro-batch per mini-batch here."""
