@@ -32,7 +32,7 @@ per ``update_actor``); every mini-batch of a step uses that step's LR.
 
 Per-optimizer-step rows (epoch, mini-batch, loss, grad norm, clip fractions, …) go to
 ``run_dir/optimizer_steps.jsonl`` (driver); the step's metrics row carries their means (timings and
-teacher token counts summed) and ``actor/optimizer_steps``.
+the counts a path declares summed, ``DataPath.summed_metrics``) and ``actor/optimizer_steps``.
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ Built-in paths (one module each): ``plain`` and ``greedy`` (ReMax baseline) in `
 with DAPO's overlong shaping and dynamic sampling as composable pieces for any hparams deriving
 from ``SamplingHParams`` —, ``bicc_context`` (``bicc.py``), ``process_reward`` (PAPO's rubric
 grader, ``process_reward.py``), ``rlcsd_hints`` / ``gt_teacher`` (self-distillation teacher,
-``teacher.py``), ``two_attempts`` (SCoRe, ``two_attempts.py``).
+the ``teacher/`` package), ``two_attempts`` (SCoRe, ``two_attempts.py``).
 
 Life cycle (``trainer/setup.py``, ``trainer/loop.py``); each hook is handed a small typed context
 (``paths/context.py``) with what it may read, never the whole run:
