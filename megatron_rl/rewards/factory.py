@@ -1,6 +1,6 @@
 """Reward-side components of a run, built from its ``reward`` config section: the reward manager,
 PAPO's rubric grader and its LLM outcome verifier, each with its circuit breaker (no request is
-made here). The composition root (``trainer/setup.py``), the start-up checks (``preflight``) and
+made here). The composition root (``trainer/loop/setup.py``), the start-up checks (``preflight``) and
 PAPO's data path (``trainer/paths/process_reward.py``) build them here."""
 from __future__ import annotations
 

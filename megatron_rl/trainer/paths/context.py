@@ -1,5 +1,5 @@
 """What a data path's hooks may see of the run: one small frozen context per kind of hook, built by
-the composition root (``trainer/setup.py``) and the update pipeline (``trainer/update.py``), so a
+the composition root (``trainer/loop/setup.py``) and the update pipeline (``trainer/pipeline/update.py``), so a
 reader (or a type checker) follows a value from ``rl_step`` into a hook by its type.
 
     PathSetup        DataPath.setup            after the actor exists (every rank)
@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from megatron_rl.data.dataset import DeterministicSampler, PromptDataset
     from megatron_rl.data.tokenizer import Tokenizer
-    from megatron_rl.parallel import ParallelInfo
+    from megatron_rl.runtime.parallel import ParallelInfo
     from megatron_rl.rewards.manager import RewardManager
     from megatron_rl.rollout.ray_bridge import RolloutClient
-    from megatron_rl.trainer.actor import PolicyActor
-    from megatron_rl.trainer.packing import TokenBudget
+    from megatron_rl.trainer.policy.actor import PolicyActor
+    from megatron_rl.trainer.pipeline.packing import TokenBudget
 
 
 @dataclasses.dataclass(frozen=True)

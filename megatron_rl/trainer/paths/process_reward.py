@@ -11,7 +11,7 @@ import torch
 from megatron_rl.algorithms.hparams import PAPOHParams
 from megatron_rl.data.dataset import problem_text
 from megatron_rl.rewards.factory import build_grader
-from megatron_rl.trainer.rollout_stage import Rollouts, broadcast_object
+from megatron_rl.trainer.loop.rollout_stage import Rollouts, broadcast_object
 
 from . import BASE_INPUTS, register_path
 from .context import CollectContext, PathSetup, UpdateContext
@@ -77,7 +77,7 @@ class PendingGrades:
             try:
                 scores = self.future.result() if self.future is not None else []
                 proc = _process_tensor(len(rollouts), self.idx, scores)
-            except JudgeRejected as e:   # a misconfigured grader: every rank stops at this step (trainer/loop.py)
+            except JudgeRejected as e:   # a misconfigured grader: every rank stops at this step (trainer/loop/rl_loop.py)
                 proc = e
             self.future, self.idx = None, []
         proc = broadcast_object(proc)

@@ -25,8 +25,8 @@ import time
 import torch
 
 from megatron_rl import algorithms as A
-from megatron_rl.trainer.packing import TokenBudget
-from megatron_rl.trainer.vocab_parallel import with_tail
+from megatron_rl.trainer.pipeline.packing import TokenBudget
+from megatron_rl.trainer.policy.vocab_parallel import with_tail
 
 from ..context import UpdateContext
 from .inputs import Packed, attention_crossover, pack
