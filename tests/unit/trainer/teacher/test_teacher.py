@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from megatron_rl import algorithms as A
-from megatron_rl.trainer.pipeline.batch import make_batch
 from megatron_rl.trainer.paths.teacher.inputs import (
     ChatHintTemplate,
     InlineHintTemplate,
@@ -20,6 +19,7 @@ from megatron_rl.trainer.paths.teacher.inputs import (
     truncate_left,
 )
 from megatron_rl.trainer.paths.teacher.weights import TeacherWeights
+from megatron_rl.trainer.pipeline.batch import make_batch
 from megatron_rl.trainer.policy.vocab_parallel import (
     vocab_parallel_gather_logprobs,
     vocab_parallel_topk,
