@@ -71,7 +71,7 @@ class Run:
 
     def update_context(self) -> UpdateContext:
         """What the data path's update-time hooks see (``trainer/pipeline/update.py``)."""
-        return UpdateContext(self.actor, self.info, self.micro, self.samples)
+        return UpdateContext(self.actor, self.info, self.micro, self.samples, self.cfg, self.tok)
 
     def collect_context(self) -> CollectContext:
         """What the data path's ``collect`` sees (driver; ``trainer/loop/rollout_source.py``)."""

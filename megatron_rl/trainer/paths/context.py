@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from megatron_rl.config import Config
     from megatron_rl.data.dataset import DeterministicSampler, PromptDataset
     from megatron_rl.data.tokenizer import Tokenizer
     from megatron_rl.rewards.manager import RewardManager
@@ -73,12 +74,15 @@ class CollectContext:
 class UpdateContext:
     """Every update-time hook (collective): the policy (extra forwards under its current weights), the
     parallel layout, how policy passes cut micro-batches (``micro``: a ``TokenBudget`` or padded rows)
-    and the sample dump."""
+    and the sample dump; ``cfg`` and ``tok`` (the path's own) so that the pipeline's one sequence
+    builder (``pipeline/update_stage.sequences``) takes the context as it takes the run."""
 
     actor: PolicyActor
     info: ParallelInfo
     micro: TokenBudget | int
     samples: SampleDump
+    cfg: Config
+    tok: Tokenizer
 
     def seq_len(self, prompts, responses) -> int:
         """Padded sequence length of a batch (multiple of 8 and of TP for sequence parallel)."""

@@ -107,7 +107,7 @@ def minibatch_steps(actor, mbs: int) -> list[dict]:
     rows = Rows(sb, {"rewards": rewards, "group_ids": gids, "advantages": adv, "old_logp": old, "ref_logp": old.clone(),
                      "resp_pos": sb.resp_pos, "resp_mask": sb.resp_mask})
     run = types.SimpleNamespace(cfg=cfg, info=info, actor=actor, path=PlainPath(cfg, None), micro=m)
-    out = optimizer_steps(run, rows, hp, step=1, ctx=UpdateContext(actor, info, m, SampleDump(0, False, None, "")))
+    out = optimizer_steps(run, rows, hp, step=1, ctx=UpdateContext(actor, info, m, SampleDump(0, False, None, ""), cfg, None))
     return [{k: float(r[k]) for k in ("actor/loss", "actor/grad_norm", "actor/ppo_kl", "actor/lr", "mini_batch", "rows")}
             for r in out]
 

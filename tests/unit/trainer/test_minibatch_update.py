@@ -277,7 +277,7 @@ def _cfg(kind: str, *extra: str):
 def _run(cfg, lr: float = LR):
     """What ``optimizer_steps`` reads of a Run: cfg, info (dp, driver), path, actor, micro (the padded rows)."""
     info, micro, actor = types.SimpleNamespace(dp=1, tp=1, is_driver=True), cfg.trainer.rows_per_micro_batch, SoftmaxActor(lr=lr)
-    ctx = UpdateContext(actor, info, micro, SampleDump(0, True, None, ""))   # what the path's hooks are handed
+    ctx = UpdateContext(actor, info, micro, SampleDump(0, True, None, ""), cfg, None)   # what the path's hooks are handed
     return types.SimpleNamespace(cfg=cfg, info=info, micro=micro, path=CountingPath(cfg), actor=actor,
                                  update_context=lambda: ctx)
 
