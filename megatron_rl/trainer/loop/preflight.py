@@ -426,7 +426,7 @@ def check_grader(cfg, timeout: float = 3.0) -> None:
     from urllib.parse import urlparse
 
     from megatron_rl.trainer.paths import path_class
-    from megatron_rl.trainer.loop.setup import build_grader, build_outcome_verifier
+    from megatron_rl.rewards.factory import build_grader, build_outcome_verifier
 
     r = cfg.reward
     rubric = bool(r.grader_url) and path_class(cfg.algo.kind).uses_grader

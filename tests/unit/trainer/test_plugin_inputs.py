@@ -75,8 +75,8 @@ register_input("resp_frac", ("N",), "float", "the response's share of rollout.ma
 class RespFracPath(get_path("plain")):
     provides = BASE_INPUTS | {"resp_frac"}
 
-    def sampled(self, data, step):
-        s = super().sampled(data, step)
+    def sampled(self, ctx, data, step):
+        s = super().sampled(ctx, data, step)
         t = self.cfg.rollout.max_tokens
         s.extras["resp_frac"] = torch.tensor([min(len(r), t) / t for r in data.responses])
         return s
