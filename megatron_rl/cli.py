@@ -1,4 +1,4 @@
-"""The ``megatron-rl`` console script: ``train | demo | eval | convert | plan``.
+"""The ``megatron-rl`` console script: ``train | demo | eval | convert | data | plan``.
 
 Each subcommand dispatches to the ``main`` of the module that owns it; this file only parses,
 dispatches and turns user errors into one clear line (``--debug`` shows the traceback)::
@@ -9,9 +9,10 @@ dispatches and turns user errors into one clear line (``--debug`` shows the trac
     megatron-rl demo [--algo bicc_rcc] ...            -> megatron_rl.demo.main(argv)
     megatron-rl eval ...                              -> megatron_rl.eval main(argv)
     megatron-rl convert hf-to-mcore|mcore-to-hf ...   -> megatron_rl.convert.cli.main(argv)
+    megatron-rl data prepare SOURCE --in X --out D    -> megatron_rl.data.cli.main(argv)
     megatron-rl plan --model qwen3-8b --tp 2 --pp 1 --dp 4 --micro-batch 1 --seq-len 8192
 
-``demo``, ``eval`` and ``convert`` pass every argument after the subcommand unchanged to the
+``demo``, ``eval``, ``convert`` and ``data`` pass every argument after the subcommand unchanged to the
 owner's parser, so ``megatron-rl convert --help`` prints the converter's own help.
 Under ``torchrun`` every rank runs the same command line.
 """
@@ -36,12 +37,14 @@ PASSTHROUGH: dict[str, tuple[str, ...]] = {
     "demo": ("megatron_rl.demo:main",),
     "eval": ("megatron_rl.eval.cli:main", "megatron_rl.eval:main"),
     "convert": ("megatron_rl.convert.cli:main",),
+    "data": ("megatron_rl.data.cli:main",),
 }
 HELP = {
     "train": "run RL training from a YAML config (+ dotted overrides); resumable",
     "demo": "tiny CPU end-to-end run: warm start, RL, held-out accuracy before/after",
     "eval": "evaluate a checkpoint on a held-out prompt set",
     "convert": "checkpoint conversion: hf-to-mcore | mcore-to-hf",
+    "data": "datasets: prepare a downloaded dataset into verl parquet with the paper's prompt and reward",
     "plan": "estimate per-GPU memory for a model x TP x PP x DP x micro-batch x seq-len",
 }
 COMMANDS = tuple(HELP)
