@@ -17,7 +17,7 @@ from megatron_rl.data.prepare import io
 from megatron_rl.data.prepare.registry import Skip, Source, get_source
 
 #: inputs with more rows than this get a progress bar (stderr)
-PROGRESS_ROWS = 20000
+PROGRESS_ROWS = 10000
 
 
 @dataclasses.dataclass
