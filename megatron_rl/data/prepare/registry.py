@@ -134,7 +134,9 @@ def dedupe_key(problem: str) -> str:
 
 
 def verl_row(data_source: str, prompt: list[dict], ground_truth: str, ability: str = "math", **extra) -> dict:
-    """One row in verl's columns (``extra_info.split`` / ``index`` are set when the file is written)."""
-    info = {k: (v if isinstance(v, (int, bool)) or v is None else str(v)) for k, v in extra.items()}
+    """One row in verl's columns (``extra_info.split`` / ``index`` are set when the file is written). The
+    source fields of ``extra_info`` are strings ("" for none), so prepared files of different sources
+    concatenate into one parquet."""
+    info = {k: "" if v is None else str(v) for k, v in extra.items()}
     return {"data_source": data_source, "prompt": prompt, "ability": ability,
             "reward_model": {"style": "rule", "ground_truth": ground_truth}, "extra_info": info}
