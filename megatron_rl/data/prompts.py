@@ -86,6 +86,12 @@ TEMPLATES: dict[str, Callable[..., list[dict]]] = {
 }
 
 
+#: templates of a bare problem that ``data prepare --template`` may put on a math benchmark, and the
+#: data_source each pairs with (None: the benchmark's own); DAPO's validation rows are ``math_dapo``
+#: rows in its "Answer:" format, scored by the ``dapo`` reward
+BENCHMARK_TEMPLATES: dict[str, str | None] = {"boxed": None, "rlcsd_math": None, "papo": None, "dapo": "math_dapo"}
+
+
 def strip_dapo(content: str) -> str:
     """The problem inside a DAPO-Math-17k user turn (the inverse of :func:`dapo`); a turn without the
     DAPO wrapper is returned stripped as it is."""

@@ -93,7 +93,7 @@ def test_one_row_of_every_source_trains_with_its_reference_reward(chat_fixture, 
           "rollout.temperature=1.0", "rollout.kv_cache_gib=0.25", "optim.lr=1e-4", "trainer.steps=1", f"trainer.micro_batch_size={N}",
           f"trainer.run_dir={run_dir}", "trainer.ckpt_every=0", "trainer.export_hf=false", "trainer.seed=7",
           "logging.wandb_mode=disabled", "logging.progress=false", f"logging.dump_samples={len(rows) * N}",
-          "reward.workers=1", "reward.outcome_verifier=false",
+          "reward.default=math", "reward.workers=1", "reward.outcome_verifier=false",
           "algo.off_policy=bypass", "algo.grpo.kl_loss_coef=0.0"]   # no log-prob pass: the rewards are the point
     p = subprocess.run([sys.executable, "-m", "megatron_rl.cli", "train", "--config", str(cfg), *ov], cwd=ROOT,
                        capture_output=True, text=True, timeout=400,

@@ -32,13 +32,14 @@ def run(source: str, inp, out: Path, **kw) -> tuple[dict, dict[str, list[dict]]]
     return man, rows
 
 
-def reward_of(row: dict):
-    """The reward the training loop's manager picks for ``row`` (by its data_source), as a function."""
-    return get_reward(RewardManager().name_of(row["data_source"]))
+def reward_of(row: dict, default: str = "math"):
+    """The reward the training loop's manager picks for ``row`` (by its data_source; ``default``: the
+    config's ``reward.default``, here the RLCSD configs' ``math``), as a function."""
+    return get_reward(RewardManager(default=default).name_of(row["data_source"]))
 
 
-def score(row: dict, response: str) -> float:
-    return float(reward_of(row)(response, row["reward_model"]["ground_truth"]))
+def score(row: dict, response: str, default: str = "math") -> float:
+    return float(reward_of(row, default)(response, row["reward_model"]["ground_truth"]))
 
 
 def user_text(row: dict) -> str:

@@ -41,6 +41,10 @@ def add_prepare_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--val-rows", type=int, default=0, help="move the first N shuffled rows into val.parquet")
     p.add_argument("--split", default=None, help="name of the output split (default: train for train sets, test for "
                                                  "benchmarks, val for rlcsd_math_eval)")
+    p.add_argument("--template", default=None, metavar="NAME",
+                   help="math benchmarks (math500, aime24, aime25, amc23, olympiadbench): ask in a recipe's format "
+                        "instead of the boxed one: boxed, rlcsd_math, papo, or dapo (DAPO's \"Answer:\" turn, "
+                        "data_source math_dapo, as DAPO's AIME validation)")
     p.add_argument("--strict", action="store_true",
                    help="refuse a bad row (null / empty field, unparsable answer) with one line naming it, instead "
                         "of skipping and counting it")
@@ -59,6 +63,7 @@ def run_prepare(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-rows must be >= 1, got {args.max_rows}")
     req = PrepareRequest(source=args.source, inputs=list(args.inputs), out=args.out, seed=args.seed, force=args.force,
                          strict=args.strict, max_rows=args.max_rows, val_rows=args.val_rows, split=args.split,
+                         template=args.template,
                          command=shlex.join(["megatron-rl", "data", *getattr(args, "argv", ["prepare", args.source])]))
     manifest = prepare(req)
     print(manifest["summary"])

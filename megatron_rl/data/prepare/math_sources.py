@@ -128,12 +128,13 @@ for _band in DEEPMATH_BANDS:
                     shuffle=True, max_rows=DEEPMATH_CAP, columns=DEEPMATH_COLUMNS))
 register(Source("numinamath_20k_stratified", "Artemis0430/NuminaMath-20k-Stratified", numina, split="train",
                 shuffle=True, columns=NUMINA_COLUMNS))
-register(Source("math500", "HuggingFaceH4/MATH-500", math500, columns=MATH500_COLUMNS))
+register(Source("math500", "HuggingFaceH4/MATH-500", math500, columns=MATH500_COLUMNS, retemplate=True))
 for _name, _ds in (("aime24", "HuggingFaceH4/aime_2024 or Maxwell-Jia/AIME_2024"),
                    ("aime25", "math-ai/aime25, yentinglin/aime_2025 or opencompass/AIME2025"),
                    ("amc23", "math-ai/amc23 or AI-MO/aimo-validation-amc")):
-    register(Source(_name, _ds, _competition(_name)))
-register(Source("olympiadbench", "Hothan/OlympiadBench (OE_TO_maths_en_COMP)", olympiadbench, columns=OLYMPIAD_COLUMNS))
+    register(Source(_name, _ds, _competition(_name), retemplate=True))
+register(Source("olympiadbench", "Hothan/OlympiadBench (OE_TO_maths_en_COMP)", olympiadbench, columns=OLYMPIAD_COLUMNS,
+                retemplate=True))
 register(Source("math", "EleutherAI/hendrycks_math (test)", hendrycks_math, columns=HENDRYCKS_COLUMNS))
 register(Source("rlcsd_math_eval", "AMC23 + AIME24 + AIME25 (--in amc23=PATH --in aime24=PATH --in aime25=PATH)",
                 None, split="val", parts=("amc23", "aime24", "aime25")))

@@ -33,6 +33,7 @@ class PrepareRequest:
     max_rows: int | None = None
     val_rows: int = 0
     split: str | None = None
+    template: str | None = None
     command: str = ""
 
 
@@ -103,6 +104,23 @@ def _collect(src: Source, req: PrepareRequest, counts: Counts) -> tuple[list[dic
     return rows, files_all
 
 
+def _retemplate(src: Source, rows: list[dict], template: str) -> None:
+    """``--template``: the prompt re-rendered from ``extra_info.problem`` with a recipe's template, and
+    the data_source it pairs with (``prompts.BENCHMARK_TEMPLATES``; the benchmark's name is kept in
+    ``extra_info.benchmark``)."""
+    from megatron_rl.data import prompts
+
+    if not src.retemplate:
+        raise ValueError(f"--template applies to the math benchmarks only, not to {src.name!r} (its prompt is its recipe's)")
+    if template not in prompts.BENCHMARK_TEMPLATES:
+        raise ValueError(f"--template {template!r}: valid: {', '.join(prompts.BENCHMARK_TEMPLATES)}")
+    pairs = prompts.BENCHMARK_TEMPLATES[template]
+    for r in rows:
+        r["prompt"] = prompts.TEMPLATES[template](r["extra_info"]["problem"])
+        r["extra_info"] = {**r["extra_info"], "benchmark": r["data_source"], "template": template}
+        r["data_source"] = pairs or r["data_source"]
+
+
 def _splits(src: Source, req: PrepareRequest, rows: list[dict]) -> dict[str, list[dict]]:
     if src.shuffle:
         random.Random(req.seed).shuffle(rows)
@@ -131,14 +149,18 @@ def prepare(req: PrepareRequest) -> dict:
     src = get_source(req.source)
     if req.val_rows and req.val_rows < 0:
         raise ValueError(f"--val-rows must be >= 0, got {req.val_rows}")
+    if req.template is not None:
+        _retemplate(src, [], req.template)   # a bad --template fails before reading
     io.check_out_dir(req.out, req.force)
     counts = Counts()
     rows, files = _collect(src, req, counts)
     if not rows:
         raise ValueError(f"data prepare {src.name}: no usable rows in {counts.read} input rows "
                          f"({dict(counts.skipped + counts.filtered)})")
+    if req.template is not None:
+        _retemplate(src, rows, req.template)
     splits = _splits(src, req, rows)
-    manifest = {"tool": io.TOOL, "source": src.name, "dataset": src.dataset, "version": __version__,
+    manifest = {"tool": io.TOOL, "source": src.name, "template": req.template, "dataset": src.dataset, "version": __version__,
                 "command": req.command, "seed": req.seed, "max_rows": req.max_rows if req.max_rows is not None else src.max_rows,
                 "val_rows": req.val_rows, "read": counts.read, "skipped": dict(counts.skipped),
                 "left_out": dict(counts.filtered),

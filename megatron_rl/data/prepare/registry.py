@@ -35,7 +35,9 @@ class Source:
     dedupe: bool = True
     columns: tuple[str, ...] | None = None
     parts: tuple[str, ...] = ()
-    command_hint: str = ""
+    retemplate: bool = False
+    """``--template`` may re-render the prompt from ``extra_info.problem`` (the math benchmarks, which each
+    recipe asks in its own format)."""
 
 
 SOURCES: dict[str, Source] = {}

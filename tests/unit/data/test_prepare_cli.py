@@ -110,3 +110,28 @@ def test_progress_bar_on_large_inputs(tmp_path, capsys):
     assert "prepare gsm8k: 100%" in capsys.readouterr().err
     run("gsm8k", write_jsonl(tmp_path / "small.jsonl", [gsm(1)]), tmp_path / "out2")
     assert "prepare gsm8k" not in capsys.readouterr().err
+
+
+def test_example_configs_name_prepared_paths_and_the_command_that_makes_them():
+    """Every ``data/<name>/<split>.parquet`` an example config names is what ``data prepare <name>``
+    writes, and the config carries that command (which the ``data`` parser accepts) with ``--out data/<name>``."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    from megatron_rl.data.cli import build_parser
+    from megatron_rl.data.prepare.registry import get_source
+
+    configs = sorted((Path(__file__).resolve().parents[3] / "examples" / "configs").glob("*.yaml"))
+    named = 0
+    for path in configs:
+        text = path.read_text()
+        commands = {}
+        for line in re.findall(r"^#\s+(megatron-rl data prepare .*)$", text, re.M):
+            args = build_parser().parse_args(shlex.split(line.split("   #")[0])[2:])
+            commands[args.source] = args
+        for name, split in re.findall(r"^\s+(?:train|val):\s+data/(\w+)/(\w+)\.parquet", text, re.M):
+            named += 1
+            assert get_source(name).split == split, f"{path.name}: data prepare {name} writes {get_source(name).split}.parquet"
+            assert name in commands and commands[name].out == f"data/{name}", f"{path.name}: no command line for data/{name}"
+    assert named >= 20

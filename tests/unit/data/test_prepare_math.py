@@ -187,3 +187,22 @@ def test_rlcsd_math_eval_concatenates_the_three_benchmarks(tmp_path):
     assert all(score(r, f"\\boxed{{{r['reward_model']['ground_truth']}}}") == 1.0 for r in val)
     with pytest.raises(ValueError, match="aime24"):
         run("rlcsd_math_eval", [("amc23", amc), ("aime25", a25)], tmp_path / "out2")
+
+
+def test_template_dapo_asks_a_benchmark_in_dapos_format(tmp_path):
+    """DAPO's AIME validation: the problem in DAPO-Math-17k's "Answer:" turn, data_source ``math_dapo``,
+    scored by the ``dapo`` reward (+1 / -1) whatever the config's default."""
+    src = write_jsonl(tmp_path / "aime.jsonl", [{"id": 60, "problem": "Find $m+n$.", "solution": "s", "answer": "204"}])
+    man, rows = run("aime24", src, tmp_path / "out", template="dapo")
+    (row,) = rows["test"]
+    assert user_text(row) == ("Solve the following math problem step by step. The last line of your response should be "
+                              "of the form Answer: $Answer (no quotes) where $Answer is the answer to the problem.\n\n"
+                              "Find $m+n$.\n\nRemember to put your answer on its own line after \"Answer:\".")
+    assert row["data_source"] == "math_dapo" and row["extra_info"]["benchmark"] == "aime24" and man["template"] == "dapo"
+    assert score(row, "...\nAnswer: 204", default="exact") == 1.0 and score(row, "\\boxed{204}", default="exact") == -1.0
+    _, boxed = run("aime24", src, tmp_path / "boxed")
+    assert boxed["test"][0]["data_source"] == "aime24"
+    with pytest.raises(ValueError, match="math benchmarks only"):
+        run("gsm8k", write_jsonl(tmp_path / "g.jsonl", [{"question": "q", "answer": "#### 1"}]), tmp_path / "g", template="dapo")
+    with pytest.raises(ValueError, match="valid: boxed"):
+        run("aime24", src, tmp_path / "bad", template="nosuch")
