@@ -45,7 +45,11 @@ def _deepmath(band: str):
         d = rec.get("difficulty")
         if d is None:
             raise Skip("null or empty difficulty")
-        if not lo <= float(d) <= hi:
+        try:
+            d = float(d)
+        except (TypeError, ValueError):
+            raise Skip("unparsable difficulty") from None
+        if not lo <= d <= hi:
             raise Skip(f"difficulty outside {band}", bad=False)
         gt = answer(rec, "final_answer")
         sol = next((s for s in (solution_text(rec.get(f"r1_solution_{k}")) for k in (1, 2, 3)) if s), "")

@@ -71,6 +71,16 @@ def _parts(src: Source, inputs: list[tuple[str, str]]) -> list[tuple[Source, str
     return [(get_source(n), by[n]) for n in src.parts]
 
 
+def _convert(part: Source, rec: dict, seed: int) -> tuple[str, dict]:
+    """``part.convert``; a record whose fields have unexpected types is a bad row (``Skip``), not a crash."""
+    try:
+        return part.convert(rec, seed)
+    except Skip:
+        raise
+    except (TypeError, ValueError, AttributeError, KeyError) as e:
+        raise Skip(f"malformed record ({type(e).__name__})") from e
+
+
 def _collect(src: Source, req: PrepareRequest, counts: Counts) -> tuple[list[dict], list[Path]]:
     """Converted rows in input order, duplicates and skips counted; ``--strict`` raises on a bad row."""
     rows, seen, files_all = [], set(), []
@@ -88,7 +98,7 @@ def _collect(src: Source, req: PrepareRequest, counts: Counts) -> tuple[list[dic
             try:
                 if not isinstance(rec, dict):
                     raise Skip("not a JSON object")
-                key, row = part.convert(rec, req.seed)
+                key, row = _convert(part, rec, req.seed)
             except Skip as e:
                 if e.bad and req.strict:
                     raise ValueError(f"{where}: {e.reason} (--strict refuses bad rows; drop --strict to skip "

@@ -206,3 +206,14 @@ def test_template_dapo_asks_a_benchmark_in_dapos_format(tmp_path):
         run("gsm8k", write_jsonl(tmp_path / "g.jsonl", [{"question": "q", "answer": "#### 1"}]), tmp_path / "g", template="dapo")
     with pytest.raises(ValueError, match="valid: boxed"):
         run("aime24", src, tmp_path / "bad", template="nosuch")
+
+
+def test_malformed_fields_are_counted_bad_rows(tmp_path):
+    """Wrong types in the upstream columns (a text difficulty, a dict problem) are skipped and counted."""
+    rec = {"question": "Q?", "final_answer": "1", "difficulty": 8.0, "topic": "t", "r1_solution_1": "s"}
+    recs = [rec, {**rec, "question": "Q2?", "difficulty": "hard"}, {**rec, "question": {"text": "Q3"}},
+            {**rec, "question": "Q4?", "r1_solution_1": 5}]
+    man, rows = run("deepmath_filtered_level7_10", write_jsonl(tmp_path / "d.jsonl", recs), tmp_path / "out")
+    assert len(rows["train"]) == 2 and man["skipped"] == {"unparsable difficulty": 1, "null or empty question": 1}
+    with pytest.raises(ValueError, match=r"d.jsonl:2: unparsable difficulty"):
+        run("deepmath_filtered_level7_10", tmp_path / "d.jsonl", tmp_path / "strict", strict=True)
