@@ -75,6 +75,32 @@ def prepared_rows(tmp: Path) -> list[dict]:
     return rows
 
 
+#: a response that gives the ground truth GT in the form each reward reads
+RIGHT = {"math_dapo": "Thinking.\nAnswer: {}", "gpqa_diamond": "Thinking.\nAnswer: {}", "score_gsm8k": "<answer>{}</answer>",
+         "score_math": "<answer>{}</answer>", "kk_4to8": "\\boxed{{{}}}"}
+
+
+def check_loaded_rows(path: Path, hf_path: str) -> None:
+    """The mixed file loads through the trainer's loader with the fixture's tokenizer, and the reward
+    manager (``reward.default=math``) scores each row's ground truth right and a wrong answer wrong."""
+    from megatron_rl.data.dataset import PromptDataset
+    from megatron_rl.data.tokenizer import load_tokenizer
+    from megatron_rl.rewards.manager import RewardManager
+
+    ds = PromptDataset.from_parquet(path, load_tokenizer(hf_path), max_prompt_len=496)
+    rows = list(ds.rows)
+    gts = [str(r.ground_truth) for r in rows]
+    right = [RIGHT.get(r.data_source, "\\boxed{{{}}}").format(gt) for r, gt in zip(rows, gts)]
+    wrong = [RIGHT.get(r.data_source, "\\boxed{{{}}}").format("Zoey is a knight, Oliver is a knave" if r.data_source
+                                                                 == "kk_4to8" else "C" if gt != "C" else "A")
+             for r, gt in zip(rows, gts)]
+    rm = RewardManager(default="math", workers=1)
+    good, bad = rm.score(rows, right), rm.score(rows, wrong)
+    assert good.reward.tolist() == [1.0] * len(rows), (list(zip([r.data_source for r in rows], good.reward.tolist())), good.stats)
+    expect_bad = [-1.0 if r.data_source == "math_dapo" else 0.0 for r in rows]
+    assert bad.reward.tolist() == expect_bad, list(zip([r.data_source for r in rows], bad.reward.tolist()))
+
+
 def _response(text: str) -> str:
     """The response part of a dumped ``prompt + response`` decoding (special tokens kept)."""
     resp = text.rsplit("<|im_start|>assistant\n", 1)[1]
@@ -85,6 +111,7 @@ def test_one_row_of_every_source_trains_with_its_reference_reward(chat_fixture, 
     rows = prepared_rows(tmp_path)
     path = tmp_path / "mixed.parquet"
     pq.write_table(pa.Table.from_pylist(rows), path)
+    check_loaded_rows(path, chat_fixture["hf_path"])
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text("algo:\n  kind: grpo\n")
     run_dir = tmp_path / "run"
