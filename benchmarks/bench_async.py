@@ -47,8 +47,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def prepare(root: Path) -> dict:
-    """Data, tokenizer and the random-init policy of the demo (``megatron_rl.demo.prepare``)."""
-    from megatron_rl.demo import prepare as demo_prepare
+    """Data, tokenizer and the random-init policy of the demo (``megatron_rl.cli.demo.prepare``)."""
+    from megatron_rl.cli.demo import prepare as demo_prepare
 
     paths, _tok, hf = demo_prepare(root, seed=0)
     return {"train": str(paths["train"]), "hf": str(hf)}

@@ -14,7 +14,7 @@ the rounds are kept — ``ru_maxrss`` of the same path varies by a few % from ru
 
 * ``padded``: ``--rows`` sequences per micro-batch, each row ``S`` slots;
 * ``packed``: ``TokenBudget(rows * S)``: the same slots per micro-batch (the memory knob is comparable);
-  the sequences are packed into rows of ``L = S`` (``trainer/packing.py``; without pipeline parallelism a
+  the sequences are packed into rows of ``L = S`` (``trainer/pipeline/packing.py``; without pipeline parallelism a
   micro-batch of partly filled rows runs at shorter rows, ``packing.tighten``).
 
 Stages (each called ``--repeats`` times, default 2: the first is a warm-up, the fastest of the rest is
@@ -80,7 +80,7 @@ def seq_batch(args):
     """The long-tailed batch (deterministic in ``args.seed``): ``SeqBatch`` with rewards / group ids."""
     import torch
 
-    from megatron_rl.trainer.update_stage import build_seq_batch
+    from megatron_rl.trainer.pipeline.update_stage import build_seq_batch
 
     g = torch.Generator().manual_seed(args.seed)
     n = args.n
@@ -108,12 +108,12 @@ def child(args) -> None:
 
     from megatron_rl import algorithms as A
     from megatron_rl.models.provider import load_hf_config
-    from megatron_rl.parallel import init_parallel
-    from megatron_rl.trainer.actor import PolicyActor
-    from megatron_rl.trainer.objective import Objective
-    from megatron_rl.trainer.optim import OptimSpec
-    from megatron_rl.trainer.packing import TokenBudget
-    from megatron_rl.trainer.update_stage import response_frame
+    from megatron_rl.runtime.parallel import init_parallel
+    from megatron_rl.trainer.policy.actor import PolicyActor
+    from megatron_rl.trainer.pipeline.objective import Objective
+    from megatron_rl.trainer.policy.optim import OptimSpec
+    from megatron_rl.trainer.pipeline.packing import TokenBudget
+    from megatron_rl.trainer.pipeline.update_stage import response_frame
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     sb, rewards, _ = seq_batch(args)
@@ -192,7 +192,7 @@ def main() -> None:
 
     import torch
 
-    from megatron_rl.trainer.packing import TokenBudget, plan, seq_lengths
+    from megatron_rl.trainer.pipeline.packing import TokenBudget, plan, seq_lengths
 
     sb, _, resp = seq_batch(args)
     batch = sb.batch

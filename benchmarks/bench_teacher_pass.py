@@ -86,12 +86,12 @@ def main() -> None:
     import torch
 
     from megatron_rl.models.provider import load_hf_config
-    from megatron_rl.parallel import init_parallel
-    from megatron_rl.trainer.actor import PolicyActor
-    from megatron_rl.trainer.batch import make_batch
+    from megatron_rl.runtime.parallel import init_parallel
+    from megatron_rl.trainer.policy.actor import PolicyActor
+    from megatron_rl.trainer.pipeline.batch import make_batch
     from megatron_rl.trainer.support import teacher_pass
-    from megatron_rl.trainer.optim import OptimSpec
-    from megatron_rl.trainer.packing import TokenBudget, plan, seq_lengths
+    from megatron_rl.trainer.policy.optim import OptimSpec
+    from megatron_rl.trainer.pipeline.packing import TokenBudget, plan, seq_lengths
     from megatron_rl.trainer.teacher import TeacherWeights
     from megatron_rl.trainer.teacher_inputs import attention_crossover, pack
 

@@ -6,7 +6,7 @@ It re-launches itself under ``torchrun --nproc_per_node=2`` (gloo). Each rank ho
 logits shard ``[T, V/2]`` (as the output layer of a TP=2 model would produce) and runs, forward
 *and* backward of ``sum(logp) + sum(entropy)``:
 
-* ``vocab_parallel``: :func:`megatron_rl.trainer.vocab_parallel.vocab_parallel_logprobs`
+* ``vocab_parallel``: :func:`megatron_rl.trainer.policy.vocab_parallel.vocab_parallel_logprobs`
   (max / sum-exp / target-logit / sum p·z all-reduces, shard-sized tensors only);
 * ``gather``: all-gather the shards into full ``[T, V]`` logits, then ``log_softmax`` + gather
   + ``-(p * log p).sum`` with autograd on the full tensor (what a TP-unaware loss would do).
@@ -54,7 +54,7 @@ def _worker(tokens: int, vocab: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from megatron_rl.trainer.vocab_parallel import full_vocab_logprobs, vocab_parallel_logprobs
+    from megatron_rl.trainer.policy.vocab_parallel import full_vocab_logprobs, vocab_parallel_logprobs
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()

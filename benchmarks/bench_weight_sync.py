@@ -29,7 +29,7 @@ import os
 import tempfile
 import time
 
-from megatron_rl.memwatch import PeakRSS
+from megatron_rl.runtime.memwatch import PeakRSS
 
 
 def make_model(mb: int, d: str) -> int:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron_rl.config_parse import Override, build, read_yaml, set_dotted, typed
-from megatron_rl.path_kind import check_model_path
+from megatron_rl.runtime.path_kind import check_model_path
 
 _UNSET = object()
 
@@ -69,14 +69,14 @@ class ParallelConfig:
     A checkpoint written at one vpp loads at that vpp only."""
     cp: int = 1
     """Context parallelism: each packed sequence split over ``cp`` GPUs (Megatron-core's load-balanced THD
-    split, 2 x cp chunks, ``trainer/context_parallel.py``; attention through Transformer Engine's p2p ring,
+    split, 2 x cp chunks, ``trainer/policy/context_parallel.py``; attention through Transformer Engine's p2p ring,
     ``cp_comm_type`` p2p; packed rows split by sequence, a padded row as one sequence). > 1 needs CUDA +
     Transformer Engine (``model.backend`` resolving to te) and ``pp`` = 1; refused at start-up otherwise.
     DP = world size / (tp x pp x cp)."""
     timeout_s: float = 1800.0
     """torch.distributed collective timeout: a rank whose peer vanished (node loss) fails after this
     long instead of hanging. Ranks waiting for rank 0's rollouts / evaluation wait in the c10d store, not in a
-    collective (``driver_wait.py``), so a rank-0 phase may last longer; a rank 0 silent this long fails them."""
+    collective (``runtime/driver_wait.py``), so a rank-0 phase may last longer; a rank 0 silent this long fails them."""
 
     def __post_init__(self):
         _check(self.tp >= 1 and self.pp >= 1, f"parallel.tp/pp must be >= 1, got {self.tp}/{self.pp}")
@@ -167,7 +167,7 @@ class RolloutConfig:
     logprob_gate: float | None = None
     """Start-up gate: after the first sync, the mean |trainer − engine| log-prob over a fixed probe
     batch must be <= this, else the run stops with both numbers. null = by precision
-    (``trainer/sync_stage.py``): 1e-2 in fp32 (CPU measures ~1e-7, TF32 GPU matmuls ~1e-3), 5e-2 with
+    (``trainer/loop/sync_stage.py``): 1e-2 in fp32 (CPU measures ~1e-7, TF32 GPU matmuls ~1e-3), 5e-2 with
     ``model.bf16`` (bf16 trainer vs bf16 engine differ by ~1e-2 on a 4B model: different kernels and
     reduction orders in bf16); a mis-mapped weight gives ~1, far above either."""
     verify_sync: str = "first"
@@ -175,9 +175,9 @@ class RolloutConfig:
     every:N, every N-th step's), the engines re-score a fixed probe (with a prefix shared over several KV
     blocks) against the trainer under the dtype's tolerance, and their parameters are compared with the
     trainer's export; a failure names the differing tensors and stops the run at the step boundary
-    (``trainer/sync_stage.py``). Each verification copies the model out of every engine once."""
+    (``trainer/loop/sync_stage.py``). Each verification copies the model out of every engine once."""
     placement: str = "separate"
-    """Where the engines run relative to the trainer (``trainer/colocate.py``). separate: on their own
+    """Where the engines run relative to the trainer (``trainer/loop/colocate.py``). separate: on their own
     devices, nothing sleeps (GPU: ``num_engines`` more GPUs beside the trainer's; CPU: own processes —
     every CPU run before this key). colocated: on the trainer's GPUs; each step generate -> engines
     sleep -> update -> engines wake (weights) -> push -> wake (KV cache); sync backend ipc (one trainer
@@ -193,7 +193,7 @@ class RolloutConfig:
     max_staleness: int = 0
     """Asynchronous rollouts: 0 = synchronous (generate, then train); k >= 1 = the engines generate
     the batches of steps t+1..t+k while the trainer updates on batch t, so batch t is sampled with
-    the weights of step max(0, t-1-k) (``trainer/async_rollout.py``); corrected by ``algo.off_policy``."""
+    the weights of step max(0, t-1-k) (``trainer/loop/async_rollout.py``); corrected by ``algo.off_policy``."""
 
     def __post_init__(self):
         _check(self.engine in ("vllm", "hf"), f"rollout.engine must be vllm|hf, got {self.engine!r}")
@@ -314,7 +314,7 @@ class AlgoConfig:
     """Importance weight of the proximal (trainer-recomputed) against the behaviour (engine) policy,
     truncated at ``tis_cap`` (``algorithms/offpolicy.py``): decoupled = on stale samples only (w = 1
     exactly at staleness 0: the synchronous path is unchanged) | tis = on every sample (the RLCSD
-    recipes' rollout correction, spec §1.3.3) | none (ablation)."""
+    recipes' rollout correction, docs/methods/self-distillation.md) | none (ablation)."""
     tis_cap: float = 2.0
     """Upper cap C of the truncated IS weight min(π_prox/π_behav, C) (>= 1) of decoupled / tis."""
     correction: Any = None
@@ -351,7 +351,7 @@ class TrainerConfig:
     max_tokens_per_micro_batch: int = 0
     """Token budget of one micro-batch per data-parallel rank for every policy pass (old / ref log-probs,
     the training forward/backward, teacher passes): sequences are balanced over DP by tokens and packed
-    into rows (block-diagonal attention, ``trainer/packing.py``); counts row slots, padding included.
+    into rows (block-diagonal attention, ``trainer/pipeline/packing.py``); counts row slots, padding included.
     0 = padded micro-batches of ``micro_batch_size`` sequences instead (for kernels that cannot take
     packed input)."""
     micro_batch_size: int | None = None
@@ -360,7 +360,7 @@ class TrainerConfig:
     mini_batch_prompts: int = 0
     """Prompts per optimizer step (verl's ``ppo_mini_batch_size``, counted in prompts): the step's batch
     is cut in order (no shuffle) into mini-batches of ``mini_batch_prompts x rollout.n`` sequences, one
-    optimizer step each (``trainer/update.py``); 0 = the whole batch, one optimizer step per RL step.
+    optimizer step each (``trainer/pipeline/update.py``); 0 = the whole batch, one optimizer step per RL step.
     Must divide ``data.prompts_per_step``."""
     ppo_epochs: int = 1
     """Passes over the step's mini-batches (verl's ``ppo_epochs``); old / ref log-probs and advantages
@@ -369,7 +369,7 @@ class TrainerConfig:
     """Global seed (init, sampling seeds are derived from it and the step)."""
     run_dir: str = "runs/default"
     """Output folder: metrics.jsonl, checkpoints/, curve.png, hf export, and config.yaml (the resolved
-    configuration of each start, ``trainer/run_config.py``)."""
+    configuration of each start, ``trainer/state/run_config.py``)."""
     eval_every: int = 0
     """Held-out evaluation every N steps (0 = only before and after)."""
     eval_prompts: int = 200
@@ -397,7 +397,7 @@ class TrainerConfig:
     export_hf: bool = True
     """Write an HF export of the final policy to run_dir/hf."""
     offload: str = "none"
-    """What the policy parks in host memory while colocated engines generate (``trainer/offload.py``):
+    """What the policy parks in host memory while colocated engines generate (``trainer/policy/offload.py``):
     none | optimizer (Adam state, fp32 main params, grad buffers) | all (optimizer + the weights)."""
 
     def __post_init__(self):

@@ -1,6 +1,6 @@
 """``plugins:``: the user's own modules, imported before a config's ``algo`` section is read.
 
-A method added outside the package (README "Adding a method") registers its advantage, loss,
+A method added outside the package (docs/contributing.md, "Adding a method") registers its advantage, loss,
 hparams dataclass and kind when its module is imported; ``config.from_dict`` imports the modules
 named by the top-level ``plugins:`` key first, so ``algo.kind`` and ``algo.<kind>.*`` validate
 against those registrations. Every process that loads the config (each ``torchrun`` rank, a resume

@@ -1,12 +1,12 @@
-"""The seed papers' settings beside the 7B–14B example configs: the README's recipe table.
+"""The seed papers' settings beside the 7B–14B example configs: the recipe table of docs/methods/index.md.
 
 :data:`PAPER` holds, for each example config, the value its paper or released recipe uses for each
-setting (from ``../shared/specs/``, the section named in ``source``), by config key. A key whose
+setting (from the paper or reference repository named in ``source``), by config key. A key whose
 config value differs must be listed in the entry's ``departures`` with the reason (a true model or
 hardware difference); :func:`drifts` returns the others, and ``tests/unit/test_recipes.py`` fails on
-any, so a config edit that drifts from the paper fails a test. :func:`table` renders the README's
+any, so a config edit that drifts from the paper fails a test. :func:`table` renders the page's
 table from the configs (``python -m megatron_rl.recipes`` prints it; the same test checks that the
-README holds exactly that text).
+page holds exactly that text).
 
 Keys are config keys; ``algo.hp.<field>`` is the method's hyper-parameter ``algo.<kind>.<field>``.
 Effective values are compared: ``optim.clip_grad`` null is the method's ``grad_clip``,
@@ -60,7 +60,7 @@ _THINK = {"enable_thinking": True}
 
 
 def _rlcsd(method: str, kl: float, clip: float = 1.0, **departures: str) -> Recipe:
-    """The RLCSD recipe (rlcsd spec §1.2 shared values, §1.8 β_KL and grad clip per method)."""
+    """The RLCSD recipe (THU-BPM/RLCSD: the values every method shares, β_KL and grad clip per method)."""
     v = {"rollout.temperature": 1.0, "rollout.top_p": 0.95, "rollout.top_k": 20, "data.prompts_per_step": 64,
          "rollout.n": 8, "data.max_prompt_len": 2048, "rollout.max_tokens": 16384, "optim.lr": 1e-6,
          "optim.warmup_steps": 50, "optim.weight_decay": 0.01, "optim.clip_grad": clip,
@@ -69,7 +69,7 @@ def _rlcsd(method: str, kl: float, clip: float = 1.0, **departures: str) -> Reci
          "data.chat_template_kwargs": _THINK, "trainer.eval_every": 50, "trainer.eval_n": 12,
          "trainer.eval_temperature": 0.6, "trainer.eval_top_p": 0.95, "trainer.eval_top_k": 20,
          "trainer.eval_max_tokens": 38912, "reward.default": "math"}
-    return Recipe(method, "rlcsd spec §1.2, §1.8 (THU-BPM/RLCSD)", v, {k.replace("__", "."): r for k, r in departures.items()})
+    return Recipe(method, "THU-BPM/RLCSD @ 7eeff3c (configs/math_deepmath, scripts/_run_verl.sh)", v, {k.replace("__", "."): r for k, r in departures.items()})
 
 
 PAPER: dict[str, Recipe] = {
@@ -86,7 +86,7 @@ PAPER: dict[str, Recipe] = {
     "qwen3_8b_sdpo": _rlcsd("sdpo", 0.0),
     "qwen3_8b_srpo": _rlcsd("srpo", 0.0),
     "qwen3_8b_bicc_rcc": Recipe(
-        "bicc_rcc", "bicc spec §1.7 (released run_bicc_dapo.sh; eval: paper pass@1 over 32 runs, README T/top-p/tokens)",
+        "bicc_rcc", "Skylanding/BiCC @ 0c14b23 (recipe/dapo/run_bicc_dapo.sh; eval: paper pass@1 over 32 runs, its README T/top-p/tokens)",
         {"rollout.temperature": 0.2, "rollout.top_p": 0.7, "rollout.top_k": -1, "data.prompts_per_step": 16,
          "rollout.n": 8, "data.max_prompt_len": 2048, "rollout.max_tokens": 3072, "optim.lr": 1e-6,
          "optim.warmup_steps": 10, "optim.weight_decay": 0.1, "optim.clip_grad": 1.0,
@@ -96,14 +96,14 @@ PAPER: dict[str, Recipe] = {
          "trainer.eval_max_tokens": 3072, "reward.default": "dapo"},
         {"data.chat_template_kwargs": "Qwen3-8B thinks by default; off to match the non-thinking 4B-Instruct"}),
     "qwen2_5_7b_papo": Recipe(
-        "papo", "papo spec §2.5 (paper appendix + scripts)",
+        "papo", "tanzelin430/PAPO (paper appendix + verl/scripts)",
         {"rollout.temperature": 1.0, "data.prompts_per_step": 128, "rollout.n": 8, "data.max_prompt_len": 2048,
          "rollout.max_tokens": 8192, "optim.lr": 1e-6, "trainer.max_tokens_per_micro_batch": 18000,
          "algo.hp.kl_loss_coef": 0.0, "algo.hp.kl_reward_coef": 0.0,
          "data.chat_template_kwargs": Note("none (base model, pass-through template)"), "trainer.eval_every": 10,
          "trainer.eval_n": 4, "trainer.eval_temperature": 0.7, "trainer.eval_max_tokens": 8192}),
     "llama3_1_8b_dapo": Recipe(
-        "dapo", "verl-baselines spec §3 (DAPO recipe; token budget: verl recipe/dapo scripts, prompt + response); "
+        "dapo", "volcengine/verl @ b178a3c (DAPO recipe; token budget: verl recipe/dapo scripts, prompt + response); "
         "eval: DAPO paper §4.1 (avg@32, T 1.0, top-p 0.7)",
         {"rollout.temperature": 1.0, "data.prompts_per_step": 512, "rollout.n": 16, "rollout.max_tokens": 20480,
          "trainer.max_tokens_per_micro_batch": 22528, "optim.lr": 1e-6, "optim.warmup_steps": 20, "optim.weight_decay": 0.1, "optim.clip_grad": 1.0,
@@ -131,7 +131,7 @@ def value(cfg, key: str) -> Any:
 def load(name: str):
     """The example config ``name`` (``examples/configs/<name>.yaml``), validated except against its
     model (``model.hf_path`` unset: the 7B–14B weights are not here)."""
-    from megatron_rl.preflight import load_checked
+    from megatron_rl.trainer.loop.preflight import load_checked
 
     return load_checked(CONFIGS / f"{name}.yaml", ["model.hf_path="])
 
@@ -162,7 +162,7 @@ def _fmt(v: Any) -> str:
 
 
 def table() -> str:
-    """The README's recipe table (markdown), from the configs and :data:`PAPER`."""
+    """The recipe table of docs/methods/index.md (markdown), from the configs and :data:`PAPER`."""
     lines = ["| config (method) | setting | paper | config | |", "|---|---|---|---|---|"]
     for name, rec in PAPER.items():
         cfg = load(name)

@@ -7,6 +7,6 @@ MEGATRON_MAX = "0.17.0"  # exclusive: re-check the catalogue before widening
 
 def no_cuda() -> bool:
     """CPU patches are needed exactly when no CUDA device is usable."""
-    from megatron_rl.device import has_cuda
+    from megatron_rl.runtime.device import has_cuda
 
     return not has_cuda()

@@ -20,7 +20,7 @@ from megatron_rl.patches import Patch
 
 
 def _needed() -> bool:
-    from megatron_rl.device import has_cuda
+    from megatron_rl.runtime.device import has_cuda
 
     return not has_cuda()
 

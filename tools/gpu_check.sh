@@ -3,7 +3,7 @@
 #   1. installs what it can from at most 64 MiB of wheels carried to it (WHEELS=dir: megatron-core and other
 #      small pure-Python wheels, --no-deps, into OUT/site, put first on PYTHONPATH); torch, vLLM and
 #      Transformer Engine must already be there (their wheels are far larger);
-#   2. names the installed vs supported vLLM / Transformer Engine / megatron-core versions (megatron_rl/stack.py);
+#   2. names the installed vs supported vLLM / Transformer Engine / megatron-core versions (megatron_rl/runtime/stack.py);
 #   3. runs tests/gpu/ (tests that need more GPUs than the machine has skip, with the reason);
 #   4. runs a 2-step actor + reference run on a random Qwen3-1.7B-shaped model (tools/gpu_check_run.py) and
 #      prints plan's estimate beside torch.cuda.max_memory_allocated.

@@ -10,7 +10,7 @@ Notation: for a group g of size n with rewards r, r̄ = mean, std_u = unbiased (
 
 References: GRPO — Shao et al. 2024 (DeepSeekMath) and verl ``compute_grpo_outcome_advantage``;
 Dr.GRPO — Liu et al. 2025; RLOO — Ahmadian et al. 2024; ReMax — Li et al. 2023; BiCC/RCC —
-Li, Lan, Qi, arXiv 2603.13134; PAPO — arXiv 2603.26535 (see ../shared/specs).
+Li, Lan, Qi, arXiv 2603.13134; PAPO — arXiv 2603.26535 (docs/methods/).
 
 Departures from the reference code (deliberate, following the spec):
 

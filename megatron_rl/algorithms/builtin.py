@@ -90,7 +90,7 @@ def _remax(x: AlgoInputs, hp) -> Tensor:
     return remax_advantage(x.rewards, x.greedy_rewards)
 
 
-# BiCC's base estimators (spec §1.6): ``algo.bicc.base`` / ``algo.bicc_rcc.base`` name one of these
+# BiCC's base estimators (docs/methods/bicc-rcc.md): ``algo.bicc.base`` / ``algo.bicc_rcc.base`` name one of these
 
 
 @register_bicc_base("grpo", scale="std_u")
@@ -121,7 +121,7 @@ def _base_needs(hp) -> set:
 
 @register_advantage("bicc", hp_needs=_base_needs)
 def _bicc(x: AlgoInputs, hp) -> Tensor:
-    """BiCC changes the ratio's inputs only (spec §1.6): the advantage is the base estimator's
+    """BiCC changes the ratio's inputs only (docs/methods/bicc-rcc.md): the advantage is the base estimator's
     (``register_bicc_base``)."""
     return bicc_base(hp.base).fn(x, hp)
 
@@ -134,7 +134,7 @@ def _rcc(x: AlgoInputs, hp) -> Tensor:
 
 @register_advantage("papo", needs=("process",))
 def _papo(x: AlgoInputs, hp) -> Tensor:
-    """PAPO A_out + λ·A_proc; ablations (spec §2.4): ``prm_only`` = GRPO on r_proc (graded on every
+    """PAPO A_out + λ·A_proc; ablations (docs/methods/papo.md): ``prm_only`` = GRPO on r_proc (graded on every
     response), ``mult`` = GRPO on r_out·r_proc."""
     mode = hp.reward_mode
     if mode == "prm_only":
@@ -162,7 +162,7 @@ def _ppo(x: AlgoInputs, adv: Tensor, hp) -> LossOutput:
 
 
 def rlcsd_counts(ex: dict, hp) -> tuple[float, float]:
-    """(N_non, N_sel) of a whole mini-batch (spec §1.5.3: "compute the two denominators over the whole
+    """(N_non, N_sel) of a whole mini-batch (docs/methods/self-distillation.md: "compute the two denominators over the whole
     mini-batch"), from its per-row teacher tensors and advantages (no grad)."""
     e = rlcsd_signal(ex["teacher_logp"], ex["teacher_neg_logp"], ex["teacher_neg_mask"])
     mod = rlcsd_advantage(ex["advantages"], e, ex["resp_mask"], **hp.signal_kwargs())

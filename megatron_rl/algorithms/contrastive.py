@@ -1,6 +1,6 @@
 """Contrastive inputs: BiCC bilateral contexts and the RLCSD data path + token signal.
 
-BiCC (Li, Lan, Qi, arXiv 2603.13134; spec §1.3): each correct response is re-scored with the
+BiCC (Li, Lan, Qi, arXiv 2603.13134; docs/methods/bicc-rcc.md): each correct response is re-scored with the
 group's incorrect traces in its context and vice versa. :func:`build_bicc_contexts` works on
 token ids: q_prefix ⊕ header ⊕ trace₁ ⊕ sep ⊕ trace₂ … ⊕ q_suffix ⊕ o_i, with the target o_i
 byte-identical to the rollout and the loss mask on o_i only. Context budget L_ctx (e.g.
@@ -9,7 +9,7 @@ first one that does not fit is right-truncated to the remaining budget and filli
 o_i is never truncated; traces are dropped from the end while the whole sequence exceeds the
 model window. :func:`bicc_old_logp` is the ``old_logprob_context ∈ {plain, conditioned}`` switch.
 
-RLCSD (Pan et al., arXiv 2606.11709; spec §1.5): :func:`select_rlcsd_hints` (one positive hint,
+RLCSD (Pan et al., arXiv 2606.11709; docs/methods/self-distillation.md): :func:`select_rlcsd_hints` (one positive hint,
 up to K negatives, target excluded from its own pools, groups without both kinds dropped),
 :func:`rlcsd_teacher_prompt` (symmetric template), :func:`rlcsd_signal` (e = ℓ_c − log-mean-exp
 over the K valid negatives) and :func:`rlcsd_advantage` (tanh squash, clip, gate, additive
@@ -176,7 +176,7 @@ class HintSelection(NamedTuple):
 
 def select_rlcsd_hints(rewards: Sequence[float], group_ids: Sequence[int], has_box: Sequence[bool], *,
                        k_max: int = 4, source: str = "self_rollout", rng: random.Random | None = None) -> HintSelection:
-    """RLCSD hint sampling and filtering (spec §1.5.1).
+    """RLCSD hint sampling and filtering (docs/methods/self-distillation.md).
 
     P = {R > 0}; N = {R ≤ 0 and boxed}. self_rollout drops groups with P = ∅ or N = ∅
     (gt_cot: only N = ∅). Per target: C_i = P \\ {i}, W_i = N \\ {i}; drop i if C_i = ∅
@@ -238,7 +238,7 @@ HINT_CHECK = "Make sure you understand the reasoning behind each step."
 
 
 def rlcsd_teacher_prompt(problem: str, hint_body: str, answer: str) -> str:
-    """Teacher user turn (spec §1.3.5). Wrong hints use the byte-identical scaffolding, including
+    """Teacher user turn (docs/methods/self-distillation.md). Wrong hints use the byte-identical scaffolding, including
     "Correct final answer:", so only ``hint_body`` and ``answer`` differ between hints."""
     return (f"Problem: {problem}\n\n{HINT_FRAMING}\n{HINT_BEGIN}\n{hint_body}\n\n"
             f"Correct final answer: {answer}\n{HINT_END}\n\n{HINT_CHECK}\n\n{COT_INSTRUCTION}")

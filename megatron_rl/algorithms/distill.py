@@ -1,4 +1,4 @@
-"""On-policy self-distillation losses: OPSD, SDPO, SRPO, OPSD-ECTR (spec §1.6).
+"""On-policy self-distillation losses: OPSD, SDPO, SRPO, OPSD-ECTR (docs/methods/self-distillation.md).
 
 All teacher quantities are detached. Distributions live on a top-k + tail support built by
 :func:`topk_tail_support` from full-vocabulary logits: the k indices chosen by one
@@ -115,7 +115,7 @@ def srpo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, 
               teacher_entropy: Tensor, *, clip_eps: float = 0.2, dual_clip: float = 3.0, beta: float = 1.0,
               is_clip: float = 2.0, tis_weights: Tensor | None = None,
               log_u_mean: Tensor | None = None) -> LossOutput:
-    """SRPO routing (spec §1.6d); aggregate with ``"token-mean"`` (one shared denominator).
+    """SRPO routing (docs/methods/self-distillation.md); aggregate with ``"token-mean"`` (one shared denominator).
 
     ā_i = Σ_t A m / max(Σ m, 1); rows with ā_i > 0 → GRPO dual-clip loss; the others (zero-
     advantage rows included) → JSD·IS·d with d = u/mean_routed(u), u = exp(−β H_T).
@@ -144,7 +144,7 @@ def srpo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, 
 def opsd_ectr_loss(student: Tensor, teacher_pos: Tensor, teacher_neg: Tensor, mask: Tensor, *, alpha: float = 0.5,
                    log_w_floor: float = -5.0, cw_tau: float = 1.0, clip: float = 0.05,
                    tis_weights: Tensor | None = None) -> LossOutput:
-    """OPSD-ECTR (spec §1.6g); supports on the correct-hint teacher's top-k. Token-mean.
+    """OPSD-ECTR (docs/methods/self-distillation.md); supports on the correct-hint teacher's top-k. Token-mean.
 
     g = (1+α)log p_c − α·max(log p_w, f); q = softmax(g); ℓ = Σ min(q(log q − log p_S), κ);
     ω = KL/(KL + τ), KL = max(0, Σ p_c(log p_c − log p_w)) (unfloored p_w); τ = 0 → ω = 1.
@@ -158,7 +158,7 @@ def opsd_ectr_loss(student: Tensor, teacher_pos: Tensor, teacher_neg: Tensor, ma
     return LossOutput(_finish(loss * omega, mask, tis_weights), metrics)
 
 
-#: which distribution picks the top-k support for each distillation loss (spec §1.8)
+#: which distribution picks the top-k support for each distillation loss (docs/methods/self-distillation.md)
 SUPPORT_CHOOSER = {"opsd": "teacher", "opsd_ectr": "teacher", "sdpo": "student", "srpo": "student"}
 
 

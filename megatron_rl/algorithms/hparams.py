@@ -21,7 +21,7 @@ def _check(cond: bool, msg: str) -> None:
 
 @dataclass(frozen=True)
 class PPOHParams:
-    """Shared PPO knobs (verl ``vanilla`` loss, GRPO defaults of the RLCSD spec §1.2)."""
+    """Shared PPO knobs (verl ``vanilla`` loss, GRPO defaults of the RLCSD docs/methods/self-distillation.md)."""
 
     clip_low: float = 0.2            #: ε_low
     clip_high: float = 0.2           #: ε_high (DAPO clip-higher: 0.28)
@@ -122,7 +122,7 @@ class BiCCHParams(SamplingHParams):
     context_frac: float = 0.4                 #: L_ctx = floor(frac · L_max)
     old_logprob_context: str = "plain"        #: plain (paper) | conditioned
     threshold: float = 0.5                    #: correct iff reward > threshold
-    base: str = "bicc"          #: advantage estimator: bicc (released code) | grpo | dapo | drgrpo | remax (spec §1.6)
+    base: str = "bicc"          #: advantage estimator: bicc (released code) | grpo | dapo | drgrpo | remax (docs/methods/bicc-rcc.md)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -166,7 +166,7 @@ class TeacherHParams(PPOHParams):
 
 @dataclass(frozen=True)
 class HintHParams(TeacherHParams):
-    """RLCSD hint selection (spec §1.5.1): at most ``k_max`` negative hints per target, the positive
+    """RLCSD hint selection (docs/methods/self-distillation.md): at most ``k_max`` negative hints per target, the positive
     hint from a correct self rollout (``self_rollout``) or the ground-truth solution (``gt_cot``)."""
 
     k_max: int = 1                   #: negative hints per target at most (K_max)
@@ -180,7 +180,7 @@ class HintHParams(TeacherHParams):
 
 @dataclass(frozen=True)
 class RLCSDHParams(HintHParams):
-    """RLCSD (spec §1.5.4)."""
+    """RLCSD (docs/methods/self-distillation.md)."""
 
     tau: float = 0.02       #: temperature τ of the contrastive signal: r = clip(β·λ·tanh(e/τ), lo, hi)
     beta: float = 1.0       #: β of that residual
@@ -233,12 +233,12 @@ class SRPOHParams(SDPOHParams):
 
 @dataclass(frozen=True)
 class RLSDHParams(TeacherHParams):
-    """RLSD: ε 0.2, ε_w 0.2, λ₀ 0.5 (decay switch off by default, spec §1.6e), snapshot/10."""
+    """RLSD: ε 0.2, ε_w 0.2, λ₀ 0.5 (decay switch off by default, docs/methods/self-distillation.md), snapshot/10."""
 
     dual_clip: float | None = None
     eps_w: float = 0.2               #: clip ε_w of the teacher/student token weight
     lam: float = 0.5                 #: λ₀, weight of the teacher term
-    lam_decay: bool = False          #: decay λ linearly to 0 over lam_decay_steps (spec §1.6e)
+    lam_decay: bool = False          #: decay λ linearly to 0 over lam_decay_steps (docs/methods/self-distillation.md)
     lam_decay_steps: int = 50        #: steps of that decay
 
 

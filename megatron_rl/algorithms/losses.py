@@ -23,7 +23,7 @@ Departures from the reference code:
   mini-batch of a rank), not per token-budget micro-batch as in the reference code; the result
   is aggregated with ``"token-sum"`` because the loss carries its own normalisers.
 * RLSD's λ decay is a switch defaulting to the constant λ₀ (the reference runs never decayed,
-  spec §1.6e).
+  docs/methods/self-distillation.md).
 """
 from __future__ import annotations
 
@@ -190,7 +190,7 @@ class RLCSDPaths(NamedTuple):
 
 def rlcsd_paths(logp: Tensor, old_logp: Tensor, advantages: Tensor, adv_hat: Tensor, gate: Tensor, mask: Tensor, *,
                 clip_eps: float = 0.2, tis_weights: Tensor | None = None) -> RLCSDPaths:
-    """ℓ_non = clipped(A)·w on m(1−g); ℓ_sel = clipped(Â)·w on m·g (spec §1.5.3). Shapes [N, T]."""
+    """ℓ_non = clipped(A)·w on m(1−g); ℓ_sel = clipped(Â)·w on m·g (docs/methods/self-distillation.md). Shapes [N, T]."""
     a = _per_token(advantages, logp)
     m = mask.bool()
     sel, non = m & gate.bool(), m & ~gate.bool()
@@ -202,7 +202,7 @@ def rlcsd_paths(logp: Tensor, old_logp: Tensor, advantages: Tensor, adv_hat: Ten
 def rlcsd_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, adv_hat: Tensor, gate: Tensor, mask: Tensor, *,
                clip_eps: float = 0.2, eta: float = 1.0, tis_weights: Tensor | None = None,
                counts: tuple | None = None) -> LossOutput:
-    """RLCSD two-path loss (spec §1.5.3); aggregate the result with ``"token-sum"``.
+    """RLCSD two-path loss (docs/methods/self-distillation.md); aggregate the result with ``"token-sum"``.
 
     ``counts`` = (N_non, N_sel) of the WHOLE mini-batch (the trainer passes them so that a
     micro-batch's token-sum is its exact share of the mini-batch loss); None: counted here.
@@ -226,7 +226,7 @@ def rlcsd_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, adv_hat: Tens
 
 
 def tis_weights(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, cap: float = 2.0) -> Tensor:
-    """Truncated IS weights w = min(exp(clamp(old − rollout, ±20)), cap)·m, no grad (spec §1.3.3). [N, T]."""
+    """Truncated IS weights w = min(exp(clamp(old − rollout, ±20)), cap)·m, no grad (docs/methods/self-distillation.md). [N, T]."""
     w = torch.clamp(torch.exp(torch.clamp(old_logp.detach() - rollout_logp.detach(), -20.0, 20.0)), max=cap)
     return w * mask.to(w.dtype)
 

@@ -1,5 +1,5 @@
 """The policy objective of every registered method, defined once (pure; the trainer's per-micro-batch
-builder ``trainer/objective.py`` and the full-batch :func:`compute_policy_loss` both call it).
+builder ``trainer/pipeline/objective.py`` and the full-batch :func:`compute_policy_loss` both call it).
 
     registered loss  ->  one aggregation (sum / normaliser)  ->  + β · KL  ->  (S, D)
 
@@ -17,7 +17,7 @@ per response token, mask ``m`` = the response mask):
   (``batch_tokens``; the tensors' own count in a full-batch call).
 
 ``actor/kl_loss`` logs exactly the KL term that enters the loss (before β). This is the rule verl
-applies to its KL loss (``agg_loss(kl, mask, loss_agg_mode)``, spec §1.2) and the rule the RLCSD
+applies to its KL loss (``agg_loss(kl, mask, loss_agg_mode)``, docs/methods/self-distillation.md) and the rule the RLCSD
 family's launchers use with token-mean; it replaces the earlier teacher-path rule that added a
 token-SUM KL under any mode (e.g. RLSD with ``seq-mean-token-mean`` divided it by rows while the
 metric showed a token mean). Default recipes are unchanged by it: their KL is either off or paired

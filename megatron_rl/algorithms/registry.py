@@ -75,7 +75,7 @@ def register_policy_loss(name: str, needs=(), hp_needs: Callable | None = None, 
     ``batch_stats`` maps optional AlgoInputs fields holding WHOLE-mini-batch statistics (equal rows),
     which the loss reads when present so that a micro-batch's share does not depend on the split, to
     ``fn(extras, hp) -> Tensor`` computing one from the mini-batch's per-row inputs (no grad); the
-    update pipeline calls it once per mini-batch, before its micro-batches (``trainer/update.py``)."""
+    update pipeline calls it once per mini-batch, before its micro-batches (``trainer/pipeline/update.py``)."""
     return _register(_LOSSES, "policy loss", name, needs, hp_needs, support, batch_stats)
 
 

@@ -84,7 +84,7 @@ def score_loss_mat(stage: int, lp1: Tensor, ref1: Tensor, m1: Tensor, lp2: Tenso
 
 def score_stage1_loss(lp1, ref1, m1, lp2, m2, r2, *, beta2: float = 0.1, length_norm: str = "sequence",
                       max_new: tuple = (None, None)) -> Tensor:
-    """Scalar L_I (spec §2.4). Shapes: [N, T1], [N, T2]; r2 [N]."""
+    """Scalar L_I (docs/methods/score.md). Shapes: [N, T1], [N, T2]; r2 [N]."""
     w1 = length_norm_weights(m1, length_norm, max_new[0]).to(lp1.dtype)
     w2 = length_norm_weights(m2, length_norm, max_new[1]).to(lp2.dtype)
     kl1 = (torch.where(m1.bool(), score_k3(lp1, ref1), 0.0) * w1).sum(-1)
@@ -94,7 +94,7 @@ def score_stage1_loss(lp1, ref1, m1, lp2, m2, r2, *, beta2: float = 0.1, length_
 
 def score_stage2_loss(lp1, ref1, m1, lp2, ref2, m2, r1, r2, *, beta1: float = 0.01, alpha: float = 10.0,
                       length_norm: str = "sequence", max_new: tuple = (None, None)) -> Tensor:
-    """Scalar L_II (spec §2.4)."""
+    """Scalar L_II (docs/methods/score.md)."""
     out = score_loss_mat(2, lp1, ref1, m1, lp2, ref2, m2, r1, shaped_reward(r1, r2, alpha), beta1=beta1,
                          length_norm=length_norm, max_new=max_new)
     return out.loss_mat.sum(-1).mean()

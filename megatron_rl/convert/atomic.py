@@ -125,7 +125,7 @@ def atomic_dir(target: str | os.PathLike, force: bool = False, enabled: bool = T
 def raise_if_disk_full(err: BaseException, tmp: Path, target: Path) -> None:
     """A write into ``tmp`` that failed because the disk is full: remove ``tmp`` and raise one
     ``DiskSpaceError`` line naming ``target`` (``diskspace.py``); any other error: return."""
-    from megatron_rl.diskspace import DiskSpaceError, free_bytes, is_disk_full
+    from megatron_rl.runtime.diskspace import DiskSpaceError, free_bytes, is_disk_full
 
     if isinstance(err, DiskSpaceError) or not is_disk_full(err, tmp.parent):
         return

@@ -26,7 +26,7 @@ log = logging.getLogger("megatron_rl.convert")
 
 
 def _init(tp: int, pp: int):
-    from megatron_rl.parallel import init_parallel
+    from megatron_rl.runtime.parallel import init_parallel
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1 and (tp, pp) != (1, 1):
@@ -98,7 +98,7 @@ def _hf_to_mcore_via_model(hf_dir, out_dir, tp: int, pp: int, force: bool) -> Pa
     cfg = load_hf_config(hf_dir)
     validate_layout(cfg, tp, pp)
     dtype = source_dtype(SafetensorsIndex(hf_dir), model_arch_info(cfg))  # stored as given, like ``stream``
-    from megatron_rl.diskspace import check_free_on_rank0
+    from megatron_rl.runtime.diskspace import check_free_on_rank0
 
     info = _init(tp, pp)
     check_free_on_rank0(out.parent, sum(f.stat().st_size for f in hf_dir.glob("*.safetensors")),

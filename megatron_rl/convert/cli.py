@@ -9,14 +9,14 @@ import logging
 import sys
 from pathlib import Path
 
-from megatron_rl.console import quiet_command
+from megatron_rl.runtime.console import quiet_command
 
 #: the log file beside ``--out``: ``OUT.convert.log`` (appended to by every conversion into OUT)
 LOG_SUFFIX = ".convert.log"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from megatron_rl.usage import OneLineParser
+    from megatron_rl.runtime.usage import OneLineParser
 
     p = OneLineParser(prog="megatron-rl convert", description=__doc__)
     sub = p.add_subparsers(dest="direction", required=True)
@@ -59,8 +59,8 @@ def check_paths(args) -> None:
     ``mcore-to-hf``, a checkpoint or run dir given to ``hf-to-mcore`` say so and what fits), and
     ``--out`` can be written (a read-only place is one line, not a raw ``OSError`` or "no free space")
     -- before the log file beside ``--out`` is opened."""
-    from megatron_rl.diskspace import check_writable
-    from megatron_rl.path_kind import expect_checkpoint, expect_hf
+    from megatron_rl.runtime.diskspace import check_writable
+    from megatron_rl.runtime.path_kind import expect_checkpoint, expect_hf
 
     if args.direction == "hf-to-mcore":
         expect_hf(args.hf, "--hf")
@@ -71,12 +71,12 @@ def check_paths(args) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from megatron_rl.diskspace import NotWritableError
+    from megatron_rl.runtime.diskspace import NotWritableError
 
     try:
         check_paths(args)
     except (FileNotFoundError, NotADirectoryError, NotWritableError) as e:
-        from megatron_rl.usage import EXIT_USAGE
+        from megatron_rl.runtime.usage import EXIT_USAGE
 
         print(f"megatron-rl convert: error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _convert(args, log: Path | None) -> int:
     from megatron_rl.convert.checkpoints import hf_to_mcore, mcore_to_hf
-    from megatron_rl.diskspace import DiskSpaceError
+    from megatron_rl.runtime.diskspace import DiskSpaceError
 
     try:
         if args.direction == "hf-to-mcore":
@@ -100,7 +100,7 @@ def _convert(args, log: Path | None) -> int:
         print(f"megatron-rl convert: error: {e}", file=sys.stderr)
         return 1
     except (FileExistsError, FileNotFoundError, NotADirectoryError, KeyError, ValueError, PermissionError) as e:
-        from megatron_rl.usage import error_status
+        from megatron_rl.runtime.usage import error_status
 
         print(f"megatron-rl convert: error: {e}", file=sys.stderr)
         return error_status()   # 2: every error reported here is about the arguments or the input files

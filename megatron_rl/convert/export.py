@@ -148,7 +148,7 @@ def _export(ckpt: Path, out: Path, force: bool, max_shard_bytes: int, hf_config,
     from megatron_rl.convert.dcp_reader import DcpReader
     from megatron_rl.convert.hf_io import HFWriter, copy_tokenizer_files
     from megatron_rl.convert.live import hf_tensor_meta
-    from megatron_rl.diskspace import check_free, meta_bytes
+    from megatron_rl.runtime.diskspace import check_free, meta_bytes
 
     t0 = time.perf_counter()
     src = _check_ckpt(ckpt, hf_config)

@@ -271,7 +271,7 @@ def export_hf(model_chunks, hf_cfg, out_dir, *, force: bool = True, tokenizer_di
     dtype = dtype or next(p for m in model_chunks for p in m.parameters()).dtype
     from pathlib import Path
 
-    from megatron_rl.diskspace import check_free_on_rank0, meta_bytes
+    from megatron_rl.runtime.diskspace import check_free_on_rank0, meta_bytes
 
     check_free_on_rank0(Path(out_dir).resolve().parent, meta_bytes(hf_tensor_meta(cfg, dtype)),
                         f"the HF export {Path(out_dir).name}")

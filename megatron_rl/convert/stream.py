@@ -65,7 +65,7 @@ def _dist() -> tuple[int, int, bool]:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     created = world > 1 and not dist.is_initialized()
     if created:
-        from megatron_rl.launch_env import check_torch_env
+        from megatron_rl.runtime.launch_env import check_torch_env
 
         check_torch_env()   # leftover torchrun variables: one line instead of a 30-min wait for absent ranks
         dist.init_process_group("gloo")
@@ -148,7 +148,7 @@ def hf_to_mcore_streaming(hf_dir: str | os.PathLike, out_dir: str | os.PathLike,
     """
     from megatron_rl.convert.atomic import check_out_dir, make_temp_dir, replace_dir
     from megatron_rl.convert.dcp_writer import finish_checkpoint, write_files
-    from megatron_rl.diskspace import check_free
+    from megatron_rl.runtime.diskspace import check_free
 
     t0 = time.perf_counter()
     hf_dir, out = Path(hf_dir), Path(out_dir).resolve()
@@ -225,7 +225,7 @@ def _agree(err: Exception | None, world: int, payload) -> list:
 
 def _rebuild(kind: str, msg: str) -> Exception:
     """Another rank's error, re-raised here with the same type where it is a plain one."""
-    from megatron_rl.diskspace import DiskSpaceError, NotWritableError
+    from megatron_rl.runtime.diskspace import DiskSpaceError, NotWritableError
 
     cls = {"FileExistsError": FileExistsError, "FileNotFoundError": FileNotFoundError, "KeyError": KeyError,
            "DiskSpaceError": DiskSpaceError, "NotWritableError": NotWritableError,

@@ -16,9 +16,9 @@ import dataclasses
 SENTINEL = "\u2063MRLSENTINEL\u2063"
 """Marker rendered in place of a message's content and split on; it is never encoded."""
 BICC_HEADER = "\n\nOther attempts at this problem (for reference):\n\n"
-"""BiCC context header (spec §1.3, consequence 2: a short fixed header inside the user turn)."""
+"""BiCC context header (docs/methods/bicc-rcc.md, consequence 2: a short fixed header inside the user turn)."""
 BICC_DELIMITER = "\n\n---\n\n"
-"""Written after each opposite-partition trace (spec §1.3, consequence 2: a fixed delimiter)."""
+"""Written after each opposite-partition trace (docs/methods/bicc-rcc.md, consequence 2: a fixed delimiter)."""
 
 
 def has_chat_template(tok) -> bool:

@@ -10,7 +10,7 @@ from megatron_rl.usage import OneLineParser
 def build_parser() -> OneLineParser:
     from megatron_rl.data.prepare.cli import add_prepare_parser
 
-    p = OneLineParser(prog="megatron-rl data", description=__doc__)
+    p = OneLineParser(prog="megatron-rl data", description="Datasets: prepare (a downloaded dataset -> verl parquet with the paper's prompt, reward and a manifest).")
     sub = p.add_subparsers(dest="action", required=True)
     add_prepare_parser(sub)
     return p

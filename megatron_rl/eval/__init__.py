@@ -25,7 +25,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from megatron_rl.console import quiet_command
+from megatron_rl.runtime.console import quiet_command
 
 from .metrics import pass_at_k, summarize
 
@@ -198,7 +198,7 @@ def _check_args(a) -> str | None:
         if path and not Path(path).is_file():
             return f"{flag} {path}: no such file"
     if a.model:
-        from megatron_rl.path_kind import expect_hf
+        from megatron_rl.runtime.path_kind import expect_hf
 
         try:
             expect_hf(a.model, "--model")
@@ -215,7 +215,7 @@ def _check_tp_here(tp: int, engine: str) -> str | None:
     per NUMA node and asserts otherwise, 60 lines into its start-up)."""
     if tp <= 1 or engine != "vllm":
         return None
-    from megatron_rl.device import gpu_count, has_cuda
+    from megatron_rl.runtime.device import gpu_count, has_cuda
 
     if has_cuda():
         n = gpu_count()
@@ -229,8 +229,9 @@ def _check_tp_here(tp: int, engine: str) -> str | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
-    from megatron_rl.usage import OneLineParser
+def build_parser() -> argparse.ArgumentParser:
+    """The ``megatron-rl eval`` parser (also read by the docs' generated CLI reference)."""
+    from megatron_rl.runtime.usage import OneLineParser
 
     p = OneLineParser(prog="megatron-rl eval", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -259,10 +260,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--verbose", action="store_true",
                    help=f"print the libraries' INFO and warnings (vLLM's engine start) on the console instead of "
                         f"OUT/{LOG_FILE}")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
     a.k = a.k or [a.n or 1]
-    from megatron_rl.diskspace import NotWritableError, check_writable
-    from megatron_rl.usage import EXIT_USAGE
+    from megatron_rl.runtime.diskspace import NotWritableError, check_writable
+    from megatron_rl.runtime.usage import EXIT_USAGE
 
     try:   # before the log file in --out is opened: a read-only --out is one line, not a logging traceback
         check_writable(a.out, "--out")
@@ -276,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(a) -> int:
     """Check the parsed arguments, generate (``--model``) or read the completions, score, print the summary."""
     problem = _check_args(a)
-    from megatron_rl.usage import EXIT_USAGE, error_status
+    from megatron_rl.runtime.usage import EXIT_USAGE, error_status
 
     if problem:
         print(f"megatron-rl eval: error: {problem}", file=sys.stderr)

@@ -13,7 +13,7 @@ rotate_half).
 Vocabulary padding: megatron splits the embedding and output layer over TP ranks, so the vocab is
 padded up to a multiple of ``VOCAB_DIVISIBLE_BY * tp`` (as Megatron-LM's
 ``make_vocab_size_divisible_by``). Padded rows are zero in converted checkpoints and are masked out
-of every log-softmax (``trainer/vocab_parallel.py``); HF exports drop them again.
+of every log-softmax (``trainer/policy/vocab_parallel.py``); HF exports drop them again.
 """
 from __future__ import annotations
 
@@ -160,7 +160,7 @@ def cuda_fusions(backend: str, cuda: bool | None = None, wgrad_ext: bool | None 
     """
     import importlib.util
 
-    from megatron_rl.device import has_cuda
+    from megatron_rl.runtime.device import has_cuda
 
     cuda = has_cuda() if cuda is None else cuda
     te = cuda and backend == "te"
@@ -197,7 +197,7 @@ def transformer_config_from_hf(cfg, *, tp: int = 1, pp: int = 1, sequence_parall
     device directly, with no full fp32 master copy of every weight in host memory at build time (the
     weights are overwritten by ``load_hf`` anyway).
     """
-    from megatron_rl.device import has_cuda
+    from megatron_rl.runtime.device import has_cuda
 
     import torch.nn.functional as F
     from megatron.core.transformer import TransformerConfig
@@ -262,7 +262,7 @@ def resolve_backend(backend: str = "auto", cuda: bool | None = None, te: bool | 
     else ``local``. ``cuda`` / ``te``: what this machine has (None: ask it)."""
     if backend != "auto":
         return backend
-    from megatron_rl.device import has_cuda
+    from megatron_rl.runtime.device import has_cuda
 
     cuda = has_cuda() if cuda is None else cuda
     return "te" if cuda and (_has_te() if te is None else te) else "local"
@@ -271,7 +271,7 @@ def resolve_backend(backend: str = "auto", cuda: bool | None = None, te: bool | 
 def check_cp_backend(cp: int, backend: str, cuda: bool | None = None) -> None:
     """``parallel.cp`` > 1 runs only through Transformer Engine's THD context-parallel attention on CUDA
     (megatron's local attention has no CP path): one-line ``ValueError`` naming the key otherwise."""
-    from megatron_rl.device import has_cuda
+    from megatron_rl.runtime.device import has_cuda
 
     if cp <= 1:
         return
@@ -294,7 +294,7 @@ def resolve_model_backend(backend: str = "auto", fp8: str | None = None, sequenc
     rather than left to assert in the first forward. A ``ValueError`` names the key. ``cuda`` / ``te``:
     what this machine has (None: ask it).
     """
-    from megatron_rl.device import has_cuda
+    from megatron_rl.runtime.device import has_cuda
 
     if backend not in ("auto", "local", "te"):
         raise ValueError(f"model.backend must be auto|local|te, got {backend!r}")

@@ -65,7 +65,7 @@ def _number(s: str) -> str:
 
 
 def gsm8k_hash(text: str) -> str:
-    """SCoRe's ``gsm8k_hash`` extractor (spec §2.2): the last ``<answer>`` contents, else the number
+    """SCoRe's ``gsm8k_hash`` extractor (docs/methods/score.md): the last ``<answer>`` contents, else the number
     of the last ``#### N`` (``"#### 42 apples"`` -> ``"42"``), else the last number, else ``""``;
     each normalised by :func:`_number`."""
     tags = _ANSWER_WS.findall(text)
@@ -114,7 +114,7 @@ def _peel(text: str) -> str:
 
 
 def math_final_answer(text: str) -> str:
-    """SCoRe's ``math_final_answer`` extractor (spec §2.2): the last ``<answer>`` contents with
+    """SCoRe's ``math_final_answer`` extractor (docs/methods/score.md): the last ``<answer>`` contents with
     ``$``, ``\\[..\\]`` and ``\\boxed{}`` wrappers peeled, else the FIRST ``\\boxed{}``, else what
     follows "final answer is" (a ``$…$`` span, or the text up to a sentence end / newline), else ``""``."""
     tags = _ANSWER_WS.findall(text)

@@ -1,4 +1,4 @@
-"""SCoRe format rewards (spec §2.2): compound 0.25·think + 0.25·answer + 0.5·match, and strict."""
+"""SCoRe format rewards (docs/methods/score.md): compound 0.25·think + 0.25·answer + 0.5·match, and strict."""
 from __future__ import annotations
 
 import re

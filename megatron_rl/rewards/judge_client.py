@@ -19,7 +19,7 @@ Failure classes, each counted:
   again, so it is not retried; the server's own message is logged (once per distinct text) and it is
   a breaker failure. When the breaker opens on consecutive 4xx replies the judge is misconfigured,
   not down: the batch ends with :class:`JudgeRejected` carrying the server's text, and the training
-  loop stops at that step boundary with one line (``trainer/loop.py``) rather than train the rest of
+  loop stops at that step boundary with one line (``trainer/loop/rl_loop.py``) rather than train the rest of
   the run on fallback scores. Why not stop at the first 4xx: one over-long student solution can
   overflow the judge's context for that request alone; that one grade is a counted fallback, not a
   reason to end the run. The start-up probe (:func:`probe`, ``preflight.check_grader``) refuses a

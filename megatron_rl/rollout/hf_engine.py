@@ -128,7 +128,7 @@ class HFEngine:
             return {}
         raise ValueError(f"HF engine: unknown weight-transfer method {method!r}")
 
-    # -- colocation (rollout.placement=colocated, trainer/colocate.py) ---------------------------------
+    # -- colocation (rollout.placement=colocated, trainer/loop/colocate.py) ---------------------------------
     # The engine's cache is per call (nothing survives a generate), so sleep is about the weights. Each
     # parameter's storage is swapped for an empty tensor (shape, dtype and device kept to restore it);
     # tied parameters are one Parameter, so they are freed and restored once. Buffers (rotary tables)

@@ -3,7 +3,7 @@ sync backend that fits (:func:`resolve_backend`; here rather than in ``trainer_e
 start-up checks need no vLLM import).
 
 * ``colocated`` — the engines share the trainer's GPUs: engine ``i`` (``tp`` GPUs) sits on GPUs
-  ``i·tp … (i+1)·tp − 1`` of the trainer's own, and the two take turns (``trainer/colocate.py``:
+  ``i·tp … (i+1)·tp − 1`` of the trainer's own, and the two take turns (``trainer/loop/colocate.py``:
   engines sleep during the update). Needs ``num_engines × tp ≤`` the trainer's GPUs on the node,
   a sync backend that shares a GPU (``ipc`` / ``ray``, not ``nccl``) and synchronous rollouts.
 * ``separate`` — the engines get GPUs of their own, after the trainer's: needs

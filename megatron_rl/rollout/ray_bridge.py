@@ -392,7 +392,7 @@ class RolloutClient:
         self._ray.kill(self.actors[i], no_restart=True)
 
     def sleep(self, level: int = 1) -> None:
-        """Every engine sleeps (``RolloutEngine.sleep``; colocated placement, ``trainer/colocate.py``)."""
+        """Every engine sleeps (``RolloutEngine.sleep``; colocated placement, ``trainer/loop/colocate.py``)."""
         t0 = time.perf_counter()
         self._ray.get([a.sleep.remote(level) for a in self.actors])
         self._stats.sleeps += 1
@@ -447,7 +447,7 @@ def _placement_group(num_engines: int, cpus: float, gpus: float, timeout_s: floa
 @contextlib.contextmanager
 def _keep_signal_handlers():
     """``ray.init`` installs its own SIGTERM handler first thing (``sys.exit(15)``: exit status 15, no
-    line, Ray's processes left running while engines start); the caller's handlers (``trainer/stop.py``:
+    line, Ray's processes left running while engines start); the caller's handlers (``trainer/loop/stop.py``:
     one line, 143, Ray's processes ended) are put back as soon as it returns, and a SIGTERM that Ray's
     handler turned into ``SystemExit(15)`` meanwhile is handed to the caller's handler."""
     import signal

@@ -3,7 +3,7 @@
 Interface the loop codes against (all calls are collective: every rank of the job calls them,
 with the same arguments; results are identical on every rank unless stated):
 
-Batch (``trainer/batch.py``)
+Batch (``trainer/pipeline/batch.py``)
     ``TrainBatch(tokens [N,S] int64 right-padded, loss_mask [N,S-1] float (1 on response
     targets tokens[:,1:]), extras {name: tensor with leading dim N})`` — frozen.
     ``make_batch(prompts, responses, pad_id, extras, seq_len)`` builds one from id lists.
@@ -12,7 +12,7 @@ Batch (``trainer/batch.py``)
     int, contiguous shards of padded rows (``N`` divisible by ``dp_size * micro``); with a
     ``packing.TokenBudget``, sequences balanced by tokens and packed (any ``N``).
 
-Actor (``trainer/actor.py``)
+Actor (``trainer/policy/actor.py``)
     ``actor = PolicyActor(hf_cfg, parallel_info, OptimSpec(...), temperature=T, sequence_parallel=False)``
     ``actor.load_hf(hf_dir)``                                   HF weights via the converter
     ``actor.forward_logprobs(batch, micro, temperature=None, with_entropy=False)``
@@ -33,17 +33,17 @@ Actor (``trainer/actor.py``)
     ``ReferencePolicy(hf_cfg, temperature, sequence_parallel, bf16, parallel_info).load_hf(dir)``;
     same ``forward_logprobs`` (a second model instance; no DDP, no optimizer).
 
-Optimizer (``trainer/optim.py``)
+Optimizer (``trainer/policy/optim.py``)
     ``OptimSpec(lr, min_lr, warmup_steps, decay_steps, decay_style, weight_decay, betas, eps,
     clip_grad, use_distributed_optimizer, bf16)``; step n (1-based) uses the schedule's LR at n.
 
-Checkpoints (``trainer/checkpoint.py``)
+Checkpoints (``trainer/state/checkpoint.py``)
     ``save_checkpoint(run_dir, step, actor, extra_state: dict, keep_last=3) -> Path``
     ``find_latest(run_dir) -> Path | None`` (complete checkpoints only)
     ``load_checkpoint(path, actor) -> LoadedCheckpoint(step, extra_state, rng_restored, path)``
     ``load_model_weights(path, actor_or_reference) -> step`` (weights only, e.g. start RL from SFT)
     Scripts that save must guard their top level with ``if __name__ == "__main__":``.
 
-Vocab-parallel math (``trainer/vocab_parallel.py``)
+Vocab-parallel math (``trainer/policy/vocab_parallel.py``)
     ``vocab_parallel_logprobs(logits_shard, targets, tp_group, vocab_size) -> LogProbs(logp, entropy)``
 """

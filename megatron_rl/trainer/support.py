@@ -1,5 +1,5 @@
 """Support passes of the update pipeline: teacher forwards under the path's teacher weights, and the
-student's top-k pass when the loss lets the student choose the support (``trainer/update.py`` calls
+student's top-k pass when the loss lets the student choose the support (``trainer/pipeline/update.py`` calls
 :func:`teacher_tensors` once per mini-batch, at update time).
 
     path.teacher_sequences(rows) -> packed rows (``teacher_inputs.pack``)
@@ -25,9 +25,9 @@ import time
 import torch
 
 from megatron_rl import algorithms as A
-from megatron_rl.trainer.packing import TokenBudget
+from megatron_rl.trainer.pipeline.packing import TokenBudget
 from megatron_rl.trainer.teacher_inputs import Packed, attention_crossover, pack
-from megatron_rl.trainer.vocab_parallel import with_tail
+from megatron_rl.trainer.policy.vocab_parallel import with_tail
 
 
 def _teacher_micro_batch(rows: int, dp: int, mbs, row_len: int) -> int:

@@ -1,6 +1,6 @@
 """Teacher weights of the self-distillation methods: the SAME network run under shadow weights θ̄.
 
-Modes (spec §1.4; the counter counts OPTIMIZER steps — one per PPO mini-batch, ``trainer/update.py``):
+Modes (docs/methods/self-distillation.md; the counter counts OPTIMIZER steps — one per PPO mini-batch, ``trainer/pipeline/update.py``):
 
     fixed     θ̄ = θ (the current policy; no copy is kept)                       opsd, opsd_ectr
     snapshot  θ̄ = θ_0, then θ̄ <- θ after every ``sync_interval``-th optimizer step  rlcsd, rlsd, rlsd_ectr

@@ -2,17 +2,17 @@
 
 Data paths (``trainer/paths/teacher.py``; ``plan_hints`` / ``plan_gt``):
 
-* ``rlcsd_hints`` (rlcsd, opsd_ectr, rlsd_ectr; spec §1.5.1): hints are sibling rollouts. Groups
+* ``rlcsd_hints`` (rlcsd, opsd_ectr, rlsd_ectr; docs/methods/self-distillation.md): hints are sibling rollouts. Groups
   without a correct and a usable (answer-bearing) incorrect rollout are dropped, targets whose
   own pools are empty are dropped, each surviving target i gets one positive c_i and K_i <= K_max
   negatives. Teacher inputs per target: slot 0 = z(c_i), slots 1..K_i = z(w_i^k).
-* ``gt_teacher`` (opsd, sdpo, srpo, rlsd; spec §1.7): one teacher input per sample, built from the
+* ``gt_teacher`` (opsd, sdpo, srpo, rlsd; docs/methods/self-distillation.md): one teacher input per sample, built from the
   dataset's reference solution and ground-truth answer. Nothing is dropped.
 
 Every teacher input is ``teacher_prompt ++ response_i`` (the student's exact tokens), left-truncated
 in the prompt when longer than ``max_len``. Templates:
 
-* :class:`ChatHintTemplate` (spec §1.3.5): the reference-solution user turn of
+* :class:`ChatHintTemplate` (docs/methods/self-distillation.md): the reference-solution user turn of
   ``algorithms.rlcsd_teacher_prompt`` through the tokenizer's chat template; a hint's answer is its
   last ``\\boxed{}`` (GT answer when a positive has none); rollouts with no box cannot be negatives.
 * :class:`InlineHintTemplate` (template-less SentencePiece tasks, the CPU demo): the hint's answer
@@ -34,7 +34,7 @@ from collections.abc import Sequence
 import torch
 
 from megatron_rl import algorithms as A
-from megatron_rl.trainer.batch import TrainBatch
+from megatron_rl.trainer.pipeline.batch import TrainBatch
 
 # ------------------------------------------------------------------------------------ templates
 
@@ -329,7 +329,7 @@ def pack(seqs: Sequence[tuple[Sequence[int], Sequence[int]]], max_resp: int, pad
 
 
 def truncate_left(prompt: list[int], response: Sequence[int], max_len: int) -> list[int]:
-    """Drop prompt tokens from the left so ``prompt ++ response`` fits ``max_len`` (spec §1.3.5)."""
+    """Drop prompt tokens from the left so ``prompt ++ response`` fits ``max_len`` (docs/methods/self-distillation.md)."""
     over = len(prompt) + len(response) - max_len
     if over <= 0:
         return prompt

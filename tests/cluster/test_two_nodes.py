@@ -136,7 +136,7 @@ def test_two_node_run_with_a_restart_equals_one_node(plain_warm, ray_cluster, on
 
 def _wait_ray(address: str, nodes: int, timeout: float) -> tuple[subprocess.CompletedProcess, float]:
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "megatron_rl.cluster", "wait-ray", "--address", address, "--nodes",
+    p = subprocess.run([sys.executable, "-m", "megatron_rl.runtime.cluster", "wait-ray", "--address", address, "--nodes",
                         str(nodes), "--timeout", str(timeout)], env=run_env(), capture_output=True, text=True,
                        timeout=120, check=False)
     return p, time.monotonic() - t0

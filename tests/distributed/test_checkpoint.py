@@ -117,7 +117,7 @@ def test_damaged_real_checkpoint_falls_back(runs, tmp_path, victim, caplog):
     import logging
     import shutil
 
-    from megatron_rl.trainer.checkpoint import find_latest
+    from megatron_rl.trainer.state.checkpoint import find_latest
 
     src = Path(runs["run_dir"]) / "checkpoints"
     steps = sorted((p for p in src.iterdir() if p.name.startswith("step_") and (p / "COMPLETE").is_file()),

@@ -6,7 +6,7 @@ The layouts run on the same tiny HF checkpoint in two torchrun (gloo) launches, 
 (1 process: TP=1 at both micro-batch sizes; 2 processes: the rest), each case with freshly built
 megatron groups and actor; three optimizer steps (token-mean, seq-mean-token-mean, token-sum
 aggregation) also check the updates agree, and so do two PPO mini-batches through the update
-pipeline (``trainer/update.py``) on a fresh actor. The ``*_offload_*`` layouts offload and onload the
+pipeline (``trainer/pipeline/update.py``) on a fresh actor. The ``*_offload_*`` layouts offload and onload the
 trainer (``trainer.offload``) before every step and must match their twin without offload exactly.
 """
 from __future__ import annotations

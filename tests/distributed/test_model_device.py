@@ -1,4 +1,4 @@
-"""Every model the trainer builds lives on the trainer's device (``megatron_rl/device.py``).
+"""Every model the trainer builds lives on the trainer's device (``megatron_rl/runtime/device.py``).
 
 Issue 30: the reference policy was built on the host and never moved, so its first forward on a GPU
 mixed host weights with device inputs; only the distributed optimizer's buffers carried the actor
@@ -40,7 +40,7 @@ def devices(tmp_path_factory) -> dict:
 
 @pytest.mark.parametrize("case", CASES)
 def test_every_tensor_is_on_the_trainer_device(case, devices):
-    from megatron_rl.device import default_device
+    from megatron_rl.runtime.device import default_device
 
     assert devices["device"] == str(default_device()) == "cpu"
     rec = {r["case"]: r for r in devices["records"]}[case]

@@ -1,4 +1,4 @@
-"""Packed token-budget micro-batches (``trainer/packing.py``) against padded ones, same global batch
+"""Packed token-budget micro-batches (``trainer/pipeline/packing.py``) against padded ones, same global batch
 and weights, at TP=1, TP=2 + SP, PP=2 and DP=2 (two torchrun launches): per-sequence log-probs,
 entropies and supports to 1e-5 (fp32, local spec), and one optimizer step's loss and gradient norm to
 1e-5 for the PPO clip, RLCSD's two-path loss, SCoRe and SDPO's train-time student support."""

@@ -32,7 +32,7 @@ MARGIN = 0.15
 
 
 def run_demo(algo: str, run_dir: Path, steps: int = 60, *extra: str) -> tuple[float, float, list[dict]]:
-    cmd = [sys.executable, "-m", "megatron_rl.demo", "--algo", algo, "--steps", str(steps), "--run-dir", str(run_dir),
+    cmd = [sys.executable, "-m", "megatron_rl.cli.demo", "--algo", algo, "--steps", str(steps), "--run-dir", str(run_dir),
            *extra]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
                        env={**__import__("os").environ, "OMP_NUM_THREADS": "2", "PYTHONUNBUFFERED": "1"})

@@ -1,7 +1,7 @@
-"""The README's quick-start commands, run as written (issue 10: its eval step failed for want of a
+"""The quick-start commands of docs/getting-started.md (and the README's, a subset of them), run as written (issue 10: its eval step failed for want of a
 tokenizer in the run's ``hf/`` export, and no training step could be exported).
 
-Runs, in order and verbatim, every ``megatron-rl`` line of the README's "Quick start" block that
+Runs, in order and verbatim, every ``megatron-rl`` line of the page's "Quick start" block that
 runs on this CPU machine, through the installed console script, in a scratch working directory
 where ``examples/`` is the repository's and ``runs/demo_bicc_rcc`` / ``runs/demo_rlcsd`` are the
 session's warm-started demo run (``plain_warm``). Left out, and why:
@@ -32,13 +32,24 @@ REPO = Path(__file__).resolve().parents[2]
 EXE = Path(sys.executable).with_name("megatron-rl")
 
 
-def quickstart_lines() -> list[str]:
-    text = (REPO / "README.md").read_text()
-    block = text[text.index("## Quick start"):text.index("### Templates")]
+GUIDE = REPO / "docs" / "getting-started.md"
+
+
+def quickstart_lines(path: Path = GUIDE) -> list[str]:
+    text = path.read_text()
+    block = text[text.index("## Quick start"):]
+    block = block[:block.index("\n##", 4)]
     lines = []
     for code in re.findall(r"```bash\n(.*?)```", block, re.DOTALL):
         lines += [ln.strip() for ln in code.splitlines() if ln.strip().startswith("megatron-rl ")]
     return lines
+
+
+def test_readme_quickstart_lines_are_the_guides():
+    """README.md's quick start is a subset of the guide's, in the same order, so this module runs it too."""
+    readme, guide = quickstart_lines(REPO / "README.md"), quickstart_lines()
+    assert readme and all(ln in guide for ln in readme), [ln for ln in readme if ln not in guide]
+    assert [guide.index(ln) for ln in readme] == sorted(guide.index(ln) for ln in readme)
 
 
 def runnable_here(line: str) -> bool:
@@ -93,10 +104,11 @@ def test_readme_quickstart_runs_as_written(plain_warm, tmp_path):
     assert steps == list(range(1, steps[-1] + 1)) and steps[-1] > 4        # resumed, no duplicate rows
     assert rows[:len(first[0])] == first[0]                                 # earlier rows kept as they were
     assert (run / "wandb_id.txt").read_text().strip() == first[1]           # the same wandb run continues
-    readme = (REPO / "README.md").read_text()
-    table = readme[readme.index("Main keys of a `metrics.jsonl` line"):readme.index("After `--resume auto`")]
+    guide = GUIDE.read_text()
+    table = guide[guide.index("Main keys of a `metrics.jsonl` line"):]
+    table = table[:table.index("\n#")]
     documented = set(re.findall(r"`([a-z_]+/[a-z_]+)`", table)) - {"eval/acc"}  # eval/acc: eval steps only
-    assert documented and documented <= set(rows[0]), f"README metric keys not logged: {documented - set(rows[0])}"
+    assert documented and documented <= set(rows[0]), f"docs/getting-started.md metric keys not logged: {documented - set(rows[0])}"
     assert (run / "hf" / "sp.model").is_file() and "Number of buckets" in (run / "train.log").read_text()
     assert (run / "curve.png").read_bytes()[:4] == b"\x89PNG"
     assert (run / "hf_step4" / "model.safetensors").is_file() and (run / "hf_step4" / "sp.model").is_file()

@@ -30,7 +30,7 @@ ENGINE_KEYS = ("gpu_memory_utilization", "enforce_eager", "tensor_parallel_size"
 def client(tiny_hf):
     from megatron_rl.config import load_config
     from megatron_rl.rollout.ray_bridge import RolloutClient
-    from megatron_rl.trainer.setup import client_args
+    from megatron_rl.trainer.loop.setup import client_args
 
     keys = client_args(load_config(None, ["rollout.gpu_memory_utilization=0.37", "rollout.enforce_eager=null"]))
     kw = {k: keys["engine_kwargs"][k] for k in ENGINE_KEYS}
@@ -193,7 +193,7 @@ def test_push_leaves_no_stale_prefix_cache(client, tiny_hf, tmp_path):
     computed under the old weights, in place (measured without the reset: up to 3.9 nats)."""
     from safetensors.torch import load_file
 
-    from megatron_rl.trainer.async_rollout import AsyncProducer
+    from megatron_rl.trainer.loop.async_rollout import AsyncProducer
     from tests.helpers.tiny_model import save_tiny_qwen3
 
     other = save_tiny_qwen3(tmp_path / "other", seed=1, max_positions=512)

@@ -3,7 +3,7 @@
 Builds the policy on one GPU with the local layer spec, and with the Transformer Engine spec (bf16,
 and fp8 e4m3) where Transformer Engine is installed; runs one train step; compares the log-probs of
 a fixed batch with the CPU build of the same weights (same worker, ``CUDA_VISIBLE_DEVICES=""``).
-Not run on the development machine (CPU only); see the README's "What is not verified on GPU".
+Not run on the development machine (CPU only); docs/gpu-status.md.
 """
 from __future__ import annotations
 

@@ -1,12 +1,12 @@
 """Colocated placement on ONE GPU (skipped without CUDA: ``requires_gpus`` of tests/conftest.py).
 
-The Megatron actor and a rollout engine share the GPU and take turns as ``trainer/colocate.py``
+The Megatron actor and a rollout engine share the GPU and take turns as ``trainer/loop/colocate.py``
 orders (worker: ``tests/distributed/workers/colocated_gpu.py``): vLLM's own sleep mode where vLLM is
 installed, else the HF engine on the GPU. Shows: during the colocated update the trainer's
 ``torch.cuda.memory_allocated`` peak stays below (its peak alone + what the slept engine still
 holds); the sleep releases most of the engine's device memory; greedy generations and log-probs after
 wake + push of the same weights equal those before the sleep; the engine generates after the step.
-Not run on the development machine (CPU only): see the README's "What is not verified on GPU".
+Not run on the development machine (CPU only): docs/gpu-status.md.
 """
 from __future__ import annotations
 

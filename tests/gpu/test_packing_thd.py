@@ -1,7 +1,6 @@
 """Packed policy passes on Transformer Engine run as THD (``packing.thd_layout`` -> ``PackedSeqParams``):
 per-sequence log-probs and one train step equal the padded path's on the same weights (skipped without
-CUDA + Transformer Engine; not run on the CPU development machine — see the README's "What is not
-verified on GPU"). The CPU twin of this check (local spec, block-diagonal masks) is
+CUDA + Transformer Engine; not run on the CPU development machine — docs/gpu-status.md). The CPU twin of this check (local spec, block-diagonal masks) is
 ``tests/distributed/test_packing.py``."""
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ def _to_engine_names(hf: dict) -> dict:
 def _sync_and_check(client, hf_dir, device):
     from safetensors.torch import load_file
 
-    from megatron_rl.device import max_memory_allocated
+    from megatron_rl.runtime.device import max_memory_allocated
     from megatron_rl.rollout.weight_sync import RoundSource
 
     w = {k: (v * 0.5).to(device) for k, v in load_file(str(hf_dir / "model.safetensors")).items()}

@@ -69,7 +69,7 @@ class RayCluster:
             self._start(i)
             if i == 0:
                 time.sleep(2)
-        p = subprocess.run([sys.executable, "-m", "megatron_rl.cluster", "wait-ray", "--address", self.address,
+        p = subprocess.run([sys.executable, "-m", "megatron_rl.runtime.cluster", "wait-ray", "--address", self.address,
                             "--nodes", str(self.n), "--timeout", "120"], env=run_env(), capture_output=True, text=True,
                            check=False)
         if p.returncode != 0:

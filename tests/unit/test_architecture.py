@@ -47,7 +47,7 @@ def test_no_bare_torch_cuda_outside_device_helper():
     for f in PKG.rglob("*.py"):
         if f.name == "device.py":
             continue
-        assert "torch.cuda." not in f.read_text(), f"{f} uses torch.cuda directly; go through megatron_rl.device"
+        assert "torch.cuda." not in f.read_text(), f"{f} uses torch.cuda directly; go through megatron_rl.runtime.device"
 
 
 def test_public_algorithm_functions_have_docstrings():
@@ -70,9 +70,9 @@ def test_config_is_a_leaf_of_the_setup_layer():
     import sys
 
     code = ("import sys; from megatron_rl.config import load_config; load_config(None, ['algo.kind=rlsd']); "
-            "print([m for m in sys.modules if m.startswith('megatron_rl.trainer') or m == 'megatron_rl.preflight'])")
+            "print([m for m in sys.modules if m.startswith('megatron_rl.trainer') or m == 'megatron_rl.trainer.loop.preflight'])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=PKG.parent).stdout
     assert out.strip() == "[]", out
-    bad = [m for m in _imports(PKG / "config.py") if m.startswith(("megatron_rl.trainer", "megatron_rl.preflight"))]
+    bad = [m for m in _imports(PKG / "config.py") if m.startswith(("megatron_rl.trainer", "megatron_rl.trainer.loop.preflight"))]
     assert not bad, f"config.py imports {bad}"

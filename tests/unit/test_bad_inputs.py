@@ -324,7 +324,7 @@ def make_work(x: Path) -> Path:
 def _saved_run(x: Path, name: str = "saved", step: int = 1) -> None:
     """``{X}/saved``: a grpo run as a start leaves it (config.yaml, one complete checkpoint)."""
     from megatron_rl.config import load_config
-    from megatron_rl.trainer.run_config import save_run_config
+    from megatron_rl.trainer.state.run_config import save_run_config
 
     (x / name / "checkpoints" / f"step_{step}").mkdir(parents=True)
     (x / name / "checkpoints" / f"step_{step}" / "COMPLETE").write_text(f'{{"step": {step}}}')
@@ -428,7 +428,7 @@ def test_bad_launch_environment_fails_fast_in_one_line(case, work, capsys, monke
 
     import torch.distributed as dist
 
-    from megatron_rl.launch_env import LAUNCHER_VARS, TORCH_VARS
+    from megatron_rl.runtime.launch_env import LAUNCHER_VARS, TORCH_VARS
 
     _, env, argv, want = case
     port = str(_free_port())
@@ -438,7 +438,7 @@ def test_bad_launch_environment_fails_fast_in_one_line(case, work, capsys, monke
         monkeypatch.setenv(k, v.replace("{PORT}", port))
     argv = [a for a in expand([a.replace("{PORT}", port) for a in argv], work) if a != "--check"]
     import megatron_rl.convert.checkpoints
-    import megatron_rl.trainer.loop  # noqa: F401  (imported before the clock starts: the bound is on the checks)
+    import megatron_rl.trainer.loop.rl_loop  # noqa: F401  (imported before the clock starts: the bound is on the checks)
 
     before = snapshot(work)
     t0 = time.monotonic()
@@ -467,7 +467,7 @@ GOOD_ENV = [
 def test_good_launch_environment_passes_the_checks(case, work, capsys, monkeypatch):
     """``train --check`` accepts what real launches set (``{LIVE}``: a port that accepts connections,
     standing in for a Ray head or rank 0's store)."""
-    from megatron_rl.launch_env import LAUNCHER_VARS, TORCH_VARS
+    from megatron_rl.runtime.launch_env import LAUNCHER_VARS, TORCH_VARS
 
     _, env, overrides = case
     with socket.socket() as live:
@@ -497,7 +497,7 @@ def test_print_config_honours_the_config(work, capsys):
 
     from megatron_rl import cli
     from megatron_rl.config import TrainerConfig
-    from megatron_rl.config_doc import field_doc
+    from megatron_rl.cli.config_doc import field_doc
 
     argv = ["train", "--print-config", "--config", str(TINY), f"model.hf_path={work / 'model'}", "trainer.steps=7"]
     assert cli.main(argv) == 0
@@ -518,7 +518,7 @@ def test_unknown_characters_are_warned_and_counted(work, caplog):
     import pyarrow.parquet as pq
 
     from megatron_rl.config import load_config
-    from megatron_rl.preflight import check_prompts, prompt_datasets
+    from megatron_rl.trainer.loop.preflight import check_prompts, prompt_datasets
 
     rows = [{"data_source": "reverse", "prompt": [{"role": "user", "content": c}], "reward_model": {"ground_truth": g}}
             for c, g in [("12", "21")] * 28 + [("1\u00e92", "2\u00e91")] * 3 + [("1x2", "21")]]
@@ -539,7 +539,7 @@ def test_read_only_places_are_one_line_before_anything(work, tmp_path, capsys, m
     """A read-only ``trainer.run_dir``, ``eval --out``, ``convert --out``: one line naming the key and
     "read-only", exit 2, before the log file beside / inside the output is opened (it was a raw OSError,
     or "not enough free space" on a tiny read-only mount)."""
-    from megatron_rl.diskspace import DiskSpaceError, NotWritableError, check_free
+    from megatron_rl.runtime.diskspace import DiskSpaceError, NotWritableError, check_free
     from tests.helpers.tmpfs import read_only_tmpfs
 
     monkeypatch.chdir(work)

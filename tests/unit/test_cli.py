@@ -82,21 +82,21 @@ def test_parse_train_and_passthrough():
 
 
 def test_missing_owner_module_is_a_clear_error(monkeypatch, capsys):
-    monkeypatch.setitem(cli.PASSTHROUGH, "eval", ("megatron_rl.no_such_module:main", "megatron_rl.plan:no_such_fn"))
+    monkeypatch.setitem(cli.PASSTHROUGH, "eval", ("megatron_rl.no_such_module:main", "megatron_rl.cli.plan:no_such_fn"))
     assert cli.main(["eval", "--x"]) == 2
     err = capsys.readouterr().err
     assert "megatron-rl eval: error: this installation has no implementation of 'eval'" in err
-    assert "megatron_rl.no_such_module:main, megatron_rl.plan:no_such_fn" in err
+    assert "megatron_rl.no_such_module:main, megatron_rl.cli.plan:no_such_fn" in err
 
 
 def test_passthrough_dispatch_calls_owner_main(monkeypatch, capsys):
     """Dispatch goes to the listed module:function with the untouched argv (here: plan's own main)."""
-    monkeypatch.setitem(cli.PASSTHROUGH, "eval", ("megatron_rl.plan:main",))
+    monkeypatch.setitem(cli.PASSTHROUGH, "eval", ("megatron_rl.cli.plan:main",))
     assert cli.main(["eval", "--model", "qwen3-1.7b", "--seq-len", "512"]) == 0
     assert "model qwen3-1.7b: 1.721 B params" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("command,module", [("convert", "megatron_rl.convert.cli"), ("demo", "megatron_rl.demo"),
+@pytest.mark.parametrize("command,module", [("convert", "megatron_rl.convert.cli"), ("demo", "megatron_rl.cli.demo"),
                                             ("eval", "megatron_rl.eval")])
 def test_passthrough_help_is_the_owners_help(command, module):
     import importlib

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from megatron_rl.config import Config, load_config, validate
-from megatron_rl.preflight import load_checked
+from megatron_rl.trainer.loop.preflight import load_checked
 
 
 def test_defaults_and_overrides(tmp_path):

@@ -32,25 +32,25 @@ TINY_HF = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden
 
 
 def _optim(cfg):
-    from megatron_rl.trainer.setup import _optim_spec
+    from megatron_rl.trainer.loop.setup import _optim_spec
 
     return _optim_spec(cfg)
 
 
 def _client(cfg):
-    from megatron_rl.trainer.setup import client_args
+    from megatron_rl.trainer.loop.setup import client_args
 
     return client_args(cfg)
 
 
 def _sampling(cfg):
-    from megatron_rl.trainer.rollout_stage import sampling_params
+    from megatron_rl.trainer.loop.rollout_stage import sampling_params
 
     return sampling_params(cfg, step=3, eos_id=2)
 
 
 def _eval_sampling(cfg):
-    from megatron_rl.trainer.setup import eval_sampling
+    from megatron_rl.trainer.loop.setup import eval_sampling
 
     return eval_sampling(cfg, step=3, eos_id=2)
 
@@ -71,14 +71,14 @@ def _rewards(cfg):
 
 
 def _reward_pool(cfg):
-    from megatron_rl.trainer.setup import build_rewards
+    from megatron_rl.trainer.loop.setup import build_rewards
 
     rm = build_rewards(cfg)
     return (rm.workers, rm.timeout_s)
 
 
 def _grader(cfg):
-    from megatron_rl.trainer.setup import build_grader
+    from megatron_rl.trainer.loop.setup import build_grader
 
     g = build_grader(cfg)
     return (g.url, g.model, g.timeout, g.retries, g.concurrency, g.fallback, g.breaker.failures, g.breaker.cooldown,
@@ -88,14 +88,14 @@ def _grader(cfg):
 def _verifier(cfg):
     import dataclasses
 
-    from megatron_rl.trainer.setup import build_rewards
+    from megatron_rl.trainer.loop.setup import build_rewards
 
     r = dataclasses.replace(cfg.reward, default="papo_math", grader_url="http://127.0.0.1:9/v1")
     return sorted(build_rewards(dataclasses.replace(cfg, reward=r)).second_opinion)
 
 
 def _preflight(cfg):
-    from megatron_rl.preflight import preflight
+    from megatron_rl.trainer.loop.preflight import preflight
 
     return preflight(cfg)
 
@@ -146,36 +146,36 @@ REJECTED = {   # key -> (value, words of the start-up error on this CPU machine)
     "plugins": ("[no_such_plugin_mod]", "plugins: cannot import 'no_such_plugin_mod'"),
 }
 READ = {   # key -> module that consumes it (``cfg.<key>`` or the section alias read there)
-    "model.tokenizer_path": "megatron_rl/trainer/setup.py",
-    "parallel.sequence_parallel": "megatron_rl/trainer/setup.py",
+    "model.tokenizer_path": "megatron_rl/trainer/loop/setup.py",
+    "parallel.sequence_parallel": "megatron_rl/trainer/loop/setup.py",
     # into PolicyActor(recompute=...): tests/distributed/test_recompute.py checks loss and grads against none
-    "model.recompute": "megatron_rl/trainer/setup.py", "model.recompute_method": "megatron_rl/trainer/setup.py",
-    "model.recompute_num_layers": "megatron_rl/trainer/setup.py",
-    "rollout.bucket_mb": "megatron_rl/trainer/setup.py",
-    "data.max_prompt_len": "megatron_rl/preflight.py", "data.on_error": "megatron_rl/preflight.py",   # prompt_datasets
-    "data.chat_template_kwargs": "megatron_rl/trainer/setup.py",
-    "trainer.steps": "megatron_rl/trainer/loop.py", "trainer.eval_every": "megatron_rl/trainer/loop.py",
-    "trainer.eval_prompts": "megatron_rl/trainer/setup.py", "trainer.ckpt_every": "megatron_rl/trainer/loop.py",
-    "trainer.keep_last": "megatron_rl/trainer/setup.py",
-    "trainer.export_hf": "megatron_rl/trainer/loop.py",
-    "trainer.offload": "megatron_rl/trainer/setup.py",          # into PolicyActor(offload=...)
-    "trainer.max_tokens_per_micro_batch": "megatron_rl/trainer/packing.py",
-    "trainer.mini_batch_prompts": "megatron_rl/trainer/update.py", "trainer.ppo_epochs": "megatron_rl/trainer/update.py",
+    "model.recompute": "megatron_rl/trainer/loop/setup.py", "model.recompute_method": "megatron_rl/trainer/loop/setup.py",
+    "model.recompute_num_layers": "megatron_rl/trainer/loop/setup.py",
+    "rollout.bucket_mb": "megatron_rl/trainer/loop/setup.py",
+    "data.max_prompt_len": "megatron_rl/trainer/loop/preflight.py", "data.on_error": "megatron_rl/trainer/loop/preflight.py",   # prompt_datasets
+    "data.chat_template_kwargs": "megatron_rl/trainer/loop/setup.py",
+    "trainer.steps": "megatron_rl/trainer/loop/rl_loop.py", "trainer.eval_every": "megatron_rl/trainer/loop/rl_loop.py",
+    "trainer.eval_prompts": "megatron_rl/trainer/loop/setup.py", "trainer.ckpt_every": "megatron_rl/trainer/loop/rl_loop.py",
+    "trainer.keep_last": "megatron_rl/trainer/loop/setup.py",
+    "trainer.export_hf": "megatron_rl/trainer/loop/rl_loop.py",
+    "trainer.offload": "megatron_rl/trainer/loop/setup.py",          # into PolicyActor(offload=...)
+    "trainer.max_tokens_per_micro_batch": "megatron_rl/trainer/pipeline/packing.py",
+    "trainer.mini_batch_prompts": "megatron_rl/trainer/pipeline/update.py", "trainer.ppo_epochs": "megatron_rl/trainer/pipeline/update.py",
     "teacher.template": "megatron_rl/trainer/paths/teacher.py", "teacher.pack": "megatron_rl/trainer/paths/teacher.py",
     "teacher.pack_len": "megatron_rl/trainer/support.py",
-    "logging.wandb_mode": "megatron_rl/trainer/setup.py", "logging.project": "megatron_rl/trainer/setup.py",
-    "logging.run_name": "megatron_rl/trainer/setup.py", "logging.progress": "megatron_rl/trainer/setup.py",
+    "logging.wandb_mode": "megatron_rl/trainer/loop/setup.py", "logging.project": "megatron_rl/trainer/loop/setup.py",
+    "logging.run_name": "megatron_rl/trainer/loop/setup.py", "logging.progress": "megatron_rl/trainer/loop/setup.py",
     "algo.kind": "megatron_rl/trainer/paths/sampling.py", "algo.hparams": "megatron_rl/trainer/paths/sampling.py",
-    "logging.dump_samples": "megatron_rl/trainer/setup.py", "parallel.timeout_s": "megatron_rl/trainer/setup.py",
-    "rollout.logprob_gate": "megatron_rl/trainer/sync_stage.py",
-    "rollout.verify_sync": "megatron_rl/trainer/loop.py",
-    "rollout.max_staleness": "megatron_rl/trainer/rollout_source.py",
-    "algo.off_policy": "megatron_rl/trainer/update_stage.py", "algo.tis_cap": "megatron_rl/trainer/update_stage.py",
-    "algo.correction": "megatron_rl/trainer/update_stage.py",
-    "rollout.mismatch_limit": "megatron_rl/trainer/loop.py", "rollout.mismatch_policy": "megatron_rl/trainer/loop.py",
+    "logging.dump_samples": "megatron_rl/trainer/loop/setup.py", "parallel.timeout_s": "megatron_rl/trainer/loop/setup.py",
+    "rollout.logprob_gate": "megatron_rl/trainer/loop/sync_stage.py",
+    "rollout.verify_sync": "megatron_rl/trainer/loop/rl_loop.py",
+    "rollout.max_staleness": "megatron_rl/trainer/loop/rollout_source.py",
+    "algo.off_policy": "megatron_rl/trainer/pipeline/update_stage.py", "algo.tis_cap": "megatron_rl/trainer/pipeline/update_stage.py",
+    "algo.correction": "megatron_rl/trainer/pipeline/update_stage.py",
+    "rollout.mismatch_limit": "megatron_rl/trainer/loop/rl_loop.py", "rollout.mismatch_policy": "megatron_rl/trainer/loop/rl_loop.py",
     # these act at eval_temperature > 0 only (tests/unit/trainer/test_eval_sampling.py)
-    "trainer.eval_top_p": "megatron_rl/trainer/setup.py", "trainer.eval_top_k": "megatron_rl/trainer/setup.py",
-    "trainer.eval_min_p": "megatron_rl/trainer/setup.py", "trainer.eval_n": "megatron_rl/trainer/setup.py",
+    "trainer.eval_top_p": "megatron_rl/trainer/loop/setup.py", "trainer.eval_top_k": "megatron_rl/trainer/loop/setup.py",
+    "trainer.eval_min_p": "megatron_rl/trainer/loop/setup.py", "trainer.eval_n": "megatron_rl/trainer/loop/setup.py",
 }
 #: keys whose setting is known to be overridden today (owned elsewhere; the audit records it)
 KNOWN_DEAD: dict[str, str] = {}

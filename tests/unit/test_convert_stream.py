@@ -59,7 +59,7 @@ def _reference_main(hf_dir: str, ckpt: str, dump: str) -> None:
 
     from megatron_rl.convert.checkpoints import hf_to_mcore
     from megatron_rl.models.provider import build_gpt_model, load_hf_config, transformer_config_from_hf
-    from megatron_rl.parallel import init_parallel
+    from megatron_rl.runtime.parallel import init_parallel
 
     init_parallel(1, 1, seed=0)
     cfg = load_hf_config(hf_dir)
@@ -302,7 +302,7 @@ def test_write_failure_midway_leaves_nothing(tmp_path, monkeypatch):
         return _orig(self, chunk)
 
     monkeypatch.setattr(dcp_writer.DcpFileWriter, "write_chunk", boom)
-    from megatron_rl.diskspace import DiskSpaceError
+    from megatron_rl.runtime.diskspace import DiskSpaceError
 
     with pytest.raises(DiskSpaceError, match=r"^disk full while writing \S+/out \(\d+ bytes free now\): the partial output "
                                              "was removed") as e:    # one line (diskspace.py), the cause kept

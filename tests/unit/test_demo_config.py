@@ -23,7 +23,7 @@ KINDS = ("grpo", "dapo", "drgrpo", "remax", "rloo", "bicc", "bicc_rcc", "rlcsd",
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_demo_choices_follow_the_registration(kind, tmp_path):
-    from megatron_rl import demo as D
+    from megatron_rl.cli import demo as D
     from megatron_rl.algorithms import ALGO_KINDS
     from megatron_rl.trainer.paths import path_class
 

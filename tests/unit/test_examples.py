@@ -1,4 +1,4 @@
-"""Every example loads and validates; README command lines parse with the real argparse; scripts are sound."""
+"""Every example loads and validates; the command lines of README.md and docs/ parse with the real argparse; scripts are sound."""
 from __future__ import annotations
 
 import re
@@ -40,7 +40,7 @@ TINY_HF = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden
 
 def load(path: Path, overrides: list[str] | None = None):
     """The example as an entry point loads it: fields, then the cross-component rules."""
-    from megatron_rl.preflight import load_checked
+    from megatron_rl.trainer.loop.preflight import load_checked
 
     return load_checked(str(path), list(overrides or []))
 
@@ -49,7 +49,7 @@ def stand_in_model(path: Path, tmp: Path) -> str:
     """A folder with the config.json of the example's model (weights are not needed to validate)."""
     import json
 
-    from megatron_rl.plan import PRESETS
+    from megatron_rl.cli.plan import PRESETS
 
     prefix = next((k for k in PRESET_OF if path.stem.startswith(k + "_")), None)
     cfg = TINY_HF if path.stem.startswith("tiny_cpu_") else PRESETS[PRESET_OF[prefix]] if prefix else None
@@ -62,7 +62,7 @@ def stand_in_model(path: Path, tmp: Path) -> str:
 
 def trainer_supports(kind: str) -> bool:
     """Whether the trainer runs ``kind`` yet (the config rejects kinds whose data path is missing)."""
-    from megatron_rl.preflight import load_checked
+    from megatron_rl.trainer.loop.preflight import load_checked
 
     try:
         load_checked(None, [f"algo.kind={kind}", "reward.grader_url=http://127.0.0.1:1/v1",
@@ -120,7 +120,7 @@ def test_large_config_plan_command_fits(path, capsys):
     cmd = cli.parse_command(shlex.split(line.group(1))[1:])
     if cmd.args.config:
         cmd.args.config = str(REPO / cmd.args.config)
-    from megatron_rl import plan
+    from megatron_rl.cli import plan
 
     rep = plan.run(cmd.args)
     assert rep.peak <= rep.inputs.gpu_mem_gib * plan.GIB, capsys.readouterr().out
@@ -154,9 +154,10 @@ def test_example_does_not_list_mini_batches_as_missing(path):
 
 
 def readme_cli_lines() -> list[str]:
-    text = (REPO / "README.md").read_text()
+    """Every ``megatron-rl`` line of a code block in README.md and the docs site (docs/**/*.md)."""
+    text = "\n".join(p.read_text() for p in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))])
     lines = []
-    for block in re.findall(r"```(?:bash|sh)?\n(.*?)```", text, re.DOTALL):
+    for block in re.findall(r"```(?:bash|sh)\n(.*?)```", text, re.DOTALL):
         for line in block.splitlines():
             line = line.strip()
             if line.startswith("megatron-rl "):
@@ -166,7 +167,7 @@ def readme_cli_lines() -> list[str]:
 
 @pytest.mark.parametrize("line", readme_cli_lines())
 def test_readme_command_lines_parse(line, tmp_path):
-    """Each README example parses with the CLI's parser; train examples also load their config."""
+    """Each docs example parses with the CLI's parser; train examples also load their config."""
     argv = shlex.split(line)[1:]
     if "--help" in argv and argv[0] not in cli.PASSTHROUGH:
         with pytest.raises(SystemExit) as e:
@@ -177,10 +178,10 @@ def test_readme_command_lines_parse(line, tmp_path):
     assert cmd.command in cli.COMMANDS
     if cmd.command == "train":
         path = REPO / cmd.args.config
-        assert path.is_file(), f"README example uses a missing config: {cmd.args.config}"
+        assert path.is_file(), f"docs example uses a missing config: {cmd.args.config}"
         load(path, [*cmd.args.overrides, f"model.hf_path={stand_in_model(path, tmp_path)}"])
     if cmd.command == "plan":
-        from megatron_rl.plan import PlanInputs, estimate, load_arch
+        from megatron_rl.cli.plan import PlanInputs, estimate, load_arch
 
         fields = set(PlanInputs.__dataclass_fields__)
         estimate(load_arch(cmd.args.model), PlanInputs(**{k: v for k, v in vars(cmd.args).items() if k in fields}))
@@ -196,7 +197,7 @@ def test_readme_command_lines_parse(line, tmp_path):
 
 def test_readme_has_cli_examples_for_every_command():
     used = {shlex.split(line)[1] for line in readme_cli_lines()}
-    assert set(cli.COMMANDS) <= used, f"README lacks command-line examples for {sorted(set(cli.COMMANDS) - used)}"
+    assert set(cli.COMMANDS) <= used, f"the docs lack command-line examples for {sorted(set(cli.COMMANDS) - used)}"
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=[p.name for p in SCRIPTS])

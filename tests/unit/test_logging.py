@@ -10,7 +10,7 @@ import textwrap
 import pytest
 import torch
 
-from megatron_rl.logging import (
+from megatron_rl.runtime.logging import (
     RunLogger,
     plot_curve,
     read_metrics,
@@ -149,7 +149,7 @@ def test_corrupt_middle_line_raises(tmp_path):
 def test_progress_bar_on_rank0_shows_metrics(tmp_path):
     """The tqdm bar (stderr of a real subprocess) carries the step count and key metrics."""
     code = textwrap.dedent(f"""
-        from megatron_rl.logging import RunLogger
+        from megatron_rl.runtime.logging import RunLogger
         lg = RunLogger({str(tmp_path)!r}, {{}}, wandb_mode="disabled", total_steps=4, run_name="bar")
         for s in range(1, 5):
             lg.log(s, {{"reward/mean": 0.25 * s, "reward/acc": 0.5}})
@@ -164,7 +164,7 @@ def test_progress_bar_on_rank0_shows_metrics(tmp_path):
 def test_config_as_dict_accepts_dataclass_and_to_dict():
     import dataclasses
 
-    from megatron_rl.logging import config_as_dict
+    from megatron_rl.runtime.logging import config_as_dict
 
     @dataclasses.dataclass(frozen=True)
     class Algo:

@@ -101,6 +101,6 @@ def test_not_applied_at_import():
     import subprocess
     import sys
 
-    code = ("import torch; orig = torch.zeros; import megatron_rl.patches, megatron_rl.parallel, "
-            "megatron_rl.trainer.actor; assert torch.zeros is orig, 'patched at import'")
+    code = ("import torch; orig = torch.zeros; import megatron_rl.patches, megatron_rl.runtime.parallel, "
+            "megatron_rl.trainer.policy.actor; assert torch.zeros is orig, 'patched at import'")
     subprocess.run([sys.executable, "-c", code], check=True)

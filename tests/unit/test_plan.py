@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from megatron_rl.plan import (
+from megatron_rl.cli.plan import (
     GIB,
     PRESETS,
     ArchSpec,
@@ -58,7 +58,7 @@ def test_presets_match_published_sizes(name, billions):
 MEGATRON_COUNT = textwrap.dedent("""
     import json, sys, warnings
     warnings.filterwarnings("ignore")
-    from megatron_rl.parallel import init_parallel
+    from megatron_rl.runtime.parallel import init_parallel
     init_parallel(tp=1, pp=1, seed=1)
     from megatron_rl.models import provider
     hf = json.loads(sys.argv[1])
@@ -74,7 +74,7 @@ def test_params_per_gpu_match_megatron_model_from_provider(arch):
     """Build the tiny model with the project's provider (real megatron-core, gloo, 1 rank)."""
     try:
         from megatron_rl.models import provider
-        from megatron_rl.parallel import init_parallel  # noqa: F401
+        from megatron_rl.runtime.parallel import init_parallel  # noqa: F401
     except ImportError as e:
         pytest.skip(f"provider not available yet: {e}")
     if not hasattr(provider, "build_gpt_model"):
@@ -218,7 +218,7 @@ def test_config_json_folder_and_cli_args(tmp_path, capsys):
     assert load_arch(str(tmp_path)).total_params() == load_arch("qwen3-1.7b").total_params()
     args = add_arguments(argparse.ArgumentParser()).parse_args(
         ["--model", str(tmp_path), "--tp", "2", "--dp", "2", "--micro-batch", "2", "--seq-len", "1024", "--separate"])
-    from megatron_rl.plan import run
+    from megatron_rl.cli.plan import run
 
     rep = run(args)
     out = capsys.readouterr().out
@@ -250,7 +250,7 @@ def test_config_built_copies_swiglu_recompute_and_engine_share():
     assert estimate(a, PlanInputs(recompute="full", recompute_method="block", **base)).activations == inp + 2 * per_tok
     share = estimate(a, PlanInputs(rollout_mem_util=0.5, **base))
     assert share.rollout_total == 40 * GIB and share.generation_peak == r.trainer_resident + 40 * GIB and fits(share)
-    from megatron_rl.plan import activation_bytes
+    from megatron_rl.cli.plan import activation_bytes
 
     first, last, _ = activation_bytes(a, PlanInputs(pp=2, **base), 256)
     i_first, i_last, _ = activation_bytes(a, PlanInputs(pp=2, vpp=2, **base), 256)   # interleaved: x (1 + (p-1)/(p v))
@@ -298,7 +298,7 @@ WORKER = textwrap.dedent("""
 
 
     def main():
-        from megatron_rl.parallel import destroy_parallel, init_parallel
+        from megatron_rl.runtime.parallel import destroy_parallel, init_parallel
         from megatron_rl.models import provider
         for case, hf, tp, pp in json.loads(sys.argv[1]):  # one launch, megatron groups rebuilt per layout
             info = init_parallel(tp=tp, pp=pp, seed=1)

@@ -1,6 +1,6 @@
 """`megatron-rl plan --config`: every 7B–14B example fits 78 GiB (usable of 80) as configured (its placement, offload
-and engines read from the config), the README's layout table is the generated one, contradicting
-flags are refused, and the phases follow the placement/offload model of ``plan.py``."""
+and engines read from the config), the layout table of docs/plan-and-memory.md is the generated one, contradicting
+flags are refused, and the phases follow the placement/offload model of ``cli/plan.py``."""
 from __future__ import annotations
 
 import re
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from megatron_rl import plan_config as PC
-from megatron_rl.plan import GIB, fits, format_report
+from megatron_rl.cli import plan_config as PC
+from megatron_rl.cli.plan import GIB, fits, format_report
 
 REPO = Path(__file__).resolve().parents[2]
 LARGE = sorted(p for p in PC.CONFIGS.glob("*.yaml") if not p.stem.startswith("tiny_cpu_"))
@@ -90,10 +90,10 @@ def test_a_separate_8_gpu_example_fits_without_sleep():
 
 
 def test_readme_layout_table_is_the_generated_one():
-    m = re.search(r"<!-- layout-table:start -->\n(.*?)<!-- layout-table:end -->", (REPO / "README.md").read_text(),
+    m = re.search(r"<!-- layout-table:start -->\n(.*?)<!-- layout-table:end -->", (REPO / "docs" / "plan-and-memory.md").read_text(),
                   re.DOTALL)
-    assert m, "README lacks the layout table markers"
-    assert m.group(1) == PC.layout_table(), "README layout table is stale: paste `python -m megatron_rl.plan_config`"
+    assert m, "docs/plan-and-memory.md lacks the layout table markers"
+    assert m.group(1) == PC.layout_table(), "docs/plan-and-memory.md layout table is stale: paste `python -m megatron_rl.cli.plan_config`"
     assert "| NO |" not in m.group(1)
 
 

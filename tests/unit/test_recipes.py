@@ -1,5 +1,5 @@
 """The recipe table: every 7B–14B example config holds its paper's settings (or a documented
-departure), and the README's table is the one generated from the configs (``megatron_rl/recipes.py``)."""
+departure), and the table of docs/methods/index.md is the one generated from the configs (``megatron_rl/recipes.py``)."""
 from __future__ import annotations
 
 import re
@@ -32,10 +32,10 @@ def test_a_drift_fails():
 
 
 def test_readme_table_is_the_generated_one():
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "methods" / "index.md").read_text()
     m = re.search(r"<!-- recipe-table:start -->\n(.*?)<!-- recipe-table:end -->", readme, re.DOTALL)
-    assert m, "README lacks the recipe table markers"
-    assert m.group(1) == R.table(), "README recipe table is stale: paste `python -m megatron_rl.recipes` between the markers"
+    assert m, "docs/methods/index.md lacks the recipe table markers"
+    assert m.group(1) == R.table(), "docs/methods/index.md recipe table is stale: paste `python -m megatron_rl.recipes` between the markers"
     assert "DRIFT" not in m.group(1)
 
 

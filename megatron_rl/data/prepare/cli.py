@@ -28,7 +28,7 @@ def _input(text: str) -> tuple[str, str]:
 def add_prepare_parser(sub) -> argparse.ArgumentParser:
     """Add ``prepare`` to the ``data`` group's subparsers."""
     p = sub.add_parser("prepare", help="a downloaded dataset -> verl parquet rows with the paper's prompt and reward",
-                       description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description="A downloaded dataset (parquet / JSONL, a file or a directory of shards) -> OUT/<split>.parquet in verl's columns with the paper's prompt and the data_source of its reference reward, plus OUT/manifest.json.", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("source", help=f"one of: {', '.join(source_names())}")
     p.add_argument("--in", dest="inputs", action="append", type=_input, required=True, metavar="PATH",
                    help="the downloaded parquet / JSONL file or a directory of shards; rlcsd_math_eval: NAME=PATH "

@@ -12,13 +12,13 @@ from ``SamplingHParams`` —, ``bicc_context`` (``bicc.py``), ``process_reward``
 grader, ``process_reward.py``), ``rlcsd_hints`` / ``gt_teacher`` (self-distillation teacher,
 ``teacher.py``), ``two_attempts`` (SCoRe, ``two_attempts.py``).
 
-Life cycle (``trainer/setup.py``, ``trainer/loop.py``):
+Life cycle (``trainer/loop/setup.py``, ``trainer/loop/rl_loop.py``):
 
     path = build_path(cfg, tok)     # start-up, before any model: templates / layouts fail here
     path.setup(run)                 # after actor / reference: teacher weights, grader
     data = path.collect(step)       # DRIVER ONLY (global rank 0): engines, rewards, grader start;
                                     # no torch.distributed call — the loop broadcasts ``data``
-    update(run, data, step)         # every rank: the ONE update pipeline (``trainer/update.py``),
+    update(run, data, step)         # every rank: the ONE update pipeline (``trainer/pipeline/update.py``),
                                     # which asks the path's hooks, in this order:
         path.sampled(data, step)            # the sampled sequences and per-row inputs
         path.after_logprobs(s, lp, metrics) # after the old / ref passes (PAPO waits for its grader)
@@ -29,7 +29,7 @@ Life cycle (``trainer/setup.py``, ``trainer/loop.py``):
     path.state_dict() / load_state_dict()   # per-path checkpoint extras (teacher counters)
 
 With ``rollout.max_staleness`` > 0 ``collect`` runs on a producer thread of the driver for steps
-ahead of the update (``trainer/async_rollout.py``), so it must not touch state that ``update`` of
+ahead of the update (``trainer/loop/async_rollout.py``), so it must not touch state that ``update`` of
 an earlier step still uses; a path that cannot run so names why in ``async_unsupported``.
 """
 from __future__ import annotations
@@ -50,7 +50,7 @@ class DataPath(abc.ABC):
     hparams: ClassVar[type] = PPOHParams      #: the hparams class a method on this path derives from
     provides: ClassVar[frozenset] = BASE_INPUTS   #: AlgoInputs fields this path fills
     uses_grader: ClassVar[bool] = False       #: needs ``reward.grader_url`` (checked at start-up)
-    #: why the path cannot run with ``rollout.max_staleness`` > 0 ("" = it can; ``trainer/async_rollout.py``)
+    #: why the path cannot run with ``rollout.max_staleness`` > 0 ("" = it can; ``trainer/loop/async_rollout.py``)
     async_unsupported: ClassVar[str] = ""
     #: applies the in-reward KL ``algo.<kind>.kl_reward_coef`` (``update_stage.kl_in_reward``); refused otherwise
     kl_in_reward: ClassVar[bool] = False
@@ -109,10 +109,10 @@ class DataPath(abc.ABC):
         """Driver only: this step's data (picklable; the loop broadcasts it). No collectives."""
 
     def sampled(self, data, step: int):
-        """Every rank: ``data`` as the pipeline's :class:`~megatron_rl.trainer.update.Sampled`: the
+        """Every rank: ``data`` as the pipeline's :class:`~megatron_rl.trainer.pipeline.update.Sampled`: the
         sampled sequences (``prompt ++ response`` here) and the hparams in force."""
-        from megatron_rl.trainer.update import Sampled
-        from megatron_rl.trainer.update_stage import build_seq_batch
+        from megatron_rl.trainer.pipeline.update import Sampled
+        from megatron_rl.trainer.pipeline.update_stage import build_seq_batch
 
         run, ro = self.run, data
         seqs = build_seq_batch(ro.prompts, ro.responses, run.tok.pad_id, run.seq_len(ro.prompts, ro.responses),

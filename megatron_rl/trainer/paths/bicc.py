@@ -1,7 +1,7 @@
-"""The ``bicc_context`` data path (bicc, bicc_rcc; spec §1.3): the sampling path, then each target of
+"""The ``bicc_context`` data path (bicc, bicc_rcc; docs/methods/bicc-rcc.md): the sampling path, then each target of
 a mixed group is trained conditioned on the opposite responses (:func:`bicc_inputs`), placed by the
 tokenizer's :class:`BiccLayout` (built at start-up). The greedy baseline runs with ``base=remax``.
-The update pipeline (``trainer/update.py``) takes the old / ref log-probs on the plain sequences the
+The update pipeline (``trainer/pipeline/update.py``) takes the old / ref log-probs on the plain sequences the
 engines sampled; this path swaps in the conditioned sequences the loss trains on (``train_rows``),
 with old log-probs of the plain (the paper's) or the conditioned context (``old_logprob_context``)."""
 from __future__ import annotations
@@ -17,7 +17,7 @@ from .sampling import PlainPath
 
 @dataclasses.dataclass(frozen=True)
 class BiccLayout:
-    """Where BiCC contexts go inside a prompt, and their scaffolding ids (spec §1.3, consequence 2).
+    """Where BiCC contexts go inside a prompt, and their scaffolding ids (docs/methods/bicc-rcc.md, consequence 2).
 
     * chat template (the real path): inside the LAST USER TURN, before its end-of-turn and the
       generation prompt, opened by :data:`~megatron_rl.data.chat.BICC_HEADER`, each trace followed by
@@ -93,7 +93,7 @@ class BiccPath(PlainPath):
 
     def train_rows(self, s, rows, lp, step: int, metrics: dict):
         """Conditioned prompts; old log-probs of the plain (paper) or conditioned context."""
-        from megatron_rl.trainer import update_stage as U
+        from megatron_rl.trainer.pipeline import update_stage as U
 
         run, cfg, hp, ro = self.run, self.cfg, self.hp, s.ro
         R_max = cfg.rollout.max_tokens

@@ -10,7 +10,7 @@ import torch
 
 from megatron_rl.algorithms.hparams import PAPOHParams
 from megatron_rl.data.dataset import problem_text
-from megatron_rl.trainer.rollout_stage import Rollouts, broadcast_object
+from megatron_rl.trainer.loop.rollout_stage import Rollouts, broadcast_object
 
 from . import BASE_INPUTS, register_path
 from .sampling import PlainPath
@@ -75,7 +75,7 @@ class PendingGrades:
             try:
                 scores = self.future.result() if self.future is not None else []
                 proc = _process_tensor(len(rollouts), self.idx, scores)
-            except JudgeRejected as e:   # a misconfigured grader: every rank stops at this step (trainer/loop.py)
+            except JudgeRejected as e:   # a misconfigured grader: every rank stops at this step (trainer/loop/rl_loop.py)
                 proc = e
             self.future, self.idx = None, []
         proc = broadcast_object(proc)
@@ -109,7 +109,7 @@ class ProcessRewardPath(PlainPath):
     def setup(self, run) -> None:
         super().setup(run)
         if run.info.is_driver:
-            from megatron_rl.trainer.setup import build_grader
+            from megatron_rl.trainer.loop.setup import build_grader
 
             self.grader = build_grader(self.cfg)
 

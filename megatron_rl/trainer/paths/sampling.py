@@ -2,7 +2,7 @@
 
     collect (driver):  [round]*  ->  (dynamic sampling: keep informative groups, fill)
         round = sample rollout.n per prompt -> reward -> (overlong shaping) -> (greedy baseline)
-    update: the shared pipeline (``trainer/update.py``) on the sampled sequences as they are
+    update: the shared pipeline (``trainer/pipeline/update.py``) on the sampled sequences as they are
 
 Composable pieces, chosen once at start-up from the method's typed hparams: DAPO's soft overlong
 shaping and dynamic sampling run for every method whose hparams derive from ``SamplingHParams``
@@ -57,7 +57,7 @@ class PlainPath(DataPath):
     def round(self, step: int, round_: int):
         """One generation batch: sample ``rollout.n`` per prompt, score, DAPO overlong shaping, and the
         greedy baseline (driver)."""
-        from megatron_rl.trainer import rollout_stage as R
+        from megatron_rl.trainer.loop import rollout_stage as R
 
         run, cfg = self.run, self.cfg
         idx = run.sampler.next_batch()
@@ -84,7 +84,7 @@ class GreedyPath(PlainPath):
 
 
 def collect_dynamic(path: PlainPath, step: int, hp: SamplingHParams):
-    """DAPO dynamic sampling (spec §3 DAPO): keep groups whose metric is not uniform, over successive
+    """DAPO dynamic sampling (docs/methods/grpo.md DAPO): keep groups whose metric is not uniform, over successive
     generation batches, until ``prompts_per_step`` groups are kept; then the first ``prompts_per_step``.
     ``max_num_gen_batches`` ≤ 0: unlimited (a warning every 10 batches); at the cap ``at_cap=raise``
     stops the run (the reference's behaviour), ``at_cap=fill`` completes the batch with uniform
@@ -113,7 +113,7 @@ def collect_dynamic(path: PlainPath, step: int, hp: SamplingHParams):
 
 def fill(kept: list, spare: list, need: int, n: int, ds):
     """The first ``need`` kept groups, completed (fill mode) by whole uniform groups never used before."""
-    from megatron_rl.trainer import rollout_stage as R
+    from megatron_rl.trainer.loop import rollout_stage as R
 
     parts = [p for p in kept if len(p)]
     have = sum(len(p) for p in parts) // n

@@ -1,15 +1,15 @@
 """The self-distillation data paths: ``rlcsd_hints`` (rlcsd, opsd_ectr, rlsd_ectr; sibling rollouts
-as hints, spec §1.5.1) and ``gt_teacher`` (opsd, sdpo, srpo, rlsd; the dataset's solution, spec §1.7).
+as hints, docs/methods/self-distillation.md) and ``gt_teacher`` (opsd, sdpo, srpo, rlsd; the dataset's solution, docs/methods/self-distillation.md).
 
 Each owns the teacher: its hint template (built at start-up from ``teacher.template``), its shadow
 weights θ̄ (``TeacherWeights``, built in ``setup`` from the typed ``TeacherHParams``; checkpointed
 beside the model, counters in the extra state) and the packing decision. Collection is the plain
-sampling round. In the update pipeline (``trainer/update.py``) the path plans the teacher prompts on
-the whole batch after the advantages (spec §1.1 step 5: the RLCSD family drops samples there;
+sampling round. In the update pipeline (``trainer/pipeline/update.py``) the path plans the teacher prompts on
+the whole batch after the advantages (docs/methods/self-distillation.md step 5: the RLCSD family drops samples there;
 advantages were computed before, on full groups) and keeps the surviving rows with their plan
 (``train_rows``); per mini-batch the pipeline asks it for those rows' teacher sequences
 (``teacher_sequences``) and runs them under θ̄ of that moment, and after each optimizer step the
-schedule advances (``after_optimizer_step``: EMA, snapshot counter — optimizer steps, spec §1.4).
+schedule advances (``after_optimizer_step``: EMA, snapshot counter — optimizer steps, docs/methods/self-distillation.md).
 """
 from __future__ import annotations
 
@@ -90,8 +90,8 @@ class TeacherPath(PlainPath):
 
     def train_rows(self, s, rows, lp, step: int, metrics: dict):
         """The plan's kept rows (their own, shorter padding) with the plan; none survive: the update is
-        skipped and the teacher counter stays (spec §1.5.1)."""
-        from megatron_rl.trainer import update_stage as U
+        skipped and the teacher counter stays (docs/methods/self-distillation.md)."""
+        from megatron_rl.trainer.pipeline import update_stage as U
 
         ro, run = s.ro, self.run
         plan = self.plan(ro, step)

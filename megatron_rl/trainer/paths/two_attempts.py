@@ -7,14 +7,14 @@ Rollout (rank 0 drives the engines, the result is broadcast):
     x2 = x1 ++ y1 ++ turn;       y2 ~ π_θ(· | x2)        (one sample per attempt 1)
     r1 = R(y1), r2 = R(y2)       (the run's reward manager, same row / ground truth)
 
-On a chat-template model (spec §2.1) x2 is the template over [system, user, assistant(y1),
+On a chat-template model (docs/methods/score.md) x2 is the template over [system, user, assistant(y1),
 user(instruction)] plus the generation prompt: ``turn`` is the template's own text after the
 assistant content (ChatML: ``<|im_end|>\n<|im_start|>user\n{instruction}<|im_end|>\n<|im_start|>assistant\n``,
 :class:`~megatron_rl.data.chat.NextUserTurn`), and y1's sampled ids are kept verbatim instead of
 being decoded and re-encoded (no re-tokenisation drift; a y1 that ended with EOS shares it with the
 closing ``<|im_end|>``, a truncated y1 is closed by it all the same). Departure, on purpose: Qwen3's
 own template drops the ``<think>`` part of an earlier assistant turn when a history is re-rendered,
-so the reference's corrector probably sees only y1's answer (spec §2.1 "decide explicitly"); here it
+so the reference's corrector probably sees only y1's answer (docs/methods/score.md "decide explicitly"); here it
 sees all of y1, which is what the reference's helper meant to do. An empty
 ``algo.score.instruction`` on a chat model is a start-up error, and so is a
 ``data.max_prompt_len + 2·rollout.max_tokens + |turn|`` over ``rollout.max_model_len`` (no x2 can
@@ -48,8 +48,8 @@ import torch
 
 from megatron_rl.algorithms.hparams import ScoreHParams
 from megatron_rl.rollout.engine import SamplingParams
-from megatron_rl.trainer import rollout_stage as R
-from megatron_rl.trainer import update_stage as U
+from megatron_rl.trainer.loop import rollout_stage as R
+from megatron_rl.trainer.pipeline import update_stage as U
 
 from . import DataPath, register_path
 
@@ -82,7 +82,7 @@ def second_turn(tok, hp, max_prompt_len: int | None = None, max_tokens: int = 0,
         return None
     if not hp.instruction.strip():
         raise ValueError("algo.score.instruction is empty: on a chat-template model SCoRe's second attempt needs "
-                         "the self-correction instruction text (spec §2.1)")
+                         "the self-correction instruction text (docs/methods/score.md)")
     turn = chat.NextUserTurn.of(tok, hp.instruction)
     if max_prompt_len is not None and max_model_len is not None:
         need = max_prompt_len + 2 * max_tokens + len(turn.suffix)
@@ -104,7 +104,7 @@ def instruction_ids(tok, hp) -> list[int]:
 def second_prompts(first: R.Rollouts, turn, max_len: int, eos_id: int | None = None) -> list[list[int]]:
     """x2 per sample: ``turn.second_prompt(x1, y1)`` for a chat layout, else ``x1 ++ y1 ++ turn`` (ids);
     a prompt longer than ``max_len`` is an error naming the sample (truncating would cut the
-    instruction, spec §2.1)."""
+    instruction, docs/methods/score.md)."""
     out = []
     for i, (p, r) in enumerate(zip(first.prompts, first.responses)):
         x2 = turn.second_prompt(p, r, eos_id) if hasattr(turn, "second_prompt") else list(p) + list(r) + list(turn)
@@ -192,7 +192,7 @@ class TwoAttemptsPath(DataPath):
     def sampled(self, two: TwoAttempts, step: int):
         """The sequences ``x2 ++ y2`` (their rollouts: attempt 2), attempt 1's rewards for the credit
         and its positions inside them; the stage's hparams (:func:`stage_of`)."""
-        from megatron_rl.trainer.update import Sampled
+        from megatron_rl.trainer.pipeline.update import Sampled
 
         run, sec, R_max = self.run, two.second, self.cfg.rollout.max_tokens
         sb = U.build_seq_batch(sec.prompts, sec.responses, run.tok.pad_id, run.seq_len(sec.prompts, sec.responses), R_max)

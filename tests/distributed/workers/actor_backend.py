@@ -15,8 +15,8 @@ from actor_common import fixed_batch, rl_loss, write_json
 
 def build(hf_dir: str, info, backend: str, fp8):
     from megatron_rl.models.provider import load_hf_config
-    from megatron_rl.trainer.actor import PolicyActor
-    from megatron_rl.trainer.optim import OptimSpec
+    from megatron_rl.trainer.policy.actor import PolicyActor
+    from megatron_rl.trainer.policy.optim import OptimSpec
 
     spec = OptimSpec(lr=1e-3, clip_grad=1e9, use_distributed_optimizer=True, bf16=fp8 is not None)
     actor = PolicyActor(load_hf_config(hf_dir), info, spec, temperature=1.0, backend=backend, fp8=fp8)
@@ -32,7 +32,7 @@ def classes(actor) -> dict:
 
 
 def one_step(actor) -> dict:
-    from megatron_rl.trainer.batch import TrainBatch
+    from megatron_rl.trainer.pipeline.batch import TrainBatch
 
     b = fixed_batch(seed=7)
     before = actor.forward_logprobs(b, micro_batch_size=4).logp
@@ -45,7 +45,7 @@ def one_step(actor) -> dict:
 
 
 def main() -> None:
-    from megatron_rl.parallel import init_parallel
+    from megatron_rl.runtime.parallel import init_parallel
 
     hf_dir, out = sys.argv[1], sys.argv[2]
     settings = (sys.argv[3] if len(sys.argv) > 3 else "local,auto,te,auto:e4m3,local:e4m3").split(",")

@@ -29,7 +29,7 @@ from actor_common import build_actor, fixed_batch, rl_loss, write_json
 
 
 def one_step(actor, step: int) -> dict:
-    from megatron_rl.trainer.batch import TrainBatch
+    from megatron_rl.trainer.pipeline.batch import TrainBatch
 
     b = fixed_batch(seed=100 + step)
     old = actor.forward_logprobs(b, micro_batch_size=2).logp
@@ -55,7 +55,7 @@ def _fill(path: Path) -> None:
     import contextlib
     import os
 
-    from megatron_rl.diskspace import free_bytes
+    from megatron_rl.runtime.diskspace import free_bytes
 
     with contextlib.suppress(OSError), open(path, "wb", buffering=0) as f:
         with contextlib.suppress(OSError):
@@ -69,8 +69,8 @@ def disk_full(actor, run_dir: str) -> dict:
     import threading
     import time
 
-    from megatron_rl.diskspace import DiskSpaceError
-    from megatron_rl.trainer.checkpoint import find_latest, save_checkpoint
+    from megatron_rl.runtime.diskspace import DiskSpaceError
+    from megatron_rl.trainer.state.checkpoint import find_latest, save_checkpoint
 
     ck = Path(run_dir) / "checkpoints"
     one_step(actor, 1)
@@ -121,7 +121,7 @@ def stop_agreement(out: str) -> None:
 
     import torch.distributed as dist
 
-    from megatron_rl.trainer.stop import GracefulStop
+    from megatron_rl.trainer.loop.stop import GracefulStop
 
     with GracefulStop() as st:
         st.arm()
@@ -135,7 +135,7 @@ def stop_agreement(out: str) -> None:
 
 
 def run_case(hf_dir: str, run_dir: str, out: str, tp: int, pp: int, phase: str) -> None:
-    from megatron_rl.trainer.checkpoint import (
+    from megatron_rl.trainer.state.checkpoint import (
         find_latest,
         load_checkpoint,
         save_checkpoint,
@@ -172,8 +172,8 @@ def run_case(hf_dir: str, run_dir: str, out: str, tp: int, pp: int, phase: str) 
         for step in (3, 4):
             rec["steps"].append(one_step(actor, step))
         # model-only load into a frozen reference reproduces the restored actor's log-probs
-        from megatron_rl.trainer.actor import ReferencePolicy
-        from megatron_rl.trainer.checkpoint import load_model_weights
+        from megatron_rl.trainer.policy.actor import ReferencePolicy
+        from megatron_rl.trainer.state.checkpoint import load_model_weights
         ref = ReferencePolicy(actor.hf_cfg, actor.temperature, parallel_info=actor.parallel_info)
         assert load_model_weights(latest, ref) == 2
         assert torch.equal(ref.forward_logprobs(probe, 2).logp, at_load)
@@ -182,7 +182,7 @@ def run_case(hf_dir: str, run_dir: str, out: str, tp: int, pp: int, phase: str) 
 
 
 def main() -> None:
-    from megatron_rl.parallel import destroy_parallel, init_distributed
+    from megatron_rl.runtime.parallel import destroy_parallel, init_distributed
 
     hf_dir, out_dir = sys.argv[1], sys.argv[2]
     init_distributed()

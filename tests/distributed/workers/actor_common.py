@@ -38,7 +38,7 @@ def make_tiny_hf(out_dir: str | Path, seed: int = 0) -> Path:
 
 def fixed_batch(seed: int = 1):
     """N=8 right-padded sequences of length <= SEQ with varied prompt/response lengths + advantages."""
-    from megatron_rl.trainer.batch import make_batch
+    from megatron_rl.trainer.pipeline.batch import make_batch
 
     g = torch.Generator().manual_seed(seed)
     prompts, responses = [], []
@@ -53,7 +53,7 @@ def fixed_batch(seed: int = 1):
 
 def rl_loss(mode: str = "token-mean", ent_coef: float = 0.01):
     """PPO-style surrogate ``-A * exp(logp - old_logp) - c * H`` aggregated with ``mode``."""
-    from megatron_rl.trainer.objective import partial_aggregate
+    from megatron_rl.trainer.pipeline.objective import partial_aggregate
 
     def loss_fn(logp, entropy, mb):
         ratio = torch.exp(logp - mb.extras["old_logp"])
@@ -68,9 +68,9 @@ def build_actor(hf_dir: str | Path, tp: int, pp: int, sp: bool = False, seed: in
                 backend: str = "local", **optim):
     """init_parallel + PolicyActor (fp32) loaded from ``hf_dir``."""
     from megatron_rl.models.provider import load_hf_config
-    from megatron_rl.parallel import init_parallel
-    from megatron_rl.trainer.actor import PolicyActor
-    from megatron_rl.trainer.optim import OptimSpec
+    from megatron_rl.runtime.parallel import init_parallel
+    from megatron_rl.trainer.policy.actor import PolicyActor
+    from megatron_rl.trainer.policy.optim import OptimSpec
 
     info = init_parallel(tp, pp, seed=seed, sequence_parallel=sp)
     hf_cfg = load_hf_config(str(hf_dir))
@@ -83,7 +83,7 @@ def build_actor(hf_dir: str | Path, tp: int, pp: int, sp: bool = False, seed: in
 def offload_round_trip(actor, batch, mbs: int) -> int:
     """offload(): what the mode names is released (storage 0 bytes), the rest stays; a train step
     is refused; onload() gives every optimizer-state, main-param, grad and param tensor back bit for bit."""
-    from megatron_rl.trainer.offload import (
+    from megatron_rl.trainer.policy.offload import (
         grad_buffer_tensors,
         optimizer_tensors,
         param_tensors,

@@ -87,8 +87,8 @@ def minibatch_steps(actor, mbs: int) -> list[dict]:
     from megatron_rl import algorithms as A
     from megatron_rl.config import load_config
     from megatron_rl.trainer.paths.sampling import PlainPath
-    from megatron_rl.trainer.update import Rows, optimizer_steps
-    from megatron_rl.trainer.update_stage import build_seq_batch, response_frame
+    from megatron_rl.trainer.pipeline.update import Rows, optimizer_steps
+    from megatron_rl.trainer.pipeline.update_stage import build_seq_batch, response_frame
 
     info = actor.parallel_info
     m = max(1, min(mbs, 4 // info.dp))
@@ -113,9 +113,9 @@ def minibatch_steps(actor, mbs: int) -> list[dict]:
 
 def run_case(hf_dir: str, out: str, tp: int, pp: int, sp: bool, mbs: int, distopt: bool,
              offload: str = "none") -> None:
-    from megatron_rl.parallel import destroy_parallel
-    from megatron_rl.trainer.actor import ReferencePolicy
-    from megatron_rl.trainer.batch import TrainBatch
+    from megatron_rl.runtime.parallel import destroy_parallel
+    from megatron_rl.trainer.policy.actor import ReferencePolicy
+    from megatron_rl.trainer.pipeline.batch import TrainBatch
 
     actor = build_actor(hf_dir, tp, pp, sp, use_distributed_optimizer=distopt, offload=offload)
     check_hf_round_trip(actor, hf_dir)
@@ -147,7 +147,7 @@ def run_case(hf_dir: str, out: str, tp: int, pp: int, sp: bool, mbs: int, distop
 
 
 def main() -> None:
-    from megatron_rl.parallel import destroy_parallel
+    from megatron_rl.runtime.parallel import destroy_parallel
 
     hf_dir, out_dir = sys.argv[1], sys.argv[2]
     for case in sys.argv[3:]:

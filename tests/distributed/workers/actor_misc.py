@@ -13,9 +13,9 @@ from actor_common import build_actor, fixed_batch, offload_round_trip
 
 def main() -> None:
     hf_dir = sys.argv[1]
-    from megatron_rl.trainer.actor import ReferencePolicy
-    from megatron_rl.trainer.batch import broadcast_batch
-    from megatron_rl.trainer.objective import partial_aggregate
+    from megatron_rl.trainer.policy.actor import ReferencePolicy
+    from megatron_rl.trainer.pipeline.batch import broadcast_batch
+    from megatron_rl.trainer.pipeline.objective import partial_aggregate
 
     actor = build_actor(hf_dir, 2, 1, sp=True, bf16=True, lr=3e-3, offload="optimizer")
     rank = dist.get_rank()
@@ -40,7 +40,7 @@ def main() -> None:
     if rank == 0:
         print("offload=optimizer parked bytes", parked)
     # a NaN loss stops the step before the optimizer touches the weights, naming the step
-    from megatron_rl.trainer.actor import NonFiniteLossError
+    from megatron_rl.trainer.policy.actor import NonFiniteLossError
     w_before = actor.forward_logprobs(batch, micro_batch_size=4).logp
     try:
         actor.train_step(batch, lambda lp, ent, mb: (lp.sum() * float("nan"), None, {}), micro_batch_size=4)

@@ -22,8 +22,8 @@ def steps(actor, batch, n: int) -> list[float]:
 
 
 def main() -> None:
-    from megatron_rl.parallel import destroy_parallel
-    from megatron_rl.trainer.batch import TrainBatch
+    from megatron_rl.runtime.parallel import destroy_parallel
+    from megatron_rl.trainer.pipeline.batch import TrainBatch
 
     hf_dir, out = sys.argv[1], sys.argv[2]
     rec = {}

@@ -22,7 +22,7 @@ N, R, K = 16, 40, 4
 
 def long_tailed(seed: int = 3):
     """16 sequences: prompts of 2..5 tokens, responses log-normal 1..40 (max / median >= 8)."""
-    from megatron_rl.trainer.update_stage import build_seq_batch
+    from megatron_rl.trainer.pipeline.update_stage import build_seq_batch
 
     g = torch.Generator().manual_seed(seed)
     lens = torch.exp(1.2 + 0.9 * torch.randn(N, generator=g)).clamp(1, R).long().tolist()   # log-normal, same on every rank
@@ -60,8 +60,8 @@ def one_step(hf_dir, tp, pp, sp, kind: str, sb, micro, backend: str = "local") -
     import dataclasses
 
     from megatron_rl import algorithms as A
-    from megatron_rl.parallel import destroy_parallel
-    from megatron_rl.trainer.objective import Objective
+    from megatron_rl.runtime.parallel import destroy_parallel
+    from megatron_rl.trainer.pipeline.objective import Objective
 
     actor = build_actor(hf_dir, tp, pp, sp, backend=backend)
     hp = A.algo_kind(kind).hparams(kl_loss_coef=0.05)
@@ -73,8 +73,8 @@ def one_step(hf_dir, tp, pp, sp, kind: str, sb, micro, backend: str = "local") -
 
 
 def run_case(hf_dir: str, out: str, tp: int, pp: int, sp: bool, backend: str = "local") -> None:
-    from megatron_rl.parallel import destroy_parallel
-    from megatron_rl.trainer.packing import TokenBudget
+    from megatron_rl.runtime.parallel import destroy_parallel
+    from megatron_rl.trainer.pipeline.packing import TokenBudget
 
     sb, lens = long_tailed()
     budget = TokenBudget(96)
@@ -108,10 +108,10 @@ def filler_case(hf_dir, tp, pp, sp, backend) -> dict:
     import dataclasses
 
     from megatron_rl import algorithms as A
-    from megatron_rl.parallel import destroy_parallel
-    from megatron_rl.trainer.objective import Objective
-    from megatron_rl.trainer.packing import TokenBudget, plan, seq_lengths
-    from megatron_rl.trainer.update_stage import build_seq_batch
+    from megatron_rl.runtime.parallel import destroy_parallel
+    from megatron_rl.trainer.pipeline.objective import Objective
+    from megatron_rl.trainer.pipeline.packing import TokenBudget, plan, seq_lengths
+    from megatron_rl.trainer.pipeline.update_stage import build_seq_batch
 
     g = torch.Generator().manual_seed(7)
     sb = build_seq_batch([torch.randint(1, 250, (3,), generator=g).tolist() for _ in range(3)],

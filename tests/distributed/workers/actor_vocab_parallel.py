@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from megatron_rl.trainer.vocab_parallel import (full_vocab_logprobs, vocab_parallel_gather_logprobs,
+from megatron_rl.trainer.policy.vocab_parallel import (full_vocab_logprobs, vocab_parallel_gather_logprobs,
                                                 vocab_parallel_logprobs, vocab_parallel_topk)
 
 

@@ -1,4 +1,4 @@
-"""Worker: engine + Megatron actor colocated on ONE GPU, taking turns as ``trainer/colocate.py`` orders
+"""Worker: engine + Megatron actor colocated on ONE GPU, taking turns as ``trainer/loop/colocate.py`` orders
 (``tests/gpu/test_colocated_gpu.py``; needs CUDA).
 
 Usage: colocated_gpu.py HF_DIR OUT_JSON ENGINE   ENGINE: vllm | hf
@@ -29,7 +29,7 @@ def used() -> int:
 
 
 def update(actor) -> None:
-    from megatron_rl.trainer.batch import TrainBatch
+    from megatron_rl.trainer.pipeline.batch import TrainBatch
 
     b = fixed_batch(seed=7)
     old = actor.forward_logprobs(b, micro_batch_size=4).logp
@@ -41,11 +41,11 @@ def main() -> None:
     import torch
 
     from megatron_rl.models.provider import load_hf_config
-    from megatron_rl.parallel import init_parallel
+    from megatron_rl.runtime.parallel import init_parallel
     from megatron_rl.rollout.engine import SamplingParams
-    from megatron_rl.trainer.actor import PolicyActor
-    from megatron_rl.trainer.colocate import Colocation
-    from megatron_rl.trainer.optim import OptimSpec
+    from megatron_rl.trainer.policy.actor import PolicyActor
+    from megatron_rl.trainer.loop.colocate import Colocation
+    from megatron_rl.trainer.policy.optim import OptimSpec
 
     hf_dir, out, kind = sys.argv[1], sys.argv[2], sys.argv[3]
     info = init_parallel(1, 1, seed=1234)

@@ -26,9 +26,9 @@ def maxdiff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def actor_path(model, mb, full: torch.Tensor, temperature: float, rec: dict, tag: str) -> None:
     """``full`` [rows, L, V] logits; this rank's slice through the actor's CP code vs the unsplit one."""
-    from megatron_rl.trainer import cp_batch
-    from megatron_rl.trainer.context_parallel import unpartition
-    from megatron_rl.trainer.vocab_parallel import (
+    from megatron_rl.trainer.policy import cp_batch
+    from megatron_rl.trainer.policy.context_parallel import unpartition
+    from megatron_rl.trainer.policy.vocab_parallel import (
         vocab_parallel_logprobs,
         vocab_parallel_topk,
     )
@@ -73,15 +73,15 @@ def main(out: str) -> None:
     from megatron.core.utils import get_batch_on_this_cp_rank
     from transformers import Qwen3Config
 
-    from megatron_rl.parallel import destroy_parallel, init_parallel
-    from megatron_rl.trainer.actor import _LogProbModel
-    from megatron_rl.trainer.batch import make_batch
-    from megatron_rl.trainer.context_parallel import (
+    from megatron_rl.runtime.parallel import destroy_parallel, init_parallel
+    from megatron_rl.trainer.policy.actor import _LogProbModel
+    from megatron_rl.trainer.pipeline.batch import make_batch
+    from megatron_rl.trainer.policy.context_parallel import (
         gather_cp,
         padded_cu_seqlens,
         partition_indices,
     )
-    from megatron_rl.trainer.packing import (
+    from megatron_rl.trainer.pipeline.packing import (
         RankMicroBatches,
         TokenBudget,
         plan,

@@ -18,10 +18,10 @@ from actor_common import fixed_batch, rl_loss
 
 def run(hf_dir: str, cp: int) -> dict:
     from megatron_rl.models.provider import load_hf_config
-    from megatron_rl.parallel import destroy_parallel, init_parallel
-    from megatron_rl.trainer.actor import PolicyActor
-    from megatron_rl.trainer.optim import OptimSpec
-    from megatron_rl.trainer.packing import TokenBudget
+    from megatron_rl.runtime.parallel import destroy_parallel, init_parallel
+    from megatron_rl.trainer.policy.actor import PolicyActor
+    from megatron_rl.trainer.policy.optim import OptimSpec
+    from megatron_rl.trainer.pipeline.packing import TokenBudget
 
     info = init_parallel(1, 1, seed=3, cp=cp)
     actor = PolicyActor(load_hf_config(hf_dir), info, OptimSpec(lr=1e-4, clip_grad=1e9), temperature=0.7, backend="te")

@@ -55,7 +55,7 @@ def parity(step: dict) -> dict | None:
 
     from megatron_rl.convert import iter_hf_tensors, load_hf_into_model
     from megatron_rl.models.provider import build_gpt_model, load_hf_config
-    from megatron_rl.parallel import destroy_parallel, init_parallel
+    from megatron_rl.runtime.parallel import destroy_parallel, init_parallel
 
     hf_dir, tp, pp = step["hf"], int(step["tp"]), int(step["pp"])
     info = init_parallel(tp, pp, seed=0)
@@ -97,7 +97,7 @@ def parity(step: dict) -> dict | None:
 
 def convert(step: dict) -> int:
     from megatron_rl.convert.cli import main as cli
-    from megatron_rl.parallel import destroy_parallel
+    from megatron_rl.runtime.parallel import destroy_parallel
 
     rc = cli([str(a) for a in step["argv"]])
     if rc != 0:
@@ -112,7 +112,7 @@ def convert(step: dict) -> int:
 def main():
     plan, out_path = json.loads(Path(sys.argv[1]).read_text()), sys.argv[2]
     if "RANK" in os.environ:  # under torchrun: one process group for every step
-        from megatron_rl.parallel import init_distributed
+        from megatron_rl.runtime.parallel import init_distributed
 
         init_distributed()
     results = {}

@@ -5,7 +5,7 @@
 Cases (one process, one layout, TP=PP=1): the policy with the distributed optimizer on and off, each
 in fp32 and bf16 (megatron's ``Float16Module`` + fp32 main params); the reference built from the HF
 dir (``setup_run``'s way) and from the actor (``ReferencePolicy.from_actor``); the teacher's shadow
-weights in snapshot and EMA mode. For each case: the trainer device (``megatron_rl.device``), every
+weights in snapshot and EMA mode. For each case: the trainer device (``megatron_rl.runtime.device``), every
 parameter / buffer / optimizer main parameter / shadow tensor NOT on it, how many were checked, the
 ``use_cpu_initialization`` the build used, and a forward of the reference on a fixed batch (a model
 left on the host fails there on CUDA).
@@ -44,11 +44,11 @@ def _record(name: str, tensors, dev: torch.device, config=None) -> dict:
 def main(hf_dir: str, out: str) -> None:
     from actor_common import fixed_batch
 
-    from megatron_rl.device import default_device, max_memory_allocated
+    from megatron_rl.runtime.device import default_device, max_memory_allocated
     from megatron_rl.models.provider import load_hf_config
-    from megatron_rl.parallel import init_parallel
-    from megatron_rl.trainer.actor import PolicyActor, ReferencePolicy
-    from megatron_rl.trainer.optim import OptimSpec
+    from megatron_rl.runtime.parallel import init_parallel
+    from megatron_rl.trainer.policy.actor import PolicyActor, ReferencePolicy
+    from megatron_rl.trainer.policy.optim import OptimSpec
     from megatron_rl.trainer.teacher import TeacherWeights
 
     info = init_parallel(1, 1, seed=7)

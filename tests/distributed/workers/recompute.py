@@ -23,9 +23,9 @@ CASES = {"none": {}, "selective": {"recompute_granularity": "selective"},
 
 def step(hf_dir, tp, pp, recompute, backend="local"):
     from megatron_rl.models.provider import load_hf_config
-    from megatron_rl.parallel import init_parallel
-    from megatron_rl.trainer.actor import PolicyActor
-    from megatron_rl.trainer.optim import OptimSpec
+    from megatron_rl.runtime.parallel import init_parallel
+    from megatron_rl.trainer.policy.actor import PolicyActor
+    from megatron_rl.trainer.policy.optim import OptimSpec
 
     info = init_parallel(tp, pp, seed=3, sequence_parallel=tp > 1)
     actor = PolicyActor(load_hf_config(hf_dir), info, OptimSpec(lr=1e-4, clip_grad=1e9), temperature=0.7,
@@ -33,7 +33,7 @@ def step(hf_dir, tp, pp, recompute, backend="local"):
     actor.load_hf(hf_dir)
     batch = fixed_batch()
     batch.extras["old_logp"] = actor.forward_logprobs(batch, 4).logp.detach() - 0.05
-    from megatron_rl.trainer.actor import unwrap
+    from megatron_rl.trainer.policy.actor import unwrap
 
     layer = unwrap(actor.chunks[0]).decoder.layers[0]            # forward calls in the step: 2x when recomputed
     calls = {"core_attn": 0, "mlp": 0}
@@ -47,7 +47,7 @@ def step(hf_dir, tp, pp, recompute, backend="local"):
 
 
 def main(hf_dir: str, out: str, backend: str = "local") -> None:
-    from megatron_rl.parallel import destroy_parallel
+    from megatron_rl.runtime.parallel import destroy_parallel
 
     rec = {}
     for tp, pp in ((2, 1), (1, 2)):

@@ -18,7 +18,7 @@ import torch
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from actor_common import VOCAB, build_actor
 
-from megatron_rl.trainer.batch import make_batch
+from megatron_rl.trainer.pipeline.batch import make_batch
 from megatron_rl.trainer.support import teacher_pass
 from megatron_rl.trainer.teacher import TeacherWeights
 from megatron_rl.trainer.teacher_inputs import pack
@@ -81,7 +81,7 @@ def main(hf: str, tp: int, pp: int) -> None:
 
 
 if __name__ == "__main__":
-    from megatron_rl.parallel import destroy_parallel, init_distributed
+    from megatron_rl.runtime.parallel import destroy_parallel, init_distributed
 
     init_distributed()
     for case in sys.argv[2:]:

@@ -33,9 +33,9 @@ def make_hf(out: Path) -> Path:
 
 def run(hf: str, vpp: int) -> dict:
     from megatron_rl.models.provider import load_hf_config
-    from megatron_rl.parallel import destroy_parallel, init_parallel
-    from megatron_rl.trainer.actor import PolicyActor, unwrap
-    from megatron_rl.trainer.optim import OptimSpec
+    from megatron_rl.runtime.parallel import destroy_parallel, init_parallel
+    from megatron_rl.trainer.policy.actor import PolicyActor, unwrap
+    from megatron_rl.trainer.policy.optim import OptimSpec
 
     info = init_parallel(1, 2, seed=5, vpp=vpp)
     actor = PolicyActor(load_hf_config(hf), info, OptimSpec(lr=1e-3, clip_grad=1e9), temperature=0.7)
@@ -45,7 +45,7 @@ def run(hf: str, vpp: int) -> dict:
     batch.extras["old_logp"] = before.detach() - 0.05
     res = actor.train_step(batch, rl_loss(), micro_batch_size=2)
     one = actor.train_step(batch, rl_loss(), micro_batch_size=8)     # a single micro-batch: fewer than PP
-    from megatron_rl.trainer.packing import TokenBudget
+    from megatron_rl.trainer.pipeline.packing import TokenBudget
 
     packed = actor.train_step(batch, rl_loss(), micro_batch_size=TokenBudget(128))   # packed: one micro-batch of rows
     packed_logp = actor.forward_logprobs(batch, TokenBudget(128)).logp
@@ -59,7 +59,7 @@ def run(hf: str, vpp: int) -> dict:
 
 
 def main(out: str) -> None:
-    from megatron_rl.parallel import init_distributed
+    from megatron_rl.runtime.parallel import init_distributed
 
     init_distributed()
     hf = Path(out).parent / "hf4"

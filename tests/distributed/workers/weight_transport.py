@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from actor_common import build_actor, fixed_batch
 
-from megatron_rl.memwatch import PeakRSS
+from megatron_rl.runtime.memwatch import PeakRSS
 
 BACKENDS = ("gloo", "ray")
 
@@ -104,7 +104,7 @@ def store_bytes(settle_below: int = 1 << 20, timeout: float = 20.0) -> int:
 
 def run_layout(hf_dir, tp, pp, client, bucket, res, case):
     from megatron_rl.convert import iter_hf_tensors
-    from megatron_rl.trainer.sync_stage import push
+    from megatron_rl.trainer.loop.sync_stage import push
 
     actor = build_actor(hf_dir, tp, pp)
     perturb(actor, case)
@@ -132,7 +132,7 @@ def run_layout(hf_dir, tp, pp, client, bucket, res, case):
 def restart_case(actor, client, expected, bucket, res):
     """Kill engine 1; the replacement is stale until the next sync, which re-syncs it from the trainer."""
     from megatron_rl.rollout.engine import SamplingParams
-    from megatron_rl.trainer.sync_stage import push
+    from megatron_rl.trainer.loop.sync_stage import push
 
     r = {}
     if client is not None:
@@ -157,7 +157,7 @@ def gate_case(actor, client, res):
     sync, and stops with both numbers once the trainer's weights moved without a sync."""
     import types
 
-    from megatron_rl.trainer.sync_stage import LogProbGateError, startup_gate
+    from megatron_rl.trainer.loop.sync_stage import LogProbGateError, startup_gate
 
     rows = [types.SimpleNamespace(prompt_ids=(1, 5 + i, 7, 9 + i)) for i in range(4)]
     cfg = types.SimpleNamespace(rollout=types.SimpleNamespace(max_tokens=6, logprob_gate=1e-3, max_model_len=64),
@@ -179,7 +179,7 @@ def gate_case(actor, client, res):
 def main():
     hf_dir, out, bucket = sys.argv[1], sys.argv[2], int(sys.argv[3])
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    from megatron_rl.parallel import destroy_parallel, init_distributed
+    from megatron_rl.runtime.parallel import destroy_parallel, init_distributed
 
     init_distributed()
     rank0 = dist.get_rank() == 0

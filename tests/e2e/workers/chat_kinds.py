@@ -140,13 +140,13 @@ def probe_teacher(cfg, client) -> dict:
     (``optimizer_steps.jsonl``)."""
     import torch
 
-    from megatron_rl.trainer.batch import make_batch
-    from megatron_rl.trainer.loop import rl_step
+    from megatron_rl.trainer.pipeline.batch import make_batch
+    from megatron_rl.trainer.loop.rl_loop import rl_step
     from megatron_rl.trainer.paths import path_class
-    from megatron_rl.trainer.rollout_source import open_source
-    from megatron_rl.trainer.setup import setup_run
-    from megatron_rl.trainer.update import OPTIMIZER_STEPS_FILE
-    from megatron_rl.trainer.update_stage import response_frame
+    from megatron_rl.trainer.loop.rollout_source import open_source
+    from megatron_rl.trainer.loop.setup import setup_run
+    from megatron_rl.trainer.pipeline.update import OPTIMIZER_STEPS_FILE
+    from megatron_rl.trainer.pipeline.update_stage import response_frame
 
     class Recording(path_class(cfg.algo.kind)):
         """The method's own path; records the policy W and teacher T weights before the update and
@@ -228,11 +228,11 @@ def probe_teacher(cfg, client) -> dict:
 
 def main(fixture_dir: str, out_dir: str, grader_url: str, kinds: list[str]) -> int:
     from megatron_rl.data.chat_fixture import build_chat_fixture
-    from megatron_rl.parallel import init_parallel
-    from megatron_rl.preflight import load_checked
-    from megatron_rl.trainer.loop import run
-    from megatron_rl.trainer.setup import build_client
-    from megatron_rl.trainer.stop import Stopped
+    from megatron_rl.runtime.parallel import init_parallel
+    from megatron_rl.trainer.loop.preflight import load_checked
+    from megatron_rl.trainer.loop.rl_loop import run
+    from megatron_rl.trainer.loop.setup import build_client
+    from megatron_rl.trainer.loop.stop import Stopped
 
     fx = build_chat_fixture(fixture_dir)
     out = Path(out_dir)

@@ -11,7 +11,7 @@ SPEC_JSON::
               {"name": "ref", "config": "examples/configs/x.yaml", "overrides": [...]}, ...],
      "out": "DIR"}
 
-A run with ``algo`` is what ``python -m megatron_rl.demo --algo ALGO --steps N --init-from WARM -o ...``
+A run with ``algo`` is what ``python -m megatron_rl.cli.demo --algo ALGO --steps N --init-from WARM -o ...``
 does (same ``demo_config``, same ``loop.run``), in ``OUT/<name>``; a run with ``config`` is what
 ``megatron-rl train --config CONFIG OVERRIDES...`` does (``loop.run(load_checked(...))``; its run dir is
 its own ``trainer.run_dir``). ``own_client``: the run gets an engine pool built from its own config
@@ -30,12 +30,12 @@ from pathlib import Path
 
 
 def main(spec_path: str) -> int:
-    from megatron_rl import demo as D
-    from megatron_rl.console import quiet_console
-    from megatron_rl.parallel import init_parallel
-    from megatron_rl.preflight import load_checked
-    from megatron_rl.trainer.loop import run
-    from megatron_rl.trainer.setup import build_client
+    from megatron_rl.cli import demo as D
+    from megatron_rl.runtime.console import quiet_console
+    from megatron_rl.runtime.parallel import init_parallel
+    from megatron_rl.trainer.loop.preflight import load_checked
+    from megatron_rl.trainer.loop.rl_loop import run
+    from megatron_rl.trainer.loop.setup import build_client
 
     quiet_console()
     spec = json.loads(Path(spec_path).read_text())

@@ -36,7 +36,7 @@ def overrides(setup: dict, run_dir: Path, verify: str) -> list[str]:
 
 
 def prepare(root: Path) -> dict:
-    from megatron_rl.demo import prepare as demo_prepare
+    from megatron_rl.cli.demo import prepare as demo_prepare
 
     paths, _tok, hf = demo_prepare(root, seed=0)
     cfg = json.loads((Path(hf) / "config.json").read_text())
@@ -46,10 +46,10 @@ def prepare(root: Path) -> dict:
 
 
 def main(work: str) -> int:
-    from megatron_rl.parallel import init_parallel
-    from megatron_rl.preflight import load_checked
-    from megatron_rl.trainer.loop import run
-    from megatron_rl.trainer.setup import client_args
+    from megatron_rl.runtime.parallel import init_parallel
+    from megatron_rl.trainer.loop.preflight import load_checked
+    from megatron_rl.trainer.loop.rl_loop import run
+    from megatron_rl.trainer.loop.setup import client_args
     from tests.helpers.sync_faults import FaultyClient
 
     root = Path(work)

@@ -155,7 +155,7 @@ def test_registered_grpo_equals_public_function():
                                      (["algo.kind=grpo", "optim.clip_grad=0"], 0.0)])
 def test_optim_clip_grad_reaches_the_optimizer(ov, want):
     from megatron_rl.config import load_config
-    from megatron_rl.trainer.setup import _optim_spec
+    from megatron_rl.trainer.loop.setup import _optim_spec
 
     assert _optim_spec(load_config(None, ov)).clip_grad == want
 
@@ -173,7 +173,7 @@ def test_required_inputs_are_checked_at_start_up():
 def test_one_sample_per_prompt_is_the_kinds_registration():
     """``rollout.n=1`` is refused for a kind registered with a group (the default) and allowed for one
     registered ``needs_group=False``: preflight asks the registry, a user's method declares it too."""
-    from megatron_rl.preflight import load_checked
+    from megatron_rl.trainer.loop.preflight import load_checked
 
     assert A.single_sample_kinds() == ["opsd", "remax", "score", "sdpo"]
     with pytest.raises(ValueError, match=r"rollout.n=1 with algo.kind=grpo: .*\(n=1 suits opsd, remax, score, sdpo\)"):

@@ -11,7 +11,7 @@ from megatron_rl.algorithms import BiCCHParams, ScoreHParams
 from megatron_rl.data import chat
 from megatron_rl.data.chat_fixture import messages, solution
 from megatron_rl.data.dataset import PromptRow, problem_text
-from megatron_rl.trainer import rollout_stage as R
+from megatron_rl.trainer.loop import rollout_stage as R
 from megatron_rl.trainer.paths.two_attempts import second_turn
 from megatron_rl.trainer.paths.bicc import BiccLayout, bicc_inputs
 

@@ -13,7 +13,7 @@ from megatron_rl.data import chat
 from megatron_rl.data.chat_fixture import SYSTEM, question, solution, write_chat_task
 from megatron_rl.data.dataset import PromptDataset
 from megatron_rl.data.tokenizer import load_tokenizer
-from megatron_rl.trainer import rollout_stage as R
+from megatron_rl.trainer.loop import rollout_stage as R
 from megatron_rl.trainer.paths.two_attempts import second_turn
 from megatron_rl.trainer.teacher_inputs import ChatHintTemplate
 from megatron_rl.trainer.paths.bicc import BiccLayout, bicc_inputs

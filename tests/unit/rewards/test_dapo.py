@@ -57,7 +57,7 @@ def test_dapo_with_overlong_shaping_and_correct_flag():
     """The recipe's reward: +1/−1 plus the soft overlong penalty (buffer 4 of max 10 tokens, factor 1);
     ``correct`` is the binary outcome; the DAPO-Math-17k data source maps to ``dapo``."""
     from megatron_rl.data.dataset import PromptRow
-    from megatron_rl.trainer import rollout_stage as R
+    from megatron_rl.trainer.loop import rollout_stage as R
 
     lens = [3, 6, 8, 10, 10]
     texts = ["Answer: 34", "Answer: 34", "Answer: 34", "Answer: 34", "Answer: 7"]

@@ -87,7 +87,7 @@ def test_garbage_replies_open_the_breaker_and_a_step_ends_within_its_limits(serv
 
 def test_the_start_up_probe_refuses_a_grader_answering_garbage(server, tmp_path):
     from megatron_rl.config import load_config
-    from megatron_rl.preflight import check_grader
+    from megatron_rl.trainer.loop.preflight import check_grader
 
     control(server, mode="malformed")
     cfg = load_config(None, ["algo.kind=papo", f"reward.grader_url={server}", "reward.grader_timeout=5",

@@ -67,7 +67,7 @@ def test_cpu_colocated_is_for_the_hf_engine_only():
 def test_engine_keys_resolve_per_machine_and_reach_the_engine_arguments():
     """null = auto: eager on CPU / CUDA graphs on GPU; 0.5 colocated / 0.9 separate; the values in force
     are what ``client_args`` hands the engines (``tests/e2e/test_rollout_vllm.py``: what vLLM records)."""
-    from megatron_rl.trainer.setup import client_args
+    from megatron_rl.trainer.loop.setup import client_args
 
     def kw(cuda, **rollout):
         return client_args(_cfg(**rollout), cuda=cuda)["engine_kwargs"]

@@ -1,4 +1,4 @@
-"""The asynchronous rollout producer (``trainer/async_rollout.py``): the version schedule, overlap,
+"""The asynchronous rollout producer (``trainer/loop/async_rollout.py``): the version schedule, overlap,
 checkpoint/resume of what is in flight, errors, and the CPU split. ``collect`` here is a plain
 function drawing prompts from the real :class:`DeterministicSampler`; the engines' part is covered
 by the e2e tests (tests/e2e/test_resume.py, test_learning.py)."""
@@ -10,7 +10,7 @@ import time
 import pytest
 
 from megatron_rl.data.dataset import DeterministicSampler
-from megatron_rl.trainer.async_rollout import (
+from megatron_rl.trainer.loop.async_rollout import (
     AsyncProducer,
     core_plan,
     overlap,
@@ -156,7 +156,7 @@ def test_config_keys_validated_at_start_up():
     (["algo.kind=score", "algo.off_policy=tis"], "algo.kind='score' .*cannot run with algo.off_policy=tis"),
 ], ids=["score-async", "score-tis"])
 def test_paths_that_cannot_run_async_fail_at_start_up(over, words):
-    from megatron_rl.preflight import load_checked
+    from megatron_rl.trainer.loop.preflight import load_checked
 
     with pytest.raises(ValueError, match=words):
         load_checked(None, over)
@@ -170,8 +170,8 @@ def test_off_policy_inputs_use_the_batch_weight_version():
     import torch
 
     from megatron_rl.config import load_config
-    from megatron_rl.trainer.rollout_stage import Rollouts
-    from megatron_rl.trainer.update_stage import off_policy_inputs
+    from megatron_rl.trainer.loop.rollout_stage import Rollouts
+    from megatron_rl.trainer.pipeline.update_stage import off_policy_inputs
 
     ro = Rollouts(rows=[None, None], prompts=[[1], [1]], responses=[[5, 6], [7]], rollout_logp=[[-1.0, -0.5], [-2.0]],
                   finish=["stop", "stop"], group_ids=torch.tensor([0, 0]))
@@ -193,7 +193,7 @@ def test_wall_clock_metrics_carry_a_timing_prefix():
     """The exact-resume and multi-node tests compare every metric but the timings (``time/``, ``perf/``):
     the idle fractions, both loops', are wall-clock ratios and must carry such a prefix (CI once failed
     on ``async/trainer_idle_frac`` differing between a 1-node and a 2-node run)."""
-    from megatron_rl.trainer.async_rollout import sync_metrics
+    from megatron_rl.trainer.loop.async_rollout import sync_metrics
     from tests.helpers.cluster import TIMING
 
     got = sync_metrics(0.25, 1.0)
@@ -205,7 +205,7 @@ def test_a_grader_refusing_its_requests_in_the_producer_stops_the_step():
     """PAPO's grades are taken on the producer thread with max_staleness > 0: a JudgeRejected there reaches
     the loop as itself (one line, every rank), not as a wrapped RuntimeError."""
     from megatron_rl.rewards.judge_client import JudgeRejected
-    from megatron_rl.trainer.async_rollout import AsyncRollouts
+    from megatron_rl.trainer.loop.async_rollout import AsyncRollouts
 
     def collect(step):
         if step == 2:

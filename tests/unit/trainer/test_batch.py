@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from megatron_rl.trainer.batch import TrainBatch, make_batch
+from megatron_rl.trainer.pipeline.batch import TrainBatch, make_batch
 
 
 def test_make_batch_mask_aligned_with_targets():

@@ -8,8 +8,8 @@ import logging
 
 import pytest
 
-from megatron_rl.diskspace import DiskSpaceError, check_free, free_bytes, is_disk_full
-from megatron_rl.trainer.checkpoint import (
+from megatron_rl.runtime.diskspace import DiskSpaceError, check_free, free_bytes, is_disk_full
+from megatron_rl.trainer.state.checkpoint import (
     _prune,
     checkpoints_dir,
     find_latest,

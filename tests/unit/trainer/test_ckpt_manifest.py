@@ -12,8 +12,8 @@ import logging
 
 import pytest
 
-from megatron_rl.trainer.checkpoint import _complete, find_latest
-from megatron_rl.trainer.ckpt_manifest import build_manifest
+from megatron_rl.trainer.state.checkpoint import _complete, find_latest
+from megatron_rl.trainer.state.ckpt_manifest import build_manifest
 
 
 def _ckpt(run, step, payload=b"x" * 1000):

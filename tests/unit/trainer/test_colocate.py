@@ -1,4 +1,4 @@
-"""The colocated step's order (``trainer/colocate.py``) with a real HF engine: the engine really
+"""The colocated step's order (``trainer/loop/colocate.py``) with a real HF engine: the engine really
 releases its weights for the update and the step after the push generates exactly what it would have
 without the turn-taking. The trainer side is recorded (its offload is another module's test)."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from megatron_rl.config import from_dict
 from megatron_rl.rollout.engine import SamplingParams
 from megatron_rl.rollout.hf_engine import HFEngine
-from megatron_rl.trainer.colocate import (
+from megatron_rl.trainer.loop.colocate import (
     ORDER,
     SLEEP_LEVEL,
     Colocation,

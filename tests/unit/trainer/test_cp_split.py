@@ -1,4 +1,4 @@
-"""Context parallelism's token split (``trainer/context_parallel.py``): the load-balanced THD layout of
+"""Context parallelism's token split (``trainer/policy/context_parallel.py``): the load-balanced THD layout of
 Megatron-core / Transformer Engine (each sequence padded to a multiple of 2·cp, cut into 2·cp chunks,
 CP rank r keeps chunks r and 2·cp−1−r) and its inverse. The 2-process gloo half (a real CP group,
 checked against Megatron-core's own ``get_batch_on_this_cp_rank``) is ``tests/distributed/test_context_parallel.py``;
@@ -11,7 +11,7 @@ import torch
 
 from megatron_rl.config import ParallelConfig
 from megatron_rl.models.provider import check_cp_backend
-from megatron_rl.trainer.context_parallel import (
+from megatron_rl.trainer.policy.context_parallel import (
     padded_cu_seqlens,
     padded_positions,
     partition_indices,

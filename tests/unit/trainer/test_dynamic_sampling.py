@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from megatron_rl import algorithms as A
-from megatron_rl.trainer import rollout_stage as R
+from megatron_rl.trainer.loop import rollout_stage as R
 from megatron_rl.trainer.paths.sampling import fill as _fill
 
 

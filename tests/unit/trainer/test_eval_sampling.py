@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from megatron_rl.config import load_config
-from megatron_rl.trainer.setup import eval_sampling
+from megatron_rl.trainer.loop.setup import eval_sampling
 
 
 def test_default_is_greedy_with_the_rollout_length():
@@ -29,7 +29,7 @@ def test_papers_protocol():
     (["trainer.eval_max_tokens=500"], "trainer.eval_max_tokens=500 exceeds"),
 ])
 def test_bad_eval_settings_fail_at_load(over, words):
-    from megatron_rl.preflight import load_checked
+    from megatron_rl.trainer.loop.preflight import load_checked
 
     with pytest.raises(ValueError, match=words):
         load_checked(None, over)

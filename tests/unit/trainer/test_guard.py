@@ -1,10 +1,10 @@
-"""The mismatch guard's decision (``trainer/guard.py``) and the graceful-stop status it exits with;
+"""The mismatch guard's decision (``trainer/loop/guard.py``) and the graceful-stop status it exits with;
 the stop itself on a real run is ``tests/e2e/test_chat_methods.py::test_mismatch_guard_stops_the_run``."""
 from __future__ import annotations
 
 from megatron_rl.config import load_config
-from megatron_rl.trainer import guard
-from megatron_rl.trainer.stop import GUARD_EXIT, Stopped
+from megatron_rl.trainer.loop import guard
+from megatron_rl.trainer.loop.stop import GUARD_EXIT, Stopped
 
 
 def test_guard_reads_the_fresh_samples_and_the_limit():

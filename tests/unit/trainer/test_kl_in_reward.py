@@ -7,9 +7,9 @@ import torch
 
 from megatron_rl.algorithms import kind_required_inputs
 from megatron_rl.config import load_config
-from megatron_rl.preflight import load_checked
-from megatron_rl.trainer.rollout_stage import Rollouts
-from megatron_rl.trainer.update_stage import kl_in_reward
+from megatron_rl.trainer.loop.preflight import load_checked
+from megatron_rl.trainer.loop.rollout_stage import Rollouts
+from megatron_rl.trainer.pipeline.update_stage import kl_in_reward
 
 
 def test_sequence_reward_loses_beta_times_summed_k1():

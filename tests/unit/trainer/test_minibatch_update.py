@@ -3,7 +3,7 @@ update computed BY HAND, mini-batch by mini-batch.
 
 Policy: a context-free softmax over V = 3 tokens, π(y) = softmax(θ)_y at every position, trained
 by :class:`SoftmaxActor` — a stand-in for ``PolicyActor`` that calls the real
-:class:`~megatron_rl.trainer.objective.Objective` per micro-batch exactly as ``PolicyActor.train_step``
+:class:`~megatron_rl.trainer.pipeline.objective.Objective` per micro-batch exactly as ``PolicyActor.train_step``
 / ``_train_loss`` / ``_reduce_step`` do (L = Σ loss_sum / Σ normaliser over micro-batches, metrics
 Σ num / Σ den) and then takes ONE plain SGD step θ ← θ − lr·∇L (no Adam, no grad clip), in float64.
 
@@ -29,11 +29,11 @@ import pytest
 import torch
 
 from megatron_rl.config import load_config
-from megatron_rl.trainer.actor import TrainStepResult
-from megatron_rl.trainer.objective import SupportObjective
+from megatron_rl.trainer.policy.actor import TrainStepResult
+from megatron_rl.trainer.pipeline.objective import SupportObjective
 from megatron_rl.trainer.paths import DataPath
-from megatron_rl.trainer.update import Rows, mean_metrics, mini_batches, optimizer_steps
-from megatron_rl.trainer.update_stage import build_seq_batch
+from megatron_rl.trainer.pipeline.update import Rows, mean_metrics, mini_batches, optimizer_steps
+from megatron_rl.trainer.pipeline.update_stage import build_seq_batch
 
 V = 3
 THETA0 = (-1.0, 0.0, 0.5)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from megatron_rl.algorithms.losses import AGG_MODES, aggregate
-from megatron_rl.trainer.objective import partial_aggregate
+from megatron_rl.trainer.pipeline.objective import partial_aggregate
 
 
 @pytest.mark.parametrize("mode", AGG_MODES)

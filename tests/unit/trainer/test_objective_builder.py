@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from megatron_rl import algorithms as A
-from megatron_rl.trainer.batch import TrainBatch
-from megatron_rl.trainer.objective import Objective, SupportObjective
+from megatron_rl.trainer.pipeline.batch import TrainBatch
+from megatron_rl.trainer.pipeline.objective import Objective, SupportObjective
 
 N, S, R, K = 8, 10, 5, 3
 

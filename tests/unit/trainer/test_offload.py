@@ -1,4 +1,4 @@
-"""Trainer offload (``trainer/offload.py``): storages parked in host buffers and released, views kept,
+"""Trainer offload (``trainer/policy/offload.py``): storages parked in host buffers and released, views kept,
 the round trip bit for bit, a real torch Adam continuing identically; ``trainer.offload`` validated.
 
 The Megatron actor's offload/onload (distributed optimizer, DP=2, and one process) is checked in
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from megatron_rl.trainer.offload import OFFLOAD_MODES, HostStash, check_offload_mode
+from megatron_rl.trainer.policy.offload import OFFLOAD_MODES, HostStash, check_offload_mode
 
 
 def _adam_setup(seed=0):

@@ -12,7 +12,7 @@ import pytest
     (dict(decay_style="exp", decay_steps=3), "decay_style"),
 ], ids=["lr", "min_lr", "decay<=warmup", "cosine-no-decay", "unknown-style"])
 def test_optim_spec_validation(kw, msg):
-    from megatron_rl.trainer.optim import OptimSpec
+    from megatron_rl.trainer.policy.optim import OptimSpec
 
     with pytest.raises(ValueError, match=msg):
         OptimSpec(**kw)

@@ -1,4 +1,4 @@
-"""The packing plan (``trainer/packing.py``) as pure functions: DP balance by tokens, first-fit
+"""The packing plan (``trainer/pipeline/packing.py``) as pure functions: DP balance by tokens, first-fit
 decreasing rows, equal micro-batch counts, the budget error, unpack / pack_target round trips and the
 THD layout TE takes on GPU."""
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from megatron_rl.trainer.batch import make_batch
-from megatron_rl.trainer.packing import (
+from megatron_rl.trainer.pipeline.batch import make_batch
+from megatron_rl.trainer.pipeline.packing import (
     RankMicroBatches,
     TokenBudget,
     balance_dp,

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from megatron_rl.trainer.batch import make_batch
-from megatron_rl.trainer.packing import (
+from megatron_rl.trainer.pipeline.batch import make_batch
+from megatron_rl.trainer.pipeline.packing import (
     RankMicroBatches,
     TokenBudget,
     plan,

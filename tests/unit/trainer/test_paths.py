@@ -12,7 +12,7 @@ import pytest
 
 from megatron_rl import algorithms as A
 from megatron_rl.config import load_config
-from megatron_rl.preflight import load_checked
+from megatron_rl.trainer.loop.preflight import load_checked
 from megatron_rl.trainer import paths as P
 from megatron_rl.trainer.paths.sampling import PlainPath
 
@@ -72,7 +72,8 @@ def test_register_algo_kind_is_strict():
 
 
 def test_toy_method_trains_end_to_end(tmp_path):
-    """A method from outside the package trains through the real CLI: ``megatron-rl train ...
+    """The plugin command of docs/contributing.md ("Adding a method"), with a few more overrides.
+    A method from outside the package trains through the real CLI: ``megatron-rl train ...
     plugins=[toy_method]`` with tests/unit/workers/ on ``PYTHONPATH`` (as a user's module) imports
     toy_method.py, which registers advantage + loss + kind (+ ToyHParams), before ``algo.kind=toy`` is
     validated; 2 real steps follow. Its functions ran in the training process, its config key arrived,
@@ -84,7 +85,7 @@ def test_toy_method_trains_end_to_end(tmp_path):
     offload after it failed)."""
     import yaml
 
-    from megatron_rl.demo import prepare
+    from megatron_rl.cli.demo import prepare
 
     paths, _, hf = prepare(tmp_path / "assets", seed=0)
     run_dir, result = tmp_path / "run", tmp_path / "toy_result.json"
@@ -105,7 +106,7 @@ def test_toy_method_trains_end_to_end(tmp_path):
     assert [r["step"] for r in rows] == [1, 2]
     assert all("toy/adv_mean" in r and r["actor/loss"] == r["actor/loss"] for r in rows)
     # colocated: one engine sleep per step, and step 2 generated after a level-2 sleep, which the HF
-    # engine refuses unless the push restored every weight (trainer/colocate.py's order)
+    # engine refuses unless the push restored every weight (trainer/loop/colocate.py's order)
     assert [r["rollout/sleeps"] for r in rows] == [1.0, 2.0]
     assert (run_dir / "checkpoints" / "step_2" / "COMPLETE").is_file()   # saved between the parked stages
     # exported between parked stages too (the run ends with its summary, exit 0 above): the safetensors
@@ -124,7 +125,7 @@ def test_toy_method_trains_end_to_end(tmp_path):
 def test_plugins_are_kept_in_config_yaml_and_imported_again_on_load(tmp_path, monkeypatch):
     """``run_dir/config.yaml`` keeps ``plugins:``, and loading that file (``--config run_dir/config.yaml``;
     what a resume compares) imports the module again in a process that has not imported it yet."""
-    from megatron_rl.trainer.run_config import save_run_config
+    from megatron_rl.trainer.state.run_config import save_run_config
 
     (tmp_path / "mods").mkdir()
     (tmp_path / "mods" / "mrl_probe_plugin.py").write_text("LOADED = True\n")

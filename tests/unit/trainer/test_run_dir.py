@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from megatron_rl.trainer.run_dir import archive_run, check_run_dir, used_by
+from megatron_rl.trainer.state.run_dir import archive_run, check_run_dir, used_by
 
 
 def _old_run(d):
@@ -34,7 +34,7 @@ def test_overwrite_archives_the_whole_run_but_its_inputs(tmp_path):
     """Issue 31: every file the earlier run wrote moves -- optimizer_steps.jsonl (once missed by a list of
     names) and any file a later version writes -- while the new run's inputs stay."""
     from megatron_rl.config import load_config
-    from megatron_rl.trainer.run_dir import config_inputs
+    from megatron_rl.trainer.state.run_dir import config_inputs
 
     d = _old_run(tmp_path / "run")
     (d / "optimizer_steps.jsonl").write_text('{"step": 1, "optimizer_step": 1}\n')

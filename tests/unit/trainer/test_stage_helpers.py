@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from megatron_rl import algorithms as A
-from megatron_rl.trainer import rollout_stage as R
-from megatron_rl.trainer.batch import TrainBatch
+from megatron_rl.trainer.loop import rollout_stage as R
+from megatron_rl.trainer.pipeline.batch import TrainBatch
 from megatron_rl.algorithms.builtin import rlcsd_counts
 from megatron_rl.trainer.paths.bicc import BiccLayout, bicc_inputs
 
@@ -88,7 +88,7 @@ def test_logprob_gate_default_follows_the_trainer_precision():
     """rollout.logprob_gate null: 1e-2 in fp32, 5e-2 with bf16 (bf16 trainer vs bf16 engine differ by ~1e-2);
     a value set wins in either precision."""
     from megatron_rl.config import load_config
-    from megatron_rl.trainer.sync_stage import gate_threshold
+    from megatron_rl.trainer.loop.sync_stage import gate_threshold
 
     assert gate_threshold(load_config(None, [])) == 1e-2
     assert gate_threshold(load_config(None, ["model.bf16=true"])) == 5e-2

@@ -1,4 +1,4 @@
-"""The graceful-stop state machine (``trainer/stop.py``) with real signals: the first SIGINT/SIGTERM
+"""The graceful-stop state machine (``trainer/loop/stop.py``) with real signals: the first SIGINT/SIGTERM
 only sets the flag, a second one (or one before the run is armed) ends the process at once with
 128 + signum and one short line, and the handlers in force before are restored on exit (also after a
 library such as Ray replaced ours in between)."""
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_rl.trainer.stop import GracefulStop, Stopped, exit_code
+from megatron_rl.trainer.loop.stop import GracefulStop, Stopped, exit_code
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -53,7 +53,7 @@ def test_stopped_exit_status():
 
 SCRIPT = textwrap.dedent("""
     import os, signal, sys, time
-    from megatron_rl.trainer.stop import GracefulStop
+    from megatron_rl.trainer.loop.stop import GracefulStop
     sig = getattr(signal, sys.argv[1])
     with GracefulStop() as st:
         if sys.argv[2] == "armed":
@@ -83,7 +83,7 @@ def test_second_signal_or_startup_signal_ends_at_once(sig, phase, code, lines):
 
 @pytest.fixture(scope="module")
 def demo_assets(tmp_path_factory):
-    from megatron_rl.demo import prepare
+    from megatron_rl.cli.demo import prepare
 
     paths, _, hf = prepare(tmp_path_factory.mktemp("assets"), seed=0)
     return paths, hf

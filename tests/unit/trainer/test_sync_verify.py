@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from megatron_rl.config import load_config
-from megatron_rl.trainer.stop import Halted
-from megatron_rl.trainer.sync_stage import PROBE_PREFIX, PROBE_PROMPTS, TOLERANCE, probe_prompts, verify_due
+from megatron_rl.trainer.loop.stop import Halted
+from megatron_rl.trainer.loop.sync_stage import PROBE_PREFIX, PROBE_PROMPTS, TOLERANCE, probe_prompts, verify_due
 
 
 @pytest.mark.parametrize("spec, verified, due", [

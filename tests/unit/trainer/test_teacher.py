@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from megatron_rl import algorithms as A
-from megatron_rl.trainer.batch import make_batch
+from megatron_rl.trainer.pipeline.batch import make_batch
 from megatron_rl.trainer.teacher import TeacherWeights
 from megatron_rl.trainer.teacher_inputs import (
     ChatHintTemplate,
@@ -20,7 +20,7 @@ from megatron_rl.trainer.teacher_inputs import (
     plan_hints,
     truncate_left,
 )
-from megatron_rl.trainer.vocab_parallel import (
+from megatron_rl.trainer.policy.vocab_parallel import (
     vocab_parallel_gather_logprobs,
     vocab_parallel_topk,
     with_tail,
@@ -210,7 +210,7 @@ def test_pack_off_is_one_sequence_per_row():
 
 def test_pack_on_with_transformer_engine_fails_at_startup():
     from megatron_rl.config import load_config
-    from megatron_rl.preflight import load_checked
+    from megatron_rl.trainer.loop.preflight import load_checked
 
     with pytest.raises(ValueError, match="teacher.pack=on needs the local attention path"):
         load_checked(None, ["algo.kind=rlsd", "teacher.pack=on", "model.backend=te"])

@@ -5,8 +5,8 @@ import random
 
 import torch
 
-from megatron_rl.trainer.batch import make_batch
-from megatron_rl.trainer.packing import TokenBudget
+from megatron_rl.trainer.pipeline.batch import make_batch
+from megatron_rl.trainer.pipeline.packing import TokenBudget
 from megatron_rl.trainer.support import _width_groups
 from megatron_rl.trainer.teacher_inputs import _cost, _ffd, attention_crossover, pack
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from megatron_rl.trainer.vocab_parallel import full_vocab_logprobs, vocab_parallel_logprobs
+from megatron_rl.trainer.policy.vocab_parallel import full_vocab_logprobs, vocab_parallel_logprobs
 
 
 @pytest.mark.parametrize("vocab_size,width", [(13, 13), (10, 13)], ids=["unpadded", "padded3"])

@@ -1,4 +1,4 @@
-"""Adding a method = one registration plus its config dataclass (README "Adding a method"), loaded from
+"""Adding a method = one registration plus its config dataclass (docs/contributing.md, "Adding a method"), loaded from
 outside the package: a toy REINFORCE with a group-mean baseline that ``megatron-rl train`` imports
 through the config's ``plugins:`` key (this directory on ``PYTHONPATH``, as a user's own module)::
 

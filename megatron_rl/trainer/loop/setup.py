@@ -1,0 +1,367 @@
+"""Composition root of a run: builds every component from the config once (configs stop here),
+plus the stages that need the whole run: weight sync, greedy evaluation, checkpoint/resume."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from megatron_rl.trainer.loop.colocate import Colocation, build_colocation
+
+if TYPE_CHECKING:   # annotations only: the components are imported where they are built (setup_run)
+    from megatron_rl.config import Config
+    from megatron_rl.data.dataset import DeterministicSampler, PromptDataset
+    from megatron_rl.data.tokenizer import Tokenizer
+    from megatron_rl.runtime.logging import RunLogger
+    from megatron_rl.runtime.parallel import ParallelInfo
+    from megatron_rl.rewards.manager import RewardManager
+    from megatron_rl.rollout.ray_bridge import RolloutClient
+    from megatron_rl.trainer.policy.actor import PolicyActor, ReferencePolicy
+    from megatron_rl.trainer.loop.async_rollout import AsyncRollouts
+    from megatron_rl.trainer.paths import DataPath
+    from megatron_rl.trainer.loop.rollout_source import SyncRollouts
+
+log = logging.getLogger("megatron_rl.setup")
+
+
+@dataclasses.dataclass
+class Run:
+    """What every data path shares; the method's own state lives in ``path`` (``trainer/paths/``)."""
+
+    cfg: Config
+    info: ParallelInfo
+    tok: Tokenizer
+    train_set: PromptDataset
+    val_set: PromptDataset | None
+    sampler: DeterministicSampler
+    actor: PolicyActor
+    ref: ReferencePolicy | None     # when the method's loss needs reference log-probs
+    client: RolloutClient | None    # the engine pool: the Ray driver (global rank 0) only
+    rewards: RewardManager
+    logger: RunLogger | None        # set once the engines answered (setup_run)
+    path: DataPath                  # the data path of cfg.algo.kind (trainer/paths/)
+    step: int = 0
+    last_checkpoint: str | None = None
+    gate: dict | None = None       # start-up gate numbers (sync_stage.startup_gate)
+    verified: int = 0              # weight pushes verified in this process (rollout.verify_sync)
+    source: SyncRollouts | AsyncRollouts | None = None   # set by the loop (trainer/loop/rollout_source.py)
+    colo: Colocation = dataclasses.field(default_factory=Colocation.separate)  # rollout.placement turn-taking
+    async_pending: list = dataclasses.field(default_factory=list)  # finished batches restored from a checkpoint
+
+    @property
+    def micro(self):
+        """How every policy pass cuts its micro-batches: a ``TokenBudget`` (packed,
+        ``trainer.max_tokens_per_micro_batch``) or the padded rows per micro-batch."""
+        from megatron_rl.trainer.pipeline.packing import micro_of
+
+        return micro_of(self.cfg, self.info.tp)
+
+    def seq_len(self, prompts, responses) -> int:
+        """Padded sequence length of a batch (multiple of 8 and of TP for sequence parallel)."""
+        m = max(len(p) + len(r) for p, r in zip(prompts, responses))
+        q = 8 * max(1, self.info.tp)
+        return -(-m // q) * q
+
+    def checkpoint(self) -> None:
+        from megatron_rl.trainer.state.checkpoint import save_checkpoint
+
+        extra = {"step": self.step, "sampler": self.sampler.state_dict() if self.sampler else None,
+                 "teacher": self.path.state_dict() or None}   # the path's extras (teacher counters)
+        st = self.source.state(self.step) if self.source is not None else None
+        if st is not None:
+            # async, driver: the producer runs ahead: the finished batches not trained on yet and the
+            # sampler position that regenerates the one in flight (resume design: trainer/loop/async_rollout.py)
+            extra["sampler"], extra["async"] = st["sampler"], st
+        m = self.cfg.model
+        with self.colo.trainer_loaded():   # colocated: the optimizer state is parked between steps
+            path = save_checkpoint(self.cfg.trainer.run_dir, self.step, self.actor, extra,
+                                   keep_last=self.cfg.trainer.keep_last, teacher=self.path.shadow_weights(),
+                                   hf_dir=m.hf_path, tokenizer_dir=m.tokenizer_path or m.hf_path)
+        self.last_checkpoint = str(path)
+
+    def dump_samples(self, step: int, name: str, seqs) -> None:
+        """Rank 0, ``logging.dump_samples`` > 0: append the first N id sequences of ``name`` with
+        their raw decoding (special tokens kept) to ``run_dir/samples.jsonl``."""
+        n = self.cfg.logging.dump_samples
+        if not n or not self.info.is_driver:
+            return
+        import json
+
+        raw = getattr(getattr(self.tok, "tok", None), "decode", None)
+        with open(Path(self.cfg.trainer.run_dir) / "samples.jsonl", "a") as f:
+            for ids in list(seqs)[:n]:
+                ids = [int(i) for i in ids]
+                text = raw(ids, skip_special_tokens=False) if raw is not None else self.tok.decode(ids)
+                f.write(json.dumps({"step": step, "name": name, "ids": ids, "text": text}) + "\n")
+
+    def close(self, own_client: bool = True) -> None:
+        self.path.close()
+        if own_client and self.client is not None:
+            self.client.shutdown()
+
+
+def grad_clip(cfg) -> float:
+    """The gradient-norm clip in force: ``optim.clip_grad`` when set, else the method's recipe value."""
+    return float(cfg.optim.clip_grad if cfg.optim.clip_grad is not None else cfg.algo.hparams.grad_clip)
+
+
+def _optim_spec(cfg):
+    from megatron_rl.trainer.policy.optim import OptimSpec
+
+    o = cfg.optim
+    decay = cfg.trainer.steps if o.decay_style != "constant" else None
+    return OptimSpec(lr=o.lr, min_lr=o.min_lr, warmup_steps=o.warmup_steps, decay_steps=decay,
+                     decay_style=o.decay_style, weight_decay=o.weight_decay, betas=(o.beta1, o.beta2),
+                     clip_grad=grad_clip(cfg),
+                     use_distributed_optimizer=o.use_distributed_optimizer, bf16=cfg.model.bf16)
+
+
+def client_args(cfg, trainer_world: int = 1, cuda: bool | None = None) -> dict:
+    """The rollout pool's arguments (what ``build_client`` passes to ``RolloutClient``; ``cuda``: this
+    machine's, None = ask it — the auto engine keys depend on it, ``rollout/placement.py``)."""
+    from megatron_rl.runtime.device import has_cuda
+    from megatron_rl.rollout.placement import engine_eager, engine_memory_utilization
+
+    r = cfg.rollout
+    cuda = has_cuda() if cuda is None else cuda
+    kw = {"max_model_len": r.max_model_len, "seed": cfg.trainer.seed, "dtype": "bfloat16" if cfg.model.bf16 else "float32",
+          "logprobs": r.logprobs}
+    if r.engine == "vllm":
+        kw["kv_cache_gib"] = r.kv_cache_gib
+        kw["enable_sleep_mode"] = r.placement == "colocated"   # CUDA only: refused on CPU at start-up
+        kw["gpu_memory_utilization"] = engine_memory_utilization(r.gpu_memory_utilization, r.placement)
+        kw["enforce_eager"] = engine_eager(r.enforce_eager, cuda)
+        kw["tensor_parallel_size"] = r.tensor_parallel_size
+    return {"engine": r.engine, "model": cfg.model.hf_path, "num_engines": r.num_engines, "engine_kwargs": kw,
+            "cpus_per_engine": r.cpus_per_engine, "ray_address": r.ray_address, "sync_backend": r.sync_backend,
+            "bucket_bytes": r.bucket_mb << 20, "trainer_world": trainer_world, "placement": r.placement}
+
+
+def build_client(cfg, trainer_world: int = 1):
+    """The engine pool; with ``rollout.max_staleness`` > 0 its actors get their own CPU cores,
+    disjoint from the trainer's (``async_rollout.local_plan``; the trainer is pinned in ``setup_run``)."""
+    from megatron_rl.runtime.device import has_cuda
+    from megatron_rl.rollout.placement import engine_gpus
+    from megatron_rl.rollout.ray_bridge import RolloutClient
+
+    a = client_args(cfg, trainer_world)
+    tp = cfg.rollout.tensor_parallel_size
+    gpus = None   # on GPU: TP per engine, those of rollout.placement (the trainer's, or the ones after them)
+    if has_cuda():
+        gpus = engine_gpus(a["placement"], int(os.environ.get("LOCAL_WORLD_SIZE", "1")), a["num_engines"], tp)
+    env = None
+    if cfg.rollout.max_staleness > 0:
+        from megatron_rl.trainer.loop.async_rollout import engine_env, local_plan
+
+        env = engine_env(local_plan())
+    return RolloutClient(a["engine"], a["model"], a["num_engines"], a["engine_kwargs"],
+                         cpus_per_engine=a["cpus_per_engine"], ray_address=a["ray_address"],
+                         sync_backend=a["sync_backend"], bucket_bytes=a["bucket_bytes"], trainer_world=a["trainer_world"],
+                         actor_env=env, placement=a["placement"], engine_gpus=gpus, gpus_per_engine=float(tp) if gpus else 0.0)
+
+
+def build_grader(cfg):
+    """The PAPO rubric grader of ``cfg.reward`` with its circuit breaker (no request is made here)."""
+    from megatron_rl.rewards.breaker import CircuitBreaker
+    from megatron_rl.rewards.grader import RubricGrader
+
+    r = cfg.reward
+    grader = RubricGrader(r.grader_url, r.grader_model, concurrency=r.grader_concurrency, timeout=r.grader_timeout,
+                          retries=r.grader_retries, fallback=r.grader_fallback, max_tokens=r.grader_max_tokens)
+    grader.breaker = CircuitBreaker(r.grader_breaker_failures, r.grader_breaker_cooldown, name="grader")
+    return grader
+
+
+def uses_outcome_verifier(cfg) -> bool:
+    """Whether the run asks PAPO's LLM outcome verifier: reward ``papo_math`` selected (``reward.default`` or
+    a ``by_source`` value) with ``reward.outcome_verifier`` on and a ``grader_url``."""
+    r = cfg.reward
+    return bool(r.outcome_verifier and r.grader_url and "papo_math" in {r.default, *r.by_source.values()})
+
+
+def build_outcome_verifier(cfg):
+    """PAPO's LLM outcome verifier on the grader endpoint (``rewards/outcome_judge.py``) with its own
+    circuit breaker, or None when the run does not use it (no request is made here)."""
+    from megatron_rl.rewards.breaker import CircuitBreaker
+    from megatron_rl.rewards.outcome_judge import OutcomeVerifier
+
+    if not uses_outcome_verifier(cfg):
+        return None
+    r = cfg.reward
+    v = OutcomeVerifier(r.grader_url, r.grader_model, concurrency=r.grader_concurrency, timeout=r.grader_timeout,
+                        retries=r.grader_retries, max_tokens=r.grader_max_tokens)
+    v.breaker = CircuitBreaker(r.grader_breaker_failures, r.grader_breaker_cooldown, name="verifier")
+    return v
+
+
+def build_rewards(cfg, is_driver: bool = True):
+    """The run's reward manager (verifier per data source, the reward pool's size and timeout); on the
+    driver (which scores) with PAPO's outcome verifier when used."""
+    from megatron_rl.rewards.manager import RewardManager
+
+    r = cfg.reward
+    verifier = build_outcome_verifier(cfg) if is_driver else None
+    return RewardManager(r.by_source, r.default, workers=r.workers, timeout_s=r.timeout_s,
+                         second_opinion={"papo_math": verifier} if verifier is not None else None)
+
+
+def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = False,
+              allow_config_change: bool = False, keep: tuple = ()) -> Run:
+    """init_parallel -> tokenizer, data, reward manager, actor (+ reference), engines, logger;
+    ``resume``: ``"auto"`` (newest complete checkpoint, if any), a checkpoint path, or None;
+    ``overwrite``: a fresh run in a used ``run_dir`` archives the earlier one (else it is refused), all
+    but the new run's inputs and ``keep`` (``trainer/run_dir.archive_run``);
+    ``allow_config_change``: resume despite a changed method / group size / model (``trainer/state/run_config.py``)."""
+    from megatron_rl import algorithms as A
+    from megatron_rl.config import validate
+    from megatron_rl.data.dataset import DeterministicSampler
+    from megatron_rl.data.tokenizer import load_tokenizer
+    from megatron_rl.runtime.logging import RunLogger
+    from megatron_rl.models.provider import load_hf_config
+    from megatron_rl.runtime.parallel import init_parallel
+    from megatron_rl.trainer.loop.preflight import preflight, prompt_datasets
+    from megatron_rl.trainer.policy.actor import PolicyActor, ReferencePolicy
+    from megatron_rl.trainer.paths import build_path
+    from megatron_rl.trainer.state.run_dir import archive_run, config_inputs
+
+    backend = preflight(cfg, resume, overwrite, allow_config_change)   # every user error before anything starts
+    from megatron_rl.runtime.usage import begin_run
+
+    begin_run()                                       # from here an error is a runtime error (exit 1)
+    rank = int(os.environ.get("RANK", "0"))           # torchrun's; process groups start below
+    if overwrite and rank == 0:
+        archive_run(cfg.trainer.run_dir, keep=[*config_inputs(cfg, cfg.trainer.run_dir), *keep])
+    if rank == 0:
+        from megatron_rl.trainer.state.run_config import save_run_config
+
+        save_run_config(cfg)   # run_dir/config.yaml (or config.<n>.yaml): which configuration this start ran
+    from megatron_rl.runtime.console import attach_run_log
+
+    attach_run_log(cfg.trainer.run_dir, rank)   # INFO (patches, Megatron's dumps, stages) -> run_dir/train.log
+    if rank == 0:
+        from megatron_rl.trainer.state.checkpoint import remove_stale_tmp
+
+        remove_stale_tmp(cfg.trainer.run_dir)    # .tmp-step_* of a save cut short by a crash or kill: one line
+    info = init_parallel(cfg.parallel.tp, cfg.parallel.pp, seed=cfg.trainer.seed,
+                         sequence_parallel=cfg.parallel.sequence_parallel, timeout_s=cfg.parallel.timeout_s,
+                         vpp=cfg.parallel.vpp, cp=cfg.parallel.cp)
+    validate(cfg, world_size=info.world)
+    if not cfg.model.hf_path:
+        raise ValueError("model.hf_path is required (HF model dir with config.json + safetensors)")
+    tok = load_tokenizer(cfg.model.tokenizer_path or cfg.model.hf_path, cfg.data.chat_template_kwargs)
+    path = build_path(cfg, tok)     # template / layout errors surface here, before any model is built
+    train, val = prompt_datasets(cfg, tok)   # read and checked by preflight (check_prompts): the same objects
+    sampler = DeterministicSampler(len(train), cfg.data.prompts_per_step, cfg.data.seed)
+    hf_cfg = load_hf_config(cfg.model.hf_path)
+    from megatron_rl.models.provider import recompute_overrides
+
+    recompute = recompute_overrides(cfg.model.recompute, cfg.model.recompute_method, cfg.model.recompute_num_layers)
+    actor = PolicyActor(hf_cfg, info, _optim_spec(cfg), temperature=cfg.rollout.temperature,
+                        sequence_parallel=info.sequence_parallel, backend=backend, fp8=cfg.model.fp8,
+                        offload=cfg.trainer.offload,
+                        recompute=recompute)
+    actor.load_hf(cfg.model.hf_path)
+    ref = None
+    if "ref_logp" in A.kind_required_inputs(cfg.algo.kind, cfg.algo.hparams):
+        ref = ReferencePolicy(hf_cfg, cfg.rollout.temperature, info.sequence_parallel, cfg.model.bf16, parallel_info=info,
+                              backend=backend, fp8=cfg.model.fp8)
+        ref.load_hf(cfg.model.hf_path)
+    run = Run(cfg, info, tok, train, val, sampler, actor, ref, None, build_rewards(cfg, info.is_driver), None, path)
+    path.setup(run)
+    _resume(run, resume)
+    run.colo = build_colocation(run)  # colocated: the trainer offloads before the engines start beside it and
+    run.colo.start()                  # stays so through the first push (trainer/loop/colocate.py)
+    if info.is_driver and client is None:
+        client = build_client(cfg, trainer_world=info.world)
+    from megatron_rl.trainer.loop.rollout_stage import broadcast_object
+
+    broadcast_object(None)   # the others wait out the engines' start-up in the store (driver_wait), not in NCCL
+    if cfg.rollout.max_staleness > 0:
+        # engines and trainer on disjoint cores. After Ray started, so its daemons (and the workers
+        # they fork) are not confined to the trainer's cores; the engine actors pin themselves.
+        from megatron_rl.trainer.loop.async_rollout import local_plan, pin_trainer
+
+        plan = local_plan()
+        mine = pin_trainer(plan, int(os.environ.get("LOCAL_RANK", "0")))
+        log.info("asynchronous rollouts: trainer on cores %s, engines on %s", sorted(mine), sorted(plan.engines))
+    run.client = client
+    if run.colo.active and info.is_driver:
+        run.colo.engines = client
+    run.logger = RunLogger(cfg.trainer.run_dir, cfg.to_dict(), wandb_mode=cfg.logging.wandb_mode,
+                           project=cfg.logging.project, run_name=cfg.logging.run_name, total_steps=cfg.trainer.steps,
+                           resume_step=run.step if run.last_checkpoint is not None else None,
+                           progress=cfg.logging.progress)
+    if info.is_driver:   # per-optimizer-step rows (trainer/pipeline/update.py) after the step resumed from are dropped
+        from megatron_rl.runtime.logging import truncate_metrics
+        from megatron_rl.trainer.pipeline.update import OPTIMIZER_STEPS_FILE
+
+        truncate_metrics(Path(cfg.trainer.run_dir) / OPTIMIZER_STEPS_FILE, run.step)
+    sync_weights(run)  # engines start from the HF dir; after a resume they must get the checkpoint's weights
+    from megatron_rl.trainer.loop.sync_stage import startup_gate
+
+    run.gate = startup_gate(run)  # stops the run if trainer and engines disagree after the first sync
+    return run
+
+
+def _resume(run: Run, resume: str | None) -> None:
+    """``resume``: ``"auto"`` (newest complete checkpoint, if any), a path, or None: model, optimizer,
+    sampler and the data path's state (teacher weights and counters) as saved."""
+    from megatron_rl.trainer.state.checkpoint import find_latest, load_checkpoint
+
+    path = (find_latest(run.cfg.trainer.run_dir) if resume == "auto" else Path(resume)) if resume else None
+    if path is None:
+        return
+    loaded = load_checkpoint(path, run.actor, teacher=run.path.shadow_weights())
+    if loaded.extra_state.get("teacher"):
+        run.path.load_state_dict(loaded.extra_state["teacher"])
+    run.step, run.last_checkpoint = loaded.step, str(path)
+    if loaded.extra_state.get("sampler"):
+        run.sampler.load_state_dict(loaded.extra_state["sampler"])
+    from megatron_rl.trainer.loop.async_rollout import restore_state
+
+    run.async_pending, _ = restore_state(loaded.extra_state.get("async"), run.cfg.rollout.max_staleness)
+    log.info("resumed from %s at step %d", path, run.step)
+    if run.info.is_driver:   # a console line too (INFO goes to train.log only): users and job logs must see it
+        print(f"[megatron-rl] resumed from {path} at step {run.step}", flush=True)
+
+
+def sync_weights(run: Run) -> None:
+    """Collective: stream HF-named weights from the TP/PP shards to every engine (``sync_stage.sync``)."""
+    from megatron_rl.trainer.loop.sync_stage import sync
+
+    sync(run)
+
+
+def eval_sampling(cfg, step: int, eos_id: int | None = None):
+    """The held-out sampling settings (``trainer.eval_*``; temperature 0 = greedy)."""
+    from megatron_rl.rollout.engine import SamplingParams
+    from megatron_rl.trainer.loop.rollout_stage import sampling_params
+
+    t = cfg.trainer
+    base = sampling_params(cfg, step, greedy=True, eos_id=eos_id)
+    if t.eval_temperature == 0:
+        return dataclasses.replace(base, max_tokens=t.eval_max_tokens or base.max_tokens)
+    return SamplingParams(n=t.eval_n, temperature=t.eval_temperature, top_p=t.eval_top_p, top_k=t.eval_top_k,
+                          min_p=t.eval_min_p, max_tokens=t.eval_max_tokens or base.max_tokens, seed=base.seed,
+                          stop_token_ids=base.stop_token_ids)
+
+
+def evaluate(run: Run, step: int) -> dict:
+    """Held-out accuracy of the current engine weights (rank 0 runs it; broadcast): ``eval/acc`` =
+    mean@n over ``trainer.eval_n`` samples per prompt, and with n > 1 ``eval/mean@n``, ``eval/pass@n``."""
+    from megatron_rl.eval.metrics import summarize
+    from megatron_rl.trainer.loop.rollout_stage import broadcast_object, generate, score
+
+    out = None
+    if run.info.is_driver:
+        n = min(run.cfg.trainer.eval_prompts, len(run.val_set))
+        sp = eval_sampling(run.cfg, step, run.tok.eos_id)
+        ro = score(generate(run.client, run.val_set, list(range(n)), sp, run.tok), run.rewards)
+        corr = ro.correct.view(n, sp.n).tolist()
+        s = summarize([(run.val_set[i].data_source, corr[i]) for i in range(n)], (sp.n,))
+        out = {"eval/acc": s[f"mean@{sp.n}"]}
+        if sp.n > 1:
+            out.update({f"eval/mean@{sp.n}": s[f"mean@{sp.n}"], f"eval/pass@{sp.n}": s[f"pass@{sp.n}"]})
+    return broadcast_object(out)

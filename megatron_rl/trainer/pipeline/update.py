@@ -1,0 +1,259 @@
+"""The one update pipeline every data path feeds (``rl_step`` calls :func:`update`).
+
+    path.sampled(data)                     the sequences the policy sampled, per-row inputs (the path)
+      -> old / ref log-probs               whole batch, once (the proximal and reference policies;
+                                           ``algo.off_policy=bypass``: old := the engine's, no pass),
+                                           the trainer-vs-engine mismatch metrics
+      -> in-reward KL -> path.after_logprobs
+      -> advantages                        whole batch, once (registered estimator)
+      -> base rows -> path.train_rows      the rows the loss trains on, with the off-policy / rollout-
+                                           correction weights and keep mask (folded into the mask after
+                                           the path's hook) — the path's: conditioned sequences,
+                                           a filtered subset, a per-row teacher plan
+      -> [epoch]* [mini-batch]*            ``trainer.ppo_epochs`` x the rows cut IN ORDER (no shuffle,
+                                           as the references) into ``trainer.mini_batch_prompts`` x
+                                           ``rollout.n`` rows
+           -> support passes               teacher / student top-k under the weights of THAT moment
+           -> batch statistics             the loss's whole-mini-batch fields (registry)
+           -> micro-batches -> objective -> one optimizer step   (``actor.train_step``)
+           -> path.after_optimizer_step    (teacher EMA / snapshot counter)
+
+Nothing here knows a method name: what runs is asked of the path (its hooks, ``teacher``) and of the
+registries (the loss's ``support`` and ``batch_stats``). Each mini-batch is one global batch of
+``actor.train_step``: split over DP ranks and micro-batches there, normalised by its own token /
+row counts (global over DP). ``mini_batch_prompts`` = 0 (the default) is one mini-batch = the whole
+batch, which is exactly the earlier one-step update.
+
+LR schedule: the scheduler advances once per RL step (on its first optimizer step), so
+``optim.warmup_steps`` and the decay count RL steps, as verl's actor scheduler does (it steps once
+per ``update_actor``); every mini-batch of a step uses that step's LR.
+
+Per-optimizer-step rows (epoch, mini-batch, loss, grad norm, clip fractions, …) go to
+``run_dir/optimizer_steps.jsonl`` (driver); the step's metrics row carries their means (timings and
+teacher token counts summed) and ``actor/optimizer_steps``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from megatron_rl import algorithms as A
+from megatron_rl.algorithms import correction as C
+from megatron_rl.algorithms import offpolicy as O
+from megatron_rl.trainer.pipeline import update_stage as U
+from megatron_rl.trainer.pipeline.objective import Objective
+from megatron_rl.trainer.pipeline.packing import TokenBudget
+from megatron_rl.trainer.support import teacher_tensors
+
+OPTIMIZER_STEPS_FILE = "optimizer_steps.jsonl"
+#: a rollout-correction mode's keep mask [N, R] among the rows' extras, so a path's ``train_rows``
+#: (subset, re-conditioned sequences) carries it; folded into ``resp_mask`` right after
+CORRECTION_KEEP = "correction_keep"
+
+
+@dataclasses.dataclass
+class Sampled:
+    """A path's view of one step's data (``DataPath.sampled``), every rank."""
+
+    ro: Any                   # Rollouts: rewards, groups and engine log-probs of ``seqs``' rows
+    seqs: U.SeqBatch          # the sampled sequences (the old / ref passes run on them)
+    hp: Any                   # the method's hparams in force this step
+    adv_fields: dict = dataclasses.field(default_factory=dict)   # extra AlgoInputs of the advantage, per row
+    extras: dict = dataclasses.field(default_factory=dict)       # extra loss inputs, per row
+    data: Any = None          # the path's own step data, for its later hooks (SCoRe: both attempts)
+
+
+@dataclasses.dataclass
+class LogProbs:
+    """Old (proximal) and reference log-probs of ``Sampled.seqs``: target frame ``[N, S-1]`` and
+    response frame ``[N, R]``; ``ref*`` None without a reference policy."""
+
+    old_full: torch.Tensor
+    ref_full: torch.Tensor | None
+    old: torch.Tensor
+    ref: torch.Tensor | None
+
+
+@dataclasses.dataclass
+class Rows:
+    """The rows the loss trains on: their sequences, per-row loss inputs (``extras``, each ``[n, …]``),
+    and what the path keeps per row for update time (``ro``: their rollouts, ``plan``: a per-row plan
+    with ``select``, e.g. the teacher prompts)."""
+
+    seqs: U.SeqBatch
+    extras: dict
+    ro: Any = None
+    plan: Any = None
+
+    def __len__(self) -> int:
+        return self.seqs.batch.num_samples
+
+    def select(self, idx: list[int]) -> Rows:
+        """Rows ``idx`` in that order (sequence length kept)."""
+        t = torch.tensor(idx, dtype=torch.long)
+        b = self.seqs.batch
+        batch = dataclasses.replace(b, tokens=b.tokens[t], loss_mask=b.loss_mask[t],
+                                    extras={k: v[t] for k, v in b.extras.items()})
+        return Rows(U.SeqBatch(batch, self.seqs.resp_pos[t], self.seqs.resp_mask[t]),
+                    {k: v[t] for k, v in self.extras.items()},
+                    None if self.ro is None else self.ro.select(idx),
+                    None if self.plan is None else self.plan.select(idx))
+
+
+def mini_batches(n_rows: int, rows_per_mini_batch: int) -> list[list[int]]:
+    """Row indices of each mini-batch: consecutive chunks of ``rows_per_mini_batch`` (0 = one chunk of
+    all rows); the last chunk is shorter when the rows do not divide (a filtered batch, as verl's
+    ``DataProto.split``). No shuffle."""
+    size = rows_per_mini_batch if rows_per_mini_batch > 0 else max(n_rows, 1)
+    return [list(range(i, min(i + size, n_rows))) for i in range(0, n_rows, size)]
+
+
+def update(run, data, step: int) -> dict:
+    """Every rank (collective): the pipeline of the module docstring on ``data``; the metrics row."""
+    path, cfg = run.path, run.cfg
+    s = path.sampled(data, step)
+    lp, metrics = logprob_passes(run, s, step)
+    if s.hp.kl_reward_coef > 0:      # only paths with ``kl_in_reward`` pass validation with a coefficient
+        metrics.update(U.kl_in_reward(s.ro, lp.old, lp.ref, s.seqs.resp_mask, s.hp.kl_reward_coef, s.hp.kl_reward_type))
+    path.after_logprobs(s, lp, metrics)
+    ai = U.advantage_inputs(s.ro, s.seqs.resp_mask, old_logp=lp.old, ref_logp=lp.ref)
+    adv = A.compute_advantages(cfg.algo.kind, dataclasses.replace(ai, **s.adv_fields), s.hp).float()
+    rows = path.train_rows(s, base_rows(run, s, lp, adv, step, metrics, path.importance_weights), lp, step, metrics)
+    keep = rows.extras.pop(CORRECTION_KEEP, None)      # rollout-correction rejection: out of the loss's mask
+    if keep is not None:
+        rows.extras["resp_mask"] = rows.extras["resp_mask"] * keep
+    metrics["adv/mean_abs"] = float(adv.abs().mean())
+    if len(rows) == 0:
+        return metrics                 # the path said why (e.g. no sample survived its filter)
+    per_step = optimizer_steps(run, rows, s.hp, step)
+    metrics.update(mean_metrics(per_step))
+    _log_optimizer_steps(run, step, per_step)
+    return metrics
+
+
+def logprob_passes(run, s: Sampled, step: int) -> tuple[LogProbs, dict]:
+    """Old and reference log-probs of the sampled sequences (no grad), the trainer<->engine
+    agreement ``rollout/logprob_gap`` (mean |old − engine log-prob| over response tokens) and the
+    mismatch metrics beside it (``update_stage.mismatch_inputs``). ``algo.off_policy=bypass``: no old
+    pass at all — old := the engine's log-probs (``bypass_old``); no gap then, and the mismatch's
+    ``token_mult_prob_error`` / ``gen_kl`` come from the first optimizer step's forward (``Objective``)."""
+    t0 = time.perf_counter()
+    mbs = run.micro
+    recompute = C.correction_recomputes(run.cfg.algo.off_policy)
+    old_full = run.actor.forward_logprobs(s.seqs.batch, mbs).logp if recompute else None
+    ref_full = run.ref.forward_logprobs(s.seqs.batch, mbs).logp if run.ref is not None else None
+    ref = U.response_frame(ref_full, s.seqs) if ref_full is not None else None
+    if not recompute:
+        old_full, old = bypass_old(s)
+        return LogProbs(old_full, ref_full, old, ref), {"time/logprobs": time.perf_counter() - t0}
+    old = U.response_frame(old_full, s.seqs)
+    gap = U.logprob_gap(old, s.ro.rollout_logp, s.seqs.resp_mask)
+    metrics = {"rollout/logprob_gap": gap, **U.mismatch_inputs(run.cfg, s.ro, old, s.seqs.resp_mask, step)}
+    return LogProbs(old_full, ref_full, old, ref), {**metrics, "time/logprobs": time.perf_counter() - t0}
+
+
+def bypass_old(s: Sampled) -> tuple[torch.Tensor, torch.Tensor]:
+    """π_old := π_rollout: the engine's log-probs in the response frame ``[N, R]`` (0 off the mask)
+    and scattered to the target frame ``[N, S-1]`` (0 at non-response positions)."""
+    m = s.seqs.resp_mask
+    old = O.behaviour_matrix(s.ro.rollout_logp, m) * m
+    n, s_len = s.seqs.batch.tokens.shape
+    full = torch.zeros((n, s_len - 1), dtype=old.dtype).scatter_add_(1, s.seqs.resp_pos, old)
+    return full, old
+
+
+def base_rows(run, s: Sampled, lp: LogProbs, adv: torch.Tensor, step: int, metrics: dict,
+              importance_weights: bool = True) -> Rows:
+    """Every sampled row with its loss inputs: rewards, groups, advantages, old / ref log-probs,
+    the decoupled-PPO / TIS weights of a stale batch (``importance_weights``), the path's extras."""
+    ex = {"rewards": s.ro.rewards.float(), "group_ids": s.ro.group_ids, "advantages": adv, "old_logp": lp.old,
+          "resp_pos": s.seqs.resp_pos, "resp_mask": s.seqs.resp_mask}
+    if lp.ref is not None:
+        ex["ref_logp"] = lp.ref
+    if importance_weights and C.is_correction_mode(run.cfg.algo.off_policy):   # the rollout-correction suite
+        tis, keep, off = U.correction_inputs(run.cfg, s.ro, lp.old, s.seqs.resp_mask, step)
+        if tis is not None:
+            ex["tis_weights"] = tis
+        if keep is not None:
+            ex[CORRECTION_KEEP] = keep
+        metrics.update(off)
+    elif importance_weights:
+        tis, off = U.off_policy_inputs(run.cfg, s.ro, lp.old, s.seqs.resp_mask, step)   # stale batches (async)
+        if tis is not None:
+            ex["tis_weights"] = tis
+        metrics.update(off)
+    ex.update(s.extras)
+    return Rows(s.seqs, ex, ro=s.ro)
+
+
+def optimizer_steps(run, rows: Rows, hp, step: int) -> list[dict]:
+    """``ppo_epochs`` x the mini-batches of ``rows``: one optimizer step each; their metric dicts."""
+    cfg, path = run.cfg, run.path
+    kind, t = cfg.algo.kind, cfg.trainer
+    loss = A.algo_kind(kind).loss
+    stats = A.loss_batch_stats(loss)
+    mbs = run.micro
+    multiple = 1 if isinstance(mbs, TokenBudget) else run.info.dp * mbs   # padded: N a multiple of DP x rows
+    chunks = mini_batches(len(rows), t.mini_batch_prompts * cfg.rollout.n)
+    out = []
+    for epoch in range(t.ppo_epochs):
+        for k, idx in enumerate(chunks):
+            mb = rows if len(chunks) == 1 else rows.select(idx)
+            ex, m = dict(mb.extras), {}
+            if path.teacher is not None:     # support passes under the teacher weights of this moment
+                t_ex, m = teacher_tensors(run, path, mb, hp, loss, step)
+                ex.update(t_ex)
+            for name in sorted(stats):
+                ex[name] = stats[name](ex, hp)
+            batch = dataclasses.replace(mb.seqs.batch, extras=ex).pad_rows_to_multiple(multiple)
+            first_of_bypass = not out and not C.correction_recomputes(cfg.algo.off_policy)
+            res = run.actor.train_step(batch, Objective(kind, hp, batch, step, mismatch=first_of_bypass), mbs,
+                                       lr_increment=1 if not out else 0)
+            if res.update_successful:
+                path.after_optimizer_step()
+            m.update(actor_metrics(res))
+            m.update({"epoch": epoch, "mini_batch": k, "rows": len(idx)})
+            out.append(m)
+    return out
+
+
+def actor_metrics(res) -> dict:
+    """``TrainStepResult`` -> metrics row entries (``actor/`` unless the name has its own prefix)."""
+    return {f"actor/{k}" if "/" not in k else k: v for k, v in res.to_dict().items()}
+
+
+_SUMMED = ("time/", "teacher/sequences", "teacher/rows", "teacher/tokens")
+_LAST = ("teacher/syncs",)
+_PER_STEP_ONLY = ("epoch", "mini_batch", "rows")
+
+
+def mean_metrics(per_step: list[dict]) -> dict:
+    """One row from the optimizer steps of an RL step: means; timings and teacher token counts summed;
+    the teacher's sync counter as after the last one; ``actor/optimizer_steps`` = their number."""
+    out: dict = {}
+    for key in dict.fromkeys(k for m in per_step for k in m):   # every key, in the order first seen
+        if key in _PER_STEP_ONLY:
+            continue
+        vals = [float(m[key]) for m in per_step if key in m]
+        if key in _LAST:
+            out[key] = vals[-1]
+        elif key.startswith(_SUMMED):
+            out[key] = sum(vals)
+        else:
+            out[key] = sum(vals) / len(vals)
+    out["actor/optimizer_steps"] = float(len(per_step))
+    return out
+
+
+def _log_optimizer_steps(run, step: int, per_step: list[dict]) -> None:
+    """Driver: one row per optimizer step in ``run_dir/optimizer_steps.jsonl``."""
+    if not run.info.is_driver:
+        return
+    with open(Path(run.cfg.trainer.run_dir) / OPTIMIZER_STEPS_FILE, "a") as f:
+        for m in per_step:
+            f.write(json.dumps({"step": step, **{k: float(v) for k, v in m.items()}}) + "\n")

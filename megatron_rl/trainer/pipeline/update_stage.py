@@ -1,0 +1,127 @@
+"""Pieces of the update pipeline (``trainer/pipeline/update.py``) that every data path shares: sequence
+batches, the response frame, the trainer/engine log-prob gap, the in-reward KL, the off-policy
+weights and the advantage inputs (the objective itself is ``trainer/pipeline/objective.py``).
+
+Per-token quantities are kept in the RESPONSE frame ``[N, R]`` (token r of sample n's response),
+because BiCC moves a sample's response to a different position when a context is inserted; each
+row's ``resp_pos[n, r]`` indexes the actor's target frame ``[N, S-1]`` (``logp.gather``).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from megatron_rl import algorithms as A
+from megatron_rl.trainer.pipeline.batch import TrainBatch, make_batch
+
+
+@dataclasses.dataclass
+class SeqBatch:
+    """A TrainBatch plus the response-frame index of each row."""
+
+    batch: TrainBatch
+    resp_pos: torch.Tensor    # [N, R] long (clamped to 0 where masked)
+    resp_mask: torch.Tensor   # [N, R] float
+
+
+def build_seq_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int, seq_len: int,
+                    max_resp: int, extras: dict | None = None) -> SeqBatch:
+    """Right-padded sequences ``prompt ++ response``; response-frame positions and mask."""
+    n = len(prompts)
+    pos = torch.zeros(n, max_resp, dtype=torch.long)
+    mask = torch.zeros(n, max_resp)
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        k = min(len(r), max_resp)
+        pos[i, :k] = torch.arange(len(p) - 1, len(p) - 1 + k)
+        mask[i, :k] = 1.0
+    ex = {"resp_pos": pos, "resp_mask": mask, **(extras or {})}
+    return SeqBatch(make_batch(prompts, responses, pad_id, ex, seq_len), pos, mask)
+
+
+def response_frame(x: torch.Tensor, sb: SeqBatch) -> torch.Tensor:
+    """``[N, S-1]`` -> ``[N, R]`` (zeros off the mask)."""
+    return x.gather(1, sb.resp_pos) * sb.resp_mask
+
+
+def logprob_gap(old: torch.Tensor, rollout_logp: list, mask: torch.Tensor) -> float:
+    """Mean |trainer − engine| log-prob over valid response tokens (``rollout/logprob_gap``): the
+    trainer's forward puts each token where the engine sampled it, and both agree on the model."""
+    roll = torch.zeros_like(old)
+    r_max = old.shape[1]
+    for i, lp in enumerate(rollout_logp):
+        roll[i, : min(len(lp), r_max)] = torch.tensor(lp[:r_max], dtype=old.dtype)
+    return float(((old - roll).abs() * mask).sum() / mask.sum().clamp_min(1))
+
+
+def kl_in_reward(ro, old: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor, beta: float, kind: str) -> dict:
+    """In-reward KL (verl ``apply_kl_penalty`` with the fixed controller, ``algorithms.apply_kl_in_reward``):
+    r_i ← r_i − β·Σ_t KL_t(old, ref)·m_t, the sequence sum of the token-level rewards that outcome
+    advantages read (docs/methods/bicc-rcc.md). ``ro.correct`` stays the binary outcome. Departure: the released
+    BiCC recipe applies it before its old log-probs exist (docs/methods/bicc-rcc.md: it cannot run so); here they do."""
+    out = A.apply_kl_in_reward(torch.zeros_like(old), old, ref, mask, beta, kind)
+    ro.rewards = ro.rewards + out.token_rewards.sum(-1).to(ro.rewards.dtype)
+    return {"reward/kl_in_reward": float(out.mean_kl), "reward/kl_in_reward_mean_penalty": float(-out.token_rewards.sum(-1).mean())}
+
+
+def off_policy_inputs(cfg, ro, old: torch.Tensor, mask: torch.Tensor, step: int) -> tuple[torch.Tensor | None, dict]:
+    """Decoupled-PPO importance weights of the batch (``algorithms/offpolicy.py``) and their metrics.
+
+    Proximal policy = ``old`` (the trainer's log-probs of the PLAIN batch under its current weights:
+    the context the engines sampled in); behaviour = the engines' sampling log-probs
+    (``ro.rollout_logp``); staleness = (step − 1) − ``ro.weight_version`` (the trainer holds the
+    weights of step − 1; a batch collected synchronously has no version: staleness 0). Mode and
+    cap: ``algo.off_policy`` / ``algo.tis_cap``. Returns (weights [N, T] or None, metrics)."""
+    from megatron_rl.algorithms import offpolicy as O
+
+    version = step - 1 if ro.weight_version is None else ro.weight_version
+    stale = O.staleness(step - 1, torch.full((len(ro),), version, dtype=torch.long))
+    out = O.off_policy_weights(old, O.behaviour_matrix(ro.rollout_logp, old), mask, stale,
+                               mode=cfg.algo.off_policy, cap=cfg.algo.tis_cap)
+    return out.weights, {k: float(v) for k, v in out.metrics.items()}
+
+
+def batch_staleness(ro, step: int) -> torch.Tensor:
+    """[N] staleness of the batch's samples: (step − 1) − ``ro.weight_version`` (0 without a version)."""
+    from megatron_rl.algorithms import offpolicy as O
+
+    version = step - 1 if ro.weight_version is None else ro.weight_version
+    return O.staleness(step - 1, torch.full((len(ro),), version, dtype=torch.long))
+
+
+def correction_band(cfg) -> tuple[float, float]:
+    """The ratio band [L, U] the mismatch metrics count tokens beyond: the registered mode's own
+    thresholds (``algo.correction``), else [1/C, C] with C = ``algo.tis_cap`` (verl's default lower)."""
+    corr = cfg.algo.correction
+    band = corr.band() if corr is not None else None
+    return band if band is not None else (1.0 / cfg.algo.tis_cap, cfg.algo.tis_cap)
+
+
+def mismatch_inputs(cfg, ro, old: torch.Tensor, mask: torch.Tensor, step: int) -> dict:
+    """The train–inference mismatch metrics of the batch (``algorithms/mismatch.py``): trainer =
+    ``old`` (the recomputed log-probs), engine = ``ro.rollout_logp``; split by staleness when the run
+    is asynchronous (``rollout.max_staleness`` > 0)."""
+    from megatron_rl.algorithms import mismatch as M
+    from megatron_rl.algorithms import offpolicy as O
+
+    return M.split_mismatch_metrics(old, O.behaviour_matrix(ro.rollout_logp, old), mask, batch_staleness(ro, step),
+                                    correction_band(cfg), split=cfg.rollout.max_staleness > 0)
+
+
+def correction_inputs(cfg, ro, old: torch.Tensor, mask: torch.Tensor, step: int):
+    """A registered rollout-correction mode (``algorithms/correction.py``) on the batch: (weights or
+    None, keep mask or None, metrics incl. the staleness ones)."""
+    from megatron_rl.algorithms import correction as C
+    from megatron_rl.algorithms import offpolicy as O
+
+    out = C.apply_correction(cfg.algo.off_policy, old, O.behaviour_matrix(ro.rollout_logp, old), mask, cfg.algo.correction)
+    metrics = {k: float(v) for k, v in O.staleness_metrics(batch_staleness(ro, step)).items()}
+    metrics.update({k: float(v) for k, v in out.metrics.items()})
+    return out.weights, out.keep, metrics
+
+
+def advantage_inputs(rollouts, mask: torch.Tensor, old_logp=None, ref_logp=None) -> A.AlgoInputs:
+    return A.AlgoInputs(rewards=rollouts.rewards.double(), group_ids=rollouts.group_ids, mask=mask,
+                        old_logp=old_logp, ref_logp=ref_logp, correct=rollouts.correct,
+                        process=None if rollouts.process is None else rollouts.process.double(),
+                        greedy_rewards=None if rollouts.greedy_rewards is None else rollouts.greedy_rewards.double())

@@ -1,0 +1,1 @@
+"""Run state: checkpoints and their manifest, run directories, config snapshots."""
