@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from megatron_rl.usage import OneLineParser
+from megatron_rl.runtime.usage import OneLineParser
 
 
 def build_parser() -> OneLineParser:
@@ -20,8 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     args.argv = argv   # the command line, for the manifest
-    from megatron_rl.diskspace import DiskSpaceError
-    from megatron_rl.usage import error_status
+    from megatron_rl.runtime.diskspace import DiskSpaceError
+    from megatron_rl.runtime.usage import error_status
 
     try:
         return args.run(args)
