@@ -34,7 +34,7 @@ MODULE_SECONDS = {
     "tests/distributed/test_weight_transport.py": 95,
     "tests/e2e/test_rollout_vllm.py": 125, "tests/e2e/test_verify_sync.py": 115, "tests/unit/rewards/test_judge_vllm.py": 120, "tests/unit/test_convert_stream.py": 50, "tests/unit/test_plan.py": 45,
     "tests/distributed/test_convert.py": 50, "tests/distributed/test_checkpoint.py": 45,
-    "tests/distributed/test_invariance.py": 40, "tests/unit/trainer/test_paths.py": 37,
+    "tests/distributed/test_invariance.py": 40, "tests/unit/trainer/test_plugin_inputs.py": 40,
     "tests/distributed/test_teacher_pass.py": 35, "tests/unit/convert/test_convert_units.py": 34,
     "tests/distributed/test_actor.py": 19, "tests/distributed/test_backend_wiring.py": 14,
     "tests/distributed/test_actor_vocab_parallel.py": 8, "tests/unit/rewards/test_math_reward.py": 30,

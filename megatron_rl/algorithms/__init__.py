@@ -22,7 +22,11 @@ Trainer interface (stable):
   opsd_ectr, rlsd_ectr, papo, score; ``ALGO_KINDS[kind].path`` names its trainer data path;
   ``register_algo_kind(name, advantage, loss, hparams, path, needs_group=True)`` adds a method
   (``needs_group=False``: it learns from one sample per prompt, ``single_sample_kinds()``).
-* One frozen :class:`AlgoInputs` bundle per step / mini-batch. Registered functions:
+* Inputs: ``register_input(name, shape, dtype)`` declares a named per-step input (its producer —
+  a data path, a plugin — lists it in its ``provides``, its readers in their ``needs``);
+  ``input_spec(name)``, ``input_names()``.
+* One frozen :class:`AlgoInputs` bundle per step / mini-batch (a mapping of the registered inputs
+  it holds; ``x.<name>`` is the value or None). Registered functions:
   advantage ``fn(inputs, hp) -> Tensor[N]``; loss ``fn(inputs, advantages, hp) -> LossOutput``
   (``loss_mat`` [N, T], ``metrics`` of 0-d tensors) or ``MaskedLossOutput`` (adds the ``mask`` to
   aggregate with, when the token axis differs, e.g. SCoRe's [y1 | y2]); aggregation is
@@ -113,7 +117,7 @@ from .hparams import (
     SDPOHParams,
     SRPOHParams,
 )
-from .inputs import AlgoInputs
+from .inputs import AlgoInputs, InputSpec, input_names, input_spec, register_input
 from .kl import AdaptiveKLController, apply_kl_in_reward, kl_penalty
 from .losses import (
     AGG_MODES,
@@ -184,6 +188,7 @@ __all__ = [
     "GRPOHParams",
     "HintAssignment",
     "HintSelection",
+    "InputSpec",
     "LossOutput",
     "MaskedLossOutput",
     "OPSDECTRHParams",
@@ -229,6 +234,8 @@ __all__ = [
     "get_policy_loss",
     "grpo_advantage",
     "hint_answer",
+    "input_names",
+    "input_spec",
     "kind_required_inputs",
     "kl_penalty",
     "last_boxed",
@@ -251,6 +258,7 @@ __all__ = [
     "register_advantage",
     "register_algo_kind",
     "register_bicc_base",
+    "register_input",
     "register_policy_loss",
     "remax_advantage",
     "remax_token_advantage",

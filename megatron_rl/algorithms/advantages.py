@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from .grouping import Groups, check_1d, check_finite, gmean, group_index, gsum, guniform, gvar
+from .inputs import register_input
 
 _GRPO_SCALES = ("std", "std_pop", "none")
 
@@ -289,3 +290,10 @@ def papo_advantage(outcome: Tensor, process: Tensor, correct: Tensor | None, gro
     """PAPO total advantage A_out + λ·A_proc, [N] (see :func:`papo_components`)."""
     return papo_components(outcome, process, correct, group_ids, lam=lam, eps=eps, scale=scale,
                            process_norm=process_norm).total
+
+
+# the inputs these estimators read beyond every step's (``inputs.py``)
+register_input("greedy_rewards", ("N",), "float", "reward of the prompt's greedy response (ReMax baseline)")
+register_input("process", ("N",), "float", "process (rubric) score of each sample (PAPO)")
+register_input("delta", ("N",), "float", "RCC confidence of each sample (else computed from old / ref log-probs)")
+register_input("token_rewards", ("N", "T"), "float", "per-token rewards (ReMax returns)")

@@ -37,6 +37,8 @@ from typing import NamedTuple, Sequence
 import torch
 from torch import Tensor
 
+from .inputs import register_input
+
 log = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------------------- BiCC
@@ -307,3 +309,17 @@ def rlcsd_advantage(adv: Tensor, signal: Tensor, mask: Tensor, *, tau: float = 0
     tilde = a + gate.to(e.dtype) * r
     hat = torch.where(a > 0, tilde.clamp_min(0), torch.where(a < 0, tilde.clamp_max(0), torch.zeros_like(a)))
     return RLCSDAdvantage(torch.where(gate, hat, a), hat, gate, r)
+
+
+
+def _neg_mask_filler(v: Tensor) -> Tensor:
+    """A padding copy's negatives: none valid but slot 0, so the contrastive signal stays defined."""
+    z = torch.zeros_like(v)
+    z[:, 0] = 1
+    return z
+
+
+# RLCSD's inputs (the hint path provides them, its loss reads them); K = negative hints per sample
+register_input("teacher_neg_logp", ("N", "K", "T"), "float", "teacher log-probs under each wrong hint")
+register_input("teacher_neg_mask", ("N", "K"), "bool", "which negative-hint slots are real", filler=_neg_mask_filler)
+register_input("rlcsd_counts", ("N", 2), "float", "whole mini-batch (N_non, N_sel) on every row")

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from .losses import LossOutput, _finish, masked_mean, ppo_clip_loss
+from .inputs import register_input
 
 
 def _with_tail(logp_full: Tensor, idx: Tensor) -> Tensor:
@@ -164,7 +165,7 @@ SUPPORT_CHOOSER = {"opsd": "teacher", "opsd_ectr": "teacher", "sdpo": "student",
 
 def distill_support_fields(loss_name: str, student_logits: Tensor, teacher_logits: Tensor,
                            teacher_neg_logits: Tensor | None = None, k: int = 100) -> dict:
-    """AlgoInputs fields (``student_topk``, ``teacher_topk``, optionally ``teacher_neg_topk``) for
+    """The inputs (``student_topk``, ``teacher_topk``, optionally ``teacher_neg_topk``) for
     ``loss_name``, with the support chosen as that loss requires (teacher top-k for opsd and
     opsd_ectr, where the correct-hint teacher chooses and the wrong-hint teacher is gathered at the
     same indices; student top-k for sdpo and srpo). Shapes: logits [N, T, V] → [N, T, k+1]."""
@@ -187,3 +188,21 @@ def full_entropy(logits: Tensor) -> Tensor:
     """Full-vocabulary entropy H = −Σ p log p per position, no grad (SRPO's teacher weight). [N, T, V] → [N, T]."""
     lp = torch.log_softmax(logits.detach(), dim=-1)
     return -(lp.exp() * lp).sum(-1)
+
+
+def _teacher_gap(x) -> dict:
+    """Diagnostic of ``teacher_logp``: Σ (teacher − student) log-prob over response tokens, per token."""
+    m = x.mask
+    return {"distill/teacher_minus_student": (((x.teacher_logp - x.logp.detach()) * m).sum(), m.sum())}
+
+
+# the inputs of the self-distillation family (the teacher path provides them, the losses here read them);
+# k+1 = top-k support plus the tail bucket (``topk_tail_support``)
+register_input("teacher_logp", ("N", "T"), "float", "teacher log-prob of each sampled token (positive / GT hint)",
+               diagnostic=_teacher_gap)
+register_input("teacher_topk", ("N", "T", "k+1"), "float", "teacher log-probs at the top-k support")
+register_input("teacher_neg_topk", ("N", "T", "k+1"), "float", "wrong-hint teacher log-probs at the top-k support")
+register_input("student_topk", ("N", "T", "k+1"), "float", "current policy at the top-k support, with grad",
+               policy="support", index="resp_pos")
+register_input("teacher_entropy", ("N", "T"), "float", "full-vocabulary teacher entropy (SRPO)")
+register_input("srpo_log_u_mean", ("N",), "float", "whole mini-batch log mean(u) on every row (SRPO's weight)")

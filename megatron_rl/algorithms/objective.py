@@ -50,7 +50,7 @@ class ObjectiveTerms(NamedTuple):
 
 
 def loss_needs(name: str, hp) -> set:
-    """AlgoInputs fields the kind's loss reads at update time (``logp``/``ref_logp`` with the KL on)."""
+    """Registered inputs the kind's loss reads at update time (``logp``/``ref_logp`` with the KL on)."""
     need = _lookup(_LOSSES, "policy loss", algo_kind(name).loss).needs_for(hp)
     return need | ({"logp", "ref_logp"} if hp.kl_loss_coef > 0 else set())
 

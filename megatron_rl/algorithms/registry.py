@@ -4,7 +4,8 @@
 * ``@register_policy_loss(name, needs=(...))`` — ``fn(inputs, advantages, hp) -> LossOutput``
   (per-token ``loss_mat`` + metrics; aggregation is separate) or ``MaskedLossOutput``.
 * Registering a name twice raises; an unknown name raises listing the sorted valid names.
-* ``needs`` names the optional :class:`~.inputs.AlgoInputs` fields a function reads;
+* ``needs`` names the registered inputs (``inputs.register_input``) a function reads beyond
+  ``rewards`` / ``group_ids`` / ``mask``; a name not registered (yet) raises at registration;
   ``required_inputs(adv, loss, hp)`` is their union (plus what ``hp`` implies, e.g. ``ref_logp``
   for a KL loss) for start-up checks; ``check_inputs`` validates a concrete bundle.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .inputs import FIELD_SHAPES, AlgoInputs, missing_fields
+from .inputs import AlgoInputs, input_names, missing_fields, unknown_inputs
 
 
 @dataclass(frozen=True)
@@ -44,9 +45,10 @@ def _register(table: dict, kind: str, name: str, needs, hp_needs, support=None, 
     batch_stats = dict(batch_stats or {})
     if not all(callable(f) for f in batch_stats.values()):
         raise TypeError(f"{kind} {name!r}: batch_stats maps a field name to fn(extras, hp) -> Tensor")
-    unknown = sorted((set(needs) | set(batch_stats)) - set(FIELD_SHAPES))
+    unknown = unknown_inputs(set(needs) | set(batch_stats))
     if unknown:
-        raise ValueError(f"{kind} {name!r} declares unknown input field(s) {unknown}; valid: {sorted(FIELD_SHAPES)}")
+        raise ValueError(f"{kind} {name!r} declares unregistered input(s) {unknown} (register_input them first); "
+                         f"registered: {input_names()}")
     if support is not None and support not in SUPPORT_SIDES:
         raise ValueError(f"{kind} {name!r}: support={support!r} not in {list(SUPPORT_SIDES)}")
 
@@ -72,7 +74,7 @@ def register_policy_loss(name: str, needs=(), hp_needs: Callable | None = None, 
     by that side (the trainer gathers them with gradient at the ids the data path stored; the loss
     then reads ``student_topk``). None: nothing more.
 
-    ``batch_stats`` maps optional AlgoInputs fields holding WHOLE-mini-batch statistics (equal rows),
+    ``batch_stats`` maps registered inputs holding WHOLE-mini-batch statistics (equal rows),
     which the loss reads when present so that a micro-batch's share does not depend on the split, to
     ``fn(extras, hp) -> Tensor`` computing one from the mini-batch's per-row inputs (no grad); the
     update pipeline calls it once per mini-batch, before its micro-batches (``trainer/pipeline/update.py``)."""
@@ -120,9 +122,9 @@ def register_bicc_base(name: str, scale: str, needs=()):
     (``algo.bicc.base=name``); duplicates, unknown fields and unknown scales raise."""
     from .advantages import RCC_SCALES
 
-    unknown = sorted(set(needs) - set(FIELD_SHAPES))
+    unknown = unknown_inputs(needs)
     if unknown:
-        raise ValueError(f"bicc base {name!r} declares unknown input field(s) {unknown}; valid: {sorted(FIELD_SHAPES)}")
+        raise ValueError(f"bicc base {name!r} declares unregistered input(s) {unknown}; registered: {input_names()}")
     if scale not in RCC_SCALES:
         raise ValueError(f"bicc base {name!r}: scale={scale!r} not in {list(RCC_SCALES)}")
 
@@ -171,19 +173,19 @@ def policy_loss_names() -> list:
 
 
 def required_inputs(adv_name: str, loss_name: str, hp=None) -> set:
-    """Optional AlgoInputs fields the pair needs (advantage time ∪ update time)."""
+    """Registered inputs the pair needs (advantage time ∪ update time)."""
     adv = _lookup(_ADVANTAGES, "advantage", adv_name)
     loss = _lookup(_LOSSES, "policy loss", loss_name)
     return adv.needs_for(hp) | loss.needs_for(hp)
 
 
 def advantage_inputs(adv_name: str, hp=None) -> set:
-    """Optional fields needed by the advantage alone (what the rollout side must produce)."""
+    """Inputs needed by the advantage alone (what the rollout side must produce)."""
     return _lookup(_ADVANTAGES, "advantage", adv_name).needs_for(hp)
 
 
 def loss_inputs(loss_name: str, hp=None) -> set:
-    """Optional fields needed by the loss alone (update time)."""
+    """Inputs needed by the loss alone (update time)."""
     return _lookup(_LOSSES, "policy loss", loss_name).needs_for(hp)
 
 
@@ -191,4 +193,4 @@ def check_inputs(inputs: AlgoInputs, needed: set, where: str) -> None:
     """Raise ``ValueError`` naming the missing fields of ``inputs`` for ``where``."""
     missing = missing_fields(inputs, set(needed))
     if missing:
-        raise ValueError(f"{where} needs input field(s) {missing} that this step's AlgoInputs does not provide")
+        raise ValueError(f"{where} needs input(s) {missing} that this step's AlgoInputs does not provide")

@@ -24,6 +24,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from .inputs import register_input
+
 
 def score_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
     """K3_t = exp(ref − lp) − (ref − lp) − 1 ≥ 0; gradient via lp only. [N, T]."""
@@ -108,3 +110,12 @@ def first_eos_mask(ids: Tensor, eos_id: int, *, quirk: bool = False) -> Tensor:
     if quirk:
         return seen <= 1
     return (seen - is_eos) == 0
+
+
+
+# SCoRe's attempt-1 inputs (the two-attempts path provides them); T1 = attempt 1's response frame
+register_input("first_logp", ("N", "T1"), "float", "current policy on attempt 1's tokens, with grad",
+               policy="logp", index="first_pos")
+register_input("first_ref_logp", ("N", "T1"), "float", "reference policy on attempt 1's tokens")
+register_input("first_mask", ("N", "T1"), "float", "attempt 1's response mask", filler=torch.zeros_like)
+register_input("first_rewards", ("N",), "float", "attempt 1's reward")

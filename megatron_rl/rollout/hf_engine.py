@@ -191,7 +191,7 @@ def _release_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):   # not glibc: nothing to trim
         pass
-    from ..device import empty_cache
+    from ..runtime.device import empty_cache
 
     empty_cache()
 

@@ -38,7 +38,7 @@ class _EngineActor:
     def __init__(self, kind: str, model_dir: str, engine_kwargs: dict):
         cores = os.environ.get("MEGATRON_RL_CPU_CORES")
         if cores:   # asynchronous runs: the engines' own cores, disjoint from the trainer's
-            from ..device import pin_process
+            from ..runtime.device import pin_process
 
             pin_process(int(c) for c in cores.split(","))
         torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
@@ -172,7 +172,7 @@ class RolloutClient:
                  placement: str | None = None, engine_gpus: list[int] | None = None):
         import ray
 
-        from ..device import has_cuda
+        from ..runtime.device import has_cuda
 
         from .trainer_engines import WORKER_BACKEND, resolve_backend
 
@@ -185,7 +185,7 @@ class RolloutClient:
         if not ray.is_initialized():
             ray_address = ray_address or os.environ.get("RAY_ADDRESS")   # Ray's own variable (`ray job submit`)
             if ray_address:
-                from ..launch_env import check_ray_address
+                from ..runtime.launch_env import check_ray_address
 
                 check_ray_address(ray_address)   # ray.init retries an address nobody serves forever
                 with _keep_signal_handlers():
@@ -376,7 +376,7 @@ class RolloutClient:
     def set_sync_backend(self, backend: str, trainer_world: int = 1) -> None:
         """Switch the weight transport without restarting the engines (e.g. gloo <-> ray, which
         share the engines' worker engine); the next sync opens the new one."""
-        from ..device import has_cuda
+        from ..runtime.device import has_cuda
 
         from .trainer_engines import WORKER_BACKEND, resolve_backend
 
@@ -477,7 +477,7 @@ def _init_local_ray(num_cpus: int, engine_gpus: list[int] | None) -> None:
 
     saved = os.environ.get("CUDA_VISIBLE_DEVICES")
     if engine_gpus is not None:
-        from ..device import gpu_count
+        from ..runtime.device import gpu_count
 
         ids = saved.split(",") if saved else [str(i) for i in range(gpu_count())]
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(ids[i] for i in engine_gpus)

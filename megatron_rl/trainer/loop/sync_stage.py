@@ -133,7 +133,7 @@ def probe_gap(run) -> dict:
     """Collective: the engines greedily complete the probe (driver), the trainer recomputes the
     log-probs of those tokens at temperature 1; mean / max |trainer − engine| and the token count."""
     from megatron_rl.trainer.loop.rollout_stage import broadcast_object
-    from megatron_rl.trainer.pipeline.update_stage import build_seq_batch, response_frame
+    from megatron_rl.trainer.pipeline.update_stage import response_frame, sequences
 
     probe = None
     if run.info.is_driver:
@@ -141,7 +141,7 @@ def probe_gap(run) -> dict:
         comps = run.client.generate(prompts, sp)
         probe = (prompts, [list(c.response_ids) for c in comps], [list(c.logprobs) for c in comps])
     prompts, resps, eng = broadcast_object(probe)
-    sb = build_seq_batch(prompts, resps, run.tok.pad_id, run.seq_len(prompts, resps), max(len(r) for r in resps))
+    sb = sequences(run, prompts, resps, max(len(r) for r in resps))
     mine = response_frame(run.actor.forward_logprobs(sb.batch, run.micro, temperature=1.0).logp, sb)
     theirs = torch.zeros_like(mine)
     for i, lp in enumerate(eng):

@@ -48,7 +48,9 @@ class DataPath(abc.ABC):
 
     name: ClassVar[str] = ""
     hparams: ClassVar[type] = PPOHParams      #: the hparams class a method on this path derives from
-    provides: ClassVar[frozenset] = BASE_INPUTS   #: AlgoInputs fields this path fills
+    #: the registered inputs (``algorithms.register_input``) this path fills: a path with an input of its
+    #: own registers it (name, shape, dtype) beside the class and lists it here
+    provides: ClassVar[frozenset] = BASE_INPUTS
     uses_grader: ClassVar[bool] = False       #: needs ``reward.grader_url`` (checked at start-up)
     #: why the path cannot run with ``rollout.max_staleness`` > 0 ("" = it can; ``trainer/loop/async_rollout.py``)
     async_unsupported: ClassVar[str] = ""
@@ -72,7 +74,7 @@ class DataPath(abc.ABC):
 
     @classmethod
     def provides_for(cls, hp) -> set:
-        """Fields filled for a method with hyper-parameters ``hp``."""
+        """Inputs filled for a method with hyper-parameters ``hp``."""
         return set(cls.provides)
 
     @classmethod
@@ -83,8 +85,10 @@ class DataPath(abc.ABC):
 
     @classmethod
     def validate(cls, cfg) -> None:
-        """Start-up rules of the path for ``cfg`` (hparams class, inputs the method needs)."""
+        """Start-up rules of the path for ``cfg`` (hparams class, inputs the method needs: each one
+        the method's advantage or loss declared must be one this path provides)."""
         from megatron_rl.algorithms import kind_required_inputs
+        from megatron_rl.algorithms.inputs import unknown_inputs
 
         kind, hp = cfg.algo.kind, cfg.algo.hparams
         if not isinstance(hp, cls.hparams):   # a config error like the others (ValueError at load)
@@ -95,6 +99,9 @@ class DataPath(abc.ABC):
             raise ValueError(f"algo.{kind}.kl_reward_coef={hp.kl_reward_coef}: the {cls.name!r} data path has no "
                              "in-reward KL (the sampling paths do); set it to 0")
         have = cls.provides_for(hp)
+        if unknown_inputs(have):
+            raise ValueError(f"data path {cls.name!r} provides unregistered input(s) {unknown_inputs(have)}: "
+                             "register each with algorithms.register_input(name, shape, dtype)")
         missing = sorted(kind_required_inputs(kind, hp) - have)
         if missing:
             raise ValueError(f"algo.kind={kind!r} needs input(s) {missing} that its data path {cls.name!r} "
@@ -112,11 +119,10 @@ class DataPath(abc.ABC):
         """Every rank: ``data`` as the pipeline's :class:`~megatron_rl.trainer.pipeline.update.Sampled`: the
         sampled sequences (``prompt ++ response`` here) and the hparams in force."""
         from megatron_rl.trainer.pipeline.update import Sampled
-        from megatron_rl.trainer.pipeline.update_stage import build_seq_batch
+        from megatron_rl.trainer.pipeline.update_stage import sequences
 
         run, ro = self.run, data
-        seqs = build_seq_batch(ro.prompts, ro.responses, run.tok.pad_id, run.seq_len(ro.prompts, ro.responses),
-                               self.cfg.rollout.max_tokens)
+        seqs = sequences(run, ro.prompts, ro.responses)
         run.dump_samples(step, "policy", [p + r for p, r in zip(ro.prompts, ro.responses)])
         return Sampled(ro, seqs, self.hp)
 

@@ -99,7 +99,7 @@ class BiccPath(PlainPath):
         R_max = cfg.rollout.max_tokens
         prompts, n_cond, n_fb = bicc_inputs(ro, hp, cfg.data.max_prompt_len + R_max, cfg.rollout.max_model_len,
                                             self.layout, run.tok.eos_id)
-        train_sb = U.build_seq_batch(prompts, ro.responses, run.tok.pad_id, run.seq_len(prompts, ro.responses), R_max)
+        train_sb = U.sequences(run, prompts, ro.responses, R_max)
         run.dump_samples(step, "bicc_conditioned", [p + r for p, q, r in zip(prompts, ro.prompts, ro.responses)
                                                      if list(p) != list(q)])
         ex = {**rows.extras, "resp_pos": train_sb.resp_pos, "resp_mask": train_sb.resp_mask}

@@ -104,8 +104,7 @@ class TeacherPath(PlainPath):
             return rows.select([])
         keep = plan.keep
         sub = ro.select(keep)
-        seqs = U.build_seq_batch(sub.prompts, sub.responses, run.tok.pad_id, run.seq_len(sub.prompts, sub.responses),
-                                 self.cfg.rollout.max_tokens)
+        seqs = U.sequences(run, sub.prompts, sub.responses)
         ex = {k: v[keep] for k, v in rows.extras.items()}
         ex.update({"group_ids": sub.group_ids, "resp_pos": seqs.resp_pos, "resp_mask": seqs.resp_mask})
         return dataclasses.replace(rows, seqs=seqs, extras=ex, ro=sub, plan=plan)

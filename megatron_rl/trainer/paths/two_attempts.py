@@ -195,7 +195,7 @@ class TwoAttemptsPath(DataPath):
         from megatron_rl.trainer.pipeline.update import Sampled
 
         run, sec, R_max = self.run, two.second, self.cfg.rollout.max_tokens
-        sb = U.build_seq_batch(sec.prompts, sec.responses, run.tok.pad_id, run.seq_len(sec.prompts, sec.responses), R_max)
+        sb = U.sequences(run, sec.prompts, sec.responses, R_max)
         fpos, fmask = first_positions(two, R_max)
         hp = dataclasses.replace(self.hp, stage=stage_of(self.hp, step))
         return Sampled(sec, sb, hp, adv_fields={"first_rewards": two.first.rewards.double()},

@@ -29,10 +29,11 @@ from typing import Mapping
 import torch
 import torch.distributed as dist
 
+from megatron_rl.algorithms.inputs import input_spec, is_input
 from megatron_rl.runtime.device import default_device
 
 
-MASK_EXTRAS = ("resp_mask", "first_mask", "teacher_neg_mask")   #: per-row masks a loss reads (SCoRe: first_mask)
+RESP_MASK = "resp_mask"     #: the response-token mask every loss reads (the ``mask`` input)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,16 +159,16 @@ class TrainBatch:
         return TrainBatch(self.tokens[:, :seq_len], self.loss_mask[:, :seq_len - 1], extras)
 
     def zero_masked(self) -> "TrainBatch":
-        """A copy whose every mask (``loss_mask`` and the extras in :data:`MASK_EXTRAS`) is zero, so its
-        rows add nothing to a loss, a normaliser or a metric: the padding copies of a padded batch and
-        the filler of a packed one. ``teacher_neg_mask`` keeps slot 0 valid so the contrastive signal
-        stays defined on the (masked) rows."""
+        """A copy whose every mask is zero, so its rows add nothing to a loss, a normaliser or a metric:
+        the padding copies of a padded batch and the filler of a packed one. Masks: ``loss_mask``,
+        ``resp_mask`` and each extra registered as an input with a ``filler``
+        (``algorithms.register_input``), which says what such a row holds (e.g. a mask of negative
+        hints keeps one slot valid so the signal stays defined)."""
         ex = {k: v.clone() for k, v in self.extras.items()}
-        for k in MASK_EXTRAS:
-            if k in ex:
-                ex[k].zero_()
-        if "teacher_neg_mask" in ex:
-            ex["teacher_neg_mask"][:, 0] = 1
+        for k, v in ex.items():
+            filler = torch.zeros_like if k == RESP_MASK else (input_spec(k).filler if is_input(k) else None)
+            if filler is not None:
+                ex[k] = filler(v)
         return TrainBatch(self.tokens, torch.zeros_like(self.loss_mask), ex)
 
     def pad_rows_to_multiple(self, multiple: int) -> "TrainBatch":

@@ -7,34 +7,36 @@ Every method trains through this class, RLCSD and SCoRe included; the aggregatio
 are documented once in :mod:`megatron_rl.algorithms.objective`. ``partial_aggregate`` (the formula
 table) lives in :mod:`megatron_rl.algorithms.losses` and is re-exported here.
 
-Gathers (from the actor's target frame ``[n, S-1]``): ``logp`` at ``resp_pos`` (mask ``resp_mask``),
-``first_logp`` at ``first_pos`` when the batch has one (SCoRe's attempt 1), and — when the loss
-declared a top-k support (``register_policy_loss(..., support=...)``) — ``student_topk`` from the
-actor's log-probs at the ids in ``extras["support_idx"]`` (:attr:`Objective.support_key`, the
-declared protocol the actor reads). Every other extras entry named like an :class:`AlgoInputs` field
-is passed through.
+Inputs (``algorithms/inputs.py``'s registry; no method's input is named here): every extras entry
+named like a registered input is passed through; an input registered with a ``policy`` source is
+gathered from the actor's target frame ``[n, S-1]`` at the positions ``extras[spec.index]`` when the
+micro-batch has them — ``"logp"`` from the log-probs (``logp`` at ``resp_pos``, the mask being
+``resp_mask``), ``"support"`` from the log-probs at the top-k support, present when the loss declared
+one (``register_policy_loss(..., support=...)``: the ids in ``extras["support_idx"]``,
+:attr:`Objective.support_key`, the declared protocol the actor reads).
 
 Metrics: the loss's own metrics are means over the micro-batch (``losses`` contract), logged as
 ``(value · w, w)`` with the aggregation's weight — rows with any mask token for the seq-mean modes,
 mask tokens otherwise — so the step shows the global mean (zero-mask rows weigh nothing); names ``<loss>_x`` become
 ``<loss>/x``, names with a ``/`` stay, others get ``actor/``. ``actor/kl_loss`` is the KL term as it
 enters the loss; ``rollout/token_mult_prob_error`` and ``rollout/gen_kl`` token means with ``mismatch``
-(bypass: see :class:`Objective`); ``actor/entropy`` and (with a teacher) ``distill/teacher_minus_student`` are token means.
+(bypass: see :class:`Objective`); ``actor/entropy`` is a token mean; an input registered with a
+``diagnostic`` adds its metrics whenever it is present.
 """
 from __future__ import annotations
 
-from dataclasses import fields
 from typing import Protocol, runtime_checkable
 
 import torch
 
 from megatron_rl.algorithms import AlgoInputs, algo_kind, loss_support, objective_terms
+from megatron_rl.algorithms.inputs import input_names, input_spec, is_input
 from megatron_rl.algorithms.losses import PartialLoss, partial_aggregate
 from megatron_rl.algorithms.mismatch import gen_kl, token_mult_prob_error
 
 __all__ = ["Objective", "PartialLoss", "SupportObjective", "partial_aggregate"]
 
-_PASS = tuple(f.name for f in fields(AlgoInputs) if f.name not in ("mask", "logp", "first_logp", "student_topk", "step"))
+_OWN = ("mask", "step")      #: inputs the objective sets itself (``resp_mask``, the step)
 
 
 def _rows(mask: torch.Tensor) -> torch.Tensor:
@@ -75,13 +77,16 @@ class Objective:
         from megatron_rl.trainer.policy.vocab_parallel import with_tail
 
         ex = mb.extras
-        pos = ex["resp_pos"]
-        kw = {f: ex[f] for f in _PASS if f in ex}
-        if "first_pos" in ex:
-            kw["first_logp"] = logp.gather(1, ex["first_pos"])
-        if self.support_key is not None:
-            kw["student_topk"] = with_tail(support.gather(1, pos[..., None].expand(-1, -1, support.shape[-1])))
-        return AlgoInputs(mask=ex["resp_mask"], logp=logp.gather(1, pos), step=self.step, **kw)
+        kw = {k: v for k, v in ex.items() if is_input(k) and k not in _OWN and input_spec(k).policy is None}
+        for spec in map(input_spec, input_names()):
+            idx = ex.get(spec.index) if spec.policy is not None else None
+            if idx is None:
+                continue
+            if spec.policy == "logp":
+                kw[spec.name] = logp.gather(1, idx)
+            elif support is not None:       # "support": the loss declared one
+                kw[spec.name] = with_tail(support.gather(1, idx[..., None].expand(-1, -1, support.shape[-1])))
+        return AlgoInputs(mask=ex["resp_mask"], step=self.step, **kw)
 
     def __call__(self, logp, entropy, mb, support=None):
         x = self.inputs(logp, mb, support)
@@ -99,8 +104,10 @@ class Objective:
             lp, gen = x.logp.detach().double(), x.old_logp.double()
             metrics["rollout/token_mult_prob_error"] = (token_mult_prob_error(lp, gen, m) * n_tok, n_tok)
             metrics["rollout/gen_kl"] = (gen_kl(lp, gen, m) * n_tok, n_tok)
-        if x.teacher_logp is not None:
-            metrics["distill/teacher_minus_student"] = (((x.teacher_logp - x.logp.detach()) * m).sum(), n_tok)
+        for name in sorted(x):
+            diagnostic = input_spec(name).diagnostic
+            if diagnostic is not None:
+                metrics.update(diagnostic(x))
         return t.loss_sum, t.normaliser, metrics
 
     def _name(self, k: str) -> str:

@@ -63,7 +63,7 @@ class Sampled:
     ro: Any                   # Rollouts: rewards, groups and engine log-probs of ``seqs``' rows
     seqs: U.SeqBatch          # the sampled sequences (the old / ref passes run on them)
     hp: Any                   # the method's hparams in force this step
-    adv_fields: dict = dataclasses.field(default_factory=dict)   # extra AlgoInputs of the advantage, per row
+    adv_fields: dict = dataclasses.field(default_factory=dict)   # the path's own advantage inputs, per row
     extras: dict = dataclasses.field(default_factory=dict)       # extra loss inputs, per row
     data: Any = None          # the path's own step data, for its later hooks (SCoRe: both attempts)
 
@@ -122,7 +122,7 @@ def update(run, data, step: int) -> dict:
         metrics.update(U.kl_in_reward(s.ro, lp.old, lp.ref, s.seqs.resp_mask, s.hp.kl_reward_coef, s.hp.kl_reward_type))
     path.after_logprobs(s, lp, metrics)
     ai = U.advantage_inputs(s.ro, s.seqs.resp_mask, old_logp=lp.old, ref_logp=lp.ref)
-    adv = A.compute_advantages(cfg.algo.kind, dataclasses.replace(ai, **s.adv_fields), s.hp).float()
+    adv = A.compute_advantages(cfg.algo.kind, ai.replace(**s.adv_fields), s.hp).float()
     rows = path.train_rows(s, base_rows(run, s, lp, adv, step, metrics, path.importance_weights), lp, step, metrics)
     keep = rows.extras.pop(CORRECTION_KEEP, None)      # rollout-correction rejection: out of the loss's mask
     if keep is not None:

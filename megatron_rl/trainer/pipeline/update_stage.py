@@ -13,6 +13,7 @@ import dataclasses
 import torch
 
 from megatron_rl import algorithms as A
+from megatron_rl.algorithms.inputs import input_spec, is_input
 from megatron_rl.trainer.pipeline.batch import TrainBatch, make_batch
 
 
@@ -37,6 +38,14 @@ def build_seq_batch(prompts: list[list[int]], responses: list[list[int]], pad_id
         mask[i, :k] = 1.0
     ex = {"resp_pos": pos, "resp_mask": mask, **(extras or {})}
     return SeqBatch(make_batch(prompts, responses, pad_id, ex, seq_len), pos, mask)
+
+
+def sequences(run, prompts: list[list[int]], responses: list[list[int]], max_resp: int | None = None) -> SeqBatch:
+    """THE sequence batch of a step's ``prompt ++ response`` pairs on ``run``: right-padded with
+    ``run.tok.pad_id`` to ``run.seq_len`` (a multiple of 8 x TP), with a response frame of ``max_resp``
+    tokens (default ``rollout.max_tokens``): :func:`build_seq_batch`."""
+    max_resp = run.cfg.rollout.max_tokens if max_resp is None else max_resp
+    return build_seq_batch(prompts, responses, run.tok.pad_id, run.seq_len(prompts, responses), max_resp)
 
 
 def response_frame(x: torch.Tensor, sb: SeqBatch) -> torch.Tensor:
@@ -121,7 +130,9 @@ def correction_inputs(cfg, ro, old: torch.Tensor, mask: torch.Tensor, step: int)
 
 
 def advantage_inputs(rollouts, mask: torch.Tensor, old_logp=None, ref_logp=None) -> A.AlgoInputs:
-    return A.AlgoInputs(rewards=rollouts.rewards.double(), group_ids=rollouts.group_ids, mask=mask,
-                        old_logp=old_logp, ref_logp=ref_logp, correct=rollouts.correct,
-                        process=None if rollouts.process is None else rollouts.process.double(),
-                        greedy_rewards=None if rollouts.greedy_rewards is None else rollouts.greedy_rewards.double())
+    """The advantage's bundle: ``mask``, old / ref log-probs and every field of the rollouts named like
+    a registered input (``rewards``, ``group_ids``, ``correct`` and what a path adds, e.g. a greedy
+    baseline or a process score), floating ones in float64."""
+    per_row = {f.name: getattr(rollouts, f.name) for f in dataclasses.fields(rollouts) if is_input(f.name)}
+    per_row = {k: v.double() if v is not None and input_spec(k).dtype == "float" else v for k, v in per_row.items()}
+    return A.AlgoInputs(mask=mask, old_logp=old_logp, ref_logp=ref_logp, **per_row)

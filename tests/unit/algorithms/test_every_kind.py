@@ -101,9 +101,9 @@ def _objective(kind: str, inputs: AlgoInputs, variable: torch.Tensor) -> torch.T
         sup = topk_tail_support(variable, k=3)[0]  # student chooses its own top-k (sdpo/srpo)
         if kind in ("opsd", "opsd_ectr"):  # teacher-chosen support: gather with the teacher's indices
             sup = _gather_like_teacher(variable, inputs)
-        inputs = dataclasses.replace(inputs, student_topk=sup)
+        inputs = inputs.replace(student_topk=sup)
     else:
-        inputs = dataclasses.replace(inputs, logp=variable)
+        inputs = inputs.replace(logp=variable)
     return compute_policy_loss(kind, inputs, adv, hp).loss
 
 
@@ -158,8 +158,8 @@ STOP_GRAD = ["old_logp", "ref_logp", "tis_weights", "teacher_logp", "teacher_neg
 def test_no_gradient_through_stop_gradient_terms(kind):
     base = random_inputs(seed=4)
     leaves = {name: getattr(base, name).clone().requires_grad_(True) for name in STOP_GRAD}
-    x = dataclasses.replace(base, **leaves)
-    x = dataclasses.replace(x, logp=x.logp.clone().requires_grad_(True),
+    x = base.replace(**leaves)
+    x = x.replace(logp=x.logp.clone().requires_grad_(True),
                             student_topk=x.student_topk.clone().requires_grad_(True))
     hp = dataclasses.replace(ALGO_KINDS[kind].hparams(), kl_loss_coef=0.01)  # exercise the KL term too
     adv = compute_advantages(kind, x, hp)
