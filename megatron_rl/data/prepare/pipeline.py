@@ -83,13 +83,13 @@ def _convert(part: Source, rec: dict, seed: int) -> tuple[str, dict]:
 
 def _collect(src: Source, req: PrepareRequest, counts: Counts) -> tuple[list[dict], list[Path]]:
     """Converted rows in input order, duplicates and skips counted; ``--strict`` raises on a bad row."""
+    from tqdm import tqdm
+
     rows, seen, files_all = [], set(), []
     for part, path in _parts(src, req.inputs):
         files = io.input_files(path)
         files_all += files
         total = io.count_rows(files)
-        from tqdm import tqdm
-
         bar = tqdm(total=total, desc=f"prepare {part.name}", unit="row", file=sys.stderr,
                    disable=total <= PROGRESS_ROWS)
         for where, rec in io.iter_records(files, part.columns):
