@@ -389,6 +389,13 @@ class TrainerConfig:
     eval_max_tokens: int = 0
     """Held-out response length cap (0 = ``rollout.max_tokens``); data.max_prompt_len + it must fit
     ``rollout.max_model_len``."""
+    eval_benchmarks: str | list = ""
+    """Named benchmarks evaluated instead of ``data.val`` (a list or comma text: ``[aime24, amc23]``, or
+    one paper's preset: ``rlcsd_math``, ``kk``, ``bicc``, ``papo``; ``megatron-rl eval --benchmarks``):
+    logs ``eval/<benchmark>/<metric>`` and ``eval/avg`` and writes the table to
+    ``run_dir/eval/step_<N>.md``; ``eval_prompts`` caps each benchmark's problems."""
+    eval_data_dir: str = "data"
+    """Where ``eval_benchmarks`` are: ``<eval_data_dir>/<benchmark>/test.parquet``."""
     ckpt_every: int = 0
     """Checkpoint every N steps (0 = only at the end)."""
     keep_last: int = 2
@@ -416,6 +423,12 @@ class TrainerConfig:
                f"trainer.eval_n={self.eval_n} with trainer.eval_temperature=0 (greedy) draws {self.eval_n} identical "
                "samples; set eval_temperature > 0 or eval_n=1")
         _check(self.eval_max_tokens >= 0, f"trainer.eval_max_tokens must be >= 0, got {self.eval_max_tokens}")
+        if isinstance(self.eval_benchmarks, list):   # YAML list -> the comma text (dumps and overrides alike)
+            _check(all(isinstance(x, str) for x in self.eval_benchmarks),
+                   f"trainer.eval_benchmarks must be names, got {self.eval_benchmarks!r}")
+            object.__setattr__(self, "eval_benchmarks", ",".join(self.eval_benchmarks))
+        _check(isinstance(self.eval_benchmarks, str),
+               f"trainer.eval_benchmarks must be a list of names or comma text, got {self.eval_benchmarks!r}")
         _check(self.offload in ("none", "optimizer", "all"),
                f"trainer.offload must be one of none|optimizer|all, got {self.offload!r}")
         from megatron_rl.rollout.sampling import check_truncation

@@ -10,6 +10,7 @@ dispatches and turns user errors into one clear line (``--debug`` shows the trac
     megatron-rl eval ...                              -> megatron_rl.eval main(argv)
     megatron-rl convert hf-to-mcore|mcore-to-hf ...   -> megatron_rl.convert.cli.main(argv)
     megatron-rl data prepare SOURCE --in X --out D    -> megatron_rl.data.cli.main(argv)
+    megatron-rl data generate kk --out data/kk ...    -> megatron_rl.data.cli.main(argv)
     megatron-rl plan --model qwen3-8b --tp 2 --pp 1 --dp 4 --micro-batch 1 --seq-len 8192
 
 ``demo``, ``eval``, ``convert`` and ``data`` pass every argument after the subcommand unchanged to the
@@ -42,9 +43,9 @@ PASSTHROUGH: dict[str, tuple[str, ...]] = {
 HELP = {
     "train": "run RL training from a YAML config (+ dotted overrides); resumable",
     "demo": "tiny CPU end-to-end run: warm start, RL, held-out accuracy before/after",
-    "eval": "evaluate a checkpoint on a held-out prompt set",
+    "eval": "evaluate a checkpoint on a held-out prompt set or the papers' named benchmarks",
     "convert": "checkpoint conversion: hf-to-mcore | mcore-to-hf",
-    "data": "datasets: prepare a downloaded dataset into verl parquet with the paper's prompt and reward",
+    "data": "make the papers' data sets: prepare a downloaded dataset (the paper's prompt and reward), generate kk",
     "plan": "estimate per-GPU memory for a model x TP x PP x DP x micro-batch x seq-len",
 }
 COMMANDS = tuple(HELP)

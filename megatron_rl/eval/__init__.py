@@ -14,6 +14,12 @@ Writes ``samples.jsonl`` (per sample: row, sample, score, correct) and ``summary
 pass@k for each k of ``--k``, default n, per data source and overall; ``eval/metrics.py``) into
 ``--out``, which must be new or empty, or an earlier eval output with ``--force`` (``eval/out_dir.py``).
 
+Named benchmarks (``--benchmarks aime24,amc23`` or a paper's preset such as ``rlcsd_math``, with
+``--data-dir`` and ``--model`` or ``--completions-dir``; ``--two-attempt``: SCoRe's protocol) write
+the papers' table instead (``eval/bench.py``)::
+
+    megatron-rl eval --benchmarks rlcsd_math --data-dir data --model M --out o
+
 pass@k uses the unbiased estimator 1 − C(n−c, k) / C(n, k) (n samples, c correct);
 mean@k is the mean correctness of the first k samples of each row.
 """
@@ -85,13 +91,7 @@ def run_eval(eval_parquet, completions_jsonl, k, out_dir, reward_by_source: dict
     _check_completions(rows, comps, n or ks[-1], "n" if n else "k", completions_jsonl, eval_parquet)
     out = Path(out_dir)
     prepare_out() if prepare_out is not None else out.mkdir(parents=True, exist_ok=True)
-    resps = [(comps.get(i, [])[:n] if n else comps.get(i, [])) for i in range(len(rows))]
-    flat = [(i, r) for i in range(len(rows)) for r in resps[i]]
-    vals, _ = rm.values([rm.name_of(rows[i]["data_source"]) for i, _ in flat], [r for _, r in flat],
-                        [rows[i]["reward_model"]["ground_truth"] for i, _ in flat])
-    by_row: list[list[float]] = [[] for _ in rows]
-    for (i, _), v in zip(flat, vals):
-        by_row[i].append(float(v))
+    by_row = score_responses(rows, [(comps.get(i, [])[:n] if n else comps.get(i, [])) for i in range(len(rows))], rm)
     scored: list[tuple[str, list[bool]]] = []
     with open(out / "samples.jsonl", "w") as f:
         for i, row in enumerate(tqdm(rows, desc="eval", unit="row")):
@@ -107,6 +107,18 @@ def run_eval(eval_parquet, completions_jsonl, k, out_dir, reward_by_source: dict
     summary.update(summarize(scored, ks_all))
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def score_responses(rows: list, resps: list[list[str]], rm) -> list[list[float]]:
+    """Every response of row i (``resps[i]``) scored by the reward its ``data_source`` selects
+    (``RewardManager``: the training loop's verifiers and reward pool)."""
+    flat = [(i, r) for i in range(len(rows)) for r in resps[i]]
+    vals, _ = rm.values([rm.name_of(rows[i]["data_source"]) for i, _ in flat], [r for _, r in flat],
+                        [rows[i]["reward_model"]["ground_truth"] for i, _ in flat])
+    by_row: list[list[float]] = [[] for _ in rows]
+    for (i, _), v in zip(flat, vals):
+        by_row[i].append(float(v))
+    return by_row
 
 
 def _check_completions(rows: list, comps: dict, need: int, what: str, completions, data) -> None:
@@ -176,7 +188,7 @@ def _check_args(a) -> str | None:
         return f"--k must be >= 1 (samples per row), got {','.join(map(str, a.k))}"
     if a.n is not None and (a.n < 1 or max(a.k) > a.n):
         return f"--n must be >= 1 and >= every --k, got n={a.n}, k={','.join(map(str, a.k))}"
-    if not a.temperature > 0:
+    if not (a.temperature > 0 or (a.temperature == 0 and a.benchmarks)):
         return f"--temperature must be > 0, got {a.temperature}"
     if a.tp < 1:
         return f"--tp must be >= 1, got {a.tp}"
@@ -235,16 +247,29 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = OneLineParser(prog="megatron-rl eval", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", required=True, help="eval parquet (verl columns)")
+    p.add_argument("--data", help="eval parquet (verl columns); or --benchmarks")
+    p.add_argument("--benchmarks", default=None,
+                   help="named benchmarks, comma-separated (aime24,aime25,amc23; data/benchmarks.py), or one paper's "
+                        "preset (rlcsd_math, kk, bicc, papo, score): the paper's table in OUT/table.md")
+    p.add_argument("--data-dir", default=None, help="with --benchmarks: where DIR/<benchmark>/test.parquet are")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--completions", help="JSONL of completions")
+    src.add_argument("--completions", help="JSONL of completions (with --data)")
+    src.add_argument("--completions-dir",
+                     help="with --benchmarks: DIR/<benchmark>.jsonl (two-attempt: also DIR/<benchmark>.attempt2.jsonl)")
     src.add_argument("--model", help="HF model dir: generate k completions with a rollout engine")
+    p.add_argument("--two-attempt", action="store_true",
+                   help="SCoRe's protocol: a second attempt after --instruction; reports attempt 1, attempt 2, delta "
+                        "(the score preset sets it)")
+    p.add_argument("--instruction", default=None,
+                   help="the self-correction instruction of the second attempt (--two-attempt --model; SCoRe's "
+                        "algo.score.instruction)")
     p.add_argument("--k", type=_ks, default=None,
                    help="k of mean@k / pass@k, one or a comma list (default: --n, else 1); alone: also the samples per row")
     p.add_argument("--n", type=int, default=None, help="samples per row (mean@n is the papers' avg@n; default: max k)")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (--model)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus truncation (1.0: off)")
-    p.add_argument("--top-k", type=int, default=-1, help="top-k truncation (-1: off)")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="sampling temperature (--model; default 1.0, or the preset's; 0 = greedy with --benchmarks, n 1)")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus truncation (default 1.0 = off, or the preset's)")
+    p.add_argument("--top-k", type=int, default=None, help="top-k truncation (default -1 = off, or the preset's)")
     p.add_argument("--min-p", type=float, default=0.0, help="min-p truncation (0: off)")
     p.add_argument("--chat-template-kwargs", default=None,
                    help='JSON options of the chat template, e.g. \'{"enable_thinking": true}\'')
@@ -265,6 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
+    a.k_given = a.k
     a.k = a.k or [a.n or 1]
     from megatron_rl.runtime.diskspace import NotWritableError, check_writable
     from megatron_rl.runtime.usage import EXIT_USAGE
@@ -280,7 +306,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(a) -> int:
     """Check the parsed arguments, generate (``--model``) or read the completions, score, print the summary."""
-    problem = _check_args(a)
+    from .bench import check_bench_args
+
+    problem = check_bench_args(a) or _check_args(a)
     from megatron_rl.runtime.usage import EXIT_USAGE, error_status
 
     if problem:
@@ -288,6 +316,17 @@ def _run(a) -> int:
         return EXIT_USAGE
 
     from .out_dir import check_eval_out, prepare_eval_out
+
+    if a.benchmarks:
+        from .bench import run_benchmarks
+
+        try:
+            check_eval_out(a.out, a.force)
+            run_benchmarks(a, a.preset, a.bench_list)
+        except (ValueError, FileNotFoundError, FileExistsError) as e:
+            print(f"megatron-rl eval: error: {e}", file=sys.stderr)
+            return error_status()
+        return 0
 
     try:   # convert's rule for --out (nothing of the user's overwritten); written only once inputs pass
         check_eval_out(a.out, a.force)

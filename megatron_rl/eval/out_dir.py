@@ -20,7 +20,9 @@ from pathlib import Path
 #: written into every eval output directory: what makes a directory "ours" (replaceable with --force)
 MARKER = "megatron_rl_eval.json"
 #: the files eval writes (``eval/__init__.py``)
-OURS = frozenset({MARKER, "samples.jsonl", "summary.json", "completions.jsonl", "eval.log"})
+OURS = frozenset({MARKER, "samples.jsonl", "summary.json", "completions.jsonl", "eval.log", "table.md", "completions"})
+#: the directory ``eval --benchmarks --model`` writes its completions into (``eval/bench_model.py``)
+COMPLETIONS_DIR = "completions"
 #: this command's own log (``console.quiet_command``, created on its first record): never counts as content
 LOG = "eval.log"
 
@@ -60,6 +62,10 @@ def prepare_eval_out(out: str | os.PathLike, force: bool, keep: str | os.PathLik
         f = p / name
         if f.is_file() and f.resolve() != keep_path:
             f.unlink()
+        elif f.is_dir() and name == COMPLETIONS_DIR and not (keep_path and keep_path.is_relative_to(f.resolve())):
+            import shutil
+
+            shutil.rmtree(f)
     (p / MARKER).write_text(json.dumps({"written_by": f"megatron-rl {__version__} eval",
                                         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}) + "\n")
     return p

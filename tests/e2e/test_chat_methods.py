@@ -168,6 +168,17 @@ def test_logic_rl_rows_train_one_step(runs):
     assert 0.0 <= rows[0]["reward/mean"] <= 1.0 and rows[0]["reward/timeouts"] == 0
     policy = _samples(out, KK_KIND, "policy")
     assert policy and " says: " in policy[0]["text"] and "<answer>" in policy[0]["text"]
+    # the held-out evaluation is the named benchmarks' table (trainer.eval_benchmarks=[math, gsm8k], 3 problems
+    # each, greedy): before the step and after it, in the layout of `megatron-rl eval --benchmarks`
+    for step in (0, 1):
+        table = (out / KK_KIND / "eval" / f"step_{step}.md").read_text().splitlines()
+        assert table[0] == "| Benchmark | mean@1 | Problems |" and table[1] == "|---|---:|---:|"
+        assert [ln.split(" | ")[0] for ln in table[2:]] == ["| MATH", "| GSM8K", "| Average"]
+        assert table[2].endswith(" | 3 |") and table[4].endswith(" | 6 |")
+        s = json.loads((out / KK_KIND / "eval" / f"step_{step}.json").read_text())
+        vals = [s["benchmarks"][b]["mean@1"] for b in ("math", "gsm8k")]
+        assert all(v * 3 == round(v * 3) for v in vals)   # thirds: 3 greedy problems each
+        assert abs(s["average"]["mean@1"] - sum(vals) / 2) < 1e-12
 
 
 def _trained_rows(row: dict) -> int:

@@ -131,6 +131,8 @@ REJECTED = {   # key -> (value, words of the start-up error on this CPU machine)
     "parallel.pp": ("2", "world size 1 is not divisible by tp*pp=2"),
     "parallel.cp": ("2", "parallel.cp=2 needs CUDA"),   # TE's THD context-parallel attention; tests/gpu/test_context_parallel_te.py
     "parallel.vpp": ("2", "parallel.vpp=2 .interleaved 1F1B. needs parallel.pp >= 2"),   # pp=1 here; test_vpp.py runs it
+    # the benchmarks' table as the held-out evaluation: tests/unit/eval/test_benchmarks.py, the e2e grpo@kk run
+    "trainer.eval_benchmarks": ("[aime24, nope]", "trainer.eval_benchmarks: unknown benchmark 'nope'"),
     "rollout.tensor_parallel_size": ("2", "rollout.tensor_parallel_size=2 needs CUDA GPUs"),
     "rollout.enforce_eager": ("false", "rollout.enforce_eager=false"),
     "data.train": ("{W}/none.parquet", "data.train="),
@@ -146,6 +148,7 @@ REJECTED = {   # key -> (value, words of the start-up error on this CPU machine)
     "plugins": ("[no_such_plugin_mod]", "plugins: cannot import 'no_such_plugin_mod'"),
 }
 READ = {   # key -> module that consumes it (``cfg.<key>`` or the section alias read there)
+    "trainer.eval_data_dir": "megatron_rl/eval/training.py",
     "model.tokenizer_path": "megatron_rl/trainer/loop/setup.py",
     "parallel.sequence_parallel": "megatron_rl/trainer/loop/setup.py",
     # into PolicyActor(recompute=...): tests/distributed/test_recompute.py checks loss and grads against none

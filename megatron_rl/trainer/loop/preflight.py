@@ -174,6 +174,10 @@ def check_files(cfg, resume: str | None = None) -> None:
     _need_file("data.train", cfg.data.train, "training prompts, parquet")
     if cfg.data.val:
         _need_file("data.val", cfg.data.val, "held-out prompts, parquet")
+    if cfg.trainer.eval_benchmarks:
+        from megatron_rl.eval.training import selected
+
+        selected(cfg)   # known names, every prepared file there, not beside data.val
     if resume not in (None, "auto") and Path(resume).is_dir() and not (Path(resume) / "COMPLETE").is_file():
         from megatron_rl.runtime.path_kind import HF, RUN, expect_checkpoint, kind
 
@@ -287,6 +291,14 @@ def prompt_datasets(cfg, tok=None):
             except ValueError as e:
                 raise ValueError(f"{key}={e}" if str(e).startswith(str(path)) else f"{key}={path}: {e}") from None
         out.append(_PROMPTS[k])
+    if out[1] is None and cfg.trainer.eval_benchmarks:   # the named benchmarks as the held-out set
+        from megatron_rl.eval.training import benchmark_prompts
+
+        k = ("benchmarks", cfg.trainer.eval_benchmarks, str(Path(cfg.trainer.eval_data_dir).resolve()),
+             cfg.trainer.eval_prompts, *_prompt_key(cfg, cfg.trainer.eval_data_dir)[3:])
+        if k not in _PROMPTS:
+            _PROMPTS[k] = benchmark_prompts(cfg, tok if tok is not None else _tokenizer(cfg))
+        out[1] = _PROMPTS[k]
     return tuple(out)
 
 

@@ -350,7 +350,9 @@ def eval_sampling(cfg, step: int, eos_id: int | None = None):
 
 def evaluate(run: Run, step: int) -> dict:
     """Held-out accuracy of the current engine weights (rank 0 runs it; broadcast): ``eval/acc`` =
-    mean@n over ``trainer.eval_n`` samples per prompt, and with n > 1 ``eval/mean@n``, ``eval/pass@n``."""
+    mean@n over ``trainer.eval_n`` samples per prompt, and with n > 1 ``eval/mean@n``, ``eval/pass@n``; with
+    ``trainer.eval_benchmarks`` the papers' table instead (``eval/training.py``: ``eval/<bench>/<metric>``,
+    ``eval/avg`` = ``eval/acc``)."""
     from megatron_rl.eval.metrics import summarize
     from megatron_rl.trainer.loop.rollout_stage import broadcast_object, generate, score
 
@@ -358,10 +360,17 @@ def evaluate(run: Run, step: int) -> dict:
     if run.info.is_driver:
         n = min(run.cfg.trainer.eval_prompts, len(run.val_set))
         sp = eval_sampling(run.cfg, step, run.tok.eos_id)
+        blocks = getattr(run.val_set, "blocks", None)   # trainer.eval_benchmarks: the papers' table
+        n = len(run.val_set) if blocks else n
         ro = score(generate(run.client, run.val_set, list(range(n)), sp, run.tok), run.rewards)
         corr = ro.correct.view(n, sp.n).tolist()
-        s = summarize([(run.val_set[i].data_source, corr[i]) for i in range(n)], (sp.n,))
-        out = {"eval/acc": s[f"mean@{sp.n}"]}
-        if sp.n > 1:
-            out.update({f"eval/mean@{sp.n}": s[f"mean@{sp.n}"], f"eval/pass@{sp.n}": s[f"pass@{sp.n}"]})
+        if blocks:
+            from megatron_rl.eval.training import table_metrics
+
+            out = table_metrics(run.cfg, run.val_set, corr, sp.n, step)
+        else:
+            s = summarize([(run.val_set[i].data_source, corr[i]) for i in range(n)], (sp.n,))
+            out = {"eval/acc": s[f"mean@{sp.n}"]}
+            if sp.n > 1:
+                out.update({f"eval/mean@{sp.n}": s[f"mean@{sp.n}"], f"eval/pass@{sp.n}": s[f"pass@{sp.n}"]})
     return broadcast_object(out)

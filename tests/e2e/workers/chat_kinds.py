@@ -19,7 +19,8 @@ variants, ``<kind>@<variant>[@<variant>…]``:
     @warn     the same limit with ``mismatch_policy=warn``: one warning line per step, the run completes
     @bypass   ``algo.off_policy=bypass`` and no KL term (no reference model): no log-prob pass at all
     @seq_mis  ``algo.off_policy=seq_mis`` with the band [1, 1.001]: sequences with ρ < 1 are rejected
-    @kk       one step on Logic-RL Knights & Knaves rows (:func:`write_logic_rl`; the ``kk`` reward)
+    @kk       one step on Logic-RL Knights & Knaves rows (:func:`write_logic_rl`; the ``kk`` reward), evaluated
+              on two named benchmarks (``trainer.eval_benchmarks``, :func:`write_benchmarks`)
     @probe    (a teacher kind: opsd, sdpo) ONE RL step of 4 mini-batches at LR_MOVE through a subclass
               of its data path that records the policy and teacher weights after every optimizer
               step and the rows / teacher sequences of every support pass; the teacher-minus-student
@@ -98,10 +99,26 @@ def overrides(kind: str, fx: dict, out: Path, grader_url: str) -> list[str]:
         elif v == "probe":
             ov += ["trainer.steps=1", "trainer.mini_batch_prompts=1", f"optim.lr={LR_MOVE}"]
         elif v == "kk":          # Logic-RL rows (data_source kk_logic, the {solution_text_format, statements} truth)
-            ov += [f"data.train={write_logic_rl(out / 'kk_logic.parquet')}", "data.max_prompt_len=256", "trainer.steps=1"]
+            ov += [f"data.train={write_logic_rl(out / 'kk_logic.parquet')}", "data.max_prompt_len=256", "trainer.steps=1",
+                   # held-out evaluation = the named benchmarks' table (before and after the step)
+                   "trainer.eval_benchmarks=[math, gsm8k]", f"trainer.eval_data_dir={write_benchmarks(fx, out / 'bench')}",
+                   "trainer.eval_prompts=3"]
         else:
             raise ValueError(f"unknown variant @{v} of {kind!r}")
     return ov
+
+
+def write_benchmarks(fx: dict, data_dir: Path) -> Path:
+    """Two prepared benchmark dirs (``DIR/math/test.parquet``, ``DIR/gsm8k/test.parquet``: 4 fixture
+    validation rows each, ``data_source`` math) for ``trainer.eval_benchmarks``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(fx["val"]).to_pylist()
+    for i, name in enumerate(("math", "gsm8k")):
+        (data_dir / name).mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.Table.from_pylist(rows[4 * i:4 * i + 4]), data_dir / name / "test.parquet")
+    return data_dir
 
 
 def write_logic_rl(path: Path, rows: int = PROMPTS) -> Path:

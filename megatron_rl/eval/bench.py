@@ -1,0 +1,183 @@
+"""``megatron-rl eval --benchmarks``: the papers' tables over prepared benchmark directories.
+
+    megatron-rl eval --benchmarks aime24,aime25,amc23 --data-dir data --model M --n 12 --out o
+    megatron-rl eval --benchmarks rlcsd_math --data-dir data --completions-dir C --out o
+    megatron-rl eval --benchmarks score --data-dir data --model M --instruction "..." --out o
+
+Each benchmark reads ``DATA_DIR/<name>/test.parquet`` (``data/benchmarks.py``): its rows' prompts
+are what the model sees and their ``data_source`` selects the reward. Completions come from
+``--completions-dir C`` (``C/<name>.jsonl`` in ``--completions``' format; with the two-attempt
+protocol also ``C/<name>.attempt2.jsonl``, whose j-th response of a row corrects that row's j-th
+first attempt) or are sampled by ``--model`` and written to ``OUT/completions/`` (reusable as
+``--completions-dir``). SCoRe's second prompt is the first prompt, the first attempt's ids verbatim
+and a new user turn carrying ``--instruction`` (the chat template's own text around it,
+``data/chat.py`` NextUserTurn), as the training path builds it.
+
+Writes ``OUT/summary.json`` (per benchmark mean@k, pass@k, the paper's value, problems; the
+average), ``OUT/table.md`` (the papers' layout) and ``OUT/samples.jsonl``; prints the table.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from pathlib import Path
+
+from megatron_rl.data.benchmarks import Benchmark, Preset
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchRun:
+    """How one benchmark is evaluated: samples per problem, the metric at k, the table column."""
+
+    bench: Benchmark
+    n: int
+    metric: str
+    k: int
+    column: str
+
+
+def bench_runs(benchmarks: list[Benchmark], preset: Preset | None, n: int | None, k: int | None) -> list[BenchRun]:
+    """A preset's metric / n / k (``--n`` / ``--k`` override them), else each benchmark's own: mean@n
+    (``--n``, default its paper's k) or pass@k."""
+    out = []
+    for b in benchmarks:
+        metric = preset.metric if preset else b.metric
+        nn = n or (preset.n if preset else b.k)
+        kk = k or (preset.k if preset and not n else (nn if metric == "mean" else min(b.k, nn)))
+        if kk > nn:
+            raise ValueError(f"{b.name}: {metric}@{kk} needs --n >= {kk}, got n={nn}")
+        col = preset.label if preset and (nn, kk) == (preset.n, preset.k) else f"{metric}@{kk}"
+        out.append(BenchRun(b, nn, metric, kk, col))
+    return out
+
+
+def _read_rows(path) -> list[dict]:
+    from . import _load_rows
+
+    return _load_rows(path)
+
+
+def completions_from_dir(cdir, run: BenchRun, rows: list, attempt: int = 1) -> list[list[str]]:
+    """``C/<name>.jsonl`` (attempt 2: ``C/<name>.attempt2.jsonl``): the first n responses of each row."""
+    from . import _check_completions, _load_completions
+
+    f = Path(cdir) / (f"{run.bench.name}.jsonl" if attempt == 1 else f"{run.bench.name}.attempt2.jsonl")
+    if not f.is_file():
+        raise FileNotFoundError(f"--completions-dir {cdir}: no {f.name} for benchmark {run.bench.name}")
+    comps = _load_completions(f)
+    _check_completions(rows, comps, run.n, "n", f, f"the {run.bench.name} benchmark")
+    return [comps[i][:run.n] for i in range(len(rows))]
+
+
+def score_table(runs: list[BenchRun], rows: dict, first: dict, second: dict | None, reward_by_source=None):
+    """``(summary, samples)``: every response scored by its row's reward; the table's numbers."""
+    from megatron_rl.rewards.manager import RewardManager
+
+    from . import score_responses
+    from .table import bench_entry, summarize_table, two_attempt_entry
+
+    rm = RewardManager(reward_by_source, default="exact")
+    entries, samples = {}, []
+    for r in runs:
+        name = r.bench.name
+        rewards = sorted({rm.name_of(x["data_source"]) for x in rows[name]})
+        if rewards != [r.bench.reward]:
+            log.warning("%s: its rows' data_source selects reward %s (the paper's: %s)", name, rewards, r.bench.reward)
+        c1 = [[v >= 1.0 for v in vs] for vs in score_responses(rows[name], first[name], rm)]
+        if second is None:
+            entries[name] = bench_entry(r.bench.label, c1, r.metric, r.k, r.column, ",".join(rewards))
+        else:
+            c2 = [[v >= 1.0 for v in vs] for vs in score_responses(rows[name], second[name], rm)]
+            entries[name] = two_attempt_entry(r.bench.label, c1, c2, ",".join(rewards))
+        for i, cs in enumerate(c1):
+            for j, c in enumerate(cs):
+                samples.append({"benchmark": name, "row": i, "sample": j, "correct": c,
+                                **({"correct2": c2[i][j]} if second is not None else {})})
+    return summarize_table(entries, two_attempt=second is not None), samples
+
+
+def write_outputs(out, summary: dict, samples: list, meta: dict) -> str:
+    """``summary.json`` (+ the run's settings), ``table.md``, ``samples.jsonl``; returns the markdown."""
+    from .table import render_markdown
+
+    out = Path(out)
+    md = render_markdown(summary)
+    (out / "table.md").write_text(md)
+    (out / "summary.json").write_text(json.dumps({**meta, **summary}, indent=1))
+    with open(out / "samples.jsonl", "w") as f:
+        for s in samples:
+            f.write(json.dumps(s) + "\n")
+    return md
+
+
+def run_benchmarks(a, preset: Preset | None, benchmarks: list[Benchmark]) -> dict:
+    """The whole ``--benchmarks`` run (arguments already checked); returns the summary."""
+    from .out_dir import prepare_eval_out
+
+    runs = bench_runs(benchmarks, preset, a.n, a.k_given[0] if a.k_given else None)
+    two = a.two_attempt or bool(preset and preset.two_attempt)
+    rows = {r.bench.name: _read_rows(r.bench.path(a.data_dir)) for r in runs}
+    if a.completions_dir:
+        first = {r.bench.name: completions_from_dir(a.completions_dir, r, rows[r.bench.name]) for r in runs}
+        second = ({r.bench.name: completions_from_dir(a.completions_dir, r, rows[r.bench.name], 2) for r in runs}
+                  if two else None)
+        prepare_eval_out(a.out, a.force, keep=a.completions_dir)
+    else:
+        from .bench_model import sample_benchmarks
+
+        prepare_eval_out(a.out, a.force)
+        first, second = sample_benchmarks(a, runs, two)
+    summary, samples = score_table(runs, rows, first, second)
+    meta = {"data_dir": str(a.data_dir), "preset": preset.name if preset else None,
+            "source": a.model or a.completions_dir}
+    md = write_outputs(a.out, summary, samples, meta)
+    print(md, end="")
+    return summary
+
+
+def check_bench_args(a) -> str | None:
+    """``--data`` xor ``--benchmarks`` (with ``--data-dir`` and every prepared file there); the
+    sampling defaults (the preset's, else T 1.0, top-p 1.0, top-k -1); greedy only with n 1; the
+    two-attempt protocol's instruction. Sets ``a.preset`` / ``a.bench_list``."""
+    from megatron_rl.data.benchmarks import missing_files, resolve
+
+    a.preset, a.bench_list = None, []
+    if bool(a.data) == bool(a.benchmarks):
+        return "give --data FILE or --benchmarks NAMES (with --data-dir), one of them"
+    if not a.benchmarks:
+        if a.completions_dir or a.data_dir or a.two_attempt:
+            return "--completions-dir, --data-dir and --two-attempt go with --benchmarks"
+        a.temperature, a.top_p, a.top_k = (1.0 if a.temperature is None else a.temperature,
+                                           1.0 if a.top_p is None else a.top_p, -1 if a.top_k is None else a.top_k)
+        return None
+    if a.completions:
+        return "--completions FILE goes with --data; with --benchmarks use --completions-dir DIR"
+    if not a.data_dir:
+        return "--benchmarks needs --data-dir DIR (DIR/<benchmark>/test.parquet, made by megatron-rl data prepare)"
+    try:
+        a.bench_list, a.preset = resolve(a.benchmarks)
+    except ValueError as e:
+        return str(e)
+    missing = missing_files(a.bench_list, a.data_dir)
+    if missing:
+        return f"--data-dir {a.data_dir}: no {missing[0]} (prepare it with megatron-rl data prepare / data generate kk)"
+    p = a.preset
+    a.temperature = (p.temperature if p else 1.0) if a.temperature is None else a.temperature
+    a.top_p = (p.top_p if p else 1.0) if a.top_p is None else a.top_p
+    a.top_k = (p.top_k if p else -1) if a.top_k is None else a.top_k
+    if a.completions_dir and not Path(a.completions_dir).is_dir():
+        return f"--completions-dir {a.completions_dir}: no such directory"
+    two = a.two_attempt or bool(p and p.two_attempt)
+    if two and a.model and not (a.instruction or "").strip():
+        return "the two-attempt protocol with --model needs --instruction TEXT (SCoRe's self-correction instruction)"
+    try:
+        runs = bench_runs(a.bench_list, p, a.n, a.k_given[0] if a.k_given else None)
+    except ValueError as e:
+        return str(e)
+    if a.temperature == 0 and a.model and any(r.n > 1 for r in runs):
+        return "--temperature 0 is greedy decoding: one sample per problem (--n 1)"
+    a.n_checked = max(r.n for r in runs)
+    return None
