@@ -5,8 +5,8 @@
 cores during the chat-kinds run), two workers do (a third gave no gain: 28:07 vs 27:50, 2026-11-24; nor did one Ray head per worker
 that every training subprocess joined through ``RAY_ADDRESS`` instead of starting its own: 31:12). ``loadfile`` keeps
 every module on one worker, so module fixtures (a distill warm start, the invariance launches) run
-once; ``--no-loadscope-reorder`` keeps the order set here (longest modules first) instead of xdist's
-(most tests first); the session warm starts are built once per run and shared between the workers
+once; ``--no-loadscope-reorder`` keeps the order set here (longest modules first, but never two modules
+waiting for the plain warm start side by side at the start) instead of xdist's (most tests first); the session warm starts are built once per run and shared between the workers
 through a file lock (``_shared_dir``).
 """
 from __future__ import annotations
@@ -61,7 +61,27 @@ def pytest_collection_modifyitems(config, items):
         if m is not None and n < int(m.args[0] if m.args else 1):
             item.add_marker(pytest.mark.skip(reason=f"needs {m.args[0] if m.args else 1} GPU(s), found {n}"))
     if hasattr(config, "workerinput"):  # an xdist worker: its collection order is the scheduling order
-        items.sort(key=lambda it: -MODULE_SECONDS.get(it.nodeid.split("::")[0], 0))  # stable: order within a module kept
+        items.sort(key=lambda it: -MODULE_SECONDS.get(_module(it), 0))  # stable: order within a module kept
+        _second_module_builds_its_own(items)
+
+
+def _module(item) -> str:
+    return item.nodeid.split("::")[0]
+
+
+def _second_module_builds_its_own(items: list) -> None:
+    """The two workers start on the first two modules at once; when both wait for ``plain_warm``, one
+    builds it while the other idles for the whole warm start. Move the longest module that does not
+    use it to second place (its own warm start runs beside the shared one)."""
+    order = list(dict.fromkeys(_module(it) for it in items))
+    uses = {_module(it) for it in items if "plain_warm" in getattr(it, "fixturenames", ())}
+    if len(order) < 3 or order[0] not in uses or order[1] not in uses:
+        return
+    other = next((m for m in order[2:] if m not in uses), None)
+    if other is not None:
+        rank = {m: i for i, m in enumerate(order)}
+        rank[other] = 0.5
+        items.sort(key=lambda it: rank[_module(it)])
 
 
 def _shared_dir(tmp_path_factory, name: str) -> tuple[Path, object]:
@@ -78,10 +98,12 @@ def _shared_dir(tmp_path_factory, name: str) -> tuple[Path, object]:
 
 @pytest.fixture(scope="session")
 def plain_warm(tmp_path_factory) -> Path:
-    """One plain warm-started tiny policy + task data (`megatron-rl demo --algo grpo --steps 1`), shared by
-    the learning, resume and multi-node tests (each warm start costs about a minute on 2 cores).
+    """One plain warm-started tiny policy + task data (a ``megatron-rl demo --algo grpo`` run dir's ``data/``
+    and ``sft_hf/``: the demo's own warm start, run alone by ``tests/e2e/workers/demo_runs.py`` without the
+    demo's RL, evals and export, which no test reads), shared by the learning, resume, quick-start and
+    multi-node tests (each warm start costs about a minute on 2 cores).
     ``MEGATRON_RL_TEST_WARM=DIR`` reuses a finished ``megatron-rl demo --algo grpo`` run dir instead."""
-    from tests.e2e.test_learning import run_demo
+    from tests.helpers.demo import demo_runs
 
     if os.environ.get("MEGATRON_RL_TEST_WARM"):
         d = Path(os.environ["MEGATRON_RL_TEST_WARM"])
@@ -92,7 +114,7 @@ def plain_warm(tmp_path_factory) -> Path:
     d = root / "warm"
     with lock:
         if not (root / "DONE").is_file():
-            run_demo("grpo", d, 1)
+            demo_runs(root / "worker", [], warm={"algo": "grpo", "run_dir": str(d)}, timeout=900)
             (root / "DONE").touch()
     return d
 
@@ -101,8 +123,8 @@ def plain_warm(tmp_path_factory) -> Path:
 def chat_tokenizer(tmp_path_factory):
     """The chat fixture's HF tokenizer alone (BPE + Qwen specials + ChatML template; ~2 s), wrapped
     in megatron_rl's tokenizer protocol."""
-    from megatron_rl.data.chat_fixture import train_tokenizer
     from megatron_rl.data.tokenizer import load_tokenizer
+    from tests.helpers.chat_fixture import train_tokenizer
 
     d = tmp_path_factory.mktemp("chat_tok")
     train_tokenizer(d)
@@ -111,9 +133,9 @@ def chat_tokenizer(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def chat_fixture(tmp_path_factory) -> dict:
-    """The warm-started tiny chat model + task (``megatron_rl.data.chat_fixture``), built once per run
+    """The warm-started tiny chat model + task (``tests.helpers.chat_fixture``), built once per run
     (``build_chat_fixture`` reuses a complete earlier build in the same dir)."""
-    from megatron_rl.data.chat_fixture import build_chat_fixture
+    from tests.helpers.chat_fixture import build_chat_fixture
 
     d, lock = _shared_dir(tmp_path_factory, "chat_fixture")
     with lock:

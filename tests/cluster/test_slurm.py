@@ -23,8 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.test_two_nodes import STEPS, overrides
-from tests.helpers.cluster import REPO, rows, run_env
+from tests.helpers.cluster import MULTINODE_STEPS, REPO, multinode_overrides, rows, run_env
 from tests.helpers.dist import free_port
 
 SCRIPT = "examples/slurm/train_multinode.sbatch"
@@ -83,7 +82,8 @@ def test_sbatch_script_runs_and_resumes_after_requeue(slurm, plain_warm, tmp_pat
     log = tmp_path / "slurm.out"
     t0 = time.monotonic()
     job = subprocess.run(["sbatch", "--parsable", "--nodes=2", f"--gpus-per-node={gpus}", "--cpus-per-task=1",
-                          "--time=20", f"--output={log}", f"--chdir={REPO}", SCRIPT, *overrides(plain_warm, run_dir)],
+                          "--time=20", f"--output={log}", f"--chdir={REPO}", SCRIPT,
+                          *multinode_overrides(plain_warm, run_dir)],
                          env=env, capture_output=True, text=True, check=True, timeout=60).stdout.strip().split(";")[0]
     done = False
     try:
@@ -104,7 +104,7 @@ def test_sbatch_script_runs_and_resumes_after_requeue(slurm, plain_warm, tmp_pat
     assert job_field(job, "ExitCode") == "0:0", out[-4000:]
     assert "SIGUSR1 (time limit near): requeueing job" in out and "(restart 1)" in out, out[-4000:]
     assert re.search(r"resumed from \S+/checkpoints/step_\d+ at step \d+", out), out[-4000:]
-    assert [r["step"] for r in rows(run_dir)] == list(range(1, STEPS + 1))
+    assert [r["step"] for r in rows(run_dir)] == list(range(1, MULTINODE_STEPS + 1))
     for i in (0, 1):  # a Ray node per Slurm node, each hosting one engine
         logs = list((ray_tmp / f"ray-{job}-{i}").glob("session_*/logs/worker-*.out"))
         assert any("_EngineActor" in f.read_text(errors="replace") for f in logs), f"no engine on Ray node {i}"

@@ -24,33 +24,27 @@ import pytest
 
 from tests.helpers.cluster import (
     BIN,
+    MULTINODE_STEPS,
     PROCESS_COUNTERS,
     RayCluster,
     assert_same_metrics,
     finish,
     kill_all,
     launch,
+    multinode_overrides,
     rows,
     run_env,
     tails,
     train_cmd,
     worker_pids,
 )
-from tests.helpers.demo import warm_overrides
 from tests.helpers.dist import free_port
 
-STEPS = 6
 #: a worker process killed mid-step must bring the whole job down within this many seconds: a killed
 #: process closes its sockets, so gloo fails the peer at once ("Connection closed by peer"); a silent
 #: loss (no RST) is bounded by parallel.timeout_s (300 s below: rank 0's first rollout phase, engine
 #: start included, can take a minute on a loaded 2-core box)
 STOP_BOUND_S = 90
-
-
-def overrides(warm: Path, run_dir: Path) -> list[str]:
-    return warm_overrides(warm, run_dir, f"trainer.steps={STEPS}", "trainer.keep_last=5", "data.prompts_per_step=8",
-                          "rollout.n=4", "trainer.micro_batch_size=8", "rollout.num_engines=2",
-                          "rollout.cpus_per_engine=1", "parallel.timeout_s=300")
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +55,7 @@ def ray_cluster():
 
 def two_nodes(warm: Path, run_dir: Path, cluster: RayCluster, max_restarts: int = 0):
     rdzv = f"127.0.0.1:{free_port()}"
-    ov = [*overrides(warm, run_dir), f"rollout.ray_address={cluster.address}"]
+    ov = [*multinode_overrides(warm, run_dir), f"rollout.ray_address={cluster.address}"]
     logs = [run_dir.parent / f"{run_dir.name}.node{r}.log" for r in (0, 1)]
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     procs = [launch(train_cmd(2, r, 1, rdzv, ov, max_restarts=max_restarts), logs[r]) for r in (0, 1)]
@@ -74,11 +68,12 @@ def one_node_ref(plain_warm, tmp_path_factory):
     d = tmp_path_factory.mktemp("one")
     t0 = time.monotonic()
     p = launch([str(BIN / "torchrun"), "--standalone", "--nproc-per-node=2", "-m", "megatron_rl.cli", "train",
-                "--config", "examples/configs/tiny_cpu_grpo.yaml", *overrides(plain_warm, d / "run")], d / "one.log")
+                "--config", "examples/configs/tiny_cpu_grpo.yaml", *multinode_overrides(plain_warm, d / "run")],
+               d / "one.log")
     assert finish([p], [d / "one.log"]) == [0], tails([d / "one.log"])
     print(f"[two nodes] 1-node run {time.monotonic() - t0:.0f} s")
     ref = rows(d / "run")
-    assert [r["step"] for r in ref] == list(range(1, STEPS + 1))
+    assert [r["step"] for r in ref] == list(range(1, MULTINODE_STEPS + 1))
     return ref
 
 

@@ -2,7 +2,6 @@
 a short SFT run whose loss must drop, a frozen ReferencePolicy, and clear batch-size errors."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from tests.helpers.dist import torchrun
@@ -11,8 +10,7 @@ WORKERS = Path(__file__).parent / "workers"
 
 
 def test_actor_bf16_tp2_sp(tmp_path):
-    sys.path.insert(0, str(WORKERS))
-    from actor_common import make_tiny_hf
+    from tests.helpers.actor_common import make_tiny_hf
 
     hf = make_tiny_hf(tmp_path / "hf")
     p = torchrun(WORKERS / "actor_misc.py", hf, nproc=2, timeout=300)

@@ -6,7 +6,6 @@ message (``preflight`` gives the same one before anything starts). CUDA: ``tests
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,8 +20,7 @@ LOCAL = {"linear_qkv": "ColumnParallelLinear", "linear_fc1": "ColumnParallelLine
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU expectations; CUDA: tests/gpu/test_actor_cuda.py")
 def test_backend_settings_build_the_named_layers(tmp_path):
-    sys.path.insert(0, str(WORKERS))
-    from actor_common import make_tiny_hf
+    from tests.helpers.actor_common import make_tiny_hf
 
     hf = make_tiny_hf(tmp_path / "hf")
     torchrun(WORKERS / "actor_backend.py", hf, tmp_path / "out.json", nproc=1, timeout=300)

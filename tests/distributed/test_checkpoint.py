@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,8 +21,7 @@ WORKERS = Path(__file__).parent / "workers"
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    sys.path.insert(0, str(WORKERS))
-    from actor_common import make_tiny_hf
+    from tests.helpers.actor_common import make_tiny_hf
 
     d = tmp_path_factory.mktemp("ckpt")
     hf = make_tiny_hf(d / "hf")

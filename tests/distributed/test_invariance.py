@@ -35,9 +35,7 @@ OFFLOAD_TWINS = {"tp1_offload_all": "tp1", "dp2_offload_optimizer": "dp2"}
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    import sys
-    sys.path.insert(0, str(WORKERS))
-    from actor_common import make_tiny_hf
+    from tests.helpers.actor_common import make_tiny_hf
 
     d = tmp_path_factory.mktemp("inv")
     hf = make_tiny_hf(d / "hf")

@@ -10,27 +10,9 @@ worker on CUDA.
 """
 from __future__ import annotations
 
-import json
-import sys
-from pathlib import Path
-
 import pytest
 
-from tests.helpers.dist import torchrun
-
-WORKERS = Path(__file__).resolve().parent / "workers"
-CASES = ["actor[distopt=1,bf16=0]", "actor[distopt=1,bf16=1]", "actor[distopt=0,bf16=0]", "actor[distopt=0,bf16=1]",
-         "reference[load_hf]", "reference[from_actor,bf16]", "teacher[snapshot]", "teacher[ema]"]
-
-
-def run_worker(tmp: Path, env: dict | None = None) -> dict:
-    sys.path.insert(0, str(WORKERS))
-    from actor_common import make_tiny_hf
-
-    hf = make_tiny_hf(tmp / "hf")
-    out = tmp / "devices.json"
-    torchrun(WORKERS / "model_device.py", hf, out, nproc=1, timeout=600, env=env)
-    return json.loads(out.read_text())
+from tests.helpers.model_device import CASES, run_worker
 
 
 @pytest.fixture(scope="module")

@@ -19,9 +19,7 @@ KINDS = ("grpo", "rlcsd", "score", "sdpo")
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    import sys
-    sys.path.insert(0, str(WORKERS))
-    from actor_common import make_tiny_hf
+    from tests.helpers.actor_common import make_tiny_hf
 
     d = tmp_path_factory.mktemp("packing")
     hf = make_tiny_hf(d / "hf")

@@ -5,7 +5,6 @@ gloo ranks)."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,8 +16,7 @@ WORKERS = Path(__file__).resolve().parent / "workers"
 
 @pytest.fixture(scope="module")
 def rec(tmp_path_factory) -> dict:
-    sys.path.insert(0, str(WORKERS))
-    from actor_common import make_tiny_hf
+    from tests.helpers.actor_common import make_tiny_hf
 
     tmp = tmp_path_factory.mktemp("recompute")
     hf = make_tiny_hf(tmp / "hf")

@@ -1,7 +1,6 @@
 """Packed teacher passes == single-sequence computations (1e-5, fp32) at TP=1, TP=2 and PP=2."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,8 +16,7 @@ LAYOUTS = [(1, 1, 1), (2, 2, 1), (2, 1, 2)]  # nproc, tp, pp
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """``{(tp, pp): that layout's stdout}``: one launch per world size, the layouts in turn inside it."""
-    sys.path.insert(0, str(WORKERS))
-    from actor_common import make_tiny_hf
+    from tests.helpers.actor_common import make_tiny_hf
 
     hf = make_tiny_hf(tmp_path_factory.mktemp("teacher") / "hf")
     out = {}

@@ -16,7 +16,6 @@ object-store buckets), at TP=2 and at PP=2 in ONE torchrun (engines shared by al
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -53,7 +52,6 @@ def res(tmp_path_factory):
     d = tmp_path_factory.mktemp("wt")
     hf = _make_hf(d / "hf")
     out = d / "res.json"
-    sys.path.insert(0, str(WORKERS))
     torchrun(WORKERS / "weight_transport.py", hf, out, BUCKET, nproc=2, timeout=900)
     r = json.loads(out.read_text())
     print(json.dumps({k: {kk: vv for kk, vv in v.items() if kk != "mismatch"} if isinstance(v, dict) else v

@@ -24,7 +24,8 @@ import pytest
 
 from megatron_rl.algorithms import ALGO_KINDS
 from megatron_rl.data import chat
-from megatron_rl.data.chat_fixture import SCORE_INSTRUCTION, SYSTEM
+from tests.helpers.chat_fixture import SCORE_INSTRUCTION, SYSTEM
+from tests.helpers.dist import repo_env
 from tests.helpers.fake_openai_server import requests_seen, start_server
 
 KINDS = sorted(ALGO_KINDS)
@@ -49,7 +50,7 @@ def runs(chat_fixture, tmp_path_factory):
     try:
         p = subprocess.run([sys.executable, str(ROOT / "tests/e2e/workers/chat_kinds.py"), str(Path(chat_fixture["hf_path"]).parent),
                             str(out), url, *KINDS, *VARIANTS], capture_output=True, text=True, timeout=1500, cwd=ROOT,
-                           env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "2"})
+                           env=repo_env({**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "2"}))
         assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]
         seen = requests_seen(url)
     finally:

@@ -16,33 +16,15 @@ collapsed to 0.142), so it keeps 60 steps.
 """
 from __future__ import annotations
 
-import json
-import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers.demo import finish_demo_runs, run_result, start_demo_runs
+from tests.helpers.demo import finish_demo_runs, run_demo, run_result, start_demo_runs
 from tests.helpers.fake_openai_server import control, start_server
 
 MARGIN = 0.15
-
-
-def run_demo(algo: str, run_dir: Path, steps: int = 60, *extra: str) -> tuple[float, float, list[dict]]:
-    cmd = [sys.executable, "-m", "megatron_rl.cli.demo", "--algo", algo, "--steps", str(steps), "--run-dir", str(run_dir),
-           *extra]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
-                       env={**__import__("os").environ, "OMP_NUM_THREADS": "2", "PYTHONUNBUFFERED": "1"})
-    assert p.returncode == 0, f"demo {algo} failed:\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}"
-    m = re.search(r"before RL ([0-9.]+) -> after RL ([0-9.]+)", p.stdout)
-    assert m, p.stdout[-2000:]
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return float(m.group(1)), float(m.group(2)), rows
-
-
 STEPS = {"grpo": 25, "dapo": 25, "papo": 25, "bicc_rcc": 60}
 ASYNC_TOL = 0.05
 pytestmark = pytest.mark.timeout(2400)   # the first plain test waits for all four plain runs (one process)

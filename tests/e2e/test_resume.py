@@ -31,7 +31,7 @@ STEPS = 6
 
 @pytest.fixture(scope="module")
 def warm(plain_warm) -> Path:
-    """The session's warm-started tiny policy + task data (tests/e2e/conftest.py)."""
+    """The session's warm-started tiny policy + task data (``plain_warm``, tests/conftest.py)."""
     return plain_warm
 
 

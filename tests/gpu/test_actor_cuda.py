@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,8 +20,7 @@ HAS_TE = importlib.util.find_spec("transformer_engine") is not None
 
 
 def _run(tmp_path: Path, settings: str, cpu: bool) -> dict:
-    sys.path.insert(0, str(WORKERS))
-    from actor_common import make_tiny_hf
+    from tests.helpers.actor_common import make_tiny_hf
 
     hf = tmp_path / "hf"
     if not hf.exists():

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,8 +20,7 @@ WORKERS = Path(__file__).resolve().parents[1] / "distributed" / "workers"
 @pytest.mark.requires_gpus(2)
 @pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is None, reason="Transformer Engine not installed")
 def test_cp2_matches_cp1_on_te(tmp_path):
-    sys.path.insert(0, str(WORKERS))
-    from actor_common import make_tiny_hf
+    from tests.helpers.actor_common import make_tiny_hf
 
     hf = make_tiny_hf(tmp_path / "hf")
     torchrun(WORKERS / "context_parallel_te.py", hf, tmp_path / "rec.json", nproc=2, timeout=600)

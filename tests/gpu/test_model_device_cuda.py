@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.distributed.test_model_device import CASES, run_worker
+from tests.helpers.model_device import CASES, run_worker
 
 
 @pytest.mark.requires_gpus(1)

@@ -5,7 +5,6 @@ backward, are not bitwise reproducible run to run; the CPU tests compare exactly
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,8 +16,7 @@ WORKERS = Path(__file__).resolve().parents[1] / "distributed" / "workers"
 
 @pytest.mark.requires_gpus(1)
 def test_offload_frees_gpu_memory_and_changes_no_step(tmp_path):
-    sys.path.insert(0, str(WORKERS))
-    from actor_common import make_tiny_hf
+    from tests.helpers.actor_common import make_tiny_hf
 
     hf = make_tiny_hf(tmp_path / "hf")
     torchrun(WORKERS / "actor_offload_cuda.py", hf, tmp_path / "out.json", nproc=1, timeout=600)

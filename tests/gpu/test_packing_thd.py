@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,8 +20,7 @@ HAS_TE = importlib.util.find_spec("transformer_engine") is not None
 @pytest.mark.requires_gpus(1)
 @pytest.mark.skipif(not HAS_TE, reason="Transformer Engine is not installed")
 def test_thd_packed_passes_equal_padded_on_te(tmp_path):
-    sys.path.insert(0, str(WORKERS))
-    from actor_common import make_tiny_hf
+    from tests.helpers.actor_common import make_tiny_hf
 
     hf = make_tiny_hf(tmp_path / "hf")
     torchrun(WORKERS / "actor_packing.py", str(hf), str(tmp_path), "te:1:1:0:te", nproc=1, timeout=900)

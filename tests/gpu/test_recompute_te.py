@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,8 +17,7 @@ WORKERS = Path(__file__).resolve().parents[1] / "distributed" / "workers"
 @pytest.mark.requires_gpus(2)
 @pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is None, reason="Transformer Engine not installed")
 def test_recompute_on_te_matches_no_recompute(tmp_path):
-    sys.path.insert(0, str(WORKERS))
-    from actor_common import make_tiny_hf
+    from tests.helpers.actor_common import make_tiny_hf
 
     hf = make_tiny_hf(tmp_path / "hf")
     torchrun(WORKERS / "recompute.py", hf, tmp_path / "rec.json", "te", nproc=2, timeout=600)

@@ -18,10 +18,13 @@ import time
 from pathlib import Path
 from typing import Self
 
+from tests.helpers.demo import warm_overrides
 from tests.helpers.dist import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
+#: steps of the multi-node runs (tests/cluster): checkpoints at 2 and 4, so a kill after step 2 resumes mid-run
+MULTINODE_STEPS = 6
 #: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: a fresh TCPStore per torchrun restart round (examples/slurm/
 #: train_multinode.sbatch explains why)
 ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "RAY_AUTH_MODE": "disabled", "WANDB_MODE": "offline",
@@ -164,3 +167,11 @@ def worker_pids(agent: subprocess.Popen) -> list[int]:
 
     kids = psutil.Process(agent.pid).children()
     return [k.pid for k in kids if "megatron_rl" in " ".join(k.cmdline())]
+
+
+def multinode_overrides(warm: Path, run_dir: Path) -> list[str]:
+    """The ``tiny_cpu_grpo`` overrides of the multi-node runs (2-node torchrun, Slurm): DP=2 over two
+    trainer ranks, two 1-CPU engines, :data:`MULTINODE_STEPS` steps from the plain warm start ``warm``."""
+    return warm_overrides(warm, run_dir, f"trainer.steps={MULTINODE_STEPS}", "trainer.keep_last=5",
+                          "data.prompts_per_step=8", "rollout.n=4", "trainer.micro_batch_size=8",
+                          "rollout.num_engines=2", "rollout.cpus_per_engine=1", "parallel.timeout_s=300")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -66,3 +67,17 @@ def run_result(out: Path, res: dict, name: str) -> tuple[float, float, list[dict
     rows = [json.loads(x) for x in (out / name / "metrics.jsonl").read_text().splitlines()]
     print(f"[{name}] held-out greedy accuracy {r['before']:.3f} -> {r['after']:.3f} ({r['secs']} s)")
     return r["before"], r["after"], rows
+
+
+def run_demo(algo: str, run_dir: Path, steps: int = 60, *extra: str) -> tuple[float, float, list[dict]]:
+    """A whole ``python -m megatron_rl.cli.demo --algo ALGO --steps STEPS`` in a subprocess (its own warm start):
+    ``(held-out acc before RL, after RL, metrics rows)``."""
+    cmd = [sys.executable, "-m", "megatron_rl.cli.demo", "--algo", algo, "--steps", str(steps), "--run-dir", str(run_dir),
+           *extra]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
+                       env={**os.environ, "OMP_NUM_THREADS": "2", "PYTHONUNBUFFERED": "1"})
+    assert p.returncode == 0, f"demo {algo} failed:\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}"
+    m = re.search(r"before RL ([0-9.]+) -> after RL ([0-9.]+)", p.stdout)
+    assert m, p.stdout[-2000:]
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return float(m.group(1)), float(m.group(2)), rows

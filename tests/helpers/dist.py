@@ -16,9 +16,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def repo_env(env: dict | None = None) -> dict:
+    """``env`` (default: this process's) with the repository first on ``PYTHONPATH``: a worker script run
+    as a subprocess imports ``tests.helpers`` (and this checkout's ``megatron_rl``) from there."""
+    e = dict(os.environ if env is None else env)
+    e["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), e.get("PYTHONPATH")]))
+    return e
+
+
 def torchrun(script: str | Path, *args: str, nproc: int = 2, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run ``script`` with ``nproc`` ranks; raise with both ranks' output on failure."""
-    e = dict(os.environ)
+    e = repo_env()
     e.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "MASTER_ADDR": "127.0.0.1"})
     e.update(env or {})
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",

@@ -19,7 +19,7 @@ from pathlib import Path
 
 
 def save_tiny_chat_model(d: Path, positions: int = 4096) -> Path:
-    from megatron_rl.data.chat_fixture import make_model, train_tokenizer
+    from tests.helpers.chat_fixture import make_model, train_tokenizer
 
     d = Path(d)
     tok = train_tokenizer(d)

@@ -96,16 +96,9 @@ def test_passthrough_dispatch_calls_owner_main(monkeypatch, capsys):
     assert "model qwen3-1.7b: 1.721 B params" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("command,module", [("convert", "megatron_rl.convert.cli"), ("demo", "megatron_rl.cli.demo"),
-                                            ("eval", "megatron_rl.eval")])
-def test_passthrough_help_is_the_owners_help(command, module):
-    import importlib
-
-    try:
-        cli.resolve_main(command)
-    except cli.CliError:
-        pytest.skip(f"{module} has no main(argv) yet")
-    importlib.import_module(module)
+@pytest.mark.parametrize("command", ["convert", "demo", "eval"])
+def test_passthrough_help_is_the_owners_help(command):
+    assert callable(cli.resolve_main(command))   # no skip: a CliError here is a lost main(argv)
     p = run_cli(command, "--help")
     assert p.returncode == 0, p.stderr
     assert "usage:" in p.stdout

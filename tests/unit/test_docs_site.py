@@ -13,15 +13,15 @@ import argparse
 import dataclasses
 import importlib
 import re
-import sys
 import typing
 from pathlib import Path
 
 import pytest
 
+from tests.helpers.tools import load_tool
+
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tools"))
-import docs_reference as ref
+ref = load_tool("docs_reference")
 
 DOC_FILES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 

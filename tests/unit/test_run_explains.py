@@ -10,7 +10,6 @@ The config.yaml of a real start (and the warning of a real resume) is asserted i
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -211,8 +210,9 @@ def test_keep_last_zero_keeps_every_checkpoint_and_is_documented(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_1", "step_2", "step_3"]
     _prune(tmp_path, 1)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_3"]
-    sys.path.insert(0, str(REPO / "tools"))
-    import docs_reference  # the generated config reference (docs/reference/config.md)
+    from tests.helpers.tools import load_tool
+
+    docs_reference = load_tool("docs_reference")   # the generated config reference (docs/reference/config.md)
 
     assert "0 = keep all" in next(doc for key, _, doc in docs_reference.config_rows() if key == "trainer.keep_last")
 

@@ -21,7 +21,10 @@ Every rank calls the three hooks; the engines are driven from the Ray driver onl
 GPU whose engine has not released it yet. The trainer side is two callables, ``offload_trainer`` /
 ``onload_trainer`` (``trainer.offload``: the actor's ``offload`` / ``onload``), and
 ``offload_weights`` for the second stage; without them only the engines take turns. A checkpoint or
-export in between runs inside :meth:`Colocation.trainer_loaded`.
+export in between runs inside :meth:`Colocation.trainer_loaded`. The hooks keep the turn they hand
+over (:attr:`Colocation.turn`) and refuse one called out of :data:`ORDER` with a one-line error: a
+loop that updated with the engines awake, or pushed into sleeping engines, would fail on a GPU with
+an out-of-memory error far from its cause.
 """
 from __future__ import annotations
 
@@ -62,6 +65,8 @@ class Colocation:
     offload_weights: Callable[[], None] = _noop
     barrier: Callable[[], None] = _barrier
     active: bool = True
+    #: whose turn it is: ``engines`` (generate; from :meth:`start`), ``trainer`` (update), ``push``
+    turn: str = "engines"
 
     @classmethod
     def separate(cls) -> Colocation:
@@ -79,6 +84,7 @@ class Colocation:
         """Engines sleep, then (every engine released) the trainer loads for the update."""
         if not self.active:
             return
+        self._hand_over("engines", "trainer", "after_generate")
         if self.engines is not None:
             self.engines.sleep(SLEEP_LEVEL)
         self.barrier()
@@ -88,6 +94,7 @@ class Colocation:
         """The trainer offloads, then the engines re-allocate their weights (not the KV cache)."""
         if not self.active:
             return
+        self._hand_over("trainer", "push", "before_push")
         self.offload_trainer()
         self.barrier()
         if self.engines is not None:
@@ -98,10 +105,17 @@ class Colocation:
         re-allocate their KV cache for the next generate."""
         if not self.active:
             return
+        self._hand_over("push", "engines", "after_push")
         self.offload_weights()
         self.barrier()
         if self.engines is not None:
             self.engines.wake(("kv_cache",))
+
+    def _hand_over(self, expected: str, nxt: str, hook: str) -> None:
+        if self.turn != expected:
+            raise RuntimeError(f"colocated placement: {hook}() in the {self.turn} turn, expected the {expected} "
+                               f"turn (the step's order: {' -> '.join(ORDER)})")
+        self.turn = nxt
 
     @contextlib.contextmanager
     def trainer_loaded(self) -> Iterator[None]:

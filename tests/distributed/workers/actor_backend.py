@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from actor_common import fixed_batch, rl_loss, write_json
+from tests.helpers.actor_common import fixed_batch, rl_loss, write_json
 
 
 def build(hf_dir: str, info, backend: str, fp8):

@@ -25,7 +25,8 @@ import sys
 from pathlib import Path
 
 import torch
-from actor_common import build_actor, fixed_batch, rl_loss, write_json
+
+from tests.helpers.actor_common import build_actor, fixed_batch, rl_loss, write_json
 
 
 def one_step(actor, step: int) -> dict:

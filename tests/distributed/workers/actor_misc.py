@@ -8,7 +8,8 @@ import sys
 
 import torch
 import torch.distributed as dist
-from actor_common import build_actor, fixed_batch, offload_round_trip
+
+from tests.helpers.actor_common import build_actor, fixed_batch, offload_round_trip
 
 
 def main() -> None:

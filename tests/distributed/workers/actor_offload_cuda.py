@@ -8,7 +8,8 @@ from __future__ import annotations
 import sys
 
 import torch
-from actor_common import (
+
+from tests.helpers.actor_common import (
     build_actor,
     fixed_batch,
     offload_round_trip,

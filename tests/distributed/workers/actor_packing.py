@@ -14,7 +14,8 @@ from __future__ import annotations
 import sys
 
 import torch
-from actor_common import build_actor, write_json
+
+from tests.helpers.actor_common import build_actor, write_json
 
 KINDS = ("grpo", "rlcsd", "score", "sdpo")
 N, R, K = 16, 40, 4

@@ -14,11 +14,8 @@ Device-wide bytes (``mem_get_info``) are recorded beside torch's: vLLM's sleep-m
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))   # the repo: megatron_rl, tests.helpers
-
-from actor_common import fixed_batch, rl_loss, write_json
+from tests.helpers.actor_common import fixed_batch, rl_loss, write_json
 
 
 def used() -> int:

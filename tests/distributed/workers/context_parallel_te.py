@@ -13,7 +13,8 @@ import json
 import sys
 
 import torch.distributed as dist
-from actor_common import fixed_batch, rl_loss
+
+from tests.helpers.actor_common import fixed_batch, rl_loss
 
 
 def run(hf_dir: str, cp: int) -> dict:

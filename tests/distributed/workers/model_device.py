@@ -18,8 +18,6 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 
 def _tensors(actor_like) -> list[tuple[str, torch.Tensor]]:
     out = []
@@ -42,14 +40,13 @@ def _record(name: str, tensors, dev: torch.device, config=None) -> dict:
 
 
 def main(hf_dir: str, out: str) -> None:
-    from actor_common import fixed_batch
-
-    from megatron_rl.runtime.device import default_device, max_memory_allocated
     from megatron_rl.models.provider import load_hf_config
+    from megatron_rl.runtime.device import default_device, max_memory_allocated
     from megatron_rl.runtime.parallel import init_parallel
     from megatron_rl.trainer.policy.actor import PolicyActor, ReferencePolicy
     from megatron_rl.trainer.policy.optim import OptimSpec
     from megatron_rl.trainer.teacher import TeacherWeights
+    from tests.helpers.actor_common import fixed_batch
 
     info = init_parallel(1, 1, seed=7)
     hf = load_hf_config(hf_dir)

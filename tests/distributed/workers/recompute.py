@@ -14,7 +14,8 @@ import sys
 
 import torch
 import torch.distributed as dist
-from actor_common import fixed_batch, rl_loss
+
+from tests.helpers.actor_common import fixed_batch, rl_loss
 
 CASES = {"none": {}, "selective": {"recompute_granularity": "selective"},
          "full_uniform": {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1},

@@ -15,13 +15,11 @@ import sys
 
 import torch
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from actor_common import VOCAB, build_actor
-
 from megatron_rl.trainer.pipeline.batch import make_batch
 from megatron_rl.trainer.support import teacher_pass
 from megatron_rl.trainer.teacher import TeacherWeights
 from megatron_rl.trainer.teacher_inputs import pack
+from tests.helpers.actor_common import VOCAB, build_actor
 
 TOL = 1e-5
 TOPK = 5

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from actor_common import fixed_batch, rl_loss
+
+from tests.helpers.actor_common import fixed_batch, rl_loss
 
 
 def make_hf(out: Path) -> Path:
@@ -83,5 +84,4 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     main(sys.argv[1])

@@ -21,9 +21,9 @@ import time
 
 import torch
 import torch.distributed as dist
-from actor_common import build_actor, fixed_batch
 
 from megatron_rl.runtime.memwatch import PeakRSS
+from tests.helpers.actor_common import build_actor, fixed_batch
 
 BACKENDS = ("gloo", "ray")
 

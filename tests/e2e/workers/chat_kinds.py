@@ -53,7 +53,7 @@ BUDGET = 320                 # token-budget micro-batches (packed) for every kin
 
 
 def overrides(kind: str, fx: dict, out: Path, grader_url: str) -> list[str]:
-    from megatron_rl.data.chat_fixture import SCORE_INSTRUCTION
+    from tests.helpers.chat_fixture import SCORE_INSTRUCTION
 
     base, *variants = kind.split("@")
     mini_batches = 2 if base in TWO_MINI_BATCHES else 4
@@ -157,11 +157,11 @@ def probe_teacher(cfg, client) -> dict:
     (``optimizer_steps.jsonl``)."""
     import torch
 
-    from megatron_rl.trainer.pipeline.batch import make_batch
     from megatron_rl.trainer.loop.rl_loop import rl_step
-    from megatron_rl.trainer.paths import path_class
     from megatron_rl.trainer.loop.rollout_source import open_source
     from megatron_rl.trainer.loop.setup import setup_run
+    from megatron_rl.trainer.paths import path_class
+    from megatron_rl.trainer.pipeline.batch import make_batch
     from megatron_rl.trainer.pipeline.update import OPTIMIZER_STEPS_FILE
     from megatron_rl.trainer.pipeline.update_stage import response_frame
 
@@ -244,12 +244,12 @@ def probe_teacher(cfg, client) -> dict:
 
 
 def main(fixture_dir: str, out_dir: str, grader_url: str, kinds: list[str]) -> int:
-    from megatron_rl.data.chat_fixture import build_chat_fixture
     from megatron_rl.runtime.parallel import init_parallel
     from megatron_rl.trainer.loop.preflight import load_checked
     from megatron_rl.trainer.loop.rl_loop import run
     from megatron_rl.trainer.loop.setup import build_client
     from megatron_rl.trainer.loop.stop import Stopped
+    from tests.helpers.chat_fixture import build_chat_fixture
 
     fx = build_chat_fixture(fixture_dir)
     out = Path(out_dir)

@@ -9,7 +9,6 @@ import math
 
 import pytest
 import torch
-from algo_builders import D, close, gid, random_batch, t
 
 import megatron_rl.algorithms as A
 from megatron_rl.algorithms import (
@@ -21,6 +20,7 @@ from megatron_rl.algorithms import (
     rcc_delta,
 )
 from megatron_rl.algorithms.reference import bicc_loop, rcc_loop
+from tests.helpers.algo_builders import D, close, gid, random_batch, t
 
 R = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0], dtype=torch.float64)
 

@@ -9,7 +9,6 @@ import math
 
 import pytest
 import torch
-from algo_builders import D, close, t
 
 import megatron_rl.algorithms as A
 from megatron_rl.algorithms import (
@@ -26,6 +25,7 @@ from megatron_rl.algorithms import (
     topk_tail_support,
 )
 from megatron_rl.algorithms.distill import is_weight, opsd_token_loss, srpo_log_u_mean
+from tests.helpers.algo_builders import D, close, t
 
 
 def test_opsd_empty_mask():

@@ -8,7 +8,6 @@ import dataclasses
 
 import pytest
 import torch
-from algo_builders import D, random_inputs, t
 
 from megatron_rl.algorithms import (
     ALGO_KINDS,
@@ -26,6 +25,7 @@ from megatron_rl.algorithms import (
     rloo_advantage,
     topk_tail_support,
 )
+from tests.helpers.algo_builders import D, random_inputs, t
 
 ESTIMATORS = {
     "grpo": lambda r, g: grpo_advantage(r, g),

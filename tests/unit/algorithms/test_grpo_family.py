@@ -11,7 +11,6 @@ import math
 
 import pytest
 import torch
-from algo_builders import D, close, gid, random_batch, t
 
 import megatron_rl.algorithms as A
 from megatron_rl.algorithms import (
@@ -23,6 +22,7 @@ from megatron_rl.algorithms import (
     rloo_advantage,
 )
 from megatron_rl.algorithms.reference import grpo_loop, rloo_loop
+from tests.helpers.algo_builders import D, close, gid, random_batch, t
 
 
 def test_bad_group_ids_and_shapes():

@@ -15,7 +15,12 @@ import math
 import pytest
 import torch
 
-from megatron_rl.algorithms.mismatch import gen_kl, mismatch_metrics, split_mismatch_metrics, token_mult_prob_error
+from megatron_rl.algorithms.mismatch import (
+    gen_kl,
+    mismatch_metrics,
+    split_mismatch_metrics,
+    token_mult_prob_error,
+)
 
 D = torch.float64
 GEN = torch.tensor([[-1.0, -2.0, -0.5], [-0.7, -1.0, -1.0]], dtype=D)

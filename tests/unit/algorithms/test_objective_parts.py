@@ -8,10 +8,10 @@ import math
 
 import pytest
 import torch
-from algo_builders import D, close, t
 
 import megatron_rl.algorithms as A
 from megatron_rl.algorithms import aggregate, kl_penalty, ppo_clip_loss
+from tests.helpers.algo_builders import D, close, t
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from algo_builders import close, gid, random_batch, t
 
 import megatron_rl.algorithms as A
 from megatron_rl.algorithms import grpo_advantage, papo_advantage, papo_components
 from megatron_rl.algorithms.reference import papo_loop
 from megatron_rl.rewards.grader import parse_score
+from tests.helpers.algo_builders import close, gid, random_batch, t
 
 
 def _papo(mode: str) -> torch.Tensor:

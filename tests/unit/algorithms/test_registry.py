@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from algo_builders import D, random_inputs
 
 import megatron_rl.algorithms as A
 from megatron_rl.algorithms import registry as R
+from tests.helpers.algo_builders import D, random_inputs
 
 REQUIRED_KINDS = {"grpo", "dapo", "drgrpo", "remax", "rloo", "bicc", "bicc_rcc", "rlcsd", "opsd", "sdpo", "srpo",
                   "rlsd", "opsd_ectr", "rlsd_ectr", "papo", "score"}

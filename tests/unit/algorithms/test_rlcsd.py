@@ -10,7 +10,6 @@ import random
 
 import pytest
 import torch
-from algo_builders import D, close, t
 
 import megatron_rl.algorithms as A
 from megatron_rl.algorithms import (
@@ -24,6 +23,7 @@ from megatron_rl.algorithms import (
     select_rlcsd_hints,
     student_prompt,
 )
+from tests.helpers.algo_builders import D, close, t
 
 
 def test_rlcsd_boundary_groups():

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from algo_builders import close, t
 
 import megatron_rl.algorithms as A
 from megatron_rl.algorithms import (
@@ -19,6 +18,7 @@ from megatron_rl.algorithms import (
 )
 from megatron_rl.rewards.extract import gsm8k_hash, math_final_answer
 from megatron_rl.rewards.format import format_and_match, strict_format_and_match
+from tests.helpers.algo_builders import close, t
 
 
 def test_score_shaped_reward_can_be_negative():

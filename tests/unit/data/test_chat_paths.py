@@ -9,11 +9,11 @@ import torch
 
 from megatron_rl.algorithms import BiCCHParams, ScoreHParams
 from megatron_rl.data import chat
-from megatron_rl.data.chat_fixture import messages, solution
 from megatron_rl.data.dataset import PromptRow, problem_text
 from megatron_rl.trainer.loop import rollout_stage as R
-from megatron_rl.trainer.paths.two_attempts import second_turn
 from megatron_rl.trainer.paths.bicc import BiccLayout, bicc_inputs
+from megatron_rl.trainer.paths.two_attempts import second_turn
+from tests.helpers.chat_fixture import messages, solution
 
 
 def raw(tok, ids) -> str:
@@ -113,8 +113,8 @@ def test_grader_problem_text_precedence():
 
 
 def test_dataset_keeps_messages_and_question(chat_tokenizer, tmp_path):
-    from megatron_rl.data.chat_fixture import write_chat_task
     from megatron_rl.data.dataset import PromptDataset
+    from tests.helpers.chat_fixture import write_chat_task
 
     paths = write_chat_task(tmp_path, sizes={"train": 8})
     ds = PromptDataset.from_parquet(paths["train"], chat_tokenizer, 128)

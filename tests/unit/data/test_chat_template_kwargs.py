@@ -1,7 +1,7 @@
 """``data.chat_template_kwargs`` reach every place a prompt is rendered through the chat template:
 training (and in-training validation) prompts, eval prompts, BiCC contexts, teacher prompts and
 SCoRe's second turn. On the chat fixture, whose template reads Qwen3's ``enable_thinking``
-(``data/chat_fixture.py``), ``enable_thinking=false`` opens every answer with an empty think block;
+(``tests/helpers/chat_fixture.py``), ``enable_thinking=false`` opens every answer with an empty think block;
 each layout is decoded with special tokens and compared with the expected text."""
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import torch
 
 from megatron_rl.algorithms import BiCCHParams, ScoreHParams
 from megatron_rl.data import chat
-from megatron_rl.data.chat_fixture import SYSTEM, question, solution, write_chat_task
 from megatron_rl.data.dataset import PromptDataset
 from megatron_rl.data.tokenizer import load_tokenizer
 from megatron_rl.trainer.loop import rollout_stage as R
+from megatron_rl.trainer.paths.bicc import BiccLayout, bicc_inputs
 from megatron_rl.trainer.paths.two_attempts import second_turn
 from megatron_rl.trainer.teacher_inputs import ChatHintTemplate
-from megatron_rl.trainer.paths.bicc import BiccLayout, bicc_inputs
+from tests.helpers.chat_fixture import SYSTEM, question, solution, write_chat_task
 
 OFF = "<think>\n\n</think>\n\n"
 GEN = "<|im_start|>assistant\n"

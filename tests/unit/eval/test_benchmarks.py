@@ -178,8 +178,8 @@ def test_missing_completion_file_and_two_attempt_model_without_instruction(tmp_p
 def test_two_attempt_with_the_chat_fixture_model_equals_rescoring_its_completions(chat_fixture, tmp_path):
     """One cheap real run: the chat fixture's warm-started model on the HF engine samples attempt 1
     and SCoRe's second attempt; the table equals the ``math`` reward applied here to the files it wrote."""
-    from megatron_rl.data.chat_fixture import SCORE_INSTRUCTION
     from megatron_rl.rewards.registry import get_reward
+    from tests.helpers.chat_fixture import SCORE_INSTRUCTION
 
     data = tmp_path / "data"
     rows = pq.read_table(chat_fixture["test"]).to_pylist()[:4]

@@ -85,7 +85,7 @@ def test_eval_sampling_options_fail_clearly(tmp_path, capsys, argv, words):
 def test_eval_generates_as_the_papers_do(chat_tokenizer, tmp_path):
     """``--model`` on the HF engine: n samples per row at T / top-p / top-k, prompts rendered with
     ``--chat-template-kwargs`` (the fixture's template reads enable_thinking), mean@n and pass@k per source."""
-    from megatron_rl.data.chat_fixture import make_model, write_chat_task
+    from tests.helpers.chat_fixture import make_model, write_chat_task
 
     model = tmp_path / "m"
     chat_tokenizer.tok.save_pretrained(str(model))

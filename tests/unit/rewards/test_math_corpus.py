@@ -1,13 +1,12 @@
-"""The ``math`` reward against the corpus written from the field's verifier suites (``math_corpus.py``):
+"""The ``math`` reward against the corpus written from the field's verifier suites (``tests/helpers/math_corpus.py``):
 right on >= 97% of >= 300 cases, every degenerate answer rejected. Scored through the reward manager,
 so the cases run on the reward pool as training scores them."""
 from __future__ import annotations
 
 import collections
 
-from math_corpus import CASES
-
 from megatron_rl.rewards.manager import RewardManager
+from tests.helpers.math_corpus import CASES
 
 CATEGORIES = {"fractions", "nested braces", "decimals", "percent", "units", "sci-notation", "sqrt-pi", "equations",
               "intervals-sets", "tuples", "matrices", "multiple answers", "gsm8k ####", "first vs last box",

@@ -1,6 +1,7 @@
-"""The colocated step's order (``trainer/loop/colocate.py``) with a real HF engine: the engine really
-releases its weights for the update and the step after the push generates exactly what it would have
-without the turn-taking. The trainer side is recorded (its offload is another module's test)."""
+"""The colocated turn-taking (``trainer/loop/colocate.py``) with a real HF engine: each hook hands the engine
+and the trainer over (the engine really releases its weights for the update, and after the push
+generates exactly what it would have without the turn-taking), and a hook out of its turn is refused.
+The trainer side is recorded (its offload is another module's test)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -49,20 +50,11 @@ def model_dir(tmp_path_factory):
     return save_tiny_qwen3(tmp_path_factory.mktemp("tiny"))
 
 
-def _step(colo: Colocation, eng: RecordingEngine, calls: list, weights: dict):
-    """One loop step as ``trainer/loop.rl_step`` orders it (generate, update, push)."""
-    calls.append("generate")
-    out = eng.generate(PROMPTS, GREEDY)
-    colo.after_generate()
-    calls.append("update")
-    released = all(p.numel() == 0 for p in eng.model.parameters())
-    colo.before_push()
-    eng.update_weights(weights.items())
-    colo.after_push()
-    return out, released
-
-
-def test_colocated_step_runs_in_the_stated_order_and_the_engine_frees_its_weights_for_the_update(model_dir):
+def test_each_turn_hands_the_engine_and_the_trainer_over_and_the_engine_generates_as_before(model_dir):
+    """What each hook does to a real HF engine and to the trainer (recorded callables), hook by hook.
+    The loop's order of the hooks is not restated here: :class:`Colocation` refuses a hook out of its
+    turn (next test), and the real loop (``rl_step``) runs colocated in ``tests/unit/trainer/test_paths.py``'s
+    toy-method run (2 steps, a checkpoint and the export between parked stages), which that refusal would stop."""
     from safetensors.torch import load_file
 
     calls: list[str] = []
@@ -73,12 +65,43 @@ def test_colocated_step_runs_in_the_stated_order_and_the_engine_frees_its_weight
                       offload_weights=lambda: calls.append("trainer.offload(weights)"), barrier=lambda: None)
     colo.start()
     assert calls == ["trainer.offload"]    # set-up's push is done: the GPUs go to the engines
-    calls.clear()
-    first, released = _step(colo, eng, calls, weights)
-    assert tuple(calls) == ORDER and released
-    calls.clear()
-    second, _ = _step(colo, eng, calls, weights)
-    assert tuple(calls) == ORDER and second == first   # awake again, same weights: the same greedy outputs
+    first = eng.generate(PROMPTS, GREEDY)
+    for _ in range(2):
+        calls.clear()
+        colo.after_generate()
+        assert calls == ["engines.sleep", "trainer.onload"] and colo.turn == "trainer"
+        assert all(p.numel() == 0 for p in eng.model.parameters())      # level 2: the weights are gone
+        calls.clear()
+        colo.before_push()
+        assert calls == ["trainer.offload", "engines.wake(weights)"] and colo.turn == "push"
+        eng.update_weights(weights.items())
+        calls.clear()
+        colo.after_push()
+        assert calls == ["trainer.offload(weights)", "engines.wake(kv_cache)"] and colo.turn == "engines"
+        assert eng.generate(PROMPTS, GREEDY) == first   # awake again, same weights: the same greedy outputs
+    # ORDER (the module's statement of a step) is the hooks' calls in their turns' order
+    hooks = ["engines.sleep", "trainer.onload", "trainer.offload", "engines.wake(weights)", "trainer.offload(weights)",
+             "engines.wake(kv_cache)"]
+    assert [c for c in ORDER if c in hooks] == hooks
+
+
+@pytest.mark.parametrize("hooks,bad", [(["before_push"], "before_push\\(\\) in the engines turn"),
+                                       (["after_push"], "after_push\\(\\) in the engines turn"),
+                                       (["after_generate", "after_generate"], "after_generate\\(\\) in the trainer turn"),
+                                       (["after_generate", "after_push"], "after_push\\(\\) in the trainer turn"),
+                                       (["after_generate", "before_push", "before_push"],
+                                        "before_push\\(\\) in the push turn")])
+def test_a_hook_out_of_its_turn_is_refused_before_it_touches_anything(hooks, bad):
+    calls: list[str] = []
+    colo = Colocation(engines=None, offload_trainer=lambda: calls.append("offload"),
+                      onload_trainer=lambda: calls.append("onload"), barrier=lambda: None)
+    *ok, last = hooks
+    for h in ok:
+        getattr(colo, h)()
+    before = list(calls)
+    with pytest.raises(RuntimeError, match=f"colocated placement: {bad}") as e:
+        getattr(colo, last)()
+    assert "\n" not in str(e.value) and calls == before
 
 
 def test_separate_placement_takes_no_turns(model_dir):
@@ -88,8 +111,9 @@ def test_separate_placement_takes_no_turns(model_dir):
     colo = build_colocation(SimpleNamespace(cfg=cfg, client=eng, actor=None, info=SimpleNamespace(is_driver=True)))
     assert not colo.active
     colo.start()
-    _, released = _step(colo, eng, calls, {})
-    assert calls == ["generate", "update", "push"] and not released
+    for hook in ("after_generate", "before_push", "after_push", "after_push"):   # no turns to keep either
+        getattr(colo, hook)()
+    assert calls == [] and all(p.numel() > 0 for p in eng.model.parameters())
 
 
 def test_colocated_placement_drives_the_engines_from_the_driver_only(model_dir):
