@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tests.helpers.dist import repo_env
 from tests.helpers.prepare import reward_of, run, user_text, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -124,7 +124,7 @@ def test_one_row_of_every_source_trains_with_its_reference_reward(chat_fixture, 
           "algo.off_policy=bypass", "algo.grpo.kl_loss_coef=0.0"]   # no log-prob pass: the rewards are the point
     p = subprocess.run([sys.executable, "-m", "megatron_rl.cli", "train", "--config", str(cfg), *ov], cwd=ROOT,
                        capture_output=True, text=True, timeout=400,
-                       env={**os.environ, "OMP_NUM_THREADS": "2", "RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1"})
+                       env={**repo_env(), "OMP_NUM_THREADS": "2", "RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1"})
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     (metrics,) = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     samples = [json.loads(x) for x in (run_dir / "samples.jsonl").read_text().splitlines()]
