@@ -155,15 +155,15 @@ def generate_completions(eval_parquet, model_dir, k: int, out_jsonl, max_tokens:
     from megatron_rl.data.dataset import PromptDataset
     from megatron_rl.data.tokenizer import load_tokenizer
     from megatron_rl.rollout.engine import SamplingParams
-    from megatron_rl.rollout.hf_engine import make_engine
+    from megatron_rl.rollout.registry import caps, make_engine
 
-    if tp > 1 and engine != "vllm":
-        raise ValueError(f"--tp {tp} needs the vllm engine (the HF engine runs on one device)")
+    if tp > 1 and caps(engine).tensor_parallel == "never":
+        raise ValueError(f"--tp {tp} needs an engine with tensor parallelism (the {engine} engine runs on one device)")
     tok = load_tokenizer(model_dir, chat_template_kwargs)
     ds = PromptDataset.from_parquet(eval_parquet, tok, max_prompt_len=4096)
     max_tokens, context = _lengths(model_dir, max(len(r.prompt_ids) for r in ds.rows), max_tokens)
     eng = make_engine(engine, str(model_dir), **({"max_model_len": context, "tensor_parallel_size": tp}
-                                                 if engine == "vllm" else {}))
+                                                 if "tensor_parallel_size" in caps(engine).options else {}))
     comps = eng.generate([list(r.prompt_ids) for r in ds.rows],
                          SamplingParams(n=k, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
                                         max_tokens=max_tokens, seed=seed, stop_token_ids=(tok.eos_id,)))
@@ -225,7 +225,9 @@ def _check_args(a) -> str | None:
 def _check_tp_here(tp: int, engine: str) -> str | None:
     """``--tp`` > 1 needs that many GPUs, or on CPU that many NUMA nodes (vLLM-CPU puts one TP rank
     per NUMA node and asserts otherwise, 60 lines into its start-up)."""
-    if tp <= 1 or engine != "vllm":
+    from megatron_rl.rollout.registry import caps
+
+    if tp <= 1 or caps(engine).tensor_parallel == "never":   # refused by generate_completions
         return None
     from megatron_rl.runtime.device import gpu_count, has_cuda
 

@@ -114,13 +114,14 @@ def host_memory_bytes() -> tuple[int, int]:
 
 
 def check_kv_cache_memory(cfg) -> None:
-    """vLLM-CPU keeps each engine's KV cache (``rollout.kv_cache_gib``) in host memory: more than this
-    host has available fails 20 s into the run inside Ray / vLLM; refused here (no CUDA only: on a
-    GPU the cache lives in GPU memory)."""
+    """An engine taking ``rollout.kv_cache_gib`` (vLLM-CPU) keeps each engine's KV cache in host memory:
+    more than this host has available fails 20 s into the run inside Ray / vLLM; refused here (no CUDA
+    only: on a GPU the cache lives in GPU memory)."""
+    from megatron_rl.rollout.registry import caps
     from megatron_rl.runtime.device import has_cuda
 
     r = cfg.rollout
-    if r.engine != "vllm" or has_cuda():
+    if "kv_cache_gib" not in caps(r.engine).options or has_cuda():
         return
     total, avail = host_memory_bytes()
     cluster = r.ray_address or os.environ.get("RAY_ADDRESS", "local").lower() not in ("", "local")
@@ -380,9 +381,10 @@ def check_backend(cfg) -> str:
 def check_stack(cfg, backend: str) -> None:
     """The installed vLLM / Transformer Engine / megatron-core against the versions the code is written
     for (``megatron_rl/runtime/stack.py``): one line naming installed vs supported when they differ."""
+    from megatron_rl.rollout.registry import caps
     from megatron_rl.runtime.stack import check_stack as check
 
-    check(cfg.rollout.engine, backend)
+    check(caps(cfg.rollout.engine).requires, backend)   # the distributions the engine class imports
 
 
 def _probe_row(cfg) -> dict:

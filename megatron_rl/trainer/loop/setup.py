@@ -123,17 +123,17 @@ def client_args(cfg, trainer_world: int = 1, cuda: bool | None = None) -> dict:
     machine's, None = ask it — the auto engine keys depend on it, ``rollout/placement.py``)."""
     from megatron_rl.runtime.device import has_cuda
     from megatron_rl.rollout.placement import engine_eager, engine_memory_utilization
+    from megatron_rl.rollout.registry import caps
 
     r = cfg.rollout
     cuda = has_cuda() if cuda is None else cuda
     kw = {"max_model_len": r.max_model_len, "seed": cfg.trainer.seed, "dtype": "bfloat16" if cfg.model.bf16 else "float32",
           "logprobs": r.logprobs}
-    if r.engine == "vllm":
-        kw["kv_cache_gib"] = r.kv_cache_gib
-        kw["enable_sleep_mode"] = r.placement == "colocated"   # CUDA only: refused on CPU at start-up
-        kw["gpu_memory_utilization"] = engine_memory_utilization(r.gpu_memory_utilization, r.placement)
-        kw["enforce_eager"] = engine_eager(r.enforce_eager, cuda)
-        kw["tensor_parallel_size"] = r.tensor_parallel_size
+    options = {"kv_cache_gib": r.kv_cache_gib,
+               "enable_sleep_mode": r.placement == "colocated",   # vLLM: CUDA only, refused on CPU at start-up
+               "gpu_memory_utilization": engine_memory_utilization(r.gpu_memory_utilization, r.placement),
+               "enforce_eager": engine_eager(r.enforce_eager, cuda), "tensor_parallel_size": r.tensor_parallel_size}
+    kw.update((k, v) for k, v in options.items() if k in caps(r.engine).options)   # those the engine class takes
     return {"engine": r.engine, "model": cfg.model.hf_path, "num_engines": r.num_engines, "engine_kwargs": kw,
             "cpus_per_engine": r.cpus_per_engine, "ray_address": r.ray_address, "sync_backend": r.sync_backend,
             "bucket_bytes": r.bucket_mb << 20, "trainer_world": trainer_world, "placement": r.placement}
