@@ -15,7 +15,7 @@ wall-clock and CPU time of this process (``time.process_time``, all its threads)
 * ``policy``: ``actor.forward_logprobs`` of the plain batch (prompt ++ response, right-padded to
   the longest, the trainer's log-prob pass) — the baseline, ratio 1;
 * ``teacher packed``: the K+1 teacher sequences of every target, laid out by
-  ``trainer/teacher_inputs.pack`` (rows of at most ``--pack-len`` tokens, block-diagonal attention;
+  ``trainer/paths/teacher/inputs.pack`` (rows of at most ``--pack-len`` tokens, block-diagonal attention;
   the layout of least estimated cost for the model's ``attention_crossover`` and micro-batches of
   the policy pass's token count) and run by ``support.teacher_pass`` under snapshot weights; ``row
   len`` is the widest row, ``pad frac`` counts the slots of the width-trimmed micro-batches;
@@ -89,11 +89,11 @@ def main() -> None:
     from megatron_rl.runtime.parallel import init_parallel
     from megatron_rl.trainer.policy.actor import PolicyActor
     from megatron_rl.trainer.pipeline.batch import make_batch
-    from megatron_rl.trainer.support import teacher_pass
     from megatron_rl.trainer.policy.optim import OptimSpec
     from megatron_rl.trainer.pipeline.packing import TokenBudget, plan, seq_lengths
-    from megatron_rl.trainer.teacher import TeacherWeights
-    from megatron_rl.trainer.teacher_inputs import attention_crossover, pack
+    from megatron_rl.trainer.paths.teacher.inputs import attention_crossover, pack
+    from megatron_rl.trainer.paths.teacher.support import teacher_pass
+    from megatron_rl.trainer.paths.teacher.weights import TeacherWeights
 
     rng = random.Random(0)
     tmp = tempfile.mkdtemp()

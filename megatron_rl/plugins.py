@@ -1,11 +1,13 @@
-"""``plugins:``: the user's own modules, imported before a config's ``algo`` section is read.
+"""``plugins:``: the user's own modules, imported before a config's sections are read.
 
 A method added outside the package (docs/contributing.md, "Adding a method") registers its advantage, loss,
-hparams dataclass and kind when its module is imported; ``config.from_dict`` imports the modules
-named by the top-level ``plugins:`` key first, so ``algo.kind`` and ``algo.<kind>.*`` validate
-against those registrations. Every process that loads the config (each ``torchrun`` rank, a resume
-from ``run_dir/config.yaml``, which keeps the key) imports them itself; the Ray engine actors get no
-config and run no method code, so they need none.
+hparams dataclass and kind when its module is imported, a rollout engine (docs/contributing.md,
+"Adding a rollout engine") its engine class; ``config.from_dict`` imports the modules named by the top-level
+``plugins:`` key first, so ``algo.kind``, ``algo.<kind>.*`` and ``rollout.engine`` validate against
+those registrations. Every process that loads the config (each ``torchrun`` rank, a resume from
+``run_dir/config.yaml``, which keeps the key) imports them itself; the Ray engine actors get no
+config: they run no method code, and import a plugin's engine class by its ``module:Class`` path
+(``rollout/registry.engine_path``).
 
 Entries are importable module names (``my_pkg.my_method``), found on ``sys.path`` as any import
 (``PYTHONPATH`` for a module outside an installed package). File paths are refused: a name is

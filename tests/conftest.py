@@ -42,7 +42,8 @@ MODULE_SECONDS = {
     "tests/distributed/test_driver_wait.py": 25,
     "tests/distributed/test_model_device.py": 20, "tests/distributed/test_recompute.py": 45,
     "tests/distributed/test_vpp.py": 25, "tests/distributed/test_context_parallel.py": 20,
-    "tests/unit/trainer/test_stop.py": 40,
+    "tests/unit/trainer/test_stop.py": 40, "tests/unit/rollout/test_engine_plugin.py": 35,
+    "tests/e2e/test_prepared_sources.py": 90,
     "tests/unit/eval/test_benchmarks.py": 30, "tests/unit/data/test_kk_logic.py": 15,
 }
 

@@ -154,8 +154,8 @@ class BiCCRCCHParams(BiCCHParams):
 
 @dataclass(frozen=True)
 class TeacherHParams(PPOHParams):
-    """Teacher weights θ̄ of the self-distillation methods (``trainer/teacher.py``): the teacher data
-    paths (``trainer/paths/teacher.py``) read these; ``ema_decay`` is used in ``ema`` mode,
+    """Teacher weights θ̄ of the self-distillation methods (``trainer/paths/teacher/weights.py``): the teacher data
+    paths (``trainer/paths/teacher/path.py``) read these; ``ema_decay`` is used in ``ema`` mode,
     ``teacher_sync_interval`` in ``snapshot`` mode."""
 
     teacher_mode: str = "snapshot"   #: teacher weights: fixed (= current θ) | snapshot (copy every teacher_sync_interval steps) | ema

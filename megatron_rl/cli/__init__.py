@@ -9,6 +9,7 @@ dispatches and turns user errors into one clear line (``--debug`` shows the trac
     megatron-rl demo [--algo bicc_rcc] ...            -> megatron_rl.cli.demo.main(argv)
     megatron-rl eval ...                              -> megatron_rl.eval main(argv)
     megatron-rl convert hf-to-mcore|mcore-to-hf ...   -> megatron_rl.convert.cli.main(argv)
+    megatron-rl data prepare SOURCE --in X --out D    -> megatron_rl.data.cli.main(argv)
     megatron-rl data generate kk --out data/kk ...    -> megatron_rl.data.cli.main(argv)
     megatron-rl plan --model qwen3-8b --tp 2 --pp 1 --dp 4 --micro-batch 1 --seq-len 8192
 
@@ -55,7 +56,7 @@ HELP = {
     "demo": "tiny CPU end-to-end run: warm start, RL, held-out accuracy before/after",
     "eval": "evaluate a checkpoint on a held-out prompt set or the papers' named benchmarks",
     "convert": "checkpoint conversion: hf-to-mcore | mcore-to-hf",
-    "data": "make the papers' data sets: generate kk (Logic-RL's Knights & Knaves)",
+    "data": "make the papers' data sets: prepare a downloaded dataset (the paper's prompt and reward), generate kk",
     "plan": "estimate per-GPU memory for a model x TP x PP x DP x micro-batch x seq-len",
 }
 COMMANDS = tuple(HELP)

@@ -254,7 +254,7 @@ def warm_start_phase(cfg, run_dir: Path, tok, args) -> Path:
 
 
 def _hint_warm_pairs(pairs: list, answers: list, tok, seed: int) -> list:
-    """Teacher prompts of the inline template (``teacher_inputs.InlineHintTemplate``) put a hint
+    """Teacher prompts of the inline template (``paths/teacher/inputs.InlineHintTemplate``) put a hint
     answer and a space right after BOS. A real LLM reads a reference solution from pre-training; the
     tiny policy has never seen one, so every other warm-start example carries a hint that is the
     right answer (1/2) or another item's answer (1/2); the target is always the right answer."""

@@ -63,7 +63,7 @@ the share (else it holds fewer sequences than ``--rollout-seqs``: refused like a
 
 Copies of the weights beside the policy's (``--config`` reads them from the method): the reference
 policy (model precision) and the teacher's snapshot / EMA shadow (an fp32 copy of the local shard, plus
-the live weights it saves in model precision while a teacher pass runs, ``trainer/teacher.py``);
+the live weights it saves in model precision while a teacher pass runs, ``trainer/paths/teacher/weights.py``);
 ``--extra-weight-copies`` adds copies in model precision on top.
 
 Colocated placement (``rollout.placement: colocated``, the default) runs two phases on every GPU, in

@@ -17,7 +17,7 @@ config decides::
     rollout_mem_util            rollout.gpu_memory_utilization (null: the placement's auto share)
     recompute, recompute_method, recompute_num_layers   model.recompute*
     reference                   the method needs reference log-probs (its KL loss / in-reward KL is on)
-    teacher_shadow              the method's teacher_mode is snapshot or ema (an fp32 copy, trainer/teacher.py)
+    teacher_shadow              the method's teacher_mode is snapshot or ema (an fp32 copy, trainer/paths/teacher/weights.py)
     fused_swiglu                true: a GPU build fuses SwiGLU (models/provider.py cuda_fusions)
 
 The rest (``--model``, ``--dp``: the world size is the launcher's, ``--rollout-seqs``,

@@ -6,15 +6,13 @@ import dataclasses
 import json
 from pathlib import Path
 
-from megatron_rl.data import chat
-from megatron_rl.data.tokenizer import load_tokenizer
-from megatron_rl.eval.completions import model_lengths
-
 
 def _second_turn(tok, instruction: str):
     """``(x1, y1) -> x2``: the chat template's next user turn carrying ``instruction`` after y1's ids
     (``data/chat.py`` NextUserTurn, as SCoRe's training path), or ``x1 ++ y1 ++ ids(instruction)``
     on a template-less tokenizer; and the number of ids it adds."""
+    from megatron_rl.data import chat
+
     if chat.has_chat_template(tok):
         turn = chat.NextUserTurn.of(tok, instruction)
         return (lambda x1, y1: turn.second_prompt(list(x1), list(y1), tok.eos_id)), len(turn.suffix)
@@ -23,7 +21,7 @@ def _second_turn(tok, instruction: str):
 
 
 def _params(a, n: int, max_tokens: int, eos_id):
-    from megatron_rl.rollout.engine import SamplingParams  # lazy: defers torch to the call
+    from megatron_rl.rollout.engine import SamplingParams
 
     greedy = a.temperature == 0
     return SamplingParams(n=n, temperature=1.0 if greedy else a.temperature, top_p=a.top_p, top_k=a.top_k,
@@ -40,8 +38,9 @@ def _write(path: Path, comps, tok) -> None:
 def sample_benchmarks(a, runs, two_attempt: bool):
     """``(first, second)``: ``{benchmark: [[response text] per row]}`` (second None without the
     two-attempt protocol); the completions are written to ``OUT/completions/``."""
-    from megatron_rl.data.dataset import PromptDataset  # lazy: defers torch to the call
-    from megatron_rl.rollout.hf_engine import make_engine  # lazy: defers torch to the call
+    from megatron_rl.data.dataset import PromptDataset
+    from megatron_rl.data.tokenizer import load_tokenizer
+    from .completions import model_lengths, open_engine
 
     tok = load_tokenizer(a.model, a.chat_template_kwargs)
     sets = {r.bench.name: PromptDataset.from_parquet(r.bench.path(a.data_dir), tok, max_prompt_len=1 << 20)
@@ -51,8 +50,7 @@ def sample_benchmarks(a, runs, two_attempt: bool):
     max_tokens, context = model_lengths(a.model, longest + (extra if two_attempt else 0), a.max_tokens)
     if two_attempt:   # x2 = x1 + y1 + turn, then y2
         max_tokens, context = model_lengths(a.model, longest + extra + max_tokens, max_tokens)
-    eng = make_engine(a.engine, str(a.model), **({"max_model_len": context, "tensor_parallel_size": a.tp}
-                                                 if a.engine == "vllm" else {}))
+    eng = open_engine(a.engine, a.model, context, a.tp)
     first, second = {}, ({} if two_attempt else None)
     out = Path(a.out) / "completions"
     for r in runs:

@@ -1,5 +1,6 @@
-"""The eval inputs: the parquet rows and the completions JSONL, read and checked; their responses scored
-(``megatron-rl eval`` and its named benchmarks, ``bench.py``, share them)."""
+"""The eval inputs and engine: the parquet rows and the completions JSONL, read and checked; their responses
+scored; the rollout engine a model is sampled with (``megatron-rl eval`` and its named benchmarks, ``bench.py``,
+share them)."""
 from __future__ import annotations
 
 import json
@@ -9,7 +10,7 @@ from pathlib import Path
 
 def load_rows(path):
     """The rows of an eval parquet (verl columns: ``data_source``, ``reward_model``)."""
-    import pyarrow.parquet as pq  # lazy: defers pyarrow to the call
+    import pyarrow.parquet as pq
 
     t = pq.read_table(path)
     for col in ("data_source", "reward_model"):
@@ -73,3 +74,14 @@ def model_lengths(model_dir, longest_prompt: int, max_tokens: int | None) -> tup
         raise ValueError(f"the longest prompt ({longest_prompt} tokens) + --max-tokens {max_tokens} exceeds the model's "
                          f"max_position_embeddings={positions}; lower --max-tokens")
     return max_tokens, longest_prompt + max_tokens
+
+
+def open_engine(engine: str, model_dir, context: int, tp: int):
+    """A registered rollout engine on ``model_dir`` with a ``context``-token window, ``tp``-way tensor
+    parallel when the engine takes those options (``EngineCaps.options``)."""
+    from megatron_rl.rollout.registry import caps, make_engine
+
+    if tp > 1 and caps(engine).tensor_parallel == "never":
+        raise ValueError(f"--tp {tp} needs an engine with tensor parallelism (the {engine} engine runs on one device)")
+    return make_engine(engine, str(model_dir), **({"max_model_len": context, "tensor_parallel_size": tp}
+                                                 if "tensor_parallel_size" in caps(engine).options else {}))

@@ -16,7 +16,11 @@ from megatron_rl.rewards.verdict import reason_of
 
 DEFAULT_BY_SOURCE = {"reverse": "exact", "addition": "exact", "knights_knaves": "kk", "kk": "kk",
                      "math": "math", "gsm8k": "math", "aime": "math", "amc": "math", "math500": "math",
-                     "math_dapo": "dapo", "kk_logic": "kk", "logic_kk": "kk"}
+                     "math_dapo": "dapo", "kk_logic": "kk", "logic_kk": "kk",
+                     # the sources ``megatron-rl data prepare`` writes (megatron_rl/data/prepare/)
+                     # (DAPO's AIME rows: ``data prepare aime24 --template dapo`` makes them math_dapo rows)
+                     "deepmath": "math", "aime24": "math", "aime25": "math", "amc23": "math", "numina_math_process": "papo_math", "olympiadbench": "papo_math", "gpqa_diamond": "gpqa",
+                     "score_gsm8k": "score_exact_match", "score_math": "score_exact_match_math"}
 #: data-source prefixes and their reward, after the exact names (RLCSD's ``kk_4to8``, ``kk_4to8_test``, ``kk_9`` ...)
 DEFAULT_BY_PREFIX = (("kk_", "kk"),)
 #: rewards scored on the worker pool (a symbolic check that may need killing, or just CPU-heavy)

@@ -45,12 +45,16 @@ register_reward("exact")(exact_match)
 
 
 def _register_builtin() -> None:
-    register_reward("math")(math_reward.math_reward)
-    register_reward("math_rlcsd")(math_reward.math_rlcsd_reward)
+    from megatron_rl.rewards.gpqa import gpqa_reward
+    from megatron_rl.rewards.math_reward import math_reward, math_rlcsd_reward
+
+    register_reward("math")(math_reward)
+    register_reward("math_rlcsd")(math_rlcsd_reward)
     register_reward("kk")(verify_kk)
     register_reward("kk_rlcsd")(verify_kk_rlcsd)
     register_reward("dapo")(dapo_reward)
     register_reward("dapo_strict_box")(dapo_strict_box_reward)
+    register_reward("gpqa")(gpqa_reward)
     register_reward("papo_math")(prime_math_score)   # + the LLM outcome verifier: RewardManager(second_opinion=...)
     for name, fn in score_rewards().items():
         register_reward(name)(fn)

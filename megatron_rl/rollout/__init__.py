@@ -1,10 +1,16 @@
-"""Rollout side: engines (vLLM default, HF fallback), the Ray bridge, weight-sync buckets.
+"""Rollout side: the engine registry (vLLM default, HF fallback, plugins), the Ray bridge, the weight transports.
 
 Never imports megatron. Public: ``SamplingParams``, ``Completion``, ``RolloutEngine`` (protocol),
-``make_engine(kind, model_dir, **kw)``, ``RolloutClient(engine_kind, model_dir, num_engines, ...)``
+``register_engine`` / ``EngineCaps`` / ``engine_class`` / ``make_engine`` (``rollout/registry.py``),
+the transports (``rollout/transport.py``), ``RolloutClient(engine, model_dir, num_engines, ...)``
 with ``generate(prompt_ids, sampling)``, ``score(seqs, prompt_lens, temperature)``,
 ``update_weights(named_iter)``, ``kill_engine(i)``, ``stats()``, ``shutdown()``.
-"""
-from .engine import Completion, RolloutEngine, SamplingParams
 
-__all__ = ["Completion", "RolloutEngine", "SamplingParams"]
+Importing the package registers the built-in engines (their modules import vLLM / transformers only
+when an engine is built).
+"""
+from . import hf_engine, vllm_engine  # noqa: F401  (the built-in engines' registrations)
+from .engine import Completion, RolloutEngine, SamplingParams
+from .registry import EngineCaps, engine_class, make_engine, register_engine
+
+__all__ = ["Completion", "EngineCaps", "RolloutEngine", "SamplingParams", "engine_class", "make_engine", "register_engine"]

@@ -12,16 +12,28 @@ from collections.abc import Iterable
 import torch
 
 from .engine import Completion, SamplingParams, validate_prompts
+from .registry import EngineCaps, register_engine
 from .sampling import LOGPROB_MODES, processed_logits
 
+INPROC = "inproc"   # this engine's receiving side: a packed bucket unpacked and copied into the parameters
 
+
+@register_engine("hf")
 class HFEngine:
-    """``RolloutEngine`` on ``AutoModelForCausalLM`` (CPU or one GPU)."""
+    """``RolloutEngine`` on ``AutoModelForCausalLM`` (CPU or one GPU).
+
+    ``CAPS``: the ``ray`` transport only (buckets from the object store, copied in-process by
+    :meth:`weight_transfer`; no vLLM anywhere); its sleep frees the weights on any machine; no tensor
+    parallelism; none of the vLLM-only ``rollout.*`` arguments."""
+
+    CAPS = EngineCaps(transports={"ray": INPROC}, sleep="always")
 
     def __init__(self, model_dir: str, *, dtype: str = "float32", seed: int = 0, max_model_len: int = 512,
-                 logprobs: str = "processed", device: str = "cpu", **_):
+                 logprobs: str = "processed", device: str = "cpu", weight_transfer: str = INPROC):
         from transformers import AutoModelForCausalLM
 
+        if weight_transfer != INPROC:
+            raise ValueError(f"HF engine: weight_transfer must be {INPROC!r} (CAPS.transports), got {weight_transfer!r}")
         if logprobs not in LOGPROB_MODES:
             raise ValueError(f"logprobs must be one of {LOGPROB_MODES}, got {logprobs!r}")
         self.logprobs = logprobs
@@ -114,8 +126,9 @@ class HFEngine:
         return None
 
     def weight_transfer(self, method: str, **kwargs):
-        """The object-store (``ray`` backend) side of vLLM's weight-transfer lifecycle (the ``ray`` backend), so the
-        HF fallback is driven exactly like a vLLM engine; other backends are refused at start-up."""
+        """The receiving side of the ``ray`` transport (``INPROC``), with vLLM's weight-transfer lifecycle so
+        the HF fallback is driven exactly like a vLLM engine: each bucket is unpacked and copied into the
+        parameters; other transports are refused at start-up (``CAPS``)."""
         if method == "update_weights":
             from .weight_sync import unpack_update
 
@@ -194,21 +207,3 @@ def _release_freed_memory() -> None:
     from ..runtime.device import empty_cache
 
     empty_cache()
-
-
-def make_engine(kind: str, model_dir: str, **kwargs):
-    """``"vllm"`` (default) or ``"hf"``; or ``"package.module:Class"``, an engine class imported by path
-    in the engine's own process (a Ray actor): how a subclass of these (a plugin engine, the
-    fault-injecting engines of ``tests/helpers/sync_faults.py``) gets into the pool."""
-    if ":" in kind:
-        import importlib
-
-        mod, _, cls = kind.partition(":")
-        return getattr(importlib.import_module(mod), cls)(model_dir, **kwargs)
-    if kind == "vllm":
-        from .vllm_engine import VLLMEngine
-
-        return VLLMEngine(model_dir, **kwargs)
-    if kind == "hf":
-        return HFEngine(model_dir, **kwargs)
-    raise ValueError(f"unknown rollout engine {kind!r}; supported: vllm, hf")

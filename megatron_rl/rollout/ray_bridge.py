@@ -3,10 +3,11 @@
 ``RolloutClient`` starts (or joins) Ray, creates ``num_engines`` engine actors, splits each
 ``generate`` call across them (contiguous, equal shares; results in prompt order; per-prompt seeds
 offset by the global prompt index so results do not depend on the number of engines), and pushes
-weights after every optimizer step through vLLM's weight-transfer API with the backend of
-``rollout.sync_backend`` (``trainer_engines``: gloo | ray on CPU, nccl | ipc on GPU). The
-control plane is :class:`ActorSyncClient` (vLLM's four-method ``VLLMWeightSyncClient`` over our
-actors); the data plane is the backend's.
+weights after every optimizer step through the transport of ``rollout.sync_backend`` that the
+engine class declares it accepts (``rollout/transport.py``: gloo | ray on CPU, nccl | ipc on GPU).
+The control plane is :class:`ActorSyncClient` (vLLM's four-method ``VLLMWeightSyncClient`` over our
+actors); the data plane is the transport's. The engine is named by ``rollout.engine``
+(``rollout/registry.py``); the actors build it from its import path.
 
 Faults: an actor that dies (``RayActorError``, e.g. killed mid-generation) is replaced by a new one
 and its share is retried on an engine that holds the current weights. Nothing of the last push is
@@ -35,16 +36,16 @@ log = logging.getLogger("megatron_rl.rollout.ray")
 class _EngineActor:
     """Body of the Ray actor: one engine per process."""
 
-    def __init__(self, kind: str, model_dir: str, engine_kwargs: dict):
+    def __init__(self, impl: str, model_dir: str, engine_kwargs: dict):
         cores = os.environ.get("MEGATRON_RL_CPU_CORES")
         if cores:   # asynchronous runs: the engines' own cores, disjoint from the trainer's
             from ..runtime.device import pin_process
 
             pin_process(int(c) for c in cores.split(","))
         torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
-        from .hf_engine import make_engine
+        from .registry import make_engine
 
-        self.engine = make_engine(kind, model_dir, **engine_kwargs)
+        self.engine = make_engine(impl, model_dir, **engine_kwargs)
 
     def ping(self) -> bool:
         return True
@@ -157,7 +158,8 @@ class RolloutStats:
 class RolloutClient:
     """Trainer-side handle on a pool of engine actors (see module docstring).
 
-    ``sync_backend``: auto | ray | gloo | nccl | ipc (``trainer_engines.resolve_backend``; an
+    ``engine_kind``: a registered engine name (``rollout/registry.py``). ``sync_backend``: auto | ray |
+    gloo | nccl | ipc (``transport.resolve_backend``, from what the engine class accepts; an
     impossible choice raises here, at start-up). ``bucket_bytes``: packed bucket size.
     ``trainer_world``: trainer processes (ipc needs 1). ``gpus_per_engine`` / ``actor_env``: Ray
     placement of the engine actors on GPU machines. ``placement``: ``rollout.placement`` (it picks
@@ -174,13 +176,15 @@ class RolloutClient:
 
         from ..runtime.device import has_cuda
 
-        from .trainer_engines import WORKER_BACKEND, resolve_backend
+        from .registry import caps, engine_path
+        from .transport import resolve_backend, sender_opener
 
         if num_engines < 1:
             raise ValueError(f"num_engines must be >= 1, got {num_engines}")
         if bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
         self.backend = resolve_backend(sync_backend, engine_kind, has_cuda(), trainer_world, placement)
+        self._opener = sender_opener(self.backend)   # the chosen transport's sender module, imported here
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         if not ray.is_initialized():
             ray_address = ray_address or os.environ.get("RAY_ADDRESS")   # Ray's own variable (`ray job submit`)
@@ -197,14 +201,13 @@ class RolloutClient:
         # absolute: an engine process on a cluster does not run in the trainer's working directory
         self.kind, self.model_dir = engine_kind, os.path.abspath(model_dir) if os.path.exists(model_dir) else model_dir
         self.engine_kwargs = dict(engine_kwargs or {})
-        if engine_kind == "vllm":
-            self.engine_kwargs["weight_transfer"] = WORKER_BACKEND[self.backend]
+        self.engine_kwargs["weight_transfer"] = caps(engine_kind).transports[self.backend]   # its receiving side
         self.tp = int(self.engine_kwargs.get("tensor_parallel_size", 1))   # worker ranks per engine (sync group)
         self.cpus, self.threads, self.gpus = cpus_per_engine, threads_per_engine, gpus_per_engine
         self._pg = _placement_group(num_engines, cpus_per_engine, gpus_per_engine)
         self.actor_env = dict(actor_env or {})
         self.max_restarts, self.bucket_bytes = max_restarts, bucket_bytes
-        self.engine_impl = getattr(self, "engine_impl", None) or engine_kind   # the class the actors build (make_engine)
+        self.engine_impl = getattr(self, "engine_impl", None) or engine_path(engine_kind)   # what the actors build
         self._stats = RolloutStats()
         self._transfer = None     # the sender's TrainerWeightTransferEngine (opened at the first sync)
         self._stale: set[int] = set()  # replaced engines that have not received the current weights
@@ -333,10 +336,8 @@ class RolloutClient:
         return self._stats.weight_version
 
     def _open_transfer(self) -> None:
-        from .trainer_engines import trainer_init
-
         self._sync_client = ActorSyncClient(self.actors, ranks_per_engine=self.tp)   # every engine TP rank receives
-        self._transfer = trainer_init(self.backend, self._sync_client, self.bucket_bytes, 1 + len(self.actors) * self.tp,
+        self._transfer = self._opener(self.backend, self._sync_client, self.bucket_bytes, 1 + len(self.actors) * self.tp,
                                       master_address=_node_ip())
 
     def _close_transfer(self, reinit: bool) -> None:
@@ -378,14 +379,16 @@ class RolloutClient:
         share the engines' worker engine); the next sync opens the new one."""
         from ..runtime.device import has_cuda
 
-        from .trainer_engines import WORKER_BACKEND, resolve_backend
+        from .registry import caps
+        from .transport import resolve_backend, sender_opener
 
         new = resolve_backend(backend, self.kind, has_cuda(), trainer_world)
-        if self.kind == "vllm" and WORKER_BACKEND[new] != self.engine_kwargs["weight_transfer"]:
-            raise ValueError(f"sync backend {new} needs engines built for {WORKER_BACKEND[new]!r}; these were built "
+        side = caps(self.kind).transports[new]
+        if side != self.engine_kwargs["weight_transfer"]:
+            raise ValueError(f"sync backend {new} needs engines built for {side!r}; these were built "
                              f"for {self.engine_kwargs['weight_transfer']!r}")
         self._close_transfer(reinit=True)
-        self.backend = new
+        self.backend, self._opener = new, sender_opener(new)
 
     def kill_engine(self, i: int) -> None:
         """Kill actor ``i`` (fault-injection for tests and drills)."""

@@ -1,8 +1,9 @@
-"""Trainer-side (sender) weight-transfer engines and the choice of backend.
+"""Trainer-side (sender) weight-transfer engines of the vLLM-backed transports (``gloo``, ``nccl``, ``ipc``).
 
-Every backend is a vLLM ``TrainerWeightTransferEngine`` driven through a ``VLLMWeightSyncClient``
-(the four-method control plane; here :class:`megatron_rl.rollout.ray_bridge.ActorSyncClient`
-over our engine actors):
+Each is a vLLM ``TrainerWeightTransferEngine`` driven through a ``VLLMWeightSyncClient`` (the
+four-method control plane; here :class:`megatron_rl.rollout.ray_bridge.ActorSyncClient` over our
+engine actors), opened by :func:`trainer_init` (the opener ``rollout/transport.py`` names for them;
+this module is imported only when one of them is used, so it may import vLLM at the top):
 
 * ``nccl`` / ``ipc`` — vLLM's own ``NCCLTrainerWeightTransferEngine`` /
   ``IPCTrainerWeightTransferEngine``; this module only builds their init info (rendezvous address,
@@ -15,18 +16,12 @@ over our engine actors):
   two reusable buffers (:class:`~megatron_rl.rollout.weight_sync.BucketPacker`) and broadcast
   asynchronously, instead of ``packed_nccl_broadcast_producer`` (CUDA streams, and one
   ``torch.cat`` per bucket on top of the gathered tensors).
-* ``ray`` — :class:`RayTrainerEngine` (trainer factory name ``mrl_ray``; the worker engine is the
-  same ``gloo`` engine, which also takes buckets carried in the call): each packed bucket is
-  ``ray.put`` once and loaded by every actor; at most two buckets are in the object store at any
-  time and nothing is kept after the round (a restarted engine is re-synced by the next round).
 
-:func:`resolve_backend` (in ``placement``, re-exported here) maps ``rollout.sync_backend`` (auto|ray|gloo|nccl|ipc) to one of these,
-or raises a one-line ``ValueError`` at start-up.
+The ``ray`` transport needs no vLLM on the trainer: ``rollout/ray_transport.py``.
 """
 from __future__ import annotations
 
 import dataclasses
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import ClassVar
 
@@ -35,11 +30,9 @@ from vllm.distributed.weight_transfer.base import (
     TrainerWeightTransferEngine,
 )
 
-from .placement import BACKENDS, resolve_backend  # noqa: F401  (choice of backend, without importing vLLM)
-from .transfer_engines import GLOO, RAY, broadcast_async
+from .ray_transport import TimedSender, update_info
+from .transfer_engines import GLOO, broadcast_async
 from .weight_sync import BucketPacker
-
-WORKER_BACKEND = {"ray": GLOO, "gloo": GLOO, "nccl": "nccl", "ipc": "ipc"}  # vLLM worker engine
 
 
 def _listen(host: str, port: int):
@@ -65,48 +58,7 @@ class GlooTrainerInitInfo(TrainerInitInfo):
     timeout_s: float = 600.0
 
 
-@dataclasses.dataclass
-class RayTrainerInitInfo(TrainerInitInfo):
-    backend: ClassVar[str] = RAY
-    bucket_bytes: int
-
-
-def _update_info(meta, lo: int = 0, hi: int | None = None) -> dict:
-    meta = meta[lo:hi]
-    return {"names": [m.name for m in meta], "dtype_names": [str(m.dtype).removeprefix("torch.") for m in meta],
-            "shapes": [list(m.shape) for m in meta]}
-
-
-class _Timed(TrainerWeightTransferEngine):
-    """Per-round stage times of the sender (seconds): produce, pack, transfer (waiting on the wire
-    / the engines), total."""
-
-    def _record(self, t0: float, packer: BucketPacker, source) -> None:
-        total = time.perf_counter() - t0
-        self.last = {"produce_s": source.produce_s, "pack_s": packer.pack_s, "total_s": total,
-                     "transfer_s": max(0.0, total - source.produce_s - packer.pack_s),
-                     "bytes": source.total_bytes(), "buffer_bytes": packer.peak_buffer_bytes}
-
-    def send_weights(self) -> None:
-        """One round: non-senders only drain their stream (PP stages send their layers to the
-        sender inside it); the sender opens the update, streams the buckets (:meth:`_send`), closes it."""
-        source, t0 = self.source, time.perf_counter()
-        if not self.is_sender:
-            for _ in source:
-                pass
-            return
-        meta = source.metadata()
-        self.client.start_weight_update()
-        packer = self._send(source, meta)
-        self.client.finish_weight_update()
-        self._record(t0, packer, source)
-
-    def _send(self, source, meta) -> BucketPacker:
-        """Stream ``source``'s buckets to the engines; returns the (closed) packer. Each subclass's own."""
-        raise TypeError(f"{type(self).__name__} defines no _send")
-
-
-class GlooTrainerEngine(_Timed):
+class GlooTrainerEngine(TimedSender, TrainerWeightTransferEngine):
     """See module docstring. ``self.source`` is replaced by each round's ``RoundSource``."""
 
     init_info_cls = GlooTrainerInitInfo
@@ -142,7 +94,7 @@ class GlooTrainerEngine(_Timed):
         packer, works = BucketPacker(source, self.bucket_bytes), {}
         exe = ThreadPoolExecutor(max_workers=1)
         try:
-            fut = exe.submit(self.client.update_weights, _update_info(meta))  # receivers enter the broadcasts
+            fut = exe.submit(self.client.update_weights, update_info(meta))  # receivers enter the broadcasts
             for k, _lo, _hi, view in packer.buckets(release=lambda k: works.pop(k).wait()):
                 if fut.done():
                     fut.result()  # an engine failed before receiving: raise instead of hanging
@@ -165,45 +117,14 @@ class GlooTrainerEngine(_Timed):
             self.group = None
 
 
-class RayTrainerEngine(_Timed):
-    """See module docstring; ``client.submit_update(info, ref)`` returns Ray refs to wait on."""
-
-    init_info_cls = RayTrainerInitInfo
-
-    @classmethod
-    def trainer_init(cls, init_info: RayTrainerInitInfo, *, client, source=None):
-        eng = cls(client=client, source=source, is_sender=init_info.is_sender)
-        eng.bucket_bytes = init_info.bucket_bytes
-        if eng.is_sender:
-            client.init_weight_transfer_engine({})
-        return eng
-
-    def _send(self, source, meta) -> BucketPacker:
-        import numpy as np
-        import ray
-        import torch
-
-        packer = BucketPacker(source, self.bucket_bytes, alloc=lambda n: torch.from_numpy(np.empty(n, np.uint8)))
-        pending: dict[int, list] = {}
-        for k, lo, hi, view in packer.buckets(release=lambda k: ray.get(pending.pop(k))):
-            ref = ray.put(view.numpy())  # one copy into the object store; the buffer is free again
-            pending[k] = self.client.submit_update(_update_info(meta, lo, hi), ref)
-            del ref  # only the in-flight calls hold the bucket: freed once every engine loaded it
-        for k in sorted(pending):
-            ray.get(pending.pop(k))
-        packer.close()
-        return packer
-
-
 def register() -> None:
     """Register the trainer engines in vLLM's ``WeightTransferTrainerFactory`` (idempotent)."""
     from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
-    for name, cls in ((GLOO, "GlooTrainerEngine"), (RAY, "RayTrainerEngine")):
-        try:
-            WeightTransferTrainerFactory.register_engine(name, __name__, cls)
-        except ValueError:  # already registered in this process
-            pass
+    try:
+        WeightTransferTrainerFactory.register_engine(GLOO, __name__, "GlooTrainerEngine")
+    except ValueError:  # already registered in this process
+        pass
 
 
 def make_init_info(backend: str, bucket_bytes: int, world_size: int, master_address: str = "127.0.0.1",
@@ -211,8 +132,6 @@ def make_init_info(backend: str, bucket_bytes: int, world_size: int, master_addr
     """The sender's (rank 0) init info for ``backend``; ``world_size`` = 1 + all engine workers."""
     from .weight_sync import free_port
 
-    if backend == "ray":
-        return RayTrainerInitInfo(bucket_bytes=bucket_bytes, rank=0)
     if backend == "gloo":  # port 0: the sender binds a free one itself (no race)
         return GlooTrainerInitInfo(master_address, master_port or 0, world_size, bucket_bytes, rank=0)
     port = master_port or free_port(master_address)

@@ -45,7 +45,7 @@ from vllm.distributed.weight_transfer.packed_tensor import unpack_tensor
 
 from .weight_sync import plan_buckets, unpack_update
 
-GLOO, RAY = "gloo", "mrl_ray"
+GLOO = "gloo"
 
 
 @dataclasses.dataclass

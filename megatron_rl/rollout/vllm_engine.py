@@ -26,6 +26,7 @@ from collections.abc import Iterable
 import torch
 
 from .engine import Completion, SamplingParams, validate_prompts
+from .registry import OPTIONS, EngineCaps, register_engine
 from .sampling import LOGPROB_MODES
 
 #: ``rollout.logprobs`` -> vLLM's ``logprobs_mode`` (``rollout/sampling.py``)
@@ -70,8 +71,18 @@ def _worker_hf_params(worker) -> dict[str, torch.Tensor]:
     return out
 
 
+@register_engine("vllm")
 class VLLMEngine:
-    """``RolloutEngine`` backed by ``vllm.LLM`` (token ids in/out, processed log-probs)."""
+    """``RolloutEngine`` backed by ``vllm.LLM`` (token ids in/out, processed log-probs).
+
+    ``CAPS``: every transport, through vLLM's weight-transfer API — its worker engine ``gloo``
+    (ours, ``transfer_engines``) serves both the ``gloo`` collective and the ``ray`` object-store
+    buckets, ``nccl`` / ``ipc`` are vLLM's; sleep mode and tensor parallelism need CUDA (vLLM-CPU:
+    no sleep mode, TP 1); raw (``full``) log-probs are taken before the temperature (temperature 1
+    only); every optional ``rollout.*`` argument; the stack check pins ``vllm``."""
+
+    CAPS = EngineCaps(transports={"gloo": "gloo", "ray": "gloo", "nccl": "nccl", "ipc": "ipc"}, sleep="cuda",
+                      tensor_parallel="cuda", full_logprobs_any_temperature=False, options=OPTIONS, requires=("vllm",))
 
     def __init__(self, model_dir: str, *, dtype: str = "float32", seed: int = 0, max_model_len: int = 512,
                  kv_cache_gib: float = 1.0, max_num_seqs: int = 256, gpu_memory_utilization: float = 0.5,

@@ -3,8 +3,9 @@
 A round is a :class:`RoundSource`: the metadata of every HF tensor (name, dtype, shape — known
 without gathering anything) plus an iterator that produces the tensors one by one (on the
 trainer, ``convert.iter_hf_tensors``: TP shards gathered per tensor, each PP stage contributing its
-own layers). It is a vLLM ``WeightSource`` so that vLLM's own trainer engines (``nccl``, ``ipc``)
-take it unchanged.
+own layers). It has the two channels of vLLM's ``WeightSource`` (``metadata()`` of ``ParamMeta``-shaped
+records, and iteration), all vLLM's own trainer engines (``nccl``, ``ipc``) read, without importing
+vLLM: a run whose engine needs no vLLM never imports it on the trainer.
 
 The bucket plan (:func:`plan_buckets`) is derived from the metadata alone, so the sender and every
 receiver cut the stream identically without exchanging bucket boundaries (vLLM's packed protocol).
@@ -14,6 +15,7 @@ at most ``2 × bucket_bytes`` plus the tensor being produced — never the model
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterable, Iterator
 
@@ -43,16 +45,17 @@ def nbytes(shape, dtype: torch.dtype) -> int:
     return int(torch.Size(shape).numel()) * dtype.itemsize
 
 
-def _source_base():
-    try:
-        from vllm.distributed.weight_transfer.base import WeightSource
-        return WeightSource
-    except ImportError:  # HF-engine-only installs: the same two channels, without the vLLM base
-        return object
+@dataclasses.dataclass(frozen=True)
+class ParamMeta:
+    """Name / wire dtype / full (HF) shape of one tensor of a round (the fields of vLLM's ``ParamMeta``)."""
+
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
 
 
-class RoundSource(_source_base()):
-    """One round's weights: ``metadata()`` (vLLM ``ParamMeta`` list) and a single-pass iterator.
+class RoundSource:
+    """One round's weights: ``metadata()`` (:class:`ParamMeta` list) and a single-pass iterator.
 
     Also times the producer: ``produce_s`` accumulates the seconds spent inside the iterator
     (gather over TP/PP + HF split on the trainer).
@@ -88,13 +91,7 @@ class RoundSource(_source_base()):
         return sum(self.sizes())
 
 
-def param_meta(name: str, dtype: torch.dtype, shape: tuple[int, ...]):
-    """vLLM's ``ParamMeta`` (a plain tuple-like stand-in when vLLM is absent)."""
-    try:
-        from vllm.distributed.weight_transfer.base import ParamMeta
-    except ImportError:
-        import collections
-        ParamMeta = collections.namedtuple("ParamMeta", "name dtype shape")
+def param_meta(name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> ParamMeta:
     return ParamMeta(name, dtype, tuple(shape))
 
 

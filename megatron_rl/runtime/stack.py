@@ -61,15 +61,15 @@ def mismatch(package: str, version: str | None) -> str | None:
     return f"{package} {version} is installed, the code supports {text} (requirements/gpu.txt pins {PINNED[package]})"
 
 
-def check_stack(engine: str, backend: str, versions: dict[str, str | None] | None = None) -> None:
-    """Refuse (one-line ``ValueError``) an installed vLLM (``rollout.engine=vllm``), Transformer Engine
-    (layer ``backend`` te) or megatron-core outside the supported versions. ``versions``: package ->
-    installed version (None: read this environment)."""
-
+def check_stack(requires: tuple[str, ...], backend: str, versions: dict[str, str | None] | None = None) -> None:
+    """Refuse (one-line ``ValueError``) an installed vLLM (when the rollout engine ``requires`` it: its
+    class's ``CAPS.requires``), Transformer Engine (layer ``backend`` te) or megatron-core outside the
+    supported versions. ``versions``: package -> installed version (None: read this environment)."""
     def v(p):
         return versions.get(p) if versions is not None else installed_version(p)
 
-    need = ["megatron-core"] + (["vllm"] if engine == "vllm" else []) + (["transformer-engine"] if backend == "te" else [])
+    pinned = [p for p in requires if p in PINNED]   # what the engine imports, where pinned here
+    need = ["megatron-core", *pinned] + (["transformer-engine"] if backend == "te" else [])
     bad = [m for m in (mismatch(p, v(p)) for p in need) if m]
     if bad:
         raise ValueError("; ".join(bad) + ": install the pinned GPU stack (make venv-gpu) or a version in range")

@@ -41,7 +41,7 @@ def runs(tmp_path_factory) -> tuple[Path, dict]:
 
 
 def _teacher_checks(rows: list[dict]) -> None:
-    # The teacher layout minimises estimated forward cost, not padding (``teacher_inputs.pack``: dense
+    # The teacher layout minimises estimated forward cost, not padding (``paths/teacher/inputs.pack``: dense
     # attention is quadratic in the row width, and 64-row micro-batches run at their widest row), so a
     # layout of narrow rows with some padding can win over wide, tightly packed rows: up to 10.4 % here.
     assert all(r["teacher/pad_frac"] < 0.15 for r in rows if "teacher/pad_frac" in r)

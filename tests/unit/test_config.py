@@ -23,7 +23,7 @@ def test_defaults_and_overrides(tmp_path):
     (["algo.kind=nope"], "unknown algo.kind 'nope'; valid: "),
     (["optim.lr=abc"], "expected a number"),
     (["optim.lr=-1"], "optim.lr must be > 0"),
-    (["rollout.engine=sglang"], "rollout.engine must be vllm|hf"),
+    (["rollout.engine=sglang"], "rollout.engine: unknown engine 'sglang'; registered: hf, vllm"),
     (["rollout.kv_cache_gib=0"], "rollout.kv_cache_gib must be > 0"),
     (["algo.bicc_rcc.base=ppo", "algo.kind=bicc_rcc"], "rcc base 'ppo' invalid"),
     (["nosection.x=1"], r"unknown section\(s\)"),

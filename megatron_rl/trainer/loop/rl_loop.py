@@ -44,16 +44,16 @@ def step_metrics(ro: Rollouts, cfg) -> dict:
 
 
 def rl_step(run: Run, step: int) -> dict:
-    """One RL step: the batch (``run.source``: collected now on the driver and broadcast, or by the
+    """One RL step: the batch (``run.state.source``: collected now on the driver and broadcast, or by the
     asynchronous producer ahead, ``trainer/loop/rollout_source.py``) -> update -> push -> the metrics row."""
     t0 = time.perf_counter()
-    data, meta = run.source.next(step)
+    data, meta = run.state.source.next(step)
     t_gen = time.perf_counter() - t0
     run.colo.after_generate()          # colocated: engines sleep, trainer onloads (trainer/loop/colocate.py)
     metrics = step_metrics(run.path.logged(data), run.cfg)
     metrics.update(update(run, data, step))
-    run.source.before_push(step)       # async: the driver waits for the batches due before the push
-    verify = verify_due(run.cfg.rollout.verify_sync, step, run.verified)
+    run.state.source.before_push(step)       # async: the driver waits for the batches due before the push
+    verify = verify_due(run.cfg.rollout.verify_sync, step, run.state.verified)
     t_warm = t_check = 0.0
     if verify and not run.colo.active:
         tv = time.perf_counter()
@@ -67,16 +67,16 @@ def rl_step(run: Run, step: int) -> dict:
         tv = time.perf_counter()
         with run.colo.trainer_loaded():   # colocated: the probe's trainer pass needs the parked weights
             metrics.update(verify_push(run, step))
-        run.verified += 1
+        run.state.verified += 1
         t_check = time.perf_counter() - tv
-    run.source.pushed(step)
+    run.state.source.pushed(step)
     t2 = time.perf_counter()
     ro = run.path.trained(data)
     if verify:
         metrics["time/verify"] = t_warm + t_check
     metrics.update({"time/sync": t2 - t1 - t_check, "time/generate": t_gen, "time/step": t2 - t0,
                     "perf/tokens_per_s": sum(len(p) + len(r) for p, r in zip(ro.prompts, ro.responses)) / (t2 - t0)})
-    metrics.update(run.source.metrics(t0, t2, meta["gen_s"]))
+    metrics.update(run.state.source.metrics(t0, t2, meta["gen_s"]))
     if run.info.is_driver:
         metrics.update(run.client.stats())
         metrics.update(run.path.driver_stats(data))
@@ -98,10 +98,10 @@ def run(cfg, resume: str | None = None, client=None, overwrite: bool = False, al
         rn = setup_run(cfg, resume=resume, client=client, overwrite=overwrite, allow_config_change=allow_config_change,
                        keep=keep)
         stop.reclaim()           # ray.init (in setup_run) installed its own SIGTERM handler
-        summary, stopped = {"start_step": rn.step}, 0
-        rn.source = open_source(rn)
+        summary, stopped = {"start_step": rn.state.step}, 0
+        rn.state.source = open_source(rn)
         try:
-            if rn.val_set is not None and rn.step == 0:
+            if rn.val_set is not None and rn.state.step == 0:
                 summary["val_acc_before"] = evaluate(rn, 0)["eval/acc"]
             stop.arm()
             stopped = _train_steps(rn, stop)
@@ -110,33 +110,33 @@ def run(cfg, resume: str | None = None, client=None, overwrite: bool = False, al
             else:
                 _finish(rn, summary)
         finally:
-            rn.source.close()   # async: the producer thread ends after the collection in flight
+            rn.state.source.close()   # async: the producer thread ends after the collection in flight
             rn.close(own_client=client is None)
     if stopped:
         if rn.info.is_driver:
             by = signal.Signals(stopped).name if isinstance(stopped, int) else "rollout.mismatch_policy=stop"
             why = "" if isinstance(stopped, int) else f": {stopped}"
-            print(f"[megatron-rl] stopped by {by} after step {rn.step} of {cfg.trainer.steps}{why}"
-                  f" (checkpoint {rn.last_checkpoint}); resume with: {resume_cmd or RESUME_TEMPLATE}", flush=True)
+            print(f"[megatron-rl] stopped by {by} after step {rn.state.step} of {cfg.trainer.steps}{why}"
+                  f" (checkpoint {rn.state.last_checkpoint}); resume with: {resume_cmd or RESUME_TEMPLATE}", flush=True)
         raise Stopped(stopped) if isinstance(stopped, int) else Stopped(0, stopped)
     return summary
 
 
 def _train_steps(rn: Run, stop: GracefulStop) -> int | str:
-    """Steps ``rn.step + 1 .. trainer.steps``; after each one every rank asks whether to stop (a
+    """Steps ``rn.state.step + 1 .. trainer.steps``; after each one every rank asks whether to stop (a
     signal: checkpoint this step unless just done, return the signal number; the mismatch guard with
     ``rollout.mismatch_policy=stop``: the same, returning its line, ``trainer/loop/guard.py``); 0 when all ran."""
     cfg = rn.cfg
-    for step in range(rn.step + 1, cfg.trainer.steps + 1):
+    for step in range(rn.state.step + 1, cfg.trainer.steps + 1):
         try:
             metrics = rl_step(rn, step)
         except (FloatingPointError, JudgeRejected) as e:   # a non-finite number; a grader refusing its requests
-            last = rn.last_checkpoint
+            last = rn.state.last_checkpoint
             raise SystemExit(f"stopping at step {step}: {e}. Last good checkpoint: {last or 'none'}") from e
         except SyncVerifyError as e:   # the trainer's step is sound, the engines are not: keep it, then stop
-            rn.step = step
+            rn.state.step = step
             rn.checkpoint()
-            raise Halted(f"[megatron-rl] stopped after step {step} (checkpoint {rn.last_checkpoint}): {e}",
+            raise Halted(f"[megatron-rl] stopped after step {step} (checkpoint {rn.state.last_checkpoint}): {e}",
                          rn.info.is_driver) from None
         if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0 and step != cfg.trainer.steps:
             metrics.update(evaluate(rn, step))
@@ -144,7 +144,7 @@ def _train_steps(rn: Run, stop: GracefulStop) -> int | str:
         if cfg.rollout.mismatch_limit:
             metrics["rollout/mismatch_over_limit"] = float(over is not None)
         rn.logger.log(step, metrics)
-        rn.step = step
+        rn.state.step = step
         saved = bool(cfg.trainer.ckpt_every and step % cfg.trainer.ckpt_every == 0)
         if saved:
             rn.checkpoint()
@@ -163,7 +163,7 @@ def _finish(rn: Run, summary: dict) -> None:
     cfg = rn.cfg
     if rn.val_set is not None:
         summary["val_acc_after"] = evaluate(rn, cfg.trainer.steps)["eval/acc"]
-    if rn.step > summary["start_step"] and (not cfg.trainer.ckpt_every or rn.step % cfg.trainer.ckpt_every):
+    if rn.state.step > summary["start_step"] and (not cfg.trainer.ckpt_every or rn.state.step % cfg.trainer.ckpt_every):
         rn.checkpoint()
     if cfg.trainer.export_hf:
         with rn.colo.trainer_loaded():
@@ -171,7 +171,7 @@ def _finish(rn: Run, summary: dict) -> None:
         summary["hf_export"] = str(Path(cfg.trainer.run_dir) / "hf")
     summary["curve"] = str(rn.logger.finish({k: v for k, v in summary.items() if isinstance(v, (int, float))}) or "")
     summary["metrics"] = str(Path(cfg.trainer.run_dir) / "metrics.jsonl")
-    summary.update(end_step=rn.step, last_checkpoint=rn.last_checkpoint, log=str(Path(cfg.trainer.run_dir) / LOG_FILE))
+    summary.update(end_step=rn.state.step, last_checkpoint=rn.state.last_checkpoint, log=str(Path(cfg.trainer.run_dir) / LOG_FILE))
 
 
 def main(cfg, resume: str | None = None, overwrite: bool = False, resume_cmd: str | None = None,

@@ -18,6 +18,7 @@ producer runs up to k batches ahead.
 """
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -64,9 +65,10 @@ class SyncRollouts:
 
 def open_source(run) -> SyncRollouts | AsyncRollouts:
     """The rollout source of ``run`` (after ``setup_run``: its step, sampler and restored in-flight batches)."""
-    cfg = run.cfg
+    cfg, st = run.cfg, run.state
+    collect = functools.partial(run.path.collect, run.collect_context())   # collect(step): the path's, driver-side
     if cfg.rollout.max_staleness == 0:
-        return SyncRollouts(run.path.collect, is_driver=run.info.is_driver)
-    return AsyncRollouts(run.path.collect, is_driver=run.info.is_driver, first_step=run.step + 1,
-                         last_step=cfg.trainer.steps, max_staleness=cfg.rollout.max_staleness, version=run.step,
-                         sampler=run.sampler, pending=run.async_pending)
+        return SyncRollouts(collect, is_driver=run.info.is_driver)
+    return AsyncRollouts(collect, is_driver=run.info.is_driver, first_step=st.step + 1,
+                         last_step=cfg.trainer.steps, max_staleness=cfg.rollout.max_staleness, version=st.step,
+                         sampler=run.sampler, pending=st.async_pending)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from megatron_rl.trainer.loop.colocate import Colocation, build_colocation
+from megatron_rl.trainer.paths.context import CollectContext, PathSetup, SampleDump, UpdateContext
 
 if TYPE_CHECKING:   # annotations only: the components are imported where they are built (setup_run)
     from megatron_rl.config import Config
@@ -20,6 +21,7 @@ if TYPE_CHECKING:   # annotations only: the components are imported where they a
     from megatron_rl.rollout.ray_bridge import RolloutClient
     from megatron_rl.trainer.policy.actor import PolicyActor, ReferencePolicy
     from megatron_rl.trainer.loop.async_rollout import AsyncRollouts
+    from megatron_rl.trainer.pipeline.packing import TokenBudget
     from megatron_rl.trainer.paths import DataPath
     from megatron_rl.trainer.loop.rollout_source import SyncRollouts
 
@@ -27,8 +29,22 @@ log = logging.getLogger("megatron_rl.setup")
 
 
 @dataclasses.dataclass
+class RunState:
+    """What changes while a run goes on (the rest of :class:`Run` is fixed once built)."""
+
+    step: int = 0                      # the last finished step (the loop's; a resume's)
+    last_checkpoint: str | None = None
+    verified: int = 0                  # weight pushes verified in this process (rollout.verify_sync)
+    gate: dict | None = None           # start-up gate numbers (sync_stage.startup_gate)
+    source: SyncRollouts | AsyncRollouts | None = None   # opened by the loop (trainer/loop/rollout_source.py)
+    async_pending: list = dataclasses.field(default_factory=list)   # finished batches restored from a checkpoint
+
+
+@dataclasses.dataclass(frozen=True)
 class Run:
-    """What every data path shares; the method's own state lives in ``path`` (``trainer/paths/``)."""
+    """Every component of a run, built once by :func:`setup_run`; the method's own state lives in
+    ``path`` (``trainer/paths/``), what changes from step to step in ``state``. A data path never sees
+    the whole run: its hooks get the contexts of ``trainer/paths/context.py``."""
 
     cfg: Config
     info: ParallelInfo
@@ -40,61 +56,44 @@ class Run:
     ref: ReferencePolicy | None     # when the method's loss needs reference log-probs
     client: RolloutClient | None    # the engine pool: the Ray driver (global rank 0) only
     rewards: RewardManager
-    logger: RunLogger | None        # set once the engines answered (setup_run)
+    logger: RunLogger
     path: DataPath                  # the data path of cfg.algo.kind (trainer/paths/)
-    step: int = 0
-    last_checkpoint: str | None = None
-    gate: dict | None = None       # start-up gate numbers (sync_stage.startup_gate)
-    verified: int = 0              # weight pushes verified in this process (rollout.verify_sync)
-    source: SyncRollouts | AsyncRollouts | None = None   # set by the loop (trainer/loop/rollout_source.py)
-    colo: Colocation = dataclasses.field(default_factory=Colocation.separate)  # rollout.placement turn-taking
-    async_pending: list = dataclasses.field(default_factory=list)  # finished batches restored from a checkpoint
-
-    @property
-    def micro(self):
-        """How every policy pass cuts its micro-batches: a ``TokenBudget`` (packed,
-        ``trainer.max_tokens_per_micro_batch``) or the padded rows per micro-batch."""
-        from megatron_rl.trainer.pipeline.packing import micro_of
-
-        return micro_of(self.cfg, self.info.tp)
+    colo: Colocation                # rollout.placement turn-taking (trainer/loop/colocate.py)
+    samples: SampleDump             # logging.dump_samples
+    #: how every policy pass cuts its micro-batches: a ``TokenBudget`` (packed,
+    #: ``trainer.max_tokens_per_micro_batch``) or the padded rows per micro-batch (``packing.micro_of``)
+    micro: TokenBudget | int
+    state: RunState
 
     def seq_len(self, prompts, responses) -> int:
         """Padded sequence length of a batch (multiple of 8 and of TP for sequence parallel)."""
-        m = max(len(p) + len(r) for p, r in zip(prompts, responses))
-        q = 8 * max(1, self.info.tp)
-        return -(-m // q) * q
+        return self.update_context().seq_len(prompts, responses)
+
+    def update_context(self) -> UpdateContext:
+        """What the data path's update-time hooks see (``trainer/pipeline/update.py``)."""
+        return UpdateContext(self.actor, self.info, self.micro, self.samples, self.cfg, self.tok)
+
+    def collect_context(self) -> CollectContext:
+        """What the data path's ``collect`` sees (driver; ``trainer/loop/rollout_source.py``)."""
+        return CollectContext(self.client, self.train_set, self.sampler, self.rewards, self.samples)
 
     def checkpoint(self) -> None:
         from megatron_rl.trainer.state.checkpoint import save_checkpoint
 
-        extra = {"step": self.step, "sampler": self.sampler.state_dict() if self.sampler else None,
+        st = self.state
+        extra = {"step": st.step, "sampler": self.sampler.state_dict() if self.sampler else None,
                  "teacher": self.path.state_dict() or None}   # the path's extras (teacher counters)
-        st = self.source.state(self.step) if self.source is not None else None
-        if st is not None:
+        src = st.source.state(st.step) if st.source is not None else None
+        if src is not None:
             # async, driver: the producer runs ahead: the finished batches not trained on yet and the
             # sampler position that regenerates the one in flight (resume design: trainer/loop/async_rollout.py)
-            extra["sampler"], extra["async"] = st["sampler"], st
+            extra["sampler"], extra["async"] = src["sampler"], src
         m = self.cfg.model
         with self.colo.trainer_loaded():   # colocated: the optimizer state is parked between steps
-            path = save_checkpoint(self.cfg.trainer.run_dir, self.step, self.actor, extra,
+            path = save_checkpoint(self.cfg.trainer.run_dir, st.step, self.actor, extra,
                                    keep_last=self.cfg.trainer.keep_last, teacher=self.path.shadow_weights(),
                                    hf_dir=m.hf_path, tokenizer_dir=m.tokenizer_path or m.hf_path)
-        self.last_checkpoint = str(path)
-
-    def dump_samples(self, step: int, name: str, seqs) -> None:
-        """Rank 0, ``logging.dump_samples`` > 0: append the first N id sequences of ``name`` with
-        their raw decoding (special tokens kept) to ``run_dir/samples.jsonl``."""
-        n = self.cfg.logging.dump_samples
-        if not n or not self.info.is_driver:
-            return
-        import json
-
-        raw = getattr(getattr(self.tok, "tok", None), "decode", None)
-        with open(Path(self.cfg.trainer.run_dir) / "samples.jsonl", "a") as f:
-            for ids in list(seqs)[:n]:
-                ids = [int(i) for i in ids]
-                text = raw(ids, skip_special_tokens=False) if raw is not None else self.tok.decode(ids)
-                f.write(json.dumps({"step": step, "name": name, "ids": ids, "text": text}) + "\n")
+        st.last_checkpoint = str(path)
 
     def close(self, own_client: bool = True) -> None:
         self.path.close()
@@ -123,17 +122,17 @@ def client_args(cfg, trainer_world: int = 1, cuda: bool | None = None) -> dict:
     machine's, None = ask it — the auto engine keys depend on it, ``rollout/placement.py``)."""
     from megatron_rl.runtime.device import has_cuda
     from megatron_rl.rollout.placement import engine_eager, engine_memory_utilization
+    from megatron_rl.rollout.registry import caps
 
     r = cfg.rollout
     cuda = has_cuda() if cuda is None else cuda
     kw = {"max_model_len": r.max_model_len, "seed": cfg.trainer.seed, "dtype": "bfloat16" if cfg.model.bf16 else "float32",
           "logprobs": r.logprobs}
-    if r.engine == "vllm":
-        kw["kv_cache_gib"] = r.kv_cache_gib
-        kw["enable_sleep_mode"] = r.placement == "colocated"   # CUDA only: refused on CPU at start-up
-        kw["gpu_memory_utilization"] = engine_memory_utilization(r.gpu_memory_utilization, r.placement)
-        kw["enforce_eager"] = engine_eager(r.enforce_eager, cuda)
-        kw["tensor_parallel_size"] = r.tensor_parallel_size
+    options = {"kv_cache_gib": r.kv_cache_gib,
+               "enable_sleep_mode": r.placement == "colocated",   # vLLM: CUDA only, refused on CPU at start-up
+               "gpu_memory_utilization": engine_memory_utilization(r.gpu_memory_utilization, r.placement),
+               "enforce_eager": engine_eager(r.enforce_eager, cuda), "tensor_parallel_size": r.tensor_parallel_size}
+    kw.update((k, v) for k, v in options.items() if k in caps(r.engine).options)   # those the engine class takes
     return {"engine": r.engine, "model": cfg.model.hf_path, "num_engines": r.num_engines, "engine_kwargs": kw,
             "cpus_per_engine": r.cpus_per_engine, "ray_address": r.ray_address, "sync_backend": r.sync_backend,
             "bucket_bytes": r.bucket_mb << 20, "trainer_world": trainer_world, "placement": r.placement}
@@ -162,88 +161,28 @@ def build_client(cfg, trainer_world: int = 1):
                          actor_env=env, placement=a["placement"], engine_gpus=gpus, gpus_per_engine=float(tp) if gpus else 0.0)
 
 
-def build_grader(cfg):
-    """The PAPO rubric grader of ``cfg.reward`` with its circuit breaker (no request is made here)."""
-    from megatron_rl.rewards.breaker import CircuitBreaker
-    from megatron_rl.rewards.grader import RubricGrader
-
-    r = cfg.reward
-    grader = RubricGrader(r.grader_url, r.grader_model, concurrency=r.grader_concurrency, timeout=r.grader_timeout,
-                          retries=r.grader_retries, fallback=r.grader_fallback, max_tokens=r.grader_max_tokens)
-    grader.breaker = CircuitBreaker(r.grader_breaker_failures, r.grader_breaker_cooldown, name="grader")
-    return grader
-
-
-def uses_outcome_verifier(cfg) -> bool:
-    """Whether the run asks PAPO's LLM outcome verifier: reward ``papo_math`` selected (``reward.default`` or
-    a ``by_source`` value) with ``reward.outcome_verifier`` on and a ``grader_url``."""
-    r = cfg.reward
-    return bool(r.outcome_verifier and r.grader_url and "papo_math" in {r.default, *r.by_source.values()})
-
-
-def build_outcome_verifier(cfg):
-    """PAPO's LLM outcome verifier on the grader endpoint (``rewards/outcome_judge.py``) with its own
-    circuit breaker, or None when the run does not use it (no request is made here)."""
-    from megatron_rl.rewards.breaker import CircuitBreaker
-    from megatron_rl.rewards.outcome_judge import OutcomeVerifier
-
-    if not uses_outcome_verifier(cfg):
-        return None
-    r = cfg.reward
-    v = OutcomeVerifier(r.grader_url, r.grader_model, concurrency=r.grader_concurrency, timeout=r.grader_timeout,
-                        retries=r.grader_retries, max_tokens=r.grader_max_tokens)
-    v.breaker = CircuitBreaker(r.grader_breaker_failures, r.grader_breaker_cooldown, name="verifier")
-    return v
-
-
-def build_rewards(cfg, is_driver: bool = True):
-    """The run's reward manager (verifier per data source, the reward pool's size and timeout); on the
-    driver (which scores) with PAPO's outcome verifier when used."""
-    from megatron_rl.rewards.manager import RewardManager
-
-    r = cfg.reward
-    verifier = build_outcome_verifier(cfg) if is_driver else None
-    return RewardManager(r.by_source, r.default, workers=r.workers, timeout_s=r.timeout_s,
-                         second_opinion={"papo_math": verifier} if verifier is not None else None)
-
-
 def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = False,
               allow_config_change: bool = False, keep: tuple = ()) -> Run:
-    """init_parallel -> tokenizer, data, reward manager, actor (+ reference), engines, logger;
-    ``resume``: ``"auto"`` (newest complete checkpoint, if any), a checkpoint path, or None;
-    ``overwrite``: a fresh run in a used ``run_dir`` archives the earlier one (else it is refused), all
-    but the new run's inputs and ``keep`` (``trainer/run_dir.archive_run``);
+    """init_parallel -> tokenizer, data, reward manager, actor (+ reference), engines, logger: the
+    :class:`Run`, built once. ``resume``: ``"auto"`` (newest complete checkpoint, if any), a checkpoint
+    path, or None; ``overwrite``: a fresh run in a used ``run_dir`` archives the earlier one (else it is
+    refused), all but the new run's inputs and ``keep`` (``trainer/run_dir.archive_run``);
     ``allow_config_change``: resume despite a changed method / group size / model (``trainer/state/run_config.py``)."""
-    from megatron_rl import algorithms as A
     from megatron_rl.config import validate
     from megatron_rl.data.dataset import DeterministicSampler
     from megatron_rl.data.tokenizer import load_tokenizer
-    from megatron_rl.runtime.logging import RunLogger
-    from megatron_rl.models.provider import load_hf_config
     from megatron_rl.runtime.parallel import init_parallel
     from megatron_rl.trainer.loop.preflight import preflight, prompt_datasets
-    from megatron_rl.trainer.policy.actor import PolicyActor, ReferencePolicy
+    from megatron_rl.rewards.factory import build_rewards
+    from megatron_rl.trainer.pipeline.packing import micro_of
     from megatron_rl.trainer.paths import build_path
-    from megatron_rl.trainer.state.run_dir import archive_run, config_inputs
+    from megatron_rl.trainer.loop.sync_stage import startup_gate
 
     backend = preflight(cfg, resume, overwrite, allow_config_change)   # every user error before anything starts
     from megatron_rl.runtime.usage import begin_run
 
     begin_run()                                       # from here an error is a runtime error (exit 1)
-    rank = int(os.environ.get("RANK", "0"))           # torchrun's; process groups start below
-    if overwrite and rank == 0:
-        archive_run(cfg.trainer.run_dir, keep=[*config_inputs(cfg, cfg.trainer.run_dir), *keep])
-    if rank == 0:
-        from megatron_rl.trainer.state.run_config import save_run_config
-
-        save_run_config(cfg)   # run_dir/config.yaml (or config.<n>.yaml): which configuration this start ran
-    from megatron_rl.runtime.console import attach_run_log
-
-    attach_run_log(cfg.trainer.run_dir, rank)   # INFO (patches, Megatron's dumps, stages) -> run_dir/train.log
-    if rank == 0:
-        from megatron_rl.trainer.state.checkpoint import remove_stale_tmp
-
-        remove_stale_tmp(cfg.trainer.run_dir)    # .tmp-step_* of a save cut short by a crash or kill: one line
+    _prepare_run_dir(cfg, overwrite, keep)
     info = init_parallel(cfg.parallel.tp, cfg.parallel.pp, seed=cfg.trainer.seed,
                          sequence_parallel=cfg.parallel.sequence_parallel, timeout_s=cfg.parallel.timeout_s,
                          vpp=cfg.parallel.vpp, cp=cfg.parallel.cp)
@@ -254,9 +193,51 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
     path = build_path(cfg, tok)     # template / layout errors surface here, before any model is built
     train, val = prompt_datasets(cfg, tok)   # read and checked by preflight (check_prompts): the same objects
     sampler = DeterministicSampler(len(train), cfg.data.prompts_per_step, cfg.data.seed)
-    hf_cfg = load_hf_config(cfg.model.hf_path)
-    from megatron_rl.models.provider import recompute_overrides
+    actor, ref = _build_policy(cfg, info, backend)
+    rewards = build_rewards(cfg, info.is_driver)
+    path.setup(PathSetup(actor, info.is_driver))
+    state = _resume(cfg, actor, path, sampler, resume, info.is_driver)
+    colo = build_colocation(cfg, actor)   # colocated: the trainer offloads before the engines start beside
+    colo.start()                          # it and stays so through the first push (trainer/loop/colocate.py)
+    client = _start_engines(cfg, info, client)
+    if colo.active and info.is_driver:
+        colo.engines = client
+    samples = SampleDump(cfg.logging.dump_samples, info.is_driver, tok, cfg.trainer.run_dir)
+    run = Run(cfg, info, tok, train, val, sampler, actor, ref, client, rewards, _open_logger(cfg, info, state), path,
+              colo, samples, micro_of(cfg, info.tp), state)
+    sync_weights(run)  # engines start from the HF dir; after a resume they must get the checkpoint's weights
+    state.gate = startup_gate(run)  # stops the run if trainer and engines disagree after the first sync
+    return run
 
+
+def _prepare_run_dir(cfg, overwrite: bool, keep: tuple) -> None:
+    """Rank 0: archive an earlier run (``overwrite``), save this start's config, drop a crashed save's
+    leftovers; every rank: its log file in the run dir."""
+    from megatron_rl.runtime.console import attach_run_log
+    from megatron_rl.trainer.state.run_dir import archive_run, config_inputs
+
+    rank = int(os.environ.get("RANK", "0"))           # torchrun's; process groups start later
+    if overwrite and rank == 0:
+        archive_run(cfg.trainer.run_dir, keep=[*config_inputs(cfg, cfg.trainer.run_dir), *keep])
+    if rank == 0:
+        from megatron_rl.trainer.state.run_config import save_run_config
+
+        save_run_config(cfg)   # run_dir/config.yaml (or config.<n>.yaml): which configuration this start ran
+    attach_run_log(cfg.trainer.run_dir, rank)   # INFO (patches, Megatron's dumps, stages) -> run_dir/train.log
+    if rank == 0:
+        from megatron_rl.trainer.state.checkpoint import remove_stale_tmp
+
+        remove_stale_tmp(cfg.trainer.run_dir)    # .tmp-step_* of a save cut short by a crash or kill: one line
+
+
+def _build_policy(cfg, info, backend: str) -> tuple[PolicyActor, ReferencePolicy | None]:
+    """The actor from ``model.hf_path``, and the frozen reference when the method's loss needs
+    reference log-probs."""
+    from megatron_rl import algorithms as A
+    from megatron_rl.models.provider import load_hf_config, recompute_overrides
+    from megatron_rl.trainer.policy.actor import PolicyActor, ReferencePolicy
+
+    hf_cfg = load_hf_config(cfg.model.hf_path)
     recompute = recompute_overrides(cfg.model.recompute, cfg.model.recompute_method, cfg.model.recompute_num_layers)
     actor = PolicyActor(hf_cfg, info, _optim_spec(cfg), temperature=cfg.rollout.temperature,
                         sequence_parallel=info.sequence_parallel, backend=backend, fp8=cfg.model.fp8,
@@ -268,15 +249,16 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
         ref = ReferencePolicy(hf_cfg, cfg.rollout.temperature, info.sequence_parallel, cfg.model.bf16, parallel_info=info,
                               backend=backend, fp8=cfg.model.fp8)
         ref.load_hf(cfg.model.hf_path)
-    run = Run(cfg, info, tok, train, val, sampler, actor, ref, None, build_rewards(cfg, info.is_driver), None, path)
-    path.setup(run)
-    _resume(run, resume)
-    run.colo = build_colocation(run)  # colocated: the trainer offloads before the engines start beside it and
-    run.colo.start()                  # stays so through the first push (trainer/loop/colocate.py)
-    if info.is_driver and client is None:
-        client = build_client(cfg, trainer_world=info.world)
+    return actor, ref
+
+
+def _start_engines(cfg, info, client):
+    """The engine pool on the driver (``client`` when one was handed in; None on the other ranks,
+    which wait out its start-up in the store); asynchronous rollouts: the trainer pinned to its cores."""
     from megatron_rl.trainer.loop.rollout_stage import broadcast_object
 
+    if info.is_driver and client is None:
+        client = build_client(cfg, trainer_world=info.world)
     broadcast_object(None)   # the others wait out the engines' start-up in the store (driver_wait), not in NCCL
     if cfg.rollout.max_staleness > 0:
         # engines and trainer on disjoint cores. After Ray started, so its daemons (and the workers
@@ -286,45 +268,47 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
         plan = local_plan()
         mine = pin_trainer(plan, int(os.environ.get("LOCAL_RANK", "0")))
         log.info("asynchronous rollouts: trainer on cores %s, engines on %s", sorted(mine), sorted(plan.engines))
-    run.client = client
-    if run.colo.active and info.is_driver:
-        run.colo.engines = client
-    run.logger = RunLogger(cfg.trainer.run_dir, cfg.to_dict(), wandb_mode=cfg.logging.wandb_mode,
-                           project=cfg.logging.project, run_name=cfg.logging.run_name, total_steps=cfg.trainer.steps,
-                           resume_step=run.step if run.last_checkpoint is not None else None,
-                           progress=cfg.logging.progress)
-    if info.is_driver:   # per-optimizer-step rows (trainer/pipeline/update.py) after the step resumed from are dropped
-        from megatron_rl.runtime.logging import truncate_metrics
+    return client
+
+
+def _open_logger(cfg, info, state: RunState) -> RunLogger:
+    """The metrics logger (wandb offline, progress bar); on the driver the per-optimizer-step rows
+    (``trainer/pipeline/update.py``) after the step resumed from are dropped."""
+    from megatron_rl.runtime.logging import RunLogger, truncate_metrics
+
+    logger = RunLogger(cfg.trainer.run_dir, cfg.to_dict(), wandb_mode=cfg.logging.wandb_mode,
+                       project=cfg.logging.project, run_name=cfg.logging.run_name, total_steps=cfg.trainer.steps,
+                       resume_step=state.step if state.last_checkpoint is not None else None,
+                       progress=cfg.logging.progress)
+    if info.is_driver:
         from megatron_rl.trainer.pipeline.update import OPTIMIZER_STEPS_FILE
 
-        truncate_metrics(Path(cfg.trainer.run_dir) / OPTIMIZER_STEPS_FILE, run.step)
-    sync_weights(run)  # engines start from the HF dir; after a resume they must get the checkpoint's weights
-    from megatron_rl.trainer.loop.sync_stage import startup_gate
-
-    run.gate = startup_gate(run)  # stops the run if trainer and engines disagree after the first sync
-    return run
+        truncate_metrics(Path(cfg.trainer.run_dir) / OPTIMIZER_STEPS_FILE, state.step)
+    return logger
 
 
-def _resume(run: Run, resume: str | None) -> None:
+def _resume(cfg, actor, path, sampler, resume: str | None, is_driver: bool) -> RunState:
     """``resume``: ``"auto"`` (newest complete checkpoint, if any), a path, or None: model, optimizer,
-    sampler and the data path's state (teacher weights and counters) as saved."""
+    sampler and the data path's state (teacher weights and counters) as saved; the run's state."""
     from megatron_rl.trainer.state.checkpoint import find_latest, load_checkpoint
 
-    path = (find_latest(run.cfg.trainer.run_dir) if resume == "auto" else Path(resume)) if resume else None
-    if path is None:
-        return
-    loaded = load_checkpoint(path, run.actor, teacher=run.path.shadow_weights())
+    state = RunState()
+    ckpt = (find_latest(cfg.trainer.run_dir) if resume == "auto" else Path(resume)) if resume else None
+    if ckpt is None:
+        return state
+    loaded = load_checkpoint(ckpt, actor, teacher=path.shadow_weights())
     if loaded.extra_state.get("teacher"):
-        run.path.load_state_dict(loaded.extra_state["teacher"])
-    run.step, run.last_checkpoint = loaded.step, str(path)
+        path.load_state_dict(loaded.extra_state["teacher"])
+    state.step, state.last_checkpoint = loaded.step, str(ckpt)
     if loaded.extra_state.get("sampler"):
-        run.sampler.load_state_dict(loaded.extra_state["sampler"])
+        sampler.load_state_dict(loaded.extra_state["sampler"])
     from megatron_rl.trainer.loop.async_rollout import restore_state
 
-    run.async_pending, _ = restore_state(loaded.extra_state.get("async"), run.cfg.rollout.max_staleness)
-    log.info("resumed from %s at step %d", path, run.step)
-    if run.info.is_driver:   # a console line too (INFO goes to train.log only): users and job logs must see it
-        print(f"[megatron-rl] resumed from {path} at step {run.step}", flush=True)
+    state.async_pending, _ = restore_state(loaded.extra_state.get("async"), cfg.rollout.max_staleness)
+    log.info("resumed from %s at step %d", ckpt, state.step)
+    if is_driver:   # a console line too (INFO goes to train.log only): users and job logs must see it
+        print(f"[megatron-rl] resumed from {ckpt} at step {state.step}", flush=True)
+    return state
 
 
 def sync_weights(run: Run) -> None:

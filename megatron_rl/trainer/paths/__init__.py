@@ -10,22 +10,24 @@ Built-in paths (one module each): ``plain`` and ``greedy`` (ReMax baseline) in `
 with DAPO's overlong shaping and dynamic sampling as composable pieces for any hparams deriving
 from ``SamplingHParams`` —, ``bicc_context`` (``bicc.py``), ``process_reward`` (PAPO's rubric
 grader, ``process_reward.py``), ``rlcsd_hints`` / ``gt_teacher`` (self-distillation teacher,
-``teacher.py``), ``two_attempts`` (SCoRe, ``two_attempts.py``).
+the ``teacher/`` package), ``two_attempts`` (SCoRe, ``two_attempts.py``).
 
-Life cycle (``trainer/loop/setup.py``, ``trainer/loop/rl_loop.py``):
+Life cycle (``trainer/loop/setup.py``, ``trainer/loop/rl_loop.py``); each hook is handed a small typed context
+(``paths/context.py``) with what it may read, never the whole run:
 
-    path = build_path(cfg, tok)     # start-up, before any model: templates / layouts fail here
-    path.setup(run)                 # after actor / reference: teacher weights, grader
-    data = path.collect(step)       # DRIVER ONLY (global rank 0): engines, rewards, grader start;
-                                    # no torch.distributed call — the loop broadcasts ``data``
-    update(run, data, step)         # every rank: the ONE update pipeline (``trainer/pipeline/update.py``),
-                                    # which asks the path's hooks, in this order:
-        path.sampled(data, step)            # the sampled sequences and per-row inputs
-        path.after_logprobs(s, lp, metrics) # after the old / ref passes (PAPO waits for its grader)
-        path.train_rows(s, rows, lp, ...)   # the rows the loss trains on (BiCC's conditioned
-                                            # sequences, the teacher plan's kept subset)
-        path.teacher_sequences(rows, step)  # per mini-batch, when ``path.teacher`` is set
-        path.after_optimizer_step()         # after each optimizer step (teacher schedules)
+    path = build_path(cfg, tok)          # start-up, before any model: templates / layouts fail here
+    path.setup(PathSetup)                # after actor / reference: teacher weights, grader
+    data = path.collect(CollectContext, step)   # DRIVER ONLY (global rank 0): engines, rewards, grader
+                                         # start; no torch.distributed call — the loop broadcasts ``data``
+    update(run, data, step)              # every rank: the ONE update pipeline (``trainer/pipeline/update.py``),
+                                         # which asks the path's hooks (UpdateContext), in this order:
+        path.sampled(ctx, data, step)              # the sampled sequences and per-row inputs
+        path.after_logprobs(ctx, s, lp, metrics)   # after the old / ref passes (PAPO waits for its grader)
+        path.train_rows(ctx, s, rows, lp, ...)     # the rows the loss trains on (BiCC's conditioned
+                                                   # sequences, the teacher plan's kept subset)
+        path.mini_batch_inputs(ctx, rows, ...)     # per mini-batch, under the weights of that moment
+                                                   # (the teacher family's support passes)
+        path.after_optimizer_step()                # after each optimizer step (teacher schedules)
     path.state_dict() / load_state_dict()   # per-path checkpoint extras (teacher counters)
 
 With ``rollout.max_staleness`` > 0 ``collect`` runs on a producer thread of the driver for steps
@@ -35,9 +37,14 @@ an earlier step still uses; a path that cannot run so names why in ``async_unsup
 from __future__ import annotations
 
 import abc
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from megatron_rl.algorithms.hparams import PPOHParams
+
+from .context import CollectContext, PathSetup, UpdateContext
+
+if TYPE_CHECKING:
+    from megatron_rl.trainer.pipeline.update import LogProbs, Rows, Sampled
 
 BASE_INPUTS = frozenset({"rewards", "group_ids", "mask", "logp", "old_logp", "ref_logp", "correct"})
 _PATHS: dict = {}
@@ -64,13 +71,13 @@ class DataPath(abc.ABC):
     #: the pipeline attaches the decoupled-PPO / TIS weights of the batch (``algo.off_policy``); a path
     #: whose loss has no importance weight says False
     importance_weights: ClassVar[bool] = True
+    #: metric key prefixes of the path's per-optimizer-step metrics that the step's row sums (counts),
+    #: and keys it takes from the last optimizer step (counters) — the rest are means (``update.mean_metrics``)
+    summed_metrics: ClassVar[tuple[str, ...]] = ()
+    last_metrics: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, cfg, tok):
         self.cfg, self.hp, self.tok = cfg, cfg.algo.hparams, tok
-        self.run: Any = None
-        #: teacher weights θ̄ (``trainer/teacher.TeacherWeights``) when the path has a teacher: the pipeline
-        #: then runs the support passes per mini-batch (``trainer/support.py``) on ``teacher_sequences``
-        self.teacher: Any = None
 
     @classmethod
     def provides_for(cls, hp) -> set:
@@ -107,31 +114,36 @@ class DataPath(abc.ABC):
             raise ValueError(f"algo.kind={kind!r} needs input(s) {missing} that its data path {cls.name!r} "
                              f"does not produce (provides {sorted(have)})")
 
-    def setup(self, run) -> None:
-        """After the actor / reference exist (every rank)."""
-        self.run = run
+    def setup(self, ctx: PathSetup) -> None:
+        """After the actor / reference exist (every rank): the path's own services and state."""
 
     @abc.abstractmethod
-    def collect(self, step: int) -> Any:
+    def collect(self, ctx: CollectContext, step: int) -> Any:
         """Driver only: this step's data (picklable; the loop broadcasts it). No collectives."""
 
-    def sampled(self, data, step: int):
+    def sampled(self, ctx: UpdateContext, data, step: int) -> Sampled:
         """Every rank: ``data`` as the pipeline's :class:`~megatron_rl.trainer.pipeline.update.Sampled`: the
         sampled sequences (``prompt ++ response`` here) and the hparams in force."""
         from megatron_rl.trainer.pipeline.update import Sampled
         from megatron_rl.trainer.pipeline.update_stage import sequences
 
-        run, ro = self.run, data
-        seqs = sequences(run, ro.prompts, ro.responses)
-        run.dump_samples(step, "policy", [p + r for p, r in zip(ro.prompts, ro.responses)])
+        ro = data
+        seqs = sequences(ctx, ro.prompts, ro.responses)
+        ctx.samples(step, "policy", [p + r for p, r in zip(ro.prompts, ro.responses)])
         return Sampled(ro, seqs, self.hp)
 
-    def after_logprobs(self, s, lp, metrics: dict) -> None:
+    def after_logprobs(self, ctx: UpdateContext, s: Sampled, lp: LogProbs, metrics: dict) -> None:
         """Hook (collective): after the old / ref log-prob passes, before the advantages."""
 
-    def train_rows(self, s, rows, lp, step: int, metrics: dict):
+    def train_rows(self, ctx: UpdateContext, s: Sampled, rows: Rows, lp: LogProbs, step: int, metrics: dict) -> Rows:
         """Hook (collective): the rows the loss trains on (``trainer/update.Rows``); all sampled rows here."""
         return rows
+
+    def mini_batch_inputs(self, ctx: UpdateContext, rows: Rows, hp, loss: str, step: int) -> tuple[dict, dict]:
+        """Hook (collective), per mini-batch before its optimizer step: extra loss inputs of ``rows``
+        computed under the weights of that moment (the teacher family's support passes) and their
+        metrics; ``({}, {})`` here."""
+        return {}, {}
 
     def after_optimizer_step(self) -> None:
         """Hook: after each successful optimizer step of the update (teacher schedules)."""

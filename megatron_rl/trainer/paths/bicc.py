@@ -12,6 +12,7 @@ from megatron_rl import algorithms as A
 from megatron_rl.algorithms.hparams import BiCCHParams
 
 from . import register_path
+from .context import UpdateContext
 from .sampling import PlainPath
 
 
@@ -91,20 +92,20 @@ class BiccPath(PlainPath):
     def wants_greedy(cls, hp) -> bool:
         return "greedy_rewards" in A.bicc_base(hp.base).needs   # the base's registration says (e.g. remax)
 
-    def train_rows(self, s, rows, lp, step: int, metrics: dict):
+    def train_rows(self, ctx: UpdateContext, s, rows, lp, step: int, metrics: dict):
         """Conditioned prompts; old log-probs of the plain (paper) or conditioned context."""
         from megatron_rl.trainer.pipeline import update_stage as U
 
-        run, cfg, hp, ro = self.run, self.cfg, self.hp, s.ro
+        cfg, hp, ro = self.cfg, self.hp, s.ro
         R_max = cfg.rollout.max_tokens
         prompts, n_cond, n_fb = bicc_inputs(ro, hp, cfg.data.max_prompt_len + R_max, cfg.rollout.max_model_len,
-                                            self.layout, run.tok.eos_id)
-        train_sb = U.sequences(run, prompts, ro.responses, R_max)
-        run.dump_samples(step, "bicc_conditioned", [p + r for p, q, r in zip(prompts, ro.prompts, ro.responses)
+                                            self.layout, self.tok.eos_id)
+        train_sb = U.sequences(ctx, prompts, ro.responses, R_max)
+        ctx.samples(step, "bicc_conditioned", [p + r for p, q, r in zip(prompts, ro.prompts, ro.responses)
                                                      if list(p) != list(q)])
         ex = {**rows.extras, "resp_pos": train_sb.resp_pos, "resp_mask": train_sb.resp_mask}
         if hp.old_logprob_context == "conditioned":
-            ex["old_logp"] = U.response_frame(run.actor.forward_logprobs(train_sb.batch, run.micro).logp,
+            ex["old_logp"] = U.response_frame(ctx.actor.forward_logprobs(train_sb.batch, ctx.micro).logp,
                                               train_sb)
         metrics.update({"bicc/conditioned_frac": n_cond / len(ro), "bicc/budget_fallbacks": n_fb})
         return dataclasses.replace(rows, seqs=train_sb, extras=ex)

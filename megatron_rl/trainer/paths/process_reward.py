@@ -10,9 +10,11 @@ import torch
 
 from megatron_rl.algorithms.hparams import PAPOHParams
 from megatron_rl.data.dataset import problem_text
+from megatron_rl.rewards.factory import build_grader
 from megatron_rl.trainer.loop.rollout_stage import Rollouts, broadcast_object
 
 from . import BASE_INPUTS, register_path
+from .context import CollectContext, PathSetup, UpdateContext
 from .sampling import PlainPath
 
 
@@ -106,15 +108,13 @@ class ProcessRewardPath(PlainPath):
             raise ValueError(f"algo.kind={cfg.algo.kind!r} needs a rubric grader: set reward.grader_url "
                              "(an OpenAI-compatible endpoint, e.g. http://host:8000/v1)")
 
-    def setup(self, run) -> None:
-        super().setup(run)
-        if run.info.is_driver:
-            from megatron_rl.trainer.loop.setup import build_grader
-
+    def setup(self, ctx: PathSetup) -> None:
+        super().setup(ctx)
+        if ctx.is_driver:
             self.grader = build_grader(self.cfg)
 
-    def collect(self, step: int):
-        ro = super().collect(step)
+    def collect(self, ctx: CollectContext, step: int):
+        ro = super().collect(ctx, step)
         every = self.hp.reward_mode == "prm_only"
         if self.cfg.rollout.max_staleness > 0:
             # asynchronous rollouts: this runs on the producer thread, ahead of the update, which may
@@ -124,12 +124,12 @@ class ProcessRewardPath(PlainPath):
         self.pending.start(ro, self.grader, every=every)
         return ro
 
-    def after_logprobs(self, s, lp, metrics: dict) -> None:
+    def after_logprobs(self, ctx: UpdateContext, s, lp, metrics: dict) -> None:
         ro = s.ro
         if ro.process is not None:        # graded in collect (asynchronous rollouts)
             metrics["time/grader_wait"] = 0.0
             return
-        metrics["time/grader_wait"] = self.pending.finish(ro, self.run.info.is_driver)
+        metrics["time/grader_wait"] = self.pending.finish(ro, ctx.info.is_driver)
         metrics["time/grader_overlap"] = metrics["time/logprobs"]
 
     def driver_stats(self, ro) -> dict:

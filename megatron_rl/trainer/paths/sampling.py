@@ -17,6 +17,7 @@ from megatron_rl import algorithms as A
 from megatron_rl.algorithms.hparams import SamplingHParams
 
 from . import BASE_INPUTS, DataPath, register_path
+from .context import CollectContext
 
 log = logging.getLogger("megatron_rl.loop")
 
@@ -49,25 +50,25 @@ class PlainPath(DataPath):
                              f"rollout.max_tokens={cfg.rollout.max_tokens} (DAPO overlong shaping); lower it or set "
                              "overlong_enable=false")
 
-    def collect(self, step: int):
+    def collect(self, ctx: CollectContext, step: int):
         if self.sampling is not None and self.sampling.filter_groups:
-            return collect_dynamic(self, step, self.sampling)
-        return self.round(step, 0)
+            return collect_dynamic(self, ctx, step, self.sampling)
+        return self.round(ctx, step, 0)
 
-    def round(self, step: int, round_: int):
+    def round(self, ctx: CollectContext, step: int, round_: int):
         """One generation batch: sample ``rollout.n`` per prompt, score, DAPO overlong shaping, and the
         greedy baseline (driver)."""
         from megatron_rl.trainer.loop import rollout_stage as R
 
-        run, cfg = self.run, self.cfg
-        idx = run.sampler.next_batch()
-        part = R.score(R.generate(run.client, run.train_set, idx, R.sampling_params(cfg, step, round_, eos_id=run.tok.eos_id),
-                                  run.tok), run.rewards)
+        cfg, tok = self.cfg, self.tok
+        idx = ctx.sampler.next_batch()
+        part = R.score(R.generate(ctx.client, ctx.train_set, idx, R.sampling_params(cfg, step, round_, eos_id=tok.eos_id),
+                                  tok), ctx.rewards)
         if self.sampling is not None and self.sampling.overlong_enable:
             part = R.overlong_shaping(part, self.sampling, cfg.rollout.max_tokens)
         if self.greedy:
-            sp = R.sampling_params(cfg, step, round_ + 1, greedy=True, eos_id=run.tok.eos_id)
-            g = R.score(R.generate(run.client, run.train_set, idx, sp, run.tok), run.rewards)
+            sp = R.sampling_params(cfg, step, round_ + 1, greedy=True, eos_id=tok.eos_id)
+            g = R.score(R.generate(ctx.client, ctx.train_set, idx, sp, tok), ctx.rewards)
             part.greedy_rewards = g.rewards.repeat_interleave(cfg.rollout.n)
         return part
 
@@ -83,7 +84,7 @@ class GreedyPath(PlainPath):
         return True
 
 
-def collect_dynamic(path: PlainPath, step: int, hp: SamplingHParams):
+def collect_dynamic(path: PlainPath, ctx: CollectContext, step: int, hp: SamplingHParams):
     """DAPO dynamic sampling (docs/methods/grpo.md DAPO): keep groups whose metric is not uniform, over successive
     generation batches, until ``prompts_per_step`` groups are kept; then the first ``prompts_per_step``.
     ``max_num_gen_batches`` ≤ 0: unlimited (a warning every 10 batches); at the cap ``at_cap=raise``
@@ -100,7 +101,7 @@ def collect_dynamic(path: PlainPath, step: int, hp: SamplingHParams):
                                    f"max_num_gen_batches={hp.max_num_gen_batches} generation batches at step {step}; "
                                    f"raise algo.{cfg.algo.kind}.max_num_gen_batches (<= 0: unlimited) or set at_cap=fill")
             break
-        part = path.round(step, ds.batches)
+        part = path.round(ctx, step, ds.batches)
         metric = part.correct.float() if hp.filter_metric == "acc" else part.rewards
         keep = ds.add(metric, part.group_ids).tolist()
         kept.append(part.select(keep))

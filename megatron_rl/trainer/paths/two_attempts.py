@@ -52,6 +52,7 @@ from megatron_rl.trainer.loop import rollout_stage as R
 from megatron_rl.trainer.pipeline import update_stage as U
 
 from . import DataPath, register_path
+from .context import CollectContext, UpdateContext
 
 DEMO_INSTRUCTION = "R="
 """Self-correction instruction of the CPU demo task ("redo:"; characters of its tokenizer)."""
@@ -115,8 +116,9 @@ def second_prompts(first: R.Rollouts, turn, max_len: int, eos_id: int | None = N
     return out
 
 
-def _second_rollouts(run, first: R.Rollouts, prompts: list[list[int]], sampling: SamplingParams) -> R.Rollouts:
-    comps = run.client.generate(prompts, dataclasses.replace(sampling, n=1))
+def _second_rollouts(ctx: CollectContext, tok, first: R.Rollouts, prompts: list[list[int]],
+                     sampling: SamplingParams) -> R.Rollouts:
+    comps = ctx.client.generate(prompts, dataclasses.replace(sampling, n=1))
     if len(comps) != len(prompts):
         raise RuntimeError(f"attempt 2: {len(comps)} completions for {len(prompts)} prompts")
     resps = [list(c.response_ids) for c in comps]
@@ -125,20 +127,19 @@ def _second_rollouts(run, first: R.Rollouts, prompts: list[list[int]], sampling:
             raise RuntimeError(f"engine returned an empty attempt-2 response for sample {i}")
     return R.Rollouts(list(first.rows), [list(c.prompt_ids) for c in comps], resps, [list(c.logprobs) for c in comps],
                       [c.finish_reason for c in comps], first.group_ids.clone(),
-                      [run.tok.decode(c.response_ids) for c in comps])
+                      [tok.decode(c.response_ids) for c in comps])
 
 
-def collect_two(run, step: int, turn) -> TwoAttempts:
+def collect_two(ctx: CollectContext, cfg, tok, step: int, turn) -> TwoAttempts:
     """Driver only: attempt 1 (``rollout.n`` per prompt), attempt 2 (one per attempt 1) after ``turn``
     (the chat layout or the instruction ids), both scored. No collective (the loop broadcasts)."""
-    cfg = run.cfg
-    idx = run.sampler.next_batch()
-    first = R.score(R.generate(run.client, run.train_set, idx, R.sampling_params(cfg, step, eos_id=run.tok.eos_id),
-                               run.tok), run.rewards)
-    x2 = second_prompts(first, turn, cfg.rollout.max_model_len - cfg.rollout.max_tokens, run.tok.eos_id)
-    sp2 = R.sampling_params(cfg, step, round_=1, n=1, eos_id=run.tok.eos_id)
-    second = R.score(_second_rollouts(run, first, x2, sp2), run.rewards)
-    run.dump_samples(step, "score_second", [p + r for p, r in zip(second.prompts, second.responses)])
+    idx = ctx.sampler.next_batch()
+    first = R.score(R.generate(ctx.client, ctx.train_set, idx, R.sampling_params(cfg, step, eos_id=tok.eos_id),
+                               tok), ctx.rewards)
+    x2 = second_prompts(first, turn, cfg.rollout.max_model_len - cfg.rollout.max_tokens, tok.eos_id)
+    sp2 = R.sampling_params(cfg, step, round_=1, n=1, eos_id=tok.eos_id)
+    second = R.score(_second_rollouts(ctx, tok, first, x2, sp2), ctx.rewards)
+    ctx.samples(step, "score_second", [p + r for p, r in zip(second.prompts, second.responses)])
     return TwoAttempts(first, second)
 
 
@@ -186,23 +187,23 @@ class TwoAttemptsPath(DataPath):
         if self.turn is None:          # template-less tokenizer: the instruction's own ids
             self.turn = instruction_ids(tok, self.hp)
 
-    def collect(self, step: int):
-        return collect_two(self.run, step, self.turn)
+    def collect(self, ctx: CollectContext, step: int):
+        return collect_two(ctx, self.cfg, self.tok, step, self.turn)
 
-    def sampled(self, two: TwoAttempts, step: int):
+    def sampled(self, ctx: UpdateContext, two: TwoAttempts, step: int):
         """The sequences ``x2 ++ y2`` (their rollouts: attempt 2), attempt 1's rewards for the credit
         and its positions inside them; the stage's hparams (:func:`stage_of`)."""
         from megatron_rl.trainer.pipeline.update import Sampled
 
-        run, sec, R_max = self.run, two.second, self.cfg.rollout.max_tokens
-        sb = U.sequences(run, sec.prompts, sec.responses, R_max)
+        sec, R_max = two.second, self.cfg.rollout.max_tokens
+        sb = U.sequences(ctx, sec.prompts, sec.responses, R_max)
         fpos, fmask = first_positions(two, R_max)
         hp = dataclasses.replace(self.hp, stage=stage_of(self.hp, step))
         return Sampled(sec, sb, hp, adv_fields={"first_rewards": two.first.rewards.double()},
                        extras={"first_rewards": two.first.rewards.float(), "first_pos": fpos, "first_mask": fmask},
                        data=two)
 
-    def after_logprobs(self, s, lp, metrics: dict) -> None:
+    def after_logprobs(self, ctx: UpdateContext, s, lp, metrics: dict) -> None:
         """Attempt 1's reference log-probs and trainer/engine gap, gathered from the same pass."""
         two = s.data
         if lp.ref_full is None:

@@ -13,12 +13,14 @@
       -> [epoch]* [mini-batch]*            ``trainer.ppo_epochs`` x the rows cut IN ORDER (no shuffle,
                                            as the references) into ``trainer.mini_batch_prompts`` x
                                            ``rollout.n`` rows
-           -> support passes               teacher / student top-k under the weights of THAT moment
+           -> path.mini_batch_inputs       the path's per-mini-batch inputs under the weights of THAT
+                                           moment (the teacher family's support passes)
            -> batch statistics             the loss's whole-mini-batch fields (registry)
            -> micro-batches -> objective -> one optimizer step   (``actor.train_step``)
            -> path.after_optimizer_step    (teacher EMA / snapshot counter)
 
-Nothing here knows a method name: what runs is asked of the path (its hooks, ``teacher``) and of the
+Nothing here knows a method name: what runs is asked of the path (its hooks, each handed an
+:class:`~megatron_rl.trainer.paths.context.UpdateContext`) and of the
 registries (the loss's ``support`` and ``batch_stats``). Each mini-batch is one global batch of
 ``actor.train_step``: split over DP ranks and micro-batches there, normalised by its own token /
 row counts (global over DP). ``mini_batch_prompts`` = 0 (the default) is one mini-batch = the whole
@@ -30,7 +32,7 @@ per ``update_actor``); every mini-batch of a step uses that step's LR.
 
 Per-optimizer-step rows (epoch, mini-batch, loss, grad norm, clip fractions, …) go to
 ``run_dir/optimizer_steps.jsonl`` (driver); the step's metrics row carries their means (timings and
-teacher token counts summed) and ``actor/optimizer_steps``.
+the counts a path declares summed, ``DataPath.summed_metrics``) and ``actor/optimizer_steps``.
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -48,7 +50,11 @@ from megatron_rl.algorithms import offpolicy as O
 from megatron_rl.trainer.pipeline import update_stage as U
 from megatron_rl.trainer.pipeline.objective import Objective
 from megatron_rl.trainer.pipeline.packing import TokenBudget
-from megatron_rl.trainer.support import teacher_tensors
+from megatron_rl.trainer.paths.context import UpdateContext
+
+if TYPE_CHECKING:
+    from megatron_rl.trainer.paths import DataPath
+    from megatron_rl.trainer.loop.setup import Run
 
 OPTIMIZER_STEPS_FILE = "optimizer_steps.jsonl"
 #: a rollout-correction mode's keep mask [N, R] among the rows' extras, so a path's ``train_rows``
@@ -113,30 +119,32 @@ def mini_batches(n_rows: int, rows_per_mini_batch: int) -> list[list[int]]:
     return [list(range(i, min(i + size, n_rows))) for i in range(0, n_rows, size)]
 
 
-def update(run, data, step: int) -> dict:
+def update(run: Run, data, step: int) -> dict:
     """Every rank (collective): the pipeline of the module docstring on ``data``; the metrics row."""
-    path, cfg = run.path, run.cfg
-    s = path.sampled(data, step)
+    path: DataPath = run.path
+    ctx = run.update_context()       # what the path's hooks see of the run (paths/context.py)
+    s = path.sampled(ctx, data, step)
     lp, metrics = logprob_passes(run, s, step)
     if s.hp.kl_reward_coef > 0:      # only paths with ``kl_in_reward`` pass validation with a coefficient
         metrics.update(U.kl_in_reward(s.ro, lp.old, lp.ref, s.seqs.resp_mask, s.hp.kl_reward_coef, s.hp.kl_reward_type))
-    path.after_logprobs(s, lp, metrics)
+    path.after_logprobs(ctx, s, lp, metrics)
     ai = U.advantage_inputs(s.ro, s.seqs.resp_mask, old_logp=lp.old, ref_logp=lp.ref)
-    adv = A.compute_advantages(cfg.algo.kind, ai.replace(**s.adv_fields), s.hp).float()
-    rows = path.train_rows(s, base_rows(run, s, lp, adv, step, metrics, path.importance_weights), lp, step, metrics)
+    adv = A.compute_advantages(run.cfg.algo.kind, ai.replace(**s.adv_fields), s.hp).float()
+    rows = path.train_rows(ctx, s, base_rows(run, s, lp, adv, step, metrics, path.importance_weights), lp, step,
+                           metrics)
     keep = rows.extras.pop(CORRECTION_KEEP, None)      # rollout-correction rejection: out of the loss's mask
     if keep is not None:
         rows.extras["resp_mask"] = rows.extras["resp_mask"] * keep
     metrics["adv/mean_abs"] = float(adv.abs().mean())
     if len(rows) == 0:
         return metrics                 # the path said why (e.g. no sample survived its filter)
-    per_step = optimizer_steps(run, rows, s.hp, step)
-    metrics.update(mean_metrics(per_step))
+    per_step = optimizer_steps(run, rows, s.hp, step, ctx)
+    metrics.update(mean_metrics(per_step, path.summed_metrics, path.last_metrics))
     _log_optimizer_steps(run, step, per_step)
     return metrics
 
 
-def logprob_passes(run, s: Sampled, step: int) -> tuple[LogProbs, dict]:
+def logprob_passes(run: Run, s: Sampled, step: int) -> tuple[LogProbs, dict]:
     """Old and reference log-probs of the sampled sequences (no grad), the trainer<->engine
     agreement ``rollout/logprob_gap`` (mean |old − engine log-prob| over response tokens) and the
     mismatch metrics beside it (``update_stage.mismatch_inputs``). ``algo.off_policy=bypass``: no old
@@ -167,7 +175,7 @@ def bypass_old(s: Sampled) -> tuple[torch.Tensor, torch.Tensor]:
     return full, old
 
 
-def base_rows(run, s: Sampled, lp: LogProbs, adv: torch.Tensor, step: int, metrics: dict,
+def base_rows(run: Run, s: Sampled, lp: LogProbs, adv: torch.Tensor, step: int, metrics: dict,
               importance_weights: bool = True) -> Rows:
     """Every sampled row with its loss inputs: rewards, groups, advantages, old / ref log-probs,
     the decoupled-PPO / TIS weights of a stale batch (``importance_weights``), the path's extras."""
@@ -191,8 +199,9 @@ def base_rows(run, s: Sampled, lp: LogProbs, adv: torch.Tensor, step: int, metri
     return Rows(s.seqs, ex, ro=s.ro)
 
 
-def optimizer_steps(run, rows: Rows, hp, step: int) -> list[dict]:
-    """``ppo_epochs`` x the mini-batches of ``rows``: one optimizer step each; their metric dicts."""
+def optimizer_steps(run: Run, rows: Rows, hp, step: int, ctx: UpdateContext | None = None) -> list[dict]:
+    """``ppo_epochs`` x the mini-batches of ``rows``: one optimizer step each; their metric dicts
+    (``ctx``: what the path's ``mini_batch_inputs`` hook is handed, ``run.update_context()`` if None)."""
     cfg, path = run.cfg, run.path
     kind, t = cfg.algo.kind, cfg.trainer
     loss = A.algo_kind(kind).loss
@@ -200,14 +209,14 @@ def optimizer_steps(run, rows: Rows, hp, step: int) -> list[dict]:
     mbs = run.micro
     multiple = 1 if isinstance(mbs, TokenBudget) else run.info.dp * mbs   # padded: N a multiple of DP x rows
     chunks = mini_batches(len(rows), t.mini_batch_prompts * cfg.rollout.n)
+    ctx = run.update_context() if ctx is None else ctx
     out = []
     for epoch in range(t.ppo_epochs):
         for k, idx in enumerate(chunks):
             mb = rows if len(chunks) == 1 else rows.select(idx)
-            ex, m = dict(mb.extras), {}
-            if path.teacher is not None:     # support passes under the teacher weights of this moment
-                t_ex, m = teacher_tensors(run, path, mb, hp, loss, step)
-                ex.update(t_ex)
+            ex = dict(mb.extras)
+            p_ex, m = path.mini_batch_inputs(ctx, mb, hp, loss, step)   # under the weights of this moment
+            ex.update(p_ex)
             for name in sorted(stats):
                 ex[name] = stats[name](ex, hp)
             batch = dataclasses.replace(mb.seqs.batch, extras=ex).pad_rows_to_multiple(multiple)
@@ -227,22 +236,22 @@ def actor_metrics(res) -> dict:
     return {f"actor/{k}" if "/" not in k else k: v for k, v in res.to_dict().items()}
 
 
-_SUMMED = ("time/", "teacher/sequences", "teacher/rows", "teacher/tokens")
-_LAST = ("teacher/syncs",)
 _PER_STEP_ONLY = ("epoch", "mini_batch", "rows")
 
 
-def mean_metrics(per_step: list[dict]) -> dict:
-    """One row from the optimizer steps of an RL step: means; timings and teacher token counts summed;
-    the teacher's sync counter as after the last one; ``actor/optimizer_steps`` = their number."""
+def mean_metrics(per_step: list[dict], summed: tuple[str, ...] = (), last: tuple[str, ...] = ()) -> dict:
+    """One row from the optimizer steps of an RL step: means; timings and the keys starting with one
+    of ``summed`` summed (the path's counts, ``DataPath.summed_metrics``); ``last`` as after the last
+    step (a path's counters); ``actor/optimizer_steps`` = their number."""
+    summed = ("time/", *summed)
     out: dict = {}
     for key in dict.fromkeys(k for m in per_step for k in m):   # every key, in the order first seen
         if key in _PER_STEP_ONLY:
             continue
         vals = [float(m[key]) for m in per_step if key in m]
-        if key in _LAST:
+        if key in last:
             out[key] = vals[-1]
-        elif key.startswith(_SUMMED):
+        elif key.startswith(summed):
             out[key] = sum(vals)
         else:
             out[key] = sum(vals) / len(vals)
@@ -250,7 +259,7 @@ def mean_metrics(per_step: list[dict]) -> dict:
     return out
 
 
-def _log_optimizer_steps(run, step: int, per_step: list[dict]) -> None:
+def _log_optimizer_steps(run: Run, step: int, per_step: list[dict]) -> None:
     """Driver: one row per optimizer step in ``run_dir/optimizer_steps.jsonl``."""
     if not run.info.is_driver:
         return

@@ -44,7 +44,8 @@ def build_seq_batch(prompts: list[list[int]], responses: list[list[int]], pad_id
 
 
 def sequences(run, prompts: list[list[int]], responses: list[list[int]], max_resp: int | None = None) -> SeqBatch:
-    """THE sequence batch of a step's ``prompt ++ response`` pairs on ``run``: right-padded with
+    """THE sequence batch of a step's ``prompt ++ response`` pairs on ``run`` (the ``Run``, or the
+    ``UpdateContext`` a data-path hook is handed: both carry ``cfg``, ``tok``, ``seq_len``): right-padded with
     ``run.tok.pad_id`` to ``run.seq_len`` (a multiple of 8 x TP), with a response frame of ``max_resp``
     tokens (default ``rollout.max_tokens``): :func:`build_seq_batch`."""
     max_resp = run.cfg.rollout.max_tokens if max_resp is None else max_resp

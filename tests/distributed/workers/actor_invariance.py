@@ -87,6 +87,7 @@ def minibatch_steps(actor, mbs: int) -> list[dict]:
 
     from megatron_rl import algorithms as A
     from megatron_rl.config import load_config
+    from megatron_rl.trainer.paths.context import SampleDump, UpdateContext
     from megatron_rl.trainer.paths.sampling import PlainPath
     from megatron_rl.trainer.pipeline.update import Rows, optimizer_steps
     from megatron_rl.trainer.pipeline.update_stage import build_seq_batch, response_frame
@@ -107,7 +108,7 @@ def minibatch_steps(actor, mbs: int) -> list[dict]:
     rows = Rows(sb, {"rewards": rewards, "group_ids": gids, "advantages": adv, "old_logp": old, "ref_logp": old.clone(),
                      "resp_pos": sb.resp_pos, "resp_mask": sb.resp_mask})
     run = types.SimpleNamespace(cfg=cfg, info=info, actor=actor, path=PlainPath(cfg, None), micro=m)
-    out = optimizer_steps(run, rows, hp, step=1)
+    out = optimizer_steps(run, rows, hp, step=1, ctx=UpdateContext(actor, info, m, SampleDump(0, False, None, ""), cfg, None))
     return [{k: float(r[k]) for k in ("actor/loss", "actor/grad_norm", "actor/ppo_kl", "actor/lr", "mini_batch", "rows")}
             for r in out]
 

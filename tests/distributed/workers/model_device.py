@@ -45,7 +45,7 @@ def main(hf_dir: str, out: str) -> None:
     from megatron_rl.runtime.parallel import init_parallel
     from megatron_rl.trainer.policy.actor import PolicyActor, ReferencePolicy
     from megatron_rl.trainer.policy.optim import OptimSpec
-    from megatron_rl.trainer.teacher import TeacherWeights
+    from megatron_rl.trainer.paths.teacher.weights import TeacherWeights
     from tests.helpers.actor_common import fixed_batch
 
     info = init_parallel(1, 1, seed=7)

@@ -1,4 +1,4 @@
-"""Worker: packed teacher passes (trainer/support.teacher_pass) equal direct single-sequence
+"""Worker: packed teacher passes (trainer/paths/teacher/support.teacher_pass) equal direct single-sequence
 computations of the same conditioned inputs, for several samples and every K = 1..4.
 
 Usage: torchrun --nproc_per_node=N teacher_pass.py HF_DIR TP:PP [TP:PP ...]
@@ -16,9 +16,9 @@ import sys
 import torch
 
 from megatron_rl.trainer.pipeline.batch import make_batch
-from megatron_rl.trainer.support import teacher_pass
-from megatron_rl.trainer.teacher import TeacherWeights
-from megatron_rl.trainer.teacher_inputs import pack
+from megatron_rl.trainer.paths.teacher.inputs import pack
+from megatron_rl.trainer.paths.teacher.support import teacher_pass
+from megatron_rl.trainer.paths.teacher.weights import TeacherWeights
 from tests.helpers.actor_common import VOCAB, build_actor
 
 TOL = 1e-5

@@ -161,6 +161,7 @@ def probe_teacher(cfg, client) -> dict:
     from megatron_rl.trainer.loop.rollout_source import open_source
     from megatron_rl.trainer.loop.setup import setup_run
     from megatron_rl.trainer.paths import path_class
+    from megatron_rl.trainer.paths.context import PathSetup
     from megatron_rl.trainer.pipeline.batch import make_batch
     from megatron_rl.trainer.pipeline.update import OPTIMIZER_STEPS_FILE
     from megatron_rl.trainer.pipeline.update_stage import response_frame
@@ -170,9 +171,9 @@ def probe_teacher(cfg, client) -> dict:
         after each optimizer step, and what each support pass was handed (rows, teacher sequences,
         their owners)."""
 
-        def setup(self, run):
-            super().setup(run)
-            self.params = [p for m in run.actor.bare_models() for p in m.parameters()]
+        def setup(self, ctx):
+            super().setup(ctx)
+            self.params = [p for m in ctx.actor.bare_models() for p in m.parameters()]
             self.weights, self.teachers, self.passes = [], [], []
             self._record()
 
@@ -181,8 +182,8 @@ def probe_teacher(cfg, client) -> dict:
             shadow = self.teacher.shadow if self.teacher.has_shadow else self.params
             self.teachers.append([t.detach().clone() for t in shadow])
 
-        def teacher_sequences(self, rows, step):
-            seqs, owner = super().teacher_sequences(rows, step)
+        def teacher_sequences(self, ctx, rows, step):
+            seqs, owner = super().teacher_sequences(ctx, rows, step)
             self.passes.append((rows, seqs, owner))
             return seqs, owner
 
@@ -193,13 +194,13 @@ def probe_teacher(cfg, client) -> dict:
     rn = setup_run(cfg, client=client)
     rn.path.close()
     rec = Recording(cfg, rn.tok)
-    rec.setup(rn)
-    rn.path = rec
-    rn.source = open_source(rn)
+    rec.setup(PathSetup(rn.actor, rn.info.is_driver))
+    rn = dataclasses.replace(rn, path=rec)     # the run is frozen: the same components, this path
+    rn.state.source = open_source(rn)
     try:
         rn.logger.log(1, rl_step(rn, 1))
     finally:
-        rn.source.close()
+        rn.state.source.close()
         rn.close(own_client=False)
     assert len(rec.weights) == len(rec.passes) + 1, (len(rec.weights), len(rec.passes))
 

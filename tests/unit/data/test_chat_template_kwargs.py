@@ -14,8 +14,8 @@ from megatron_rl.data.dataset import PromptDataset
 from megatron_rl.data.tokenizer import load_tokenizer
 from megatron_rl.trainer.loop import rollout_stage as R
 from megatron_rl.trainer.paths.bicc import BiccLayout, bicc_inputs
+from megatron_rl.trainer.paths.teacher.inputs import ChatHintTemplate
 from megatron_rl.trainer.paths.two_attempts import second_turn
-from megatron_rl.trainer.teacher_inputs import ChatHintTemplate
 from tests.helpers.chat_fixture import SYSTEM, question, solution, write_chat_task
 
 OFF = "<think>\n\n</think>\n\n"

@@ -60,7 +60,7 @@ def test_engine_gpus_are_the_trainers_or_the_ones_after_them():
 def test_cpu_colocated_is_for_the_hf_engine_only():
     assert check_placement(_cfg(placement="colocated", engine="hf"), False, 0, 1, 1) == "ray"
     assert check_placement(_cfg(placement="separate"), False, 0, 1, 1) == "gloo"
-    with pytest.raises(ValueError, match="vLLM-CPU has no sleep mode"):
+    with pytest.raises(ValueError, match="rollout.engine=vllm needs CUDA: it has no sleep mode without it"):
         check_placement(_cfg(placement="colocated"), False, 0, 1, 1)
 
 

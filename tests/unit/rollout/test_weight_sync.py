@@ -61,14 +61,14 @@ def test_source_times_the_producer():
 
 
 def test_backend_choice_and_clear_refusals():
-    from megatron_rl.rollout.trainer_engines import resolve_backend
+    from megatron_rl.rollout.transport import resolve_backend
 
     assert resolve_backend("auto", "vllm", cuda=False) == "gloo"
     assert resolve_backend("auto", "vllm", cuda=True) == "nccl"
     assert resolve_backend("auto", "hf", cuda=False) == "ray"
     assert resolve_backend("ray", "vllm", cuda=False) == "ray"
     for req, eng, cuda, world, msg in [("ipc", "vllm", False, 1, "needs CUDA"), ("nccl", "vllm", False, 1, "needs CUDA"),
-                                       ("gloo", "hf", False, 1, "needs rollout.engine=vllm"),
+                                       ("gloo", "hf", False, 1, "the hf engine accepts only ray"),
                                        ("ipc", "vllm", True, 2, "single trainer process"),
                                        ("shm", "vllm", False, 1, "must be one of")]:
         with pytest.raises(ValueError, match=msg) as e:

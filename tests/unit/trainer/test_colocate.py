@@ -108,7 +108,7 @@ def test_separate_placement_takes_no_turns(model_dir):
     calls: list[str] = []
     eng = RecordingEngine(str(model_dir), calls)
     cfg = from_dict({"rollout": {"placement": "separate"}})
-    colo = build_colocation(SimpleNamespace(cfg=cfg, client=eng, actor=None, info=SimpleNamespace(is_driver=True)))
+    colo = build_colocation(cfg, None, eng)
     assert not colo.active
     colo.start()
     for hook in ("after_generate", "before_push", "after_push", "after_push"):   # no turns to keep either
@@ -119,8 +119,8 @@ def test_separate_placement_takes_no_turns(model_dir):
 def test_colocated_placement_drives_the_engines_from_the_driver_only(model_dir):
     cfg = from_dict({"rollout": {"placement": "colocated", "engine": "hf"}})
     actor = SimpleNamespace(offload=lambda mode=None: None, onload=lambda: None, offload_mode="optimizer")
-    driver = build_colocation(SimpleNamespace(cfg=cfg, client="pool", actor=actor, info=SimpleNamespace(is_driver=True)))
-    other = build_colocation(SimpleNamespace(cfg=cfg, client=None, actor=actor, info=SimpleNamespace(is_driver=False)))
+    driver = build_colocation(cfg, actor, "pool")
+    other = build_colocation(cfg, actor, None)
     assert driver.active and driver.engines == "pool" and other.engines is None
     assert driver.offload_trainer is actor.offload and driver.onload_trainer is actor.onload
 
@@ -132,7 +132,7 @@ def test_offload_all_parks_the_weights_after_the_push_and_checkpoints_see_a_load
     calls: list[str] = []
     actor = SimpleNamespace(offload=lambda mode=None: calls.append(f"offload({mode})"),
                             onload=lambda: calls.append("onload"), offload_mode="all")
-    colo = build_colocation(SimpleNamespace(cfg=cfg, client=None, actor=actor, info=SimpleNamespace(is_driver=False)))
+    colo = build_colocation(cfg, actor, None)
     colo.barrier = lambda: None
     colo.start()
     colo.after_generate()

@@ -32,6 +32,7 @@ from megatron_rl.config import load_config
 from megatron_rl.trainer.policy.actor import TrainStepResult
 from megatron_rl.trainer.pipeline.objective import SupportObjective
 from megatron_rl.trainer.paths import DataPath
+from megatron_rl.trainer.paths.context import SampleDump, UpdateContext
 from megatron_rl.trainer.pipeline.update import Rows, mean_metrics, mini_batches, optimizer_steps
 from megatron_rl.trainer.pipeline.update_stage import build_seq_batch
 
@@ -261,7 +262,7 @@ class CountingPath(DataPath):
         super().__init__(cfg, tok=None)
         self.steps_after = 0
 
-    def collect(self, step):
+    def collect(self, ctx, step):
         raise AssertionError("not used by optimizer_steps")
 
     def after_optimizer_step(self) -> None:
@@ -275,9 +276,10 @@ def _cfg(kind: str, *extra: str):
 
 def _run(cfg, lr: float = LR):
     """What ``optimizer_steps`` reads of a Run: cfg, info (dp, driver), path, actor, micro (the padded rows)."""
-    return types.SimpleNamespace(cfg=cfg, info=types.SimpleNamespace(dp=1, tp=1, is_driver=True),
-                                 micro=cfg.trainer.rows_per_micro_batch,
-                                 path=CountingPath(cfg), actor=SoftmaxActor(lr=lr))
+    info, micro, actor = types.SimpleNamespace(dp=1, tp=1, is_driver=True), cfg.trainer.rows_per_micro_batch, SoftmaxActor(lr=lr)
+    ctx = UpdateContext(actor, info, micro, SampleDump(0, True, None, ""), cfg, None)   # what the path's hooks are handed
+    return types.SimpleNamespace(cfg=cfg, info=info, micro=micro, path=CountingPath(cfg), actor=actor,
+                                 update_context=lambda: ctx)
 
 
 def _old_logp() -> torch.Tensor:
@@ -332,7 +334,8 @@ def test_mean_metrics():
             "teacher/syncs": 1.0, "epoch": 0, "mini_batch": 0, "rows": 2, "actor/once": 4.0},
            {"actor/loss": 3.0, "actor/pg_clipfrac": 0.5, "time/step": 0.25, "teacher/tokens": 6.0,
             "teacher/syncs": 2.0, "epoch": 0, "mini_batch": 1, "rows": 2}]
-    assert mean_metrics(per) == {"actor/loss": 2.0, "actor/pg_clipfrac": 0.25, "time/step": 0.75,
+    summed, last = ("teacher/sequences", "teacher/rows", "teacher/tokens"), ("teacher/syncs",)  # the teacher path's
+    assert mean_metrics(per, summed, last) == {"actor/loss": 2.0, "actor/pg_clipfrac": 0.25, "time/step": 0.75,
                                  "teacher/tokens": 16.0, "teacher/syncs": 2.0, "actor/once": 4.0,
                                  "actor/optimizer_steps": 2.0}
 
@@ -370,13 +373,13 @@ def test_ppo_dual_clip_two_mini_batches_by_hand():
 
 def test_rlcsd_two_path_clip_by_hand():
     """rlcsd (two-path plain clip, ε 0.2, η 0.5, token-sum with the mini-batch's own N_non / N_sel),
-    teacher tensors supplied in the rows (no teacher: no support pass); both paths clip on mini-batch 2."""
+    teacher tensors supplied in the rows (a path without a per-mini-batch input hook: no support pass); both paths clip on mini-batch 2."""
     cfg = _cfg("rlcsd", f"algo.rlcsd.eta={ETA}")
     hp = cfg.algo.hparams
     assert (hp.clip_low, hp.eta, hp.tau, hp.beta, hp.lam, hp.delta, hp.loss_agg_mode, hp.kl_loss_coef) == \
         (RLCSD_EPS, ETA, 0.02, 1.0, 0.5, 0.02, "token-sum", 0.0)
     run, rows = _run(cfg), _rows(ADV_RLCSD, teacher=True)
-    assert run.path.teacher is None
+    assert type(run.path).mini_batch_inputs is DataPath.mini_batch_inputs    # no support pass of its own
     per = optimizer_steps(run, rows, hp, step=1)
     calls = run.actor.calls
 
@@ -402,6 +405,43 @@ def test_rlcsd_two_path_clip_by_hand():
     other = _hand_rlcsd([[0, 1], [2, 3]], counts=(3, 7))
     assert abs(other[0][0]["actor/loss"] - per[0]["actor/loss"]) > 1e-2
     assert abs(other[1][0]["actor/loss"] - per[1]["actor/loss"]) > 1e-2
+
+
+class TeacherTensorsPath(CountingPath):
+    """A path that hands the RLCSD teacher tensors to each mini-batch through its ``mini_batch_inputs``
+    hook (as the teacher family's support passes do), keyed by the mini-batch's rows."""
+
+    def __init__(self, cfg, full: Rows):
+        super().__init__(cfg)
+        self.full, self.seen = full, []
+
+    def mini_batch_inputs(self, ctx, rows, hp, loss, step):
+        # which rows: matched by their advantages (distinct in ADV_RLCSD), not by the mini-batch's order
+        idx = [int(torch.nonzero(self.full.extras["advantages"] == a)[0, 0]) for a in rows.extras["advantages"]]
+        self.seen.append((idx, ctx.micro, loss, step))
+        keys = ("teacher_logp", "teacher_neg_logp", "teacher_neg_mask")
+        return {k: self.full.extras[k][idx] for k in keys}, {"teacher/rows": float(len(idx))}
+
+
+def test_mini_batch_inputs_hook_feeds_the_loss_per_mini_batch():
+    """The same two RLCSD optimizer steps (the hand-computed ones) when the teacher tensors come from
+    the path's ``mini_batch_inputs`` hook per mini-batch instead of the rows; the hook sees each
+    mini-batch's rows in order, the update context and the loss; its metrics join the step's."""
+    cfg = _cfg("rlcsd", f"algo.rlcsd.eta={ETA}")
+    hp, full = cfg.algo.hparams, _rows(ADV_RLCSD, teacher=True)
+    run = _run(cfg)
+    path = TeacherTensorsPath(cfg, full)
+    run.path = path
+    bare = _rows(ADV_RLCSD)
+    per = optimizer_steps(run, bare, hp, step=1)
+    assert [(i, loss, step) for i, _, loss, step in path.seen] == [([0, 1], "rlcsd", 1), ([2, 3], "rlcsd", 1)]
+    assert all(m == cfg.trainer.rows_per_micro_batch for _, m, _, _ in path.seen)
+    assert [m["teacher/rows"] for m in per] == [2.0, 2.0] and path.steps_after == 2
+    for m, c, (want, theta, _) in zip(per, run.actor.calls, _hand_rlcsd([[0, 1], [2, 3]])):
+        _close(m, want)
+        assert c["theta"] == pytest.approx(theta, abs=1e-6)
+    # the rows themselves carried no teacher tensor: the loss read the hook's
+    assert "teacher_logp" not in bare.extras and "teacher_logp" in run.actor.calls[0]["batch"].extras
 
 
 def test_two_epochs_four_optimizer_steps_in_order():

@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[3]
 ADVANTAGE = '''"""A new advantage estimator in one file: A_i = r_i − mean of its group's rewards."""
 import json
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -44,7 +45,8 @@ CALLS = [0]
 def mean_baseline(x, hp):
     CALLS[0] += 1
     if os.environ.get("MRL_DEMO_RESULT"):
-        Path(os.environ["MRL_DEMO_RESULT"]).write_text(json.dumps({"calls": CALLS[0], "hparams": hp.to_dict()}))
+        Path(os.environ["MRL_DEMO_RESULT"]).write_text(json.dumps({"calls": CALLS[0], "hparams": hp.to_dict(),
+                                                                         "vllm_imported": "vllm" in sys.modules}))
     g = x.group_ids
     total = torch.zeros(int(g.max()) + 1, dtype=x.rewards.dtype).index_add_(0, g, x.rewards)
     return x.rewards - (total / torch.bincount(g).to(x.rewards.dtype))[g]
@@ -73,8 +75,8 @@ register_input("resp_frac", ("N",), "float", "the response's share of rollout.ma
 class RespFracPath(get_path("plain")):
     provides = BASE_INPUTS | {"resp_frac"}
 
-    def sampled(self, data, step):
-        s = super().sampled(data, step)
+    def sampled(self, ctx, data, step):
+        s = super().sampled(ctx, data, step)
         t = self.cfg.rollout.max_tokens
         s.extras["resp_frac"] = torch.tensor([min(len(r), t) / t for r in data.responses])
         return s
@@ -197,6 +199,7 @@ def test_plugin_method_with_its_own_input_trains_through_the_cli(plugins, tmp_pa
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
     res = json.loads(result.read_text())
     assert res["calls"] == 2 and res["hparams"]["frac_weight"] == 0.25
+    assert res["vllm_imported"] is False   # the HF engine's run: the driver imports no engine library it does not use
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["plugins"] == ["mrl_mean_baseline", "mrl_frac_method"]
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]

@@ -10,9 +10,7 @@ import pytest
 import torch
 
 from megatron_rl import algorithms as A
-from megatron_rl.trainer.pipeline.batch import make_batch
-from megatron_rl.trainer.teacher import TeacherWeights
-from megatron_rl.trainer.teacher_inputs import (
+from megatron_rl.trainer.paths.teacher.inputs import (
     ChatHintTemplate,
     InlineHintTemplate,
     pack,
@@ -20,6 +18,8 @@ from megatron_rl.trainer.teacher_inputs import (
     plan_hints,
     truncate_left,
 )
+from megatron_rl.trainer.paths.teacher.weights import TeacherWeights
+from megatron_rl.trainer.pipeline.batch import make_batch
 from megatron_rl.trainer.policy.vocab_parallel import (
     vocab_parallel_gather_logprobs,
     vocab_parallel_topk,

@@ -2,13 +2,14 @@
 as hints, docs/methods/self-distillation.md) and ``gt_teacher`` (opsd, sdpo, srpo, rlsd; the dataset's solution, docs/methods/self-distillation.md).
 
 Each owns the teacher: its hint template (built at start-up from ``teacher.template``), its shadow
-weights θ̄ (``TeacherWeights``, built in ``setup`` from the typed ``TeacherHParams``; checkpointed
+weights θ̄ (``weights.TeacherWeights``, built in ``setup`` from the typed ``TeacherHParams``; checkpointed
 beside the model, counters in the extra state) and the packing decision. Collection is the plain
 sampling round. In the update pipeline (``trainer/pipeline/update.py``) the path plans the teacher prompts on
 the whole batch after the advantages (docs/methods/self-distillation.md step 5: the RLCSD family drops samples there;
 advantages were computed before, on full groups) and keeps the surviving rows with their plan
-(``train_rows``); per mini-batch the pipeline asks it for those rows' teacher sequences
-(``teacher_sequences``) and runs them under θ̄ of that moment, and after each optimizer step the
+(``train_rows``); per mini-batch the pipeline asks it for those rows' support inputs
+(``mini_batch_inputs``: their teacher sequences, ``teacher_sequences``, run under θ̄ of that moment
+by ``support.py``), and after each optimizer step the
 schedule advances (``after_optimizer_step``: EMA, snapshot counter — optimizer steps, docs/methods/self-distillation.md).
 """
 from __future__ import annotations
@@ -20,8 +21,12 @@ import random
 
 from megatron_rl.algorithms.hparams import HintHParams, TeacherHParams
 
-from . import BASE_INPUTS, register_path
-from .sampling import PlainPath
+from .. import BASE_INPUTS, register_path
+from ..context import PathSetup, UpdateContext
+from ..sampling import PlainPath
+from .inputs import SOLUTION_KEYS, make_template, plan_gt, plan_hints, template_name, truncate_left
+from .support import teacher_tensors
+from .weights import TeacherWeights
 
 log = logging.getLogger("megatron_rl.setup")
 
@@ -39,12 +44,14 @@ class TeacherPath(PlainPath):
 
     hparams = TeacherHParams
 
-    def __init__(self, cfg, tok):
-        from megatron_rl.trainer.teacher_inputs import make_template
+    #: the support passes' counts are summed over the step's optimizer steps, the sync counter is the last
+    summed_metrics = ("teacher/sequences", "teacher/rows", "teacher/tokens")
+    last_metrics = ("teacher/syncs",)
 
+    def __init__(self, cfg, tok):
         super().__init__(cfg, tok)
         self.template = make_template(cfg.teacher.template, tok)
-        self.teacher = None
+        self.teacher: TeacherWeights | None = None   # built in ``setup`` (the actor's parameters)
         self.packed = True
 
     @classmethod
@@ -66,34 +73,30 @@ class TeacherPath(PlainPath):
     def row_fields(cls, cfg) -> list[tuple[tuple[str, ...], str]]:
         """The chat teacher prompt shows the row's reference solution (the inline one only the answer):
         without it the teacher would silently see the bare answer as its "solution"."""
-        from megatron_rl.trainer.teacher_inputs import SOLUTION_KEYS, template_name
-
         tok_dir = cfg.model.tokenizer_path or cfg.model.hf_path
         if not cls.shows_solution(cfg.algo.hparams) or template_name(cfg.teacher.template, tok_dir) != "chat":
             return []
         return [(SOLUTION_KEYS, f"the reference solution of algo.kind={cfg.algo.kind}'s teacher prompt (teacher.template=chat)")]
 
-    def setup(self, run) -> None:
-        from megatron_rl.trainer.teacher import TeacherWeights
-
-        super().setup(run)
+    def setup(self, ctx: PathSetup) -> None:
+        super().setup(ctx)
         hp = self.hp
-        self.teacher = TeacherWeights(run.actor, hp.teacher_mode, hp.teacher_sync_interval, hp.ema_decay)
+        self.teacher = TeacherWeights(ctx.actor, hp.teacher_mode, hp.teacher_sync_interval, hp.ema_decay)
         pack = self.cfg.teacher.pack   # decided from the backend the actor was built with (one resolution)
-        self.packed = pack == "on" or (pack == "auto" and run.actor.backend == "local")
+        self.packed = pack == "on" or (pack == "auto" and ctx.actor.backend == "local")
         log.info("teacher passes: %s", "packed (block-diagonal attention)" if self.packed
                  else "one sequence per row (Transformer Engine attention)")
 
     @abc.abstractmethod
     def plan(self, ro, step: int):
-        """The step's teacher plan (``teacher_inputs.TeacherPlan``)."""
+        """The step's teacher plan (``inputs.TeacherPlan``)."""
 
-    def train_rows(self, s, rows, lp, step: int, metrics: dict):
+    def train_rows(self, ctx: UpdateContext, s, rows, lp, step: int, metrics: dict):
         """The plan's kept rows (their own, shorter padding) with the plan; none survive: the update is
         skipped and the teacher counter stays (docs/methods/self-distillation.md)."""
         from megatron_rl.trainer.pipeline import update_stage as U
 
-        ro, run = s.ro, self.run
+        ro = s.ro
         plan = self.plan(ro, step)
         metrics.update({"teacher/kept_frac": len(plan.keep) / len(ro),
                         "teacher/dropped_groups": plan.dropped_groups, "teacher/dropped_targets": plan.dropped_targets,
@@ -104,24 +107,26 @@ class TeacherPath(PlainPath):
             return rows.select([])
         keep = plan.keep
         sub = ro.select(keep)
-        seqs = U.sequences(run, sub.prompts, sub.responses)
+        seqs = U.sequences(ctx, sub.prompts, sub.responses)
         ex = {k: v[keep] for k, v in rows.extras.items()}
         ex.update({"group_ids": sub.group_ids, "resp_pos": seqs.resp_pos, "resp_mask": seqs.resp_mask})
         return dataclasses.replace(rows, seqs=seqs, extras=ex, ro=sub, plan=plan)
 
-    def teacher_sequences(self, rows, step: int) -> tuple[list[tuple], list[tuple[int, int]]]:
+    def mini_batch_inputs(self, ctx: UpdateContext, rows, hp, loss: str, step: int) -> tuple[dict, dict]:
+        """The support passes of the mini-batch ``rows`` under θ̄ of this moment (``support.py``)."""
+        return teacher_tensors(ctx, self, rows, hp, loss, step)
+
+    def teacher_sequences(self, ctx: UpdateContext, rows, step: int) -> tuple[list[tuple], list[tuple[int, int]]]:
         """The teacher's (prompt, response) pairs of ``rows``, prompts left-truncated to fit
         ``max_model_len``, and each pair's owner ``(row j, slot)``: slot 0 the positive context, slot
         s > 0 negative s."""
-        from megatron_rl.trainer.teacher_inputs import truncate_left
-
         seqs, owner = [], []
         for j, prompts in enumerate(rows.plan.prompts):
             resp = rows.ro.responses[j]
             for slot, prompt in enumerate(prompts):
                 seqs.append((truncate_left(list(prompt), resp, self.cfg.rollout.max_model_len), resp))
                 owner.append((j, slot))
-        self.run.dump_samples(step, "teacher", [list(p) + list(r) for p, r in seqs])
+        ctx.samples(step, "teacher", [list(p) + list(r) for p, r in seqs])
         return seqs, owner
 
     def after_optimizer_step(self) -> None:
@@ -148,8 +153,6 @@ class HintsPath(TeacherPath):
         return hp.source == "gt_cot"     # positive hint = the reference solution (else a correct sibling)
 
     def plan(self, ro, step: int):
-        from megatron_rl.trainer.teacher_inputs import plan_hints
-
         return plan_hints(ro, self.template, k_max=self.hp.k_max, source=self.hp.source,
                           rng=step_rng(self.cfg.trainer.seed, step))
 
@@ -164,6 +167,4 @@ class GtTeacherPath(TeacherPath):
         return True
 
     def plan(self, ro, step: int):
-        from megatron_rl.trainer.teacher_inputs import plan_gt
-
         return plan_gt(ro, self.template)

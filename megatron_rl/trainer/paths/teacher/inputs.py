@@ -1,6 +1,6 @@
 """Teacher inputs of the self-distillation methods: hint plans, teacher prompts, packed sequences.
 
-Data paths (``trainer/paths/teacher.py``; ``plan_hints`` / ``plan_gt``):
+Data paths (``path.py``; ``plan_hints`` / ``plan_gt``):
 
 * ``rlcsd_hints`` (rlcsd, opsd_ectr, rlsd_ectr; docs/methods/self-distillation.md): hints are sibling rollouts. Groups
   without a correct and a usable (answer-bearing) incorrect rollout are dropped, targets whose

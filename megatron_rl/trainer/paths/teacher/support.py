@@ -1,8 +1,8 @@
-"""Support passes of the update pipeline: teacher forwards under the path's teacher weights, and the
-student's top-k pass when the loss lets the student choose the support (``trainer/pipeline/update.py`` calls
-:func:`teacher_tensors` once per mini-batch, at update time).
+"""Support passes of the teacher family: teacher forwards under the path's teacher weights, and the
+student's top-k pass when the loss lets the student choose the support (the path's
+``mini_batch_inputs`` hook calls :func:`teacher_tensors` once per mini-batch, at update time).
 
-    path.teacher_sequences(rows) -> packed rows (``teacher_inputs.pack``)
+    path.teacher_sequences(rows) -> packed rows (``inputs.pack``)
       -> forward under θ̄ (``path.teacher.swapped()``, no grad) -> per-sequence results in the response frame
 
 What runs is read from the loss's registration, never from a method name: its top-k ``support`` side
@@ -26,8 +26,10 @@ import torch
 
 from megatron_rl import algorithms as A
 from megatron_rl.trainer.pipeline.packing import TokenBudget
-from megatron_rl.trainer.teacher_inputs import Packed, attention_crossover, pack
 from megatron_rl.trainer.policy.vocab_parallel import with_tail
+
+from ..context import UpdateContext
+from .inputs import Packed, attention_crossover, pack
 
 
 def _teacher_micro_batch(rows: int, dp: int, mbs, row_len: int) -> int:
@@ -60,7 +62,7 @@ def teacher_pass(actor, teacher, pk: Packed, dp: int, mbs, *, k: int | None = No
                  index: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """One packed forward under θ̄; results per sequence in the response frame ``[M, R(, k)]``.
 
-    The rows (decreasing width, ``teacher_inputs.pack``) run in ranges of whole micro-batches, each
+    The rows (decreasing width, ``inputs.pack``) run in ranges of whole micro-batches, each
     narrowed to its widest row (``TrainBatch.narrow``: the cut columns are padding in every row of the
     range), so a micro-batch of short rows does not pay for the longest row's width; logits and the
     vocab passes only at the response targets (``forward_support(masked=True)``)."""
@@ -85,27 +87,27 @@ def teacher_pass(actor, teacher, pk: Packed, dp: int, mbs, *, k: int | None = No
     return {name: pk.gather(torch.cat(vs, 0)) for name, vs in parts.items()}
 
 
-def teacher_tensors(run, path, rows, hp, loss: str, step: int) -> tuple[dict, dict]:
+def teacher_tensors(ctx: UpdateContext, path, rows, hp, loss: str, step: int) -> tuple[dict, dict]:
     """The mini-batch ``rows``' teacher quantities in the response frame (their ``extras`` entries,
     ``support_idx`` in the target frame) and the pass metrics. Teacher sequences and weights are the
-    path's (``path.teacher_sequences(rows, step)``, ``path.teacher``, ``path.packed``)."""
-    cfg = run.cfg
+    path's (``path.teacher_sequences(ctx, rows, step)``, ``path.teacher``, ``path.packed``)."""
+    cfg = path.cfg
     chooser = A.loss_support(loss)
     top_k = hp.top_k if chooser is not None else None   # support losses' hparams carry top_k
     t0 = time.perf_counter()
-    seqs, owner = path.teacher_sequences(rows, step)
-    packer = functools.partial(pack, max_resp=cfg.rollout.max_tokens, pad_id=run.tok.pad_id,
+    seqs, owner = path.teacher_sequences(ctx, rows, step)
+    packer = functools.partial(pack, max_resp=cfg.rollout.max_tokens, pad_id=path.tok.pad_id,
                                row_len=cfg.teacher.pack_len or cfg.rollout.max_model_len,
-                               multiple=8 * max(1, run.info.tp), packed=path.packed,
-                               group_rows=run.info.dp * (run.micro if isinstance(run.micro, int) else 1),
-                               attn_len=attention_crossover(run.actor.hf_cfg))
-    passer = functools.partial(teacher_pass, run.actor, path.teacher, dp=run.info.dp, mbs=run.micro)
+                               multiple=8 * max(1, ctx.info.tp), packed=path.packed,
+                               group_rows=ctx.info.dp * (ctx.micro if isinstance(ctx.micro, int) else 1),
+                               attn_len=attention_crossover(ctx.actor.hf_cfg))
+    passer = functools.partial(teacher_pass, ctx.actor, path.teacher, dp=ctx.info.dp, mbs=ctx.micro)
     if "teacher_neg_topk" in A.loss_inputs(loss, hp):
         ex, packs = _paired_passes(seqs, owner, packer, passer, top_k)
     else:
         student_idx = None
         if chooser == "student":        # the support is the student's top-k at the current θ
-            st = run.actor.forward_support(rows.seqs.batch, run.micro, k=top_k)
+            st = ctx.actor.forward_support(rows.seqs.batch, ctx.micro, k=top_k)
             student_idx = st["idx"].gather(1, rows.seqs.resp_pos[..., None].expand(-1, -1, top_k))
         k_neg = max((s for _, s in owner), default=0)
         ex, packs = _one_pass(seqs, owner, packer, passer, chooser, top_k, student_idx, len(rows), k_neg,

@@ -5,10 +5,10 @@ import random
 
 import torch
 
+from megatron_rl.trainer.paths.teacher.inputs import _cost, _ffd, attention_crossover, pack
+from megatron_rl.trainer.paths.teacher.support import _width_groups
 from megatron_rl.trainer.pipeline.batch import make_batch
 from megatron_rl.trainer.pipeline.packing import TokenBudget
-from megatron_rl.trainer.support import _width_groups
-from megatron_rl.trainer.teacher_inputs import _cost, _ffd, attention_crossover, pack
 
 
 def bench_step(seed: int = 0) -> list[tuple[list[int], list[int]]]:

@@ -1,0 +1,128 @@
+"""The engine registry: ``rollout.engine`` names a registered engine class, strict at both ends.
+
+An engine is one class satisfying :class:`~megatron_rl.rollout.engine.RolloutEngine` plus the
+weight-transfer call of its transports (``weight_transfer(method, **kwargs)``: vLLM's worker
+lifecycle ``init_weight_transfer_engine`` / ``start_weight_update`` / ``update_weights`` /
+``finish_weight_update`` / ``shutdown_weight_transfer_engine``, and ``"stats"``), registered with
+``@register_engine(name)`` and declaring what it can do in a class attribute ``CAPS``
+(:class:`EngineCaps`). The trainer, the start-up checks and the Ray bridge ask the class, never the
+name: which weight transports it accepts (and what its receiving side of each is called), whether
+its sleep frees memory and where, tensor parallelism, which optional ``rollout.*`` arguments it
+takes, which distributions its process imports.
+
+* Registering a name twice raises; an unknown name raises listing the sorted valid names.
+* The built-in engines register when ``megatron_rl.rollout`` is imported (``rollout/__init__.py``);
+  their modules import their libraries (vLLM, transformers) only when an engine is built, so asking
+  a class its capabilities imports neither.
+* An engine from outside the package registers when its module is imported: name the module in
+  the top-level ``plugins:`` key (``megatron_rl/plugins.py``). The engine actors (other processes,
+  without the config) build it from its import path (:func:`engine_path`), so that module must be
+  importable there too (``PYTHONPATH``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Mapping
+
+#: optional constructor arguments an engine may take from ``rollout.*`` (``trainer/loop/setup.client_args``)
+OPTIONS = frozenset({"kv_cache_gib", "enable_sleep_mode", "gpu_memory_utilization", "enforce_eager", "tensor_parallel_size"})
+WHERE = ("always", "cuda", "never")
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineCaps:
+    """What an engine class can do (the class attribute ``CAPS``).
+
+    Attributes:
+        transports: ``rollout.sync_backend`` value -> the engine's receiving side of that transport,
+            passed to the constructor as ``weight_transfer=`` (vLLM: the ``weight_transfer_config``
+            backend of its worker). The keys are the transports it accepts (``rollout/transport.py``).
+        sleep: where ``sleep()`` / ``wake()`` free and restore its memory (``rollout.placement=colocated``
+            needs it): always | cuda | never.
+        tensor_parallel: where ``tensor_parallel_size`` > 1 works: always | cuda | never.
+        full_logprobs_any_temperature: ``logprobs="full"`` at any temperature (False: only at 1).
+        options: the optional ``rollout.*`` constructor arguments it takes (subset of :data:`OPTIONS`);
+            every engine takes ``max_model_len``, ``seed``, ``dtype``, ``logprobs``, ``weight_transfer``.
+        requires: distributions its process imports whose versions the stack check pins (``stack.py``).
+        host_kv_cache_option: ``kv_cache_gib`` is host memory it allocates on a machine without CUDA
+            (checked against the host's memory at start-up).
+    """
+
+    transports: Mapping[str, str]
+    sleep: str = "never"
+    tensor_parallel: str = "never"
+    full_logprobs_any_temperature: bool = True
+    options: frozenset = frozenset()
+    requires: tuple[str, ...] = ()
+    host_kv_cache_option: bool = False
+
+    def __post_init__(self):
+        if not self.transports:
+            raise ValueError("EngineCaps.transports: an engine accepts at least one weight transport")
+        for field in ("sleep", "tensor_parallel"):
+            if getattr(self, field) not in WHERE:
+                raise ValueError(f"EngineCaps.{field} must be one of {'|'.join(WHERE)}, got {getattr(self, field)!r}")
+        if unknown := sorted(set(self.options) - OPTIONS):
+            raise ValueError(f"EngineCaps.options: unknown option(s) {unknown}; valid: {sorted(OPTIONS)}")
+
+    def sleeps(self, cuda: bool) -> bool:
+        """Whether ``sleep()`` frees memory on this machine."""
+        return self.sleep == "always" or (self.sleep == "cuda" and cuda)
+
+    def tp(self, cuda: bool) -> bool:
+        """Whether tensor parallelism > 1 runs on this machine."""
+        return self.tensor_parallel == "always" or (self.tensor_parallel == "cuda" and cuda)
+
+
+_ENGINES: dict[str, type] = {}
+
+
+def register_engine(name: str):
+    """Class decorator: ``rollout.engine=<name>`` builds this class (which must carry ``CAPS``)."""
+    def deco(cls: type) -> type:
+        if name in _ENGINES:
+            raise ValueError(f"rollout engine {name!r} is already registered (by {_ENGINES[name].__qualname__})")
+        if not isinstance(getattr(cls, "CAPS", None), EngineCaps):
+            raise TypeError(f"rollout engine {name!r}: {cls.__qualname__}.CAPS must be an EngineCaps")
+        _ENGINES[name] = cls
+        return cls
+    return deco
+
+
+def engine_names() -> list[str]:
+    """The registered engine names, sorted."""
+    return sorted(_ENGINES)
+
+
+def engine_class(name: str) -> type:
+    """The class registered as ``name``; ``ValueError`` naming the sorted valid names otherwise."""
+    try:
+        return _ENGINES[name]
+    except KeyError:
+        raise ValueError(f"rollout.engine: unknown engine {name!r}; registered: {', '.join(engine_names())} "
+                         "(an engine of your own registers from a module named in plugins:)") from None
+
+
+def caps(name: str) -> EngineCaps:
+    """``engine_class(name).CAPS``."""
+    return engine_class(name).CAPS
+
+
+def engine_path(name: str) -> str:
+    """``module:Class`` of the engine registered as ``name``: how an engine actor imports it."""
+    cls = engine_class(name)
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def make_engine(kind: str, model_dir: str, **kwargs):
+    """Build an engine: a registered name, or ``package.module:Class`` (an engine class imported by
+    path in the engine's own process — how an actor builds a plugin's engine, or the fault-injecting
+    engines of ``tests/helpers/sync_faults.py``)."""
+    if ":" in kind:
+        mod, _, cls = kind.partition(":")
+        obj = importlib.import_module(mod)
+        for part in cls.split("."):
+            obj = getattr(obj, part)
+        return obj(model_dir, **kwargs)
+    return engine_class(kind)(model_dir, **kwargs)
