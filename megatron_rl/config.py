@@ -200,10 +200,10 @@ class RolloutConfig:
     the weights of step max(0, t-1-k) (``trainer/loop/async_rollout.py``); corrected by ``algo.off_policy``."""
 
     def __post_init__(self):
-        from megatron_rl.rollout.registry import engine_class, engine_names
+        from megatron_rl.rollout.registry import engine_class, engine_names  # lazy: defers torch to the call
 
         caps = engine_class(self.engine).CAPS   # unknown: one line with the registered names
-        from megatron_rl.rollout.transport import backend_names
+        from megatron_rl.rollout.transport import backend_names  # lazy: defers torch to the call
 
         _check(self.sync_backend in backend_names(),
                f"rollout.sync_backend must be {'|'.join(backend_names())}, got {self.sync_backend!r}")

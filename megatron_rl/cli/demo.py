@@ -19,13 +19,23 @@ import sys
 import time
 from pathlib import Path
 
+from megatron_rl.algorithms import ALGO_KINDS, algo_kind
 from megatron_rl.data.synthetic import split_items, task_texts, write_task
 from megatron_rl.data.tokenizer import SentencePieceTokenizer
+from megatron_rl.models.provider import load_hf_config
+from megatron_rl.rollout.engine import SamplingParams
 from megatron_rl.runtime.console import format_summary, quiet_console
 from megatron_rl.runtime.launch_env import check_ray_address
+from megatron_rl.runtime.parallel import init_parallel
 from megatron_rl.runtime.usage import OneLineParser, begin_run
 from megatron_rl.trainer.loop.preflight import load_checked
+from megatron_rl.trainer.loop.rl_loop import run
 from megatron_rl.trainer.loop.setup import build_client
+from megatron_rl.trainer.paths import path_class
+from megatron_rl.trainer.paths.two_attempts import DEMO_INSTRUCTION
+from megatron_rl.trainer.policy.actor import PolicyActor
+from megatron_rl.trainer.policy.optim import OptimSpec
+from megatron_rl.trainer.policy.warmstart import warm_start
 from megatron_rl.trainer.state.run_dir import RUN_ARTIFACTS
 
 #: the demo's own tuning of a method to this task, measured (the rest follows from the method's
@@ -50,7 +60,6 @@ DEMO_TUNING = {
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="megatron-rl demo", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    from megatron_rl.algorithms import ALGO_KINDS  # lazy: defers torch to the call
 
     p.add_argument("--algo", default=os.environ.get("ALGO", "bicc_rcc"), choices=tuple(ALGO_KINDS),
                    help="RL method (any registered algo.kind)")
@@ -113,8 +122,6 @@ def check_demo_dir(run_dir: Path) -> None:
 
 
 def demo_config(args, run_dir: Path, paths: dict, hf_dir: Path):
-    from megatron_rl.algorithms import algo_kind  # lazy: defers torch to the call
-
     ov = [f"model.hf_path={hf_dir}", f"data.train={paths['train']}", f"data.val={paths['test']}",
           "data.prompts_per_step=32", "data.max_prompt_len=16", f"data.seed={args.seed}",
           f"rollout.engine={args.engine}", "rollout.n=8", "rollout.max_tokens=6", "rollout.max_model_len=128",
@@ -167,7 +174,6 @@ def main(argv: list[str] | None = None) -> int:
         sft_hf = warm_start_phase(cfg, run_dir, tok, args)
 
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, hf_path=str(sft_hf)))
-    from megatron_rl.trainer.loop.rl_loop import run  # lazy: defers torch to the call
 
     print(f"[demo] RL: algo={args.algo}, {args.steps} steps x {cfg.data.prompts_per_step} prompts x G={cfg.rollout.n}")
     summary = run(cfg, client=_CLIENT[0], overwrite=True,   # re-running the demo starts over (old run archived)
@@ -184,8 +190,6 @@ _CLIENT: list = [None]
 
 def reuse_warm_start(args, run_dir: Path):
     """``--init-from``: the earlier run's parquet files and ``sft_hf`` (which holds the tokenizer)."""
-    from megatron_rl.runtime.parallel import init_parallel  # lazy: defers torch to the call
-
     src = Path(args.init_from).resolve()
     paths = {s: src / "data" / f"{s}.parquet" for s in ("train", "val", "test")}
     missing = [str(p) for p in [*paths.values(), src / "sft_hf" / "config.json"] if not p.is_file()]
@@ -204,13 +208,6 @@ def reuse_warm_start(args, run_dir: Path):
 
 def warm_start_phase(cfg, run_dir: Path, tok, args) -> Path:
     """Supervised warm start on the Megatron actor; greedy eval through the (real) engines."""
-    from megatron_rl.models.provider import load_hf_config  # lazy: defers torch to the call
-    from megatron_rl.runtime.parallel import init_parallel  # lazy: defers torch to the call
-    from megatron_rl.trainer.paths import path_class  # lazy: defers torch to the call
-    from megatron_rl.trainer.policy.actor import PolicyActor  # lazy: defers torch to the call
-    from megatron_rl.trainer.policy.optim import OptimSpec  # lazy: defers torch to the call
-    from megatron_rl.trainer.policy.warmstart import warm_start  # lazy: defers torch to the call
-
     info = init_parallel(1, 1, seed=args.seed)
     client = _CLIENT[0] = build_client(cfg)
     hf_cfg = load_hf_config(cfg.model.hf_path)
@@ -238,8 +235,6 @@ def warm_start_phase(cfg, run_dir: Path, tok, args) -> Path:
     val = [([tok.bos_id] + enc(p), a) for p, a in items["val"]]
 
     def evaluate() -> float:
-        from megatron_rl.rollout.engine import SamplingParams  # lazy: defers torch to the call
-
         client.update_weights(actor.hf_weights())
         comps = client.generate([p for p, _ in val], SamplingParams(greedy=True, max_tokens=6, stop_token_ids=(tok.eos_id,)))
         return sum(tok.decode(c.response_ids) == val[c.prompt_index][1] for c in comps) / len(val)
@@ -272,8 +267,6 @@ def _score_warm_pairs(pairs: list, tok, seed: int) -> list:
     rewrite" instruction from pre-training, the tiny policy has never seen one, so every other
     warm-start example becomes a second turn whose first answer is right (1/2) or has 1-2 digits
     changed (1/2); the target is always the right answer."""
-    from megatron_rl.trainer.paths.two_attempts import DEMO_INSTRUCTION  # lazy: defers torch to the call
-
     rng, instr, digits = random.Random(seed + 7), tok.encode(DEMO_INSTRUCTION), [tok.encode(str(d))[0] for d in range(10)]
     out = list(pairs)
     for i in range(1, len(out), 2):

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import sys
 
+from megatron_rl.data.generate_cli import add_generate_parser, run_generate
+from megatron_rl.data.prepare.cli import add_prepare_parser, run_prepare
+from megatron_rl.runtime.diskspace import DiskSpaceError
+from megatron_rl.runtime.usage import OneLineParser, error_status
+
 
 def build_parser():
     """The ``megatron-rl data`` parser: one sub-command per action."""
-    from megatron_rl.data.generate_cli import add_generate_parser
-    from megatron_rl.data.prepare.cli import add_prepare_parser
-    from megatron_rl.runtime.usage import OneLineParser
-
     p = OneLineParser(prog="megatron-rl data", description="Make the papers' data sets: prepare a downloaded dataset "
                       "(verl parquet with the paper's prompt and reward, and a manifest), or generate a synthetic one.")
     sub = p.add_subparsers(dest="action", metavar="{prepare,generate}", required=True)
@@ -24,18 +25,12 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     a.argv = argv   # the command line, for the manifest
     if a.action == "generate":
-        from megatron_rl.data.generate_cli import run_generate
-
         return run_generate(a)
     return _run_prepare(a)
 
 
 def _run_prepare(a) -> int:
     """``prepare``: its errors as one line (2: arguments or input files; 1: a full disk)."""
-    from megatron_rl.data.prepare.cli import run_prepare
-    from megatron_rl.runtime.diskspace import DiskSpaceError
-    from megatron_rl.runtime.usage import error_status
-
     try:
         return run_prepare(a)
     except DiskSpaceError as e:

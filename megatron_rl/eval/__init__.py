@@ -30,7 +30,15 @@ import json
 import sys
 from pathlib import Path
 
+from tqdm import tqdm
+
+from megatron_rl.data.tokenizer import load_tokenizer
+from megatron_rl.eval.bench import check_bench_args, run_benchmarks
+from megatron_rl.eval.out_dir import check_eval_out, prepare_eval_out
 from megatron_rl.runtime.console import quiet_command
+from megatron_rl.runtime.diskspace import NotWritableError, check_writable
+from megatron_rl.runtime.path_kind import expect_hf
+from megatron_rl.runtime.usage import EXIT_USAGE, OneLineParser, error_status
 
 from .completions import check_completions, load_completions, load_rows, model_lengths, open_engine, score_responses
 from .metrics import pass_at_k, summarize
@@ -47,9 +55,7 @@ def run_eval(eval_parquet, completions_jsonl, k, out_dir, reward_by_source: dict
     ``k``: one k or several (mean@k and pass@k for each); ``n``: samples per row used (the first n of
     each row; default: all of them, at least max k). ``prepare_out``: called instead of creating
     ``out_dir`` once the inputs passed their checks (the CLI's ``--out`` rule, ``out_dir.py``)."""
-    from tqdm import tqdm
-
-    from megatron_rl.rewards.manager import RewardManager
+    from megatron_rl.rewards.manager import RewardManager  # lazy: defers torch to the call
 
     ks = tuple(sorted({k} if isinstance(k, int) else set(k)))
     rows = load_rows(eval_parquet)
@@ -82,9 +88,8 @@ def generate_completions(eval_parquet, model_dir, k: int, out_jsonl, max_tokens:
                          seed: int = 0) -> Path:
     """Sample k completions per row with a rollout engine (tokenizer from the model dir; prompts
     rendered with ``chat_template_kwargs``; each JSONL line also carries its rendered ``prompt``)."""
-    from megatron_rl.data.dataset import PromptDataset
-    from megatron_rl.data.tokenizer import load_tokenizer
-    from megatron_rl.rollout.engine import SamplingParams
+    from megatron_rl.data.dataset import PromptDataset  # lazy: defers torch to the call
+    from megatron_rl.rollout.engine import SamplingParams  # lazy: defers torch to the call
 
     tok = load_tokenizer(model_dir, chat_template_kwargs)
     ds = PromptDataset.from_parquet(eval_parquet, tok, max_prompt_len=4096)
@@ -118,7 +123,7 @@ def _check_args(a) -> str | None:
         return f"--temperature must be > 0, got {a.temperature}"
     if a.tp < 1:
         return f"--tp must be >= 1, got {a.tp}"
-    from megatron_rl.rollout.sampling import check_truncation
+    from megatron_rl.rollout.sampling import check_truncation  # lazy: defers torch to the call
 
     try:
         check_truncation(a.top_p, a.top_k, a.min_p, "--")
@@ -136,8 +141,6 @@ def _check_args(a) -> str | None:
         if path and not Path(path).is_file():
             return f"{flag} {path}: no such file"
     if a.model:
-        from megatron_rl.runtime.path_kind import expect_hf
-
         try:
             expect_hf(a.model, "--model")
         except (FileNotFoundError, NotADirectoryError) as e:
@@ -151,11 +154,11 @@ def _check_args(a) -> str | None:
 def _check_tp_here(tp: int, engine: str) -> str | None:
     """``--tp`` > 1 needs that many GPUs, or on CPU that many NUMA nodes (vLLM-CPU puts one TP rank
     per NUMA node and asserts otherwise, 60 lines into its start-up)."""
-    from megatron_rl.rollout.registry import caps
+    from megatron_rl.rollout.registry import caps  # lazy: defers torch to the call
 
     if tp <= 1 or caps(engine).tensor_parallel == "never":   # refused by generate_completions
         return None
-    from megatron_rl.runtime.device import gpu_count, has_cuda
+    from megatron_rl.runtime.device import gpu_count, has_cuda  # lazy: defers torch to the call
 
     if has_cuda():
         n = gpu_count()
@@ -171,8 +174,6 @@ def _check_tp_here(tp: int, engine: str) -> str | None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``megatron-rl eval`` parser (also read by the docs' generated CLI reference)."""
-    from megatron_rl.runtime.usage import OneLineParser
-
     p = OneLineParser(prog="megatron-rl eval", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", help="eval parquet (verl columns); or --benchmarks")
@@ -220,8 +221,6 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     a.k_given = a.k
     a.k = a.k or [a.n or 1]
-    from megatron_rl.runtime.diskspace import NotWritableError, check_writable
-    from megatron_rl.runtime.usage import EXIT_USAGE
 
     try:   # before the log file in --out is opened: a read-only --out is one line, not a logging traceback
         check_writable(a.out, "--out")
@@ -234,20 +233,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(a) -> int:
     """Check the parsed arguments, generate (``--model``) or read the completions, score, print the summary."""
-    from .bench import check_bench_args
-
     problem = check_bench_args(a) or _check_args(a)
-    from megatron_rl.runtime.usage import EXIT_USAGE, error_status
 
     if problem:
         print(f"megatron-rl eval: error: {problem}", file=sys.stderr)
         return EXIT_USAGE
 
-    from .out_dir import check_eval_out, prepare_eval_out
-
     if a.benchmarks:
-        from .bench import run_benchmarks
-
         try:
             check_eval_out(a.out, a.force)
             run_benchmarks(a, a.preset, a.bench_list)

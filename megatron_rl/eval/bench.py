@@ -23,7 +23,11 @@ import json
 import logging
 from pathlib import Path
 
-from megatron_rl.data.benchmarks import Benchmark, Preset
+from megatron_rl.data.benchmarks import Benchmark, Preset, missing_files, resolve
+from megatron_rl.eval.bench_model import sample_benchmarks
+from megatron_rl.eval.completions import check_completions, load_completions, load_rows, score_responses
+from megatron_rl.eval.out_dir import prepare_eval_out
+from megatron_rl.eval.table import bench_entry, render_markdown, summarize_table, two_attempt_entry
 
 log = logging.getLogger(__name__)
 
@@ -55,15 +59,11 @@ def bench_runs(benchmarks: list[Benchmark], preset: Preset | None, n: int | None
 
 
 def _read_rows(path) -> list[dict]:
-    from .completions import load_rows
-
     return load_rows(path)
 
 
 def completions_from_dir(cdir, run: BenchRun, rows: list, attempt: int = 1) -> list[list[str]]:
     """``C/<name>.jsonl`` (attempt 2: ``C/<name>.attempt2.jsonl``): the first n responses of each row."""
-    from .completions import check_completions, load_completions
-
     f = Path(cdir) / (f"{run.bench.name}.jsonl" if attempt == 1 else f"{run.bench.name}.attempt2.jsonl")
     if not f.is_file():
         raise FileNotFoundError(f"--completions-dir {cdir}: no {f.name} for benchmark {run.bench.name}")
@@ -74,10 +74,7 @@ def completions_from_dir(cdir, run: BenchRun, rows: list, attempt: int = 1) -> l
 
 def score_table(runs: list[BenchRun], rows: dict, first: dict, second: dict | None, reward_by_source=None):
     """``(summary, samples)``: every response scored by its row's reward; the table's numbers."""
-    from megatron_rl.rewards.manager import RewardManager
-
-    from .completions import score_responses
-    from .table import bench_entry, summarize_table, two_attempt_entry
+    from megatron_rl.rewards.manager import RewardManager  # lazy: defers torch to the call
 
     rm = RewardManager(reward_by_source, default="exact")
     entries, samples = {}, []
@@ -101,8 +98,6 @@ def score_table(runs: list[BenchRun], rows: dict, first: dict, second: dict | No
 
 def write_outputs(out, summary: dict, samples: list, meta: dict) -> str:
     """``summary.json`` (+ the run's settings), ``table.md``, ``samples.jsonl``; returns the markdown."""
-    from .table import render_markdown
-
     out = Path(out)
     md = render_markdown(summary)
     (out / "table.md").write_text(md)
@@ -115,8 +110,6 @@ def write_outputs(out, summary: dict, samples: list, meta: dict) -> str:
 
 def run_benchmarks(a, preset: Preset | None, benchmarks: list[Benchmark]) -> dict:
     """The whole ``--benchmarks`` run (arguments already checked); returns the summary."""
-    from .out_dir import prepare_eval_out
-
     runs = bench_runs(benchmarks, preset, a.n, a.k_given[0] if a.k_given else None)
     two = a.two_attempt or bool(preset and preset.two_attempt)
     rows = {r.bench.name: _read_rows(r.bench.path(a.data_dir)) for r in runs}
@@ -126,8 +119,6 @@ def run_benchmarks(a, preset: Preset | None, benchmarks: list[Benchmark]) -> dic
                   if two else None)
         prepare_eval_out(a.out, a.force, keep=a.completions_dir)
     else:
-        from .bench_model import sample_benchmarks
-
         prepare_eval_out(a.out, a.force)
         first, second = sample_benchmarks(a, runs, two)
     summary, samples = score_table(runs, rows, first, second)
@@ -142,8 +133,6 @@ def check_bench_args(a) -> str | None:
     """``--data`` xor ``--benchmarks`` (with ``--data-dir`` and every prepared file there); the
     sampling defaults (the preset's, else T 1.0, top-p 1.0, top-k -1); greedy only with n 1; the
     two-attempt protocol's instruction. Sets ``a.preset`` / ``a.bench_list``."""
-    from megatron_rl.data.benchmarks import missing_files, resolve
-
     a.preset, a.bench_list = None, []
     if bool(a.data) == bool(a.benchmarks):
         return "give --data FILE or --benchmarks NAMES (with --data-dir), one of them"

@@ -6,13 +6,15 @@ import dataclasses
 import json
 from pathlib import Path
 
+from megatron_rl.data import chat
+from megatron_rl.data.tokenizer import load_tokenizer
+from megatron_rl.eval.completions import model_lengths, open_engine
+
 
 def _second_turn(tok, instruction: str):
     """``(x1, y1) -> x2``: the chat template's next user turn carrying ``instruction`` after y1's ids
     (``data/chat.py`` NextUserTurn, as SCoRe's training path), or ``x1 ++ y1 ++ ids(instruction)``
     on a template-less tokenizer; and the number of ids it adds."""
-    from megatron_rl.data import chat
-
     if chat.has_chat_template(tok):
         turn = chat.NextUserTurn.of(tok, instruction)
         return (lambda x1, y1: turn.second_prompt(list(x1), list(y1), tok.eos_id)), len(turn.suffix)
@@ -21,7 +23,7 @@ def _second_turn(tok, instruction: str):
 
 
 def _params(a, n: int, max_tokens: int, eos_id):
-    from megatron_rl.rollout.engine import SamplingParams
+    from megatron_rl.rollout.engine import SamplingParams  # lazy: defers torch to the call
 
     greedy = a.temperature == 0
     return SamplingParams(n=n, temperature=1.0 if greedy else a.temperature, top_p=a.top_p, top_k=a.top_k,
@@ -38,9 +40,7 @@ def _write(path: Path, comps, tok) -> None:
 def sample_benchmarks(a, runs, two_attempt: bool):
     """``(first, second)``: ``{benchmark: [[response text] per row]}`` (second None without the
     two-attempt protocol); the completions are written to ``OUT/completions/``."""
-    from megatron_rl.data.dataset import PromptDataset
-    from megatron_rl.data.tokenizer import load_tokenizer
-    from .completions import model_lengths, open_engine
+    from megatron_rl.data.dataset import PromptDataset  # lazy: defers torch to the call
 
     tok = load_tokenizer(a.model, a.chat_template_kwargs)
     sets = {r.bench.name: PromptDataset.from_parquet(r.bench.path(a.data_dir), tok, max_prompt_len=1 << 20)

@@ -10,13 +10,14 @@ from pathlib import Path
 
 def load_rows(path):
     """The rows of an eval parquet (verl columns: ``data_source``, ``reward_model``)."""
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # lazy: defers pyarrow to the call
 
     t = pq.read_table(path)
     for col in ("data_source", "reward_model"):
         if col not in t.column_names:
             raise ValueError(f"{path}: missing column {col!r}")
     return t.to_pylist()
+
 
 def load_completions(path) -> dict[int, list[str]]:
     """Completions JSONL -> {row index: responses}; a bad line is one ``ValueError`` naming it."""
@@ -41,6 +42,7 @@ def load_completions(path) -> dict[int, list[str]]:
         out[idx].extend(resp)
     return out
 
+
 def score_responses(rows: list, resps: list[list[str]], rm) -> list[list[float]]:
     """Every response of row i (``resps[i]``) scored by the reward its ``data_source`` selects
     (``RewardManager``: the training loop's verifiers and reward pool)."""
@@ -52,6 +54,7 @@ def score_responses(rows: list, resps: list[list[str]], rm) -> list[list[float]]
         by_row[i].append(float(v))
     return by_row
 
+
 def check_completions(rows: list, comps: dict, need: int, what: str, completions, data) -> None:
     """Every completion index names a row of ``data`` and every row has ``need`` completions
     (checked before anything is written)."""
@@ -62,6 +65,7 @@ def check_completions(rows: list, comps: dict, need: int, what: str, completions
     for i in range(len(rows)):
         if len(comps.get(i, [])) < need:
             raise ValueError(f"row {i}: {len(comps.get(i, []))} completions, need {what}={need}")
+
 
 def model_lengths(model_dir, longest_prompt: int, max_tokens: int | None) -> tuple[int, int]:
     """(max_tokens, engine context length) within the model's ``max_position_embeddings``;
@@ -79,7 +83,7 @@ def model_lengths(model_dir, longest_prompt: int, max_tokens: int | None) -> tup
 def open_engine(engine: str, model_dir, context: int, tp: int):
     """A registered rollout engine on ``model_dir`` with a ``context``-token window, ``tp``-way tensor
     parallel when the engine takes those options (``EngineCaps.options``)."""
-    from megatron_rl.rollout.registry import caps, make_engine
+    from megatron_rl.rollout.registry import caps, make_engine  # lazy: defers torch to the call
 
     if tp > 1 and caps(engine).tensor_parallel == "never":
         raise ValueError(f"--tp {tp} needs an engine with tensor parallelism (the {engine} engine runs on one device)")

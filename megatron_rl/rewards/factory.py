@@ -6,6 +6,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from megatron_rl.rewards.breaker import CircuitBreaker
+from megatron_rl.rewards.grader import RubricGrader
+from megatron_rl.rewards.outcome_judge import OutcomeVerifier
+
 if TYPE_CHECKING:
     from megatron_rl.config import Config
     from megatron_rl.rewards.grader import RubricGrader
@@ -15,9 +19,6 @@ if TYPE_CHECKING:
 
 def build_grader(cfg: Config) -> RubricGrader:
     """The PAPO rubric grader of ``cfg.reward`` with its circuit breaker (no request is made here)."""
-    from megatron_rl.rewards.breaker import CircuitBreaker
-    from megatron_rl.rewards.grader import RubricGrader
-
     r = cfg.reward
     grader = RubricGrader(r.grader_url, r.grader_model, concurrency=r.grader_concurrency, timeout=r.grader_timeout,
                           retries=r.grader_retries, fallback=r.grader_fallback, max_tokens=r.grader_max_tokens)
@@ -35,9 +36,6 @@ def uses_outcome_verifier(cfg: Config) -> bool:
 def build_outcome_verifier(cfg: Config) -> OutcomeVerifier | None:
     """PAPO's LLM outcome verifier on the grader endpoint (``rewards/outcome_judge.py``) with its own
     circuit breaker, or None when the run does not use it (no request is made here)."""
-    from megatron_rl.rewards.breaker import CircuitBreaker
-    from megatron_rl.rewards.outcome_judge import OutcomeVerifier
-
     if not uses_outcome_verifier(cfg):
         return None
     r = cfg.reward
@@ -50,7 +48,7 @@ def build_outcome_verifier(cfg: Config) -> OutcomeVerifier | None:
 def build_rewards(cfg: Config, is_driver: bool = True) -> RewardManager:
     """The run's reward manager (verifier per data source, the reward pool's size and timeout); on the
     driver (which scores) with PAPO's outcome verifier when used."""
-    from megatron_rl.rewards.manager import RewardManager
+    from megatron_rl.rewards.manager import RewardManager  # lazy: defers torch to the call
 
     r = cfg.reward
     verifier = build_outcome_verifier(cfg) if is_driver else None

@@ -10,6 +10,7 @@ from megatron_rl.rewards import math_reward
 from megatron_rl.rewards.dapo import dapo_reward, dapo_strict_box_reward
 from megatron_rl.rewards.exact import exact_match
 from megatron_rl.rewards.format import score_rewards
+from megatron_rl.rewards.gpqa import gpqa_reward
 from megatron_rl.rewards.knights_knaves import verify_kk, verify_kk_rlcsd
 from megatron_rl.rewards.prime_math import prime_math_score
 
@@ -45,11 +46,8 @@ register_reward("exact")(exact_match)
 
 
 def _register_builtin() -> None:
-    from megatron_rl.rewards.gpqa import gpqa_reward
-    from megatron_rl.rewards.math_reward import math_reward, math_rlcsd_reward
-
-    register_reward("math")(math_reward)
-    register_reward("math_rlcsd")(math_rlcsd_reward)
+    register_reward("math")(math_reward.math_reward)
+    register_reward("math_rlcsd")(math_reward.math_rlcsd_reward)
     register_reward("kk")(verify_kk)
     register_reward("kk_rlcsd")(verify_kk_rlcsd)
     register_reward("dapo")(dapo_reward)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import shlex
 
+from megatron_rl.data.prepare.pipeline import PrepareRequest, prepare
 from megatron_rl.data.prepare.registry import get_source, source_names
 
 EPILOG = """sources (upstream dataset -> what is written):
@@ -56,8 +57,6 @@ def add_prepare_parser(sub) -> argparse.ArgumentParser:
 
 def run_prepare(args: argparse.Namespace) -> int:
     """Run ``data prepare``; prints the summary line. Errors raise (the group turns them into one line)."""
-    from megatron_rl.data.prepare.pipeline import PrepareRequest, prepare
-
     get_source(args.source)
     if args.max_rows is not None and args.max_rows < 1:
         raise ValueError(f"--max-rows must be >= 1, got {args.max_rows}")

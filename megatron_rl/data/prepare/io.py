@@ -43,7 +43,7 @@ def input_files(path: str | os.PathLike) -> list[Path]:
 
 def count_rows(files: list[Path]) -> int:
     """Rows in ``files`` (parquet metadata; JSONL lines), for the progress bar."""
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # lazy: defers pyarrow to the call
 
     n = 0
     for f in files:
@@ -59,7 +59,7 @@ def iter_records(files: list[Path], columns: tuple[str, ...] | None = None) -> I
     """``(where, record)`` for every row of ``files`` in order; ``where`` = ``file:row``. Parquet is
     streamed in batches reading only ``columns`` that exist (None: all); JSONL one object per line (a
     ``.json`` file may also be one JSON array of objects)."""
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # lazy: defers pyarrow to the call
 
     for f in files:
         if f.suffix == ".parquet":
@@ -104,8 +104,8 @@ def sha256(path: str | os.PathLike) -> str:
 
 def write_rows(rows: list[dict], path: Path) -> None:
     """``rows`` (verl columns) as one parquet file."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    import pyarrow as pa  # lazy: defers pyarrow to the call
+    import pyarrow.parquet as pq  # lazy: defers pyarrow to the call
 
     pq.write_table(pa.Table.from_pylist(rows), path)
 
@@ -144,7 +144,7 @@ def _ours(path: Path) -> bool:
 def atomic_out(target: str | os.PathLike, force: bool) -> Iterator[Path]:
     """Yield a fresh temp dir beside ``target``; on success rename it onto ``target`` (an earlier
     output of ours is renamed aside first, then deleted); on error delete the temp dir only."""
-    from megatron_rl.convert.atomic import make_temp_dir, raise_if_disk_full
+    from megatron_rl.convert.atomic import make_temp_dir, raise_if_disk_full  # lazy: defers torch to the call
 
     target = check_out_dir(target, force)
     tmp = make_temp_dir(target)

@@ -13,6 +13,10 @@ import random
 import sys
 from pathlib import Path
 
+from tqdm import tqdm
+
+from megatron_rl import __version__
+from megatron_rl.data import prompts
 from megatron_rl.data.prepare import io
 from megatron_rl.data.prepare.registry import Skip, Source, get_source
 
@@ -83,8 +87,6 @@ def _convert(part: Source, rec: dict, seed: int) -> tuple[str, dict]:
 
 def _collect(src: Source, req: PrepareRequest, counts: Counts) -> tuple[list[dict], list[Path]]:
     """Converted rows in input order, duplicates and skips counted; ``--strict`` raises on a bad row."""
-    from tqdm import tqdm
-
     rows, seen, files_all = [], set(), []
     for part, path in _parts(src, req.inputs):
         files = io.input_files(path)
@@ -118,8 +120,6 @@ def _retemplate(src: Source, rows: list[dict], template: str) -> None:
     """``--template``: the prompt re-rendered from ``extra_info.problem`` with a recipe's template, and
     the data_source it pairs with (``prompts.BENCHMARK_TEMPLATES``; the benchmark's name is kept in
     ``extra_info.benchmark``)."""
-    from megatron_rl.data import prompts
-
     if not src.retemplate:
         raise ValueError(f"--template applies to the math benchmarks only, not to {src.name!r} (its prompt is its recipe's)")
     if template not in prompts.BENCHMARK_TEMPLATES:
@@ -154,8 +154,6 @@ def _splits(src: Source, req: PrepareRequest, rows: list[dict]) -> dict[str, lis
 
 def prepare(req: PrepareRequest) -> dict:
     """Run one ``data prepare`` (module docstring); returns the manifest (with ``summary``: the line)."""
-    from megatron_rl import __version__
-
     src = get_source(req.source)
     if req.val_rows and req.val_rows < 0:
         raise ValueError(f"--val-rows must be >= 0, got {req.val_rows}")

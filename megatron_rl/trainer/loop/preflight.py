@@ -30,6 +30,7 @@ from urllib.parse import urlparse
 from megatron_rl.config import load_config, validate
 from megatron_rl.data.tokenizer import load_tokenizer
 from megatron_rl.eval.training import benchmark_prompts, selected
+from megatron_rl.rewards.factory import build_grader, build_outcome_verifier
 from megatron_rl.rewards.grader import RUBRIC_PROMPT
 from megatron_rl.rewards.judge_client import probe, served_max_model_len
 from megatron_rl.rewards.outcome_judge import OUTCOME_PROMPT
@@ -135,8 +136,8 @@ def check_kv_cache_memory(cfg) -> None:
     """An engine taking ``rollout.kv_cache_gib`` (vLLM-CPU) keeps each engine's KV cache in host memory:
     more than this host has available fails 20 s into the run inside Ray / vLLM; refused here (no CUDA
     only: on a GPU the cache lives in GPU memory)."""
-    from megatron_rl.rollout.registry import caps
-    from megatron_rl.runtime.device import has_cuda
+    from megatron_rl.rollout.registry import caps  # lazy: defers torch to the call
+    from megatron_rl.runtime.device import has_cuda  # lazy: defers torch to the call
 
     r = cfg.rollout
     if "kv_cache_gib" not in caps(r.engine).options or has_cuda():
@@ -386,7 +387,7 @@ def check_backend(cfg) -> str:
 def check_stack(cfg, backend: str) -> None:
     """The installed vLLM / Transformer Engine / megatron-core against the versions the code is written
     for (``megatron_rl/runtime/stack.py``): one line naming installed vs supported when they differ."""
-    from megatron_rl.rollout.registry import caps
+    from megatron_rl.rollout.registry import caps  # lazy: defers torch to the call
 
     check(caps(cfg.rollout.engine).requires, backend)   # the distributions the engine class imports
 
@@ -427,8 +428,7 @@ def check_grader(cfg, timeout: float = 3.0) -> None:
     and closed after the first chunk — succeed.
     Otherwise one line with the server's own error text (``judge_client.probe``)."""
 
-    from megatron_rl.trainer.paths import path_class
-    from megatron_rl.rewards.factory import build_grader, build_outcome_verifier
+    from megatron_rl.trainer.paths import path_class  # lazy: defers torch to the call
 
     r = cfg.reward
     rubric = bool(r.grader_url) and path_class(cfg.algo.kind).uses_grader

@@ -11,7 +11,7 @@ import dataclasses
 from megatron_rl import algorithms as A
 from megatron_rl.algorithms.hparams import BiCCHParams
 
-from . import register_path
+from .base import register_path
 from .context import UpdateContext
 from .sampling import PlainPath
 

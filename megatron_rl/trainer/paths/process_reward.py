@@ -13,7 +13,7 @@ from megatron_rl.data.dataset import problem_text
 from megatron_rl.rewards.factory import build_grader
 from megatron_rl.trainer.loop.rollout_stage import Rollouts, broadcast_object
 
-from . import BASE_INPUTS, register_path
+from .base import BASE_INPUTS, register_path
 from .context import CollectContext, PathSetup, UpdateContext
 from .sampling import PlainPath
 

@@ -16,7 +16,7 @@ import logging
 from megatron_rl import algorithms as A
 from megatron_rl.algorithms.hparams import SamplingHParams
 
-from . import BASE_INPUTS, DataPath, register_path
+from .base import BASE_INPUTS, DataPath, register_path
 from .context import CollectContext
 
 log = logging.getLogger("megatron_rl.loop")

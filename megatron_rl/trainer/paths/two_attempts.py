@@ -51,7 +51,7 @@ from megatron_rl.rollout.engine import SamplingParams
 from megatron_rl.trainer.loop import rollout_stage as R
 from megatron_rl.trainer.pipeline import update_stage as U
 
-from . import DataPath, register_path
+from .base import DataPath, register_path
 from .context import CollectContext, UpdateContext
 
 DEMO_INSTRUCTION = "R="

@@ -21,7 +21,7 @@ import random
 
 from megatron_rl.algorithms.hparams import HintHParams, TeacherHParams
 
-from .. import BASE_INPUTS, register_path
+from ..base import BASE_INPUTS, register_path
 from ..context import PathSetup, UpdateContext
 from ..sampling import PlainPath
 from .inputs import SOLUTION_KEYS, make_template, plan_gt, plan_hints, template_name, truncate_left
