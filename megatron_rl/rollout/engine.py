@@ -18,6 +18,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from megatron_rl.rollout.sampling import check_truncation
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
@@ -51,7 +53,6 @@ class SamplingParams:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if not self.greedy and not self.temperature > 0:
             raise ValueError(f"temperature must be > 0 (or greedy=True), got {self.temperature}")
-        from .sampling import check_truncation
 
         check_truncation(self.top_p, self.top_k, self.min_p)
 

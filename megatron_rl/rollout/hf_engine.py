@@ -7,9 +7,14 @@ distribution (``logprobs="processed"``) or of the untruncated temperature-scaled
 """
 from __future__ import annotations
 
+import ctypes
+import gc
 from collections.abc import Iterable
 
 import torch
+
+from megatron_rl.rollout.weight_sync import unpack_update
+from megatron_rl.runtime.device import empty_cache
 
 from .engine import Completion, SamplingParams, validate_prompts
 from .registry import EngineCaps, register_engine
@@ -30,7 +35,7 @@ class HFEngine:
 
     def __init__(self, model_dir: str, *, dtype: str = "float32", seed: int = 0, max_model_len: int = 512,
                  logprobs: str = "processed", device: str = "cpu", weight_transfer: str = INPROC):
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM  # lazy: defers transformers to the call
 
         if weight_transfer != INPROC:
             raise ValueError(f"HF engine: weight_transfer must be {INPROC!r} (CAPS.transports), got {weight_transfer!r}")
@@ -130,8 +135,6 @@ class HFEngine:
         the HF fallback is driven exactly like a vLLM engine: each bucket is unpacked and copied into the
         parameters; other transports are refused at start-up (``CAPS``)."""
         if method == "update_weights":
-            from .weight_sync import unpack_update
-
             return self.update_weights(unpack_update(kwargs["update_info"]))
         if method == "finish_weight_update":
             return self.reset_caches()
@@ -196,14 +199,10 @@ def _release_freed_memory() -> None:
     """Hand freed host memory back to the OS: glibc keeps freed heap chunks for reuse (and raises its
     mmap threshold after large frees, so weight-sized blocks end up on the heap), which would hide the
     release from the process's RSS — the memory the other tenants of the machine see."""
-    import ctypes
-    import gc
-
     gc.collect()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):   # not glibc: nothing to trim
         pass
-    from ..runtime.device import empty_cache
 
     empty_cache()

@@ -22,10 +22,18 @@ import contextlib
 import dataclasses
 import logging
 import os
+import signal
+import threading
 import time
+import warnings
 from collections.abc import Iterable
 
 import torch
+
+from megatron_rl.rollout.registry import caps, engine_path, make_engine
+from megatron_rl.rollout.transport import resolve_backend, sender_opener
+from megatron_rl.runtime.device import gpu_count, has_cuda, pin_process
+from megatron_rl.runtime.launch_env import check_ray_address
 
 from .engine import Completion, SamplingParams
 from .weight_sync import RoundSource
@@ -39,11 +47,8 @@ class _EngineActor:
     def __init__(self, impl: str, model_dir: str, engine_kwargs: dict):
         cores = os.environ.get("MEGATRON_RL_CPU_CORES")
         if cores:   # asynchronous runs: the engines' own cores, disjoint from the trainer's
-            from ..runtime.device import pin_process
-
             pin_process(int(c) for c in cores.split(","))
         torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
-        from .registry import make_engine
 
         self.engine = make_engine(impl, model_dir, **engine_kwargs)
 
@@ -61,8 +66,6 @@ class _EngineActor:
         ``buffers[0]`` (a Ray object: a zero-copy view of the object store) becomes the update's
         packed ``buffer`` (``ray`` backend)."""
         if buffers:
-            import warnings
-
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # the view is read-only; the engine only reads it
                 buf = torch.frombuffer(buffers[0], dtype=torch.uint8) if len(buffers[0]) else torch.empty(0, dtype=torch.uint8)
@@ -75,7 +78,7 @@ class _EngineActor:
     def engine_config(self) -> dict:
         """The settings the engine was built with (vLLM's record; ``{}`` for an engine without one) and
         the Ray node this actor runs on."""
-        import ray
+        import ray  # lazy: defers ray to the call
 
         cfg = getattr(self.engine, "engine_config", None)
         return {**(cfg() if cfg is not None else {}), "node_id": ray.get_runtime_context().get_node_id()}
@@ -98,7 +101,7 @@ class ActorSyncClient:
     one payload to all handles, which suits one multi-DP engine, not this)."""
 
     def __init__(self, actors: list, ranks_per_engine: int = 1):
-        import ray
+        import ray  # lazy: defers ray to the call
 
         self._ray, self.actors, self.ranks = ray, list(actors), ranks_per_engine
 
@@ -137,8 +140,8 @@ class ActorSyncClient:
 
 def object_store_bytes() -> int:
     """Bytes in use in the Ray object store of this cluster (the GCS / raylet store stats)."""
-    import ray
-    from ray._private.internal_api import get_memory_info_reply, get_state_from_address
+    import ray  # lazy: defers ray to the call
+    from ray._private.internal_api import get_memory_info_reply, get_state_from_address  # lazy: defers ray to the call
 
     reply = get_memory_info_reply(get_state_from_address(ray.get_runtime_context().gcs_address))
     return int(reply.store_stats.object_store_bytes_used)
@@ -172,12 +175,7 @@ class RolloutClient:
                  sync_backend: str = "auto", ray_address: str | None = None, bucket_bytes: int = 256 << 20,
                  trainer_world: int = 1, gpus_per_engine: float = 0.0, actor_env: dict | None = None,
                  placement: str | None = None, engine_gpus: list[int] | None = None):
-        import ray
-
-        from ..runtime.device import has_cuda
-
-        from .registry import caps, engine_path
-        from .transport import resolve_backend, sender_opener
+        import ray  # lazy: defers ray to the call
 
         if num_engines < 1:
             raise ValueError(f"num_engines must be >= 1, got {num_engines}")
@@ -189,8 +187,6 @@ class RolloutClient:
         if not ray.is_initialized():
             ray_address = ray_address or os.environ.get("RAY_ADDRESS")   # Ray's own variable (`ray job submit`)
             if ray_address:
-                from ..runtime.launch_env import check_ray_address
-
                 check_ray_address(ray_address)   # ray.init retries an address nobody serves forever
                 with _keep_signal_handlers():
                     ray.init(address=ray_address, log_to_driver=False, logging_level=logging.WARNING)
@@ -218,7 +214,7 @@ class RolloutClient:
 
     def _spawn(self, i: int):
         """Engine ``i`` in bundle ``i`` of the pool's placement group (a replacement takes its bundle)."""
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # lazy: defers ray to the call
 
         cls = self._ray.remote(_EngineActor)
         env = {"OMP_NUM_THREADS": str(self.threads), "RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false",
@@ -252,7 +248,7 @@ class RolloutClient:
     def _call_all(self, make_call, shares: list) -> list:
         """Run one call per share on the fresh engines; a share whose engine died is retried on a
         fresh engine after the dead one is replaced."""
-        from ray.exceptions import RayActorError
+        from ray.exceptions import RayActorError  # lazy: defers ray to the call
 
         fresh = self._fresh()
         results: list = [None] * len(shares)
@@ -272,7 +268,7 @@ class RolloutClient:
         return results
 
     def _ray_dead(self, a: int) -> bool:
-        from ray.exceptions import RayError
+        from ray.exceptions import RayError  # lazy: defers ray to the call
 
         try:
             self._ray.get(self.actors[a].ping.remote(), timeout=60)
@@ -344,7 +340,7 @@ class RolloutClient:
         """Tear the transfer group down on both sides (the next sync re-opens it with every engine)."""
         if self._transfer is None:
             return
-        from ray.exceptions import RayError
+        from ray.exceptions import RayError  # lazy: defers ray to the call
 
         try:
             self._transfer.shutdown()
@@ -377,11 +373,6 @@ class RolloutClient:
     def set_sync_backend(self, backend: str, trainer_world: int = 1) -> None:
         """Switch the weight transport without restarting the engines (e.g. gloo <-> ray, which
         share the engines' worker engine); the next sync opens the new one."""
-        from ..runtime.device import has_cuda
-
-        from .registry import caps
-        from .transport import resolve_backend, sender_opener
-
         new = resolve_backend(backend, self.kind, has_cuda(), trainer_world)
         side = caps(self.kind).transports[new]
         if side != self.engine_kwargs["weight_transfer"]:
@@ -424,7 +415,7 @@ class RolloutClient:
                 pass
         self.actors = []
         if self._pg is not None:
-            from ray.util import remove_placement_group
+            from ray.util import remove_placement_group  # lazy: defers ray to the call
 
             remove_placement_group(self._pg)
             self._pg = None
@@ -434,8 +425,8 @@ def _placement_group(num_engines: int, cpus: float, gpus: float, timeout_s: floa
     """One Ray placement-group bundle per engine (its CPUs and its ``gpus`` = TP GPUs, so an engine's
     TP ranks share a node), strategy SPREAD: engines over the cluster's nodes rather than all on
     the driver's. A cluster that cannot hold the bundles within ``timeout_s`` is one line, not a hang."""
-    import ray
-    from ray.util import placement_group, remove_placement_group
+    import ray  # lazy: defers ray to the call
+    from ray.util import placement_group, remove_placement_group  # lazy: defers ray to the call
 
     bundle = {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
     pg = placement_group([dict(bundle) for _ in range(num_engines)], strategy="SPREAD")
@@ -453,9 +444,6 @@ def _keep_signal_handlers():
     line, Ray's processes left running while engines start); the caller's handlers (``trainer/loop/stop.py``:
     one line, 143, Ray's processes ended) are put back as soon as it returns, and a SIGTERM that Ray's
     handler turned into ``SystemExit(15)`` meanwhile is handed to the caller's handler."""
-    import signal
-    import threading
-
     main = threading.current_thread() is threading.main_thread()
     saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
     try:
@@ -476,12 +464,10 @@ def _init_local_ray(num_cpus: int, engine_gpus: list[int] | None) -> None:
     """A Ray of this node; with ``engine_gpus`` it sees only those GPUs (Ray takes its GPU ids from
     ``CUDA_VISIBLE_DEVICES`` at start and hands them to the actors that ask for GPUs), so a separate
     placement's engines never land on a trainer GPU. The driver's own CUDA context is already bound."""
-    import ray
+    import ray  # lazy: defers ray to the call
 
     saved = os.environ.get("CUDA_VISIBLE_DEVICES")
     if engine_gpus is not None:
-        from ..runtime.device import gpu_count
-
         ids = saved.split(",") if saved else [str(i) for i in range(gpu_count())]
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(ids[i] for i in engine_gpus)
     try:
@@ -496,6 +482,6 @@ def _init_local_ray(num_cpus: int, engine_gpus: list[int] | None) -> None:
 
 def _node_ip() -> str:
     """Address the engines reach the sender at: this node's IP in the Ray cluster."""
-    import ray
+    import ray  # lazy: defers ray to the call
 
     return ray.util.get_node_ip_address()

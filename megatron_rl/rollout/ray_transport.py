@@ -69,9 +69,9 @@ class RaySender(TimedSender):
         self.bucket_bytes = bucket_bytes
 
     def _send(self, source, meta) -> BucketPacker:
-        import numpy as np
-        import ray
-        import torch
+        import numpy as np  # lazy: defers numpy to the call
+        import ray  # lazy: defers ray to the call
+        import torch  # lazy: defers torch to the call
 
         packer = BucketPacker(source, self.bucket_bytes, alloc=lambda n: torch.from_numpy(np.empty(n, np.uint8)))
         pending: dict[int, list] = {}

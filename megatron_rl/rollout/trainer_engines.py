@@ -22,13 +22,17 @@ The ``ray`` transport needs no vLLM on the trainer: ``rollout/ray_transport.py``
 from __future__ import annotations
 
 import dataclasses
+import socket
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from typing import ClassVar
 
 from vllm.distributed.weight_transfer.base import (
     TrainerInitInfo,
     TrainerWeightTransferEngine,
 )
+
+from megatron_rl.rollout.weight_sync import RoundSource, free_port
 
 from .ray_transport import TimedSender, update_info
 from .transfer_engines import GLOO, broadcast_async
@@ -37,8 +41,6 @@ from .weight_sync import BucketPacker
 
 def _listen(host: str, port: int):
     """A listening TCP socket on ``host:port`` (port 0: any free one) for the sender's store."""
-    import socket
-
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind((host, port))
@@ -65,9 +67,7 @@ class GlooTrainerEngine(TimedSender, TrainerWeightTransferEngine):
 
     @classmethod
     def trainer_init(cls, init_info: GlooTrainerInitInfo, *, client, source=None):
-        from datetime import timedelta
-
-        from vllm.distributed.utils import (
+        from vllm.distributed.utils import (  # lazy: bound after the CPU patches (patches/) replaced it
             stateless_init_torch_distributed_process_group,
         )
 
@@ -109,7 +109,7 @@ class GlooTrainerEngine(TimedSender, TrainerWeightTransferEngine):
 
     def shutdown(self) -> None:
         if getattr(self, "group", None) is not None:
-            from vllm.distributed.utils import (
+            from vllm.distributed.utils import (  # lazy: bound after the CPU patches (patches/) replaced it
                 stateless_destroy_torch_distributed_process_group,
             )
 
@@ -119,7 +119,9 @@ class GlooTrainerEngine(TimedSender, TrainerWeightTransferEngine):
 
 def register() -> None:
     """Register the trainer engines in vLLM's ``WeightTransferTrainerFactory`` (idempotent)."""
-    from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+    from vllm.distributed.weight_transfer.factory import (
+        WeightTransferTrainerFactory,  # lazy: bound after the CPU patches (patches/) replaced it
+    )
 
     try:
         WeightTransferTrainerFactory.register_engine(GLOO, __name__, "GlooTrainerEngine")
@@ -130,18 +132,20 @@ def register() -> None:
 def make_init_info(backend: str, bucket_bytes: int, world_size: int, master_address: str = "127.0.0.1",
                    master_port: int | None = None):
     """The sender's (rank 0) init info for ``backend``; ``world_size`` = 1 + all engine workers."""
-    from .weight_sync import free_port
-
     if backend == "gloo":  # port 0: the sender binds a free one itself (no race)
         return GlooTrainerInitInfo(master_address, master_port or 0, world_size, bucket_bytes, rank=0)
     port = master_port or free_port(master_address)
     if backend == "nccl":
-        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+        from vllm.distributed.weight_transfer.nccl_engine import (
+            NCCLTrainerInitInfo,  # lazy: bound after the CPU patches (patches/) replaced it
+        )
 
         return NCCLTrainerInitInfo(master_address, port, world_size, packed=True,
                                    packed_buffer_size_bytes=bucket_bytes, rank=0)
     if backend == "ipc":
-        from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
+        from vllm.distributed.weight_transfer.ipc_engine import (
+            IPCTrainerInitInfo,  # lazy: bound after the CPU patches (patches/) replaced it
+        )
 
         return IPCTrainerInitInfo(packed=True, packed_buffer_size_bytes=bucket_bytes, rank=0)
     raise ValueError(f"unknown weight-sync backend {backend!r}")
@@ -149,11 +153,12 @@ def make_init_info(backend: str, bucket_bytes: int, world_size: int, master_addr
 
 def trainer_init(backend: str, client, bucket_bytes: int, world_size: int, master_address: str = "127.0.0.1"):
     """Rendezvous with every engine and return the ready sender engine (vLLM's factory)."""
-    from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+    from vllm.distributed.weight_transfer.factory import (
+        WeightTransferTrainerFactory,  # lazy: bound after the CPU patches (patches/) replaced it
+    )
 
     register()
     info = make_init_info(backend, bucket_bytes, world_size, master_address)
-    from .weight_sync import RoundSource
 
     # vLLM's nccl/ipc engines insist on a source at init; each round replaces it (engine.source = ...)
     return WeightTransferTrainerFactory.trainer_init(info, client=client, source=RoundSource([], []))

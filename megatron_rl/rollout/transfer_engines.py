@@ -33,9 +33,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from datetime import timedelta
 from typing import Any
 
 import torch
+from torch.distributed import BroadcastOptions
 from vllm.distributed.weight_transfer.base import (
     WeightTransferEngine,
     WeightTransferInitInfo,
@@ -105,12 +107,16 @@ class _LayerwiseCPUEngine(WeightTransferEngine):
         self.stats = {"recv_s": 0.0, "load_s": 0.0, "finish_s": 0.0, "bytes": 0}
 
     def start_weight_update(self) -> None:
-        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+        from vllm.model_executor.model_loader.reload import (
+            initialize_layerwise_reload,  # lazy: bound after the CPU patches (patches/) replaced it
+        )
 
         initialize_layerwise_reload(self.model)
 
     def finish_weight_update(self) -> None:
-        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+        from vllm.model_executor.model_loader.reload import (
+            finalize_layerwise_reload,  # lazy: bound after the CPU patches (patches/) replaced it
+        )
 
         t0 = time.perf_counter()
         finalize_layerwise_reload(self.model, self.model_config)
@@ -145,9 +151,8 @@ class GlooWeightTransferEngine(_LayerwiseCPUEngine):
     def init_transfer_engine(self, init_info: GlooInitInfo | InlineInitInfo) -> None:
         if isinstance(init_info, InlineInitInfo):
             return  # object-store buckets: no group
-        from datetime import timedelta
 
-        from vllm.distributed.utils import (
+        from vllm.distributed.utils import (  # lazy: bound after the CPU patches (patches/) replaced it
             stateless_init_torch_distributed_process_group,
         )
 
@@ -185,7 +190,7 @@ class GlooWeightTransferEngine(_LayerwiseCPUEngine):
 
     def shutdown(self) -> None:
         if self.group is not None:
-            from vllm.distributed.utils import (
+            from vllm.distributed.utils import (  # lazy: bound after the CPU patches (patches/) replaced it
                 stateless_destroy_torch_distributed_process_group,
             )
 
@@ -215,8 +220,6 @@ def _repack_tied(model: torch.nn.Module) -> None:
 def broadcast_async(group, buf: torch.Tensor, root: int = 0):
     """``group.broadcast`` from ``root`` (a stateless group is not registered with
     ``torch.distributed``, so the collective is called on the group object); returns the work."""
-    from torch.distributed import BroadcastOptions
-
     opts = BroadcastOptions()
     opts.rootRank = root
     return group.broadcast([buf], opts)
@@ -225,7 +228,9 @@ def broadcast_async(group, buf: torch.Tensor, root: int = 0):
 def register() -> None:
     """Register the engine in vLLM's ``WeightTransferEngineFactory`` (idempotent; must run in the
     engine's process before the ``LLM`` is built)."""
-    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+    from vllm.distributed.weight_transfer.factory import (
+        WeightTransferEngineFactory,  # lazy: bound after the CPU patches (patches/) replaced it
+    )
 
     try:
         WeightTransferEngineFactory.register_engine(GLOO, __name__, "GlooWeightTransferEngine")

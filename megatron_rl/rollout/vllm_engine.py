@@ -25,6 +25,9 @@ from collections.abc import Iterable
 
 import torch
 
+from megatron_rl import patches
+from megatron_rl.rollout.weight_sync import RoundSource, pack_round
+
 from .engine import Completion, SamplingParams, validate_prompts
 from .registry import OPTIONS, EngineCaps, register_engine
 from .sampling import LOGPROB_MODES
@@ -89,13 +92,12 @@ class VLLMEngine:
                  enable_sleep_mode: bool = False, weight_transfer: str = "gloo", logprobs: str = "processed",
                  tensor_parallel_size: int = 1, enforce_eager: bool = True):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        from .. import patches
 
         patches.apply_all(("vllm",))
-        from vllm import LLM
-        from vllm.platforms import current_platform
+        from vllm import LLM  # lazy: defers vllm to the call
+        from vllm.platforms import current_platform  # lazy: defers vllm to the call
 
-        from .transfer_engines import register
+        from .transfer_engines import register  # lazy: defers vllm to the call
 
         register()  # our CPU engines in vLLM's WeightTransferEngineFactory, before the worker is built
 
@@ -131,7 +133,7 @@ class VLLMEngine:
                 "max_model_len": int(c.model_config.max_model_len), "dtype": str(c.model_config.dtype)}
 
     def _params(self, s: SamplingParams, i: int):
-        from vllm import SamplingParams as VSP
+        from vllm import SamplingParams as VSP  # lazy: defers vllm to the call
 
         if self.logprobs == "full" and not s.greedy and s.temperature != 1.0:
             raise ValueError(f"logprobs='full' on vLLM needs temperature 1 (its raw log-probs are taken before "
@@ -141,7 +143,7 @@ class VLLMEngine:
                    stop_token_ids=list(s.stop_token_ids), detokenize=False, ignore_eos=False)
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Completion]:
-        from vllm.inputs import TokensPrompt
+        from vllm.inputs import TokensPrompt  # lazy: defers vllm to the call
 
         validate_prompts(prompts, self.max_model_len, sampling.max_tokens, self.vocab_size)
         reqs = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
@@ -155,8 +157,8 @@ class VLLMEngine:
         return result
 
     def score(self, sequences: list[list[int]], prompt_lens: list[int], temperature: float = 1.0) -> list[list[float]]:
-        from vllm import SamplingParams as VSP
-        from vllm.inputs import TokensPrompt
+        from vllm import SamplingParams as VSP  # lazy: defers vllm to the call
+        from vllm.inputs import TokensPrompt  # lazy: defers vllm to the call
 
         sp = VSP(max_tokens=1, prompt_logprobs=0, detokenize=False, temperature=temperature)
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(s)) for s in sequences], sp, use_tqdm=False)
@@ -170,7 +172,7 @@ class VLLMEngine:
         ``start_weight_update``, ``update_weights``, ``finish_weight_update``,
         ``shutdown_weight_transfer_engine``) or ``"stats"`` (the engine's stage times)."""
         if method == "stats":
-            from .transfer_engines import worker_stats
+            from .transfer_engines import worker_stats  # lazy: defers vllm to the call
 
             return self.llm.collective_rpc(worker_stats)[0]
         out = self.llm.collective_rpc(method, kwargs=kwargs)[0]
@@ -190,8 +192,6 @@ class VLLMEngine:
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """One in-process round through the weight-transfer API (bucket carried in the call, as the ``ray`` backend does)."""
-        from .weight_sync import RoundSource, pack_round
-
         src = RoundSource.from_tensors(named_tensors)
         info = {"names": [m.name for m in src.metadata()], "dtype_names": [str(m.dtype).removeprefix("torch.") for m in src.metadata()],
                 "shapes": [list(m.shape) for m in src.metadata()], "buffer": pack_round(src)}

@@ -16,6 +16,7 @@ at most ``2 × bucket_bytes`` plus the tensor being produced — never the model
 from __future__ import annotations
 
 import dataclasses
+import socket
 import time
 from collections.abc import Iterable, Iterator
 
@@ -161,8 +162,6 @@ def _copy_into(buf: torch.Tensor, off: int, t: torch.Tensor) -> None:
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that is free on ``host`` now (rendezvous of the transfer group)."""
-    import socket
-
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]

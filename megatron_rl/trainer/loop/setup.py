@@ -8,22 +8,50 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from megatron_rl import algorithms as A
+from megatron_rl.config import validate
+from megatron_rl.data.dataset import DeterministicSampler
+from megatron_rl.data.tokenizer import load_tokenizer
+from megatron_rl.eval.metrics import summarize
+from megatron_rl.eval.training import table_metrics
+from megatron_rl.models.provider import load_hf_config, recompute_overrides
+from megatron_rl.rewards.factory import build_rewards
+from megatron_rl.rollout.engine import SamplingParams
+from megatron_rl.rollout.placement import engine_eager, engine_gpus, engine_memory_utilization
+from megatron_rl.rollout.ray_bridge import RolloutClient
+from megatron_rl.rollout.registry import caps
+from megatron_rl.runtime.console import attach_run_log
+from megatron_rl.runtime.device import has_cuda
+from megatron_rl.runtime.logging import RunLogger, truncate_metrics
+from megatron_rl.runtime.parallel import init_parallel
+from megatron_rl.runtime.usage import begin_run
+from megatron_rl.trainer.loop.async_rollout import engine_env, local_plan, pin_trainer, restore_state
 from megatron_rl.trainer.loop.colocate import Colocation, build_colocation
+from megatron_rl.trainer.loop.preflight import preflight, prompt_datasets
+from megatron_rl.trainer.loop.rollout_stage import broadcast_object, generate, sampling_params, score
+from megatron_rl.trainer.loop.sync_stage import startup_gate, sync
+from megatron_rl.trainer.paths import build_path
 from megatron_rl.trainer.paths.context import CollectContext, PathSetup, SampleDump, UpdateContext
+from megatron_rl.trainer.pipeline.packing import micro_of
+from megatron_rl.trainer.pipeline.update import OPTIMIZER_STEPS_FILE
+from megatron_rl.trainer.policy.actor import PolicyActor, ReferencePolicy
+from megatron_rl.trainer.policy.optim import OptimSpec
+from megatron_rl.trainer.state.run_config import save_run_config
+from megatron_rl.trainer.state.run_dir import archive_run, config_inputs
 
 if TYPE_CHECKING:   # annotations only: the components are imported where they are built (setup_run)
     from megatron_rl.config import Config
     from megatron_rl.data.dataset import DeterministicSampler, PromptDataset
     from megatron_rl.data.tokenizer import Tokenizer
-    from megatron_rl.runtime.logging import RunLogger
-    from megatron_rl.runtime.parallel import ParallelInfo
     from megatron_rl.rewards.manager import RewardManager
     from megatron_rl.rollout.ray_bridge import RolloutClient
-    from megatron_rl.trainer.policy.actor import PolicyActor, ReferencePolicy
+    from megatron_rl.runtime.logging import RunLogger
+    from megatron_rl.runtime.parallel import ParallelInfo
     from megatron_rl.trainer.loop.async_rollout import AsyncRollouts
-    from megatron_rl.trainer.pipeline.packing import TokenBudget
-    from megatron_rl.trainer.paths import DataPath
     from megatron_rl.trainer.loop.rollout_source import SyncRollouts
+    from megatron_rl.trainer.paths import DataPath
+    from megatron_rl.trainer.pipeline.packing import TokenBudget
+    from megatron_rl.trainer.policy.actor import PolicyActor, ReferencePolicy
 
 log = logging.getLogger("megatron_rl.setup")
 
@@ -78,7 +106,7 @@ class Run:
         return CollectContext(self.client, self.train_set, self.sampler, self.rewards, self.samples)
 
     def checkpoint(self) -> None:
-        from megatron_rl.trainer.state.checkpoint import save_checkpoint
+        from megatron_rl.trainer.state.checkpoint import save_checkpoint  # lazy: defers numpy to the call
 
         st = self.state
         extra = {"step": st.step, "sampler": self.sampler.state_dict() if self.sampler else None,
@@ -107,8 +135,6 @@ def grad_clip(cfg) -> float:
 
 
 def _optim_spec(cfg):
-    from megatron_rl.trainer.policy.optim import OptimSpec
-
     o = cfg.optim
     decay = cfg.trainer.steps if o.decay_style != "constant" else None
     return OptimSpec(lr=o.lr, min_lr=o.min_lr, warmup_steps=o.warmup_steps, decay_steps=decay,
@@ -120,10 +146,6 @@ def _optim_spec(cfg):
 def client_args(cfg, trainer_world: int = 1, cuda: bool | None = None) -> dict:
     """The rollout pool's arguments (what ``build_client`` passes to ``RolloutClient``; ``cuda``: this
     machine's, None = ask it — the auto engine keys depend on it, ``rollout/placement.py``)."""
-    from megatron_rl.runtime.device import has_cuda
-    from megatron_rl.rollout.placement import engine_eager, engine_memory_utilization
-    from megatron_rl.rollout.registry import caps
-
     r = cfg.rollout
     cuda = has_cuda() if cuda is None else cuda
     kw = {"max_model_len": r.max_model_len, "seed": cfg.trainer.seed, "dtype": "bfloat16" if cfg.model.bf16 else "float32",
@@ -141,10 +163,6 @@ def client_args(cfg, trainer_world: int = 1, cuda: bool | None = None) -> dict:
 def build_client(cfg, trainer_world: int = 1):
     """The engine pool; with ``rollout.max_staleness`` > 0 its actors get their own CPU cores,
     disjoint from the trainer's (``async_rollout.local_plan``; the trainer is pinned in ``setup_run``)."""
-    from megatron_rl.runtime.device import has_cuda
-    from megatron_rl.rollout.placement import engine_gpus
-    from megatron_rl.rollout.ray_bridge import RolloutClient
-
     a = client_args(cfg, trainer_world)
     tp = cfg.rollout.tensor_parallel_size
     gpus = None   # on GPU: TP per engine, those of rollout.placement (the trainer's, or the ones after them)
@@ -152,8 +170,6 @@ def build_client(cfg, trainer_world: int = 1):
         gpus = engine_gpus(a["placement"], int(os.environ.get("LOCAL_WORLD_SIZE", "1")), a["num_engines"], tp)
     env = None
     if cfg.rollout.max_staleness > 0:
-        from megatron_rl.trainer.loop.async_rollout import engine_env, local_plan
-
         env = engine_env(local_plan())
     return RolloutClient(a["engine"], a["model"], a["num_engines"], a["engine_kwargs"],
                          cpus_per_engine=a["cpus_per_engine"], ray_address=a["ray_address"],
@@ -168,18 +184,7 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
     path, or None; ``overwrite``: a fresh run in a used ``run_dir`` archives the earlier one (else it is
     refused), all but the new run's inputs and ``keep`` (``trainer/run_dir.archive_run``);
     ``allow_config_change``: resume despite a changed method / group size / model (``trainer/state/run_config.py``)."""
-    from megatron_rl.config import validate
-    from megatron_rl.data.dataset import DeterministicSampler
-    from megatron_rl.data.tokenizer import load_tokenizer
-    from megatron_rl.runtime.parallel import init_parallel
-    from megatron_rl.trainer.loop.preflight import preflight, prompt_datasets
-    from megatron_rl.rewards.factory import build_rewards
-    from megatron_rl.trainer.pipeline.packing import micro_of
-    from megatron_rl.trainer.paths import build_path
-    from megatron_rl.trainer.loop.sync_stage import startup_gate
-
     backend = preflight(cfg, resume, overwrite, allow_config_change)   # every user error before anything starts
-    from megatron_rl.runtime.usage import begin_run
 
     begin_run()                                       # from here an error is a runtime error (exit 1)
     _prepare_run_dir(cfg, overwrite, keep)
@@ -213,19 +218,14 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
 def _prepare_run_dir(cfg, overwrite: bool, keep: tuple) -> None:
     """Rank 0: archive an earlier run (``overwrite``), save this start's config, drop a crashed save's
     leftovers; every rank: its log file in the run dir."""
-    from megatron_rl.runtime.console import attach_run_log
-    from megatron_rl.trainer.state.run_dir import archive_run, config_inputs
-
     rank = int(os.environ.get("RANK", "0"))           # torchrun's; process groups start later
     if overwrite and rank == 0:
         archive_run(cfg.trainer.run_dir, keep=[*config_inputs(cfg, cfg.trainer.run_dir), *keep])
     if rank == 0:
-        from megatron_rl.trainer.state.run_config import save_run_config
-
         save_run_config(cfg)   # run_dir/config.yaml (or config.<n>.yaml): which configuration this start ran
     attach_run_log(cfg.trainer.run_dir, rank)   # INFO (patches, Megatron's dumps, stages) -> run_dir/train.log
     if rank == 0:
-        from megatron_rl.trainer.state.checkpoint import remove_stale_tmp
+        from megatron_rl.trainer.state.checkpoint import remove_stale_tmp  # lazy: defers numpy to the call
 
         remove_stale_tmp(cfg.trainer.run_dir)    # .tmp-step_* of a save cut short by a crash or kill: one line
 
@@ -233,10 +233,6 @@ def _prepare_run_dir(cfg, overwrite: bool, keep: tuple) -> None:
 def _build_policy(cfg, info, backend: str) -> tuple[PolicyActor, ReferencePolicy | None]:
     """The actor from ``model.hf_path``, and the frozen reference when the method's loss needs
     reference log-probs."""
-    from megatron_rl import algorithms as A
-    from megatron_rl.models.provider import load_hf_config, recompute_overrides
-    from megatron_rl.trainer.policy.actor import PolicyActor, ReferencePolicy
-
     hf_cfg = load_hf_config(cfg.model.hf_path)
     recompute = recompute_overrides(cfg.model.recompute, cfg.model.recompute_method, cfg.model.recompute_num_layers)
     actor = PolicyActor(hf_cfg, info, _optim_spec(cfg), temperature=cfg.rollout.temperature,
@@ -255,15 +251,12 @@ def _build_policy(cfg, info, backend: str) -> tuple[PolicyActor, ReferencePolicy
 def _start_engines(cfg, info, client):
     """The engine pool on the driver (``client`` when one was handed in; None on the other ranks,
     which wait out its start-up in the store); asynchronous rollouts: the trainer pinned to its cores."""
-    from megatron_rl.trainer.loop.rollout_stage import broadcast_object
-
     if info.is_driver and client is None:
         client = build_client(cfg, trainer_world=info.world)
     broadcast_object(None)   # the others wait out the engines' start-up in the store (driver_wait), not in NCCL
     if cfg.rollout.max_staleness > 0:
         # engines and trainer on disjoint cores. After Ray started, so its daemons (and the workers
         # they fork) are not confined to the trainer's cores; the engine actors pin themselves.
-        from megatron_rl.trainer.loop.async_rollout import local_plan, pin_trainer
 
         plan = local_plan()
         mine = pin_trainer(plan, int(os.environ.get("LOCAL_RANK", "0")))
@@ -274,15 +267,11 @@ def _start_engines(cfg, info, client):
 def _open_logger(cfg, info, state: RunState) -> RunLogger:
     """The metrics logger (wandb offline, progress bar); on the driver the per-optimizer-step rows
     (``trainer/pipeline/update.py``) after the step resumed from are dropped."""
-    from megatron_rl.runtime.logging import RunLogger, truncate_metrics
-
     logger = RunLogger(cfg.trainer.run_dir, cfg.to_dict(), wandb_mode=cfg.logging.wandb_mode,
                        project=cfg.logging.project, run_name=cfg.logging.run_name, total_steps=cfg.trainer.steps,
                        resume_step=state.step if state.last_checkpoint is not None else None,
                        progress=cfg.logging.progress)
     if info.is_driver:
-        from megatron_rl.trainer.pipeline.update import OPTIMIZER_STEPS_FILE
-
         truncate_metrics(Path(cfg.trainer.run_dir) / OPTIMIZER_STEPS_FILE, state.step)
     return logger
 
@@ -290,7 +279,7 @@ def _open_logger(cfg, info, state: RunState) -> RunLogger:
 def _resume(cfg, actor, path, sampler, resume: str | None, is_driver: bool) -> RunState:
     """``resume``: ``"auto"`` (newest complete checkpoint, if any), a path, or None: model, optimizer,
     sampler and the data path's state (teacher weights and counters) as saved; the run's state."""
-    from megatron_rl.trainer.state.checkpoint import find_latest, load_checkpoint
+    from megatron_rl.trainer.state.checkpoint import find_latest, load_checkpoint  # lazy: defers numpy to the call
 
     state = RunState()
     ckpt = (find_latest(cfg.trainer.run_dir) if resume == "auto" else Path(resume)) if resume else None
@@ -302,7 +291,6 @@ def _resume(cfg, actor, path, sampler, resume: str | None, is_driver: bool) -> R
     state.step, state.last_checkpoint = loaded.step, str(ckpt)
     if loaded.extra_state.get("sampler"):
         sampler.load_state_dict(loaded.extra_state["sampler"])
-    from megatron_rl.trainer.loop.async_rollout import restore_state
 
     state.async_pending, _ = restore_state(loaded.extra_state.get("async"), cfg.rollout.max_staleness)
     log.info("resumed from %s at step %d", ckpt, state.step)
@@ -313,16 +301,11 @@ def _resume(cfg, actor, path, sampler, resume: str | None, is_driver: bool) -> R
 
 def sync_weights(run: Run) -> None:
     """Collective: stream HF-named weights from the TP/PP shards to every engine (``sync_stage.sync``)."""
-    from megatron_rl.trainer.loop.sync_stage import sync
-
     sync(run)
 
 
 def eval_sampling(cfg, step: int, eos_id: int | None = None):
     """The held-out sampling settings (``trainer.eval_*``; temperature 0 = greedy)."""
-    from megatron_rl.rollout.engine import SamplingParams
-    from megatron_rl.trainer.loop.rollout_stage import sampling_params
-
     t = cfg.trainer
     base = sampling_params(cfg, step, greedy=True, eos_id=eos_id)
     if t.eval_temperature == 0:
@@ -337,9 +320,6 @@ def evaluate(run: Run, step: int) -> dict:
     mean@n over ``trainer.eval_n`` samples per prompt, and with n > 1 ``eval/mean@n``, ``eval/pass@n``; with
     ``trainer.eval_benchmarks`` the papers' table instead (``eval/training.py``: ``eval/<bench>/<metric>``,
     ``eval/avg`` = ``eval/acc``)."""
-    from megatron_rl.eval.metrics import summarize
-    from megatron_rl.trainer.loop.rollout_stage import broadcast_object, generate, score
-
     out = None
     if run.info.is_driver:
         n = min(run.cfg.trainer.eval_prompts, len(run.val_set))
@@ -349,8 +329,6 @@ def evaluate(run: Run, step: int) -> dict:
         ro = score(generate(run.client, run.val_set, list(range(n)), sp, run.tok), run.rewards)
         corr = ro.correct.view(n, sp.n).tolist()
         if blocks:
-            from megatron_rl.eval.training import table_metrics
-
             out = table_metrics(run.cfg, run.val_set, corr, sp.n, step)
         else:
             s = summarize([(run.val_set[i].data_source, corr[i]) for i in range(n)], (sp.n,))

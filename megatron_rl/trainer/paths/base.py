@@ -6,7 +6,11 @@ from __future__ import annotations
 import abc
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from megatron_rl.algorithms import algo_kind, kind_required_inputs
 from megatron_rl.algorithms.hparams import PPOHParams
+from megatron_rl.algorithms.inputs import unknown_inputs
+from megatron_rl.trainer.pipeline.update import Sampled
+from megatron_rl.trainer.pipeline.update_stage import sequences
 
 from .context import CollectContext, PathSetup, UpdateContext
 
@@ -61,9 +65,6 @@ class DataPath(abc.ABC):
     def validate(cls, cfg) -> None:
         """Start-up rules of the path for ``cfg`` (hparams class, inputs the method needs: each one
         the method's advantage or loss declared must be one this path provides)."""
-        from megatron_rl.algorithms import kind_required_inputs
-        from megatron_rl.algorithms.inputs import unknown_inputs
-
         kind, hp = cfg.algo.kind, cfg.algo.hparams
         if not isinstance(hp, cls.hparams):   # a config error like the others (ValueError at load)
             raise ValueError(  # noqa: TRY004
@@ -91,9 +92,6 @@ class DataPath(abc.ABC):
     def sampled(self, ctx: UpdateContext, data, step: int) -> Sampled:
         """Every rank: ``data`` as the pipeline's :class:`~megatron_rl.trainer.pipeline.update.Sampled`: the
         sampled sequences (``prompt ++ response`` here) and the hparams in force."""
-        from megatron_rl.trainer.pipeline.update import Sampled
-        from megatron_rl.trainer.pipeline.update_stage import sequences
-
         ro = data
         seqs = sequences(ctx, ro.prompts, ro.responses)
         ctx.samples(step, "policy", [p + r for p, r in zip(ro.prompts, ro.responses)])
@@ -143,6 +141,7 @@ class DataPath(abc.ABC):
 
 def register_path(name: str):
     """Class decorator: register a :class:`DataPath` subclass under ``name`` (strict)."""
+
     def deco(cls):
         if name in _PATHS:
             raise ValueError(f"data path {name!r} is already registered (by {_PATHS[name].__qualname__})")
@@ -170,8 +169,6 @@ def get_path(name: str) -> type:
 
 def path_class(kind: str) -> type:
     """The path class the method ``kind`` declared (ValueError naming both when it is unknown)."""
-    from megatron_rl.algorithms import algo_kind
-
     path = algo_kind(kind).path
     if path not in _PATHS:
         raise ValueError(f"algo.kind={kind!r} declares data path {path!r}, which is not registered; "

@@ -10,6 +10,8 @@ import dataclasses
 
 from megatron_rl import algorithms as A
 from megatron_rl.algorithms.hparams import BiCCHParams
+from megatron_rl.data import chat
+from megatron_rl.trainer.pipeline import update_stage as U
 
 from .base import register_path
 from .context import UpdateContext
@@ -43,8 +45,6 @@ class BiccLayout:
 
     @classmethod
     def of(cls, tok) -> BiccLayout:
-        from megatron_rl.data import chat
-
         if chat.has_chat_template(tok):
             return cls(tuple(tok.encode(chat.BICC_HEADER)), tuple(tok.encode(chat.BICC_DELIMITER)), chat.UserTurnEnd.of(tok))
         if hasattr(tok, "sp"):
@@ -62,6 +62,7 @@ def bicc_inputs(rollouts, hp, l_max: int, max_total_len: int, layout: BiccLayout
     text); the target keeps its exact token ids (asserted). Returns (prompts with contexts,
     #conditioned, #budget fallbacks).
     """
+
     def strip(r):
         return list(r[:-1]) if eos_id is not None and len(r) > 1 and r[-1] == eos_id else list(r)
 
@@ -94,8 +95,6 @@ class BiccPath(PlainPath):
 
     def train_rows(self, ctx: UpdateContext, s, rows, lp, step: int, metrics: dict):
         """Conditioned prompts; old log-probs of the plain (paper) or conditioned context."""
-        from megatron_rl.trainer.pipeline import update_stage as U
-
         cfg, hp, ro = self.cfg, self.hp, s.ro
         R_max = cfg.rollout.max_tokens
         prompts, n_cond, n_fb = bicc_inputs(ro, hp, cfg.data.max_prompt_len + R_max, cfg.rollout.max_model_len,

@@ -11,6 +11,7 @@ import torch
 from megatron_rl.algorithms.hparams import PAPOHParams
 from megatron_rl.data.dataset import problem_text
 from megatron_rl.rewards.factory import build_grader
+from megatron_rl.rewards.judge_client import JudgeRejected
 from megatron_rl.trainer.loop.rollout_stage import Rollouts, broadcast_object
 
 from .base import BASE_INPUTS, register_path
@@ -69,8 +70,6 @@ class PendingGrades:
 
     def finish(self, rollouts: Rollouts, is_driver: bool) -> float:
         """Collective; returns the seconds rank 0 waited for the grader (0 elsewhere)."""
-        from megatron_rl.rewards.judge_client import JudgeRejected
-
         t0 = time.perf_counter()
         proc = None
         if is_driver:

@@ -15,6 +15,7 @@ import logging
 
 from megatron_rl import algorithms as A
 from megatron_rl.algorithms.hparams import SamplingHParams
+from megatron_rl.trainer.loop import rollout_stage as R
 
 from .base import BASE_INPUTS, DataPath, register_path
 from .context import CollectContext
@@ -58,8 +59,6 @@ class PlainPath(DataPath):
     def round(self, ctx: CollectContext, step: int, round_: int):
         """One generation batch: sample ``rollout.n`` per prompt, score, DAPO overlong shaping, and the
         greedy baseline (driver)."""
-        from megatron_rl.trainer.loop import rollout_stage as R
-
         cfg, tok = self.cfg, self.tok
         idx = ctx.sampler.next_batch()
         part = R.score(R.generate(ctx.client, ctx.train_set, idx, R.sampling_params(cfg, step, round_, eos_id=tok.eos_id),
@@ -114,8 +113,6 @@ def collect_dynamic(path: PlainPath, ctx: CollectContext, step: int, hp: Samplin
 
 def fill(kept: list, spare: list, need: int, n: int, ds):
     """The first ``need`` kept groups, completed (fill mode) by whole uniform groups never used before."""
-    from megatron_rl.trainer.loop import rollout_stage as R
-
     parts = [p for p in kept if len(p)]
     have = sum(len(p) for p in parts) // n
     padded = 0

@@ -47,9 +47,11 @@ import dataclasses
 import torch
 
 from megatron_rl.algorithms.hparams import ScoreHParams
+from megatron_rl.data import chat
 from megatron_rl.rollout.engine import SamplingParams
 from megatron_rl.trainer.loop import rollout_stage as R
 from megatron_rl.trainer.pipeline import update_stage as U
+from megatron_rl.trainer.pipeline.update import Sampled
 
 from .base import DataPath, register_path
 from .context import CollectContext, UpdateContext
@@ -77,8 +79,6 @@ def stage_of(hp, step: int) -> int:
 
 def second_turn(tok, hp, max_prompt_len: int | None = None, max_tokens: int = 0, max_model_len: int | None = None):
     """Start-up: the chat template's next-user-turn layout (None on a template-less tokenizer)."""
-    from megatron_rl.data import chat
-
     if not chat.has_chat_template(tok):
         return None
     if not hp.instruction.strip():
@@ -193,8 +193,6 @@ class TwoAttemptsPath(DataPath):
     def sampled(self, ctx: UpdateContext, two: TwoAttempts, step: int):
         """The sequences ``x2 ++ y2`` (their rollouts: attempt 2), attempt 1's rewards for the credit
         and its positions inside them; the stage's hparams (:func:`stage_of`)."""
-        from megatron_rl.trainer.pipeline.update import Sampled
-
         sec, R_max = two.second, self.cfg.rollout.max_tokens
         sb = U.sequences(ctx, sec.prompts, sec.responses, R_max)
         fpos, fmask = first_positions(two, R_max)

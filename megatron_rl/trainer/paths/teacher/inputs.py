@@ -30,10 +30,13 @@ import dataclasses
 import math
 import random
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
 from megatron_rl import algorithms as A
+from megatron_rl.data.dataset import problem_text
+from megatron_rl.models.provider import model_arch_info
 from megatron_rl.trainer.pipeline.batch import TrainBatch
 
 # ------------------------------------------------------------------------------------ templates
@@ -53,8 +56,6 @@ class ChatHintTemplate:
     def problem(self, row) -> str:
         """``extra_info.problem`` / ``question``, else the row's last user message (never the decoded
         templated prompt, which would carry the system turn and role markers)."""
-        from megatron_rl.data.dataset import problem_text
-
         return problem_text(row)
 
     def prompt(self, row, body: str, answer: str) -> list[int]:
@@ -86,8 +87,6 @@ class InlineHintTemplate:
 def template_name(name: str, tokenizer_dir: str) -> str:
     """What :func:`make_template` resolves ``name`` to for the tokenizer in ``tokenizer_dir``, without
     loading it (start-up checks): ``auto`` is inline for a SentencePiece model (``sp.model``), else chat."""
-    from pathlib import Path
-
     if name != "auto":
         return name
     return "inline" if tokenizer_dir and (Path(tokenizer_dir) / "sp.model").is_file() else "chat"
@@ -214,8 +213,6 @@ def attention_crossover(hf_cfg) -> float:
     The benchmark's model (hidden 256, 4 layers, vocab 4096) gives S* = 2432; measured on the CPU
     local path, core attention took 34 % of a pass over rows of 944 (crossover ~1860: the mask and
     softmax passes over the scores add to the MACs)."""
-    from megatron_rl.models.provider import model_arch_info
-
     a = model_arch_info(hf_cfg)
     h, d, nq, nkv, L = a.hidden_size, a.head_dim, a.num_heads, a.num_kv_heads, a.num_layers
     linear = L * (h * d * (2 * nq + 2 * nkv) + 3 * h * a.ffn_hidden_size) + a.vocab_size * h
@@ -306,7 +303,19 @@ def pack(seqs: Sequence[tuple[Sequence[int], Sequence[int]]], max_resp: int, pad
             new_row = {r: j for j, r in enumerate(rank)}
             best, best_cost = ([(new_row[r], off) for r, off in place], used), c
     place, used = best
-    rows, s = len(used), _ceil(used[0], multiple)
+    rows = len(used)
+    tokens, seg, tpos, rmask, loss_mask = _lay_out(seqs, place, rows, _ceil(used[0], multiple), max_resp, pad_id)
+    g = max(1, min(group_rows, rows))
+    slots = sum(min(g, rows - b * g) * w for b, w in enumerate(_block_widths(used, group_rows, multiple)))
+    extras = {"segment_ids": seg} if packed else {}
+    return Packed(TrainBatch(tokens, loss_mask, extras), tpos, rmask, 1.0 - real / slots, real, used, multiple,
+                  slots)
+
+
+def _lay_out(seqs, place: list, rows: int, s: int, max_resp: int, pad_id: int):
+    """The tensors of a layout: sequence i at ``place[i] = (row, offset)`` in ``rows`` rows of width ``s``:
+    tokens and segment ids ``[rows, s]``, the flat target position and mask of each response token
+    ``[N, max_resp]``, and the loss mask ``[rows, s-1]``."""
     tokens = torch.full((rows, s), pad_id, dtype=torch.long)
     seg = torch.full((rows, s), -1, dtype=torch.long)
     tpos = torch.zeros((len(seqs), max_resp), dtype=torch.long)
@@ -321,11 +330,8 @@ def pack(seqs: Sequence[tuple[Sequence[int], Sequence[int]]], max_resp: int, pad
         tpos[i, :k] = row * (s - 1) + cols
         rmask[i, :k] = 1.0
         loss_mask[row, cols] = 1.0
-    g = max(1, min(group_rows, rows))
-    slots = sum(min(g, rows - b * g) * w for b, w in enumerate(_block_widths(used, group_rows, multiple)))
-    extras = {"segment_ids": seg} if packed else {}
-    return Packed(TrainBatch(tokens, loss_mask, extras), tpos, rmask, 1.0 - real / slots, real, used, multiple,
-                  slots)
+    return tokens, seg, tpos, rmask, loss_mask
+
 
 
 def truncate_left(prompt: list[int], response: Sequence[int], max_len: int) -> list[int]:

@@ -20,6 +20,8 @@ import logging
 import random
 
 from megatron_rl.algorithms.hparams import HintHParams, TeacherHParams
+from megatron_rl.models.provider import resolve_backend
+from megatron_rl.trainer.pipeline import update_stage as U
 
 from ..base import BASE_INPUTS, register_path
 from ..context import PathSetup, UpdateContext
@@ -58,8 +60,6 @@ class TeacherPath(PlainPath):
     def validate(cls, cfg) -> None:
         super().validate(cfg)
         if cfg.teacher.pack == "on":
-            from megatron_rl.models.provider import resolve_backend
-
             if resolve_backend(cfg.model.backend) == "te":
                 raise ValueError("teacher.pack=on needs the local attention path (block-diagonal masks); Transformer "
                                  "Engine's causal kernels ignore them. Use teacher.pack=auto/off or model.backend=local")
@@ -94,8 +94,6 @@ class TeacherPath(PlainPath):
     def train_rows(self, ctx: UpdateContext, s, rows, lp, step: int, metrics: dict):
         """The plan's kept rows (their own, shorter padding) with the plan; none survive: the update is
         skipped and the teacher counter stays (docs/methods/self-distillation.md)."""
-        from megatron_rl.trainer.pipeline import update_stage as U
-
         ro = s.ro
         plan = self.plan(ro, step)
         metrics.update({"teacher/kept_frac": len(plan.keep) / len(ro),
