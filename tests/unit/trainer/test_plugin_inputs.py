@@ -115,7 +115,7 @@ def plugins(tmp_path, monkeypatch):
     in-process import registered is removed afterwards, so no other test sees the plugin's method."""
     from megatron_rl.algorithms import inputs as I
     from megatron_rl.algorithms import registry as R
-    from megatron_rl.trainer import paths as P
+    from megatron_rl.trainer.paths import base as P
 
     P.path_names()                     # the built-in paths registered before the snapshot below
     mods = tmp_path / "mods"
