@@ -67,7 +67,7 @@ class GlooTrainerEngine(TimedSender, TrainerWeightTransferEngine):
 
     @classmethod
     def trainer_init(cls, init_info: GlooTrainerInitInfo, *, client, source=None):
-        from vllm.distributed.utils import (  # lazy: bound after the CPU patches (patches/) replaced it
+        from vllm.distributed.utils import (  # lazy: this vLLM submodule loads only when the call needs it
             stateless_init_torch_distributed_process_group,
         )
 
@@ -109,7 +109,7 @@ class GlooTrainerEngine(TimedSender, TrainerWeightTransferEngine):
 
     def shutdown(self) -> None:
         if getattr(self, "group", None) is not None:
-            from vllm.distributed.utils import (  # lazy: bound after the CPU patches (patches/) replaced it
+            from vllm.distributed.utils import (  # lazy: this vLLM submodule loads only when the call needs it
                 stateless_destroy_torch_distributed_process_group,
             )
 
@@ -120,7 +120,7 @@ class GlooTrainerEngine(TimedSender, TrainerWeightTransferEngine):
 def register() -> None:
     """Register the trainer engines in vLLM's ``WeightTransferTrainerFactory`` (idempotent)."""
     from vllm.distributed.weight_transfer.factory import (
-        WeightTransferTrainerFactory,  # lazy: bound after the CPU patches (patches/) replaced it
+        WeightTransferTrainerFactory,  # lazy: this vLLM submodule loads only when the call needs it
     )
 
     try:
@@ -137,14 +137,14 @@ def make_init_info(backend: str, bucket_bytes: int, world_size: int, master_addr
     port = master_port or free_port(master_address)
     if backend == "nccl":
         from vllm.distributed.weight_transfer.nccl_engine import (
-            NCCLTrainerInitInfo,  # lazy: bound after the CPU patches (patches/) replaced it
+            NCCLTrainerInitInfo,  # lazy: this vLLM submodule loads only when the call needs it
         )
 
         return NCCLTrainerInitInfo(master_address, port, world_size, packed=True,
                                    packed_buffer_size_bytes=bucket_bytes, rank=0)
     if backend == "ipc":
         from vllm.distributed.weight_transfer.ipc_engine import (
-            IPCTrainerInitInfo,  # lazy: bound after the CPU patches (patches/) replaced it
+            IPCTrainerInitInfo,  # lazy: this vLLM submodule loads only when the call needs it
         )
 
         return IPCTrainerInitInfo(packed=True, packed_buffer_size_bytes=bucket_bytes, rank=0)
@@ -154,7 +154,7 @@ def make_init_info(backend: str, bucket_bytes: int, world_size: int, master_addr
 def trainer_init(backend: str, client, bucket_bytes: int, world_size: int, master_address: str = "127.0.0.1"):
     """Rendezvous with every engine and return the ready sender engine (vLLM's factory)."""
     from vllm.distributed.weight_transfer.factory import (
-        WeightTransferTrainerFactory,  # lazy: bound after the CPU patches (patches/) replaced it
+        WeightTransferTrainerFactory,  # lazy: this vLLM submodule loads only when the call needs it
     )
 
     register()

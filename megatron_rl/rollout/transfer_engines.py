@@ -108,14 +108,14 @@ class _LayerwiseCPUEngine(WeightTransferEngine):
 
     def start_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import (
-            initialize_layerwise_reload,  # lazy: bound after the CPU patches (patches/) replaced it
+            initialize_layerwise_reload,  # lazy: this vLLM submodule loads only when the call needs it
         )
 
         initialize_layerwise_reload(self.model)
 
     def finish_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import (
-            finalize_layerwise_reload,  # lazy: bound after the CPU patches (patches/) replaced it
+            finalize_layerwise_reload,  # lazy: this vLLM submodule loads only when the call needs it
         )
 
         t0 = time.perf_counter()
@@ -152,7 +152,7 @@ class GlooWeightTransferEngine(_LayerwiseCPUEngine):
         if isinstance(init_info, InlineInitInfo):
             return  # object-store buckets: no group
 
-        from vllm.distributed.utils import (  # lazy: bound after the CPU patches (patches/) replaced it
+        from vllm.distributed.utils import (  # lazy: this vLLM submodule loads only when the call needs it
             stateless_init_torch_distributed_process_group,
         )
 
@@ -190,7 +190,7 @@ class GlooWeightTransferEngine(_LayerwiseCPUEngine):
 
     def shutdown(self) -> None:
         if self.group is not None:
-            from vllm.distributed.utils import (  # lazy: bound after the CPU patches (patches/) replaced it
+            from vllm.distributed.utils import (  # lazy: this vLLM submodule loads only when the call needs it
                 stateless_destroy_torch_distributed_process_group,
             )
 
@@ -229,7 +229,7 @@ def register() -> None:
     """Register the engine in vLLM's ``WeightTransferEngineFactory`` (idempotent; must run in the
     engine's process before the ``LLM`` is built)."""
     from vllm.distributed.weight_transfer.factory import (
-        WeightTransferEngineFactory,  # lazy: bound after the CPU patches (patches/) replaced it
+        WeightTransferEngineFactory,  # lazy: this vLLM submodule loads only when the call needs it
     )
 
     try:
