@@ -35,17 +35,9 @@ def _cell(text: str) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
-def _default(f: dataclasses.Field):
-    if f.default is not dataclasses.MISSING:
-        return f.default
-    if f.default_factory is not dataclasses.MISSING:
-        return f.default_factory()
-    return None
-
-
 def _rows(cls, prefix: str, skip: tuple[str, ...] = ()) -> list[tuple[str, str, str]]:
     """(dotted key, default as YAML, description) of every field of dataclass ``cls``, nested ones expanded."""
-    from megatron_rl.cli.config_doc import field_doc
+    from megatron_rl.cli.config_doc import field_default, field_doc
 
     hints = typing.get_type_hints(cls)
     out = []
@@ -60,7 +52,7 @@ def _rows(cls, prefix: str, skip: tuple[str, ...] = ()) -> list[tuple[str, str, 
                 out.append((key, "(section)", doc))
             out += _rows(sub, key + ".")
             continue
-        value = _default(f)
+        value = field_default(f)
         value = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
         out.append((key, json.dumps(value, default=str, ensure_ascii=False), field_doc(cls, f.name)))
     return out

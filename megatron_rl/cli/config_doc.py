@@ -52,7 +52,8 @@ def field_doc(cls, name: str) -> str:
     return ""
 
 
-def _default(f: dataclasses.Field):
+def field_default(f: dataclasses.Field):
+    """A dataclass field's default value (its factory called), None when it has none."""
     if f.default is not dataclasses.MISSING:
         return f.default
     if f.default_factory is not dataclasses.MISSING:
@@ -68,7 +69,7 @@ def _scalar(value) -> str:
 def _value(obj, f: dataclasses.Field):
     """``obj``'s value of field ``f`` (dataclasses as mappings), or the default when ``obj`` is None."""
     if obj is None:
-        return _default(f)
+        return field_default(f)
     v = getattr(obj, f.name)
     return dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from megatron_rl.convert.atomic import check_out_dir, make_temp_dir, replace_dir
+from megatron_rl.convert.atomic import check_out_dir, replace_dir
 from megatron_rl.convert.export import mcore_to_hf_streaming
 from megatron_rl.convert.hf_io import copy_tokenizer_files
 from megatron_rl.convert.live import load_hf_into_model
@@ -37,6 +37,7 @@ from megatron_rl.models.provider import (
     validate_layout,
 )
 from megatron_rl.runtime.diskspace import check_free_on_rank0
+from megatron_rl.runtime.out_dir import make_temp_dir
 from megatron_rl.runtime.parallel import init_parallel
 
 log = logging.getLogger("megatron_rl.convert")

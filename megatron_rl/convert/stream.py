@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_rl.convert import name_maps
-from megatron_rl.convert.atomic import check_out_dir, make_temp_dir, raise_if_disk_full, replace_dir
+from megatron_rl.convert.atomic import check_out_dir, replace_dir
 from megatron_rl.convert.config_json import arch_info
 from megatron_rl.convert.dcp_writer import finish_checkpoint, write_files
 from megatron_rl.convert.hf_io import copy_tokenizer_files
@@ -49,6 +49,7 @@ from megatron_rl.convert.safetensors_index import SafetensorsIndex
 from megatron_rl.models.provider import load_hf_config, validate_layout
 from megatron_rl.runtime.diskspace import DiskSpaceError, NotWritableError, check_free
 from megatron_rl.runtime.launch_env import check_torch_env
+from megatron_rl.runtime.out_dir import make_temp_dir, raise_if_disk_full
 
 log = logging.getLogger("megatron_rl.convert")
 

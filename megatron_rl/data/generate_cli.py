@@ -22,6 +22,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from megatron_rl import __version__
+from megatron_rl.runtime.out_dir import out_entries, refuse_foreign
 
 MANIFEST = "manifest.json"
 
@@ -69,7 +70,10 @@ def generate_kk(a) -> dict:
     import pyarrow as pa  # lazy: defers pyarrow to the call
     import pyarrow.parquet as pq  # lazy: defers pyarrow to the call
 
-    from megatron_rl.data.kk_logic import generate, to_row  # lazy: defers numpy to the call
+    from megatron_rl.data.kk_logic import (  # lazy: defers numpy to the call
+        generate,
+        to_row,
+    )
 
     out = Path(a.out)
     _check_out(out, a.force)
@@ -94,17 +98,12 @@ def generate_kk(a) -> dict:
 
 def _check_out(out: Path, force: bool) -> None:
     """``--out`` is new or empty, or (with ``--force``) an earlier kk output: nothing else is overwritten."""
-    if not out.exists():
-        return
-    if not out.is_dir():
-        raise FileExistsError(f"--out {out} is a file, not a directory")
-    entries = sorted(e.name for e in out.iterdir())
+    out, entries = out_entries(out)
     if not entries:
         return
     mine = (out / MANIFEST).is_file() and json.loads((out / MANIFEST).read_text()).get("source") == "kk"
     if not mine:
-        raise FileExistsError(f"--out {out} is not empty ({', '.join(entries[:3])}) and is not a `data generate kk` "
-                              "output; choose a new or empty --out")
+        refuse_foreign(out, entries, "a `data generate kk` output", "an earlier kk output")
     if not force:
         raise FileExistsError(f"--out {out} already holds a `data generate kk` output; pass --force to replace it")
 

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from megatron_rl import __version__
+from megatron_rl.runtime.out_dir import out_entries, refuse_foreign
 
 #: written into every eval output directory: what makes a directory "ours" (replaceable with --force)
 MARKER = "megatron_rl_eval.json"
@@ -32,18 +33,11 @@ LOG = "eval.log"
 
 def check_eval_out(out: str | os.PathLike, force: bool) -> None:
     """Raise ``FileExistsError`` (one line) unless ``out`` may be written; see the module docstring."""
-    p = Path(out)
-    if not p.exists():
-        return
-    if not p.is_dir():
-        raise FileExistsError(f"--out {out} is an existing file, not a directory; choose another --out")
-    entries = sorted(e.name for e in p.iterdir() if e.name != LOG)
+    _, entries = out_entries(out, ignore=(LOG,))
     if not entries:
         return
     if MARKER not in entries:
-        shown = ", ".join(entries[:3]) + (f", ... ({len(entries)} entries)" if len(entries) > 3 else "")
-        raise FileExistsError(f"--out {out} is not empty ({shown}) and is not an eval output of megatron-rl; refusing "
-                              "to write into it (--force only replaces our own eval outputs): choose a new or empty --out")
+        refuse_foreign(Path(out), entries, "an eval output of megatron-rl", "our own eval outputs")
     foreign = [e for e in entries if e not in OURS]
     if foreign:
         raise FileExistsError(f"--out {out} holds an eval output of megatron-rl plus other files "

@@ -144,7 +144,7 @@ CASES = [
      "--ckpt {X}/used is a training run directory: pass one of its checkpoints, e.g. {X}/used/checkpoints/step_10"),
     # issue 24 (more in tests/unit/test_run_explains.py): nothing overwritten, a run that explains itself
     ("eval-out-user-dir", ["eval", "--data", "{X}/train.parquet", "--completions", "{X}/c.jsonl", "--out", "{X}/userdir",
-                           "--force"], "is not an eval output of megatron-rl; refusing to write into it"),
+                           "--force"], "is not an eval output of megatron-rl; refusing to touch it"),
     ("demo-user-dir", ["demo", "--run-dir", "{X}/userdir"], "holds files the demo did not write (thesis.tex)"),
     ("opsd-no-solution", ["{T}", "algo.kind=opsd", "teacher.template=chat", "algo.opsd.top_k=8"],
      "data.train={X}/train.parquet: 32 of 32 rows have no extra_info.solution"),

@@ -9,14 +9,13 @@ into place, so a failed run leaves nothing half-written.
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
-import shutil
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
+
+from megatron_rl.runtime.out_dir import atomic_dir, out_entries, refuse_foreign
 
 SUFFIXES = (".parquet", ".jsonl", ".json")
 MANIFEST = "manifest.json"
@@ -112,21 +111,13 @@ def write_rows(rows: list[dict], path: Path) -> None:
 
 def check_out_dir(target: str | os.PathLike, force: bool) -> Path:
     """Raise ``FileExistsError`` unless ``target`` may be (over)written (module docstring)."""
-    target = Path(target).resolve()
-    if not target.exists():
-        return target
-    if not target.is_dir():
-        raise FileExistsError(f"--out {target} is an existing file, not a directory; choose another --out")
-    entries = sorted(p.name for p in target.iterdir())
+    target, entries = out_entries(target)
     if not entries:
         return target
     ours = _ours(target)
     foreign = [e for e in entries if not (ours and (e == MANIFEST or e.endswith(".parquet")))]
     if foreign:
-        shown = ", ".join(foreign[:3]) + (f", ... ({len(foreign)} entries)" if len(foreign) > 3 else "")
-        raise FileExistsError(f"--out {target} is not empty ({shown}) and is not a directory written by "
-                              f"'{TOOL}'; refusing to touch it (--force only replaces our own output): "
-                              "choose a new or empty --out")
+        refuse_foreign(target, foreign, f"a directory written by '{TOOL}'", "our own output")
     if not force:
         raise FileExistsError(f"--out {target} already holds prepared data; pass --force to replace it")
     return target
@@ -140,28 +131,7 @@ def _ours(path: Path) -> bool:
     return isinstance(meta, dict) and meta.get("tool") == TOOL
 
 
-@contextlib.contextmanager
-def atomic_out(target: str | os.PathLike, force: bool) -> Iterator[Path]:
-    """Yield a fresh temp dir beside ``target``; on success rename it onto ``target`` (an earlier
-    output of ours is renamed aside first, then deleted); on error delete the temp dir only."""
-    from megatron_rl.convert.atomic import make_temp_dir, raise_if_disk_full  # lazy: defers torch to the call
-
-    target = check_out_dir(target, force)
-    tmp = make_temp_dir(target)
-    try:
-        yield tmp
-        check_out_dir(target, force)
-        old = None
-        if target.exists():
-            if any(target.iterdir()):
-                old = target.parent / f".old-{target.name}-{uuid.uuid4().hex[:8]}"
-                os.rename(target, old)
-            else:
-                target.rmdir()
-        os.replace(tmp, target)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException as e:
-        raise_if_disk_full(e, tmp, target)
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+def atomic_out(target: str | os.PathLike, force: bool):
+    """Write into a fresh temp dir beside ``target``, renamed onto it on success
+    (:func:`megatron_rl.runtime.out_dir.atomic_dir` under :func:`check_out_dir`)."""
+    return atomic_dir(target, force, check_out_dir)
