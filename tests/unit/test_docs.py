@@ -290,8 +290,8 @@ def test_architecture_data_flow_follows_the_code(flow):
             named.append(name)
     pos = 0
     for name in named:
-        assert name in seq[pos:], (f"docs/architecture.md, flow {flow}: `{name}` comes later than the code "
-                                   f"calls it; the code's order: {seq}")
+        assert name in seq[pos:], (f"docs/architecture.md, flow {flow}: `{name}` is out of the code's order "
+                                   f"(named after a call the code makes later); the code's order: {seq}")
         pos = seq.index(name, pos) + 1
     missing = sorted(required - set(named))
     assert not missing, f"docs/architecture.md, flow {flow}: the code calls {missing}, the page does not name them"
