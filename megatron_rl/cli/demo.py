@@ -99,7 +99,7 @@ def prepare(run_dir: Path, seed: int):
     return paths, tok, hf
 
 
-#: what a demo run dir holds besides the training run's artifacts (``trainer/run_dir.RUN_ARTIFACTS``)
+#: what a demo run dir holds besides the training run's artifacts (``trainer/state/run_dir.RUN_ARTIFACTS``)
 DEMO_ENTRIES = ("data", "tokenizer", "init_hf", "sft_hf", "archive", "samples.jsonl")
 #: what the demo's RL phase keeps when it archives the earlier run (``run_dir.archive_run``)
 DEMO_INPUTS = ("data", "tokenizer", "init_hf", "sft_hf")

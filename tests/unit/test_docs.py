@@ -2,6 +2,7 @@
 CLI subcommands, paths, modules, method table, the verl / NeMo-RL key table."""
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -181,3 +182,116 @@ def test_verl_and_nemo_rl_key_table_names_only_existing_keys():
                  "checkpointing.save_period", "algorithm.use_kl_in_reward"):
         assert name in ours, f"{name} missing from the verl / NeMo-RL table"
     assert not _config_key_exists("trainer.prompts_per_step") and not _config_key_exists("algo.<kind>.nope")
+
+
+# ---- the architecture page's data flow follows the code (issue 34) ----------------------------------
+
+#: a flow block of docs/architecture.md -> (module, function, the module's helpers whose calls count as
+#: the function's: the loop's ``_train_steps`` / ``_finish``, the update's ``optimizer_steps``)
+FLOWS = {"run": ("megatron_rl.trainer.loop.rl_loop", "run", ("_train_steps", "_finish")),
+         "rl_step": ("megatron_rl.trainer.loop.rl_loop", "rl_step", ()),
+         "update": ("megatron_rl.trainer.pipeline.update", "update", ("optimizer_steps",))}
+#: attributes of ``Run`` / locals whose method calls the page names (``run.path.logged`` -> ``path.logged``)
+_HOLDERS = ("path", "colo", "source", "actor", "logger", "client", "ref")
+
+
+def _dotted(node) -> list[str] | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return [node.id, *reversed(parts)] if isinstance(node, ast.Name) else None
+
+
+def _normal(parts: list[str], glb: dict):
+    """``(name as the page writes it, resolved object or None)``: ``run.`` / ``rn.`` / ``run.state.``
+    and module aliases (``U.``, ``A.``, ``guard.``) dropped."""
+    import inspect
+
+    obj = None
+    if parts[0] in ("run", "rn") and len(parts) > 1:
+        parts = parts[2:] if parts[1] == "state" and len(parts) > 2 else parts[1:]
+    elif inspect.ismodule(glb.get(parts[0])) and len(parts) > 1:
+        obj = glb[parts[0]]
+        for p in parts[1:]:
+            obj = getattr(obj, p, None)
+        parts = parts[1:]
+    elif len(parts) == 1:
+        obj = glb.get(parts[0])
+    return ".".join(parts), obj
+
+
+def _counts(name: str, obj) -> bool:
+    """A call the flow blocks may name: a hook / method of a run component, a ``Run`` method, or a
+    function or class of the package."""
+    from megatron_rl.trainer.loop.setup import Run
+
+    if "." in name:
+        return name.split(".")[0] in _HOLDERS
+    return hasattr(Run, name) or getattr(obj, "__module__", "").startswith("megatron_rl")
+
+
+def _flow_calls(flow: str) -> tuple[list[str], set[str]]:
+    """The calls of the flow's function in execution order (arguments before the call, a helper of
+    ``FLOWS`` expanded where it is called), and those the page must name: every hook of a path,
+    colocation or rollout source, and the package's functions the function itself calls."""
+    import importlib
+    import inspect
+    import textwrap
+
+    module, fn, expand = FLOWS[flow]
+    mod = importlib.import_module(module)
+    seq, required = [], set()
+
+    def walk(func_name: str, top: bool):
+        tree = ast.parse(textwrap.dedent(inspect.getsource(getattr(mod, func_name))))
+
+        class V(ast.NodeVisitor):
+            def visit_Call(self, node):
+                self.generic_visit(node)
+                parts = _dotted(node.func)
+                if parts is None:
+                    return
+                name, obj = _normal(parts, vars(mod))
+                if _counts(name, obj):
+                    seq.append(name)
+                    if name.split(".")[0] in ("path", "colo", "source") or (
+                            top and inspect.isfunction(obj) and not name.startswith("_")):
+                        required.add(name)
+                if name in expand:
+                    walk(name, False)
+
+        V().visit(tree.body[0])
+
+    walk(fn, True)
+    return seq, required
+
+
+def _flow_block(flow: str) -> str:
+    m = re.search(rf"<!-- flow: {flow} -->\n```text\n(.*?)```", page("architecture.md"), re.DOTALL)
+    assert m, f"docs/architecture.md has no flow block `<!-- flow: {flow} -->` followed by a text fence"
+    return m.group(1)
+
+
+@pytest.mark.parametrize("flow", sorted(FLOWS))
+def test_architecture_data_flow_follows_the_code(flow):
+    """The data-flow block of ``run`` / ``rl_step`` / ``update`` on docs/architecture.md names the calls
+    the function makes (read from its source with ``ast``) in the order it makes them: every name of
+    the block that is one of the function's calls must come after the previous one in the code's call
+    sequence, and every path / colocation / rollout-source hook and every package function the function
+    calls must be named."""
+    seq, required = _flow_calls(flow)
+    assert required, f"no calls read from {flow}"
+    block = _flow_block(flow)
+    named = []
+    for tok in re.findall(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*", block):
+        name, _ = _normal(tok.split("."), {})
+        if name in seq:
+            named.append(name)
+    pos = 0
+    for name in named:
+        assert name in seq[pos:], (f"docs/architecture.md, flow {flow}: `{name}` is out of the code's order "
+                                   f"(named after a call the code makes later); the code's order: {seq}")
+        pos = seq.index(name, pos) + 1
+    missing = sorted(required - set(named))
+    assert not missing, f"docs/architecture.md, flow {flow}: the code calls {missing}, the page does not name them"

@@ -1,4 +1,4 @@
-"""The RL loop. Reads like DESIGN.md's diagram: one named call per stage.
+"""The RL loop. One named call per stage, as docs/architecture.md's data flow lists them.
 
     collect (generate -> reward -> dynamic sampling …, on the driver) -> broadcast
            -> update (old/ref log-probs -> advantages -> [mini-batch -> optimizer step]*)

@@ -182,7 +182,7 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
     """init_parallel -> tokenizer, data, reward manager, actor (+ reference), engines, logger: the
     :class:`Run`, built once. ``resume``: ``"auto"`` (newest complete checkpoint, if any), a checkpoint
     path, or None; ``overwrite``: a fresh run in a used ``run_dir`` archives the earlier one (else it is
-    refused), all but the new run's inputs and ``keep`` (``trainer/run_dir.archive_run``);
+    refused), all but the new run's inputs and ``keep`` (``trainer/state/run_dir.archive_run``);
     ``allow_config_change``: resume despite a changed method / group size / model (``trainer/state/run_config.py``)."""
     backend = preflight(cfg, resume, overwrite, allow_config_change)   # every user error before anything starts
 

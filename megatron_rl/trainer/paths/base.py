@@ -101,7 +101,7 @@ class DataPath(abc.ABC):
         """Hook (collective): after the old / ref log-prob passes, before the advantages."""
 
     def train_rows(self, ctx: UpdateContext, s: Sampled, rows: Rows, lp: LogProbs, step: int, metrics: dict) -> Rows:
-        """Hook (collective): the rows the loss trains on (``trainer/update.Rows``); all sampled rows here."""
+        """Hook (collective): the rows the loss trains on (``trainer/pipeline/update.Rows``); all sampled rows here."""
         return rows
 
     def mini_batch_inputs(self, ctx: UpdateContext, rows: Rows, hp, loss: str, step: int) -> tuple[dict, dict]:

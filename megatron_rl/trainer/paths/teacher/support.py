@@ -13,7 +13,7 @@ per kept sample on the hint path, one per sample on the ground-truth path) is pa
 ``teacher.pack_len`` tokens and run as one forward-only schedule.
 
 At train time the student's support is re-gathered with gradient at the same ids (``support_idx``,
-read by ``trainer/objective.Objective``).
+read by ``trainer/pipeline/objective.Objective``).
 """
 from __future__ import annotations
 
