@@ -6,7 +6,7 @@
 2. the ownership rule against Megatron-core's own ``utils.get_batch_on_this_cp_rank`` on that group;
 3. ``gather_cp``: each rank's slice of a tensor gathered over the CP group recovers the full frame, and
    its backward hands each rank exactly its own rows of the gradient;
-4. the actor's CP path (``_LogProbModel._logprobs`` / ``_collect_support`` on a rank's slice of the logits,
+4. the actor's CP path (``LogProbModel._logprobs`` / ``_collect_support`` on a rank's slice of the logits,
    packed THD rows and padded rows): log-probs, entropy, top-k equal the unsplit computation on the
    full logits, and the logits' gradient, summed over the ranks' slices, equals the unsplit one.
 Rank 0 writes the record; both ranks assert nothing themselves (the test does).
@@ -74,7 +74,7 @@ def main(out: str) -> None:
     from transformers import Qwen3Config
 
     from megatron_rl.runtime.parallel import destroy_parallel, init_parallel
-    from megatron_rl.trainer.policy.actor import _LogProbModel
+    from megatron_rl.trainer.policy.logprob_model import LogProbModel
     from megatron_rl.trainer.pipeline.batch import make_batch
     from megatron_rl.trainer.policy.context_parallel import (
         gather_cp,
@@ -90,7 +90,7 @@ def main(out: str) -> None:
 
     info = init_parallel(1, 1, seed=3, cp=2)
     rank, rec = dist.get_rank(), {}
-    model = _LogProbModel(Qwen3Config(vocab_size=37), [], None, 1.0, False, info)
+    model = LogProbModel(Qwen3Config(vocab_size=37), [], None, 1.0, False, info)
     g = model.groups
     rec["groups"] = {"info_dp": info.dp, "info_cp": info.cp, "cp_rank": info.cp_rank, "groups_cp": g.cp_size,
                      "groups_dp": g.dp_size, "dp": ps.get_data_parallel_world_size(),
