@@ -153,7 +153,7 @@ def _config_key_exists(key: str) -> bool:
 
 def test_verl_and_nemo_rl_key_table_names_only_existing_keys():
     """The verl / NeMo-RL -> megatron_rl table: every key of ours exists in the config (so the table
-    cannot drift from ``config.py`` / ``algorithms/hparams.py``), every row maps or says "no key",
+    cannot drift from ``config_sections.py`` / ``config.py`` / ``algorithms/hparams.py``), every row maps or says "no key",
     and the names users arrive with are there."""
     section = page("reference/coming-from-verl.md")
     rows = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in section.splitlines()
