@@ -36,7 +36,6 @@ from megatron_rl.runtime.path_kind import check_model_path
 __all__ = ["AlgoConfig", "Config", "DataConfig", "LoggingConfig", "ModelConfig", "OptimConfig", "ParallelConfig",
            "RewardConfig", "RolloutConfig", "TeacherConfig", "TrainerConfig", "from_dict", "load_config", "validate"]
 
-_UNSET = object()
 
 
 @dataclasses.dataclass(frozen=True)
