@@ -37,7 +37,6 @@ __all__ = ["AlgoConfig", "Config", "DataConfig", "LoggingConfig", "ModelConfig",
            "RewardConfig", "RolloutConfig", "TeacherConfig", "TrainerConfig", "from_dict", "load_config", "validate"]
 
 
-
 @dataclasses.dataclass(frozen=True)
 class AlgoConfig:
     kind: str = "grpo"
