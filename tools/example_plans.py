@@ -15,7 +15,8 @@ import shlex
 from pathlib import Path
 
 from megatron_rl.cli import parse_command
-from megatron_rl.cli.plan import GIB, fits, report_for
+from megatron_rl.cli.plan import report_for
+from megatron_rl.cli.plan_memory import GIB, fits
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "examples" / "configs"

@@ -3,7 +3,7 @@ published shape, and ``megatron-rl plan``'s estimate of the same job beside the 
 
     python tools/gpu_check_run.py --out DIR [--shape qwen3-1.7b] [--seq-len 4096] [--rows 4] [--steps 2]
 
-What runs: a random HF checkpoint of ``--shape`` (a preset of ``megatron_rl/cli/plan.py``; ``tiny`` for a CPU
+What runs: a random HF checkpoint of ``--shape`` (a preset of ``megatron_rl/cli/plan_arch.py``; ``tiny`` for a CPU
 smoke run) written to ``DIR/model`` in bf16 on CUDA (fp32 on CPU); the policy (``PolicyActor``, the layer
 backend ``auto`` resolves to, distributed optimizer, ``model.recompute`` of ``--recompute``) and a frozen
 reference (``ReferencePolicy``) loaded from it, as ``setup_run`` builds them; ``--steps`` optimizer steps
@@ -34,7 +34,7 @@ def write_random_model(shape: str, out: Path, bf16: bool) -> dict:
     from safetensors.torch import save_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from megatron_rl.cli.plan import PRESETS
+    from megatron_rl.cli.plan_arch import PRESETS
 
     hf = dict(TINY if shape == "tiny" else PRESETS[shape])
     hf.update(max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1e6, bos_token_id=1, eos_token_id=2,
@@ -54,7 +54,7 @@ def write_random_model(shape: str, out: Path, bf16: bool) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="work folder (model, gpu_check.json)")
-    p.add_argument("--shape", default="qwen3-1.7b", help="a preset of megatron_rl/cli/plan.py, or tiny")
+    p.add_argument("--shape", default="qwen3-1.7b", help="a preset of megatron_rl/cli/plan_arch.py, or tiny")
     p.add_argument("--seq-len", type=int, default=4096)
     p.add_argument("--rows", type=int, default=4, help="sequences per step (one per micro-batch)")
     p.add_argument("--steps", type=int, default=2)
@@ -66,7 +66,8 @@ def main(argv=None) -> int:
     from megatron_rl.runtime import device
     from megatron_rl.models.provider import load_hf_config, recompute_overrides
     from megatron_rl.runtime.parallel import init_parallel
-    from megatron_rl.cli.plan import GIB, ArchSpec, PlanInputs, estimate
+    from megatron_rl.cli.plan_arch import ArchSpec
+    from megatron_rl.cli.plan_memory import GIB, PlanInputs, estimate
     from megatron_rl.trainer.loop.preflight import check_backend
     from megatron_rl.trainer.policy.actor import PolicyActor, ReferencePolicy
     from megatron_rl.trainer.pipeline.batch import make_batch

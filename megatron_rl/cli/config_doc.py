@@ -1,7 +1,7 @@
 """``megatron-rl train --print-config [--algo KIND]``: every config key, its default and its description.
 
 The descriptions are the ones in the code, read from the source of the dataclasses: the string under a
-field (``config.py``) or its ``#:`` comment (``algorithms/hparams.py``), looked up along the class's
+field (``config_sections.py``, ``config.py``) or its ``#:`` comment (``algorithms/hparams.py``), looked up along the class's
 bases so an inherited field keeps its text. The output is YAML with each description as a comment
 above its key, so it is both the reference and a loadable starting config (``> my.yaml``). Imports
 ``config`` and ``algorithms`` only (no ``megatron_rl.trainer``).

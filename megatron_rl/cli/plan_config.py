@@ -1,6 +1,6 @@
 """`megatron-rl plan --config run.yaml`: the plan of a run config.
 
-:func:`config_inputs` reads from a run config the :class:`~megatron_rl.cli.plan.PlanInputs` fields the
+:func:`config_inputs` reads from a run config the :class:`~megatron_rl.cli.plan_memory.PlanInputs` fields the
 config decides::
 
     tp, pp, vpp, cp, sequence_parallel   parallel.*

@@ -169,7 +169,7 @@ def cuda_fusions(backend: str, cuda: bool | None = None, wgrad_ext: bool | None 
     """The CUDA fusions a build turns on (all off on CPU, where the fused kernels do not exist):
 
     * ``bias_activation_fusion`` (SwiGLU in one kernel, megatron's ``bias_swiglu_impl``; with it the MLP
-      keeps ~3f/t activations per token instead of ~5f/t, ``plan.activation_bytes``): on with CUDA;
+      keeps ~3f/t activations per token instead of ~5f/t, ``plan_memory.activation_bytes``): on with CUDA;
     * ``apply_rope_fusion`` (Transformer Engine's fused RoPE): on with CUDA and ``backend="te"``;
     * ``gradient_accumulation_fusion`` (wgrad accumulated into ``main_grad`` inside the GEMM): on with
       CUDA, ``te`` and apex's ``fused_weight_gradient_mlp_cuda`` extension (``wgrad_ext``; None: look

@@ -84,7 +84,7 @@ def test_repo_paths_in_docs_exist(name):
 
 
 def test_plan_presets_listed_in_plan_page():
-    from megatron_rl.cli.plan import PRESETS
+    from megatron_rl.cli.plan_arch import PRESETS
 
     section = page("plan-and-memory.md")
     for name in PRESETS:
@@ -153,7 +153,7 @@ def _config_key_exists(key: str) -> bool:
 
 def test_verl_and_nemo_rl_key_table_names_only_existing_keys():
     """The verl / NeMo-RL -> megatron_rl table: every key of ours exists in the config (so the table
-    cannot drift from ``config.py`` / ``algorithms/hparams.py``), every row maps or says "no key",
+    cannot drift from ``config_sections.py`` / ``config.py`` / ``algorithms/hparams.py``), every row maps or says "no key",
     and the names users arrive with are there."""
     section = page("reference/coming-from-verl.md")
     rows = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in section.splitlines()

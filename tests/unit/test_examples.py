@@ -49,7 +49,7 @@ def stand_in_model(path: Path, tmp: Path) -> str:
     """A folder with the config.json of the example's model (weights are not needed to validate)."""
     import json
 
-    from megatron_rl.cli.plan import PRESETS
+    from megatron_rl.cli.plan_arch import PRESETS
 
     prefix = next((k for k in PRESET_OF if path.stem.startswith(k + "_")), None)
     cfg = TINY_HF if path.stem.startswith("tiny_cpu_") else PRESETS[PRESET_OF[prefix]] if prefix else None
@@ -105,9 +105,10 @@ def test_large_config_plan_command_fits(path, capsys):
     if cmd.args.config:
         cmd.args.config = str(REPO / cmd.args.config)
     from megatron_rl.cli import plan
+    from megatron_rl.cli.plan_memory import GIB
 
     rep = plan.run(cmd.args)
-    assert rep.peak <= rep.inputs.gpu_mem_gib * plan.GIB, capsys.readouterr().out
+    assert rep.peak <= rep.inputs.gpu_mem_gib * GIB, capsys.readouterr().out
     cfg_text = path.read_text()
     assert f"tp: {rep.inputs.tp}\n" in cfg_text and f"pp: {rep.inputs.pp}\n" in cfg_text
 
@@ -165,7 +166,8 @@ def test_readme_command_lines_parse(line, tmp_path):
         assert path.is_file(), f"docs example uses a missing config: {cmd.args.config}"
         load(path, [*cmd.args.overrides, f"model.hf_path={stand_in_model(path, tmp_path)}"])
     if cmd.command == "plan":
-        from megatron_rl.cli.plan import PlanInputs, estimate, load_arch
+        from megatron_rl.cli.plan_arch import load_arch
+        from megatron_rl.cli.plan_memory import PlanInputs, estimate
 
         fields = set(PlanInputs.__dataclass_fields__)
         estimate(load_arch(cmd.args.model), PlanInputs(**{k: v for k, v in vars(cmd.args).items() if k in fields}))

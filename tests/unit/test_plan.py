@@ -11,19 +11,9 @@ import textwrap
 
 import pytest
 
-from megatron_rl.cli.plan import (
-    GIB,
-    PRESETS,
-    ArchSpec,
-    PlanInputs,
-    add_arguments,
-    estimate,
-    fits,
-    format_report,
-    load_arch,
-    padded_vocab,
-    params_per_gpu,
-)
+from megatron_rl.cli.plan import add_arguments, format_report
+from megatron_rl.cli.plan_arch import PRESETS, ArchSpec, load_arch
+from megatron_rl.cli.plan_memory import GIB, PlanInputs, estimate, fits, padded_vocab, params_per_gpu
 
 TINY = {  # hidden 64, 2 layers, GQA 4/2, head_dim 16, vocab 256 (a multiple of 128: no padding)
     "Qwen3ForCausalLM": dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_size=64, num_hidden_layers=2,
@@ -243,7 +233,7 @@ def test_config_built_copies_swiglu_recompute_and_engine_share():
     assert estimate(a, PlanInputs(recompute="full", recompute_method="block", **base)).activations == inp + 2 * per_tok
     share = estimate(a, PlanInputs(rollout_mem_util=0.5, **base))
     assert share.rollout_total == 40 * GIB and share.generation_peak == r.trainer_resident + 40 * GIB and fits(share)
-    from megatron_rl.cli.plan import activation_bytes
+    from megatron_rl.cli.plan_memory import activation_bytes
 
     first, last, _ = activation_bytes(a, PlanInputs(pp=2, **base), 256)
     i_first, i_last, _ = activation_bytes(a, PlanInputs(pp=2, vpp=2, **base), 256)   # interleaved: x (1 + (p-1)/(p v))

@@ -6,8 +6,8 @@ Two levels:
   when ``model.hf_path`` has one), asked of the registries: the method's data path (``trainer/paths``:
   hparams class, inputs it produces, its own rules), async rollouts with that path, registered reward
   names, lengths against ``rollout.max_model_len`` and the model's positions, top-k against the
-  vocabulary, group size of group-relative methods, non-negative counters. ``config.py`` (a leaf: it
-  imports no trainer) checks only types, ranges and enums; every entry point that starts a run loads
+  vocabulary, group size of group-relative methods, non-negative counters. ``config.py`` and
+  ``config_sections.py`` (leaves: they import no trainer) check only types, ranges and enums; every entry point that starts a run loads
   through :func:`load_checked` (``train``, ``demo``, ``plan --config``), and :func:`preflight` runs it
   again first for a ``Config`` built in code.
 * :func:`preflight` — what a run on *this* machine needs: the model, tokenizer and data files exist,

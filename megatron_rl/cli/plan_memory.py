@@ -1,0 +1,364 @@
+"""The memory model of ``megatron-rl plan``: per-GPU bytes of a model x TP x PP x DP x micro-batch x seq-len.
+
+Pure arithmetic on an :class:`~megatron_rl.cli.plan_arch.ArchSpec` and :class:`PlanInputs`: it imports
+neither torch nor megatron. The flags named below are the ``megatron-rl plan`` options of each input
+(``cli/plan.py``).
+
+Notation: h hidden, L layers, a query heads, k KV heads, d head dim, q = a·d, kv = k·d, f FFN size,
+V vocab padded to a multiple of 128·t (Megatron's ``make_vocab_size_divisible_by``), t TP, p PP,
+r DP, s seq-len, e bytes per activation element (2 bf16/fp16, 4 fp32), σ = t with sequence
+parallelism else 1, T the token slots of one micro-batch per DP rank: b·s for padded micro-batches
+of b sequences (``trainer.micro_batch_size``), or the token budget B (``trainer.max_tokens_per_micro_batch``)
+for packed ones: rows x row length <= B, whatever the sequence lengths (``trainer/pipeline/packing.py``).
+
+Parameters per GPU (the heaviest pipeline stage)::
+
+    layer  = (h·(q + 2kv) + q·h + 3·h·f + qkv_bias·(q + 2kv)) / t + 2h + qk_norm·2d
+    stage0 = V·h/t + (L/p)·layer                       (embedding)
+    stageN = (L/p)·layer + h + [untied or p > 1]·V·h/t (final norm, output layer / tied copy)
+
+Training state per parameter (Megatron distributed-optimizer table; ``--no-dist-opt`` sets r' = 1)::
+
+    bf16/fp16:  2 (param) + 4 (fp32 main grad) + 12/r' (fp32 master, Adam m, v)
+    fp32:       4 (param) + 4 (grad)           +  8/r' (Adam m, v)
+
+Activations (rough; after Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+Transformer Models", eq. 1-2, generalised to GQA + SwiGLU and no dropout), bytes per token per layer::
+
+    norms   e·2h/σ                       (inputs of the two RMSNorms)
+    attn    e·(h/σ + (q + 2kv)/t + q/t)  (QKV input, Q/K/V, out-proj input)
+            + e·a·s/t                    (softmax probs, rows of s tokens; 0 with flash attention /
+                                          selective recompute)
+    mlp     e·(h/σ + 3f/t)               (fc1 input, gate+up outputs, SwiGLU output), with the fused
+                                         SwiGLU (``bias_activation_fusion``, on with CUDA); the unfused
+                                         one also keeps silu(gate) and its input: e·(h/σ + 5f/t)
+
+With 1F1B the first stage keeps p micro-batches of L/p layers in flight, i.e. L layers' worth
+(Korthikanti §4.2.3): activations = T·L·per_layer; interleaved 1F1B with v virtual stages
+(``parallel.vpp``) keeps 1 + (p − 1)/(p·v) times that (Megatron-LM's theoretical memory estimate). Full recompute (Megatron's ``recompute_method``):
+uniform with k layers per unit keeps each unit's input (ceil(n/k)·e·h/σ per token) plus one unit's
+activations (k layers) while it is recomputed; block with k keeps only the inputs of the first k layers
+and everything of the other n − k, plus one recomputed layer. Selective recompute (Megatron's default
+module: core attention) drops the softmax term only, which flash attention never stores. The last stage also holds the logits:
+T·(V/t)·(e + 4 + 4) (logits, fp32 copy, fp32 softmax for log-prob/entropy backward).
+
+Context parallelism c (``parallel.cp``, Transformer Engine's p2p ring, ``trainer/policy/context_parallel.py``):
+each GPU holds T/c of every micro-batch's tokens, so activations and logits above use T/c; the ring
+adds, for the one layer whose attention runs, the KV chunk being sent plus the one being received
+(double-buffered): ``cp_ring = 2·(T/c)·(2·kv/t)·e`` (forward, and again in backward, where TE
+re-circulates KV rather than keep the other ranks' chunks). The gathered per-token log-probs (T·4
+bytes) are negligible. The distributed optimizer shards over DP × CP (Megatron's
+``get_data_parallel_group(with_context_parallel=True)``): r' = r·c; GPUs = t·p·c·r. A token budget
+below the longest sequence a pass holds (``--max-model-len``, default ``--seq-len``) is refused, as
+config validation refuses one below ``rollout.max_model_len``.
+
+Colocated rollout engine (vLLM, TP t_r) on the same GPU::
+
+    weights  = e_w · P_total / t_r
+    KV cache = 2 · L · ceil(k / t_r) · d · e_kv · n_seqs · (prompt + response tokens)
+
+With ``rollout.gpu_memory_utilization`` u (``--rollout-mem-util``; a run config always sets it: null =
+0.5 colocated, 0.9 separate) the engine takes u × the device's memory (``--gpu-total-gib``, 80) whatever
+it needs, as vLLM sizes its KV cache to fill that share, and its weights + KV + overhead must fit in
+the share (else it holds fewer sequences than ``--rollout-seqs``: refused like a layout that does not fit).
+
+Copies of the weights beside the policy's (``--config`` reads them from the method): the reference
+policy (model precision) and the teacher's snapshot / EMA shadow (an fp32 copy of the local shard, plus
+the live weights it saves in model precision while a teacher pass runs, ``trainer/paths/teacher/weights.py``);
+``--extra-weight-copies`` adds copies in model precision on top.
+
+Colocated placement (``rollout.placement: colocated``, the default) runs two phases on every GPU, in
+the loop's order: generate -> engines sleep -> trainer onloads -> update -> trainer offloads ->
+engines wake. Both engines release what they hold when slept (vLLM sleep level 1: weights to host,
+KV cache freed; the HF engine drops weights and cache), so a slept engine keeps only its own
+process's CUDA context (``--overhead-gib``). The trainer offloads per ``trainer.offload``
+(``trainer/policy/offload.py``; ``offload()`` also empties the caching allocator, so freed activations
+return to the driver)::
+
+    resident   = overhead + extra copies + { none: weights + grads + optimizer | optimizer: weights | all: 0 }
+    update     = train total + overhead                  (the slept engine)
+    generation = resident + rollout engine total         (engine weights + KV cache + overhead)
+    peak       = max(update, generation)
+
+``--no-engine-sleep`` (engines keep weights and KV during the update) makes update = train total +
+rollout weights + KV. Separate placement (``--separate``: the engines on GPUs of their own) checks
+both kinds of GPU: peak = max(train total, rollout engine total). All figures exclude allocator
+fragmentation; ``--overhead-gib`` (default 2) stands for the CUDA context, NCCL buffers and
+workspaces of each process. The budget ``--gpu-mem-gib`` is 78 GiB: what an 80 GB H100 leaves usable.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from megatron_rl.cli.plan_arch import ArchSpec
+
+GIB = 1024 ** 3
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+OFFLOAD_MODES = ("none", "optimizer", "all")   # trainer.offload (trainer/policy/offload.py; no torch import here)
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """Parallel layout, batch shape and precision of a planned job."""
+
+    tp: int = 1
+    pp: int = 1
+    vpp: int = 1                     # virtual stages per rank (interleaved 1F1B, parallel.vpp)
+    cp: int = 1                      # context parallelism (parallel.cp): each sequence split over cp GPUs
+    dp: int = 1
+    micro_batch: int | None = None   # padded sequences per micro-batch (trainer.micro_batch_size); None = 1
+    seq_len: int = 4096              # one training sequence (prompt + response): a padded row, the longest packed one
+    max_tokens_per_micro_batch: int = 0  # token budget of a packed micro-batch per DP rank; 0 = padded micro-batches
+    max_model_len: int | None = None     # longest sequence a pass holds (rollout.max_model_len; default seq_len)
+    dtype: str = "bf16"
+    dist_opt: bool = True
+    sequence_parallel: bool = False
+    flash_attn: bool = True
+    recompute: str = "none"          # none | selective | full
+    recompute_method: str = "uniform"  # full recompute: uniform | block
+    recompute_num_layers: int = 1    # full recompute: layers per unit (uniform) / recomputed layers (block)
+    fused_swiglu: bool = True        # bias_activation_fusion (on with CUDA): 3f/t instead of 5f/t MLP activations
+    reference: bool = False          # a frozen reference policy (model precision) on the GPU
+    teacher_shadow: bool = False     # the teacher's snapshot / EMA weights (fp32 copy) + the live copy of a teacher pass
+    extra_weight_copies: int = 0     # further weight copies (model precision) kept on the GPU
+    colocated: bool = True
+    engine_sleep: bool = True
+    offload: str = "none"            # trainer.offload: none | optimizer | all
+    rollout_engines: int = 1         # rollout.num_engines (GPUs of separate placement: engines x rollout_tp)
+    rollout_tp: int = 1
+    rollout_mem_util: float | None = None  # rollout.gpu_memory_utilization: the engine's share of the GPU
+    rollout_seqs: int = 64           # concurrent sequences in the engine's KV cache
+    rollout_len: int | None = None   # prompt + response tokens (default: seq_len)
+    kv_dtype: str = "bf16"
+    overhead_gib: float = 2.0
+    gpu_mem_gib: float = 78.0        # usable of an 80 GB H100
+    gpu_total_gib: float = 80.0      # what gpu_memory_utilization is a fraction of
+    vocab_multiple: int = 128
+
+    def __post_init__(self):
+        for f in ("tp", "pp", "vpp", "cp", "dp", "micro_batch", "seq_len", "rollout_tp", "rollout_seqs", "rollout_engines",
+                  "vocab_multiple", "max_model_len"):
+            if getattr(self, f) is not None and getattr(self, f) < 1:
+                raise ValueError(f"{f} must be >= 1, got {getattr(self, f)}")
+        self._check_budget()
+        if self.dtype not in DTYPE_BYTES or self.kv_dtype not in DTYPE_BYTES:
+            raise ValueError(f"dtype/kv_dtype must be one of {sorted(DTYPE_BYTES)}, got {self.dtype!r}/{self.kv_dtype!r}")
+        if self.offload not in OFFLOAD_MODES:
+            raise ValueError(f"offload must be one of {'|'.join(OFFLOAD_MODES)}, got {self.offload!r}")
+        if self.recompute not in ("none", "selective", "full"):
+            raise ValueError(f"recompute must be none|selective|full, got {self.recompute!r}")
+        if self.recompute_method not in ("uniform", "block") or self.recompute_num_layers < 1:
+            raise ValueError(f"--recompute-method must be uniform|block and --recompute-num-layers >= 1, got "
+                             f"{self.recompute_method!r} / {self.recompute_num_layers}")
+        if self.rollout_mem_util is not None and not 0 < self.rollout_mem_util <= 1:
+            raise ValueError(f"--rollout-mem-util must be in (0, 1], got {self.rollout_mem_util}")
+        if self.sequence_parallel and self.tp == 1:
+            raise ValueError("sequence_parallel needs tp > 1")
+        if not self.gpu_mem_gib > 0 or self.overhead_gib < 0:
+            raise ValueError(f"--gpu-mem-gib must be > 0 and --overhead-gib >= 0, got {self.gpu_mem_gib} / "
+                             f"{self.overhead_gib}")
+        if self.extra_weight_copies < 0 or (self.rollout_len is not None and self.rollout_len < 1):
+            raise ValueError(f"--extra-weight-copies must be >= 0 and --rollout-len >= 1, got "
+                             f"{self.extra_weight_copies} / {self.rollout_len}")
+
+    def _check_budget(self) -> None:
+        """The token budget's rules, as config validation states them (one line naming the numbers)."""
+        budget, longest = self.max_tokens_per_micro_batch, self.max_model_len or self.seq_len
+        if budget < 0:
+            raise ValueError(f"--max-tokens-per-micro-batch must be >= 0 (0 = padded micro-batches), got {budget}")
+        if budget and self.micro_batch is not None:
+            raise ValueError(f"--micro-batch={self.micro_batch} sets padded micro-batches, but "
+                             f"--max-tokens-per-micro-batch={budget} packs them by tokens: drop one")
+        if longest < self.seq_len:
+            raise ValueError(f"--max-model-len={longest} is below --seq-len={self.seq_len} (one training sequence)")
+        if budget and budget < longest:
+            what = "--max-model-len" if self.max_model_len else "--seq-len"
+            raise ValueError(f"--max-tokens-per-micro-batch={budget} is below {what}={longest}: a single sequence "
+                             f"longer than the budget cannot be packed; raise it to >= {longest}")
+
+    @property
+    def micro_batch_tokens(self) -> int:
+        """T: token slots of one micro-batch per DP rank (the budget, else rows x seq_len)."""
+        return self.max_tokens_per_micro_batch or (self.micro_batch or 1) * self.seq_len
+
+    def micro_batch_text(self) -> str:
+        """How the report names the micro-batch: ``40960 tokens (packed)`` or ``4 x 18432 (padded)``."""
+        if self.max_tokens_per_micro_batch:
+            return f"{self.max_tokens_per_micro_batch} tokens (packed)"
+        return f"{self.micro_batch or 1} x {self.seq_len} (padded)"
+
+
+class ParamCounts(NamedTuple):
+    """Parameters held by one GPU of the first and of the last pipeline stage."""
+
+    first_stage: int
+    last_stage: int
+    padded_vocab: int
+
+    @property
+    def max(self) -> int:
+        return max(self.first_stage, self.last_stage)
+
+
+def check_layout(arch: ArchSpec, inp: PlanInputs) -> None:
+    """Megatron's divisibility rules; the message names the offending sizes."""
+    for what, n, by, byname in (("num_attention_heads", arch.heads, inp.tp, "tp"),
+                                ("num_key_value_heads", arch.kv_heads, inp.tp, "tp"),
+                                ("num_hidden_layers", arch.layers, inp.pp, "pp"),
+                                ("num_attention_heads", arch.heads, inp.rollout_tp, "--rollout-tp")):
+        if n % by:
+            raise ValueError(f"{arch.name}: {what}={n} is not divisible by {byname}={by}")
+
+
+def padded_vocab(vocab: int, tp: int, multiple: int = 128) -> int:
+    """Megatron pads the vocabulary to a multiple of ``multiple * tp``."""
+    m = multiple * tp
+    return int(math.ceil(vocab / m) * m)
+
+
+def params_per_gpu(arch: ArchSpec, inp: PlanInputs) -> ParamCounts:
+    """Parameters on one GPU of the first and last pipeline stage (module docstring formula)."""
+    check_layout(arch, inp)
+    t, h, d = inp.tp, arch.hidden, arch.head_dim
+    q, kv = arch.heads * d, arch.kv_heads * d
+    sharded = h * (q + 2 * kv) + q * h + 3 * h * arch.ffn + arch.qkv_bias * (q + 2 * kv)
+    layer = sharded // t + 2 * h + arch.qk_norm * 2 * d
+    v = padded_vocab(arch.vocab, t, inp.vocab_multiple)
+    emb = v * h // t
+    body = (arch.layers // inp.pp) * layer
+    if inp.pp == 1:
+        n = body + emb + h + (0 if arch.tied else emb)
+        return ParamCounts(n, n, v)
+    return ParamCounts(body + emb, body + h + emb, v)  # last stage: output layer or tied copy
+
+
+def activation_bytes(arch: ArchSpec, inp: PlanInputs, padded_v: int) -> tuple[int, int, int]:
+    """Activation bytes for one GPU: (first stage, last stage without logits, logits).
+
+    First stage: 1F1B keeps p micro-batches of L/p layers in flight = L layers' worth. The last
+    stage keeps one micro-batch of its L/p layers, plus the logits. With p = 1 both are L layers.
+    """
+    e = DTYPE_BYTES[inp.dtype]
+    t, sig = inp.tp, (inp.tp if inp.sequence_parallel else 1)
+    h, q, kv = arch.hidden, arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
+    tokens = math.ceil(inp.micro_batch_tokens / inp.cp)    # this CP rank's share of the micro-batch
+    mlp = 3 if inp.fused_swiglu else 5
+    per_tok = e * (2 * h / sig + h / sig + (q + 2 * kv) / t + q / t + h / sig + mlp * arch.ffn / t)
+    if not inp.flash_attn and inp.recompute == "none":
+        per_tok += e * arch.heads * inp.seq_len / t
+
+    def layers_worth(n: int) -> float:
+        if inp.recompute != "full":
+            return tokens * n * per_tok
+        k, inputs = min(inp.recompute_num_layers, n), e * h / sig
+        if inp.recompute_method == "uniform":   # each unit's input, plus one unit recomputed
+            return tokens * (math.ceil(n / k) * inputs + k * per_tok)
+        return tokens * (k * inputs + (n - k) * per_tok + per_tok)   # block: k layers recomputed, one at a time
+
+    logits = tokens * (padded_v / t) * (e + 4 + 4)
+    ring = 2 * tokens * (2 * kv / t) * e if inp.cp > 1 else 0   # TE's p2p ring: the KV chunk sent + the one received
+    # interleaved 1F1B keeps more micro-batches in flight on the first stage: Megatron-LM's
+    # theoretical_memory_usage.py penalty 1 + (p - 1) / (p * v)
+    penalty = 1 + (inp.pp - 1) / (inp.pp * inp.vpp) if inp.vpp > 1 else 1.0
+    return (int(layers_worth(arch.layers) * penalty + ring), int(layers_worth(arch.layers // inp.pp) + ring),
+            int(logits))
+
+
+@dataclass(frozen=True)
+class PlanReport:
+    """Per-GPU memory estimate; every field in bytes except the counts."""
+
+    arch: ArchSpec
+    inputs: PlanInputs
+    params: ParamCounts
+    stage: str                       # the heaviest pipeline stage: "only" | "first" | "last"
+    weights: int
+    grads: int
+    optimizer: int
+    extra_copies: int
+    activations: int
+    logits: int
+    overhead: int
+    rollout_weights: int
+    rollout_kv: int
+
+    @property
+    def train_total(self) -> int:
+        return (self.weights + self.grads + self.optimizer + self.extra_copies + self.activations
+                + self.logits + self.overhead)
+
+    @property
+    def rollout_need(self) -> int:
+        """What the engine needs: its weights, the KV cache of ``rollout_seqs`` sequences, its overhead."""
+        return self.rollout_weights + self.rollout_kv + self.overhead
+
+    @property
+    def rollout_total(self) -> int:
+        """What the engine takes: its ``gpu_memory_utilization`` share when set (vLLM fills it), else its need."""
+        u = self.inputs.rollout_mem_util
+        return max(self.rollout_need, int(u * self.inputs.gpu_total_gib * GIB)) if u is not None else self.rollout_need
+
+    @property
+    def trainer_resident(self) -> int:
+        """What the trainer keeps on the GPU while colocated engines generate (``trainer.offload``)."""
+        kept = {"none": self.weights + self.grads + self.optimizer, "optimizer": self.weights, "all": 0}
+        return self.overhead + self.extra_copies + kept[self.inputs.offload]
+
+    @property
+    def update_peak(self) -> int:
+        """Colocated update phase: training plus the engine, slept (its CUDA context) or resident."""
+        engine = self.overhead if self.inputs.engine_sleep else self.rollout_weights + self.rollout_kv
+        return self.train_total + engine
+
+    @property
+    def generation_peak(self) -> int:
+        """Colocated generation phase: the trainer's resident part plus the awake engine."""
+        return self.trainer_resident + self.rollout_total
+
+    @property
+    def peak(self) -> int:
+        """Per-GPU peak: colocated, the larger phase; separate, the larger kind of GPU."""
+        if not self.inputs.colocated:
+            return max(self.train_total, self.rollout_total)
+        return max(self.update_peak, self.generation_peak)
+
+
+def estimate(arch: ArchSpec, inp: PlanInputs) -> PlanReport:
+    """Per-GPU estimate of the heaviest pipeline stage (formulas in the module docstring)."""
+    counts = params_per_gpu(arch, inp)
+    acts_first, acts_last, logits = activation_bytes(arch, inp, counts.padded_vocab)
+    e = DTYPE_BYTES[inp.dtype]
+    rl = inp.rollout_len or inp.seq_len
+    kv_heads = math.ceil(arch.kv_heads / inp.rollout_tp)
+    common = dict(arch=arch, inputs=inp, params=counts, overhead=int(inp.overhead_gib * GIB),
+                  rollout_weights=arch.total_params() * e // inp.rollout_tp,
+                  rollout_kv=2 * arch.layers * kv_heads * arch.head_dim * DTYPE_BYTES[inp.kv_dtype] * inp.rollout_seqs * rl)
+    if inp.pp == 1:
+        return _stage(common, "only", counts.first_stage, acts_first, logits)
+    first = _stage(common, "first", counts.first_stage, acts_first, 0)
+    last = _stage(common, "last", counts.last_stage, acts_last, logits)
+    return first if first.train_total >= last.train_total else last
+
+
+def _stage(common: dict, stage: str, n: int, acts: int, logits: int) -> PlanReport:
+    inp: PlanInputs = common["inputs"]
+    e = DTYPE_BYTES[inp.dtype]
+    grad_b, opt_b = (4, 12) if e == 2 else (4, 8)
+    r = inp.dp * inp.cp if inp.dist_opt else 1      # Megatron's distributed optimizer shards over DP x CP
+    copies = (inp.extra_weight_copies + inp.reference) * n * e + inp.teacher_shadow * n * (4 + e)
+    return PlanReport(**common, stage=stage, weights=n * e, grads=n * grad_b, optimizer=int(n * opt_b / r),
+                      extra_copies=copies, activations=acts, logits=logits)
+
+
+def engine_holds(rep: PlanReport) -> bool:
+    """Whether the engine's ``gpu_memory_utilization`` share holds its weights + KV cache (True when unset)."""
+    u = rep.inputs.rollout_mem_util
+    return u is None or rep.rollout_need <= u * rep.inputs.gpu_total_gib * GIB
+
+
+def fits(rep: PlanReport | None) -> bool:
+    """Whether the estimated peak fits ``--gpu-mem-gib`` and the engine's share holds what it needs
+    (True for ``--list-models``)."""
+    return rep is None or (rep.peak <= rep.inputs.gpu_mem_gib * GIB and engine_holds(rep))
