@@ -18,7 +18,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from megatron_rl.rollout.sampling import check_truncation
+from .sampling import check_truncation
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,8 +13,8 @@ from collections.abc import Iterable
 
 import torch
 
-from megatron_rl.rollout.weight_sync import unpack_update
-from megatron_rl.runtime.device import empty_cache
+from .weight_sync import unpack_update
+from ..runtime.device import empty_cache
 
 from .engine import Completion, SamplingParams, validate_prompts
 from .registry import EngineCaps, register_engine

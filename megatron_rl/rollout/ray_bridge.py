@@ -30,10 +30,10 @@ from collections.abc import Iterable
 
 import torch
 
-from megatron_rl.rollout.registry import caps, engine_path, make_engine
-from megatron_rl.rollout.transport import resolve_backend, sender_opener
-from megatron_rl.runtime.device import gpu_count, has_cuda, pin_process
-from megatron_rl.runtime.launch_env import check_ray_address
+from .registry import caps, engine_path, make_engine
+from .transport import resolve_backend, sender_opener
+from ..runtime.device import gpu_count, has_cuda, pin_process
+from ..runtime.launch_env import check_ray_address
 
 from .engine import Completion, SamplingParams
 from .weight_sync import RoundSource

@@ -32,11 +32,9 @@ from vllm.distributed.weight_transfer.base import (
     TrainerWeightTransferEngine,
 )
 
-from megatron_rl.rollout.weight_sync import RoundSource, free_port
-
 from .ray_transport import TimedSender, update_info
 from .transfer_engines import GLOO, broadcast_async
-from .weight_sync import BucketPacker
+from .weight_sync import BucketPacker, RoundSource, free_port
 
 
 def _listen(host: str, port: int):

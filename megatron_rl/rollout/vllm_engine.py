@@ -25,8 +25,8 @@ from collections.abc import Iterable
 
 import torch
 
-from megatron_rl import patches
-from megatron_rl.rollout.weight_sync import RoundSource, pack_round
+from .. import patches
+from .weight_sync import RoundSource, pack_round
 
 from .engine import Completion, SamplingParams, validate_prompts
 from .registry import OPTIONS, EngineCaps, register_engine
