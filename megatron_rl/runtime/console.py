@@ -150,6 +150,7 @@ def quiet_command(log_path: str | Path, verbose: bool = False) -> Iterator[Path 
     rank = int(os.environ.get("RANK", "0"))
     root = logging.getLogger()
     level, before = root.level, set(root.handlers)
+    vllm_log = _route_to_root("vllm")   # vLLM already imported (in-process use): its stdout handler
     quiet_console(rank, own_warnings_only=True)
     log_path = Path(log_path)
     try:
@@ -160,6 +161,27 @@ def quiet_command(log_path: str | Path, verbose: bool = False) -> Iterator[Path 
             h.close()
         root.setLevel(level)
         logging.captureWarnings(False)
+        vllm_log()
+
+
+def _route_to_root(name: str):
+    """Make logger ``name`` propagate to the root logger, without its own handlers, until the returned
+    function is called (it restores them). vLLM, once imported with its logging configured, prints
+    through its own stdout handler and does not propagate: ``VLLM_CONFIGURE_LOGGING=0`` only acts on an
+    import that has not happened yet."""
+    lg = logging.getLogger(name)
+    propagate, handlers, lvl = lg.propagate, list(lg.handlers), lg.level
+    for h in handlers:
+        lg.removeHandler(h)
+    lg.propagate = True
+    lg.setLevel(logging.NOTSET)
+
+    def restore() -> None:
+        lg.propagate = propagate
+        lg.setLevel(lvl)
+        for h in handlers:
+            lg.addHandler(h)
+    return restore
 
 
 #: (summary key, label) of the end-of-run summary, in print order; paths are printed as given

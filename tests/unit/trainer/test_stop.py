@@ -99,6 +99,12 @@ def _catches_sigterm(pid: int) -> bool:
     return bool(mask >> (signal.SIGTERM - 1) & 1)
 
 
+def _sigint_default() -> None:
+    """A suite started in the background (``make test &``, nohup) hands its children SIGINT ignored, which
+    the command rightly keeps ignored; the user's Ctrl-C reaches a foreground command, as here."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
 def test_a_signal_during_convert_is_one_line_and_leaves_nothing(demo_assets, tmp_path, sig):
     """Outside a training run too (here ``convert``, as soon as the command's handlers are in): one
@@ -110,7 +116,7 @@ def test_a_signal_during_convert_is_one_line_and_leaves_nothing(demo_assets, tmp
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     p = subprocess.Popen([sys.executable, "-m", "megatron_rl.cli", "convert", "hf-to-mcore", "--hf", str(hf), "--out",
                           str(tmp_path / "ck")], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
+                         text=True, preexec_fn=_sigint_default)
     deadline = time.monotonic() + 60
     while not _catches_sigterm(p.pid) and p.poll() is None and time.monotonic() < deadline:
         time.sleep(0.005)
