@@ -32,6 +32,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from megatron_rl.config_parse import check_truncation
 from megatron_rl.data.tokenizer import load_tokenizer
 from megatron_rl.eval.bench import check_bench_args, run_benchmarks
 from megatron_rl.eval.out_dir import check_eval_out, prepare_eval_out
@@ -123,7 +124,6 @@ def _check_args(a) -> str | None:
         return f"--temperature must be > 0, got {a.temperature}"
     if a.tp < 1:
         return f"--tp must be >= 1, got {a.tp}"
-    from megatron_rl.rollout.sampling import check_truncation  # lazy: defers torch to the call
 
     try:
         check_truncation(a.top_p, a.top_k, a.min_p, "--")

@@ -18,7 +18,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from .sampling import check_truncation
+from ..config_parse import check_truncation
 
 
 @dataclasses.dataclass(frozen=True)

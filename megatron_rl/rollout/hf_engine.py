@@ -18,7 +18,8 @@ from ..runtime.device import empty_cache
 
 from .engine import Completion, SamplingParams, validate_prompts
 from .registry import EngineCaps, register_engine
-from .sampling import LOGPROB_MODES, processed_logits
+from ..config_parse import LOGPROB_MODES
+from .sampling import processed_logits
 
 INPROC = "inproc"   # this engine's receiving side: a packed bucket unpacked and copied into the parameters
 

@@ -31,8 +31,6 @@ from __future__ import annotations
 
 import torch
 
-from ..config_parse import LOGPROB_MODES, check_truncation  # noqa: F401  (the engines' checks are the config's)
-
 
 def processed_logits(logits: torch.Tensor, temperature: float, top_k: int = -1, top_p: float = 1.0,
                      min_p: float = 0.0) -> torch.Tensor:

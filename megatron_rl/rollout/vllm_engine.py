@@ -30,7 +30,7 @@ from .weight_sync import RoundSource, pack_round
 
 from .engine import Completion, SamplingParams, validate_prompts
 from .registry import OPTIONS, EngineCaps, register_engine
-from .sampling import LOGPROB_MODES
+from ..config_parse import LOGPROB_MODES
 
 #: ``rollout.logprobs`` -> vLLM's ``logprobs_mode`` (``rollout/sampling.py``)
 _VLLM_LOGPROBS_MODE = {"processed": "processed_logprobs", "full": "raw_logprobs"}
