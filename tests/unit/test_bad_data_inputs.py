@@ -53,7 +53,7 @@ CASES = [
     ("empty-file", ["data", "prepare", "math500", "--in", "{X}/empty.jsonl", "--out", "{X}/o"],
      "--in {X}/empty.jsonl: the file is empty (0 rows)"),
     ("latin1", ["data", "prepare", "math500", "--in", "{X}/latin1.jsonl", "--out", "{X}/o"],
-     "{X}/latin1.jsonl:2: not UTF-8 text (byte 0xe9 at column 23); re-encode the file as UTF-8, e.g. iconv -f LATIN1 "
+     "{X}/latin1.jsonl:2: not UTF-8 text (byte 0xe9 at column 16); re-encode the file as UTF-8, e.g. iconv -f LATIN1 "
      "-t UTF-8"),
     # --- data prepare: ours
     ("split-val-collision", ["data", "prepare", "math500", "--in", "{X}/math500.jsonl", "--out", "{X}/o", "--split", "val",
@@ -66,12 +66,12 @@ CASES = [
     ("jsonl-named-parquet", ["data", "prepare", "math500", "--in", "{X}/rows.parquet", "--out", "{X}/o"],
      "--in {X}/rows.parquet: not a parquet file: it holds JSON lines; rename it to .jsonl"),
     ("truncated-parquet", ["data", "prepare", "math500", "--in", "{X}/cut.parquet", "--out", "{X}/o"],
-     "--in {X}/cut.parquet: not a readable parquet file (a cut-off download?)"),
+     "--in {X}/cut.parquet: not a readable parquet file (a cut-off download? Parquet magic bytes not found"),
     ("wrapped-json", ["data", "prepare", "math500", "--in", "{X}/wrapped.json", "--out", "{X}/o"],
      "--in {X}/wrapped.json: one JSON object, not rows: its key 'data' holds 3 records; extract them, e.g. "
      "jq '.data' {X}/wrapped.json > rows.json"),
     ("truncated-json", ["data", "prepare", "math500", "--in", "{X}/cut.json", "--out", "{X}/o"],
-     "{X}/cut.json:1: not valid JSON (Unterminated string starting at: line 1 column"),
+     "{X}/cut.json:1: not valid JSON (Expecting ',' delimiter: line 1 column 151; a cut-off download?)"),
     ("two-splits-in-dir", ["data", "prepare", "gsm8k", "--in", "{X}/hub", "--out", "{X}/o"],
      "--in {X}/hub holds files of several splits (test: 1 file, train: 1 file): pass one of them, e.g. --in "
      "{X}/hub/main/test-00000-of-00001.parquet"),
