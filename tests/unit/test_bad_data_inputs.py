@@ -119,7 +119,7 @@ CASES = [
      "benchmark amc23: {X}/cempty/amc23.jsonl is empty: no completions"),
     ("eval-latin1-completions", ["eval", "--benchmarks", "amc23", "--data-dir", "{X}/bench", "--completions-dir",
                                  "{X}/clatin", "--out", "{X}/e"],
-     "benchmark amc23: {X}/clatin/amc23.jsonl:1: not UTF-8 text (byte 0xe9 at column 31)"),
+     "benchmark amc23: {X}/clatin/amc23.jsonl:1: not UTF-8 text (byte 0xe9 at column 30)"),
     ("eval-index-range", ["eval", "--benchmarks", "amc23", "--data-dir", "{X}/bench", "--completions-dir", "{X}/coob",
                           "--n", "1", "--out", "{X}/e"],
      "benchmark amc23: {X}/coob/amc23.jsonl: index 40 is out of range: {X}/bench/amc23/test.parquet has 3 rows"),

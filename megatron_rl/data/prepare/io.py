@@ -92,7 +92,7 @@ def _open_text(f: Path):
     return gzip.open(f, "rb") if f.name.endswith(".gz") else open(f, "rb")
 
 
-def _decode(f: Path, ln: int, raw: bytes) -> str:
+def decode_line(f: str | os.PathLike, ln: int, raw: bytes) -> str:
     """One line as text; a line that is not UTF-8 is one line naming the file, line, byte and column
     (a UTF-8 byte-order mark at the start of the file is dropped)."""
     if ln == 1 and raw.startswith(b"\xef\xbb\xbf"):
@@ -102,7 +102,7 @@ def _decode(f: Path, ln: int, raw: bytes) -> str:
     except UnicodeDecodeError as e:
         col = len(raw[: e.start].decode("utf-8", "replace")) + 1
         raise ValueError(f"{f}:{ln}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {col}); re-encode the file "
-                         f"as UTF-8, e.g. iconv -f LATIN1 -t UTF-8 {f} > {f.stem}.utf8{f.suffix}") from None
+                         f"as UTF-8, e.g. iconv -f LATIN1 -t UTF-8 {f} > {Path(f).stem}.utf8{Path(f).suffix}") from None
 
 
 def count_rows(files: list[Path]) -> int:
@@ -168,7 +168,7 @@ def _is_json_document(f: Path) -> bool:
     with _open_text(f) as fh:
         first = next((ln for ln in fh if ln.strip()), b"")
     try:   # JSON lines: the first line is a whole object
-        json.loads(_decode(f, 1, first))
+        json.loads(decode_line(f, 1, first))
         return False
     except ValueError:
         return True
@@ -177,7 +177,7 @@ def _is_json_document(f: Path) -> bool:
 def _json_document(f: Path) -> list:
     """The rows of a one-document ``.json`` file; an object wrapping the rows is refused with the key."""
     with _open_text(f) as fh:
-        text = "\n".join(_decode(f, ln, raw) for ln, raw in enumerate(fh.read().split(b"\n"), 1))
+        text = "\n".join(decode_line(f, ln, raw) for ln, raw in enumerate(fh.read().split(b"\n"), 1))
     try:
         doc = json.loads(text)
     except ValueError as e:
@@ -200,7 +200,7 @@ def _json_records(f: Path) -> Iterator[tuple[str, dict]]:
         return
     with _open_text(f) as fh:
         for ln, raw in enumerate(fh, 1):
-            line = _decode(f, ln, raw)
+            line = decode_line(f, ln, raw)
             if not line.strip():
                 continue
             try:
