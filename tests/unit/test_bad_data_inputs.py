@@ -262,6 +262,66 @@ def test_inputs_that_used_to_fail_now_run(case, work, capsys):
         assert [r["reward_model"]["ground_truth"] for r in rows] == [r["answer"] for r in MATH500]
 
 
+def test_unwritable_out_names_the_users_path(work, tmp_path, capsys):
+    """``--out`` on a read-only file system: one line naming the user's ``--out`` (it was an OSError
+    traceback naming the internal ``.tmp-o-…`` dir beside it), exit 2, before any input is read."""
+    from tests.helpers.tmpfs import read_only_tmpfs
+
+    with read_only_tmpfs(tmp_path / "ro") as ro:
+        for argv, tool in [
+            (["data", "prepare", "math500", "--in", str(work / "math500.jsonl"), "--out", f"{ro}/o"], "data prepare"),
+            (["data", "generate", "kk", "--out", f"{ro}/kk", "--train-per-size", "1"], "data generate kk"),
+        ]:
+            rc = run_case(argv)
+            lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+            assert rc == 2 and len(lines) == 1, lines
+            assert lines[0].startswith(f"megatron-rl {tool}: error: --out {ro}/")
+            assert f"--out {ro}/" in lines[0] and "read-only file system" in lines[0] and ".tmp-" not in lines[0]
+        assert list(ro.iterdir()) == []
+
+
+def test_interrupted_generate_leaves_nothing_and_reruns_without_force(tmp_path):
+    """``data generate kk`` writes into a temp dir renamed onto ``--out`` at the end (as ``prepare``):
+    Ctrl-C halfway leaves neither ``--out`` nor the temp dir, so the rerun needs no ``--force`` (a failed
+    run used to leave files that were refused even with ``--force``). A real process and a real SIGINT."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.helpers.dist import repo_env
+
+    out = tmp_path / "kk"
+    argv = [sys.executable, "-m", "megatron_rl.cli", "data", "generate", "kk", "--out", str(out), "--train-sizes", "4-8",
+            "--train-per-size", "20000", "--test-per-size", "1", "--ood-sizes", "9", "--ood-count", "1"]
+    p = subprocess.Popen(argv, env=repo_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob(".tmp-kk-*/kk_9")) and time.monotonic() < deadline:   # the test sets are written
+        time.sleep(0.1)
+    assert list(tmp_path.glob(".tmp-kk-*")), "no temp dir appeared"
+    os.kill(p.pid, signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode != 0, err
+    assert sorted(x.name for x in tmp_path.iterdir()) == [], err   # no --out, no temp dir
+    from megatron_rl import cli
+
+    assert cli.main([("1" if a == "20000" else a) for a in argv[3:]]) == 0
+    assert sorted(x.name for x in out.iterdir()) == ["kk_4_8", "kk_9", "manifest.json", "train.parquet"]
+
+
+def test_the_documented_data_dir_is_git_ignored():
+    """The docs write ``data/...`` in the checkout (``data generate kk --out data/kk``, ``data prepare
+    ... --out data/math500``): git ignores it, so nothing the docs' lines write is ever committed."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    for path in ("data/kk/train.parquet", "data/math500/test.parquet"):
+        p = subprocess.run(["git", "check-ignore", "-q", path], cwd=root, check=False)
+        assert p.returncode == 0, f"{path} is not git-ignored"
+    assert subprocess.run(["git", "check-ignore", "-q", "megatron_rl/data/cli.py"], cwd=root, check=False).returncode == 1
+
+
 def test_the_table_has_every_case():
     ids = [c[0] for c in CASES + WORKS]
     assert len(ids) == len(set(ids)) and len(CASES) >= 30
