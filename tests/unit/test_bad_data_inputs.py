@@ -88,8 +88,8 @@ CASES = [
     ("kk-size-40", ["data", "generate", "kk", "--out", "{X}/kk", "--ood-sizes", "40"],
      "--ood-sizes 40: the solver checks all 2^40 assignments of a 40-person puzzle, about 376.0 TiB of memory"),
     # the memory bound is this host's (half its available memory); 34 people need 5 TiB, more than any host has
-    ("kk-size-34", ["data", "generate", "kk", "--out", "{X}/kk", "--train-sizes", "4-34"],
-     "--train-sizes 4-34: the solver checks all 2^34 assignments of a 34-person puzzle, about 5.0 TiB of memory"),
+    ("kk-size-34", ["data", "generate", "kk", "--out", "{X}/kk", "--ood-sizes", "34"],
+     "--ood-sizes 34: the solver checks all 2^34 assignments of a 34-person puzzle, about 5.0 TiB of memory"),
     ("kk-too-many-2", ["data", "generate", "kk", "--out", "{X}/kk", "--train-sizes", "2-2", "--train-per-size", "100000"],
      "2 people: 100100 puzzles asked (100000 train + 100 test), but only 184 distinct unique-solution puzzles of 2 "
      "people exist (the generator draws at most 165, 9/10 of them)"),
