@@ -107,13 +107,11 @@ def decode_line(f: str | os.PathLike, ln: int, raw: bytes) -> str:
 
 def count_rows(files: list[Path]) -> int:
     """Rows in ``files`` (parquet metadata; JSONL lines; a JSON array's length), for the progress bar;
-    an empty file is one line naming it."""
-    n = 0
-    for f in files:
-        k = _parquet(f).metadata.num_rows if f.suffix == ".parquet" else _json_rows(f)
-        if k == 0:
-            raise ValueError(f"--in {f}: the file is empty (0 rows)")
-        n += k
+    no rows at all is one line naming the file (an empty shard among full ones is fine)."""
+    n = sum(_parquet(f).metadata.num_rows if f.suffix == ".parquet" else _json_rows(f) for f in files)
+    if n == 0:
+        raise ValueError(f"--in {files[0]}: the file is empty (0 rows)" if len(files) == 1 else
+                         f"--in {files[0].parent}: all {len(files)} files are empty (0 rows)")
     return n
 
 
