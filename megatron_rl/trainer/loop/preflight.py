@@ -393,11 +393,7 @@ def check_attention_memory(cfg, backend: str) -> None:
     """On a GPU, local attention (``model.backend`` local, or auto without Transformer Engine) whose S x S scores
     would exceed the device is refused in one line; auto's fallback that fits is logged as a warning naming the
     import error (``models/provider.py`` ``check_local_attention``)."""
-    from megatron_rl.models.provider import (  # lazy: defers torch to the call
-        check_local_attention,
-        local_attention_bytes,
-        te_import_error,
-    )
+    from megatron_rl.models.provider import check_local_attention, local_attention_bytes, te_import_error  # lazy: torch
     from megatron_rl.runtime.device import total_memory  # lazy: defers torch to the call
 
     device_bytes = total_memory()
