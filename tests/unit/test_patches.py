@@ -7,6 +7,7 @@ import pytest
 
 from megatron_rl import patches
 from megatron_rl.patches import Patch, all_patches, resolve_symbol
+from tests.helpers.dist import repo_env
 
 PATCHES = all_patches()
 
@@ -104,3 +105,24 @@ def test_not_applied_at_import():
     code = ("import torch; orig = torch.zeros; import megatron_rl.patches, megatron_rl.runtime.parallel, "
             "megatron_rl.trainer.policy.actor; assert torch.zeros is orig, 'patched at import'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="CPU-only patches are not applied where CUDA is present")
+def test_factory_patch_keeps_the_device_context():
+    """``with torch.device("meta")`` still reaches the wrapped factories (in a fresh process, so torch's cached
+    constructor set is first built after the patch, as in a training process); and an HF model loaded after
+    the patches gets the RoPE frequencies HF computes itself (they were uninitialised memory before)."""
+    import subprocess
+    import sys
+
+    code = ("import torch; from megatron_rl import patches; patches.apply_all(('megatron',), only=('cpu_cuda_factories',));\n"
+            "with torch.device('meta'):\n"
+            "    assert all(f(3).device.type == 'meta' for f in (torch.arange, torch.zeros, torch.ones, torch.empty))\n"
+            "from transformers import Qwen3Config, Qwen3ForCausalLM\n"
+            "cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,"
+            " num_key_value_heads=1, head_dim=16)\n"
+            "import tempfile; d = tempfile.mkdtemp(); Qwen3ForCausalLM(cfg).save_pretrained(d)\n"
+            "m = Qwen3ForCausalLM.from_pretrained(d)\n"
+            "want = 1.0 / (cfg.rope_parameters['rope_theta'] ** (torch.arange(0, 16, 2, dtype=torch.float) / 16))\n"
+            "assert torch.equal(m.model.rotary_emb.inv_freq, want), m.model.rotary_emb.inv_freq\n")
+    subprocess.run([sys.executable, "-c", code], check=True, env=repo_env({"CUDA_VISIBLE_DEVICES": ""}))
