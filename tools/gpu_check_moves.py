@@ -1,6 +1,9 @@
 """The bring-up's stages that move the trained weights (``tools/gpu_check_run.py``): the HF export read back,
 offload / onload at full size, the packed-bucket hand-off to a second process, then ``tests/gpu/``.
-Same contract as ``gpu_check_stages.py``: ``fn(state, args) -> record``."""
+Same contract as ``gpu_check_stages.py``: ``fn(state, args) -> record``.
+Each stage imports the package inside its function on purpose: an import error (a module that moved, a
+package the lent machine lacks) then fails that stage alone, with its line in the record.
+"""
 from __future__ import annotations
 
 import os

@@ -3,6 +3,9 @@
 Each stage is ``fn(state, args) -> dict``: it reads what earlier stages left in ``state`` (the parallel
 info, the HF dir, the actor, ...), adds what it makes, and returns its record (``ok`` False when a check
 failed; an exception fails it with the error line). Every figure is measured here, on this device.
+
+Each stage imports the package inside its function on purpose: an import error (a module that moved, a
+package the lent machine lacks) then fails that stage alone, with its line in the record.
 """
 from __future__ import annotations
 
