@@ -8,7 +8,7 @@
 #      log-prob parity with HF, train steps (tokens/s, MFU, peak vs plan), attention-score bytes, export,
 #      offload/onload, CUDA IPC hand-off, tests/gpu; each stage appends its record to OUT/gpu_check.json.
 # OUT holds small files only (gpu_check.json, gpu_check.log, tests_gpu.log); the checkpoints go to WORK.
-# Usage: [WHEELS=dir] [OUT=dir] [WORK=dir] [PYTHON=python3] [SHAPE=qwen3-1.7b] [SEQ_LEN=2048] [ROWS=8]
+# Usage: [WHEELS=dir (default .whl/ when there; empty: none)] [OUT=dir] [WORK=dir] [PYTHON=python3] [SHAPE=qwen3-1.7b] [SEQ_LEN=2048] [ROWS=8]
 #        [BUDGET_S=480] [GPU_CHECK_ALLOW_CPU=1 (the CPU rehearsal)] tools/gpu_check.sh [more gpu_check_run.py options]
 # Exit status: 2 for bad input (no GPU, wheels over the limit), else gpu_check_run.py's (0: every stage ok).
 set -euo pipefail
@@ -22,7 +22,7 @@ SEQ_LEN="${SEQ_LEN:-2048}"
 ROWS="${ROWS:-8}"
 BUDGET_S="${BUDGET_S:-480}"
 LIMIT_BYTES=$((64 * 1024 * 1024))
-if [[ -z "${WHEELS:-}" && -d "$REPO/.whl" ]]; then WHEELS="$REPO/.whl"; fi
+if [[ -z "${WHEELS+set}" && -d "$REPO/.whl" ]]; then WHEELS="$REPO/.whl"; fi   # unset: .whl/ (make gpu-wheels); WHEELS= : none
 
 die() { echo "gpu_check: error: $*" >&2; exit 2; }
 
