@@ -107,10 +107,13 @@ def test_local_attention_bytes_follow_plan():
     from megatron_rl.cli.plan import score_total
     from megatron_rl.cli.plan_arch import PRESETS, ArchSpec
     from megatron_rl.cli.plan_memory import PlanInputs, estimate
-    from megatron_rl.models.provider import local_attention_bytes
+    from megatron_rl.models.provider import ArchInfo, local_attention_bytes
 
-    hf = {**PRESETS["qwen3-8b"], "rms_norm_eps": 1e-6}
-    need = local_attention_bytes(hf, tp=4, pp=1, tokens=40960, row_len=40960, bf16=True)
+    q = PRESETS["qwen3-8b"]
+    arch = ArchInfo("Qwen3ForCausalLM", q["num_hidden_layers"], q["hidden_size"], q["num_attention_heads"],
+                    q["num_key_value_heads"], q["head_dim"], q["intermediate_size"], q["vocab_size"], False, False,
+                    True, 1e-6, 1e6, None, 40960)
+    need = local_attention_bytes(arch, tp=4, pp=1, tokens=40960, row_len=40960, bf16=True)
     rep = estimate(ArchSpec.from_hf(PRESETS["qwen3-8b"], "qwen3-8b"), PlanInputs(
         tp=4, max_tokens_per_micro_batch=40960, max_model_len=40960, seq_len=40960, attention="local"))
     assert need == score_total(rep) and need > 80 << 30     # the 8B packed rows: certain OOM, now refused
