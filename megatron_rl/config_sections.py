@@ -262,9 +262,12 @@ class DataConfig:
 @dataclasses.dataclass(frozen=True)
 class RewardConfig:
     by_source: dict = dataclasses.field(default_factory=dict)
-    """``data_source -> reward name`` overrides (default map: synthetic tasks -> exact)."""
-    default: str = "exact"
-    """Reward for data sources not in the map."""
+    """``data_source -> reward name``, your explicit choice; it overrides the reward a prepared row names and the
+    built-in table (verl's ``data_source`` names with verl's rules, this project's own names:
+    ``rewards/sources.py``, docs "Coming from verl")."""
+    default: str = ""
+    """Fallback reward for the data sources that neither ``by_source``, the row nor the table maps (logged once
+    per source with its row count); empty: such rows are refused at start-up, one line listing each source."""
     workers: int = 0
     """Reward worker processes for the verifiers scored on the reward pool (``math``): 0 = one per CPU the
     driver may use (``os.sched_getaffinity``)."""

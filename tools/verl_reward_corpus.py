@@ -24,7 +24,8 @@ import sys
 
 GSM8K = "examples/data_preprocess/gsm8k.py"
 MATH = "examples/data_preprocess/math_dataset.py"
-DAPO = "BytedTsinghua-SIA/DAPO-Math-17k (verl recipe/dapo downloads it as it is; examples/data_preprocess/dapo_multiturn_w_tool.py)"
+DAPO = ("BytedTsinghua-SIA/DAPO-Math-17k (verl recipe/dapo downloads it as it is; "
+        "examples/data_preprocess/dapo_multiturn_w_tool.py)")
 AIME = "examples/data_preprocess/aime2024_multiturn_w_tool.py (BytedTsinghua-SIA/AIME-2024)"
 EURUS = "PRIME-RL/Eurus-2-RL-Data (verl recipe/prime downloads it as it is)"
 T_GSM8K = "verl tests/utils/reward_score/test_gsm8k_on_cpu.py"

@@ -52,5 +52,5 @@ def build_rewards(cfg: Config, is_driver: bool = True) -> RewardManager:
 
     r = cfg.reward
     verifier = build_outcome_verifier(cfg) if is_driver else None
-    return RewardManager(r.by_source, r.default, workers=r.workers, timeout_s=r.timeout_s,
+    return RewardManager(r.by_source, r.default or None, workers=r.workers, timeout_s=r.timeout_s,
                          second_opinion={"papo_math": verifier} if verifier is not None else None)

@@ -34,6 +34,7 @@ from megatron_rl.rewards.factory import build_grader, build_outcome_verifier
 from megatron_rl.rewards.grader import RUBRIC_PROMPT
 from megatron_rl.rewards.judge_client import probe, served_max_model_len
 from megatron_rl.rewards.outcome_judge import OUTCOME_PROMPT
+from megatron_rl.rewards.sources import check_rows
 from megatron_rl.runtime.diskspace import check_writable
 from megatron_rl.runtime.launch_env import check_ray_address, check_torch_env
 from megatron_rl.runtime.path_kind import HF, RUN, demo_hint, expect_checkpoint, kind
@@ -75,7 +76,7 @@ def check_config(cfg) -> None:
             raise ValueError(f"algo.off_policy=bypass with algo.{cfg.algo.kind}.old_logprob_context=conditioned: bypass "
                              "takes the engine's log-probs (plain context) as old, conditioned recomputes them; pick one")
 
-    for key, name in [("reward.default", cfg.reward.default),
+    for key, name in [*([("reward.default", cfg.reward.default)] if cfg.reward.default else []),
                       *((f"reward.by_source.{s}", n) for s, n in cfg.reward.by_source.items())]:
         try:
             get_reward(name)
@@ -238,6 +239,20 @@ def check_data(cfg) -> None:
     if n < d.prompts_per_step:
         raise ValueError(f"data.train={d.train} has {n} row(s), fewer than data.prompts_per_step={d.prompts_per_step} "
                          f"(one step's prompts): set data.prompts_per_step <= {n} or use a larger prompt file")
+
+
+def check_reward_sources(cfg) -> None:
+    """Every row of ``data.train``, ``data.val`` and the ``trainer.eval_benchmarks`` files has a reward
+    (``rewards/sources.check_rows``: the config's map, the row's own, the built-in table, or the
+    ``reward.default`` you wrote, logged once per source), no file is multimodal and none is an older
+    prepared file whose rows would now read as verl's -- each a one-line refusal before anything starts."""
+    r = cfg.reward
+    files = [(key, path) for key, path in (("data.train", cfg.data.train), ("data.val", cfg.data.val)) if path]
+    benchmarks, _ = selected(cfg)
+    files += [(f"trainer.eval_benchmarks {b.name}", str(b.path(cfg.trainer.eval_data_dir))) for b in benchmarks]
+    for key, path in files:
+        check_rows(f"{key}={path}" if key.startswith("data.") else f"{key} ({path})", path, r.by_source,
+                   r.default or None)
 
 
 def check_row_fields(cfg) -> None:
@@ -513,6 +528,7 @@ def preflight(cfg, resume: str | None = None, overwrite: bool = False, allow_con
     check_files(cfg, resume)
     check_model_weights(cfg)
     check_data(cfg)
+    check_reward_sources(cfg)
     check_row_fields(cfg)
     check_prompts(cfg)
     check_run_dir_writable(cfg)
