@@ -31,9 +31,9 @@ from megatron_rl.config import load_config, validate
 from megatron_rl.data.tokenizer import load_tokenizer
 from megatron_rl.eval.training import benchmark_prompts, selected
 from megatron_rl.rewards.factory import build_grader, build_outcome_verifier
-from megatron_rl.rewards.grader import RUBRIC_PROMPT
-from megatron_rl.rewards.judge_client import probe, served_max_model_len
-from megatron_rl.rewards.outcome_judge import OUTCOME_PROMPT
+from megatron_rl.rewards.grader import RUBRIC_PROMPT, parse_score
+from megatron_rl.rewards.judge_client import first_reply, one_line, probe, served_max_model_len
+from megatron_rl.rewards.outcome_judge import OUTCOME_PROMPT, parse_grade
 from megatron_rl.rewards.sources import check_rows
 from megatron_rl.runtime.diskspace import check_writable
 from megatron_rl.runtime.launch_env import check_ray_address, check_torch_env
@@ -471,16 +471,28 @@ def check_grader(cfg, timeout: float = 3.0) -> None:
     probes = []
     if rubric:
         probes.append(("rubric", build_grader(cfg), RUBRIC_PROMPT.format(problem=p["problem"], reference=p["reference"],
-                                                                        solution=p["reference"])))
+                                                                        solution=p["reference"]), parse_score,
+                       "a score of 0, 0.5 or 1 in \\boxed{} or 'score: x'"))
     if verifier is not None:
         probes.append(("outcome", verifier, OUTCOME_PROMPT.format(question=p["problem"], answer=p["truth"],
-                                                                 reference=p["truth"])))
-    for what, client, prompt in probes:
+                                                                 reference=p["truth"]), parse_grade,
+                       "'Final Grade: CORRECT' or 'INCORRECT'"))
+    for what, client, prompt, parse, wanted in probes:
         try:
             probe(client, prompt, r.grader_timeout)
         except ValueError as e:
             raise ValueError(f"reward.grader_url={r.grader_url}: a {what} request to model {r.grader_model!r} failed at "
                              f"start-up: {e}") from None
+        _check_readable(r, what, first_reply(client, prompt), parse, wanted)
+
+
+def _check_readable(r, what: str, reply: str | None, parse, wanted: str) -> None:
+    """The judge's whole reply to the start-up request carries a verdict its parser reads (else every score of
+    the run would be the 0 of an unparsable reply); one line quoting the reply's start."""
+    if reply is not None and parse(reply) is None:
+        raise ValueError(f"reward.grader_url={r.grader_url}: the {what} judge {r.grader_model!r} answered the start-up "
+                         f"request with no verdict its parser reads (wanted {wanted}); its reply begins "
+                         f"{one_line(reply, 120)!r}: use a model that follows the prompt's format")
 
 
 def check_world(cfg) -> None:
