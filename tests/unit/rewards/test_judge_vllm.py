@@ -50,12 +50,18 @@ def _cfg(d: Path, url: str, *over: str, reference: str = "Adding 1 and 1 gives \
                               "reward.grader_model=judge", "reward.default=papo_math", "reward.grader_timeout=60", *over])
 
 
-def test_start_up_probe_sends_one_rubric_and_one_outcome_request(server):
+def test_start_up_probe_refuses_a_judge_that_does_not_follow_the_rubric(server):
     from megatron_rl.trainer.loop.preflight import check_grader
 
     assert served_max_model_len(server["url"], "judge") == CTX
     before = len(_posts(server["log"]))
-    check_grader(_cfg(server["dir"], server["url"]))                   # grader_max_tokens 0: left to the server
+    # grader_max_tokens 0: left to the server. The tiny random model does not follow the rubric's format (issue 40's
+    # small-model judge): after the streamed probe, its whole reply to the rubric request holds no score the
+    # parser reads, so the run is refused now, in one line quoting the reply, instead of training PAPO as GRPO
+    with pytest.raises(ValueError, match=r"the rubric judge 'judge' answered the start-up request with no verdict its "
+                                         r"parser reads .*its reply begins") as e:
+        check_grader(_cfg(server["dir"], server["url"]))
+    assert "\n" not in str(e.value)
     time.sleep(0.5)                                                    # the access log line follows the reply
     assert _posts(server["log"])[before:] == ["200", "200"]
 
