@@ -23,12 +23,12 @@ import json
 import logging
 from pathlib import Path
 
-from megatron_rl.rewards.sources import check_rows
 from megatron_rl.data.benchmarks import Benchmark, Preset, missing_files, resolve
 from megatron_rl.eval.bench_model import sample_benchmarks
 from megatron_rl.eval.completions import check_completions, load_completions, load_rows, score_responses
 from megatron_rl.eval.out_dir import prepare_eval_out
 from megatron_rl.eval.table import bench_entry, render_markdown, summarize_table, two_attempt_entry
+from megatron_rl.rewards.sources import check_rows, row_reward
 
 log = logging.getLogger(__name__)
 

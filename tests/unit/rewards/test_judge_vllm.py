@@ -90,6 +90,7 @@ def test_a_request_longer_than_the_context_is_refused_with_the_servers_message(s
 def test_rubric_grader_and_outcome_verifier_requests(server):
     url = server["url"]
     g = RubricGrader(url, "judge", concurrency=4, timeout=60, retries=0, max_tokens=8)
+    g.unparsable_policy = "warn"   # the noise model's replies carry no score: warned, counted (stop: test_grader_breaker)
     items = [(f"What is {i} + 1?", f"{i} + 1 = {i + 1}, so \\boxed{{{i + 1}}}.", f"It is \\boxed{{{i + 1}}}.") for i in range(4)]
     scores = g.grade_batch(items)
     s = g.stats()
@@ -99,6 +100,7 @@ def test_rubric_grader_and_outcome_verifier_requests(server):
     assert g.grade_batch(items) == scores and g.stats()["grader/cache_hits"] == 4      # parsed grades are cached
 
     v = OutcomeVerifier(url, "judge", concurrency=4, timeout=60, retries=0, max_tokens=8)
+    v.unparsable_policy = "warn"
     out = v.verify_batch([("What is 1 + 1?", "so \\boxed{2}", "2"), ("What is 2 + 2?", "<think>4?</think> five", "4"),
                           ("q", "<think>only thinking</think>", "3")])
     st = v.stats()
@@ -113,6 +115,7 @@ def test_papo_math_asks_the_verifier_only_when_the_rule_says_wrong(server):
     from megatron_rl.rewards.manager import RewardManager
 
     v = OutcomeVerifier(server["url"], "judge", timeout=60, retries=0, max_tokens=8)
+    v.unparsable_policy = "warn"   # the noise model's verdicts are unparsable: warned and counted here
     rm = RewardManager(default="papo_math", second_opinion={"papo_math": v})
     rows = [SimpleNamespace(data_source="numina_math", ground_truth=gt, index=i, extra_info={"question": f"q{i}"},
                             messages=()) for i, gt in enumerate(["\\frac{1}{2}", "3", "7"])]
