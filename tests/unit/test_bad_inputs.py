@@ -113,7 +113,7 @@ CASES = [
     # issue 40: no row is scored by a reward nobody chose; multimodal files are refused
     ("grader-unparsable-policy", ["{T}", "reward.grader_unparsable_policy=maybe"],
      "reward.grader_unparsable_policy must be warn|stop, got 'maybe'"),
-    ("train-unmapped-source", ["{T}", "data.train={X}/hellaswag.parquet"],
+    ("train-unmapped-source", ["{T}", "data.train={X}/hellaswag.parquet", "reward.default="],
      "data.train={X}/hellaswag.parquet: no reward for data_source 'Rowan/hellaswag' (32 rows, verl has no scorer for it "
      "either); choose one: reward.by_source={Rowan/hellaswag: NAME}, or a fallback for every unmapped source: "
      "reward.default=NAME"),
