@@ -55,12 +55,13 @@ def test_start_up_probe_refuses_a_judge_that_does_not_follow_the_rubric(server):
 
     assert served_max_model_len(server["url"], "judge") == CTX
     before = len(_posts(server["log"]))
-    # grader_max_tokens 0: left to the server. The tiny random model does not follow the rubric's format (issue 40's
-    # small-model judge): after the streamed probe, its whole reply to the rubric request holds no score the
-    # parser reads, so the run is refused now, in one line quoting the reply, instead of training PAPO as GRPO
+    # The tiny random model does not follow the rubric's format (issue 40's small-model judge): after the streamed
+    # probe, its whole reply to the rubric request holds no score the parser reads, so the run is refused now, in
+    # one line quoting the reply, instead of training PAPO as GRPO (max_tokens 32: the whole reply of a server-decided
+    # length would cost ~20 s of this CPU's generation)
     with pytest.raises(ValueError, match=r"the rubric judge 'judge' answered the start-up request with no verdict its "
                                          r"parser reads .*its reply begins") as e:
-        check_grader(_cfg(server["dir"], server["url"]))
+        check_grader(_cfg(server["dir"], server["url"], "reward.grader_max_tokens=32"))
     assert "\n" not in str(e.value)
     time.sleep(0.5)                                                    # the access log line follows the reply
     assert _posts(server["log"])[before:] == ["200", "200"]

@@ -86,7 +86,7 @@ def _write(tmp_path: Path, name: str, cases: list[dict], **extra_cols) -> Path:
     return path
 
 
-@pytest.mark.parametrize("family", ["gsm8k/", "math/", "dapo/"])
+@pytest.mark.parametrize("family", ["gsm8k/", "math/", "dapo/", "prime/"])
 def test_eval_of_a_verl_made_parquet_gives_verls_verdicts(tmp_path, family):
     """``megatron-rl eval --data F --completions C`` with no reward flag: each response's score is verl's."""
     from megatron_rl.eval import main
@@ -98,6 +98,18 @@ def test_eval_of_a_verl_made_parquet_gives_verls_verdicts(tmp_path, family):
     assert main(["--data", str(data), "--completions", str(comp), "--out", str(tmp_path / "o")]) == 0
     got = [json.loads(x)["score"] for x in (tmp_path / "o" / "samples.jsonl").read_text().splitlines()]
     assert got == [c["verl"] for c in cases]
+
+
+def test_train_start_up_accepts_each_verl_made_parquet_with_no_config_line(tmp_path):
+    """What ``train`` / ``train --check`` run on ``data.train`` (``preflight.check_reward_sources``): every source of
+    verl's table resolves with no ``reward.by_source`` and no ``reward.default``."""
+    for family, want in (("gsm8k/", {"openai/gsm8k": "gsm8k_strict"}), ("prime/", {f"numina_{s}": "prime_math" for s in (
+            "aops_forum", "synthetic_math", "amc_aime", "synthetic_amc", "cn_k12", "olympiads")})):
+        data = _write(tmp_path, family.strip("/"), [c for c in CASES if c["id"].startswith(family)])
+        assert check_rows("data.train", str(data), {}, None) == want
+    data = _write(tmp_path, "dapo", [c for c in CASES if c["id"].startswith("dapo/")])
+    got = check_rows("data.train", str(data), {}, None)
+    assert set(got.values()) == {"math_dapo"} and {"math", "aime24", "aime_2025", "math_dapo_reasoning"} <= set(got)
 
 
 def test_eval_reward_flags_choose_like_training(tmp_path, capsys):
