@@ -620,3 +620,27 @@ if __name__ == "__main__":   # print the table (input -> message) for the notes
                 pass
         shown = " ".join(a for a in argv if a != "{T}").replace(str(x), "X")
         print(f"| {n} | `{shown}` | {buf.getvalue().strip().replace('|', '/').replace(str(x), 'X')} |")
+
+
+#: a verl ``data_source`` of each family of verl's table (issue 40), as its preprocessing script names it
+VERL_SOURCES = ["openai/gsm8k", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500", "math_dapo", "aime24",
+                "numina_olympiads"]
+
+
+@pytest.mark.parametrize("source", VERL_SOURCES)
+def test_verl_made_files_pass_train_check_with_no_reward_line(source, work, capsys, monkeypatch):
+    """``train --check`` accepts a file of a verl data_source with no ``reward.by_source`` and no ``reward.default``
+    (the tiny config's fallback cleared): verl's table picks its rule (tests/unit/rewards/test_verl_table.py)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from megatron_rl.runtime.launch_env import LAUNCHER_VARS, TORCH_VARS
+
+    for k in (*LAUNCHER_VARS, *TORCH_VARS, "RAY_ADDRESS"):
+        monkeypatch.delenv(k, raising=False)
+    row = {"data_source": source, "prompt": [{"role": "user", "content": "12"}], "ability": "math",
+           "reward_model": {"style": "rule", "ground_truth": "21"}, "extra_info": {"split": "train", "index": 0}}
+    path = work / f"verl_{source.replace('/', '_')}.parquet"
+    pq.write_table(pa.Table.from_pylist([row] * 32), path)
+    rc, err = run_case(expand(["{T}", f"data.train={path}", "reward.default="], work), capsys)
+    assert rc == 0, err
