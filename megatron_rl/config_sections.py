@@ -262,9 +262,12 @@ class DataConfig:
 @dataclasses.dataclass(frozen=True)
 class RewardConfig:
     by_source: dict = dataclasses.field(default_factory=dict)
-    """``data_source -> reward name`` overrides (default map: synthetic tasks -> exact)."""
-    default: str = "exact"
-    """Reward for data sources not in the map."""
+    """``data_source -> reward name``, your explicit choice; it overrides the reward a prepared row names and the
+    built-in table (verl's ``data_source`` names with verl's rules, this project's own names:
+    ``rewards/sources.py``, docs "Coming from verl")."""
+    default: str = ""
+    """Fallback reward for the data sources that neither ``by_source``, the row nor the table maps (logged once
+    per source with its row count); empty: such rows are refused at start-up, one line listing each source."""
     workers: int = 0
     """Reward worker processes for the verifiers scored on the reward pool (``math``): 0 = one per CPU the
     driver may use (``os.sched_getaffinity``)."""
@@ -294,6 +297,11 @@ class RewardConfig:
     """Circuit breaker: after this many consecutive failed requests the grader is skipped (fallback at once)."""
     grader_breaker_cooldown: float = 60.0
     """Seconds the breaker stays open before one request probes the grader again."""
+    grader_unparsable_policy: str = "stop"
+    """A step where most replies of the grader (or of ``papo_math``'s outcome verifier) carry no score its parser
+    reads — each such reply scores 0 — is a breaker failure, counted (``grader/unreadable_batches``), and then:
+    ``stop`` ends the run at that step with one line quoting a reply; ``warn`` logs that line and trains on.
+    The start-up probe refuses a judge whose first reply cannot be read either way."""
     outcome_verifier: bool = True
     """Reward ``papo_math``: when the rule check says wrong, ask the LLM at ``grader_url`` whether the
     extracted answer matches the reference (PAPO's outcome verifier; the rule's 0 stands when it fails,
@@ -304,6 +312,8 @@ class RewardConfig:
         _check(self.timeout_s > 0, f"reward.timeout_s must be > 0, got {self.timeout_s}")
         _check(self.grader_fallback in (0.0, 0.5, 1.0), f"reward.grader_fallback must be 0, 0.5 or 1, got {self.grader_fallback}")
         _check(self.grader_timeout > 0 and self.grader_retries >= 0, "reward.grader_timeout > 0 and grader_retries >= 0")
+        _check(self.grader_unparsable_policy in ("warn", "stop"),
+               f"reward.grader_unparsable_policy must be warn|stop, got {self.grader_unparsable_policy!r}")
         _check(self.grader_max_tokens >= 0, f"reward.grader_max_tokens must be >= 0 (0: left to the server), got {self.grader_max_tokens}")
 
 

@@ -21,6 +21,9 @@ class PromptRow:
     extra_info: dict
     messages: tuple = ()
     """The row's chat messages ({role, content}) as in the parquet ``prompt`` column."""
+    reward: str = ""
+    """The reward the row names (``reward_model.reward``: rows of ``megatron-rl data prepare``), "" for none
+    (its ``data_source`` selects one, ``rewards/sources.py``)."""
 
 
 class PromptDataset:
@@ -120,7 +123,8 @@ def _row(i: int, r: dict, tokenizer, max_len: int, add_bos: bool) -> PromptRow:
     if gt is None:
         raise ValueError("reward_model.ground_truth is missing")
     return PromptRow(i, tuple(ids), str(r["data_source"]), gt, dict(r.get("extra_info") or {}),
-                     tuple({"role": str(m.get("role", "user")), "content": str(m["content"])} for m in msgs))
+                     tuple({"role": str(m.get("role", "user")), "content": str(m["content"])} for m in msgs),
+                     str((rm or {}).get("reward") or ""))
 
 
 def problem_text(row) -> str:

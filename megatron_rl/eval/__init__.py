@@ -36,6 +36,7 @@ from megatron_rl.config_parse import check_truncation
 from megatron_rl.data.tokenizer import load_tokenizer
 from megatron_rl.eval.bench import check_bench_args, run_benchmarks
 from megatron_rl.eval.out_dir import check_eval_out, prepare_eval_out
+from megatron_rl.rewards.sources import check_rows
 from megatron_rl.runtime.console import quiet_command
 from megatron_rl.runtime.diskspace import NotWritableError, check_writable
 from megatron_rl.runtime.path_kind import expect_hf
@@ -51,17 +52,20 @@ __all__ = ["generate_completions", "main", "pass_at_k", "run_eval"]
 
 
 def run_eval(eval_parquet, completions_jsonl, k, out_dir, reward_by_source: dict | None = None,
-             n: int | None = None, prepare_out=None) -> dict:
+             n: int | None = None, prepare_out=None, reward_default: str | None = None) -> dict:
     """Score completions and write samples.jsonl + summary.json; returns the summary.
     ``k``: one k or several (mean@k and pass@k for each); ``n``: samples per row used (the first n of
     each row; default: all of them, at least max k). ``prepare_out``: called instead of creating
-    ``out_dir`` once the inputs passed their checks (the CLI's ``--out`` rule, ``out_dir.py``)."""
+    ``out_dir`` once the inputs passed their checks (the CLI's ``--out`` rule, ``out_dir.py``).
+    ``reward_by_source`` / ``reward_default``: the reward choices, as training's ``reward.by_source`` /
+    ``reward.default`` (``rewards/sources.py``); a row with no reward is refused before anything is written."""
     from megatron_rl.rewards.manager import RewardManager  # lazy: defers torch to the call
 
     ks = tuple(sorted({k} if isinstance(k, int) else set(k)))
     rows = load_rows(eval_parquet)
     comps = load_completions(completions_jsonl)
-    rm = RewardManager(reward_by_source, default="exact")   # the training loop's verifiers and reward pool
+    check_rows(f"--data {eval_parquet}", eval_parquet, reward_by_source, reward_default, flag="--reward-by-source")
+    rm = RewardManager(reward_by_source, default=reward_default)   # the training loop's verifiers and reward pool
     check_completions(rows, comps, n or ks[-1], "n" if n else "k", completions_jsonl, eval_parquet)
     out = Path(out_dir)
     prepare_out() if prepare_out is not None else out.mkdir(parents=True, exist_ok=True)
@@ -112,6 +116,28 @@ def _ks(text: str) -> list[int]:
         return [int(x) for x in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer or a comma list of integers, got {text!r}") from None
+
+
+def _source_reward(text: str) -> tuple[str, str]:
+    """``--reward-by-source SOURCE=NAME``."""
+    src, sep, name = text.rpartition("=")
+    if not sep or not src or not name:
+        raise argparse.ArgumentTypeError(f"expected SOURCE=NAME (e.g. openai/gsm8k=gsm8k_verl), got {text!r}")
+    return src, name
+
+
+def _check_rewards(a) -> str | None:
+    """The reward names of ``--reward`` / ``--reward-by-source`` are registered (checked before anything starts)."""
+    from megatron_rl.rewards.registry import get_reward  # lazy: the registry imports the verifiers
+
+    a.reward_by_source = dict(a.reward_by_source or [])
+    for flag, name in ([("--reward", a.reward)] if a.reward else []) + [(f"--reward-by-source {s}", n)
+                                                                          for s, n in a.reward_by_source.items()]:
+        try:
+            get_reward(name)
+        except KeyError as e:
+            return f"{flag}: {e.args[0]}"
+    return None
 
 
 def _check_args(a) -> str | None:
@@ -212,6 +238,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", default="vllm", choices=("vllm", "hf"))
     p.add_argument("--max-tokens", type=int, default=None,
                    help="response length cap (default: 256, or less where the model's positions end)")
+    p.add_argument("--reward", default=None, metavar="NAME",
+                   help="fallback reward for the rows whose data_source nothing maps (training's reward.default); "
+                        "without it such rows are refused, one line listing each source")
+    p.add_argument("--reward-by-source", dest="reward_by_source", action="append", type=_source_reward, default=None,
+                   metavar="SOURCE=NAME", help="score the rows of data_source SOURCE with reward NAME (training's "
+                                               "reward.by_source; repeatable); it overrides the row's and the table's")
     p.add_argument("--verbose", action="store_true",
                    help=f"print the libraries' INFO and warnings (vLLM's engine start) on the console instead of "
                         f"OUT/{LOG_FILE}")
@@ -234,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(a) -> int:
     """Check the parsed arguments, generate (``--model``) or read the completions, score, print the summary."""
-    problem = check_bench_args(a) or _check_args(a)
+    problem = check_bench_args(a) or _check_args(a) or _check_rewards(a)
 
     if problem:
         print(f"megatron-rl eval: error: {problem}", file=sys.stderr)
@@ -252,12 +284,13 @@ def _run(a) -> int:
     try:   # convert's rule for --out (nothing of the user's overwritten); written only once inputs pass
         check_eval_out(a.out, a.force)
         n = a.n or max(a.k)
-        if a.model:
+        if a.model:   # every row has a reward before an engine starts (run_eval checks again, for --completions)
+            check_rows(f"--data {a.data}", a.data, a.reward_by_source, a.reward, flag="--reward-by-source")
             prepare_eval_out(a.out, a.force)
         comp = a.completions or generate_completions(
             a.data, a.model, n, Path(a.out) / "completions.jsonl", a.max_tokens, a.temperature, a.engine,
             a.top_p, a.top_k, a.min_p, a.chat_template_kwargs, a.tp, a.seed)
-        s = run_eval(a.data, comp, a.k, a.out, n=a.n,
+        s = run_eval(a.data, comp, a.k, a.out, a.reward_by_source, n=a.n, reward_default=a.reward,
                      prepare_out=None if a.model else (lambda: prepare_eval_out(a.out, a.force, keep=a.completions)))
     except (ValueError, FileNotFoundError, FileExistsError) as e:
         print(f"megatron-rl eval: error: {e}", file=sys.stderr)

@@ -28,6 +28,7 @@ from megatron_rl.eval.bench_model import sample_benchmarks
 from megatron_rl.eval.completions import load_completions, load_rows, score_responses
 from megatron_rl.eval.out_dir import prepare_eval_out
 from megatron_rl.eval.table import bench_entry, render_markdown, summarize_table, two_attempt_entry
+from megatron_rl.rewards.sources import check_rows, row_reward
 
 log = logging.getLogger(__name__)
 
@@ -107,15 +108,16 @@ def completions_from_dir(cdir, run: BenchRun, rows: list, data_dir, attempt: int
     return [comps[i][:run.n] for i in range(len(rows))]
 
 
-def score_table(runs: list[BenchRun], rows: dict, first: dict, second: dict | None, reward_by_source=None):
+def score_table(runs: list[BenchRun], rows: dict, first: dict, second: dict | None, reward_by_source=None,
+                reward_default: str | None = None):
     """``(summary, samples)``: every response scored by its row's reward; the table's numbers."""
     from megatron_rl.rewards.manager import RewardManager  # lazy: defers torch to the call
 
-    rm = RewardManager(reward_by_source, default="exact")
+    rm = RewardManager(reward_by_source, default=reward_default)
     entries, samples = {}, []
     for r in runs:
         name = r.bench.name
-        rewards = sorted({rm.name_of(x["data_source"]) for x in rows[name]})
+        rewards = sorted({rm.name_of(x["data_source"], row_reward(x)) for x in rows[name]})
         if rewards != [r.bench.reward]:
             log.warning("%s: its rows' data_source selects reward %s (the paper's: %s)", name, rewards, r.bench.reward)
         c1 = [[v >= 1.0 for v in vs] for vs in score_responses(rows[name], first[name], rm)]
@@ -148,6 +150,10 @@ def run_benchmarks(a, preset: Preset | None, benchmarks: list[Benchmark]) -> dic
     runs = bench_runs(benchmarks, preset, a.n, a.k_given[0] if a.k_given else None)
     two = a.two_attempt or bool(preset and preset.two_attempt)
     rows = {r.bench.name: read_bench_rows(r, a.data_dir) for r in runs}
+    by_source, default = getattr(a, "reward_by_source", None), getattr(a, "reward", None)
+    for r in runs:   # every row has a reward (the eval flags' choices, the row's, the table's) before any engine
+        check_rows(f"benchmark {r.bench.name} ({r.bench.path(a.data_dir)})", str(r.bench.path(a.data_dir)), by_source,
+                   default, flag="--reward-by-source")
     if a.completions_dir:
         first = {r.bench.name: completions_from_dir(a.completions_dir, r, rows[r.bench.name], a.data_dir) for r in runs}
         second = ({r.bench.name: completions_from_dir(a.completions_dir, r, rows[r.bench.name], a.data_dir, 2)
@@ -156,7 +162,7 @@ def run_benchmarks(a, preset: Preset | None, benchmarks: list[Benchmark]) -> dic
     else:
         prepare_eval_out(a.out, a.force)
         first, second = sample_benchmarks(a, runs, two)
-    summary, samples = score_table(runs, rows, first, second)
+    summary, samples = score_table(runs, rows, first, second, by_source, default)
     meta = {"data_dir": str(a.data_dir), "preset": preset.name if preset else None,
             "source": a.model or a.completions_dir}
     md = write_outputs(a.out, summary, samples, meta)

@@ -8,6 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from megatron_rl.data.prepare.io import decode_line
+from megatron_rl.rewards.sources import row_reward
 
 
 def load_rows(path):
@@ -50,7 +51,7 @@ def score_responses(rows: list, resps: list[list[str]], rm) -> list[list[float]]
     """Every response of row i (``resps[i]``) scored by the reward its ``data_source`` selects
     (``RewardManager``: the training loop's verifiers and reward pool)."""
     flat = [(i, r) for i in range(len(rows)) for r in resps[i]]
-    vals, _ = rm.values([rm.name_of(rows[i]["data_source"]) for i, _ in flat], [r for _, r in flat],
+    vals, _ = rm.values([rm.name_of(rows[i]["data_source"], row_reward(rows[i])) for i, _ in flat], [r for _, r in flat],
                         [rows[i]["reward_model"]["ground_truth"] for i, _ in flat])
     by_row: list[list[float]] = [[] for _ in rows]
     for (i, _), v in zip(flat, vals):

@@ -70,17 +70,20 @@ def _last_box(text: str) -> str | None:
     return None
 
 
-def dapo_verdict(response: str, ground_truth, strict_box: bool = False) -> Verdict:
-    """+1 / −1 as verl's ``math_dapo.compute_score`` (module docstring)."""
+def dapo_verdict(response: str, ground_truth, strict_box: bool = False, box_fallback: bool = False) -> Verdict:
+    """+1 / −1 as verl's ``math_dapo.compute_score`` (module docstring). ``box_fallback``: with no
+    ``Answer:`` line, the ``strict_box`` check decides (verl 0.9.1's ``math_dapo``, reward ``math_dapo``)."""
     gt = str(ground_truth)
-    if strict_box:
-        pred = _last_box(response[-300:][-100:])
-        ok = pred is not None and pred == gt
-    else:
-        m = _ANSWER.findall(response[-300:])
-        if not m:
-            return Verdict(-1.0, "no answer found")
+    m = [] if strict_box else _ANSWER.findall(response[-300:])
+    if m:
         ok = normalize_final_answer(m[-1]) == normalize_final_answer(gt)
+    elif strict_box or box_fallback:
+        pred = _last_box(response[-300:][-100:])
+        if pred is None:
+            return Verdict(-1.0, "no answer found")
+        ok = pred == gt
+    else:
+        return Verdict(-1.0, "no answer found")
     return Verdict(1.0 if ok else -1.0, "matched" if ok else "mismatch")
 
 

@@ -23,6 +23,7 @@ def build_grader(cfg: Config) -> RubricGrader:
     grader = RubricGrader(r.grader_url, r.grader_model, concurrency=r.grader_concurrency, timeout=r.grader_timeout,
                           retries=r.grader_retries, fallback=r.grader_fallback, max_tokens=r.grader_max_tokens)
     grader.breaker = CircuitBreaker(r.grader_breaker_failures, r.grader_breaker_cooldown, name="grader")
+    grader.unparsable_policy = r.grader_unparsable_policy
     return grader
 
 
@@ -42,6 +43,7 @@ def build_outcome_verifier(cfg: Config) -> OutcomeVerifier | None:
     v = OutcomeVerifier(r.grader_url, r.grader_model, concurrency=r.grader_concurrency, timeout=r.grader_timeout,
                         retries=r.grader_retries, max_tokens=r.grader_max_tokens)
     v.breaker = CircuitBreaker(r.grader_breaker_failures, r.grader_breaker_cooldown, name="verifier")
+    v.unparsable_policy = r.grader_unparsable_policy
     return v
 
 
@@ -52,5 +54,5 @@ def build_rewards(cfg: Config, is_driver: bool = True) -> RewardManager:
 
     r = cfg.reward
     verifier = build_outcome_verifier(cfg) if is_driver else None
-    return RewardManager(r.by_source, r.default, workers=r.workers, timeout_s=r.timeout_s,
+    return RewardManager(r.by_source, r.default or None, workers=r.workers, timeout_s=r.timeout_s,
                          second_opinion={"papo_math": verifier} if verifier is not None else None)

@@ -85,8 +85,8 @@ class RubricGrader(JudgeClient):
             self._stats.fallbacks += 1
             return self.fallback
         score = parse_score(content)
+        self.parsed(content, score is not None)
         if score is None:
-            self._stats.unparsable += 1
             score = 0.0
         self.cache[key] = score
         return score
@@ -98,12 +98,13 @@ class RubricGrader(JudgeClient):
         """Synchronous wrapper: ``[(problem, reference_solution, student_solution)] -> scores``.
         Logs one console warning with the count when any score of the batch is the fallback; raises
         :class:`~megatron_rl.rewards.judge_client.JudgeRejected` when the breaker opened on refused (4xx)
-        requests."""
-        before = self._stats.fallbacks
+        requests; most replies of the batch unparsable: ``judge_client.JudgeClient.check_readable``."""
+        before, replies, bad = self._stats.fallbacks, self._stats.replies, self._stats.unparsable
         scores = asyncio.run(self.agrade(items))
         fell = self._stats.fallbacks - before
         if fell:
             log.warning("grader: %d of %d grades used the fallback score %.1f (breaker %s, %d requests skipped so far)",
                         fell, len(items), self.fallback, self.breaker.state, self.breaker.skips)
         self.raise_if_rejected()
+        self.check_readable(replies, bad)
         return scores

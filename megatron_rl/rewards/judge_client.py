@@ -44,6 +44,12 @@ class JudgeRejected(RuntimeError):
     (context, model name, key), not an outage. The message carries the server's own text, one line."""
 
 
+class JudgeUnreadable(JudgeRejected):
+    """Most replies of one batch carried no verdict the judge's parser reads, under
+    ``reward.grader_unparsable_policy=stop``: the run stops at that step as for a refusing judge (a judge
+    that cannot be read is no judge: its every score would be the 0 of an unparsable reply)."""
+
+
 @dataclasses.dataclass
 class JudgeStats:
     calls: int = 0
@@ -54,6 +60,8 @@ class JudgeStats:
     client_errors: int = 0     # HTTP 4xx other than 408 / 429: the request refused, not retried
     malformed: int = 0         # HTTP 200 whose body is not a chat completion (a breaker failure)
     unparsable: int = 0        # a well-formed reply whose text has no verdict the judge's parser accepts
+    replies: int = 0           # well-formed replies parsed (the denominator of the unreadable-batch rule)
+    unreadable_batches: int = 0   # batches where most replies were unparsable (each a breaker failure)
     fallbacks: int = 0
     breaker_skips: int = 0     # requests not sent because the circuit breaker was open (breaker.py)
     breaker_opens: int = 0
@@ -108,6 +116,8 @@ class JudgeClient:
         self._stats = JudgeStats()
         self.breaker = CircuitBreaker(name=name)   # replaced by setup with the configured thresholds
         self.rejected: str | None = None           # the server's text once the breaker opened on 4xx replies
+        self.unparsable_policy = "stop"            # a batch of mostly unparsable replies: warn | stop (setup sets it)
+        self.last_unparsable = ""                  # the start of the last reply the parser could not read
         self._consecutive_4xx = 0
         self._logged: set[str] = set()
 
@@ -182,6 +192,30 @@ class JudgeClient:
         async with aiohttp.ClientSession() as s:
             return list(await asyncio.gather(*(run_one(s, sem, it) for it in items)))
 
+    def parsed(self, content: str, ok: bool) -> None:
+        """Count one reply the parser read (``ok``) or could not (remembering its start for the warning)."""
+        self._stats.replies += 1
+        if not ok:
+            self._stats.unparsable += 1
+            self.last_unparsable = one_line(content, 80)
+
+    def check_readable(self, replies_before: int, unparsable_before: int) -> None:
+        """After a batch: when most of its replies were unparsable, a breaker failure and a counted
+        ``unreadable_batches``, then ``unparsable_policy``: ``warn`` logs one line, ``stop`` raises
+        :class:`JudgeUnreadable` (the loop stops at this step)."""
+        replied = self._stats.replies - replies_before
+        bad = self._stats.unparsable - unparsable_before
+        if replied == 0 or 2 * bad <= replied:
+            return
+        self._stats.unreadable_batches += 1
+        msg = (f"{self.name} at {self.url} (model {self.model!r}): {bad} of {replied} replies of this step had no "
+               f"verdict its parser reads (scored as wrong), e.g. {self.last_unparsable!r}")
+        self.breaker.failure("most replies unparsable")
+        if self.unparsable_policy == "stop":
+            raise JudgeUnreadable(msg + "; use a judge that follows the prompt's format, or "
+                                        "reward.grader_unparsable_policy=warn to train on")
+        log.warning("%s (reward.grader_unparsable_policy=warn: training on)", msg)
+
     def raise_if_rejected(self) -> None:
         if self.rejected is not None:
             raise JudgeRejected(f"{self.name} at {self.url} (model {self.model!r}) refused {self._consecutive_4xx} "
@@ -201,6 +235,11 @@ def served_max_model_len(base_url: str, model: str, timeout: float = 10.0) -> in
     except (OSError, ValueError, AttributeError):
         return None
     return None
+
+
+def first_reply(client: JudgeClient, prompt: str) -> str | None:
+    """The judge's whole text for ``prompt`` (one request with the run's body, retries and breaker), or None."""
+    return asyncio.run(client.ask_all(lambda s, sem, p: client.ask(s, sem, p), [prompt]))[0]
 
 
 def probe(client: JudgeClient, prompt: str, timeout: float) -> None:

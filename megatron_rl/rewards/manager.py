@@ -12,19 +12,11 @@ from megatron_rl.data.dataset import problem_text
 from megatron_rl.rewards import pool as P
 from megatron_rl.rewards.math_reward import deadline_for
 from megatron_rl.rewards.registry import get_reward, register_reward, score_one  # noqa: F401 -- re-exported
+from megatron_rl.rewards.sources import resolve, unmapped_line
 from megatron_rl.rewards.verdict import reason_of
 
-DEFAULT_BY_SOURCE = {"reverse": "exact", "addition": "exact", "knights_knaves": "kk", "kk": "kk",
-                     "math": "math", "gsm8k": "math", "aime": "math", "amc": "math", "math500": "math",
-                     "math_dapo": "dapo", "kk_logic": "kk", "logic_kk": "kk",
-                     # the sources ``megatron-rl data prepare`` writes (megatron_rl/data/prepare/)
-                     # (DAPO's AIME rows: ``data prepare aime24 --template dapo`` makes them math_dapo rows)
-                     "deepmath": "math", "aime24": "math", "aime25": "math", "amc23": "math", "numina_math_process": "papo_math", "olympiadbench": "papo_math", "gpqa_diamond": "gpqa",
-                     "score_gsm8k": "score_exact_match", "score_math": "score_exact_match_math"}
-#: data-source prefixes and their reward, after the exact names (RLCSD's ``kk_4to8``, ``kk_4to8_test``, ``kk_9`` ...)
-DEFAULT_BY_PREFIX = (("kk_", "kk"),)
 #: rewards scored on the worker pool (a symbolic check that may need killing, or just CPU-heavy)
-POOLED = frozenset({"math", "math_rlcsd", "papo_math"})
+POOLED = frozenset({"math", "math_rlcsd", "papo_math", "prime_math"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,10 +29,12 @@ class RewardBatch:
 
 
 class RewardManager:
-    """``score(rows, texts)``: the verifier of each row's ``data_source`` (``by_source`` map, else
-    ``default``). Rows whose reward is in :data:`POOLED` run on a pool of ``workers`` processes (0: one
-    per CPU the driver may use), each check bounded by ``timeout_s``; the others run inline.
-    Non-finite rewards raise naming the sample.
+    """``score(rows, texts)``: the verifier of each row, chosen by ``rewards/sources.resolve``: ``by_source``
+    (the config's map), the reward the row names, the built-in ``data_source`` table (verl's names with
+    verl's rules, then this project's), ``default`` (a fallback only when given); a row with none raises
+    (the start-up checks refuse such files first, ``sources.check_rows``). Rows whose reward is in
+    :data:`POOLED` run on a pool of ``workers`` processes (0: one per CPU the driver may use), each check
+    bounded by ``timeout_s``; the others run inline. Non-finite rewards raise naming the sample.
 
     ``second_opinion``: ``{reward name: judge}`` — for the rows of that reward whose rule score is 0,
     ``judge.verify_batch([(question, response, ground_truth)])`` is asked and a True verdict makes the
@@ -48,20 +42,21 @@ class RewardManager:
     (None) leaves the rule's 0, counted by the judge. :meth:`score`'s stats carry the judges' counters
     and ``reward/llm_corrected``."""
 
-    def __init__(self, by_source: dict[str, str] | None = None, default: str = "exact", workers: int = 0,
+    def __init__(self, by_source: dict[str, str] | None = None, default: str | None = None, workers: int = 0,
                  timeout_s: float = 5.0, second_opinion: dict | None = None):
-        self.by_source = {**DEFAULT_BY_SOURCE, **(by_source or {})}
-        self.default = default
+        self.by_source = dict(by_source or {})
+        self.default = default or None
         self.workers, self.timeout_s = workers, float(timeout_s)
         self.second_opinion = dict(second_opinion or {})
-        for name in {*self.by_source.values(), default, *self.second_opinion}:
+        for name in {*self.by_source.values(), *([default] if default else []), *self.second_opinion}:
             get_reward(name)
 
-    def name_of(self, data_source: str) -> str:
-        """The reward of ``data_source``: ``by_source`` (exact name), else :data:`DEFAULT_BY_PREFIX`, else ``default``."""
-        name = self.by_source.get(data_source)
+    def name_of(self, data_source: str, named: str = "") -> str:
+        """The reward of a row of ``data_source`` naming reward ``named`` ("" for none): ``sources.resolve``;
+        ``ValueError`` (one line) when none applies."""
+        name, _ = resolve(str(data_source), named or "", self.by_source, self.default)
         if name is None:
-            name = next((r for p, r in DEFAULT_BY_PREFIX if str(data_source).startswith(p)), self.default)
+            raise ValueError(unmapped_line("a scored row", {str(data_source): 1}))
         return name
 
     def values(self, names: Sequence[str], texts: Sequence[str], truths: Sequence) -> tuple[list, dict]:
@@ -106,7 +101,7 @@ class RewardManager:
     def score(self, rows: Sequence, texts: Sequence[str]) -> RewardBatch:
         if len(rows) != len(texts):
             raise ValueError(f"{len(rows)} rows but {len(texts)} responses")
-        names = [self.name_of(r.data_source) for r in rows]
+        names = [self.name_of(r.data_source, getattr(r, "reward", "")) for r in rows]
         raw, stats = self.values(names, texts, [r.ground_truth for r in rows])
         vals = []
         for i, (r, v) in enumerate(zip(rows, raw)):

@@ -88,8 +88,8 @@ class OutcomeVerifier(JudgeClient):
             self._stats.fallbacks += 1
             return None
         verdict = parse_grade(content)
+        self.parsed(content, verdict is not None)
         if verdict is None:
-            self._stats.unparsable += 1
             verdict = False
         self.cache[key] = verdict
         return verdict
@@ -97,10 +97,12 @@ class OutcomeVerifier(JudgeClient):
     def verify_batch(self, items: list[tuple[str, str, str]]) -> list[bool | None]:
         """One console warning when any verdict of the batch failed; raises
         :class:`~megatron_rl.rewards.judge_client.JudgeRejected` once the breaker opened on 4xx replies."""
+        replies, bad = self._stats.replies, self._stats.unparsable
         out = asyncio.run(self.ask_all(self._one, items)) if items else []
         fell = sum(v is None for v in out)
         if fell:
             log.warning("verifier: %d of %d outcome checks failed, the rule's verdict (0) stands (breaker %s, "
                         "%d requests skipped so far)", fell, len(items), self.breaker.state, self.breaker.skips)
         self.raise_if_rejected()
+        self.check_readable(replies, bad)
         return out

@@ -13,6 +13,8 @@ from megatron_rl.rewards.format import score_rewards
 from megatron_rl.rewards.gpqa import gpqa_reward
 from megatron_rl.rewards.knights_knaves import verify_kk, verify_kk_rlcsd
 from megatron_rl.rewards.prime_math import prime_math_score
+from megatron_rl.rewards.verl_rules import (gsm8k_flexible_reward, gsm8k_strict_reward, gsm8k_verl_reward,
+                                            hendrycks_math_reward, math_dapo_reward)
 
 _REWARDS: dict[str, Callable[[str, object], float]] = {}
 
@@ -54,6 +56,13 @@ def _register_builtin() -> None:
     register_reward("dapo_strict_box")(dapo_strict_box_reward)
     register_reward("gpqa")(gpqa_reward)
     register_reward("papo_math")(prime_math_score)   # + the LLM outcome verifier: RewardManager(second_opinion=...)
+    register_reward("prime_math")(prime_math_score)  # the rule alone: verl's numina_* sources
+    # verl's rules for the data_source names of its default_compute_score (rewards/verl_rules.py)
+    register_reward("gsm8k_strict")(gsm8k_strict_reward)
+    register_reward("gsm8k_verl")(gsm8k_verl_reward)
+    register_reward("gsm8k_flexible")(gsm8k_flexible_reward)
+    register_reward("hendrycks_math")(hendrycks_math_reward)
+    register_reward("math_dapo")(math_dapo_reward)
     for name, fn in score_rewards().items():
         register_reward(name)(fn)
 

@@ -11,7 +11,8 @@ What a 7B–14B run uses, shrunk so a test can build it:
 * **model**: a 2-layer Qwen3 (``Qwen3ForCausalLM``) saved with that tokenizer as an HF dir that
   vLLM (CPU build) and the trainer both load;
 * **task** ``chat_max``: verl parquet rows — ``prompt`` = [system, user] messages, ``data_source`` =
-  ``math`` (the math verifier), ``reward_model.ground_truth``, ``extra_info.question`` (PAPO's key),
+  ``math``, ``reward_model.reward`` = ``math`` (the box-based math verifier, named in the row as ``data prepare``
+  names it: verl's ``math`` data_source alone would select its ``math_dapo``), ``reward_model.ground_truth``, ``extra_info.question`` (PAPO's key),
   ``extra_info.reference_solution`` — whose answers are ``<think>…</think>`` reasoning followed by a
   ``\\boxed{}`` answer, e.g. ``Which is larger, 37 or 52?`` -> ``<think>\\n52 > 37\\n</think>\\n\\n\\boxed{52}``
   (copying either number is a valid-looking answer, so a briefly warm-started policy is right about
@@ -90,7 +91,7 @@ def write_chat_task(out_dir: Path, seed: int = 0, sizes: dict | None = None) -> 
         table = pa.table({
             "prompt": [messages(a, b) for a, b in rows],
             "data_source": ["math"] * len(rows),
-            "reward_model": [{"ground_truth": str(answer(a, b)), "style": "rule"} for a, b in rows],
+            "reward_model": [{"ground_truth": str(answer(a, b)), "style": "rule", "reward": "math"} for a, b in rows],
             "extra_info": [{"split": split, "index": i, "question": question(a, b),
                             "reference_solution": solution(a, b)} for i, (a, b) in enumerate(rows)],
         })

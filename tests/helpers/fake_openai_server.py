@@ -68,7 +68,10 @@ def _main(port: int, lifetime: float) -> None:
                            "tokens.", "type": "BadRequestError", "code": 400}}, status=400)
         if mode == "malformed":
             return web.Response(status=200, text="{not json", content_type="application/json")
-        text = "I cannot decide." if mode == "unparsable" else f"Step by step ... final \\boxed{{{state['score']}}}"
+        outcome = "Final Grade:" in json.dumps(body.get("messages"))   # the outcome verifier's prompt: its format
+        ok_text = ("The answers match.\nFinal Grade: CORRECT" if outcome else
+                   f"Step by step ... final \\boxed{{{state['score']}}}")
+        text = "I cannot decide." if mode == "unparsable" else ok_text
         return web.json_response({"id": "x", "object": "chat.completion", "model": body.get("model"),
                                   "choices": [{"index": 0, "finish_reason": "stop",
                                                "message": {"role": "assistant", "content": text}}]})

@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 from megatron_rl.data.prepare.pipeline import PrepareRequest, prepare
 from megatron_rl.rewards.manager import RewardManager
 from megatron_rl.rewards.registry import get_reward
+from megatron_rl.rewards.sources import row_reward
 
 
 def write_parquet(path: Path, records: list[dict]) -> Path:
@@ -33,9 +34,9 @@ def run(source: str, inp, out: Path, **kw) -> tuple[dict, dict[str, list[dict]]]
 
 
 def reward_of(row: dict, default: str = "math"):
-    """The reward the training loop's manager picks for ``row`` (by its data_source; ``default``: the
-    config's ``reward.default``, here the RLCSD configs' ``math``), as a function."""
-    return get_reward(RewardManager(default=default).name_of(row["data_source"]))
+    """The reward the training loop's manager picks for ``row`` (the reward the prepared row names, else its
+    data_source's; ``default``: the config's ``reward.default``, here the RLCSD configs' ``math``), as a function."""
+    return get_reward(RewardManager(default=default).name_of(row["data_source"], row_reward(row)))
 
 
 def score(row: dict, response: str, default: str = "math") -> float:

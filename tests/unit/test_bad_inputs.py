@@ -110,6 +110,24 @@ CASES = [
     ("papo-math-no-grader", ["{T}", "reward.default=papo_math"],
      "reward papo_math asks PAPO's LLM outcome verifier at reward.grader_url when its rule check says wrong"),
     ("grader-max-tokens", ["{T}", "reward.grader_max_tokens=-1"], "reward.grader_max_tokens must be >= 0 (0: left to the server)"),
+    # issue 40: no row is scored by a reward nobody chose; multimodal files are refused
+    ("grader-unparsable-policy", ["{T}", "reward.grader_unparsable_policy=maybe"],
+     "reward.grader_unparsable_policy must be warn|stop, got 'maybe'"),
+    ("train-unmapped-source", ["{T}", "data.train={X}/hellaswag.parquet", "reward.default="],
+     "data.train={X}/hellaswag.parquet: no reward for data_source 'Rowan/hellaswag' (32 rows, verl has no scorer for it "
+     "either); choose one: reward.by_source={Rowan/hellaswag: NAME}, or a fallback for every unmapped source: "
+     "reward.default=NAME"),
+    ("train-multimodal", ["{T}", "data.train={X}/geo3k.parquet"],
+     "data.train={X}/geo3k.parquet: multimodal rows (a 'images' column): this project trains and scores text-only models"),
+    ("eval-unmapped-source", ["eval", "--data", "{X}/hellaswag.parquet", "--completions", "{X}/c.jsonl", "--out", "{X}/e"],
+     "--data {X}/hellaswag.parquet: no reward for data_source 'Rowan/hellaswag' (32 rows, verl has no scorer for it "
+     "either); choose one: --reward-by-source Rowan/hellaswag=NAME, or a fallback for every unmapped source: --reward NAME"),
+    ("eval-reward-name", ["eval", "--data", "{X}/train.parquet", "--completions", "{X}/c.jsonl", "--out", "{X}/e",
+                          "--reward-by-source", "reverse=mathh"], "--reward-by-source reverse: unknown reward 'mathh'"),
+    ("prepare-verl-unmapped", ["data", "prepare", "verl", "--in", "{X}/hellaswag.parquet", "--out", "{X}/p"],
+     "data prepare verl: no reward for data_source 'Rowan/hellaswag' (32 rows, verl has no scorer for it either)"),
+    ("prepare-verl-multimodal", ["data", "prepare", "verl", "--in", "{X}/geo3k.parquet", "--out", "{X}/p"],
+     "data prepare verl: multimodal rows (a 'images' column)"),
     ("yaml-syntax", ["train", "--config", "{X}/bad.yaml"], "{X}/bad.yaml:4:8: YAML syntax error: expected ',' or ']', but got ':' (while parsing a flow sequence at line 3)"),
     ("yaml-list", ["train", "--config", "{X}/list.yaml"], "a config file is a mapping of sections"),
     ("config-missing", ["train", "--config", "{X}/none.yaml"], "config file not found: {X}/none.yaml"),
@@ -279,6 +297,9 @@ def make_work(x: Path) -> Path:
 
     row = {"data_source": "reverse", "prompt": [{"role": "user", "content": "12"}], "reward_model": {"ground_truth": "21"}}
     pq.write_table(pa.Table.from_pylist([row] * 32), x / "train.parquet")   # the tiny config's prompts_per_step
+    pq.write_table(pa.Table.from_pylist([{**row, "data_source": "Rowan/hellaswag"}] * 32), x / "hellaswag.parquet")
+    geo = {**row, "data_source": "hiyouga/geometry3k", "images": [{"bytes": b"\x89PNG", "path": None}]}
+    pq.write_table(pa.Table.from_pylist([geo] * 32), x / "geo3k.parquet")   # examples/data_preprocess/geo3k.py's columns
     pq.write_table(pa.Table.from_pylist([row]), x / "one.parquet")
     pq.write_table(pa.Table.from_pylist([row]).slice(0, 0), x / "empty.parquet")
     from tests.helpers.tiny_model import save_zero_weights
@@ -599,3 +620,27 @@ if __name__ == "__main__":   # print the table (input -> message) for the notes
                 pass
         shown = " ".join(a for a in argv if a != "{T}").replace(str(x), "X")
         print(f"| {n} | `{shown}` | {buf.getvalue().strip().replace('|', '/').replace(str(x), 'X')} |")
+
+
+#: a verl ``data_source`` of each family of verl's table (issue 40), as its preprocessing script names it
+VERL_SOURCES = ["openai/gsm8k", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500", "math_dapo", "aime24",
+                "numina_olympiads"]
+
+
+@pytest.mark.parametrize("source", VERL_SOURCES)
+def test_verl_made_files_pass_train_check_with_no_reward_line(source, work, capsys, monkeypatch):
+    """``train --check`` accepts a file of a verl data_source with no ``reward.by_source`` and no ``reward.default``
+    (the tiny config's fallback cleared): verl's table picks its rule (tests/unit/rewards/test_verl_table.py)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from megatron_rl.runtime.launch_env import LAUNCHER_VARS, TORCH_VARS
+
+    for k in (*LAUNCHER_VARS, *TORCH_VARS, "RAY_ADDRESS"):
+        monkeypatch.delenv(k, raising=False)
+    row = {"data_source": source, "prompt": [{"role": "user", "content": "12"}], "ability": "math",
+           "reward_model": {"style": "rule", "ground_truth": "21"}, "extra_info": {"split": "train", "index": 0}}
+    path = work / f"verl_{source.replace('/', '_')}.parquet"
+    pq.write_table(pa.Table.from_pylist([row] * 32), path)
+    rc, err = run_case(expand(["{T}", f"data.train={path}", "reward.default="], work), capsys)
+    assert rc == 0, err

@@ -67,7 +67,10 @@ def _rewards(cfg):
     from megatron_rl.rewards.manager import RewardManager
 
     rows = [SimpleNamespace(data_source=s, ground_truth="0.5", index=i) for i, s in enumerate(("mysrc", "other"))]
-    return RewardManager(cfg.reward.by_source, cfg.reward.default).score(rows, ["\\boxed{1/2}"] * 2).reward.tolist()
+    try:
+        return RewardManager(cfg.reward.by_source, cfg.reward.default).score(rows, ["\\boxed{1/2}"] * 2).reward.tolist()
+    except ValueError as e:   # no reward chosen for a source: refused, naming it (issue 40)
+        return str(e)
 
 
 def _reward_pool(cfg):
@@ -82,7 +85,7 @@ def _grader(cfg):
 
     g = build_grader(cfg)
     return (g.url, g.model, g.timeout, g.retries, g.concurrency, g.fallback, g.breaker.failures, g.breaker.cooldown,
-            g.max_tokens)
+            g.max_tokens, g.unparsable_policy)
 
 
 def _verifier(cfg):
@@ -121,7 +124,7 @@ SPEC = {   # key -> (value, observer)
     "reward.grader_timeout": ("5", _grader), "reward.grader_retries": ("1", _grader),
     "reward.grader_concurrency": ("2", _grader), "reward.grader_fallback": ("0.5", _grader),
     "reward.grader_breaker_failures": ("2", _grader), "reward.grader_breaker_cooldown": ("5", _grader),
-    "reward.grader_max_tokens": ("512", _grader), "reward.outcome_verifier": ("false", _verifier), "rollout.sync_backend": ("ray", _client),
+    "reward.grader_max_tokens": ("512", _grader), "reward.grader_unparsable_policy": ("warn", _grader), "reward.outcome_verifier": ("false", _verifier), "rollout.sync_backend": ("ray", _client),
     "rollout.placement": ("colocated", _client), "rollout.gpu_memory_utilization": ("0.7", _client),
 }
 REJECTED = {   # key -> (value, words of the start-up error on this CPU machine)

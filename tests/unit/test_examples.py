@@ -243,12 +243,13 @@ def test_large_configs_select_the_reference_reward(name):
     import yaml
 
     from megatron_rl.rewards.manager import RewardManager
+    from megatron_rl.rewards.sources import PREPARED
 
     sec = yaml.safe_load((REPO / "examples" / "configs" / f"{name}.yaml").read_text())["reward"]
     assert sec["default"] == REFERENCE_REWARD[name]
     rm = RewardManager(sec.get("by_source"), sec["default"])
-    if REFERENCE_REWARD[name] == "dapo":   # DAPO-Math-17k rows and DAPO's AIME validation (prepared as math_dapo rows)
-        assert rm.name_of("math_dapo") == "dapo"
+    if REFERENCE_REWARD[name] == "dapo":   # DAPO-Math-17k rows and DAPO's AIME validation (prepared math_dapo rows
+        assert rm.name_of("math_dapo", PREPARED["math_dapo"]) == "dapo"   # name dapo; verl's own get verl's math_dapo)
         if "data/aime24/" in (REPO / "examples" / "configs" / f"{name}.yaml").read_text():
             assert "megatron-rl data prepare aime24 --template dapo" in (REPO / "examples" / "configs" / f"{name}.yaml").read_text()
     else:                                  # the RLCSD family's logic data

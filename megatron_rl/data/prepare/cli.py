@@ -49,10 +49,30 @@ def add_prepare_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--strict", action="store_true",
                    help="refuse a bad row (null / empty field, unparsable answer) with one line naming it, instead "
                         "of skipping and counting it")
+    p.add_argument("--reward-by-source", dest="reward_by_source", action="append", default=None, metavar="SOURCE=NAME",
+                   help="verl: score the rows of data_source SOURCE with reward NAME (written into their "
+                        "reward_model.reward); repeatable. Rows whose data_source has no reward are refused")
     p.add_argument("--force", action="store_true",
                    help="replace what an earlier 'data prepare' wrote in --out (other non-empty dirs are never touched)")
     p.set_defaults(run=run_prepare)
     return p
+
+
+def _source_rewards(pairs: list[str] | None) -> dict[str, str]:
+    """``--reward-by-source SOURCE=NAME`` pairs -> ``{SOURCE: NAME}`` (names checked to be registered)."""
+    from megatron_rl.rewards.registry import get_reward  # lazy: the registry imports the verifiers
+
+    out = {}
+    for text in pairs or []:
+        src, sep, name = text.rpartition("=")
+        if not sep or not src or not name:
+            raise ValueError(f"--reward-by-source: expected SOURCE=NAME (e.g. mydata=math), got {text!r}")
+        try:
+            get_reward(name)
+        except KeyError as e:
+            raise ValueError(f"--reward-by-source {src}: {e.args[0]}") from None
+        out[src] = name
+    return out
 
 
 def run_prepare(args: argparse.Namespace) -> int:
@@ -62,7 +82,7 @@ def run_prepare(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-rows must be >= 1, got {args.max_rows}")
     req = PrepareRequest(source=args.source, inputs=list(args.inputs), out=args.out, seed=args.seed, force=args.force,
                          strict=args.strict, max_rows=args.max_rows, val_rows=args.val_rows, split=args.split,
-                         template=args.template,
+                         template=args.template, reward_by_source=_source_rewards(args.reward_by_source),
                          command=shlex.join(["megatron-rl", "data", *getattr(args, "argv", ["prepare", args.source])]))
     manifest = prepare(req)
     print(manifest["summary"])

@@ -21,6 +21,8 @@ from megatron_rl.data import prompts
 from megatron_rl.data.prepare import io, schema
 from megatron_rl.data.prepare.registry import Skip, Source, get_source
 from megatron_rl.runtime.diskspace import check_writable
+from megatron_rl.data.prepare.verl_sources import check_rewards
+from megatron_rl.rewards.sources import PREPARED
 
 #: inputs with more rows than this get a progress bar (stderr)
 PROGRESS_ROWS = 10000
@@ -41,6 +43,8 @@ class PrepareRequest:
     split: str | None = None
     template: str | None = None
     command: str = ""
+    reward_by_source: dict = dataclasses.field(default_factory=dict)
+    """``verl``: ``{data_source: reward}`` written into those rows (``--reward-by-source``)."""
 
 
 @dataclasses.dataclass
@@ -135,6 +139,7 @@ def _retemplate(src: Source, rows: list[dict], template: str) -> None:
         r["prompt"] = prompts.TEMPLATES[template](r["extra_info"]["problem"])
         r["extra_info"] = {**r["extra_info"], "benchmark": r["data_source"], "template": template}
         r["data_source"] = pairs or r["data_source"]
+        r["reward_model"] = {**r["reward_model"], "reward": PREPARED[r["data_source"]]}
 
 
 def _splits(src: Source, req: PrepareRequest, rows: list[dict]) -> dict[str, list[dict]]:
@@ -201,6 +206,11 @@ def prepare(req: PrepareRequest) -> dict:
         raise ValueError(_no_rows(src, req, counts, files))
     if req.template is not None:
         _retemplate(src, rows, req.template)
+    if not src.dedupe:   # a passthrough verl file: every row has a reward, none is multimodal (nothing written else)
+        check_rewards(rows, req.reward_by_source)
+    elif req.reward_by_source:
+        raise ValueError(f"--reward-by-source applies to 'data prepare verl' only ({src.name}'s rows name their "
+                         "reference's reward)")
     splits = _splits(src, req, rows)
     manifest = {"tool": io.TOOL, "source": src.name, "template": req.template, "dataset": src.dataset, "version": __version__,
                 "command": req.command, "seed": req.seed, "max_rows": req.max_rows if req.max_rows is not None else src.max_rows,

@@ -7,6 +7,7 @@ import re
 from typing import Callable
 
 from megatron_rl.rewards.extract import strip_think
+from megatron_rl.rewards.sources import PREPARED
 
 
 class Skip(ValueError):
@@ -139,9 +140,12 @@ def dedupe_key(problem: str) -> str:
 
 
 def verl_row(data_source: str, prompt: list[dict], ground_truth: str, ability: str = "math", **extra) -> dict:
-    """One row in verl's columns (``extra_info.split`` / ``index`` are set when the file is written). The
+    """One row in verl's columns (``extra_info.split`` / ``index`` are set when the file is written), naming the
+    reward of its seed reference in ``reward_model.reward`` (``rewards/sources.PREPARED``: no verl data_source
+    name decides it, ``rewards/sources.py``). The
     source fields of ``extra_info`` are strings ("" for none), so prepared files of different sources
     concatenate into one parquet."""
     info = {k: "" if v is None else str(v) for k, v in extra.items()}
     return {"data_source": data_source, "prompt": prompt, "ability": ability,
-            "reward_model": {"style": "rule", "ground_truth": ground_truth}, "extra_info": info}
+            "reward_model": {"style": "rule", "ground_truth": ground_truth, "reward": PREPARED[data_source]},
+            "extra_info": info}

@@ -3,8 +3,11 @@ every problem many times) and ``verl``, a validating copy of a released verl par
 ``Leyiii/RLCSD`` folders, Logic-RL's K&K files): rows load as they are, bad ones are skipped."""
 from __future__ import annotations
 
+import collections
+
 from megatron_rl.data import prompts
 from megatron_rl.data.prepare.registry import Skip, Source, answer_value, dedupe_key, register, verl_row
+from megatron_rl.rewards.sources import MULTIMODAL_COLUMNS, check_counts, row_reward
 
 #: BytedTsinghua-SIA/DAPO-Math-17k: ``data_source`` (``math_dapo``), ``prompt`` (one user turn in DAPO's
 #: "Answer:" format), ``ability``, ``reward_model`` {ground_truth, style}, ``extra_info`` {index: uuid}
@@ -56,6 +59,21 @@ def passthrough(rec: dict, seed: int) -> tuple[str, dict]:
         raise Skip("null or empty data_source")
     ground_truth(rec)
     return dedupe_key(content), rec
+
+
+def check_rewards(rows: list[dict], by_source: dict[str, str]) -> None:
+    """Every passthrough row has a reward here (``rewards/sources.py``: the row's own, the built-in table, or
+    ``--reward-by-source``, which is then written into the rows' ``reward_model.reward``) and no row is
+    multimodal; else one line naming each unmapped source with its row count."""
+    media = sorted({c for r in rows for c in MULTIMODAL_COLUMNS if r.get(c) is not None})
+    if media:
+        raise ValueError(f"data prepare verl: multimodal rows (a {media[0]!r} column): this project trains and scores "
+                         "text-only models; use a text dataset")
+    counts = collections.Counter((str(r["data_source"]), row_reward(r)) for r in rows)
+    check_counts("data prepare verl", counts, by_source, None, flag="--reward-by-source")
+    for r in rows:
+        if r["data_source"] in by_source:
+            r["reward_model"] = {**r["reward_model"], "reward": by_source[r["data_source"]]}
 
 
 register(Source("dapo_math_17k", "BytedTsinghua-SIA/DAPO-Math-17k", dapo, split="train", shuffle=True,

@@ -32,9 +32,10 @@ from megatron_rl.config import load_config, validate
 from megatron_rl.data.tokenizer import load_tokenizer
 from megatron_rl.eval.training import benchmark_prompts, selected
 from megatron_rl.rewards.factory import build_grader, build_outcome_verifier
-from megatron_rl.rewards.grader import RUBRIC_PROMPT
-from megatron_rl.rewards.judge_client import probe, served_max_model_len
-from megatron_rl.rewards.outcome_judge import OUTCOME_PROMPT
+from megatron_rl.rewards.grader import RUBRIC_PROMPT, parse_score
+from megatron_rl.rewards.judge_client import first_reply, one_line, probe, served_max_model_len
+from megatron_rl.rewards.outcome_judge import OUTCOME_PROMPT, parse_grade
+from megatron_rl.rewards.sources import check_rows
 from megatron_rl.runtime.diskspace import check_writable
 from megatron_rl.runtime.launch_env import check_ray_address, check_torch_env
 from megatron_rl.runtime.path_kind import HF, RUN, demo_hint, expect_checkpoint, kind
@@ -78,7 +79,7 @@ def check_config(cfg) -> None:
             raise ValueError(f"algo.off_policy=bypass with algo.{cfg.algo.kind}.old_logprob_context=conditioned: bypass "
                              "takes the engine's log-probs (plain context) as old, conditioned recomputes them; pick one")
 
-    for key, name in [("reward.default", cfg.reward.default),
+    for key, name in [*([("reward.default", cfg.reward.default)] if cfg.reward.default else []),
                       *((f"reward.by_source.{s}", n) for s, n in cfg.reward.by_source.items())]:
         try:
             get_reward(name)
@@ -241,6 +242,20 @@ def check_data(cfg) -> None:
     if n < d.prompts_per_step:
         raise ValueError(f"data.train={d.train} has {n} row(s), fewer than data.prompts_per_step={d.prompts_per_step} "
                          f"(one step's prompts): set data.prompts_per_step <= {n} or use a larger prompt file")
+
+
+def check_reward_sources(cfg) -> None:
+    """Every row of ``data.train``, ``data.val`` and the ``trainer.eval_benchmarks`` files has a reward
+    (``rewards/sources.check_rows``: the config's map, the row's own, the built-in table, or the
+    ``reward.default`` you wrote, logged once per source), no file is multimodal and none is an older
+    prepared file whose rows would now read as verl's -- each a one-line refusal before anything starts."""
+    r = cfg.reward
+    files = [(key, path) for key, path in (("data.train", cfg.data.train), ("data.val", cfg.data.val)) if path]
+    benchmarks, _ = selected(cfg)
+    files += [(f"trainer.eval_benchmarks {b.name}", str(b.path(cfg.trainer.eval_data_dir))) for b in benchmarks]
+    for key, path in files:
+        check_rows(f"{key}={path}" if key.startswith("data.") else f"{key} ({path})", path, r.by_source,
+                   r.default or None)
 
 
 def check_row_fields(cfg) -> None:
@@ -481,16 +496,28 @@ def check_grader(cfg, timeout: float = 3.0) -> None:
     probes = []
     if rubric:
         probes.append(("rubric", build_grader(cfg), RUBRIC_PROMPT.format(problem=p["problem"], reference=p["reference"],
-                                                                        solution=p["reference"])))
+                                                                        solution=p["reference"]), parse_score,
+                       "a score of 0, 0.5 or 1 in \\boxed{} or 'score: x'"))
     if verifier is not None:
         probes.append(("outcome", verifier, OUTCOME_PROMPT.format(question=p["problem"], answer=p["truth"],
-                                                                 reference=p["truth"])))
-    for what, client, prompt in probes:
+                                                                 reference=p["truth"]), parse_grade,
+                       "'Final Grade: CORRECT' or 'INCORRECT'"))
+    for what, client, prompt, parse, wanted in probes:
         try:
             probe(client, prompt, r.grader_timeout)
         except ValueError as e:
             raise ValueError(f"reward.grader_url={r.grader_url}: a {what} request to model {r.grader_model!r} failed at "
                              f"start-up: {e}") from None
+        _check_readable(r, what, first_reply(client, prompt), parse, wanted)
+
+
+def _check_readable(r, what: str, reply: str | None, parse, wanted: str) -> None:
+    """The judge's whole reply to the start-up request carries a verdict its parser reads (else every score of
+    the run would be the 0 of an unparsable reply); one line quoting the reply's start."""
+    if reply is not None and parse(reply) is None:
+        raise ValueError(f"reward.grader_url={r.grader_url}: the {what} judge {r.grader_model!r} answered the start-up "
+                         f"request with no verdict its parser reads (wanted {wanted}); its reply begins "
+                         f"{one_line(reply, 120)!r}: use a model that follows the prompt's format")
 
 
 def check_world(cfg) -> None:
@@ -538,6 +565,7 @@ def preflight(cfg, resume: str | None = None, overwrite: bool = False, allow_con
     check_files(cfg, resume)
     check_model_weights(cfg)
     check_data(cfg)
+    check_reward_sources(cfg)
     check_row_fields(cfg)
     check_prompts(cfg)
     check_run_dir_writable(cfg)

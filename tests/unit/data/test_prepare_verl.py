@@ -60,3 +60,19 @@ def test_verl_passthrough_keeps_rows_as_they_are(tmp_path):
                               "null or empty reward_model.ground_truth": 1}
     _, test = run("verl", src, tmp_path / "out_test", split="kk_4to8_test")
     assert list(test) == ["kk_4to8_test"]
+
+
+def test_verl_passthrough_refuses_unmapped_sources_unless_a_reward_is_named(tmp_path):
+    """Issue 40: a passthrough row whose data_source has no reward is refused (one line, its count, nothing
+    written); ``--reward-by-source SRC=NAME`` writes the choice into those rows' ``reward_model.reward``."""
+    import pytest
+
+    src = write_parquet(tmp_path / "mine.parquet", [kk_record(i, data_source="mydata") for i in range(3)]
+                        + [kk_record(9, data_source="openai/gsm8k")])
+    with pytest.raises(ValueError, match=r"data prepare verl: no reward for data_source 'mydata' \(3 rows, verl has no "
+                                         r"scorer for it either\); choose one: --reward-by-source mydata=NAME"):
+        run("verl", src, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    _, rows = run("verl", src, tmp_path / "out", reward_by_source={"mydata": "kk"})
+    named = {r["data_source"]: r["reward_model"].get("reward") for r in rows["train"]}
+    assert named == {"mydata": "kk", "openai/gsm8k": None}   # verl's own name keeps verl's rule (no reward written)

@@ -17,10 +17,12 @@ import pytest
 from megatron_rl.eval import main
 
 
-def _write_bench(data_dir: Path, name: str, answers: list[str], data_source: str = "math") -> Path:
-    """A prepared benchmark in verl schema: DIR/<name>/test.parquet."""
+def _write_bench(data_dir: Path, name: str, answers: list[str], data_source: str = "math500", reward: str = "") -> Path:
+    """A prepared benchmark in verl schema: DIR/<name>/test.parquet (``reward``: the reward its rows name, as
+    ``data prepare`` writes them; "" for none)."""
+    rm = {"style": "rule", "ground_truth": None, **({"reward": reward} if reward else {})}
     rows = [{"prompt": [{"role": "user", "content": f"Problem {i}: what is {a}? Put it in \\boxed{{}}."}],
-             "data_source": data_source, "reward_model": {"style": "rule", "ground_truth": a},
+             "data_source": data_source, "reward_model": {**rm, "ground_truth": a},
              "extra_info": {"split": "test", "index": i}} for i, a in enumerate(answers)]
     path = data_dir / name / "test.parquet"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -60,7 +60,9 @@ def test_malformed_and_unparsable(server):
     g = RubricGrader(server, "judge", timeout=2, retries=0, backoff=0.01)
     assert g.grade_batch(_items(1, "m")) == [0.0] and g.stats()["grader/malformed"] == 1
     control(server, mode="unparsable")
+    g.unparsable_policy = "warn"   # one unreadable step: warned and counted (stop: test_grader_breaker.py)
     assert g.grade_batch(_items(1, "u")) == [0.0] and g.stats()["grader/unparsable"] == 1
+    assert g.stats()["grader/unreadable_batches"] == 1
 
 
 def test_empty_solution_or_reference_needs_no_call(server):

@@ -124,3 +124,51 @@ class _Sized:
 
     def __len__(self):
         return self.n
+
+
+# ---------------------------------------------------------------- a judge that cannot be read (issue 40)
+
+@pytest.mark.parametrize("outcome", [False, True], ids=["rubric", "outcome"])
+def test_the_start_up_probe_refuses_a_judge_whose_reply_has_no_verdict(server, tmp_path, outcome):
+    """A well-formed reply with no score the parser reads ("I cannot decide.") is refused at start-up in one line
+    quoting the reply's start, for the rubric grader and for papo_math's outcome verifier."""
+    from megatron_rl.config import load_config
+    from megatron_rl.trainer.loop.preflight import check_grader
+
+    control(server, mode="unparsable")
+    over = ["algo.kind=grpo", "reward.default=papo_math"] if outcome else ["algo.kind=papo", "reward.outcome_verifier=false"]
+    cfg = load_config(None, [*over, f"reward.grader_url={server}", "reward.grader_timeout=5",
+                             f"data.train={tmp_path / 'none.parquet'}"])
+    what = "outcome" if outcome else "rubric"
+    with pytest.raises(ValueError, match=rf"the {what} judge 'judge' answered the start-up request with no verdict its "
+                                         r"parser reads .*its reply begins 'I cannot decide\.'") as e:
+        check_grader(cfg)
+    assert "\n" not in str(e.value)
+    control(server, mode="ok")
+    check_grader(cfg)   # a judge that answers in its format passes
+
+
+@pytest.mark.parametrize("policy", ["stop", "warn"])
+def test_a_step_of_mostly_unparsable_replies_is_a_counted_breaker_failure(server, policy, caplog):
+    """Every reply unparsable (the small-model judge of issue 40): not PAPO silently training as GRPO -- the
+    batch is counted (``grader/unreadable_batches``), is a breaker failure, and the policy stops or warns."""
+    from megatron_rl.rewards.judge_client import JudgeUnreadable
+    from megatron_rl.rewards.outcome_judge import OutcomeVerifier
+
+    control(server, mode="unparsable")
+    for judge, run in ((RubricGrader(server, "judge", timeout=5, retries=0), lambda j: j.grade_batch(_items(6, policy))),
+                       (OutcomeVerifier(server, "judge", timeout=5, retries=0),
+                        lambda j: j.verify_batch([(f"q {policy} {i}", "\\boxed{3}", "4") for i in range(6)]))):
+        judge.breaker = CircuitBreaker(failures=5, cooldown=60, name=judge.name)
+        judge.unparsable_policy = policy
+        with caplog.at_level(logging.WARNING, logger="megatron_rl.grader"):
+            if policy == "stop":
+                with pytest.raises(JudgeUnreadable, match=r"6 of 6 replies of this step had no verdict its parser reads"):
+                    run(judge)
+            else:
+                run(judge)
+                assert any("6 of 6 replies" in r.getMessage() and "policy=warn" in r.getMessage() for r in caplog.records)
+        st = judge.stats()
+        assert st[f"{judge.name}/unreadable_batches"] == 1.0 and st[f"{judge.name}/unparsable"] == 6.0
+        assert judge.breaker.consecutive == 1    # one breaker failure for the step
+    control(server, mode="ok")

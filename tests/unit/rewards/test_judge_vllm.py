@@ -50,12 +50,19 @@ def _cfg(d: Path, url: str, *over: str, reference: str = "Adding 1 and 1 gives \
                               "reward.grader_model=judge", "reward.default=papo_math", "reward.grader_timeout=60", *over])
 
 
-def test_start_up_probe_sends_one_rubric_and_one_outcome_request(server):
+def test_start_up_probe_refuses_a_judge_that_does_not_follow_the_rubric(server):
     from megatron_rl.trainer.loop.preflight import check_grader
 
     assert served_max_model_len(server["url"], "judge") == CTX
     before = len(_posts(server["log"]))
-    check_grader(_cfg(server["dir"], server["url"]))                   # grader_max_tokens 0: left to the server
+    # The tiny random model does not follow the rubric's format (issue 40's small-model judge): after the streamed
+    # probe, its whole reply to the rubric request holds no score the parser reads, so the run is refused now, in
+    # one line quoting the reply, instead of training PAPO as GRPO (max_tokens 32: the whole reply of a server-decided
+    # length would cost ~20 s of this CPU's generation)
+    with pytest.raises(ValueError, match=r"the rubric judge 'judge' answered the start-up request with no verdict its "
+                                         r"parser reads .*its reply begins") as e:
+        check_grader(_cfg(server["dir"], server["url"], "reward.grader_max_tokens=32"))
+    assert "\n" not in str(e.value)
     time.sleep(0.5)                                                    # the access log line follows the reply
     assert _posts(server["log"])[before:] == ["200", "200"]
 
@@ -84,6 +91,7 @@ def test_a_request_longer_than_the_context_is_refused_with_the_servers_message(s
 def test_rubric_grader_and_outcome_verifier_requests(server):
     url = server["url"]
     g = RubricGrader(url, "judge", concurrency=4, timeout=60, retries=0, max_tokens=8)
+    g.unparsable_policy = "warn"   # the noise model's replies carry no score: warned, counted (stop: test_grader_breaker)
     items = [(f"What is {i} + 1?", f"{i} + 1 = {i + 1}, so \\boxed{{{i + 1}}}.", f"It is \\boxed{{{i + 1}}}.") for i in range(4)]
     scores = g.grade_batch(items)
     s = g.stats()
@@ -93,6 +101,7 @@ def test_rubric_grader_and_outcome_verifier_requests(server):
     assert g.grade_batch(items) == scores and g.stats()["grader/cache_hits"] == 4      # parsed grades are cached
 
     v = OutcomeVerifier(url, "judge", concurrency=4, timeout=60, retries=0, max_tokens=8)
+    v.unparsable_policy = "warn"
     out = v.verify_batch([("What is 1 + 1?", "so \\boxed{2}", "2"), ("What is 2 + 2?", "<think>4?</think> five", "4"),
                           ("q", "<think>only thinking</think>", "3")])
     st = v.stats()
@@ -107,6 +116,7 @@ def test_papo_math_asks_the_verifier_only_when_the_rule_says_wrong(server):
     from megatron_rl.rewards.manager import RewardManager
 
     v = OutcomeVerifier(server["url"], "judge", timeout=60, retries=0, max_tokens=8)
+    v.unparsable_policy = "warn"   # the noise model's verdicts are unparsable: warned and counted here
     rm = RewardManager(default="papo_math", second_opinion={"papo_math": v})
     rows = [SimpleNamespace(data_source="numina_math", ground_truth=gt, index=i, extra_info={"question": f"q{i}"},
                             messages=()) for i, gt in enumerate(["\\frac{1}{2}", "3", "7"])]

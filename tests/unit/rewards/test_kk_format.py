@@ -55,4 +55,4 @@ def test_kk_parquet_round_trip(tmp_path):
     assert [r["extra_info"]["n_people"] for r in rows] == [9, 9]
     gt = rows[0]["reward_model"]["ground_truth"]
     from megatron_rl.rewards.manager import get_reward
-    assert get_reward(RewardManager().by_source["knights_knaves"])("\\boxed{" + gt + "}", gt) == 1.0
+    assert get_reward(RewardManager().name_of("knights_knaves"))("\\boxed{" + gt + "}", gt) == 1.0

@@ -123,8 +123,8 @@ def test_timeout_is_retried_once_counted_and_never_cached():
     from megatron_rl.data.dataset import PromptRow
     from megatron_rl.rewards.manager import RewardManager
 
-    rows = [PromptRow(0, (1,), "math", "3", {}),
-            PromptRow(1, (1,), "math", "3", {})]
+    rows = [PromptRow(0, (1,), "math", "3", {}, reward="math"),     # rows naming the box-based math reward
+            PromptRow(1, (1,), "math", "3", {}, reward="math")]
     rm = RewardManager(timeout_s=0.3)
     for _ in range(2):
         rb = rm.score(rows, ["\\boxed{9^{9^{9^9}}}", "\\boxed{3}"])
