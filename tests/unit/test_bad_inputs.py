@@ -162,6 +162,12 @@ CASES = [
      "algo.correction.lower (3.0) must be <= algo.correction.upper (2.0)"),
     ("bypass-guard-async", ["{T}", "algo.off_policy=bypass", "rollout.mismatch_limit=1.05", "rollout.max_staleness=1"],
      "rollout.mismatch_limit=1.05 with algo.off_policy=bypass and rollout.max_staleness=1: bypass measures"),
+    # issue 42: the PPO ratio's space and the deterministic switch
+    ("bypass-full-truncated", ["{T}", "algo.off_policy=bypass", "rollout.top_p=0.7"],
+     "algo.off_policy=bypass with algo.ratio_space=full under a truncating sampler (top_p=0.7, top_k=-1, min_p=0.0)"),
+    ("ratio-space", ["{T}", "algo.ratio_space=mu"], "algo.ratio_space must be full|sampling, got 'mu'"),
+    ("deterministic-cp", ["{T}", "trainer.deterministic=true", "parallel.cp=2"],
+     "trainer.deterministic with parallel.cp=2: context parallelism runs through Transformer Engine's attention"),
     ("bypass-score", ["{T}", "algo.kind=score", "algo.off_policy=bypass"],
      "algo.kind='score' (data path 'two_attempts') cannot run with algo.off_policy=bypass"),
     ("placement-async", ["{T}", "rollout.placement=colocated", "rollout.max_staleness=1"],

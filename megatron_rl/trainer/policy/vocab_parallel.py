@@ -34,7 +34,12 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from megatron_rl.algorithms.sampling import WHOLE_ROW, Collectives, SamplingSpec, sampling_support
+from megatron_rl.algorithms.sampling import (
+    WHOLE_ROW,
+    Collectives,
+    SamplingSpec,
+    sampling_support,
+)
 
 
 class LogProbs(NamedTuple):

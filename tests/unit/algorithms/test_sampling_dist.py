@@ -12,8 +12,13 @@ import math
 import pytest
 import torch
 
-from megatron_rl.algorithms.sampling import (Collectives, SamplingSpec, in_support, sampled_logprobs,
-                                             sampling_support)
+from megatron_rl.algorithms.sampling import (
+    Collectives,
+    SamplingSpec,
+    in_support,
+    sampled_logprobs,
+    sampling_support,
+)
 
 # probabilities 0.5, 0.25, 0.15, 0.06, 0.04 (logits = log p, temperature 1)
 P = torch.tensor([0.5, 0.25, 0.15, 0.06, 0.04])
