@@ -166,6 +166,8 @@ CASES = [
     ("bypass-full-truncated", ["{T}", "algo.off_policy=bypass", "rollout.top_p=0.7"],
      "algo.off_policy=bypass with algo.ratio_space=full under a truncating sampler (top_p=0.7, top_k=-1, min_p=0.0)"),
     ("ratio-space", ["{T}", "algo.ratio_space=mu"], "algo.ratio_space must be full|sampling, got 'mu'"),
+    ("ratio-space-teacher", ["{T}", "algo.kind=sdpo", "algo.ratio_space=sampling", "algo.sdpo.top_k=8"],
+     "algo.ratio_space=sampling with algo.kind=sdpo: its loss also reads the full-vocabulary distribution"),
     ("deterministic-cp", ["{T}", "trainer.deterministic=true", "parallel.cp=2"],
      "trainer.deterministic with parallel.cp=2: context parallelism runs through Transformer Engine's attention"),
     ("bypass-score", ["{T}", "algo.kind=score", "algo.off_policy=bypass"],

@@ -52,6 +52,19 @@ def load_checked(path, overrides=()):
     return cfg
 
 
+def check_ratio_space(cfg) -> None:
+    """``algo.ratio_space=sampling`` puts the PPO ratio under μ; a loss that also reads the policy's
+    full-vocabulary distribution (a declared top-k support, a teacher's token log-probs) would mix the
+    two spaces, so it is refused there in one line."""
+    from megatron_rl.algorithms import algo_kind, loss_support  # lazy: defers torch to the call
+
+    loss = algo_kind(cfg.algo.kind).loss
+    if cfg.algo.ratio_space == "sampling" and (loss_support(loss) is not None or hasattr(cfg.algo.hparams, "teacher_mode")):
+        raise ValueError(f"algo.ratio_space=sampling with algo.kind={cfg.algo.kind}: its loss also reads the full-vocabulary "
+                         "distribution (teacher / top-k support), which is not under the sampling distribution; use "
+                         "algo.ratio_space=full")
+
+
 def check_bypass(cfg) -> None:
     """``algo.off_policy=bypass`` takes the engines' log-probs as π_old; with a truncating sampler and
     ``rollout.logprobs=processed`` those are log μ, so a ratio under the full softmax would start at the
@@ -90,6 +103,7 @@ def check_config(cfg) -> None:
     path = path_class(cfg.algo.kind)   # an unknown path, wrong hparams class, missing inputs, the path's own rules
     path.validate(cfg)
     check_async(cfg.algo.kind, path, cfg.rollout.max_staleness, cfg.algo.off_policy)
+    check_ratio_space(cfg)
     if cfg.algo.off_policy == "bypass":
         check_bypass(cfg)
 
