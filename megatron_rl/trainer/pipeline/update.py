@@ -87,11 +87,17 @@ class LogProbs:
     old: torch.Tensor
     ref: torch.Tensor | None
     compare: torch.Tensor | None = None
+    compare_full: torch.Tensor | None = None   # ``compare`` in the target frame [N, S-1]
 
     @property
     def engine_space(self) -> torch.Tensor:
         """``compare`` if set, else ``old``."""
         return self.old if self.compare is None else self.compare
+
+    @property
+    def engine_space_full(self) -> torch.Tensor:
+        """``compare_full`` if set, else ``old_full``."""
+        return self.old_full if self.compare_full is None else self.compare_full
 
 
 @dataclasses.dataclass
@@ -177,7 +183,9 @@ def logprob_passes(run: Run, s: Sampled, step: int) -> tuple[LogProbs, dict]:
     old_full = res.sampling_logp if in_mu else res.logp
     old = U.response_frame(old_full, s.seqs)
     engine_full = res.sampling_logp if mu and cfg.rollout.logprobs == "processed" else res.logp
-    lp = LogProbs(old_full, ref_full, old, ref, None if engine_full is old_full else U.response_frame(engine_full, s.seqs))
+    other = engine_full is not old_full
+    lp = LogProbs(old_full, ref_full, old, ref, U.response_frame(engine_full, s.seqs) if other else None,
+                  engine_full if other else None)
     cmp, mask = lp.engine_space, s.seqs.resp_mask
     metrics = {"rollout/logprob_gap": U.logprob_gap(cmp, s.ro.rollout_logp, mask),
                **U.mismatch_inputs(cfg, s.ro, cmp, mask, step)}
