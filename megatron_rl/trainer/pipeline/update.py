@@ -173,6 +173,7 @@ def logprob_passes(run: Run, s: Sampled, step: int) -> tuple[LogProbs, dict]:
     recompute = C.correction_recomputes(cfg.algo.off_policy)
     mu = run.actor.sampling is not None          # μ truncates (``algorithms/sampling.py``)
     in_mu = mu and cfg.algo.ratio_space == "sampling"
+    mu = in_mu or (mu and cfg.rollout.logprobs == "processed")   # μ is needed: the ratio's or the engines' space
     res = run.actor.forward_logprobs(s.seqs.batch, mbs, sampling=mu) if recompute else None
     ref_res = run.ref.forward_logprobs(s.seqs.batch, mbs, sampling=in_mu) if run.ref is not None else None
     ref_full = None if ref_res is None else (ref_res.sampling_logp if in_mu else ref_res.logp)
@@ -182,7 +183,8 @@ def logprob_passes(run: Run, s: Sampled, step: int) -> tuple[LogProbs, dict]:
         return LogProbs(old_full, ref_full, old, ref), {"time/logprobs": time.perf_counter() - t0}
     old_full = res.sampling_logp if in_mu else res.logp
     old = U.response_frame(old_full, s.seqs)
-    engine_full = res.sampling_logp if mu and cfg.rollout.logprobs == "processed" else res.logp
+    processed = res.sampling_logp is not None and cfg.rollout.logprobs == "processed"
+    engine_full = res.sampling_logp if processed else res.logp
     other = engine_full is not old_full
     lp = LogProbs(old_full, ref_full, old, ref, U.response_frame(engine_full, s.seqs) if other else None,
                   engine_full if other else None)
