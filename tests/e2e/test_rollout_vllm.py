@@ -10,6 +10,7 @@ import time
 import pytest
 import torch
 
+from megatron_rl.algorithms.sampling import SamplingSpec, in_support, sampled_logprobs
 from megatron_rl.rollout.engine import SamplingParams
 
 PROMPTS = [[1, 5, 6, 7], [1, 9], [1, 3, 3, 8, 9], [1, 4], [1, 10, 11], [1, 12, 13, 14]]
@@ -114,7 +115,6 @@ def test_trainer_definition_of_mu_equals_vllm_processed_logprobs(client, tiny_hf
     logits agree to ~5e-7 (notes/vllm_cpu.md); at T 0.2 that is ~2.5e-6 in z / T, and the fp32
     log-sum-exp over 64 logits adds ~1e-6; a token on a kept-set boundary within rounding would differ by
     its whole mass (none here)."""
-    from megatron_rl.algorithms.sampling import SamplingSpec, in_support, sampled_logprobs
     from megatron_rl.rollout.hf_engine import HFEngine
 
     spec = SamplingSpec(**kw)
