@@ -12,7 +12,7 @@ export RAY_AUTH_MODE ?= disabled
 export WANDB_MODE ?= offline
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: demo docs test test-unit test-distributed test-e2e bench lint clean venv venv-gpu gpu-check cluster-deps cluster-deps-try slurm-up slurm-down test-cluster
+.PHONY: demo docs test test-unit test-distributed test-e2e bench lint clean venv venv-gpu gpu-check gpu-wheels cluster-deps cluster-deps-try slurm-up slurm-down test-cluster
 
 venv: $(STAMP)
 
@@ -38,9 +38,20 @@ venv-gpu:
 	$(BIN)/pip install -q --disable-pip-version-check pytest pytest-timeout pytest-xdist
 	touch $(VENV)/.installed-gpu
 
-# One GPU machine, no internet: tests/gpu/, a 2-step actor + reference run, plan vs measured peak (tools/gpu_check.sh).
+# One GPU machine, no network: the bring-up (tools/gpu_check.sh; docs/gpu-status.md), each stage appending to
+# $(OUT)/gpu_check.json. Wheels in .whl/ (make gpu-wheels) are installed first (WHEELS=dir for others).
 gpu-check:
 	PYTHON=$(if $(wildcard $(BIN)/python),$(BIN)/python,python3) tools/gpu_check.sh
+
+# The one wheel the lent GPU machine lacks (Python 3.12 there): megatron-core for cp312 (2.6 MB; its needs,
+# torch / numpy / packaging, are there) into .whl/, which .git/info/exclude keeps out of git (the device tool
+# carries it: carry [".whl"]).
+GPU_WHEEL_PLATFORMS := --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
+gpu-wheels:
+	grep -qxF '/.whl/' "$$(git rev-parse --git-path info)/exclude" 2>/dev/null || echo '/.whl/' >> "$$(git rev-parse --git-path info)/exclude"
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		$(GPU_WHEEL_PLATFORMS) -d .whl megatron-core==0.16.1
+	ls -l .whl
 
 demo: $(STAMP)
 	$(BIN)/megatron-rl demo --algo $(ALGO)

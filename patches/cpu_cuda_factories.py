@@ -5,8 +5,9 @@ Replaces: ``torch.zeros``, ``torch.tensor``, ``torch.ones``, ``torch.empty``, ``
 (``"cuda"``, ``"cuda:N"``, a CUDA ``torch.device`` or an int) to ``"cpu"``.
 Why: megatron hard-codes ``device="cuda"`` in the pipeline schedules (token counters), the optimizer
 (``found_inf`` etc.), grad clipping and the multi-tensor l2 norm fallback.
-Otherwise unchanged: every other argument is passed through; only applied without CUDA, where a
-CUDA device argument could only raise.
+Otherwise unchanged: every other argument is passed through, and ``with torch.device(...)`` still reaches
+the factories (:func:`_keep_device_context`); only applied without CUDA, where a CUDA device argument could
+only raise.
 Versions: megatron-core 0.16.0 .. <0.17.0.
 """
 from __future__ import annotations
@@ -47,10 +48,26 @@ def _wrap(fn):
 
 
 def _apply() -> None:
+    originals = []
     for name in FACTORIES:
         fn = getattr(torch, name)
         if not hasattr(fn, "_mrl_orig"):
             setattr(torch, name, _wrap(fn))
+        originals.append(getattr(fn, "_mrl_orig", fn))
+    _keep_device_context(originals)
+
+
+def _keep_device_context(originals) -> None:
+    """``with torch.device(d):`` (torch's ``DeviceContext`` mode) gives ``device=d`` to calls of the functions in
+    ``torch.utils._device._device_constructors()``, a set cached from the ``torch`` namespace at its first use.
+    Taken after this patch it holds the wrappers, and the original factories they call would escape the
+    context: transformers' meta-device init then made real, never-filled CPU buffers (an HF model loaded in
+    a patched process had garbage RoPE frequencies). The originals are added to that set."""
+    from torch.utils import _device
+
+    ctors = getattr(_device, "_device_constructors", None)
+    if ctors is not None:
+        ctors().update(originals)
 
 
 PATCH = Patch(

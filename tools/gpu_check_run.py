@@ -1,134 +1,139 @@
-"""The bring-up run of ``tools/gpu_check.sh``: a 2-step actor + reference run on a random model of a
-published shape, and ``megatron-rl plan``'s estimate of the same job beside the measured peak.
+"""The GPU bring-up's stages in one process (``tools/gpu_check.sh`` runs it; ``docs/gpu-status.md``).
 
-    python tools/gpu_check_run.py --out DIR [--shape qwen3-1.7b] [--seq-len 4096] [--rows 4] [--steps 2]
+    python tools/gpu_check_run.py --out DIR --work DIR [--shape qwen3-1.7b] [--seq-len 2048] [--rows 8] ...
 
-What runs: a random HF checkpoint of ``--shape`` (a preset of ``megatron_rl/cli/plan_arch.py``; ``tiny`` for a CPU
-smoke run) written to ``DIR/model`` in bf16 on CUDA (fp32 on CPU); the policy (``PolicyActor``, the layer
-backend ``auto`` resolves to, distributed optimizer, ``model.recompute`` of ``--recompute``) and a frozen
-reference (``ReferencePolicy``) loaded from it, as ``setup_run`` builds them; ``--steps`` optimizer steps
-of a PPO-style loss with a k3 KL to the reference on ``--rows`` random sequences of ``--seq-len`` tokens
-(padded micro-batches of one sequence). Printed and written to ``DIR/gpu_check.json``: the losses, the
-device's peak allocation (``torch.cuda.max_memory_allocated``; 0 on CPU) and plan's training total for
-the same layout without its fixed overhead (the CUDA context is not an allocation).
+Stages, in order, each appending its record to ``OUT/gpu_check.json`` as it finishes (rewritten whole and
+atomically, so a run killed at any point still returns every finished stage):
+
+``env``        device, torch / CUDA, the stack against the supported versions, Transformer Engine's import,
+               the layer backend ``auto`` resolves to, the patches applied;
+``checkpoint`` a random HF checkpoint of ``--shape`` drawn on the device in bf16 (``WORK/model``);
+``actor``      the policy in bf16 with the distributed optimizer at DP = 1, and the reference;
+``roundtrip``  HF -> Megatron -> HF bit for bit;
+``parity``     per-token log-probs against HF transformers on the same device, fp32 and bf16;
+``train``      ``--steps`` optimizer steps: tokens/s, model FLOP/s, MFU, the device peak beside ``plan``'s;
+``scores``     bytes per S x S attention score element that autograd keeps, measured, beside ``plan``'s;
+``export``     the trained weights as HF safetensors (``WORK/export``), loaded back bit for bit;
+``offload``    ``offload("all")`` / ``onload()`` at full size: bytes, seconds, host memory, bit for bit;
+``ipc``        packed weight buckets handed to a second process (CUDA IPC on a GPU);
+``tests``      ``pytest tests/gpu`` with the time left of ``--budget-s``.
+
+A stage whose inputs a failed stage did not make is recorded as skipped; a stage past ``--budget-s`` too.
+Big files (the checkpoints) go to ``--work``, never to ``--out``, which holds only small files (the JSON, the
+tests' log). Exit status 0 when every stage is ok, 1 otherwise.
 """
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import os
 import sys
 import time
+import traceback
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+TOOLS = Path(__file__).resolve().parent
+sys.path[:0] = [str(TOOLS.parent), str(TOOLS)]     # the checkout (not installed) and these modules
 
-TINY = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "vocab_size": 256,
-        "tie_word_embeddings": True}
+import gpu_check_moves as moves  # noqa: E402
+import gpu_check_stages as stages  # noqa: E402
+
+#: (name, function, what it needs from earlier stages)
+PLAN = (("env", stages.stage_env, ()), ("checkpoint", stages.stage_checkpoint, ("info",)),
+        ("actor", stages.stage_actor, ("hf_dir",)), ("roundtrip", stages.stage_roundtrip, ("actor",)),
+        ("parity", stages.stage_parity, ("actor",)), ("train", stages.stage_train, ("actor",)),
+        ("scores", stages.stage_scores, ("actor",)), ("export", moves.stage_export, ("trained",)),
+        ("offload", moves.stage_offload, ("actor",)), ("ipc", moves.stage_ipc, ("actor",)))
 
 
-def write_random_model(shape: str, out: Path, bf16: bool) -> dict:
-    """A random HF checkpoint of ``shape`` in ``out`` (config.json + one safetensors file); its config dict."""
-    import torch
-    from safetensors.torch import save_file
-    from transformers import AutoConfig, AutoModelForCausalLM
+class Record:
+    """``OUT/gpu_check.json``: the run's settings and one entry per finished stage, rewritten atomically."""
 
-    from megatron_rl.cli.plan_arch import PRESETS
+    def __init__(self, path: Path, args: dict):
+        self.path = path
+        self.data = {"started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                     "args": args, "stages": []}
+        self._write()
 
-    hf = dict(TINY if shape == "tiny" else PRESETS[shape])
-    hf.update(max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1e6, bos_token_id=1, eos_token_id=2,
-              pad_token_id=0, torch_dtype="bfloat16" if bf16 else "float32")
-    cfg = AutoConfig.for_model(**hf)
-    with torch.device("meta"):                # names and shapes only; the tensors are drawn directly
-        names = {n: p.shape for n, p in AutoModelForCausalLM.from_config(cfg).named_parameters()}
-    g = torch.Generator().manual_seed(0)
-    dtype = torch.bfloat16 if bf16 else torch.float32
-    tensors = {n: (torch.ones(s) if "norm" in n else torch.randn(s, generator=g) * 0.02).to(dtype) for n, s in names.items()}
-    out.mkdir(parents=True, exist_ok=True)
-    cfg.save_pretrained(str(out))
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    return hf
+    def add(self, rec: dict) -> None:
+        self.data["stages"].append(rec)
+        self._write()
+
+    def _write(self) -> None:
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(self.data, indent=1, default=str))
+        os.replace(tmp, self.path)
+
+
+def run_stage(record: Record, name: str, fn, state: dict, needs: tuple, deadline: float) -> bool:
+    """Run one stage into ``record``; False when it failed or was skipped."""
+    missing = [n for n in needs if n not in state]
+    if missing or time.monotonic() > deadline:
+        why = f"needs {', '.join(missing)} (an earlier stage failed)" if missing else "over --budget-s"
+        record.add({"stage": name, "ok": False, "skipped": why})
+        print(f"[gpu-check] {name}: skipped ({why})", flush=True)
+        return False
+    t0 = time.perf_counter()
+    try:
+        out = dict(fn(state) or {})
+    except Exception as e:   # the stage's failure is its record; later stages still run where they can
+        first = str(e).splitlines()[0] if str(e) else ""
+        out = {"ok": False, "error": f"{type(e).__name__}: {first}",
+               "traceback": traceback.format_exc().splitlines()[-8:]}
+    ok = bool(out.pop("ok", True))
+    rec = {"stage": name, "ok": ok, "seconds": round(time.perf_counter() - t0, 2), **out}
+    record.add(rec)
+    print(f"[gpu-check] {name}: {'ok' if ok else 'FAILED'} " + json.dumps(
+        {k: v for k, v in rec.items() if k not in ("stage", "ok", "traceback")}, default=str)[:600], flush=True)
+    return ok
+
+
+def parse(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True, help="small results: gpu_check.json, tests_gpu.log")
+    p.add_argument("--work", required=True, help="big files: the random checkpoint, the export (not --out)")
+    p.add_argument("--shape", default="qwen3-1.7b", help="a preset of megatron_rl/cli/plan_arch.py, or tiny")
+    p.add_argument("--seq-len", type=int, default=2048, help="tokens per training row (local attention: 6 B per "
+                   "S x S element per layer; 2048 keeps Qwen3-1.7B at ~50 GiB by plan, 4096 would not fit 80 GB)")
+    p.add_argument("--rows", type=int, default=8, help="rows per optimizer step (one per micro-batch)")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
+    p.add_argument("--parity-len", type=int, default=512, help="tokens per row of the parity check")
+    p.add_argument("--score-len", type=int, default=256, help="shortest row of the attention-score measurement")
+    p.add_argument("--tol-fp32", type=float, default=2e-3, help="max |log-prob difference| vs HF in fp32")
+    p.add_argument("--tol-bf16", type=float, default=0.1, help="max |log-prob difference| vs HF in bf16")
+    p.add_argument("--bucket-mib", type=int, default=512, help="bucket size of the IPC hand-off")
+    p.add_argument("--ipc-timeout", type=float, default=120.0, help="seconds to wait for one bucket's answer")
+    p.add_argument("--budget-s", type=float, default=480.0, help="no stage starts after this many seconds")
+    p.add_argument("--no-tests", dest="tests", action="store_false", help="skip the tests/gpu stage")
+    a = p.parse_args(argv)
+    for k in ("seq_len", "rows", "steps", "parity_len", "score_len", "bucket_mib"):
+        if getattr(a, k) < (2 if k in ("seq_len", "parity_len", "score_len") else 1):
+            p.error(f"--{k.replace('_', '-')} must be positive (got {getattr(a, k)})")
+    return a
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", required=True, help="work folder (model, gpu_check.json)")
-    p.add_argument("--shape", default="qwen3-1.7b", help="a preset of megatron_rl/cli/plan_arch.py, or tiny")
-    p.add_argument("--seq-len", type=int, default=4096)
-    p.add_argument("--rows", type=int, default=4, help="sequences per step (one per micro-batch)")
-    p.add_argument("--steps", type=int, default=2)
-    p.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
-    a = p.parse_args(argv)
+    a = parse(argv)
+    out, work = Path(a.out), Path(a.work)
+    out.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    record = Record(out / "gpu_check.json", vars(a))
+    deadline = time.monotonic() + a.budget_s
+    state: dict = {}
+    for name, fn, needs in PLAN:
+        run_stage(record, name, lambda s, fn=fn: fn(s, a), state, needs, deadline)
+    if a.tests:
+        state.clear()                      # the models go before the tests' own processes take the device
+        import gc
 
-    import torch
-
-    from megatron_rl.runtime import device
-    from megatron_rl.models.provider import load_hf_config, recompute_overrides
-    from megatron_rl.runtime.parallel import init_parallel
-    from megatron_rl.cli.plan_arch import ArchSpec
-    from megatron_rl.cli.plan_memory import GIB, PlanInputs, estimate
-    from megatron_rl.trainer.loop.preflight import check_backend
-    from megatron_rl.trainer.policy.actor import PolicyActor, ReferencePolicy
-    from megatron_rl.trainer.pipeline.batch import make_batch
-    from megatron_rl.trainer.pipeline.objective import partial_aggregate
-    from megatron_rl.trainer.policy.optim import OptimSpec
-
-    out = Path(a.out)
-    cuda = device.has_cuda()
-    t0 = time.perf_counter()
-    hf = write_random_model(a.shape, out / "model", bf16=cuda)
-    print(f"[gpu-check] random {a.shape} checkpoint written in {time.perf_counter() - t0:.0f} s", flush=True)
-    info = init_parallel(1, 1, seed=0)
-
-    class _Cfg:   # what check_backend reads: the layer backend auto resolves to here
-        class model:  # noqa: N801
-            backend, fp8 = "auto", None
-
-        class parallel:  # noqa: N801
-            sequence_parallel, tp, cp = False, 1, 1
-
-    backend = check_backend(_Cfg)
-    hf_cfg = load_hf_config(str(out / "model"))
-    actor = PolicyActor(hf_cfg, info, OptimSpec(lr=1e-6, bf16=cuda), temperature=1.0, backend=backend,
-                        recompute=recompute_overrides(a.recompute, "uniform", 1))
-    actor.load_hf(str(out / "model"))
-    ref = ReferencePolicy(hf_cfg, 1.0, bf16=cuda, parallel_info=info, backend=backend)
-    ref.load_hf(str(out / "model"))
-    g = torch.Generator().manual_seed(1)
-    vocab, half = int(hf["vocab_size"]), a.seq_len // 2
-    prompts = [torch.randint(3, vocab, (half,), generator=g).tolist() for _ in range(a.rows)]
-    resps = [torch.randint(3, vocab, (a.seq_len - half,), generator=g).tolist() for _ in range(a.rows)]
-    batch = make_batch(prompts, resps, pad_id=0, extras={"advantages": torch.randn(a.rows, generator=g)}, seq_len=a.seq_len)
-    batch.extras["ref_logp"] = ref.forward_logprobs(batch, 1).logp
-    batch.extras["old_logp"] = actor.forward_logprobs(batch, 1).logp
-
-    def loss_fn(logp, entropy, mb):   # PPO surrogate + k3 KL to the reference (token-mean)
-        ratio = torch.exp(logp - mb.extras["old_logp"])
-        d = mb.extras["ref_logp"] - logp
-        mat = -mb.extras["advantages"].unsqueeze(-1) * ratio + 1e-3 * (torch.exp(d) - d - 1)
-        s, n = partial_aggregate(mat, mb.loss_mask, "token-mean")
-        return s, n, {}
-
-    losses = []
-    for _ in range(a.steps):
-        res = actor.train_step(batch, loss_fn, micro_batch_size=1)
-        losses.append(res.loss)
-        print(f"[gpu-check] step {len(losses)}: loss {res.loss:.6f} grad_norm {res.grad_norm:.4f}", flush=True)
-    measured = device.max_memory_allocated()
-    plan = estimate(ArchSpec.from_hf(hf, a.shape), PlanInputs(
-        tp=1, pp=1, dp=1, micro_batch=1, seq_len=a.seq_len, dtype="bf16" if cuda else "fp32", reference=True,
-        recompute=a.recompute, fused_swiglu=cuda, colocated=False, rollout_seqs=1, overhead_gib=0))
-    rec = {"shape": a.shape, "backend": backend, "cuda": cuda, "losses": losses, "max_memory_allocated": measured,
-           "plan_train_total": plan.train_total, "plan_parts": {k: getattr(plan, k) for k in (
-               "weights", "grads", "optimizer", "extra_copies", "activations", "logits")}}
-    (out / "gpu_check.json").write_text(json.dumps(rec, indent=1))
-    ratio = f" (measured / plan = {measured / plan.train_total:.2f})" if measured else " (no CUDA: nothing measured)"
-    print(f"[gpu-check] plan training total {plan.train_total / GIB:.2f} GiB (without overhead) vs "
-          f"torch.cuda.max_memory_allocated {measured / GIB:.2f} GiB{ratio}", flush=True)
-    import math
-
-    ok = all(math.isfinite(x) for x in losses)
+        gc.collect()
+        stages.release_memory()
+        run_stage(record, "tests", lambda s: moves.stage_tests(s, a, deadline - time.monotonic()), state, (), deadline)
+    ok = all(r["ok"] for r in record.data["stages"])
+    print(f"[gpu-check] {'all stages ok' if ok else 'FAILED: ' + ', '.join(r['stage'] for r in record.data['stages'] if not r['ok'])}"
+          f"; record: {out / 'gpu_check.json'}", flush=True)
     return 0 if ok else 1
 
 

@@ -12,6 +12,7 @@ sequence length, placement, offload and engine count from a run config (``plan_c
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +20,7 @@ from pathlib import Path
 from megatron_rl.cli.plan_arch import PRESETS, ArchSpec, load_arch
 from megatron_rl.cli.plan_config import merge_config
 from megatron_rl.cli.plan_memory import (
+    ATTENTION,
     DTYPE_BYTES,
     GIB,
     OFFLOAD_MODES,
@@ -46,7 +48,7 @@ def format_report(rep: PlanReport) -> str:
         f"layout TP={i.tp} PP={i.pp}{f' (x{i.vpp} virtual)' if i.vpp > 1 else ''}{f' CP={i.cp}' if i.cp > 1 else ''} DP={i.dp} "
         f"({i.tp * i.pp * i.cp * i.dp} GPUs), micro-batch {micro}, "
         f"{i.dtype}, dist-opt {'on' if i.dist_opt else 'off'}, SP {'on' if i.sequence_parallel else 'off'}, "
-        f"recompute {_recompute_text(i)}, flash-attn {'on' if i.flash_attn else 'off'}, "
+        f"recompute {_recompute_text(i)}, attention {i.attention}, "
         f"SwiGLU {'fused' if i.fused_swiglu else 'unfused'}",
         f"params per GPU: first stage {rep.params.first_stage / 1e6:.1f} M, last stage {rep.params.last_stage / 1e6:.1f} M",
         "",
@@ -57,6 +59,7 @@ def format_report(rep: PlanReport) -> str:
         f"{'optimizer (Adam' + (' + fp32 master' if i.dtype != 'fp32' else '') + (', /DP' if i.dist_opt else '') + ')':<44}{g(rep.optimizer)}",
         f"{_copies_text(i):<44}{g(rep.extra_copies)}",
         f"{'activations (1F1B)':<44}{g(rep.activations)}",
+        *([f"{'  of which S x S attention scores (local)':<44}{g(score_total(rep))}"] if i.attention == "local" else []),
         f"{'logits + fp32 softmax':<44}{g(rep.logits)}",
         f"{'overhead (CUDA context, NCCL, workspaces)':<44}{g(rep.overhead)}",
         f"{'= training total':<44}{g(rep.train_total)}",
@@ -78,6 +81,12 @@ def format_report(rep: PlanReport) -> str:
         lines.append(f"{'PEAK per GPU':<44}{g(rep.peak)}   [separate, {gpus}: max(training, rollout)]")
     lines.append(f"{'fits' if fits(rep) else 'DOES NOT FIT'} in {i.gpu_mem_gib:g} GiB{_hint(rep)}")
     return "\n".join(lines)
+
+
+def score_total(rep: PlanReport) -> int:
+    """The part of ``rep.activations`` that local attention's S x S scores take (0 with flash)."""
+    flash = estimate(rep.arch, dataclasses.replace(rep.inputs, attention="flash"))
+    return rep.activations - (flash.activations if flash.stage == rep.stage else rep.activations)
 
 
 def _copies_text(i: PlanInputs) -> str:
@@ -130,7 +139,12 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default=d.dtype, help="parameter/activation precision")
     p.add_argument("--no-dist-opt", dest="dist_opt", action="store_false", help="optimizer state not sharded over DP")
     p.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (needs TP > 1)")
-    p.add_argument("--no-flash-attn", dest="flash_attn", action="store_false", help="store the s x s softmax")
+    p.add_argument("--attention", choices=ATTENTION, default=d.attention,
+                   help="the attention the layers run: flash (Transformer Engine, model.backend te) keeps no S x S "
+                   "scores; local (megatron's own, model.backend local, or auto without TE) keeps 6 bytes per score "
+                   "element in bf16 (fp32 softmax + its bf16 cast)")
+    p.add_argument("--no-flash-attn", dest="attention", action="store_const", const="local",
+                   help="the same as --attention local")
     p.add_argument("--recompute", choices=("none", "selective", "full"), default=d.recompute, help="activation recompute")
     p.add_argument("--recompute-method", choices=("uniform", "block"), default=d.recompute_method,
                    help="full recompute: uniform units or the first N layers of a stage (model.recompute_method)")

@@ -19,6 +19,8 @@ config decides::
     reference                   the method needs reference log-probs (its KL loss / in-reward KL is on)
     teacher_shadow              the method's teacher_mode is snapshot or ema (an fp32 copy, trainer/paths/teacher/weights.py)
     fused_swiglu                true: a GPU build fuses SwiGLU (models/provider.py cuda_fusions)
+    attention                   model.backend: te -> flash, local -> local; auto is left to ``--attention``
+                                (flash by default: auto builds TE where it imports on the GPU machine)
 
 The rest (``--model``, ``--dp``: the world size is the launcher's, ``--rollout-seqs``,
 ``--extra-weight-copies``) stay command-line options: each 7B–14B example
@@ -43,7 +45,8 @@ KEYS = {"tp": "parallel.tp", "pp": "parallel.pp", "vpp": "parallel.vpp", "cp": "
         "rollout_tp": "rollout.tensor_parallel_size", "rollout_mem_util": "rollout.gpu_memory_utilization",
         "recompute": "model.recompute", "recompute_method": "model.recompute_method",
         "recompute_num_layers": "model.recompute_num_layers", "reference": "algo.<kind> (its KL needs a reference)",
-        "teacher_shadow": "algo.<kind>.teacher_mode", "fused_swiglu": "the GPU build (fused SwiGLU)"}
+        "teacher_shadow": "algo.<kind>.teacher_mode", "fused_swiglu": "the GPU build (fused SwiGLU)",
+        "attention": "model.backend"}
 
 
 def config_inputs(path: str | Path) -> dict[str, Any]:
@@ -63,7 +66,11 @@ def config_inputs(path: str | Path) -> dict[str, Any]:
             "recompute": m.recompute, "recompute_method": m.recompute_method, "recompute_num_layers": m.recompute_num_layers,
             "reference": "ref_logp" in kind_required_inputs(cfg.algo.kind, cfg.algo.hparams),
             "teacher_shadow": getattr(cfg.algo.hparams, "teacher_mode", "fixed") in ("snapshot", "ema"),
-            "fused_swiglu": True}
+            "fused_swiglu": True, **({"attention": _ATTENTION[m.backend]} if m.backend in _ATTENTION else {})}
+
+
+#: model.backend -> the attention its layers run (auto: decided on the GPU machine, left to the flag)
+_ATTENTION = {"te": "flash", "local": "local"}
 
 
 def merge_config(path: str | Path, given: dict[str, Any], defaults) -> dict[str, Any]:

@@ -27,8 +27,7 @@ Transformer Models", eq. 1-2, generalised to GQA + SwiGLU and no dropout), bytes
 
     norms   e·2h/σ                       (inputs of the two RMSNorms)
     attn    e·(h/σ + (q + 2kv)/t + q/t)  (QKV input, Q/K/V, out-proj input)
-            + e·a·s/t                    (softmax probs, rows of s tokens; 0 with flash attention /
-                                          selective recompute)
+            + c·a·R/t                    (the S x S scores, ``--attention``; see below)
     mlp     e·(h/σ + 3f/t)               (fc1 input, gate+up outputs, SwiGLU output), with the fused
                                          SwiGLU (``bias_activation_fusion``, on with CUDA); the unfused
                                          one also keeps silu(gate) and its input: e·(h/σ + 5f/t)
@@ -39,8 +38,21 @@ With 1F1B the first stage keeps p micro-batches of L/p layers in flight, i.e. L 
 uniform with k layers per unit keeps each unit's input (ceil(n/k)·e·h/σ per token) plus one unit's
 activations (k layers) while it is recomputed; block with k keeps only the inputs of the first k layers
 and everything of the other n − k, plus one recomputed layer. Selective recompute (Megatron's default
-module: core attention) drops the softmax term only, which flash attention never stores. The last stage also holds the logits:
+module: core attention) drops the score term only, which flash attention never stores. The last stage also holds the logits:
 T·(V/t)·(e + 4 + 4) (logits, fp32 copy, fp32 softmax for log-prob/entropy backward).
+
+Attention (``--attention``, the layers the code builds: ``model.backend`` te -> ``flash``, local -> ``local``;
+auto -> te where Transformer Engine imports on the GPU machine, which ``--config`` cannot know: it plans
+``flash`` and says so, and a run whose auto falls back to local is refused at start-up when the scores would
+not fit, ``models/provider.py`` ``check_local_attention``). ``flash`` (TE's fused / flash kernels) keeps no
+S x S tensor: c = 0. ``local`` (megatron-core 0.16's ``DotProductAttention`` + ``FusedScaleMaskSoftmax``;
+``masked_softmax_fusion`` is off in every build here, so its torch path runs) materialises every head's
+R x R scores, R the row length (``--seq-len`` padded; packed rows are as long as the longest sequence,
+``--max-model-len``): autograd keeps the fp32 softmax output and its cast back to the model dtype, c = 4 + e
+bytes per element (6 in bf16; 4 in fp32, where the cast is a no-op). One layer at a time also holds its
+working set, counted once: the raw scores, their fp32 copy and megatron's persistent score buffer (the
+global memory buffer ``baddbmm`` is given, kept across steps), w = 2e + 4 per element (2e in fp32), times
+T·a·R/t. Selective recompute stores no scores but recomputes one layer's: c = 0, w += 4 + e.
 
 Context parallelism c (``parallel.cp``, Transformer Engine's p2p ring, ``trainer/policy/context_parallel.py``):
 each GPU holds T/c of every micro-batch's tokens, so activations and logits above use T/c; the ring
@@ -97,6 +109,7 @@ from megatron_rl.cli.plan_arch import ArchSpec
 GIB = 1024 ** 3
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 OFFLOAD_MODES = ("none", "optimizer", "all")   # trainer.offload (trainer/policy/offload.py; no torch import here)
+ATTENTION = ("flash", "local")                 # the attention the layers run: TE's fused kernels | megatron's local
 
 
 @dataclass(frozen=True)
@@ -115,7 +128,7 @@ class PlanInputs:
     dtype: str = "bf16"
     dist_opt: bool = True
     sequence_parallel: bool = False
-    flash_attn: bool = True
+    attention: str = "flash"         # flash (TE) | local (megatron's DotProductAttention: S x S scores stored)
     recompute: str = "none"          # none | selective | full
     recompute_method: str = "uniform"  # full recompute: uniform | block
     recompute_num_layers: int = 1    # full recompute: layers per unit (uniform) / recomputed layers (block)
@@ -147,6 +160,8 @@ class PlanInputs:
             raise ValueError(f"dtype/kv_dtype must be one of {sorted(DTYPE_BYTES)}, got {self.dtype!r}/{self.kv_dtype!r}")
         if self.offload not in OFFLOAD_MODES:
             raise ValueError(f"offload must be one of {'|'.join(OFFLOAD_MODES)}, got {self.offload!r}")
+        if self.attention not in ATTENTION:
+            raise ValueError(f"--attention must be one of {'|'.join(ATTENTION)}, got {self.attention!r}")
         if self.recompute not in ("none", "selective", "full"):
             raise ValueError(f"recompute must be none|selective|full, got {self.recompute!r}")
         if self.recompute_method not in ("uniform", "block") or self.recompute_num_layers < 1:
@@ -177,6 +192,11 @@ class PlanInputs:
             what = "--max-model-len" if self.max_model_len else "--seq-len"
             raise ValueError(f"--max-tokens-per-micro-batch={budget} is below {what}={longest}: a single sequence "
                              f"longer than the budget cannot be packed; raise it to >= {longest}")
+
+    @property
+    def row_len(self) -> int:
+        """R: tokens of one row, the side of its S x S scores (packed rows: the longest sequence a pass holds)."""
+        return (self.max_model_len or self.seq_len) if self.max_tokens_per_micro_batch else self.seq_len
 
     @property
     def micro_batch_tokens(self) -> int:
@@ -245,9 +265,10 @@ def activation_bytes(arch: ArchSpec, inp: PlanInputs, padded_v: int) -> tuple[in
     h, q, kv = arch.hidden, arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
     tokens = math.ceil(inp.micro_batch_tokens / inp.cp)    # this CP rank's share of the micro-batch
     mlp = 3 if inp.fused_swiglu else 5
-    per_tok = e * (2 * h / sig + h / sig + (q + 2 * kv) / t + q / t + h / sig + mlp * arch.ffn / t)
-    if not inp.flash_attn and inp.recompute == "none":
-        per_tok += e * arch.heads * inp.seq_len / t
+    stored, working = attention_bytes(inp)
+    scores = tokens * arch.heads * inp.row_len / t        # S x S elements of one layer of this micro-batch
+    per_tok = e * (2 * h / sig + h / sig + (q + 2 * kv) / t + q / t + h / sig + mlp * arch.ffn / t) \
+        + stored * arch.heads * inp.row_len / t
 
     def layers_worth(n: int) -> float:
         if inp.recompute != "full":
@@ -262,8 +283,22 @@ def activation_bytes(arch: ArchSpec, inp: PlanInputs, padded_v: int) -> tuple[in
     # interleaved 1F1B keeps more micro-batches in flight on the first stage: Megatron-LM's
     # theoretical_memory_usage.py penalty 1 + (p - 1) / (p * v)
     penalty = 1 + (inp.pp - 1) / (inp.pp * inp.vpp) if inp.vpp > 1 else 1.0
-    return (int(layers_worth(arch.layers) * penalty + ring), int(layers_worth(arch.layers // inp.pp) + ring),
-            int(logits))
+    return (int(layers_worth(arch.layers) * penalty + ring + working * scores),
+            int(layers_worth(arch.layers // inp.pp) + ring + working * scores), int(logits))
+
+
+def attention_bytes(inp: PlanInputs) -> tuple[int, int]:
+    """Bytes per S x S element: (kept by autograd per layer, one layer's working set), module docstring.
+    ``flash``: (0, 0). ``local``: (4 + e, 2e + 4) in bf16 / fp16, (4, 2e) in fp32; selective recompute
+    keeps none and adds the recomputed layer's (4 + e) to the working set; full recompute keeps them in the
+    layers it holds (``layers_worth``)."""
+    if inp.attention == "flash":
+        return 0, 0
+    e = DTYPE_BYTES[inp.dtype]
+    keep, working = (4 + e, 2 * e + 4) if e < 4 else (4, 2 * e)
+    if inp.recompute == "selective":
+        return 0, working + keep
+    return keep, working        # full recompute: the layers held (a recomputed unit, block's others) keep theirs
 
 
 @dataclass(frozen=True)

@@ -193,7 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the self-correction instruction of the second attempt (--two-attempt --model; SCoRe's "
                         "algo.score.instruction)")
     p.add_argument("--k", type=_ks, default=None,
-                   help="k of mean@k / pass@k, one or a comma list (default: --n, else 1); alone: also the samples per row")
+                   help="k of mean@k / pass@k, one or a comma list (default: --n, else 1); alone: also the samples per row; "
+                        "with --benchmarks one value (the rules: docs, Sampling and evaluation)")
     p.add_argument("--n", type=int, default=None, help="samples per row (mean@n is the papers' avg@n; default: max k)")
     p.add_argument("--temperature", type=float, default=None,
                    help="sampling temperature (--model; default 1.0, or the preset's; 0 = greedy with --benchmarks, n 1)")

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from megatron_rl.data.benchmarks import Benchmark, Preset, missing_files, resolve
 from megatron_rl.eval.bench_model import sample_benchmarks
-from megatron_rl.eval.completions import check_completions, load_completions, load_rows, score_responses
+from megatron_rl.eval.completions import load_completions, load_rows, score_responses
 from megatron_rl.eval.out_dir import prepare_eval_out
 from megatron_rl.eval.table import bench_entry, render_markdown, summarize_table, two_attempt_entry
 
@@ -34,41 +34,76 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class BenchRun:
-    """How one benchmark is evaluated: samples per problem, the metric at k, the table column."""
+    """How one benchmark is evaluated: samples per problem, the metric at k, the table column, and
+    where n came from (for the messages)."""
 
     bench: Benchmark
     n: int
     metric: str
     k: int
     column: str
+    n_from: str = "--n"
 
 
 def bench_runs(benchmarks: list[Benchmark], preset: Preset | None, n: int | None, k: int | None) -> list[BenchRun]:
-    """A preset's metric / n / k (``--n`` / ``--k`` override them), else each benchmark's own: mean@n
-    (``--n``, default its paper's k) or pass@k."""
+    """The ``--n`` / ``--k`` rules of ``--benchmarks``, all here:
+
+    * n (completions read or sampled per problem) = ``--n``; else ``--k`` (one value: the table has one
+      column per benchmark); else the preset's n; else the benchmark's paper value (``benchmarks.py``);
+    * k = ``--k``; else the preset's k when n is the preset's; else n for a mean@ benchmark and
+      min(its paper k, n) for a pass@ one;
+    * the metric is the preset's, else the benchmark's; k <= n.
+    """
     out = []
     for b in benchmarks:
         metric = preset.metric if preset else b.metric
-        nn = n or (preset.n if preset else b.k)
-        kk = k or (preset.k if preset and not n else (nn if metric == "mean" else min(b.k, nn)))
+        nn, n_from = ((n, "--n") if n else (k, "--k") if k else
+                      (preset.n, f"the {preset.name} preset's") if preset else (b.k, f"the {b.name} benchmark's paper value"))
+        kk = k or (preset.k if preset and nn == preset.n else (nn if metric == "mean" else min(b.k, nn)))
         if kk > nn:
-            raise ValueError(f"{b.name}: {metric}@{kk} needs --n >= {kk}, got n={nn}")
+            raise ValueError(f"{b.name}: {metric}@{kk} needs --n >= {kk}, got n={nn} ({n_from})")
         col = preset.label if preset and (nn, kk) == (preset.n, preset.k) else f"{metric}@{kk}"
-        out.append(BenchRun(b, nn, metric, kk, col))
+        out.append(BenchRun(b, nn, metric, kk, col, n_from))
     return out
 
 
-def _read_rows(path) -> list[dict]:
-    return load_rows(path)
+def read_bench_rows(run: BenchRun, data_dir) -> list[dict]:
+    """The rows of a benchmark's prepared file; an unreadable or empty one is a line naming both."""
+    import pyarrow as pa  # lazy: defers pyarrow to the call
+
+    path = run.bench.path(data_dir)
+    try:
+        rows = load_rows(path)
+    except (pa.ArrowException, OSError) as e:
+        raise ValueError(f"benchmark {run.bench.name}: {path}: not a readable parquet file ({e}); prepare it again "
+                         "with megatron-rl data prepare") from None
+    except ValueError as e:
+        raise ValueError(f"benchmark {run.bench.name}: {e}") from None
+    if not rows:
+        raise ValueError(f"benchmark {run.bench.name}: {path} has no rows; prepare it again with megatron-rl data prepare")
+    return rows
 
 
-def completions_from_dir(cdir, run: BenchRun, rows: list, attempt: int = 1) -> list[list[str]]:
-    """``C/<name>.jsonl`` (attempt 2: ``C/<name>.attempt2.jsonl``): the first n responses of each row."""
+def completions_from_dir(cdir, run: BenchRun, rows: list, data_dir, attempt: int = 1) -> list[list[str]]:
+    """``C/<name>.jsonl`` (attempt 2: ``C/<name>.attempt2.jsonl``): the first n responses of each row;
+    every problem in it is one line naming the benchmark and the file."""
     f = Path(cdir) / (f"{run.bench.name}.jsonl" if attempt == 1 else f"{run.bench.name}.attempt2.jsonl")
     if not f.is_file():
         raise FileNotFoundError(f"--completions-dir {cdir}: no {f.name} for benchmark {run.bench.name}")
-    comps = load_completions(f)
-    check_completions(rows, comps, run.n, "n", f, f"the {run.bench.name} benchmark")
+    try:
+        comps = load_completions(f)
+        if not comps:
+            raise ValueError(f"{f} is empty: no completions")
+        bad = sorted(i for i in comps if not 0 <= i < len(rows))
+        if bad:
+            raise ValueError(f"{f}: index {bad[0]} is out of range: {run.bench.path(data_dir)} has {len(rows)} rows "
+                             f"(indices 0..{len(rows) - 1}); were the completions made for another file?")
+        short = next((i for i in range(len(rows)) if len(comps.get(i, [])) < run.n), None)
+        if short is not None:
+            raise ValueError(f"{f}: row {short} has {len(comps.get(short, []))} completions, n={run.n} needs {run.n} "
+                             f"per row (n: {run.n_from})")
+    except ValueError as e:
+        raise ValueError(f"benchmark {run.bench.name}: {e}") from None
     return [comps[i][:run.n] for i in range(len(rows))]
 
 
@@ -112,11 +147,11 @@ def run_benchmarks(a, preset: Preset | None, benchmarks: list[Benchmark]) -> dic
     """The whole ``--benchmarks`` run (arguments already checked); returns the summary."""
     runs = bench_runs(benchmarks, preset, a.n, a.k_given[0] if a.k_given else None)
     two = a.two_attempt or bool(preset and preset.two_attempt)
-    rows = {r.bench.name: _read_rows(r.bench.path(a.data_dir)) for r in runs}
+    rows = {r.bench.name: read_bench_rows(r, a.data_dir) for r in runs}
     if a.completions_dir:
-        first = {r.bench.name: completions_from_dir(a.completions_dir, r, rows[r.bench.name]) for r in runs}
-        second = ({r.bench.name: completions_from_dir(a.completions_dir, r, rows[r.bench.name], 2) for r in runs}
-                  if two else None)
+        first = {r.bench.name: completions_from_dir(a.completions_dir, r, rows[r.bench.name], a.data_dir) for r in runs}
+        second = ({r.bench.name: completions_from_dir(a.completions_dir, r, rows[r.bench.name], a.data_dir, 2)
+                   for r in runs} if two else None)
         prepare_eval_out(a.out, a.force, keep=a.completions_dir)
     else:
         prepare_eval_out(a.out, a.force)
@@ -151,6 +186,9 @@ def check_bench_args(a) -> str | None:
     except ValueError as e:
         return str(e)
     missing = missing_files(a.bench_list, a.data_dir)
+    if missing and (Path(a.data_dir) / "test.parquet").is_file():
+        return (f"--data-dir {a.data_dir} holds a test.parquet itself: --data-dir is the folder above the benchmark "
+                f"folders (DIR/<benchmark>/test.parquet); pass --data-dir {Path(a.data_dir).parent}")
     if missing:
         return f"--data-dir {a.data_dir}: no {missing[0]} (prepare it with megatron-rl data prepare / data generate kk)"
     p = a.preset
@@ -162,6 +200,9 @@ def check_bench_args(a) -> str | None:
     two = a.two_attempt or bool(p and p.two_attempt)
     if two and a.model and not (a.instruction or "").strip():
         return "the two-attempt protocol with --model needs --instruction TEXT (SCoRe's self-correction instruction)"
+    if a.k_given and len(a.k_given) > 1:
+        return (f"--k {','.join(map(str, a.k_given))}: --benchmarks reports one metric per benchmark (the table's "
+                "column): give one k (n defaults to it); for several k score each benchmark with --data FILE --k ...")
     try:
         runs = bench_runs(a.bench_list, p, a.n, a.k_given[0] if a.k_given else None)
     except ValueError as e:

@@ -7,6 +7,8 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+from megatron_rl.data.prepare.io import decode_line
+
 
 def load_rows(path):
     """The rows of an eval parquet (verl columns: ``data_source``, ``reward_model``)."""
@@ -22,7 +24,8 @@ def load_rows(path):
 def load_completions(path) -> dict[int, list[str]]:
     """Completions JSONL -> {row index: responses}; a bad line is one ``ValueError`` naming it."""
     out: dict[int, list[str]] = defaultdict(list)
-    for ln, line in enumerate(Path(path).read_text().splitlines(), 1):
+    for ln, raw in enumerate(Path(path).read_bytes().splitlines(), 1):
+        line = decode_line(path, ln, raw)
         if not line.strip():
             continue
         try:

@@ -326,6 +326,38 @@ def resolve_model_backend(backend: str = "auto", fp8: str | None = None, sequenc
     return resolved
 
 
+#: bytes per S x S score element that megatron's local attention keeps per layer (the fp32 softmax output + its
+#: cast to the model dtype) and one layer's working set (raw scores, their fp32 copy, the persistent score
+#: buffer): ``cli/plan_memory.py`` derives them from megatron-core 0.16's ``DotProductAttention``
+LOCAL_SCORE_BYTES = {"bf16": (6, 8), "fp32": (4, 8)}
+
+
+def local_attention_bytes(cfg, *, tp: int, pp: int, tokens: int, row_len: int, bf16: bool) -> int:
+    """Device bytes of the S x S scores megatron's local attention holds in one micro-batch of ``tokens`` token
+    slots in rows of ``row_len`` (one pipeline stage of ``layers / pp`` layers, ``heads / tp`` heads per GPU)."""
+    a = model_arch_info(cfg)
+    keep, working = LOCAL_SCORE_BYTES["bf16" if bf16 else "fp32"]
+    elements = tokens * row_len * (a.num_heads // tp)      # one layer's scores of the micro-batch
+    return elements * (keep * (a.num_layers // pp) + working)
+
+
+def check_local_attention(requested: str, resolved: str, need: int, device_bytes: int, te_err: str | None) -> str | None:
+    """On a GPU, the layers building megatron's local attention (``resolved`` local) where its S x S scores
+    (``need`` bytes, :func:`local_attention_bytes`) exceed the device (``device_bytes``) is refused in one line
+    naming both numbers and, when ``model.backend=auto`` fell back, why Transformer Engine did not import. A
+    fallback that fits returns the warning line to log (None otherwise); CPU (``device_bytes`` 0) passes."""
+    if resolved != "local" or not device_bytes:
+        return None
+    why = (f"model.backend=auto found no Transformer Engine ({te_err}), so the layers use megatron's local attention"
+           if requested == "auto" else "model.backend=local builds megatron's local attention")
+    gib = f"{need / 2 ** 30:.1f} GiB of S x S attention scores per GPU"
+    if need > device_bytes:
+        raise ValueError(f"{why}: {gib} (6 B per element per layer, megatron-rl plan --attention local) exceed the "
+                         f"device's {device_bytes / 2 ** 30:.1f} GiB; install Transformer Engine (requirements/gpu.txt) "
+                         "or lower trainer.max_tokens_per_micro_batch / the sequence length, or raise parallel.tp / pp")
+    return f"{why}: it holds {gib} (megatron-rl plan --attention local)" if requested == "auto" else None
+
+
 def llama3_inv_freq(inv_freq: torch.Tensor, factor: float, low_freq_factor: float,
                     high_freq_factor: float, original_max_position_embeddings: int) -> torch.Tensor:
     """Llama-3 frequency scaling of RoPE inverse frequencies (Meta's Llama 3.1 formula).

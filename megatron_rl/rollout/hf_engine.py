@@ -117,7 +117,9 @@ class HFEngine:
         return n
 
     def named_parameters(self) -> dict[str, torch.Tensor]:
-        return {n: p.detach().clone() for n, p in self.model.named_parameters()}
+        """Host copies of the parameters (a GPU engine's leave the device: no second copy on it, no CUDA
+        tensors through Ray)."""
+        return {n: p.detach().to("cpu", copy=True) for n, p in self.model.named_parameters()}
 
     def hf_named_parameters(self) -> dict[str, torch.Tensor]:
         """Host copies of the parameters (this engine's names are the HF names)."""

@@ -46,7 +46,9 @@ def kv_cache_bytes(gib: float) -> int:
 
 
 def _worker_params(worker) -> dict[str, torch.Tensor]:
-    return {n: p.detach().clone() for n, p in worker.get_model().named_parameters()}
+    """Host copies of the worker model's parameters: a GPU engine's are copied off the device here, so no
+    second copy of the model is made on the GPU and Ray ships plain host tensors, not CUDA ones."""
+    return {n: p.detach().to("cpu", copy=True) for n, p in worker.get_model().named_parameters()}
 
 
 def _worker_hf_params(worker) -> dict[str, torch.Tensor]:
@@ -201,7 +203,7 @@ class VLLMEngine:
         return len(info["names"])
 
     def named_parameters(self) -> dict[str, torch.Tensor]:
-        """Copies of the worker model's parameters under vLLM's names (fused ``qkv_proj``,
+        """Host copies of the worker model's parameters under vLLM's names (fused ``qkv_proj``,
         ``gate_up_proj``) — for verifying a sync bit for bit."""
         return self.llm.collective_rpc(_worker_params)[0]
 

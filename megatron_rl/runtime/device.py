@@ -47,6 +47,37 @@ def max_memory_allocated() -> int:
     return torch.cuda.max_memory_allocated() if has_cuda() else 0
 
 
+def total_memory() -> int:
+    """Bytes of memory of this process's GPU (0 on CPU)."""
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory if has_cuda() else 0
+
+
+def peak_memory(reset: bool = False) -> dict[str, int]:
+    """This process's device peaks since the last reset: ``allocated`` (tensors) and ``reserved`` (the caching
+    allocator's hold: what other processes cannot have); ``reset``: start a new window. Zeros on CPU."""
+    if not has_cuda():
+        return {"allocated": 0, "reserved": 0}
+    out = {"allocated": torch.cuda.max_memory_allocated(), "reserved": torch.cuda.max_memory_reserved()}
+    if reset:
+        torch.cuda.reset_peak_memory_stats()
+    return out
+
+
+def memory_allocated() -> int:
+    """Device bytes held by tensors now (0 on CPU)."""
+    return torch.cuda.memory_allocated() if has_cuda() else 0
+
+
+def cuda_rng_states() -> list | None:
+    """Every visible GPU's default RNG state (None on CPU)."""
+    return torch.cuda.get_rng_state_all() if has_cuda() else None
+
+
+def set_cuda_rng_states(states: list) -> None:
+    """Restore :func:`cuda_rng_states` (same device count)."""
+    torch.cuda.set_rng_state_all(states)
+
+
 def gpu_count() -> int:
     """Visible CUDA devices (0 on CPU)."""
     return torch.cuda.device_count() if has_cuda() else 0

@@ -7,16 +7,15 @@ Not run on the development machine (CPU only); docs/gpu-status.md.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from tests.gpu.stack_probe import TE, needs
 from tests.helpers.dist import torchrun
 
 WORKERS = Path(__file__).resolve().parents[1] / "distributed" / "workers"
-HAS_TE = importlib.util.find_spec("transformer_engine") is not None
 
 
 def _run(tmp_path: Path, settings: str, cpu: bool) -> dict:
@@ -47,7 +46,7 @@ def test_local_spec_on_cuda_matches_cpu(tmp_path):
 
 
 @pytest.mark.requires_gpus(1)
-@pytest.mark.skipif(not HAS_TE, reason="Transformer Engine not installed")
+@needs(TE)
 def test_te_spec_and_fp8_on_cuda(tmp_path):
     rec = _run(tmp_path, "te,auto,te:e4m3", cpu=False)
     cpu = _run(tmp_path, "local", cpu=True)["local"]

@@ -10,17 +10,17 @@ Not run on the development machine (CPU only): docs/gpu-status.md.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from tests.gpu.stack_probe import missing
 from tests.helpers.dist import torchrun
 from tests.helpers.tiny_model import save_random_qwen3
 
 WORKER = Path(__file__).resolve().parents[1] / "distributed" / "workers" / "colocated_gpu.py"
-ENGINES = ["hf"] + (["vllm"] if importlib.util.find_spec("vllm") is not None else [])
+ENGINES = ["hf"] + ([] if missing("vllm") else ["vllm"])   # vLLM where it imports (with CUDA)
 SLACK = 2 << 20   # allocator rounding of the step's temporaries
 
 

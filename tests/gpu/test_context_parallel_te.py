@@ -5,20 +5,20 @@ the CP gather, the actor's per-token path on a real gloo CP group) is ``tests/di
 Not run on the development machine (CPU only)."""
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.gpu.stack_probe import TE, needs
 from tests.helpers.dist import torchrun
 
 WORKERS = Path(__file__).resolve().parents[1] / "distributed" / "workers"
 
 
 @pytest.mark.requires_gpus(2)
-@pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is None, reason="Transformer Engine not installed")
+@needs(TE)
 def test_cp2_matches_cp1_on_te(tmp_path):
     from tests.helpers.actor_common import make_tiny_hf
 

@@ -4,21 +4,20 @@ CUDA + Transformer Engine; not run on the CPU development machine — docs/gpu-s
 ``tests/distributed/test_packing.py``."""
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.gpu.stack_probe import TE, needs
 from tests.helpers.dist import torchrun
 
 WORKERS = Path(__file__).resolve().parents[1] / "distributed" / "workers"
-HAS_TE = importlib.util.find_spec("transformer_engine") is not None
 
 
 @pytest.mark.requires_gpus(1)
-@pytest.mark.skipif(not HAS_TE, reason="Transformer Engine is not installed")
+@needs(TE)
 def test_thd_packed_passes_equal_padded_on_te(tmp_path):
     from tests.helpers.actor_common import make_tiny_hf
 

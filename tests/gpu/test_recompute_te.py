@@ -3,19 +3,19 @@
 loss and gradients of no recompute. Not run on the development machine (CPU only)."""
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from tests.gpu.stack_probe import TE, needs
 from tests.helpers.dist import torchrun
 
 WORKERS = Path(__file__).resolve().parents[1] / "distributed" / "workers"
 
 
 @pytest.mark.requires_gpus(2)
-@pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is None, reason="Transformer Engine not installed")
+@needs(TE)
 def test_recompute_on_te_matches_no_recompute(tmp_path):
     from tests.helpers.actor_common import make_tiny_hf
 

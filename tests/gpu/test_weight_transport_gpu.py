@@ -6,13 +6,19 @@
   device memory (``max_memory_allocated``) stays within vLLM's packed double buffer (2 buckets +
   the largest tensor), and a second sync after killing the engine re-syncs the replacement.
 * ``ipc`` (1 GPU): the same with the engine colocated on the sender's GPU (CUDA IPC handles).
+
+Both need Ray and vLLM importable (skipped with the import error otherwise, e.g. on the lent bring-up
+machine, whose own IPC hand-off check is ``tools/gpu_check_moves.py`` stage ``ipc``).
 """
 from __future__ import annotations
 
 import pytest
 import torch
 
+from tests.gpu.stack_probe import needs
+
 BUCKET = 4 << 20
+pytestmark = needs("ray", "vllm")      # both transports go through Ray actors holding vLLM engines
 
 
 def _make_hf(out):

@@ -110,19 +110,3 @@ def test_gpu_check_refuses_bad_input_in_one_line(tmp_path):
                            env={**base, "OUT": str(tmp_path / "out"), **env})
         assert p.returncode == 2 and words in p.stderr and len(p.stderr.strip().splitlines()) == 1, (env, p.stderr)
     assert not (tmp_path / "out").exists()
-
-
-def test_gpu_check_run_on_cpu(tmp_path):
-    """The Python half of the bring-up (tools/gpu_check_run.py) on a tiny random model on CPU: the policy and
-    the reference are built and loaded, two steps train, the record names plan's total (nothing to measure
-    without CUDA). On the GPU machine it runs the Qwen3-1.7B shape (not run here)."""
-    import json
-
-    p = subprocess.run([sys.executable, str(REPO / "tools" / "gpu_check_run.py"), "--out", str(tmp_path), "--shape", "tiny",
-                        "--seq-len", "64", "--rows", "2"], capture_output=True, text=True, timeout=300, check=False,
-                       env={**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"})
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
-    rec = json.loads((tmp_path / "gpu_check.json").read_text())
-    assert rec["backend"] == "local" and not rec["cuda"] and len(rec["losses"]) == 2
-    assert rec["plan_train_total"] > 0 and rec["plan_parts"]["extra_copies"] == rec["plan_parts"]["weights"]  # the reference
-    assert "plan training total" in p.stdout

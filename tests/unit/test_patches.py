@@ -7,6 +7,7 @@ import pytest
 
 from megatron_rl import patches
 from megatron_rl.patches import Patch, all_patches, resolve_symbol
+from tests.helpers.dist import repo_env
 
 PATCHES = all_patches()
 
@@ -104,3 +105,21 @@ def test_not_applied_at_import():
     code = ("import torch; orig = torch.zeros; import megatron_rl.patches, megatron_rl.runtime.parallel, "
             "megatron_rl.trainer.policy.actor; assert torch.zeros is orig, 'patched at import'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="CPU-only patches are not applied where CUDA is present")
+def test_factory_patch_keeps_the_device_context():
+    """``with torch.device("meta")`` still reaches the wrapped factories, in a fresh process (torch's cached
+    constructor set is first built after the patch, as in a training process). Before the fix the originals
+    escaped the context: an HF model loaded after the patches (transformers' meta-device init) kept
+    never-filled RoPE frequencies, seen by the bring-up's parity stage (max |dlogp| 0.31 or NaN)."""
+    import subprocess
+    import sys
+
+    code = ("import torch; from megatron_rl import patches; patches.apply_all(('megatron',), only=('cpu_cuda_factories',));\n"
+            "with torch.device('meta'):\n"
+            "    got = {f.__name__: f(3).device.type for f in (torch.arange, torch.zeros, torch.ones, torch.empty)}\n"
+            "    got['full'] = torch.full((2,), 1.0).device.type\n"
+            "assert set(got.values()) == {'meta'}, got\n"
+            "assert torch.zeros(2, device='cuda').device.type == 'cpu'\n")
+    subprocess.run([sys.executable, "-c", code], check=True, env=repo_env({"CUDA_VISIBLE_DEVICES": ""}))

@@ -126,8 +126,10 @@ def test_token_budget_sets_the_activation_tokens():
     longer = estimate(a, PlanInputs(max_tokens_per_micro_batch=40, seq_len=40, overhead_gib=0))
     assert longer.activations == packed.activations and longer.rollout_kv == 5 * packed.rollout_kv
     # the unfused softmax term is per row of s tokens: e * heads * s / t per token per layer
-    noflash = estimate(a, PlanInputs(max_tokens_per_micro_batch=40, seq_len=8, flash_attn=False, overhead_gib=0))
-    assert noflash.activations == 40 * 2 * (1664 + 2 * 4 * 8)
+    noflash = estimate(a, PlanInputs(max_tokens_per_micro_batch=40, seq_len=8, attention="local", overhead_gib=0))
+    # local attention keeps 6 B per S x S element (fp32 softmax + its bf16 cast) in each of the 2 layers, plus
+    # one layer's working set of 8 B per element (raw scores, their fp32 copy, megatron's persistent buffer)
+    assert noflash.activations == 40 * 2 * (1664 + 6 * 4 * 8) + 40 * 4 * 8 * 8
     # qwen3-8b, TP=4 + SP: the RLCSD recipe's 40960-token budget holds 2.2x the activations of 1 x 18432
     q = load_arch("qwen3-8b")
     big = {"tp": 4, "dp": 2, "sequence_parallel": True, "seq_len": 18432, "rollout_seqs": 16, "offload": "optimizer"}
@@ -161,7 +163,7 @@ def test_parallelism_and_recompute_reduce_memory():
     base = estimate(a, PlanInputs(tp=2, dp=4, seq_len=8192))
     sp = estimate(a, PlanInputs(tp=2, dp=4, seq_len=8192, sequence_parallel=True))
     full = estimate(a, PlanInputs(tp=2, dp=4, seq_len=8192, recompute="full"))
-    noflash = estimate(a, PlanInputs(tp=2, dp=4, seq_len=8192, flash_attn=False))
+    noflash = estimate(a, PlanInputs(tp=2, dp=4, seq_len=8192, attention="local"))
     assert full.activations < sp.activations < base.activations < noflash.activations
     pp = estimate(a, PlanInputs(tp=2, pp=2, dp=2, seq_len=8192))
     assert pp.weights < base.weights and pp.stage in ("first", "last")
@@ -331,3 +333,27 @@ def test_params_per_gpu_match_sharded_megatron_model(case, sharded_counts):
     assert len(got) == 2, got
     for (_, pp_rank), n in got.items():
         assert n == (planned.first_stage if pp_rank == 0 else planned.last_stage), (pp_rank, n, planned)
+
+
+def test_local_attention_is_planned_as_megatron_builds_it():
+    """Qwen3-1.7B at 4,096 tokens without Transformer Engine: megatron's local attention keeps 28 layers x 16
+    heads x 4096^2 scores x 6 B (fp32 softmax output + its bf16 cast) = 42.0 GiB beside flash's 0; packed rows
+    are as long as the longest sequence (--max-model-len), not the budget; fp32 keeps 4 B; selective recompute
+    none (one layer's 14 B working set only); --config takes it from model.backend (te: flash, local: local)."""
+    q = load_arch("qwen3-1.7b")
+    base = dict(seq_len=4096, dtype="bf16", reference=True, overhead_gib=0)
+    flash, local = estimate(q, PlanInputs(**base)), estimate(q, PlanInputs(attention="local", **base))
+    stored = 28 * 16 * 4096 ** 2 * 6
+    assert local.activations - flash.activations == stored + 16 * 4096 ** 2 * 8
+    assert round(stored / GIB, 1) == 42.0 and local.train_total > 80e9 > flash.train_total   # the old bring-up default: no fit
+    sel = estimate(q, PlanInputs(attention="local", recompute="selective", **base))
+    assert sel.activations - estimate(q, PlanInputs(recompute="selective", **base)).activations == 16 * 4096 ** 2 * 14
+    fp32 = estimate(q, PlanInputs(attention="local", **{**base, "dtype": "fp32"}))
+    assert fp32.activations - estimate(q, PlanInputs(**{**base, "dtype": "fp32"})).activations == \
+        28 * 16 * 4096 ** 2 * 4 + 16 * 4096 ** 2 * 8
+    packed = dict(max_tokens_per_micro_batch=40960, max_model_len=8192, seq_len=4096, overhead_gib=0)
+    d = estimate(q, PlanInputs(attention="local", **packed)).activations - estimate(q, PlanInputs(**packed)).activations
+    assert d == 40960 * 16 * 8192 * (28 * 6 + 8)          # 5 rows of 8192 tokens
+    assert "of which S x S attention scores (local)" in format_report(local)
+    with pytest.raises(ValueError, match="--attention must be one of flash|local"):
+        PlanInputs(attention="sdpa")

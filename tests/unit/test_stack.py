@@ -57,3 +57,19 @@ def test_mismatch_is_one_line_naming_both_versions(versions, backend, words):
 def test_only_what_the_run_uses_is_checked():
     stack.check_stack((), "local", {"vllm": "0.20.0", "megatron-core": "0.16.1", "transformer-engine": "1.0"})
     stack.check_stack(("vllm",), "te", {"vllm": "0.32.3", "megatron-core": "0.16.0", "transformer-engine": "2.9.0a0"})
+
+
+def test_torch_is_checked_and_any_required_distribution_is_accepted():
+    """torch is part of every check; an engine's ``requires`` may name ray (a range here) or a distribution
+    with no range here (not checked): no KeyError; the report has one row per ranged package."""
+    ok = {"megatron-core": "0.16.1", "torch": "2.11.0", "ray": "2.60.0"}
+    stack.check_stack(("ray", "vllm", "some-plugin-dist"), "local", ok)
+    with pytest.raises(ValueError, match=re.escape("torch 2.9.1 is installed, the code supports >=2.11, <2.14 "
+                                                   "(requirements/gpu.txt pins 2.13.0)")):
+        stack.check_stack((), "local", {**ok, "torch": "2.9.1"})
+    with pytest.raises(ValueError, match=re.escape("ray 2.30.0 is installed, the code supports >=2.40, <3")):
+        stack.check_stack(("ray",), "local", {**ok, "ray": "2.30.0"})
+    assert stack.installed_version("some-plugin-dist") is None and stack.mismatch("some-plugin-dist", "1.0") is None
+    rows = {r["package"]: r for r in stack.report({**ok, "vllm": None})}
+    assert set(rows) == set(stack.SUPPORTED) and rows["vllm"]["installed"] is None and rows["torch"]["mismatch"] is None
+    stack.check_stack(("ray",), "local")            # this machine's torch / ray / megatron-core

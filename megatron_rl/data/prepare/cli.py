@@ -32,7 +32,7 @@ def add_prepare_parser(sub) -> argparse.ArgumentParser:
                        description="A downloaded dataset (parquet / JSONL, a file or a directory of shards) -> OUT/<split>.parquet in verl's columns with the paper's prompt and the data_source of its reference reward, plus OUT/manifest.json.", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("source", help=f"one of: {', '.join(source_names())}")
     p.add_argument("--in", dest="inputs", action="append", type=_input, required=True, metavar="PATH",
-                   help="the downloaded parquet / JSONL file or a directory of shards; rlcsd_math_eval: NAME=PATH "
+                   help="the downloaded parquet / JSONL / JSON file (.gz too) or a directory of shards; rlcsd_math_eval: NAME=PATH "
                         "once for each of amc23, aime24, aime25")
     p.add_argument("--out", required=True, help="output directory (DIR/<split>.parquet + DIR/manifest.json)")
     p.add_argument("--seed", type=int, default=0, help="seed of the shuffle of train sets and of GPQA's option order")
@@ -40,8 +40,8 @@ def add_prepare_parser(sub) -> argparse.ArgumentParser:
                    help="keep at most N rows after the shuffle (default: the recipe's cap, 60000 for DeepMath; none "
                         "for the others)")
     p.add_argument("--val-rows", type=int, default=0, help="move the first N shuffled rows into val.parquet")
-    p.add_argument("--split", default=None, help="name of the output split (default: train for train sets, test for "
-                                                 "benchmarks, val for rlcsd_math_eval)")
+    p.add_argument("--split", default=None, help="name of the output split, a plain name (letters, digits, _ and -): "
+                   "OUT/<split>.parquet (default: train for train sets, test for benchmarks, val for rlcsd_math_eval)")
     p.add_argument("--template", default=None, metavar="NAME",
                    help="math benchmarks (math500, aime24, aime25, amc23, olympiadbench): ask in a recipe's format "
                         "instead of the boxed one: boxed, rlcsd_math, papo, or dapo (DAPO's \"Answer:\" turn, "

@@ -10,6 +10,7 @@ import collections
 import dataclasses
 import json
 import random
+import re
 import sys
 from pathlib import Path
 
@@ -17,8 +18,9 @@ from tqdm import tqdm
 
 from megatron_rl import __version__
 from megatron_rl.data import prompts
-from megatron_rl.data.prepare import io
+from megatron_rl.data.prepare import io, schema
 from megatron_rl.data.prepare.registry import Skip, Source, get_source
+from megatron_rl.runtime.diskspace import check_writable
 
 #: inputs with more rows than this get a progress bar (stderr)
 PROGRESS_ROWS = 10000
@@ -47,6 +49,7 @@ class Counts:
     kept: int = 0
     skipped: collections.Counter = dataclasses.field(default_factory=collections.Counter)   # bad rows
     filtered: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # not in the subset
+    first: dict = dataclasses.field(default_factory=dict)   # skip reason -> where it first happened
 
     def line(self, source: str, written: dict[str, int]) -> str:
         """The one summary line (skips by reason, so nothing is dropped silently)."""
@@ -92,6 +95,8 @@ def _collect(src: Source, req: PrepareRequest, counts: Counts) -> tuple[list[dic
         files = io.input_files(path)
         files_all += files
         total = io.count_rows(files)
+        for f in files:   # a file in another source's schema: one line now, not a skip per row
+            schema.check_columns(part, f)
         bar = tqdm(total=total, desc=f"prepare {part.name}", unit="row", file=sys.stderr,
                    disable=total <= PROGRESS_ROWS)
         for where, rec in io.iter_records(files, part.columns):
@@ -106,6 +111,7 @@ def _collect(src: Source, req: PrepareRequest, counts: Counts) -> tuple[list[dic
                     raise ValueError(f"{where}: {e.reason} (--strict refuses bad rows; drop --strict to skip "
                                      "and count them)") from None
                 (counts.skipped if e.bad else counts.filtered)[e.reason] += 1
+                counts.first.setdefault(e.reason, where)
                 continue
             if src.dedupe and key in seen:
                 counts.filtered["duplicate problem"] += 1
@@ -152,19 +158,47 @@ def _splits(src: Source, req: PrepareRequest, rows: list[dict]) -> dict[str, lis
     return out
 
 
+def _no_rows(src: Source, req: PrepareRequest, counts: Counts, files: list[Path]) -> str:
+    """The line for a run that kept nothing: the file(s), the reasons by count and where the commonest
+    first happened."""
+    where = str(files[0]) if len(files) == 1 else f"--in {', '.join(p for _, p in req.inputs)}"
+    why = counts.skipped + counts.filtered
+    reasons = ", ".join(f"{n} {r}" for r, n in why.most_common())
+    top = why.most_common(1)[0][0] if why else ""
+    return (f"data prepare {src.name}: no usable rows in {where}: all {counts.read} rows skipped ({reasons})"
+            + (f"; first at {counts.first[top]}" if top in counts.first else ""))
+
+
+#: ``--split``: a plain name (it becomes OUT/<split>.parquet; nothing may land outside --out)
+_SPLIT_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def check_request(src: Source, req: PrepareRequest) -> None:
+    """The request's own values, before anything is read or written: ``--split`` a plain name that
+    does not collide with ``--val-rows``' val; ``--val-rows`` >= 0; ``--template`` valid for the source;
+    ``--out`` writable (its own path in the line, not the temp dir beside it)."""
+    if req.split is not None and not _SPLIT_NAME.match(req.split):
+        raise ValueError(f"--split {req.split!r}: a split is a plain name (letters, digits, _ and -): it names "
+                         "OUT/<split>.parquet, so nothing is written outside --out; e.g. --split test")
+    if req.val_rows and req.val_rows < 0:
+        raise ValueError(f"--val-rows must be >= 0, got {req.val_rows}")
+    if req.val_rows and (req.split or src.split) == "val":
+        raise ValueError(f"--split val with --val-rows {req.val_rows}: both would write val.parquet; name the main "
+                         "split something else (or drop --val-rows)")
+    if req.template is not None:
+        _retemplate(src, [], req.template)   # a bad --template fails before reading
+    check_writable(req.out, "--out")
+    io.check_out_dir(req.out, req.force)
+
+
 def prepare(req: PrepareRequest) -> dict:
     """Run one ``data prepare`` (module docstring); returns the manifest (with ``summary``: the line)."""
     src = get_source(req.source)
-    if req.val_rows and req.val_rows < 0:
-        raise ValueError(f"--val-rows must be >= 0, got {req.val_rows}")
-    if req.template is not None:
-        _retemplate(src, [], req.template)   # a bad --template fails before reading
-    io.check_out_dir(req.out, req.force)
+    check_request(src, req)
     counts = Counts()
     rows, files = _collect(src, req, counts)
     if not rows:
-        raise ValueError(f"data prepare {src.name}: no usable rows in {counts.read} input rows "
-                         f"({dict(counts.skipped + counts.filtered)})")
+        raise ValueError(_no_rows(src, req, counts, files))
     if req.template is not None:
         _retemplate(src, rows, req.template)
     splits = _splits(src, req, rows)

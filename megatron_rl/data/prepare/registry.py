@@ -75,9 +75,17 @@ def text(rec: dict, *names: str) -> str:
     v = pick(rec, *names)
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         v = str(v)
+    _not_text(v, names[0])
     if not isinstance(v, str) or not v.strip():
         raise Skip(f"null or empty {names[0]}")
     return v.strip()
+
+
+def _not_text(v: object, name: str) -> None:
+    """A value of the wrong type (a struct, a list, a bool where text belongs) is its own skip reason,
+    with the type: "null or empty" would send the user looking for missing data."""
+    if v is not None and not isinstance(v, str):
+        raise Skip(f"{name} is a {type(v).__name__}, not text")
 
 
 _DOLLAR = re.compile(r"^\$+(.*?)\$+$", re.S)
@@ -96,6 +104,7 @@ def answer_value(v: object, name: str) -> str:
         v = int(v)
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         v = str(v)
+    _not_text(v, name)
     if not isinstance(v, str) or not v.strip():
         raise Skip(f"null or empty {name}")
     s = _DOLLAR.sub(r"\1", v.strip()).strip()

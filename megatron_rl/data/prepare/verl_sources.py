@@ -15,6 +15,8 @@ def user_content(rec: dict) -> str:
     """The last user message of a verl ``prompt`` column; ``Skip`` when the column is not a non-empty
     list of ``{role, content}`` messages with a non-empty user turn."""
     msgs = rec.get("prompt")
+    if isinstance(msgs, str):
+        raise Skip("prompt is a str, not a list of {role, content} messages")
     if not isinstance(msgs, (list, tuple)) or not msgs:
         raise Skip("null or empty prompt")
     if not all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in msgs):

@@ -22,6 +22,7 @@ Two levels:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 from pathlib import Path
@@ -43,6 +44,8 @@ from megatron_rl.trainer.loop.async_rollout import check_async
 from megatron_rl.trainer.state.ckpt_manifest import find_damage
 from megatron_rl.trainer.state.run_config import check_resume
 from megatron_rl.trainer.state.run_dir import check_run_dir
+
+log = logging.getLogger("megatron_rl.preflight")
 
 
 def load_checked(path, overrides=()):
@@ -413,7 +416,29 @@ def check_backend(cfg) -> str:
 
     backend = resolve_model_backend(cfg.model.backend, cfg.model.fp8, cfg.parallel.sequence_parallel and cfg.parallel.tp > 1)
     check_cp_backend(cfg.parallel.cp, backend)
+    if backend == "local" and cfg.model.hf_path:
+        check_attention_memory(cfg, backend)
     return backend
+
+
+def check_attention_memory(cfg, backend: str) -> None:
+    """On a GPU, local attention (``model.backend`` local, or auto without Transformer Engine) whose S x S scores
+    would exceed the device is refused in one line; auto's fallback that fits is logged as a warning naming the
+    import error (``models/provider.py`` ``check_local_attention``)."""
+    from megatron_rl.models.provider import check_local_attention, local_attention_bytes, te_import_error  # lazy: torch
+    from megatron_rl.runtime.device import total_memory  # lazy: defers torch to the call
+
+    device_bytes = total_memory()
+    if not device_bytes:
+        return
+    seq = cfg.data.max_prompt_len + cfg.rollout.max_tokens
+    budget = cfg.trainer.max_tokens_per_micro_batch
+    row = (cfg.rollout.max_model_len or seq) if budget else seq
+    need = local_attention_bytes(cfg.model.hf_path, tp=cfg.parallel.tp, pp=cfg.parallel.pp, bf16=cfg.model.bf16,
+                                 tokens=budget or cfg.trainer.rows_per_micro_batch * seq, row_len=row)
+    line = check_local_attention(cfg.model.backend, backend, need, device_bytes, te_import_error())
+    if line:
+        log.warning("%s", line)
 
 
 def check_stack(cfg, backend: str) -> None:

@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from megatron_rl.rewards.judge_client import JudgeRejected
 from megatron_rl.runtime.console import LOG_FILE, RESUME_TEMPLATE, format_summary, quiet_console
+from megatron_rl.runtime.device import peak_memory
 from megatron_rl.trainer.loop import guard
 from megatron_rl.trainer.loop.rollout_source import open_source
 from megatron_rl.trainer.loop.rollout_stage import Rollouts
@@ -77,6 +78,9 @@ def rl_step(run: Run, step: int) -> dict:
     metrics.update({"time/sync": t2 - t1 - t_check, "time/generate": t_gen, "time/step": t2 - t0,
                     "perf/tokens_per_s": sum(len(p) + len(r) for p, r in zip(ro.prompts, ro.responses)) / (t2 - t0)})
     metrics.update(run.state.source.metrics(t0, t2, meta["gen_s"]))
+    peak = peak_memory(reset=True)   # this rank's GPU peaks over the step (0 without CUDA): plan's figure to check
+    metrics.update({"memory/gpu_peak_allocated_gib": peak["allocated"] / 2 ** 30,
+                    "memory/gpu_peak_reserved_gib": peak["reserved"] / 2 ** 30})
     if run.info.is_driver:
         metrics.update(run.client.stats())
         metrics.update(run.path.driver_stats(data))

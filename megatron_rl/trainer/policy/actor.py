@@ -37,7 +37,7 @@ from megatron_rl.trainer.pipeline.objective import SupportObjective
 from megatron_rl.trainer.pipeline.packing import PackedMicroBatch, TokenBudget
 from megatron_rl.trainer.policy.chunks import build_chunks, unwrap
 from megatron_rl.trainer.policy.logprob_model import LogProbModel, LogProbResult
-from megatron_rl.trainer.policy.offload import HostStash, check_offload_mode, trainer_tensors
+from megatron_rl.trainer.policy.offload import HostStash, check_offload_mode, drop_score_buffer, trainer_tensors
 from megatron_rl.trainer.policy.optim import OptimSpec, build_optimizer, current_lr
 from megatron_rl.trainer.policy.schedule import Groups, from_last_stage, run_schedule, sum_dp
 from megatron_rl.trainer.policy.vocab_parallel import vocab_parallel_gather_logprobs
@@ -147,6 +147,7 @@ class PolicyActor(LogProbModel):
         log-probs while the weights are parked."""
         mode = mode or self.offload_mode
         moved, keep = trainer_tensors(mode, self.optimizer, self.chunks)
+        drop_score_buffer()            # megatron's persistent attention-score scratch (offload.py)
         if not moved:
             release_cached_memory()
             return 0

@@ -7,6 +7,10 @@
                main-param copies and the DDP gradient buffers go to host memory; the weights stay.
 ``all``        ``optimizer`` plus the model parameters (the DDP parameter buffers).
 
+Every ``offload`` (``none`` too) also drops megatron's persistent score buffer (:func:`drop_score_buffer`:
+local attention's b·heads·s·s scratch, which would otherwise stay on the GPU while the engines generate) and
+hands the allocator's cached blocks back to the driver.
+
 Mechanism (:class:`HostStash`): every tensor's *storage* is copied to a host buffer (pinned when
 CUDA is present, reused across cycles) and the device storage is resized to 0 bytes; ``restore``
 resizes it back and copies the bytes in. Tensors keep their identity, shape and every view — the
@@ -93,6 +97,21 @@ class HostStash:
         synchronize()
         self._parked = []
         return n
+
+
+def drop_score_buffer() -> int:
+    """Release megatron's persistent global memory buffer (``parallel_state.get_global_memory_buffer``: local
+    attention's ``baddbmm`` input, b·heads·s·s elements of the largest pass so far, kept across steps, and the
+    sequence-parallel gather scratch); it is allocated again by the next pass that needs it. Returns its bytes
+    (0 when megatron has none). Views handed out earlier keep their storage alive until they are dropped."""
+    from megatron.core import parallel_state as ps  # lazy: defers megatron to the call
+
+    holder = getattr(ps, "_GLOBAL_MEMORY_BUFFER", None)
+    if holder is None or not getattr(holder, "buffer", None):
+        return 0
+    n = sum(t.numel() * t.element_size() for t in holder.buffer.values() if isinstance(t, torch.Tensor))
+    holder.buffer.clear()
+    return n
 
 
 def optimizer_tensors(optimizer) -> list[torch.Tensor]:

@@ -4,7 +4,8 @@ Layout of ``<run_dir>/checkpoints/step_<N>/`` (complete checkpoints only)::
 
     dist/               megatron dist_checkpointing (torch_dist): model, optimizer (fully
                         reshardable over TP / PP / DP), LR scheduler, actor step counter
-    rng/rank_<r>.pt     python / numpy / torch RNG + megatron RNG-tracker states of global rank r
+    rng/rank_<r>.pt     python / numpy / torch (CPU, and every GPU's default CUDA generator) RNG + megatron
+                        RNG-tracker states of global rank r
     extra_state.pt      the caller's ``extra_state`` dict (sampler cursor, loop counters, algorithm state)
     teacher/            (self-distillation runs with shadow weights) the teacher θ̄ as a second
                         dist_checkpointing model, saved/loaded through ``TeacherWeights`` swaps
@@ -39,7 +40,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_rl.convert.hf_io import copy_tokenizer_files
-from megatron_rl.runtime.device import has_cuda
+from megatron_rl.runtime.device import cuda_rng_states, gpu_count, set_cuda_rng_states
 from megatron_rl.runtime.diskspace import DiskSpaceError, check_free, free_bytes, human, is_disk_full, tree_bytes
 from megatron_rl.trainer.state.ckpt_manifest import build_manifest, find_damage
 
@@ -111,8 +112,11 @@ def _sharded_state(actor, is_loading: bool) -> dict[str, Any]:
     state["optimizer"] = actor.optimizer.sharded_state_dict(
         model_sd, is_loading=is_loading, metadata={
             "distrib_optim_sharding_type": "fully_reshardable",
-            # CPU/gloo: gather optimizer shards over the gloo DP group (no .cuda() staging copies)
-            "distrib_optim_fully_reshardable_mem_efficient": not has_cuda()})
+            # gather the optimizer shards over the gloo DP group onto DP rank 0 only: without it megatron
+            # all-gathers the full fp32 state (param, exp_avg, exp_avg_sq) into host memory on EVERY DP rank
+            # (NCCL on CUDA; ~25 GB per rank for an 8B model). Saving is then written by DP rank 0's
+            # process alone for that state, on CPU as on CUDA (megatron-core 0.16 distrib_optimizer.py)
+            "distrib_optim_fully_reshardable_mem_efficient": True})
     state["scheduler"] = actor.scheduler.state_dict()
     state["actor_steps"] = actor.steps_done
     return state
@@ -121,8 +125,9 @@ def _sharded_state(actor, is_loading: bool) -> dict[str, Any]:
 def _rng_state() -> dict[str, Any]:
     from megatron.core import tensor_parallel  # lazy: defers megatron to the call
 
+    cuda = cuda_rng_states()      # the default CUDA generators (dropout outside the tracker, torch.randn on GPU)
     return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-            "tracker": tensor_parallel.get_cuda_rng_tracker().get_states()}
+            "tracker": tensor_parallel.get_cuda_rng_tracker().get_states(), **({"cuda": cuda} if cuda else {})}
 
 
 def _set_rng_state(st: dict[str, Any]) -> None:
@@ -132,6 +137,8 @@ def _set_rng_state(st: dict[str, Any]) -> None:
     np.random.set_state(st["numpy"])
     torch.set_rng_state(st["torch"])
     tensor_parallel.get_cuda_rng_tracker().set_states(st["tracker"])
+    if st.get("cuda") is not None and len(st["cuda"]) == gpu_count():   # a CPU save or another GPU count: skipped
+        set_cuda_rng_states(st["cuda"])
 
 
 def save_checkpoint(run_dir: str | os.PathLike, step: int, actor, extra_state: dict,

@@ -19,8 +19,13 @@ from tests.helpers.actor_common import fixed_batch, rl_loss, write_json
 
 
 def used() -> int:
+    """Device-wide bytes in use, with this process's allocator cache handed back first: the trainer's freed
+    activations (and the HF engine's freed blocks, same process) would otherwise count as used, and an
+    engine allocating from that cache would show no growth."""
     import torch
 
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info()
     return total - free
 

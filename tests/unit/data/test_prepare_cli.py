@@ -61,7 +61,7 @@ def test_failed_run_leaves_the_old_output(tmp_path, capsys):
     before = sorted((p.name, p.read_bytes()) for p in out.iterdir())
     write_jsonl(src, [gsm(1, ans="none")])
     assert main(["prepare", "gsm8k", "--in", str(src), "--out", str(out), "--force"]) == 2
-    assert "no usable rows in 1 input rows" in capsys.readouterr().err
+    assert "no usable rows in" in capsys.readouterr().err
     assert sorted((p.name, p.read_bytes()) for p in out.iterdir()) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g.jsonl", "out"]
 

@@ -214,6 +214,6 @@ def test_malformed_fields_are_counted_bad_rows(tmp_path):
     recs = [rec, {**rec, "question": "Q2?", "difficulty": "hard"}, {**rec, "question": {"text": "Q3"}},
             {**rec, "question": "Q4?", "r1_solution_1": 5}]
     man, rows = run("deepmath_filtered_level7_10", write_jsonl(tmp_path / "d.jsonl", recs), tmp_path / "out")
-    assert len(rows["train"]) == 2 and man["skipped"] == {"unparsable difficulty": 1, "null or empty question": 1}
+    assert len(rows["train"]) == 2 and man["skipped"] == {"unparsable difficulty": 1, "question is a dict, not text": 1}
     with pytest.raises(ValueError, match=r"d.jsonl:2: unparsable difficulty"):
         run("deepmath_filtered_level7_10", tmp_path / "d.jsonl", tmp_path / "strict", strict=True)

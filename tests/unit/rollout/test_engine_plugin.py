@@ -90,6 +90,7 @@ def test_plugin_engine_trains_one_step_and_holds_the_pushed_weights(tmp_path):
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1]
+    assert rows[0]["memory/gpu_peak_allocated_gib"] == rows[0]["memory/gpu_peak_reserved_gib"] == 0.0   # no CUDA here
     # the start-up push, then step 1's (verified bit for bit by rollout.verify_sync=first, or the run stops)
     assert sorted(f.name for f in out.glob("push_*.safetensors")) == ["push_1.safetensors", "push_2.safetensors"]
     initial, first, last = load_file(str(hf / "model.safetensors")), load_file(str(out / "push_1.safetensors")), \
