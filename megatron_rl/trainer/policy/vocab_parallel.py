@@ -331,15 +331,20 @@ class _VocabParallelSampledLogProbs(torch.autograd.Function):
         own, idx = _target_index(targets, lo, width)
         z_t = _all_reduce(torch.where(own, z.gather(-1, idx).squeeze(-1), torch.zeros_like(sup.log_z)), dist.ReduceOp.SUM, group)
         w_t = _all_reduce(torch.where(own, sup.w.gather(-1, idx).squeeze(-1), torch.zeros_like(sup.log_z)), dist.ReduceOp.SUM, group)
-        ctx.save_for_backward(logits, targets, sup.w, sup.log_z)
+        # the weights are 1 / 0 / one tie fraction per row: kept as uint8 codes (a quarter of fp32) + [rows]
+        tie = (sup.w > 0) & (sup.w < 1)
+        frac = torch.where(tie, sup.w, torch.zeros_like(sup.w)).amax(-1)
+        code = (sup.w == 1).to(torch.uint8) + 2 * tie.to(torch.uint8)
+        ctx.save_for_backward(logits, targets, code, frac, sup.log_z)
         ctx.meta = lo
         ctx.mark_non_differentiable(w_t)
         return z_t - sup.log_z, w_t > 0
 
     @staticmethod
     def backward(ctx, g, _g_kept):
-        logits, targets, w, log_z = ctx.saved_tensors
+        logits, targets, code, frac, log_z = ctx.saved_tensors
         lo = ctx.meta
+        w = (code == 1).float() + (code == 2).float() * frac.unsqueeze(-1)
         grad = torch.exp(_upcast(logits) - log_z.unsqueeze(-1)).mul_(w).mul_(-g.unsqueeze(-1))   # −g μ_j
         own, idx = _target_index(targets, lo, logits.shape[-1])
         grad.scatter_add_(-1, idx, (g * own).unsqueeze(-1))
