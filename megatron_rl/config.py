@@ -54,6 +54,14 @@ class AlgoConfig:
     """Thresholds of a rollout-correction mode (``algorithms/correction.py``; YAML ``algo.correction:
     {...}``): seq_tis ``cap``; seq_mis / geo_rs / icepop ``upper`` and ``lower`` (null: 1/upper); the
     mode's typed dataclass with its defaults when unset; refused with decoupled / tis / none."""
+    ratio_space: str = "full"
+    """Distribution of the PPO ratio π_θ/π_old (and of old / current log-probs in the loss): full = the
+    temperature-scaled softmax, what verl and the seed recipes' references compute (default) |
+    sampling = μ, the distribution the engines sampled from (``rollout.top_p`` / ``top_k`` / ``min_p``
+    applied and renormalised, ``algorithms/sampling.py``), NeMo-RL's consistent mode: the ratio is 1 on
+    the first mini-batch and the gradient never moves mass onto tokens the sampler drops. The same
+    without truncation. Comparisons with the engine (mismatch metrics, guard, corrections) are under μ
+    either way (``rollout.logprobs=processed``). ``off_policy=bypass`` with truncation needs sampling."""
 
     def __post_init__(self):
         from megatron_rl.algorithms import ALGO_KINDS  # lazy: defers torch to the call
@@ -62,6 +70,8 @@ class AlgoConfig:
         if self.kind not in ALGO_KINDS:
             raise ValueError(f"unknown algo.kind {self.kind!r}; valid: {sorted(ALGO_KINDS)}")
         check_mode(self.off_policy, self.tis_cap)
+        if self.ratio_space not in ("full", "sampling"):
+            raise ValueError(f"algo.ratio_space must be full|sampling, got {self.ratio_space!r}")
         from megatron_rl.algorithms.correction import CORRECTION_MODES  # lazy: defers torch to the call
 
         mode = CORRECTION_MODES.get(self.off_policy)
@@ -139,7 +149,7 @@ def _build_algo(sec: dict) -> AlgoConfig:
 
 
 #: the algo section's own keys (besides ``algo.<kind>: {...}``)
-_ALGO_TOP = ("kind", "off_policy", "tis_cap", "correction")
+_ALGO_TOP = ("kind", "off_policy", "tis_cap", "correction", "ratio_space")
 _ALGO_DEFAULTS = {f.name: f.default for f in dataclasses.fields(AlgoConfig)}
 
 

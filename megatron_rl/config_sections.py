@@ -340,6 +340,12 @@ class TrainerConfig:
     are computed once per step."""
     seed: int = 1234
     """Global seed (init, sampling seeds are derived from it and the step)."""
+    deterministic: bool = False
+    """Bit-reproducible runs: sets each library's own switch (torch deterministic algorithms, cuBLAS
+    workspace and no TF32 on GPU, Megatron's deterministic mode, NCCL's fixed algorithm and protocol,
+    vLLM's batch-invariant kernels on GPU, every seed; ``runtime/determinism.py``); what cannot be made
+    deterministic is refused at start-up (context parallelism through Transformer Engine's attention).
+    Same config, same machine: two runs give identical ``metrics.jsonl`` and weights."""
     run_dir: str = "runs/default"
     """Output folder: metrics.jsonl, checkpoints/, curve.png, hf export, and config.yaml (the resolved
     configuration of each start, ``trainer/state/run_config.py``)."""

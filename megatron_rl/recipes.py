@@ -8,6 +8,10 @@ any, so a config edit that drifts from the paper fails a test. :func:`table` ren
 table from the configs (``python -m megatron_rl.recipes`` prints it; the same test checks that the
 page holds exactly that text).
 
+Every reference computes its PPO ratio under the full temperature-scaled softmax (verl's actor: log-softmax
+of logits / T, no sampling mask), so each recipe's ``algo.ratio_space`` is ``full``; ``sampling`` is
+NeMo-RL's consistent mode (docs/sampling-and-evaluation.md).
+
 Keys are config keys; ``algo.hp.<field>`` is the method's hyper-parameter ``algo.<kind>.<field>``.
 Effective values are compared: ``optim.clip_grad`` null is the method's ``grad_clip``,
 ``trainer.eval_max_tokens`` 0 is ``rollout.max_tokens``, ``trainer.max_tokens_per_micro_batch`` 0 is
@@ -50,6 +54,7 @@ ROWS = (
     ("lr / warm-up / wd / grad clip", ("optim.lr", "optim.warmup_steps", "optim.weight_decay", "optim.clip_grad")),
     ("actor token budget (per DP rank)", ("trainer.max_tokens_per_micro_batch",)),
     ("rollout correction (cap)", ("algo.off_policy", "algo.tis_cap")),
+    ("PPO ratio space", ("algo.ratio_space",)),
     ("KL loss β / in-reward β", ("algo.hp.kl_loss_coef", "algo.hp.kl_reward_coef")),
     ("chat template options", ("data.chat_template_kwargs",)),
     ("outcome reward", ("reward.default",)),
@@ -67,7 +72,7 @@ def _rlcsd(method: str, kl: float, clip: float = 1.0, **departures: str) -> Reci
          "rollout.n": 8, "data.max_prompt_len": 2048, "rollout.max_tokens": 16384, "optim.lr": 1e-6,
          "optim.warmup_steps": 50, "optim.weight_decay": 0.01, "optim.clip_grad": clip,
          "trainer.max_tokens_per_micro_batch": 40960, "algo.off_policy": "tis",
-         "algo.tis_cap": 2.0, "algo.hp.kl_loss_coef": kl, "algo.hp.kl_reward_coef": 0.0,
+         "algo.tis_cap": 2.0, "algo.ratio_space": "full", "algo.hp.kl_loss_coef": kl, "algo.hp.kl_reward_coef": 0.0,
          "data.chat_template_kwargs": _THINK, "trainer.eval_every": 50, "trainer.eval_n": 12,
          "trainer.eval_temperature": 0.6, "trainer.eval_top_p": 0.95, "trainer.eval_top_k": 20,
          "trainer.eval_max_tokens": 38912, "reward.default": "math"}
@@ -92,7 +97,7 @@ PAPER: dict[str, Recipe] = {
         {"rollout.temperature": 0.2, "rollout.top_p": 0.7, "rollout.top_k": -1, "data.prompts_per_step": 16,
          "rollout.n": 8, "data.max_prompt_len": 2048, "rollout.max_tokens": 3072, "optim.lr": 1e-6,
          "optim.warmup_steps": 10, "optim.weight_decay": 0.1, "optim.clip_grad": 1.0,
-         "trainer.max_tokens_per_micro_batch": 6144, "algo.off_policy": Note("none"), "algo.hp.kl_loss_coef": 0.0, "algo.hp.kl_reward_coef": 0.001,
+         "trainer.max_tokens_per_micro_batch": 6144, "algo.off_policy": Note("none"), "algo.ratio_space": "full", "algo.hp.kl_loss_coef": 0.0, "algo.hp.kl_reward_coef": 0.001,
          "data.chat_template_kwargs": Note("none (Qwen3-4B-Instruct-2507 does not think)"), "trainer.eval_every": 100,
          "trainer.eval_n": 32, "trainer.eval_temperature": 0.6, "trainer.eval_top_p": 0.95, "trainer.eval_top_k": -1,
          "trainer.eval_max_tokens": 3072, "reward.default": "dapo"},
@@ -100,6 +105,7 @@ PAPER: dict[str, Recipe] = {
     "qwen2_5_7b_papo": Recipe(
         "papo", "tanzelin430/PAPO (paper appendix + verl/scripts)",
         {"rollout.temperature": 1.0, "data.prompts_per_step": 128, "rollout.n": 8, "data.max_prompt_len": 2048,
+         "algo.ratio_space": "full",
          "rollout.max_tokens": 8192, "optim.lr": 1e-6, "trainer.max_tokens_per_micro_batch": 18000,
          "algo.hp.kl_loss_coef": 0.0, "algo.hp.kl_reward_coef": 0.0,
          "data.chat_template_kwargs": Note("none (base model, pass-through template)"), "trainer.eval_every": 10,
@@ -108,6 +114,7 @@ PAPER: dict[str, Recipe] = {
         "dapo", "volcengine/verl @ b178a3c (DAPO recipe; token budget: verl recipe/dapo scripts, prompt + response); "
         "eval: DAPO paper §4.1 (avg@32, T 1.0, top-p 0.7)",
         {"rollout.temperature": 1.0, "data.prompts_per_step": 512, "rollout.n": 16, "rollout.max_tokens": 20480,
+         "algo.ratio_space": "full",
          "trainer.max_tokens_per_micro_batch": 22528, "optim.lr": 1e-6, "optim.warmup_steps": 20, "optim.weight_decay": 0.1, "optim.clip_grad": 1.0,
          "algo.hp.kl_loss_coef": 0.0, "algo.hp.kl_reward_coef": 0.0, "trainer.eval_n": 32,
          "trainer.eval_temperature": 1.0, "trainer.eval_top_p": 0.7, "trainer.eval_max_tokens": 20480,

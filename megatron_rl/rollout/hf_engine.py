@@ -19,7 +19,7 @@ from ..runtime.device import empty_cache
 from .engine import Completion, SamplingParams, validate_prompts
 from .registry import EngineCaps, register_engine
 from ..config_parse import LOGPROB_MODES
-from .sampling import processed_logits
+from .sampling import sample_step
 
 INPROC = "inproc"   # this engine's receiving side: a packed bucket unpacked and copied into the parameters
 
@@ -68,13 +68,11 @@ class HFEngine:
             if s.greedy:
                 logp = torch.log_softmax(logits.float(), -1)
                 tok = int(logp.argmax())
+                lp = float(logp[tok])
             else:
-                logp = torch.log_softmax(processed_logits(logits, s.temperature, s.top_k, s.top_p, s.min_p), -1)
-                tok = int(torch.multinomial(logp.exp().cpu(), 1, generator=gen))   # CPU generator: same draws on any device
-                if self.logprobs == "full":
-                    logp = torch.log_softmax(logits.float() / s.temperature, -1)
+                tok, lp = sample_step(logits, s.temperature, s.top_k, s.top_p, s.min_p, self.logprobs, gen)
             resp.append(tok)
-            lps.append(float(logp[tok]))
+            lps.append(lp)
             if tok in stops:
                 return resp, lps, "stop"
             out = self.model(torch.tensor([[tok]], device=self.device), past_key_values=past, use_cache=True)

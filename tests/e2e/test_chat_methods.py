@@ -33,9 +33,11 @@ ASYNC_KINDS = ["grpo@async"]   # the one-step-off producer on the chat model (is
 CLIP_KINDS = ["dapo@mb2", "dapo@mb4"]   # 2 / 4 mini-batches at a learning rate that moves the policy
 MBS_KIND, MBS_REF = "dapo@mb4@mbs1", "dapo@mb4"   # micro_batch_size 1 against 4, same rollouts
 PROBE_KINDS = ["opsd@probe", "sdpo@probe"]   # the teacher of each mini-batch (fixed = θ, ema)
-GUARD_KIND, WARN_KIND, BYPASS_KIND, MIS_KIND = "grpo@guard", "grpo@warn", "grpo@bypass", "bicc@seq_mis"   # issue 29
+GUARD_KIND, WARN_KIND, BYPASS_KIND, MIS_KIND = "grpo@guard", "grpo@warn", "grpo@bypass@mu", "bicc@seq_mis"   # issue 29
+MU_KIND = "grpo@mu"          # truncated sampling, ratio under μ (issue 42); bypass runs under μ too
 KK_KIND = "grpo@kk"          # a Logic-RL Knights & Knaves row through the loop (issue 35)
-VARIANTS = [*ASYNC_KINDS, *CLIP_KINDS, MBS_KIND, *PROBE_KINDS, GUARD_KIND, WARN_KIND, BYPASS_KIND, MIS_KIND, KK_KIND]
+VARIANTS = [*ASYNC_KINDS, *CLIP_KINDS, MBS_KIND, *PROBE_KINDS, GUARD_KIND, WARN_KIND, BYPASS_KIND, MIS_KIND, KK_KIND,
+            MU_KIND]
 TEACHER_KINDS = [k for k in KINDS if hasattr(ALGO_KINDS[k].hparams(), "teacher_mode")]
 PROMPTS, N = 4, 4              # data.prompts_per_step, rollout.n of the worker
 ROWS = PROMPTS * N
@@ -374,7 +376,9 @@ def test_bypass_skips_the_old_logprob_pass(runs):
     """``algo.off_policy=bypass`` (and no KL term, so no reference model): no log-prob pass runs at all —
     the stage takes well under a tenth of the plain run's (which has the old and reference passes) and
     ``rollout/logprob_gap`` is absent; the mismatch metrics come from the first optimizer step's forward
-    (the policy before any update against the engine's log-probs): the healthy fp32 values. It trains."""
+    (the policy before any update against the engine's log-probs): the healthy fp32 values. It trains.
+    Under a truncating sampler (``@mu``: top-p / top-k / min-p, ``algo.ratio_space=sampling``, which
+    bypass requires there) the engine's log μ and the trainer's agree as closely as untruncated ones."""
     out, res, _ = runs
     assert res[BYPASS_KIND]["ok"], res[BYPASS_KIND].get("error")
     rows = [json.loads(x) for x in (out / BYPASS_KIND / "metrics.jsonl").read_text().splitlines()]
@@ -397,3 +401,21 @@ def test_seq_mis_rejects_sequences_through_the_bicc_path(runs):
         assert r["offpolicy/rejected_seq_frac"] == pytest.approx(r["offpolicy/ratio_low_frac"]), r
         assert 1.0 <= r["offpolicy/is_mean"] <= r["offpolicy/is_max"] <= 1.001, r
     assert sum(r["offpolicy/rejected_seq_frac"] for r in rows) > 0, rows
+
+
+def test_sampling_space_compares_like_with_like(runs):
+    """``grpo@mu`` (top-p 0.7, top-k 20, min-p 0.02; ``algo.ratio_space=sampling``): the trainer scores the
+    engine's tokens under μ, so the mismatch reads the fp32 agreement (<= 1.001; before issue 42 truncation
+    alone put it above 1.01 at top-p 0.7), every sampled token lies in the trainer's kept set, and the PPO
+    ratio of the first mini-batch is exactly 1 (old and current log μ from the same weights: ppo_kl 0, no
+    clipping)."""
+    out, res, _ = runs
+    assert res[MU_KIND]["ok"], res[MU_KIND].get("error")
+    rows = [json.loads(x) for x in (out / MU_KIND / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert 1.0 <= r["rollout/token_mult_prob_error"] <= 1.001 and r["rollout/gen_kl"] < 1e-6, r
+        assert r["rollout/outside_support_frac"] == 0.0 and r["rollout/logprob_gap"] < 1e-3, r
+    for step, steps in _optimizer_steps(out, MU_KIND).items():
+        first = steps[0]
+        assert first["actor/ppo_kl"] == 0.0 and first["actor/pg_clipfrac"] == 0.0, (step, first)

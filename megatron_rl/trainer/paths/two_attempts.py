@@ -208,7 +208,8 @@ class TwoAttemptsPath(DataPath):
             raise RuntimeError("algo.kind=score needs the reference policy (KL anchors), but none was built")
         fpos, fmask = s.extras["first_pos"], s.extras["first_mask"]
         s.extras["first_ref_logp"] = lp.ref_full.gather(1, fpos) * fmask
-        metrics["score/logprob_gap1"] = U.logprob_gap(lp.old_full.gather(1, fpos) * fmask, two.first.rollout_logp, fmask)
+        metrics["score/logprob_gap1"] = U.logprob_gap(lp.engine_space_full.gather(1, fpos) * fmask, two.first.rollout_logp,
+                                                     fmask)
         metrics.update(score_metrics(two, s.hp.stage))
 
     def logged(self, two):

@@ -77,12 +77,27 @@ class Sampled:
 @dataclasses.dataclass
 class LogProbs:
     """Old (proximal) and reference log-probs of ``Sampled.seqs``: target frame ``[N, S-1]`` and
-    response frame ``[N, R]``; ``ref*`` None without a reference policy."""
+    response frame ``[N, R]``; ``ref*`` None without a reference policy. Their space is the PPO ratio's
+    (``algo.ratio_space``: the full softmax at T, or μ, the engines' sampling distribution). ``compare``
+    ``[N, R]``: the old log-probs in the space the engines report (``rollout.logprobs``: μ when processed),
+    what every comparison with the engine reads; None = ``old``."""
 
     old_full: torch.Tensor
     ref_full: torch.Tensor | None
     old: torch.Tensor
     ref: torch.Tensor | None
+    compare: torch.Tensor | None = None
+    compare_full: torch.Tensor | None = None   # ``compare`` in the target frame [N, S-1]
+
+    @property
+    def engine_space(self) -> torch.Tensor:
+        """``compare`` if set, else ``old``."""
+        return self.old if self.compare is None else self.compare
+
+    @property
+    def engine_space_full(self) -> torch.Tensor:
+        """``compare_full`` if set, else ``old_full``."""
+        return self.old_full if self.compare_full is None else self.compare_full
 
 
 @dataclasses.dataclass
@@ -147,22 +162,39 @@ def update(run: Run, data, step: int) -> dict:
 def logprob_passes(run: Run, s: Sampled, step: int) -> tuple[LogProbs, dict]:
     """Old and reference log-probs of the sampled sequences (no grad), the trainer<->engine
     agreement ``rollout/logprob_gap`` (mean |old − engine log-prob| over response tokens) and the
-    mismatch metrics beside it (``update_stage.mismatch_inputs``). ``algo.off_policy=bypass``: no old
-    pass at all — old := the engine's log-probs (``bypass_old``); no gap then, and the mismatch's
-    ``token_mult_prob_error`` / ``gen_kl`` come from the first optimizer step's forward (``Objective``)."""
+    mismatch metrics beside it (``update_stage.mismatch_inputs``), both under the distribution the
+    engines report (μ with ``rollout.logprobs=processed``: truncation is not mismatch);
+    ``rollout/outside_support_frac``: the share of response tokens outside the trainer's own kept set.
+    ``algo.off_policy=bypass``: no old pass at all — old := the engine's log-probs (``bypass_old``); no
+    gap then, and the mismatch's ``token_mult_prob_error`` / ``gen_kl`` come from the first optimizer
+    step's forward (``Objective``)."""
     t0 = time.perf_counter()
-    mbs = run.micro
-    recompute = C.correction_recomputes(run.cfg.algo.off_policy)
-    old_full = run.actor.forward_logprobs(s.seqs.batch, mbs).logp if recompute else None
-    ref_full = run.ref.forward_logprobs(s.seqs.batch, mbs).logp if run.ref is not None else None
+    mbs, cfg = run.micro, run.cfg
+    recompute = C.correction_recomputes(cfg.algo.off_policy)
+    mu = run.actor.sampling is not None          # μ truncates (``algorithms/sampling.py``)
+    in_mu = mu and cfg.algo.ratio_space == "sampling"
+    mu = in_mu or (mu and cfg.rollout.logprobs == "processed")   # μ is needed: the ratio's or the engines' space
+    res = run.actor.forward_logprobs(s.seqs.batch, mbs, sampling=mu) if recompute else None
+    ref_res = run.ref.forward_logprobs(s.seqs.batch, mbs, sampling=in_mu) if run.ref is not None else None
+    ref_full = None if ref_res is None else (ref_res.sampling_logp if in_mu else ref_res.logp)
     ref = U.response_frame(ref_full, s.seqs) if ref_full is not None else None
     if not recompute:
         old_full, old = bypass_old(s)
         return LogProbs(old_full, ref_full, old, ref), {"time/logprobs": time.perf_counter() - t0}
+    old_full = res.sampling_logp if in_mu else res.logp
     old = U.response_frame(old_full, s.seqs)
-    gap = U.logprob_gap(old, s.ro.rollout_logp, s.seqs.resp_mask)
-    metrics = {"rollout/logprob_gap": gap, **U.mismatch_inputs(run.cfg, s.ro, old, s.seqs.resp_mask, step)}
-    return LogProbs(old_full, ref_full, old, ref), {**metrics, "time/logprobs": time.perf_counter() - t0}
+    processed = res.sampling_logp is not None and cfg.rollout.logprobs == "processed"
+    engine_full = res.sampling_logp if processed else res.logp
+    other = engine_full is not old_full
+    lp = LogProbs(old_full, ref_full, old, ref, U.response_frame(engine_full, s.seqs) if other else None,
+                  engine_full if other else None)
+    cmp, mask = lp.engine_space, s.seqs.resp_mask
+    metrics = {"rollout/logprob_gap": U.logprob_gap(cmp, s.ro.rollout_logp, mask),
+               **U.mismatch_inputs(cfg, s.ro, cmp, mask, step)}
+    if mu:
+        outside = (1.0 - U.response_frame(res.sampling_kept, s.seqs)) * mask
+        metrics["rollout/outside_support_frac"] = float(outside.sum() / mask.sum().clamp_min(1))
+    return lp, {**metrics, "time/logprobs": time.perf_counter() - t0}
 
 
 def bypass_old(s: Sampled) -> tuple[torch.Tensor, torch.Tensor]:
@@ -184,14 +216,14 @@ def base_rows(run: Run, s: Sampled, lp: LogProbs, adv: torch.Tensor, step: int, 
     if lp.ref is not None:
         ex["ref_logp"] = lp.ref
     if importance_weights and C.is_correction_mode(run.cfg.algo.off_policy):   # the rollout-correction suite
-        tis, keep, off = U.correction_inputs(run.cfg, s.ro, lp.old, s.seqs.resp_mask, step)
+        tis, keep, off = U.correction_inputs(run.cfg, s.ro, lp.engine_space, s.seqs.resp_mask, step)
         if tis is not None:
             ex["tis_weights"] = tis
         if keep is not None:
             ex[CORRECTION_KEEP] = keep
         metrics.update(off)
     elif importance_weights:
-        tis, off = U.off_policy_inputs(run.cfg, s.ro, lp.old, s.seqs.resp_mask, step)   # stale batches (async)
+        tis, off = U.off_policy_inputs(run.cfg, s.ro, lp.engine_space, s.seqs.resp_mask, step)   # stale (async)
         if tis is not None:
             ex["tis_weights"] = tis
         metrics.update(off)

@@ -191,10 +191,12 @@ class PolicyActor(LogProbModel):
         finalize_model_grads(model, norm, pg_collection=pg_collection, force_all_reduce=force_all_reduce)
 
     def _train_loss(self, loss_fn: LossFn, temperature: float, mb, logits: torch.Tensor):
-        lp = self._logprobs(logits, mb, temperature)
+        sampling = self.train_in_sampling_space and temperature == self.temperature
+        lp = self._logprobs(logits, mb, temperature, sampling)
+        lp_t = lp["sampling_logp"] if sampling else lp["logp"]    # algo.ratio_space: the loss's log-probs
         key = _support_key(loss_fn)
         packed = isinstance(mb, PackedMicroBatch)
-        logp, ent, view = (mb.unpack(lp.logp), mb.unpack(lp.entropy), mb.seqs) if packed else (lp.logp, lp.entropy, mb)
+        logp, ent, view = (mb.unpack(lp_t), mb.unpack(lp["entropy"]), mb.seqs) if packed else (lp_t, lp["entropy"], mb)
         if key is None:
             out = loss_fn(logp, ent, view)
         else:

@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterator, NamedTuple
 
 import torch
 
+from megatron_rl.algorithms.sampling import SamplingSpec
 from megatron_rl.convert import export_hf, iter_hf_tensors, load_hf_into_model
 from megatron_rl.runtime.device import default_device
 from megatron_rl.trainer.pipeline.batch import TrainBatch
@@ -36,15 +37,19 @@ from megatron_rl.trainer.pipeline.packing import plan as pack_plan
 from megatron_rl.trainer.policy import cp_batch
 from megatron_rl.trainer.policy.chunks import unwrap
 from megatron_rl.trainer.policy.schedule import Groups, gather_dp, run_schedule, tensor_from_last_stage
-from megatron_rl.trainer.policy.vocab_parallel import (LogProbs, vocab_parallel_gather_logprobs,
-                                                       vocab_parallel_logprobs, vocab_parallel_topk)
+from megatron_rl.trainer.policy.vocab_parallel import (vocab_parallel_gather_logprobs, vocab_parallel_logprobs,
+                                                       vocab_parallel_sampled_logprobs, vocab_parallel_topk)
 
 
 class LogProbResult(NamedTuple):
-    """``logp`` ``[N, S-1]`` fp32 on every rank; ``entropy`` likewise or None."""
+    """``logp`` ``[N, S-1]`` fp32 on every rank; ``entropy`` likewise or None; ``sampling_logp`` log μ of
+    the same targets under the engines' sampling distribution (:attr:`LogProbModel.sampling`) and
+    ``sampling_kept`` (1 where the target is in μ's kept set) when asked, else None."""
 
     logp: torch.Tensor
     entropy: torch.Tensor | None
+    sampling_logp: torch.Tensor | None = None
+    sampling_kept: torch.Tensor | None = None
 
 
 
@@ -85,6 +90,21 @@ class LogProbModel:
         self.backend = "local"     # the layer spec built (subclasses: local | te)
         # interleaved 1F1B (several chunks per rank) needs at least PP micro-batches: zero-mask fillers make up the rest
         self.min_micro_batches = self.groups.pp_size if len(chunks) > 1 else 1
+        #: the engines' sampling distribution μ (``algorithms/sampling.py``) when it truncates, else None:
+        #: the log-prob pass then also scores each target under μ (``forward_logprobs(sampling=True)``)
+        self.sampling: SamplingSpec | None = None
+        #: ``algo.ratio_space=sampling``: the training forward hands the loss log μ instead of log q
+        self.train_in_sampling_space = False
+
+    def set_sampling(self, spec: SamplingSpec | None, train: bool = False) -> None:
+        """Score under μ = ``spec`` (None or non-truncating: μ = q, nothing extra) and, with ``train``,
+        take the PPO ratio under it (``algo.ratio_space``). ``spec.temperature`` must be this model's."""
+        if spec is not None and not spec.truncates(self.vocab_size):
+            spec = None
+        if spec is not None and spec.temperature != self.temperature:
+            raise ValueError(f"sampling temperature {spec.temperature} differs from the model's {self.temperature}")
+        self.sampling = spec
+        self.train_in_sampling_space = bool(train and spec is not None)
 
     # ----- helpers -------------------------------------------------------------------------
     def _budget(self, budget: TokenBudget) -> TokenBudget:
@@ -113,9 +133,19 @@ class LogProbModel:
         # interleaved 1F1B: zero-mask copies up to PP micro-batches (no loss, normaliser or metric; dropped after)
         return local, mbs + [mbs[0].zero_masked() for _ in range(self.min_micro_batches - len(mbs))]
 
-    def _logprobs(self, logits: torch.Tensor, mb: TrainBatch, temperature: float):
-        return LogProbs(**self._per_token(mb, logits, temperature, lambda z, t: vocab_parallel_logprobs(
-            z, t, self.groups.tp, vocab_size=self.vocab_size)._asdict(), mb.targets))
+    def _logprobs(self, logits: torch.Tensor, mb: TrainBatch, temperature: float, sampling: bool = False) -> dict:
+        """``{"logp", "entropy"}`` (full softmax at T) per target, and with ``sampling`` (and a truncating
+        :attr:`sampling`) ``"sampling_logp"`` (log μ) and ``"sampling_kept"`` (float 0/1), vocab-parallel."""
+        tp, nv, spec = self.groups.tp, self.vocab_size, self.sampling if sampling else None
+
+        def terms(z, t):
+            d = vocab_parallel_logprobs(z, t, tp, vocab_size=nv)._asdict()
+            if spec is not None:
+                s = vocab_parallel_sampled_logprobs(z, t, spec, tp, vocab_size=nv)
+                d.update(sampling_logp=s.logp, sampling_kept=s.kept.float())
+            return d
+
+        return self._per_token(mb, logits, temperature, terms, mb.targets)
 
     def _per_token(self, mb, logits: torch.Tensor, temperature: float, fn: Callable, *inputs: torch.Tensor) -> dict:
         """``fn(z, *inputs) -> {key: [b, n, ...]}`` per-token terms in the target frame ``[rows, L-1, ...]``:
@@ -153,12 +183,11 @@ class LogProbModel:
         out = model(tokens, pos, None, packed_seq_params=psp)
         return out.reshape(mb.num_samples, mb.seq_len, *out.shape[2:]) if self.groups.is_last_stage else out
 
-    def _collect_logprobs(self, temperature: float, with_entropy: bool, mb: TrainBatch, logits: torch.Tensor):
+    def _collect_logprobs(self, temperature: float, with_entropy: bool, sampling: bool, mb: TrainBatch,
+                          logits: torch.Tensor):
         with torch.no_grad():
-            lp = self._logprobs(logits, mb, temperature)
-        data = {"logp": lp.logp}
-        if with_entropy:
-            data["entropy"] = lp.entropy
+            lp = self._logprobs(logits, mb, temperature, sampling)
+        data = {k: v for k, v in lp.items() if k != "entropy" or with_entropy}
         return torch.zeros((), device=logits.device), torch.zeros((), dtype=torch.int, device=logits.device), data
 
     def _collect_support(self, temperature: float, k: int | None, index_key: str | None, masked: bool,
@@ -275,8 +304,10 @@ class LogProbModel:
                                   specs, pack_keys=(index_key,) if index_key else (), masked=masked)
 
     def forward_logprobs(self, batch: TrainBatch, micro_batch_size: int, temperature: float | None = None,
-                         with_entropy: bool = False) -> LogProbResult:
-        """Log-probs (and entropy) of ``batch`` (the GLOBAL batch, same on all ranks) on every rank.
+                         with_entropy: bool = False, sampling: bool = False) -> LogProbResult:
+        """Log-probs (and entropy) of ``batch`` (the GLOBAL batch, same on all ranks) on every rank;
+        with ``sampling`` also under the engines' sampling distribution μ (:meth:`set_sampling`; only at
+        the model's temperature, and only when μ truncates: else the fields stay None, μ = q).
 
         Each DP rank computes its contiguous shard through the forward-only schedule; the last
         stage's results are broadcast over PP and all-gathered over DP. Shapes ``[N, S-1]``.
@@ -287,8 +318,12 @@ class LogProbModel:
         specs = {"logp": ((), torch.float32)}
         if with_entropy:
             specs["entropy"] = ((), torch.float32)
-        out = self._forward_only(batch, micro_batch_size, partial(self._collect_logprobs, t, with_entropy), specs)
-        return LogProbResult(out["logp"], out.get("entropy"))
+        sampling = bool(sampling and self.sampling is not None and t == self.temperature)
+        if sampling:
+            specs.update(sampling_logp=((), torch.float32), sampling_kept=((), torch.float32))
+        out = self._forward_only(batch, micro_batch_size, partial(self._collect_logprobs, t, with_entropy, sampling),
+                                 specs)
+        return LogProbResult(out["logp"], out.get("entropy"), out.get("sampling_logp"), out.get("sampling_kept"))
 
     def load_hf(self, hf_dir: str) -> None:
         """Load an HF checkpoint directory into the model (converter maps, TP/PP slicing)."""

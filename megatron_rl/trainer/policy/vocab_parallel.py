@@ -18,6 +18,14 @@ Gradients (local to each shard; no communication in backward):
 
 Only shard-sized tensors are materialised; the full ``[..., V]`` logits never exist on any rank.
 This is the scheme of Megatron's vocab-parallel cross-entropy, extended with the entropy term.
+
+Under the engines' sampling distribution μ (``algorithms/sampling.py``: min-p, top-k, top-p after the
+temperature, as vLLM applies them) the same scheme runs on weights w_j ∈ [0, 1] of the kept set,
+found by reductions over the TP group (:func:`vocab_parallel_sampled_logprobs`):
+
+    log μ(y_t) = z_t − log Σ_j w_j exp(z_j)          d/dz_j = 1[j = t] − μ_j,   μ_j = w_j exp(z_j) / Σ_k w_k exp(z_k)
+
+(the kept set is chosen under stop-gradient, as the engine chose it).
 """
 from __future__ import annotations
 
@@ -25,6 +33,13 @@ from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
+
+from megatron_rl.algorithms.sampling import (
+    WHOLE_ROW,
+    Collectives,
+    SamplingSpec,
+    sampling_support,
+)
 
 
 class LogProbs(NamedTuple):
@@ -277,3 +292,73 @@ def with_tail(top_logp: torch.Tensor) -> torch.Tensor:
     """Append the tail bucket log(1 - exp(min(LSE(top), -1e-7))) to ``[..., k]`` log-probs -> ``[..., k+1]``."""
     lse = torch.clamp(torch.logsumexp(top_logp, dim=-1, keepdim=True), max=-1e-7)
     return torch.cat([top_logp, torch.log(-torch.expm1(lse))], dim=-1)
+
+
+# ------------------------------------------------------------------ the sampling distribution μ (truncated)
+
+def tp_collectives(group) -> Collectives:
+    """The reductions of ``algorithms.sampling`` over the TP group (the whole row when unsplit)."""
+    if _world(group)[1] == 1:
+        return WHOLE_ROW
+
+    def cat(t: torch.Tensor) -> torch.Tensor:
+        parts = [torch.empty_like(t) for _ in range(_world(group)[1])]
+        dist.all_gather(parts, t.contiguous(), group=group)
+        return torch.cat(parts, -1)
+
+    return Collectives(lambda t: _all_reduce(t, dist.ReduceOp.MAX, group),
+                       lambda t: _all_reduce(t, dist.ReduceOp.SUM, group), cat)
+
+
+class SampledLogProbs(NamedTuple):
+    """``logp`` ``[...]`` log μ of each target (differentiable); ``kept`` ``[...]`` bool: the target is
+    in μ's kept set (False only where trainer and engine disagree on the set)."""
+
+    logp: torch.Tensor
+    kept: torch.Tensor
+
+
+class _VocabParallelSampledLogProbs(torch.autograd.Function):
+    """log μ(y) with the vocab split over TP; the module docstring's formulas."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, group, vocab_size, spec):
+        z, lo, nv = _shard(logits, group, vocab_size)
+        width = logits.shape[-1]
+        zz = z.clone() if nv == width else torch.cat([z[..., :nv], z.new_full((*z.shape[:-1], width - nv), float("-inf"))], -1)
+        sup = sampling_support(zz, spec, tp_collectives(group))
+        del zz
+        own, idx = _target_index(targets, lo, width)
+        z_t = _all_reduce(torch.where(own, z.gather(-1, idx).squeeze(-1), torch.zeros_like(sup.log_z)), dist.ReduceOp.SUM, group)
+        w_t = _all_reduce(torch.where(own, sup.w.gather(-1, idx).squeeze(-1), torch.zeros_like(sup.log_z)), dist.ReduceOp.SUM, group)
+        # the weights are 1 / 0 / one tie fraction per row: kept as uint8 codes (a quarter of fp32) + [rows]
+        tie = (sup.w > 0) & (sup.w < 1)
+        frac = torch.where(tie, sup.w, torch.zeros_like(sup.w)).amax(-1)
+        code = (sup.w == 1).to(torch.uint8) + 2 * tie.to(torch.uint8)
+        ctx.save_for_backward(logits, targets, code, frac, sup.log_z)
+        ctx.meta = lo
+        ctx.mark_non_differentiable(w_t)
+        return z_t - sup.log_z, w_t > 0
+
+    @staticmethod
+    def backward(ctx, g, _g_kept):
+        logits, targets, code, frac, log_z = ctx.saved_tensors
+        lo = ctx.meta
+        w = (code == 1).float() + (code == 2).float() * frac.unsqueeze(-1)
+        grad = torch.exp(_upcast(logits) - log_z.unsqueeze(-1)).mul_(w).mul_(-g.unsqueeze(-1))   # −g μ_j
+        own, idx = _target_index(targets, lo, logits.shape[-1])
+        grad.scatter_add_(-1, idx, (g * own).unsqueeze(-1))
+        return grad.to(logits.dtype), None, None, None, None
+
+
+def vocab_parallel_sampled_logprobs(logits_shard: torch.Tensor, targets: torch.Tensor, spec: SamplingSpec,
+                                    tp_group=None, vocab_size: int | None = None) -> SampledLogProbs:
+    """log μ(targets) under the sampling distribution of ``spec`` (its min-p, top-k, top-p; the
+    temperature must already be applied, ``z / T``, as in :func:`vocab_parallel_logprobs`), vocab split
+    over ``tp_group``; shapes as there. The kept set costs: top-k one all-gather of k values per row and
+    shard; top-p 33 all-reduces of one number per row (the bisection of ``algorithms/sampling.py``)."""
+    if logits_shard.shape[:-1] != targets.shape:
+        raise ValueError(f"vocab_parallel_sampled_logprobs: logits {tuple(logits_shard.shape)} do not match "
+                         f"targets {tuple(targets.shape)} on the leading dims")
+    logp, kept = _VocabParallelSampledLogProbs.apply(logits_shard, targets.long(), tp_group, vocab_size, spec)
+    return SampledLogProbs(logp, kept)

@@ -131,6 +131,14 @@ def run_case(hf_dir: str, out: str, tp: int, pp: int, sp: bool, mbs: int, distop
         check_against_hf(hf_dir, batch, lp.logp, actor.temperature)
     rec = {"logp_sum": float((lp.logp * m).sum()), "ent_sum": float((lp.entropy * m).sum()),
            "logp_first": lp.logp[0, :6].tolist(), "steps": []}
+    # log μ under a truncating sampler (issue 42): the kept set found by reductions over TP shards
+    from megatron_rl.algorithms.sampling import SamplingSpec
+
+    actor.set_sampling(SamplingSpec(actor.temperature, top_k=5, top_p=0.8, min_p=0.01))
+    mu = actor.forward_logprobs(batch, micro_batch_size=mbs, sampling=True)
+    actor.set_sampling(None)
+    rec.update(mu_logp_sum=float((mu.sampling_logp * m).sum()), mu_kept=float((mu.sampling_kept * m).sum()),
+               mu_full_equal=bool(torch.equal(mu.logp, lp.logp)))
     batch = TrainBatch(batch.tokens, batch.loss_mask, {**batch.extras, "old_logp": lp.logp.detach()})
     for mode in ("token-mean", "seq-mean-token-mean", "token-sum"):
         if offload != "none":

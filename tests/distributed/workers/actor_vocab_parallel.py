@@ -8,8 +8,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from megatron_rl.algorithms.sampling import SamplingSpec, sampling_support
 from megatron_rl.trainer.policy.vocab_parallel import (full_vocab_logprobs, vocab_parallel_gather_logprobs,
-                                                vocab_parallel_logprobs, vocab_parallel_topk)
+                                                vocab_parallel_logprobs, vocab_parallel_sampled_logprobs,
+                                                vocab_parallel_topk)
 
 
 def check(vocab_size: int, padded: int, dtype: torch.dtype, tol: float) -> None:
@@ -58,6 +60,33 @@ def check_supports(vocab_size: int, padded: int, k: int) -> None:
     print(f"rank{rank} supports V={vocab_size}/{padded} k={k} ok", flush=True)
 
 
+def check_sampled(vocab_size: int, padded: int, spec: SamplingSpec) -> None:
+    """log μ of sampled tokens (min-p / top-k / top-p, ``algorithms/sampling.py``) and its gradient at
+    TP=2 vs the whole-row definition: z_y − log Σ w exp(z) with w chosen on the whole row. Row 0 is flat
+    (every token tied: the top-p boundary tie spans both ranks). fp32: the kept set is bit-identical
+    (its masses are compared within rounding, counted below); values 1e-5 (fp32 log-sum-exp over <= 64)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(2)
+    full = 2 * torch.randn(4, 6, padded)
+    full[0] = 0.0
+    z = full[..., :vocab_size]
+    w = sampling_support(z, spec).w
+    targets = torch.multinomial((z + w.log()).softmax(-1).reshape(-1, vocab_size), 1).reshape(4, 6)
+    width = padded // world
+    shard = full[..., rank * width:(rank + 1) * width].clone().requires_grad_()
+    out = vocab_parallel_sampled_logprobs(shard, targets, spec, dist.group.WORLD, vocab_size=vocab_size)
+    ref_in = full.clone().requires_grad_()
+    rz = ref_in[..., :vocab_size]
+    ref = rz.gather(-1, targets[..., None]).squeeze(-1) - torch.logsumexp(rz + w.log(), -1)
+    torch.testing.assert_close(out.logp, ref, rtol=0, atol=1e-5)
+    assert bool(out.kept.all()), out.kept
+    g = torch.randn_like(ref)
+    (out.logp * g).sum().backward()
+    (ref * g).sum().backward()
+    torch.testing.assert_close(shard.grad, ref_in.grad[..., rank * width:(rank + 1) * width], rtol=0, atol=1e-5)
+    print(f"rank{rank} sampled V={vocab_size}/{padded} {spec} max|dlogp|={(out.logp - ref).abs().max():.2e}", flush=True)
+
+
 def main() -> None:
     dist.init_process_group("gloo")
     check(vocab_size=16, padded=16, dtype=torch.float64, tol=1e-12)
@@ -66,6 +95,9 @@ def main() -> None:
     check(vocab_size=50, padded=64, dtype=torch.float32, tol=1e-5)
     check_supports(vocab_size=16, padded=16, k=5)
     check_supports(vocab_size=13, padded=16, k=6)     # padded columns never chosen
+    for spec in (SamplingSpec(0.2, top_p=0.7), SamplingSpec(1.0, top_k=3), SamplingSpec(1.0, min_p=0.1),
+                 SamplingSpec(0.7, top_k=5, top_p=0.8, min_p=0.05), SamplingSpec(1.0, top_k=1)):
+        check_sampled(vocab_size=50, padded=64, spec=spec)    # rank 1 holds 14 padded columns
     dist.barrier()
     if dist.get_rank() == 0:
         print("OK", flush=True)

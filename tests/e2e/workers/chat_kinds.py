@@ -18,6 +18,8 @@ variants, ``<kind>@<variant>[@<variant>…]``:
               value): the run stops after step 1; results hold its exit status and printed stop line
     @warn     the same limit with ``mismatch_policy=warn``: one warning line per step, the run completes
     @bypass   ``algo.off_policy=bypass`` and no KL term (no reference model): no log-prob pass at all
+    @mu       top-p 0.7, top-k 20, min-p 0.02 with ``algo.ratio_space=sampling``: the trainer's log-probs under
+              the engines' sampling distribution μ (``algorithms/sampling.py``) in the comparisons and the ratio
     @seq_mis  ``algo.off_policy=seq_mis`` with the band [1, 1.001]: sequences with ρ < 1 are rejected
     @kk       one step on Logic-RL Knights & Knaves rows (:func:`write_logic_rl`; the ``kk`` reward), evaluated
               on two named benchmarks (``trainer.eval_benchmarks``, :func:`write_benchmarks`)
@@ -94,6 +96,8 @@ def overrides(kind: str, fx: dict, out: Path, grader_url: str) -> list[str]:
             ov += ["rollout.mismatch_limit=1.0000001", "rollout.mismatch_policy=warn"]
         elif v == "bypass":    # π_old := π_rollout; no reference model either, so no log-prob pass runs
             ov += ["algo.off_policy=bypass", f"algo.{base}.kl_loss_coef=0.0"]
+        elif v == "mu":        # a truncating sampler and the PPO ratio under it (algo.ratio_space=sampling)
+            ov += ["rollout.top_p=0.7", "rollout.top_k=20", "rollout.min_p=0.02", "algo.ratio_space=sampling"]
         elif v == "seq_mis":   # a band [1, 1.001] on the sequence ratio: rows with ρ < 1 leave the loss
             ov += ["algo.off_policy=seq_mis", "algo.correction.lower=1.0", "algo.correction.upper=1.001"]
         elif v == "probe":

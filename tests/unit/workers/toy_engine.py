@@ -25,7 +25,7 @@ import torch
 
 from megatron_rl.rollout import Completion, EngineCaps, register_engine
 from megatron_rl.rollout.engine import validate_prompts
-from megatron_rl.rollout.sampling import processed_logits
+from megatron_rl.rollout.sampling import sample_step
 from megatron_rl.rollout.weight_sync import unpack_update
 
 OUT = os.environ.get("TOY_ENGINE_OUT")
@@ -66,14 +66,13 @@ class ToyTorchEngine:
             if s.greedy:
                 logp = torch.log_softmax(logits, -1)
                 tok = int(logp.argmax())
+                lp = float(logp[tok])
             else:
-                logp = torch.log_softmax(processed_logits(logits, s.temperature, s.top_k, s.top_p, s.min_p), -1)
-                tok = int(torch.multinomial(logp.exp(), 1, generator=gen))
-                if self.full:
-                    logp = torch.log_softmax(logits / s.temperature, -1)
+                tok, lp = sample_step(logits, s.temperature, s.top_k, s.top_p, s.min_p,
+                                      "full" if self.full else "processed", gen)
             ids.append(tok)
             resp.append(tok)
-            lps.append(float(logp[tok]))
+            lps.append(lp)
             if tok in self.eos or tok in s.stop_token_ids:
                 return resp, lps, "stop"
         return resp, lps, "length"

