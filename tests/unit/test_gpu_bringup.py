@@ -117,3 +117,17 @@ def test_local_attention_bytes_follow_plan():
     rep = estimate(ArchSpec.from_hf(PRESETS["qwen3-8b"], "qwen3-8b"), PlanInputs(
         tp=4, max_tokens_per_micro_batch=40960, max_model_len=40960, seq_len=40960, attention="local"))
     assert need == score_total(rep) and need > 80 << 30     # the 8B packed rows: certain OOM, now refused
+
+
+def test_the_wheel_the_gpu_page_fetches_is_the_one_the_lent_machine_needs():
+    """``docs/gpu-status.md``'s ``make gpu-wheels`` (a dry run: the download itself needs PyPI) fetches
+    megatron-core 0.16.1 — the version ``requirements/gpu.txt`` pins — for CPython 3.12 only, into ``.whl/``."""
+    page = (REPO / "docs" / "gpu-status.md").read_text()
+    assert "make gpu-wheels" in page
+    r = subprocess.run(["make", "-n", "gpu-wheels"], cwd=REPO, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    dl = r.stdout.replace("\\\n", " ")   # the recipe's continued lines as one command
+    dl = next(ln for ln in dl.splitlines() if "pip download" in ln)
+    pinned = next(ln.strip() for ln in (REPO / "requirements" / "gpu.txt").read_text().splitlines()
+                  if ln.startswith("megatron-core"))
+    assert pinned in dl and "--python-version 3.12" in dl and "--only-binary=:all:" in dl and "-d .whl" in dl, dl
