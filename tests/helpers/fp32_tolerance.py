@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 
 U = 2.0 ** -24     #: fp32 unit roundoff
+U64 = 2.0 ** -53   #: fp64 unit roundoff (a test that computes in float64 to make its sums order-independent)
 LAMBDA = 8.0       #: λ of the probabilistic bound γ̃_n(λ): failure probability ≤ 2n·e^(−λ²/2) ≈ 2.5e-14·n
 
 
@@ -46,17 +47,17 @@ def gamma(n: int) -> float:
     return n * U / (1 - n * U)
 
 
-def gamma_prob(n: int, lam: float = LAMBDA) -> float:
-    """γ̃_n(λ) = exp(λ√n·u + n·u²/(1 − u)) − 1: the probabilistic bound of a length-n fp32 reduction."""
-    return math.expm1(lam * math.sqrt(n) * U + n * U * U / (1 - U))
+def gamma_prob(n: int, lam: float = LAMBDA, unit: float = U) -> float:
+    """γ̃_n(λ) = exp(λ√n·u + n·u²/(1 − u)) − 1: the probabilistic bound of a length-n reduction (fp32; ``unit=U64``: fp64)."""
+    return math.expm1(lam * math.sqrt(n) * unit + n * unit * unit / (1 - unit))
 
 
-def reorder_rtol(lengths, cond: float = 1.0, passes: int = 1, lam: float = LAMBDA) -> float:
+def reorder_rtol(lengths, cond: float = 1.0, passes: int = 1, lam: float = LAMBDA, unit: float = U) -> float:
     """Relative tolerance 2·cond·passes·Σ γ̃_k(λ) over the reduction ``lengths`` a value passes through
-    (module docstring). ``cond`` ≥ 1 is the final reduction's Σ|x| / |Σx|."""
+    (module docstring). ``cond`` ≥ 1 is the final reduction's Σ|x| / |Σx|; ``unit`` the precision's u."""
     if cond < 1 or passes < 1:
         raise ValueError(f"cond must be >= 1 and passes >= 1, got {cond}, {passes}")
-    return 2.0 * cond * passes * sum(gamma_prob(max(int(k) - 1, 0), lam) for k in lengths)
+    return 2.0 * cond * passes * sum(gamma_prob(max(int(k) - 1, 0), lam, unit) for k in lengths)
 
 
 def cond(abs_sum: float, value: float) -> float:
