@@ -11,6 +11,7 @@ CORE = [
     "pyarrow",
     "ray[default]>=2.40",
     "wandb",
+    "tensorboard",  # logging.tensorboard (torch.utils.tensorboard writes, its EventAccumulator reads)
     "psutil",  # undeclared dependency of megatron dist_checkpointing.save
     "pyyaml",
     "sympy",

@@ -428,6 +428,10 @@ class LoggingConfig:
     """Run name (default: the run dir's name)."""
     progress: bool = True
     """Console progress bar."""
+    tensorboard: bool = False
+    """Also write the metrics (the same scalars as ``metrics.jsonl`` and wandb) as TensorBoard event files
+    under ``run_dir/tensorboard`` (``tensorboard --logdir runs/<name>/tensorboard``); a resumed run
+    continues the same curves (the points a killed run logged after its checkpoint are purged)."""
     dump_samples: int = 0
     """Write the first N training sequences of each kind per step (the policy sequence, the BiCC
     conditioned input, SCoRe's second prompt, the teacher inputs) decoded WITH special tokens to

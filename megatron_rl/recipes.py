@@ -55,6 +55,7 @@ ROWS = (
     ("actor token budget (per DP rank)", ("trainer.max_tokens_per_micro_batch",)),
     ("rollout correction (cap)", ("algo.off_policy", "algo.tis_cap")),
     ("PPO ratio space", ("algo.ratio_space",)),
+    ("policy clip ε low / high / aggregation", ("algo.hp.clip_low", "algo.hp.clip_high", "algo.hp.loss_agg_mode")),
     ("KL loss β / in-reward β", ("algo.hp.kl_loss_coef", "algo.hp.kl_reward_coef")),
     ("chat template options", ("data.chat_template_kwargs",)),
     ("outcome reward", ("reward.default",)),
@@ -92,6 +93,16 @@ PAPER: dict[str, Recipe] = {
     "qwen3_8b_rlsd_ectr": _rlcsd("rlsd_ectr", 0.001),
     "qwen3_8b_sdpo": _rlcsd("sdpo", 0.0),
     "qwen3_8b_srpo": _rlcsd("srpo", 0.0),
+    "qwen3_8b_gspo": Recipe(
+        "gspo", "GSPO paper arXiv 2507.18071 §5.1; volcengine/verl @ 587611b (recipe/gspo/test_gspo_3b_math.sh); "
+        "the rest: the GRPO recipe above",
+        {**_rlcsd("gspo", 0.0).values, "algo.hp.clip_low": 3e-4, "algo.hp.clip_high": 4e-4,
+         "algo.hp.loss_agg_mode": "seq-mean-token-mean"}),
+    "qwen3_8b_cispo": Recipe(
+        "cispo", "CISPO paper arXiv 2506.13585 §3.1 (no IS lower bound, token normaliser, no KL); eps_high: verl "
+        "examples/cispo_trainer; the rest: the GRPO recipe above",
+        {**_rlcsd("cispo", 0.0).values, "algo.hp.clip_low": Note("no lower bound (a large value)"),
+         "algo.hp.clip_high": Note("tuned, no value stated"), "algo.hp.loss_agg_mode": "token-mean"}),
     "qwen3_8b_bicc_rcc": Recipe(
         "bicc_rcc", "Skylanding/BiCC @ 0c14b23 (recipe/dapo/run_bicc_dapo.sh; eval: paper pass@1 over 32 runs, its README T/top-p/tokens)",
         {"rollout.temperature": 0.2, "rollout.top_p": 0.7, "rollout.top_k": -1, "data.prompts_per_step": 16,

@@ -19,7 +19,7 @@ Trainer interface (stable):
 
 * ``ALGO_KINDS[kind] -> AlgoKind(advantage, loss, hparams)`` for grpo, dapo, drgrpo, remax, rloo,
   bicc, bicc_rcc (``base``: an estimator registered by ``register_bicc_base``), rlcsd, opsd, sdpo, srpo, rlsd,
-  opsd_ectr, rlsd_ectr, papo, score; ``ALGO_KINDS[kind].path`` names its trainer data path;
+  opsd_ectr, rlsd_ectr, papo, score, gspo, cispo; ``ALGO_KINDS[kind].path`` names its trainer data path;
   ``register_algo_kind(name, advantage, loss, hparams, path, needs_group=True)`` adds a method
   (``needs_group=False``: it learns from one sample per prompt, ``single_sample_kinds()``).
 * Inputs: ``register_input(name, shape, dtype)`` declares a named per-step input (its producer —
@@ -67,6 +67,7 @@ from .builtin import (
     register_algo_kind,
     single_sample_kinds,
 )
+from .cispo import CISPOHParams, cispo_loss
 from .contrastive import (
     BiCCBatch,
     BiCCSample,
@@ -98,6 +99,7 @@ from .distill import (
     srpo_routes,
     topk_tail_support,
 )
+from .gspo import GSPOHParams, gspo_loss, sequence_log_ratio
 from .hparams import (
     BiCCHParams,
     BiCCRCCHParams,
@@ -182,10 +184,12 @@ __all__ = [
     "BiCCHParams",
     "BiCCRCCHParams",
     "BiCCSample",
+    "CISPOHParams",
     "DAPOHParams",
     "DrGRPOHParams",
     "DynamicSampler",
     "GRPOHParams",
+    "GSPOHParams",
     "HintAssignment",
     "HintSelection",
     "InputSpec",
@@ -220,6 +224,7 @@ __all__ = [
     "bicc_old_logp",
     "build_bicc_contexts",
     "check_inputs",
+    "cispo_loss",
     "compute_advantages",
     "compute_policy_loss",
     "dapo_overlong_penalty",
@@ -233,6 +238,7 @@ __all__ = [
     "get_advantage",
     "get_policy_loss",
     "grpo_advantage",
+    "gspo_loss",
     "hint_answer",
     "input_names",
     "input_spec",
@@ -278,6 +284,7 @@ __all__ = [
     "score_stage2_loss",
     "sdpo_loss",
     "select_rlcsd_hints",
+    "sequence_log_ratio",
     "shaped_reward",
     "single_sample_kinds",
     "srpo_log_u_mean",

@@ -36,8 +36,7 @@ class PPOHParams:
     grad_clip: float = 1.0           #: gradient-norm clip (trainer knob)
 
     def __post_init__(self) -> None:
-        _check(0 <= self.clip_low < 1 and self.clip_high >= 0, f"clip ranges invalid: {self.clip_low}/{self.clip_high}")
-        _check(self.dual_clip is None or self.dual_clip > 1, f"dual_clip must be > 1 or None, got {self.dual_clip}")
+        self._check_clip()
         _check(self.loss_agg_mode in AGG_MODES, f"loss_agg_mode {self.loss_agg_mode!r} not in {sorted(AGG_MODES)}")
         _check(self.loss_scale_factor is None or self.loss_scale_factor > 0, "loss_scale_factor must be > 0")
         _check(self.kl_loss_coef >= 0, f"kl_loss_coef must be >= 0, got {self.kl_loss_coef}")
@@ -45,6 +44,11 @@ class PPOHParams:
         _check(base in kl_kinds(), f"kl_loss_type {self.kl_loss_type!r} not in {kl_kinds()}")
         _check(self.kl_reward_coef >= 0, f"kl_reward_coef must be >= 0, got {self.kl_reward_coef}")
         _check(self.kl_reward_type in kl_kinds(), f"kl_reward_type {self.kl_reward_type!r} not in {kl_kinds()}")
+
+    def _check_clip(self) -> None:
+        """The PPO trust region: 0 ≤ ε_low < 1, ε_high ≥ 0, dual clip > 1 (a method with another clip overrides)."""
+        _check(0 <= self.clip_low < 1 and self.clip_high >= 0, f"clip ranges invalid: {self.clip_low}/{self.clip_high}")
+        _check(self.dual_clip is None or self.dual_clip > 1, f"dual_clip must be > 1 or None, got {self.dual_clip}")
 
     def to_dict(self) -> dict:
         """Plain dict of the fields (for logging)."""

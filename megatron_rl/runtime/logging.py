@@ -8,15 +8,21 @@ Files under ``run_dir``::
     metrics.jsonl   one JSON object per step: {"step": int, "<name>": float | null, ...}
                     (non-finite values are written as null and counted in ``nonfinite_values``)
     wandb_id.txt    the wandb run id, reused on resume so the wandb run continues
+    tensorboard/    with ``logging.tensorboard``: TensorBoard event files holding the same scalars as
+                    ``metrics.jsonl`` (``tensorboard --logdir runs/<name>/tensorboard``)
     wandb/          wandb's own files (offline runs: ``wandb sync runs/<name>/wandb/offline-run-*``)
     curve.png       reward / accuracy vs step, drawn by :meth:`RunLogger.finish`
 
 A fresh run (no ``resume_step``) in a folder that already holds ``metrics.jsonl`` moves the old
-file to ``metrics.<timestamp>.jsonl`` (logged) instead of mixing two runs in one file.
+file to ``metrics.<timestamp>.jsonl`` (logged) instead of mixing two runs in one file; its
+``tensorboard/`` folder moves to ``tensorboard.<timestamp>/`` the same way.
 
 Exact resume: ``RunLogger(..., resume_step=k)`` rewrites ``metrics.jsonl`` keeping only the lines
 with ``step <= k`` (and dropping a torn last line left by a kill mid-write), atomically through a
 temp file + ``os.replace``. Re-running steps k+1.. then yields the same file as an uninterrupted run.
+The TensorBoard writer of a resumed run starts a new event file with ``purge_step = k + 1``: its
+session-start record tells every TensorBoard reader to drop the earlier files' points at steps > k
+(those a killed run wrote after its checkpoint), so the curves continue without duplicate steps.
 """
 from __future__ import annotations
 
@@ -39,6 +45,7 @@ _log = logging.getLogger("megatron_rl.runtime.logging")
 METRICS_FILE = "metrics.jsonl"
 CURVE_FILE = "curve.png"
 WANDB_ID_FILE = "wandb_id.txt"
+TENSORBOARD_DIR = "tensorboard"
 
 #: Metrics shown in the progress bar's postfix, in this order, when present.
 BAR_KEYS = ("reward/mean", "reward/acc", "actor/loss", "actor/entropy", "rollout/logprob_gap", "eval/acc")
@@ -147,13 +154,14 @@ class RunLogger:
         total_steps: length of the progress bar (None: open-ended bar).
         resume_step: last step of the checkpoint being resumed; rows after it are dropped.
         progress: draw the tqdm bar (rank 0 only; default True).
+        tensorboard: also write every row's finite values as TensorBoard scalars under ``run_dir/tensorboard``.
         rank: override the detected global rank (tests).
     """
 
     def __init__(self, run_dir: str | Path, config_dict: Any = None, *,
                  wandb_mode: str = "offline", project: str = "megatron_rl", run_name: str | None = None,
                  total_steps: int | None = None, resume_step: int | None = None, progress: bool = True,
-                 rank: int | None = None):
+                 rank: int | None = None, tensorboard: bool = False):
         if wandb_mode not in WANDB_MODES:
             raise ValueError(f"wandb_mode {wandb_mode!r} is not one of {list(WANDB_MODES)}")
         if total_steps is not None and total_steps < 0:
@@ -165,6 +173,7 @@ class RunLogger:
         self.stats = LoggerStats()
         self.last_step = resume_step if resume_step is not None else -1
         self._wandb_run = None
+        self._tb = None
         self._bar = None
         self._fd: int | None = None
         self._t0 = time.monotonic()
@@ -181,6 +190,8 @@ class RunLogger:
             os.replace(self.metrics_path, self.previous_metrics)
             _log.warning("fresh run in %s: previous metrics.jsonl moved to %s", self.run_dir, self.previous_metrics.name)
         self._fd = os.open(self.metrics_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        if tensorboard:
+            self._tb = self._open_tensorboard(resume_step)
         self._wandb_run = self._init_wandb(config_as_dict(config_dict), wandb_mode, project,
                                            run_name or self.run_dir.name, resume_step is not None)
         if progress:
@@ -206,6 +217,18 @@ class RunLogger:
             id_file.write_text(run_id + "\n")
         return wandb.init(mode=mode, dir=str(self.run_dir), project=project, name=name, id=run_id,
                           config=config, resume="allow", settings=wandb.Settings(console="off", silent=True))
+
+    def _open_tensorboard(self, resume_step: int | None):
+        """The TensorBoard writer of ``run_dir/tensorboard`` (module docstring: a fresh run moves an old
+        folder aside; a resumed one purges the points after ``resume_step``)."""
+        from torch.utils.tensorboard import SummaryWriter  # lazy: defers torch and tensorboard to the call
+
+        tb_dir = self.run_dir / TENSORBOARD_DIR
+        if resume_step is None and tb_dir.is_dir() and any(tb_dir.iterdir()):
+            old = tb_dir.with_name(f"{TENSORBOARD_DIR}.{time.strftime('%Y%m%d-%H%M%S')}")
+            os.replace(tb_dir, old)
+            _log.warning("fresh run in %s: previous tensorboard/ moved to %s", self.run_dir, old.name)
+        return SummaryWriter(str(tb_dir), purge_step=None if resume_step is None else resume_step + 1)
 
     @property
     def wandb_run(self):
@@ -247,6 +270,11 @@ class RunLogger:
         self.stats.lines_written += 1
         if self._wandb_run is not None:
             self._wandb_run.log({k: v for k, v in row.items() if k != "step" and v is not None}, step=step)
+        if self._tb is not None:
+            for k, v in row.items():
+                if k != "step" and v is not None:
+                    self._tb.add_scalar(k, v, global_step=step)
+            self._tb.flush()
         if self._bar is not None:
             self._bar.set_postfix({k: f"{row[k]:.4g}" for k in BAR_KEYS if row.get(k) is not None}, refresh=False)
             self._bar.update(step - self._bar.n)
@@ -277,6 +305,9 @@ class RunLogger:
             self._fd = None
         if self._bar is not None:
             self._bar.close()
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
         png = plot_curve(self.metrics_path, self.curve_path)
         if self._wandb_run is not None:
             extra = {k: to_float(k, v) for k, v in (summary or {}).items()}

@@ -221,6 +221,19 @@ def test_mini_batches_one_optimizer_step_each(runs, kind):
             assert steps[0]["actor/pg_clipfrac"] == 0.0 and abs(steps[0]["actor/ppo_kl"]) < 1e-6, steps[0]
 
 
+@pytest.mark.parametrize("kind,key", [("gspo", "gspo/seq_ratio"), ("cispo", "cispo/is_weight")])
+def test_gspo_sequence_ratio_and_cispo_weight_start_at_one(runs, kind, key):
+    """GSPO's sequence ratio s_i and CISPO's clipped IS weight are 1 on each step's first (on-policy)
+    mini-batch and finite, positive on every one (``algorithms/gspo.py``, ``algorithms/cispo.py``)."""
+    out, res, _ = runs
+    assert res[kind]["ok"], res[kind].get("error")
+    per_step = _optimizer_steps(out, kind)
+    assert sorted(per_step) == [1, 2]
+    for rows in per_step.values():
+        assert abs(rows[0][key] - 1.0) < 1e-6, rows[0]
+        assert all(math.isfinite(r[key]) and r[key] > 0 for r in rows), rows
+
+
 def test_kinds_cover_two_and_four_mini_batches(runs):
     _, res, _ = runs
     assert {res[k]["mini_batch_prompts"] * N for k in KINDS} == {ROWS // 4, ROWS // 2}

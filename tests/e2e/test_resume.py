@@ -38,7 +38,7 @@ def warm(plain_warm) -> Path:
 MB = "trainer.mini_batch_prompts=8"   # 32 prompts per step: 4 PPO mini-batches, one optimizer step each
 PACK = ("trainer.micro_batch_size=null", "trainer.max_tokens_per_micro_batch=256")   # packed token-budget micro-batches
 REFS = {   # the uninterrupted runs: name -> (config, extra overrides); the asynchronous one last
-    "grpo": ("tiny_cpu_grpo", (MB, *PACK)),
+    "grpo": ("tiny_cpu_grpo", (MB, *PACK, "logging.tensorboard=true")),   # + TensorBoard event files
     "rlcsd_teacher": ("tiny_cpu_rlcsd", ("algo.rlcsd.teacher_sync_interval=3", MB, *PACK)),
     "grpo_async": ("tiny_cpu_grpo", ("rollout.max_staleness=1", MB)),
 }
@@ -116,6 +116,23 @@ def test_resume_after_sigterm_and_sigkill_is_bit_identical(warm, refs, tmp_path)
     assert all(r["actor/pg_clipfrac"] == 0.0 for r in opt if r["mini_batch"] == 0)   # on-policy: ratio 1
     assert len({r["actor/lr"] for r in opt if r["step"] == 2}) == 1                  # the LR schedule counts RL steps
     _same_optimizer_steps(ref_dir, tmp_path / "run")
+    _tensorboard_continues(tmp_path / "run")
+
+
+def _tensorboard_continues(run_dir: Path) -> None:
+    """``logging.tensorboard``: the interrupted-and-resumed run's event files, read with TensorBoard's own
+    reader, hold every metrics.jsonl value once per step (steps 1..STEPS, none twice although three
+    processes wrote them), as float32."""
+    import numpy as np
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    assert len(list((run_dir / "tensorboard").glob("events.out.tfevents.*"))) == 3   # one per process
+    acc = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    rows = _rows(run_dir)
+    for key in KEYS:
+        got = [(e.step, e.value) for e in acc.Scalars(key)]
+        assert got == [(r["step"], float(np.float32(r[key]))) for r in rows], (key, got)
 
 
 @pytest.mark.slow

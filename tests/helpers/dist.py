@@ -25,9 +25,12 @@ def repo_env(env: dict | None = None) -> dict:
 
 
 def torchrun(script: str | Path, *args: str, nproc: int = 2, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run ``script`` with ``nproc`` ranks; raise with both ranks' output on failure."""
+    """Run ``script`` with ``nproc`` ranks; raise with both ranks' output on failure. Each rank runs torch
+    with ``$MEGATRON_RL_TEST_THREADS`` intra-op threads (default 1; set 2 to check that a tolerance holds
+    under another reduction blocking of the host's kernels)."""
     e = repo_env()
-    e.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "MASTER_ADDR": "127.0.0.1"})
+    e.update({"OMP_NUM_THREADS": os.environ.get("MEGATRON_RL_TEST_THREADS", "1"), "PYTHONUNBUFFERED": "1",
+              "MASTER_ADDR": "127.0.0.1"})
     e.update(env or {})
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
            f"--master_port={free_port()}", "--master_addr=127.0.0.1", str(script), *map(str, args)]

@@ -112,7 +112,7 @@ def test_every_method_family_has_its_page():
 
     families = {"grpo.md": ("grpo", "dapo", "drgrpo", "remax", "rloo"), "bicc-rcc.md": ("bicc", "bicc_rcc"),
                 "self-distillation.md": ("rlcsd", "opsd", "sdpo", "srpo", "rlsd", "opsd_ectr", "rlsd_ectr"),
-                "papo.md": ("papo",), "score.md": ("score",)}
+                "papo.md": ("papo",), "score.md": ("score",), "gspo-cispo.md": ("gspo", "cispo")}
     assert sorted(k for ks in families.values() for k in ks) == sorted(ALGO_KINDS)
     for name, kinds in families.items():
         text = page(f"methods/{name}")

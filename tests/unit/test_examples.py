@@ -15,10 +15,10 @@ EXAMPLES = REPO / "examples"
 YAMLS = sorted(EXAMPLES.rglob("*.yaml"))
 SCRIPTS = sorted([*EXAMPLES.glob("torchrun/*.sh"), *EXAMPLES.glob("slurm/*.sbatch")])
 TINY_ALGOS = ("grpo", "dapo", "drgrpo", "remax", "bicc_rcc", "rlcsd", "opsd", "sdpo", "srpo", "rlsd", "opsd_ectr",
-              "rlsd_ectr", "papo", "score")
+              "rlsd_ectr", "papo", "score", "gspo", "cispo")
 #: self-distillation kinds that need the teacher: tiny configs set teacher.template=inline, large ones chat
 TEACHER_KINDS = ("rlcsd", "opsd", "sdpo", "srpo", "rlsd", "opsd_ectr", "rlsd_ectr")
-LARGE = ("qwen3_8b_grpo", "qwen3_8b_bicc_rcc", "qwen2_5_14b_rlcsd", "llama3_1_8b_dapo",
+LARGE = ("qwen3_8b_grpo", "qwen3_8b_bicc_rcc", "qwen2_5_14b_rlcsd", "llama3_1_8b_dapo", "qwen3_8b_gspo", "qwen3_8b_cispo",
          *(f"qwen3_8b_{k}" for k in TEACHER_KINDS))
 LARGE_YAMLS = [p for p in YAMLS if not p.stem.startswith("tiny_cpu_")]
 #: the papers' PPO mini-batches of the large configs, (trainer.mini_batch_prompts, trainer.ppo_epochs): the RLCSD
@@ -26,7 +26,7 @@ LARGE_YAMLS = [p for p in YAMLS if not p.stem.startswith("tiny_cpu_")]
 #: scripts 32 (bicc/papo spec §1.7, §2.5); the DAPO recipe's train_prompt_mini_bsz 32 (512 prompts: 16 optimizer steps)
 PAPER_MINI_BATCHES = {**{f"qwen3_8b_{k}": (16, 1) for k in ("grpo", "grpo_separate", *TEACHER_KINDS)},
                       "qwen2_5_14b_rlcsd": (16, 1), "qwen3_8b_bicc_rcc": (8, 1), "qwen2_5_7b_papo": (32, 1),
-                      "llama3_1_8b_dapo": (32, 1)}
+                      "llama3_1_8b_dapo": (32, 1), "qwen3_8b_gspo": (16, 1), "qwen3_8b_cispo": (16, 1)}
 
 
 #: example file prefix -> `megatron-rl plan` preset whose published config.json stands in for the weights
@@ -234,7 +234,7 @@ def test_teacher_examples_set_template_and_support(path):
 #: DAPO-Math-17k with verl's math_dapo (``dapo``); the RLCSD family and GRPO use the RLCSD verifier
 #: (``math``; its Knights & Knaves data sources map to ``kk``)
 REFERENCE_REWARD = {"llama3_1_8b_dapo": "dapo", "qwen3_8b_bicc_rcc": "dapo", "qwen2_5_14b_rlcsd": "math",
-                    **{f"qwen3_8b_{m}": "math" for m in ("grpo", "grpo_separate", "rlcsd", "opsd", "opsd_ectr", "rlsd",
+                    **{f"qwen3_8b_{m}": "math" for m in ("grpo", "grpo_separate", "gspo", "cispo", "rlcsd", "opsd", "opsd_ectr", "rlsd",
                                                          "rlsd_ectr", "sdpo", "srpo")}}
 
 

@@ -183,3 +183,48 @@ def test_config_as_dict_accepts_dataclass_and_to_dict():
     assert config_as_dict(None) == {}
     with pytest.raises(TypeError, match="got int"):
         config_as_dict(3)
+
+
+def _tb_scalars(tb_dir) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar curve of ``tb_dir`` as TensorBoard itself reads it (its EventAccumulator, which applies
+    a resumed writer's purge of the steps after the checkpoint)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tb_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def test_tensorboard_holds_the_metrics_and_resume_continues_its_curves(tmp_path):
+    """``tensorboard=True`` writes every row's values as TensorBoard scalars (read back with TensorBoard's
+    own reader); a run killed after step 5 and resumed from its step-3 checkpoint shows each step once,
+    steps 4-5 with the resumed run's values (its writer purges the killed run's points after step 3); a
+    non-finite value is left out there as it is null in metrics.jsonl."""
+    run = tmp_path / "run"
+    lg = RunLogger(run, {}, wandb_mode="disabled", progress=False, tensorboard=True)
+    for s in range(1, 6):
+        lg.log(s, {**_metrics(s), "reward/mean": 100.0 + s})     # the killed run's values: 101..105
+    lg._tb.flush()                                               # killed: no finish(), files as they were
+    lg = RunLogger(run, {}, wandb_mode="disabled", progress=False, resume_step=3, tensorboard=True)
+    for s in range(4, 7):
+        lg.log(s, {**_metrics(s), "grad": float("nan") if s == 5 else 1.0})
+    lg.finish()
+    got = _tb_scalars(run / "tensorboard")
+    rows = read_metrics(run / "metrics.jsonl")
+    assert sorted(got) == ["grad", "loss", "reward/acc", "reward/mean"]
+    for tag, pts in got.items():
+        want = [(r["step"], r[tag]) for r in rows if r.get(tag) is not None]
+        assert pts == want, (tag, pts, want)    # binary fractions and small integers: exact in float32
+    assert [p[0] for p in got["reward/mean"]] == [1, 2, 3, 4, 5, 6]
+    assert got["reward/mean"][:3] == [(1, 101.0), (2, 102.0), (3, 103.0)] and got["reward/mean"][3] == (4, 0.5)
+    assert got["grad"] == [(4, 1.0), (6, 1.0)]
+
+
+def test_tensorboard_fresh_run_moves_previous_events_aside(tmp_path):
+    for _ in range(2):
+        lg = RunLogger(tmp_path, {}, wandb_mode="disabled", progress=False, tensorboard=True)
+        lg.log(1, _metrics(1))
+        lg.finish()
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("tensorboard.")]
+    assert len(aside) == 1 and _tb_scalars(tmp_path / "tensorboard")["reward/acc"] == [(1, 1 / 16)]
+    assert _tb_scalars(aside[0])["reward/acc"] == [(1, 1 / 16)]

@@ -283,7 +283,7 @@ def _open_logger(cfg, info, state: RunState) -> RunLogger:
     logger = RunLogger(cfg.trainer.run_dir, cfg.to_dict(), wandb_mode=cfg.logging.wandb_mode,
                        project=cfg.logging.project, run_name=cfg.logging.run_name, total_steps=cfg.trainer.steps,
                        resume_step=state.step if state.last_checkpoint is not None else None,
-                       progress=cfg.logging.progress)
+                       progress=cfg.logging.progress, tensorboard=cfg.logging.tensorboard)
     if info.is_driver:
         truncate_metrics(Path(cfg.trainer.run_dir) / OPTIMIZER_STEPS_FILE, state.step)
     return logger

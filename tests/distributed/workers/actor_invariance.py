@@ -109,8 +109,24 @@ def minibatch_steps(actor, mbs: int) -> list[dict]:
                      "resp_pos": sb.resp_pos, "resp_mask": sb.resp_mask})
     run = types.SimpleNamespace(cfg=cfg, info=info, actor=actor, path=PlainPath(cfg, None), micro=m)
     out = optimizer_steps(run, rows, hp, step=1, ctx=UpdateContext(actor, info, m, SampleDump(0, False, None, ""), cfg, None))
-    return [{k: float(r[k]) for k in ("actor/loss", "actor/grad_norm", "actor/ppo_kl", "actor/lr", "mini_batch", "rows")}
-            for r in out]
+    # Σ|terms| of each mini-batch's token-mean loss −A·ρ: the first is on-policy (ρ = 1); after a step
+    # |loss_t| ≤ 1.2·A for A > 0 (clip-high 0.2 caps what the min takes) and ≤ 3·|A| for A < 0 (dual clip 3)
+    n_tok = sb.resp_mask.sum(-1)
+    bound = [torch.ones(8), torch.where(adv > 0, 1.0 + hp.clip_high, hp.dual_clip)]
+    return [{**{k: float(r[k]) for k in ("actor/loss", "actor/grad_norm", "actor/ppo_kl", "actor/lr", "mini_batch", "rows")},
+             "loss_abs": float((b * adv.abs() * n_tok)[sl].sum() / n_tok[sl].sum()), "tokens": int(n_tok[sl].sum())}
+            for r, sl, b in zip(out, (slice(0, 4), slice(4, 8)), bound)]
+
+
+def loss_abs(actor, batch, mbs: int, mode: str, ent_coef: float = 0.01) -> float:
+    """Σ|terms| of ``rl_loss(mode)`` at the current weights: the same aggregation of |A|·ρ + c·H (the
+    magnitude the loss is summed from; its ratio to |loss| is the reduction's condition number)."""
+    from megatron_rl.algorithms.losses import aggregate
+
+    with torch.no_grad():
+        lp = actor.forward_logprobs(batch, micro_batch_size=mbs, with_entropy=True)
+        mat = batch.extras["advantages"].abs().unsqueeze(-1) * torch.exp(lp.logp - batch.extras["old_logp"]) + ent_coef * lp.entropy
+        return float(aggregate(mat.double(), batch.loss_mask, mode))
 
 
 def run_case(hf_dir: str, out: str, tp: int, pp: int, sp: bool, mbs: int, distopt: bool,
@@ -130,7 +146,8 @@ def run_case(hf_dir: str, out: str, tp: int, pp: int, sp: bool, mbs: int, distop
     if torch.distributed.get_world_size() == 1:
         check_against_hf(hf_dir, batch, lp.logp, actor.temperature)
     rec = {"logp_sum": float((lp.logp * m).sum()), "ent_sum": float((lp.entropy * m).sum()),
-           "logp_first": lp.logp[0, :6].tolist(), "steps": []}
+           "logp_first": lp.logp[0, :6].tolist(), "steps": [], "tokens": int(m.sum()),
+           "params": sum(int(v.numel()) for _, v in actor.hf_weights())}
     # log μ under a truncating sampler (issue 42): the kept set found by reductions over TP shards
     from megatron_rl.algorithms.sampling import SamplingSpec
 
@@ -143,9 +160,10 @@ def run_case(hf_dir: str, out: str, tp: int, pp: int, sp: bool, mbs: int, distop
     for mode in ("token-mean", "seq-mean-token-mean", "token-sum"):
         if offload != "none":
             rec.setdefault("offloaded_bytes", []).append(offload_round_trip(actor, batch, mbs))
+        magnitude = loss_abs(actor, batch, mbs, mode)
         r = actor.train_step(batch, rl_loss(mode), micro_batch_size=mbs)
         rec["steps"].append({"mode": mode, "loss": r.loss, "grad_norm": r.grad_norm, "lr": r.lr,
-                             "ratio_mean": r.metrics["ratio_mean"], "ok": r.update_successful})
+                             "ratio_mean": r.metrics["ratio_mean"], "ok": r.update_successful, "loss_abs": magnitude})
     after = actor.forward_logprobs(batch, micro_batch_size=mbs)
     rec["logp_sum_after"] = float((after.logp * m).sum())
     rec["ref_unchanged"] = bool(torch.equal(ref.forward_logprobs(batch, micro_batch_size=mbs).logp, lp.logp))

@@ -113,7 +113,8 @@ def _gather_like_teacher(student_logits: torch.Tensor, inputs: AlgoInputs) -> to
     return topk_tail_support(t_logits, student_logits, k=3)[1]
 
 
-SG_OF_VARIABLE = {"rlsd"}  # Â uses sg(lp) of the variable itself: checked separately below
+SG_OF_VARIABLE = {"rlsd", "cispo"}  # Â / the IS weight use sg(lp) of the variable itself: checked separately
+#: (below; CISPO in test_gspo_cispo.py)
 
 
 @pytest.mark.parametrize("kind", sorted(set(ALGO_KINDS) - SG_OF_VARIABLE))
