@@ -98,10 +98,12 @@ def test_same_logprobs_loss_and_grad_norm(results, name):
 def test_sampling_distribution_logprobs_are_invariant(results, name):
     """log μ (top-k 5, top-p 0.8, min-p 0.01: ``algorithms/sampling.py``) of the same targets at TP=2 (the
     kept set by reductions over the vocabulary shards), PP=2 and DP=2 equals TP=1's: the same kept
-    targets, the sum to 1e-5 as the full log-probs; asking for μ leaves the full log-probs unchanged."""
+    targets, the sum within the forward's reordering bound taken twice (log q, then log M = the kept mass's
+    own vocabulary reduction; every term ≤ 0, so κ = 1); asking for μ leaves the full log-probs unchanged."""
     ref, got = results["tp1"], results[name]
     assert got["mu_full_equal"] and got["mu_kept"] == ref["mu_kept"] > 0
-    assert _rel(got["mu_logp_sum"], ref["mu_logp_sum"]) <= 1e-5, (got["mu_logp_sum"], ref["mu_logp_sum"])
+    tol = reorder_rtol(_forward(results["_hf"], ref["tokens"]), passes=2)
+    assert _rel(got["mu_logp_sum"], ref["mu_logp_sum"]) <= tol, (got["mu_logp_sum"], ref["mu_logp_sum"], tol)
     assert got["mu_logp_sum"] > got["logp_sum"]    # log μ = log q − log M > log q wherever M < 1
 
 
