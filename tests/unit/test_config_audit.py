@@ -172,7 +172,7 @@ READ = {   # key -> module that consumes it (``cfg.<key>`` or the section alias 
     "logging.wandb_mode": "megatron_rl/trainer/loop/setup.py", "logging.project": "megatron_rl/trainer/loop/setup.py",
     "logging.run_name": "megatron_rl/trainer/loop/setup.py", "logging.progress": "megatron_rl/trainer/loop/setup.py",
     "algo.kind": "megatron_rl/trainer/paths/sampling.py", "algo.hparams": "megatron_rl/trainer/paths/sampling.py",
-    "logging.dump_samples": "megatron_rl/trainer/loop/setup.py", "parallel.timeout_s": "megatron_rl/trainer/loop/setup.py",
+    "logging.dump_samples": "megatron_rl/trainer/loop/setup.py", "logging.tensorboard": "megatron_rl/trainer/loop/setup.py", "parallel.timeout_s": "megatron_rl/trainer/loop/setup.py",
     "rollout.logprob_gate": "megatron_rl/trainer/loop/sync_stage.py",
     "rollout.verify_sync": "megatron_rl/trainer/loop/rl_loop.py",
     "rollout.max_staleness": "megatron_rl/trainer/loop/rollout_source.py",
