@@ -147,7 +147,8 @@ class Rollouts:
 def from_completions(rows: list, comps: list, tokenizer) -> Rollouts:
     """The engines' completions (ordered by prompt, then sample) as :class:`Rollouts`: token ids and
     log-probs copied once into flat buffers (``np.fromiter`` over the chained tuples: no list per
-    sample), texts decoded in one batch (``decode_batch`` when the tokenizer has it)."""
+    sample), texts decoded in one batch (``decode_batch`` when the tokenizer has it; no texts when
+    ``tokenizer`` is None)."""
     for i, c in enumerate(comps):
         if not c.response_ids:
             raise RuntimeError(f"engine returned an empty response for sample {i}")
@@ -160,7 +161,7 @@ def from_completions(rows: list, comps: list, tokenizer) -> Rollouts:
     off = _offsets(n_resp)
     return Rollouts([rows[c.prompt_index] for c in comps], prompt, _offsets(n_prompt), resp, off, logp,
                     [c.finish_reason for c in comps], torch.tensor([c.prompt_index for c in comps], dtype=torch.long),
-                    decode_batch(tokenizer, resp, off))
+                    [] if tokenizer is None else decode_batch(tokenizer, resp, off))
 
 
 def decode_batch(tokenizer, ids: torch.Tensor, offsets: torch.Tensor) -> list[str]:
@@ -190,7 +191,11 @@ def generate(client, dataset, indices: list[int], sampling: SamplingParams, toke
 
 def score(rollouts: Rollouts, reward_manager) -> Rollouts:
     """Fill ``rewards`` / ``correct``; a non-finite reward stops the run naming the sample."""
-    rb = reward_manager.score(rollouts.rows, rollouts.texts)
+    return apply_scores(rollouts, reward_manager.score(rollouts.rows, rollouts.texts))
+
+
+def apply_scores(rollouts: Rollouts, rb) -> Rollouts:
+    """:func:`score` with the reward manager's batch ``rb`` already in hand (``pending_rewards.py``)."""
     bad = [i for i, v in enumerate(rb.reward.tolist()) if not math.isfinite(v)]
     if bad:
         raise FloatingPointError(f"non-finite reward for sample(s) {bad[:5]}")

@@ -97,6 +97,10 @@ class DataPath(abc.ABC):
         ctx.samples(step, "policy", [p + r for p, r in zip(ro.prompts, ro.responses)])
         return Sampled(ro, seqs, self.hp)
 
+    def join_rewards(self, ctx: UpdateContext, s: Sampled, metrics: dict) -> None:
+        """Hook (collective): right after the old / ref log-prob passes, before anything reads a reward:
+        rewards scored beside the passes land in ``s.ro`` (``rollout/pending_rewards.py``); none here."""
+
     def after_logprobs(self, ctx: UpdateContext, s: Sampled, lp: LogProbs, metrics: dict) -> None:
         """Hook (collective): after the old / ref log-prob passes, before the advantages."""
 

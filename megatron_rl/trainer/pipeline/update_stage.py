@@ -52,6 +52,18 @@ def sequences(run, prompts: list[list[int]], responses: list[list[int]], max_res
     return build_seq_batch(prompts, responses, run.tok.pad_id, run.seq_len(prompts, responses), max_resp)
 
 
+def rollout_metrics(ro, cfg) -> dict:
+    """The step's reward / length metrics of the rollouts ``ro`` (before any in-reward KL)."""
+    n = cfg.rollout.n
+    r = ro.rewards.view(-1, n) if len(ro) % n == 0 else ro.rewards.view(1, -1)
+    lens = ro.response_lens.to(torch.float32)
+    return {"reward/mean": float(ro.rewards.mean()), "reward/acc": float(ro.correct.float().mean()),
+            "reward/all_correct_groups": float((r.min(1).values > 0.5).float().mean()),
+            "reward/all_wrong_groups": float((r.max(1).values <= 0.5).float().mean()),
+            "response/len_mean": float(lens.mean()),
+            "response/clip_frac": sum(f == "length" for f in ro.finish) / len(ro), **ro.stats}
+
+
 def response_frame(x: torch.Tensor, sb: SeqBatch) -> torch.Tensor:
     """``[N, S-1]`` -> ``[N, R]`` (zeros off the mask)."""
     return x.gather(1, sb.resp_pos) * sb.resp_mask
