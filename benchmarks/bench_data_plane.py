@@ -22,7 +22,8 @@ Paths:
 Stages: ``collect`` (completions -> the batch object), ``decode`` (texts), ``reward`` (``rollouts.score``
 with the ``exact`` reward: the bookkeeping, not a verifier's cost), ``distribute`` (driver -> every rank;
 the slowest rank's time from a barrier to the object in hand), ``batch`` (each rank's padded sequence
-batch, ``update_stage.build_seq_batch`` — what every rank builds today: the whole step's rows) and
+batch of the whole step's rows, as every rank builds it: before ``update_stage.build_seq_batch`` of the lists,
+after ``update_stage.rollout_sequences`` from the flat buffers) and
 ``plan`` (``packing.plan`` from the lengths). Memory: ``share`` = bytes of one DP rank's share of the
 token data as int32 ids + fp32 log-probs; ``dist`` = the RSS a receiving rank (not the driver) added from
 just before the distribution to its peak after it (max over the receivers), and ``dist / share``;
@@ -44,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from types import SimpleNamespace
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -193,7 +195,7 @@ def _driver(case: str, path: str, tok_dir: str, t: dict):
 def _batch_and_plan(ro, dp: int, t: dict, mem: dict, limit: float) -> None:
     from megatron_rl.trainer.pipeline.packing import TokenBudget, seq_lengths
     from megatron_rl.trainer.pipeline.packing import plan as pack_plan
-    from megatron_rl.trainer.pipeline.update_stage import build_seq_batch
+    from megatron_rl.trainer.pipeline.update_stage import build_seq_batch, rollout_sequences
 
     lens = [len(p) + len(r) for p, r in zip(ro.prompts, ro.responses)] if not hasattr(ro, "response_lens") \
         else (ro.prompt_lens + ro.response_lens).tolist()
@@ -205,7 +207,12 @@ def _batch_and_plan(ro, dp: int, t: dict, mem: dict, limit: float) -> None:
         return
     base = _rss()
     t0 = time.perf_counter()
-    sb = build_seq_batch(ro.prompts, ro.responses, 0, s, r_max)
+    if hasattr(ro, "response_lens"):   # after: straight from the flat buffers, as the plain paths do
+        ctx = SimpleNamespace(padded_len=lambda m: -(-m // 8) * 8, cfg=SimpleNamespace(rollout=SimpleNamespace(max_tokens=r_max)),
+                              tok=SimpleNamespace(pad_id=0))
+        sb = rollout_sequences(ctx, ro)
+    else:                              # before: the lists, padded one sample at a time
+        sb = build_seq_batch(ro.prompts, ro.responses, 0, s, r_max)
     t1 = time.perf_counter()
     pack_plan(seq_lengths(sb.batch), TokenBudget(2 * s), dp)
     t["batch"], t["plan"] = t1 - t0, time.perf_counter() - t1

@@ -123,6 +123,10 @@ class Rollouts:
     def rollout_logp(self) -> list[list[float]]:
         return _ragged(self.logp, self.response_offsets)
 
+    def prompt(self, i: int) -> list[int]:
+        o = self.prompt_offsets
+        return self.prompt_ids[int(o[i]):int(o[i + 1])].tolist()
+
     def response(self, i: int) -> list[int]:
         o = self.response_offsets
         return self.response_ids[int(o[i]):int(o[i + 1])].tolist()

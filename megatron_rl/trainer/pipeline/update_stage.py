@@ -52,6 +52,29 @@ def sequences(run, prompts: list[list[int]], responses: list[list[int]], max_res
     return build_seq_batch(prompts, responses, run.tok.pad_id, run.seq_len(prompts, responses), max_resp)
 
 
+def rollout_sequences(run, ro) -> SeqBatch:
+    """:func:`sequences` of the rollouts ``ro`` (``prompt ++ response`` of every sample), filled straight
+    from their flat buffers: the same tensors as ``build_seq_batch`` of the lists, no list per sample."""
+    pl, rl = ro.prompt_lens, ro.response_lens
+    if len(ro) and int(pl.min()) == 0:
+        raise ValueError(f"make_batch: prompt {int((pl == 0).nonzero()[0])} is empty (the first response token needs a context)")
+    n, s, max_resp = len(ro), run.padded_len(int((pl + rl).max())), run.cfg.rollout.max_tokens
+    tokens = torch.full((n, s), run.tok.pad_id, dtype=torch.long)
+    row_p = torch.repeat_interleave(torch.arange(n), pl)
+    tokens[row_p, torch.arange(len(ro.prompt_ids)) - ro.prompt_offsets[:-1][row_p]] = ro.prompt_ids.long()
+    row = torch.repeat_interleave(torch.arange(n), rl)
+    j = torch.arange(len(ro.response_ids)) - ro.response_offsets[:-1][row]   # index inside its response
+    col = pl[row] + j                                                      # its position in the sequence
+    tokens[row, col] = ro.response_ids.long()
+    loss_mask = torch.zeros((n, s - 1), dtype=torch.float32)
+    loss_mask[row, col - 1] = 1.0
+    keep = j < max_resp
+    pos, mask = torch.zeros(n, max_resp, dtype=torch.long), torch.zeros(n, max_resp)
+    pos[row[keep], j[keep]] = col[keep] - 1
+    mask[row[keep], j[keep]] = 1.0
+    return SeqBatch(TrainBatch(tokens, loss_mask, {"resp_pos": pos, "resp_mask": mask}), pos, mask)
+
+
 def rollout_metrics(ro, cfg) -> dict:
     """The step's reward / length metrics of the rollouts ``ro`` (before any in-reward KL)."""
     n = cfg.rollout.n

@@ -97,3 +97,25 @@ def test_rewards_scored_beside_the_passes_equal_the_inline_ones():
     assert ro.rewards.tolist() == inline.rewards.tolist() == [1.0, 1.0, 0.0, 1.0, 0.0, 1.0]
     assert ro.correct.tolist() == inline.correct.tolist() and ro.stats == {**inline.stats, "shaped": 1.0}
     pending.close()
+
+
+def test_rollout_sequences_equal_the_list_built_batch():
+    """``update_stage.rollout_sequences`` (from the flat buffers) against ``build_seq_batch`` of the lists
+    (the pipeline's builder before issue 41): the same tensors, responses longer than the frame cut."""
+    from types import SimpleNamespace
+
+    from megatron_rl.trainer.paths.context import UpdateContext
+    from megatron_rl.trainer.pipeline.update_stage import build_seq_batch, rollout_sequences
+
+    ro = R.from_completions([None] * 3, _comps(np.random.default_rng(4), prompts=3), None)
+    for max_resp in (8, 5):
+        ctx = UpdateContext(None, SimpleNamespace(tp=1), 0, None, SimpleNamespace(rollout=SimpleNamespace(max_tokens=max_resp)),
+                            SimpleNamespace(pad_id=299))
+        got = rollout_sequences(ctx, ro)
+        want = build_seq_batch(ro.prompts, ro.responses, 299, ctx.seq_len(ro.prompts, ro.responses), max_resp)
+        assert got.batch.tokens.shape[1] % 8 == 0
+        for a, b in ((got.batch.tokens, want.batch.tokens), (got.batch.loss_mask, want.batch.loss_mask),
+                     (got.resp_pos, want.resp_pos), (got.resp_mask, want.resp_mask),
+                     (got.batch.extras["resp_pos"], want.batch.extras["resp_pos"])):
+            assert a.dtype == b.dtype and torch.equal(a, b)
+        assert sorted(got.batch.extras) == sorted(want.batch.extras)
