@@ -33,7 +33,7 @@ def test_from_completions_reads_back_what_the_engine_returned(chat_tokenizer):
     comps = _comps(np.random.default_rng(0))
     rows = [PromptRow(i, (), "math", "1", {}) for i in range(3)]
     ro = R.from_completions(rows, comps, chat_tokenizer)
-    assert ro.prompt_ids.dtype == ro.response_ids.dtype == torch.int32 and ro.logp.dtype == torch.float32
+    assert ro.prompt_ids.dtype == ro.response_ids.dtype == torch.int32 and ro.response_logp.dtype == torch.float32
     assert ro.prompts == [list(c.prompt_ids) for c in comps]
     assert ro.responses == [list(c.response_ids) for c in comps]
     assert ro.rollout_logp == [list(c.logprobs) for c in comps]          # exact: fp32 values stored in fp32
