@@ -53,25 +53,25 @@ def sequences(run, prompts: list[list[int]], responses: list[list[int]], max_res
 
 
 def rollout_sequences(run, ro) -> SeqBatch:
-    """:func:`sequences` of the rollouts ``ro`` (``prompt ++ response`` of every sample), filled straight
-    from their flat buffers: the same tensors as ``build_seq_batch`` of the lists, no list per sample."""
-    pl, rl = ro.prompt_lens, ro.response_lens
-    if len(ro) and int(pl.min()) == 0:
-        raise ValueError(f"make_batch: prompt {int((pl == 0).nonzero()[0])} is empty (the first response token needs a context)")
-    n, s, max_resp = len(ro), run.padded_len(int((pl + rl).max())), run.cfg.rollout.max_tokens
+    """:func:`sequences` of the rollouts ``ro`` (``prompt ++ response`` of every sample), copied row by row
+    straight from their flat buffers: the same tensors as ``build_seq_batch`` of the lists, no Python
+    object per token and no index tensor the size of the batch."""
+    pl, rl = ro.prompt_lens.tolist(), ro.response_lens.tolist()
+    if 0 in pl:
+        raise ValueError(f"make_batch: prompt {pl.index(0)} is empty (the first response token needs a context)")
+    n, s, max_resp = len(ro), run.padded_len(max(a + b for a, b in zip(pl, rl))), run.cfg.rollout.max_tokens
     tokens = torch.full((n, s), run.tok.pad_id, dtype=torch.long)
-    row_p = torch.repeat_interleave(torch.arange(n), pl)
-    tokens[row_p, torch.arange(len(ro.prompt_ids)) - ro.prompt_offsets[:-1][row_p]] = ro.prompt_ids.long()
-    row = torch.repeat_interleave(torch.arange(n), rl)
-    j = torch.arange(len(ro.response_ids)) - ro.response_offsets[:-1][row]   # index inside its response
-    col = pl[row] + j                                                      # its position in the sequence
-    tokens[row, col] = ro.response_ids.long()
     loss_mask = torch.zeros((n, s - 1), dtype=torch.float32)
-    loss_mask[row, col - 1] = 1.0
-    keep = j < max_resp
     pos, mask = torch.zeros(n, max_resp, dtype=torch.long), torch.zeros(n, max_resp)
-    pos[row[keep], j[keep]] = col[keep] - 1
-    mask[row[keep], j[keep]] = 1.0
+    po, ro_ = ro.prompt_offsets.tolist(), ro.response_offsets.tolist()
+    frame = torch.arange(max_resp)
+    for i, (a, b) in enumerate(zip(pl, rl)):
+        tokens[i, :a] = ro.prompt_ids[po[i]:po[i] + a]
+        tokens[i, a:a + b] = ro.response_ids[ro_[i]:ro_[i] + b]
+        loss_mask[i, a - 1:a + b - 1] = 1.0
+        k = min(b, max_resp)
+        pos[i, :k] = frame[:k] + (a - 1)
+        mask[i, :k] = 1.0
     return SeqBatch(TrainBatch(tokens, loss_mask, {"resp_pos": pos, "resp_mask": mask}), pos, mask)
 
 
