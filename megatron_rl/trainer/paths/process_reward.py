@@ -12,7 +12,8 @@ from megatron_rl.algorithms.hparams import PAPOHParams
 from megatron_rl.data.dataset import problem_text
 from megatron_rl.rewards.factory import build_grader
 from megatron_rl.rewards.judge_client import JudgeRejected
-from megatron_rl.trainer.loop.rollout_stage import Rollouts, broadcast_object
+from megatron_rl.rollout.rollouts import Rollouts
+from megatron_rl.runtime.broadcast import broadcast_object
 
 from .base import BASE_INPUTS, register_path
 from .context import CollectContext, PathSetup, UpdateContext
@@ -94,6 +95,7 @@ class ProcessRewardPath(PlainPath):
     hparams = PAPOHParams
     provides = BASE_INPUTS | {"process"}
     uses_grader = True
+    defer_rewards = False    # collect grades the correct responses: it needs the rewards there
 
     def __init__(self, cfg, tok):
         super().__init__(cfg, tok)
@@ -137,4 +139,5 @@ class ProcessRewardPath(PlainPath):
         return out
 
     def close(self) -> None:
+        super().close()
         self.pending.close()
