@@ -22,7 +22,7 @@ Failure classes, each counted:
   loop stops at that step boundary with one line (``trainer/loop/rl_loop.py``) rather than train the rest of
   the run on fallback scores. Why not stop at the first 4xx: one over-long student solution can
   overflow the judge's context for that request alone; that one grade is a counted fallback, not a
-  reason to end the run. The start-up probe (:func:`probe`, ``preflight.check_grader``) refuses a
+  reason to end the run. The start-up probe (:func:`probe`, ``preflight_judge.check_grader``) refuses a
   misconfiguration before training starts.
 """
 from __future__ import annotations

@@ -87,7 +87,7 @@ def test_garbage_replies_open_the_breaker_and_a_step_ends_within_its_limits(serv
 
 def test_the_start_up_probe_refuses_a_grader_answering_garbage(server, tmp_path):
     from megatron_rl.config import load_config
-    from megatron_rl.trainer.loop.preflight import check_grader
+    from megatron_rl.trainer.loop.preflight_judge import check_grader
 
     control(server, mode="malformed")
     cfg = load_config(None, ["algo.kind=papo", f"reward.grader_url={server}", "reward.grader_timeout=5",
@@ -133,7 +133,7 @@ def test_the_start_up_probe_refuses_a_judge_whose_reply_has_no_verdict(server, t
     """A well-formed reply with no score the parser reads ("I cannot decide.") is refused at start-up in one line
     quoting the reply's start, for the rubric grader and for papo_math's outcome verifier."""
     from megatron_rl.config import load_config
-    from megatron_rl.trainer.loop.preflight import check_grader
+    from megatron_rl.trainer.loop.preflight_judge import check_grader
 
     control(server, mode="unparsable")
     over = ["algo.kind=grpo", "reward.default=papo_math"] if outcome else ["algo.kind=papo", "reward.outcome_verifier=false"]

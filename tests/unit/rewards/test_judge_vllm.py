@@ -51,7 +51,7 @@ def _cfg(d: Path, url: str, *over: str, reference: str = "Adding 1 and 1 gives \
 
 
 def test_start_up_probe_refuses_a_judge_that_does_not_follow_the_rubric(server):
-    from megatron_rl.trainer.loop.preflight import check_grader
+    from megatron_rl.trainer.loop.preflight_judge import check_grader
 
     assert served_max_model_len(server["url"], "judge") == CTX
     before = len(_posts(server["log"]))
@@ -68,7 +68,7 @@ def test_start_up_probe_refuses_a_judge_that_does_not_follow_the_rubric(server):
 
 
 def test_max_tokens_beyond_the_served_context_is_refused_at_start_up(server):
-    from megatron_rl.trainer.loop.preflight import check_grader
+    from megatron_rl.trainer.loop.preflight_judge import check_grader
 
     with pytest.raises(ValueError, match=r"reward.grader_max_tokens=16384 cannot fit the grader's context: 'judge' at "
                                          r".* serves max_model_len=4096"):
@@ -78,7 +78,7 @@ def test_max_tokens_beyond_the_served_context_is_refused_at_start_up(server):
 def test_a_request_longer_than_the_context_is_refused_with_the_servers_message(server):
     """The first training row's reference solution does not fit the judge's 4096 tokens: the run is
     refused at start-up with vLLM's own words, in one line."""
-    from megatron_rl.trainer.loop.preflight import check_grader
+    from megatron_rl.trainer.loop.preflight_judge import check_grader
 
     cfg = _cfg(server["dir"], server["url"], "reward.grader_max_tokens=64", reference="1 + 1 = 2. " * 1500)
     with pytest.raises(ValueError) as e:
