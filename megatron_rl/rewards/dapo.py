@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 
+from megatron_rl.rewards.extract import braced
 from megatron_rl.rewards.verdict import Verdict
 
 _ANSWER = re.compile(r"(?i)Answer\s*:\s*([^\n]+)")
@@ -57,17 +58,7 @@ def normalize_final_answer(s: str) -> str:
 def _last_box(text: str) -> str | None:
     """verl's ``last_boxed_only_string`` + ``remove_boxed``: the last ``\\boxed{`` brace-matched."""
     i = text.rfind("\\boxed{")
-    if i < 0:
-        return None
-    depth = 0
-    for k in range(i, len(text)):
-        if text[k] == "{":
-            depth += 1
-        elif text[k] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[i + len("\\boxed{"):k]
-    return None
+    return None if i < 0 else braced(text, i + len("\\boxed"))
 
 
 def dapo_verdict(response: str, ground_truth, strict_box: bool = False, box_fallback: bool = False) -> Verdict:

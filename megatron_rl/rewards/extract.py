@@ -29,9 +29,15 @@ def last_boxed(text: str) -> str | None:
     j = best[0] + len(best[1])
     while j < len(text) and text[j] == " ":
         j += 1
+    return braced(text, j)
+
+
+def braced(text: str, j: int) -> str | None:
+    """The contents of the brace group that opens at ``text[j]`` (nested braces counted), or None when
+    ``text[j]`` is no ``{`` or the group never closes."""
     if j >= len(text) or text[j] != "{":
         return None
-    depth, start = 0, j + 1
+    depth = 0
     for k in range(j, len(text)):
         c = text[k]
         if c == "{":
@@ -39,7 +45,7 @@ def last_boxed(text: str) -> str | None:
         elif c == "}":
             depth -= 1
             if depth == 0:
-                return text[start:k]
+                return text[j + 1:k]
     return None
 
 
@@ -81,14 +87,7 @@ def gsm8k_hash(text: str) -> str:
 def first_boxed(text: str) -> str | None:
     """Content of the FIRST ``\\boxed{…}`` (nested braces counted), or None."""
     i = text.find("\\boxed{")
-    if i < 0:
-        return None
-    start, depth = i + len("\\boxed{"), 1
-    for k in range(start, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[k], 0)
-        if depth == 0:
-            return text[start:k]
-    return None
+    return None if i < 0 else braced(text, i + len("\\boxed"))
 
 
 _DOLLARS = re.compile(r"^\$+|\$+$")

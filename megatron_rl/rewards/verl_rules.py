@@ -34,6 +34,7 @@ from __future__ import annotations
 import re
 
 from megatron_rl.rewards.dapo import dapo_verdict
+from megatron_rl.rewards.extract import braced
 from megatron_rl.rewards.verdict import Verdict
 
 GSM8K_CLIP = 300
@@ -96,16 +97,7 @@ def hendrycks_box(response: str) -> str | None:
     i = response.rfind("\\boxed")
     if i < 0:
         return None          # an \fbox is found by verl but then refused by its unwrapping: no answer
-    depth = 0
-    for k in range(i, len(response)):
-        if response[k] == "{":
-            depth += 1
-        elif response[k] == "}":
-            depth -= 1
-            if depth == 0:
-                whole = response[i:k + 1]
-                return whole[len("\\boxed{"):-1] if whole.startswith("\\boxed{") else None
-    return None
+    return braced(response, i + len("\\boxed"))   # verl refuses a box whose group does not open right after it
 
 
 def _sqrt_braces(s: str) -> str:
