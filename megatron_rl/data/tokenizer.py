@@ -26,6 +26,8 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: Sequence[int]) -> str: ...
 
+    def decode_batch(self, seqs: Sequence[Sequence[int]]) -> list[str]: ...   # optional: decode of each
+
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str: ...
 
     def save(self, out_dir: str | os.PathLike) -> None: ...
@@ -74,6 +76,11 @@ class SentencePieceTokenizer:
         ids = [int(i) for i in ids if int(i) not in (self.eos_id, self.pad_id, self.bos_id)]
         return self.sp.decode(ids)
 
+    def decode_batch(self, seqs: Sequence[Sequence[int]]) -> list[str]:
+        """``decode`` of each sequence, in one SentencePiece call."""
+        drop = {self.eos_id, self.pad_id, self.bos_id}
+        return list(self.sp.decode([[int(i) for i in s if int(i) not in drop] for s in seqs])) if seqs else []
+
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         return "".join(m["content"] for m in messages)
 
@@ -110,6 +117,21 @@ class HFTokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tok.decode(list(ids), skip_special_tokens=True)
+
+    def decode_batch(self, seqs: Sequence[Sequence[int]]) -> list[str]:
+        """``decode`` of each sequence: one call into the Rust tokenizer when ``decode`` adds no Python
+        clean-up of its own (``clean_up_tokenization_spaces`` off, or skipped for BPE as transformers does),
+        else ``decode`` per sequence."""
+        backend = getattr(self.tok, "backend_tokenizer", None)
+        if backend is None or self._cleans_up():
+            return [self.decode(s) for s in seqs]
+        return backend.decode_batch([list(s) for s in seqs], skip_special_tokens=True)
+
+    def _cleans_up(self) -> bool:
+        if not getattr(self.tok, "clean_up_tokenization_spaces", False):
+            return False
+        bpe = type(self.tok.backend_tokenizer.model).__name__ == "BPE"
+        return not bpe or bool(getattr(self.tok, "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output", False))
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         if self.tok.chat_template is None:

@@ -9,7 +9,7 @@ the DAPO recipe's outcome reward on DAPO-Math-17k), reward **+1 / −1**.
    :func:`normalize_final_answer`) and compared as strings: equal -> +1, else −1.
 
 With ``algo.<kind>.overlong_enable`` the sampling path adds DAPO's soft overlong penalty to this value
-(``trainer/loop/rollout_stage.overlong_shaping``), as the recipe's reward manager does; ``correct`` stays the
+(``rollout/rollouts.overlong_shaping``), as the recipe's reward manager does; ``correct`` stays the
 binary outcome (reward > 0.5). ``strict_box`` (reward ``dapo_strict_box``): verl's
 ``strict_box_verify`` — the last box of the last 100 characters, compared verbatim with the truth.
 """

@@ -1,6 +1,6 @@
 """Ranks 1..N wait for global rank 0 (the Ray driver) outside NCCL.
 
-Rank 0 alone generates, scores and evaluates (``trainer/loop/rollout_stage.py``: minutes to an hour on a
+Rank 0 alone generates, scores and evaluates (``rollout/rollouts.py``, distributed by ``runtime/broadcast.py``: minutes to an hour on a
 reasoning model's start-up eval) while the other ranks wait for its result. Waiting inside a
 collective of the default group (``broadcast_object_list`` on NCCL) would meet the collective timeout
 (``parallel.timeout_s``) and NCCL's watchdog, and the pending kernels would hold SMs a colocated

@@ -237,3 +237,28 @@ def test_function_level_imports_of_the_package_say_why():
     bad = [f"{f.relative_to(PKG)}:{line}" for f in PKG.rglob("*.py")
            for _, in_fn, commented, line in _package_imports(f) if in_fn and not commented]
     assert not bad, "function-level imports without a reason:\n" + "\n".join(sorted(set(bad)))
+
+
+def _all_imports(path: Path) -> set[str]:
+    """Every module ``path`` names in an import, type-only (``if TYPE_CHECKING``) and function-level ones
+    included, relative imports resolved to absolute names."""
+    me = _module_name(path).split(".")
+    base = me if path.name == "__init__.py" else me[:-1]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            root = ".".join(base[:len(base) - node.level + 1]) if node.level else ""
+            out.add(".".join(x for x in (root, node.module or "") if x))
+    return out
+
+
+def test_the_loop_sits_above_the_paths_and_the_pipeline():
+    """Issue 41: the method families (``trainer/paths``), the update pipeline (``trainer/pipeline``) and
+    what they build on import nothing of ``trainer/loop`` — not even for annotations — so the loop
+    composes them from above (``Rollouts`` and its producers live in ``rollout/rollouts.py``)."""
+    bad = [f"{f.relative_to(PKG)} -> {m}" for sub in ("trainer/paths", "trainer/pipeline", "trainer/policy", "trainer/state")
+           for f in _files(sub) for m in _all_imports(f) if m.startswith("megatron_rl.trainer.loop")]
+    assert not bad, "modules below the loop import it:\n" + "\n".join(sorted(bad))
+    assert "megatron_rl.trainer.loop.setup" in _all_imports(PKG / "trainer/loop/rl_loop.py")   # the check sees imports

@@ -44,7 +44,7 @@ def _client(cfg):
 
 
 def _sampling(cfg):
-    from megatron_rl.trainer.loop.rollout_stage import sampling_params
+    from megatron_rl.rollout.rollouts import sampling_params
 
     return sampling_params(cfg, step=3, eos_id=2)
 

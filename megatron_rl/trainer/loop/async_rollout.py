@@ -289,7 +289,7 @@ class AsyncRollouts:
 
     def next(self, step: int) -> tuple[Any, dict]:
         """Collective: the batch of ``step`` and ``{weight_version, staleness, gen_s}``."""
-        from megatron_rl.trainer.loop.rollout_stage import broadcast_object  # lazy: defers torch to the call
+        from megatron_rl.runtime.broadcast import broadcast_object  # lazy: defers torch to the call
 
         msg = None
         if self.is_driver:

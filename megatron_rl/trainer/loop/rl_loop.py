@@ -25,7 +25,7 @@ from megatron_rl.rewards.judge_client import JudgeRejected
 from megatron_rl.runtime.console import LOG_FILE, RESUME_TEMPLATE, format_summary, quiet_console
 from megatron_rl.trainer.loop import guard
 from megatron_rl.trainer.loop.rollout_source import open_source
-from megatron_rl.trainer.loop.rollout_stage import Rollouts
+from megatron_rl.rollout.rollouts import Rollouts
 from megatron_rl.trainer.loop.setup import Run, evaluate, setup_run, sync_weights
 from megatron_rl.trainer.loop.stop import GracefulStop, Halted, Stopped
 from megatron_rl.trainer.loop.sync_stage import SyncVerifyError, verify_due, verify_push, warm_probe
@@ -35,7 +35,7 @@ from megatron_rl.trainer.pipeline.update import update
 def step_metrics(ro: Rollouts, cfg) -> dict:
     n = cfg.rollout.n
     r = ro.rewards.view(-1, n) if len(ro) % n == 0 else ro.rewards.view(1, -1)
-    lens = torch.tensor([len(x) for x in ro.responses], dtype=torch.float32)
+    lens = ro.response_lens.to(torch.float32)
     return {"reward/mean": float(ro.rewards.mean()), "reward/acc": float(ro.correct.float().mean()),
             "reward/all_correct_groups": float((r.min(1).values > 0.5).float().mean()),
             "reward/all_wrong_groups": float((r.max(1).values <= 0.5).float().mean()),
@@ -75,7 +75,7 @@ def rl_step(run: Run, step: int) -> dict:
     if verify:
         metrics["time/verify"] = t_warm + t_check
     metrics.update({"time/sync": t2 - t1 - t_check, "time/generate": t_gen, "time/step": t2 - t0,
-                    "perf/tokens_per_s": sum(len(p) + len(r) for p, r in zip(ro.prompts, ro.responses)) / (t2 - t0)})
+                    "perf/tokens_per_s": (len(ro.prompt_ids) + len(ro.response_ids)) / (t2 - t0)})
     metrics.update(run.state.source.metrics(t0, t2, meta["gen_s"]))
     if run.info.is_driver:
         metrics.update(run.client.stats())

@@ -25,7 +25,7 @@ from typing import Any
 
 from megatron_rl.rewards.judge_client import JudgeRejected
 from megatron_rl.trainer.loop.async_rollout import AsyncRollouts, sync_metrics
-from megatron_rl.trainer.loop.rollout_stage import broadcast_object
+from megatron_rl.runtime.broadcast import broadcast_object
 
 
 class SyncRollouts:

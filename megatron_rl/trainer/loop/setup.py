@@ -28,7 +28,8 @@ from megatron_rl.runtime.usage import begin_run
 from megatron_rl.trainer.loop.async_rollout import engine_env, local_plan, pin_trainer, restore_state
 from megatron_rl.trainer.loop.colocate import Colocation, build_colocation
 from megatron_rl.trainer.loop.preflight import preflight, prompt_datasets
-from megatron_rl.trainer.loop.rollout_stage import broadcast_object, generate, sampling_params, score
+from megatron_rl.rollout.rollouts import generate, sampling_params, score
+from megatron_rl.runtime.broadcast import broadcast_object
 from megatron_rl.trainer.loop.sync_stage import startup_gate, sync
 from megatron_rl.trainer.paths import build_path
 from megatron_rl.trainer.paths.context import CollectContext, PathSetup, SampleDump, UpdateContext

@@ -66,16 +66,17 @@ def bicc_inputs(rollouts, hp, l_max: int, max_total_len: int, layout: BiccLayout
     def strip(r):
         return list(r[:-1]) if eos_id is not None and len(r) > 1 and r[-1] == eos_id else list(r)
 
-    bb = A.build_bicc_contexts(rollouts.prompts, [strip(r) for r in rollouts.responses], rollouts.rewards.tolist(),
+    plain, resps = rollouts.prompts, rollouts.responses   # lists, built once from the flat buffers
+    bb = A.build_bicc_contexts(plain, [strip(r) for r in resps], rollouts.rewards.tolist(),
                                rollouts.group_ids.tolist(), budget_tokens=hp.context_budget(l_max),
                                header_ids=layout.header, sep_ids=layout.sep,
-                               insert_at=layout.insert_points(rollouts.prompts), max_total_len=max_total_len,
+                               insert_at=layout.insert_points(plain), max_total_len=max_total_len,
                                threshold=hp.threshold)
-    prompts = [list(p) for p in rollouts.prompts]
+    prompts = [list(p) for p in plain]
     for s in bb.samples:
         prompts[s.index] = list(s.input_ids[: s.response_start])
-        target = list(s.input_ids[s.response_start:]) + list(rollouts.responses[s.index][len(strip(rollouts.responses[s.index])):])
-        if target != list(rollouts.responses[s.index]):
+        target = list(s.input_ids[s.response_start:]) + list(resps[s.index][len(strip(resps[s.index])):])
+        if target != list(resps[s.index]):
             raise AssertionError(f"BiCC changed the target tokens of sample {s.index}")
     return prompts, len(bb.samples), bb.n_fallback
 

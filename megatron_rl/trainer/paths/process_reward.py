@@ -12,7 +12,8 @@ from megatron_rl.algorithms.hparams import PAPOHParams
 from megatron_rl.data.dataset import problem_text
 from megatron_rl.rewards.factory import build_grader
 from megatron_rl.rewards.judge_client import JudgeRejected
-from megatron_rl.trainer.loop.rollout_stage import Rollouts, broadcast_object
+from megatron_rl.rollout.rollouts import Rollouts
+from megatron_rl.runtime.broadcast import broadcast_object
 
 from .base import BASE_INPUTS, register_path
 from .context import CollectContext, PathSetup, UpdateContext

@@ -15,7 +15,7 @@ import logging
 
 from megatron_rl import algorithms as A
 from megatron_rl.algorithms.hparams import SamplingHParams
-from megatron_rl.trainer.loop import rollout_stage as R
+from megatron_rl.rollout import rollouts as R
 
 from .base import BASE_INPUTS, DataPath, register_path
 from .context import CollectContext

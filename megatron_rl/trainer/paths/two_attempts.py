@@ -49,7 +49,7 @@ import torch
 from megatron_rl.algorithms.hparams import ScoreHParams
 from megatron_rl.data import chat
 from megatron_rl.rollout.engine import SamplingParams
-from megatron_rl.trainer.loop import rollout_stage as R
+from megatron_rl.rollout import rollouts as R
 from megatron_rl.trainer.pipeline import update_stage as U
 from megatron_rl.trainer.pipeline.update import Sampled
 
@@ -121,13 +121,12 @@ def _second_rollouts(ctx: CollectContext, tok, first: R.Rollouts, prompts: list[
     comps = ctx.client.generate(prompts, dataclasses.replace(sampling, n=1))
     if len(comps) != len(prompts):
         raise RuntimeError(f"attempt 2: {len(comps)} completions for {len(prompts)} prompts")
-    resps = [list(c.response_ids) for c in comps]
-    for i, r in enumerate(resps):
-        if not r:
+    for i, c in enumerate(comps):
+        if not c.response_ids:
             raise RuntimeError(f"engine returned an empty attempt-2 response for sample {i}")
-    return R.Rollouts(list(first.rows), [list(c.prompt_ids) for c in comps], resps, [list(c.logprobs) for c in comps],
-                      [c.finish_reason for c in comps], first.group_ids.clone(),
-                      [tok.decode(c.response_ids) for c in comps])
+    second = R.from_completions(list(first.rows), comps, tok)   # completion i: prompt i = sample i of attempt 1
+    second.group_ids = first.group_ids.clone()
+    return second
 
 
 def collect_two(ctx: CollectContext, cfg, tok, step: int, turn) -> TwoAttempts:

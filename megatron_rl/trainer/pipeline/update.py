@@ -40,7 +40,7 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -53,10 +53,25 @@ from megatron_rl.trainer.pipeline.packing import TokenBudget
 from megatron_rl.trainer.paths.context import UpdateContext
 
 if TYPE_CHECKING:
+    from megatron_rl.runtime.parallel import ParallelInfo
     from megatron_rl.trainer.paths import DataPath
-    from megatron_rl.trainer.loop.setup import Run
+    from megatron_rl.trainer.policy.actor import PolicyActor, ReferencePolicy
 
 OPTIMIZER_STEPS_FILE = "optimizer_steps.jsonl"
+
+
+class Run(Protocol):
+    """What the pipeline reads of the run it is handed (the loop's ``Run`` is one; the pipeline names no
+    loop type, so the loop stays above it)."""
+
+    cfg: Any
+    path: DataPath
+    actor: PolicyActor
+    ref: ReferencePolicy | None
+    info: ParallelInfo
+    micro: Any
+
+    def update_context(self) -> UpdateContext: ...
 #: a rollout-correction mode's keep mask [N, R] among the rows' extras, so a path's ``train_rows``
 #: (subset, re-conditioned sequences) carries it; folded into ``resp_mask`` right after
 CORRECTION_KEEP = "correction_keep"

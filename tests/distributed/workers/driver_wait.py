@@ -2,7 +2,7 @@
 
     torchrun --nproc_per_node=2 driver_wait.py OUT_JSON TIMEOUT_S PAUSE_S
 
-1. ``broadcast_object`` (``trainer/loop/rollout_stage.py``) after rank 0 paused PAUSE_S > TIMEOUT_S: rank 1
+1. ``broadcast_object`` (``runtime/broadcast.py``) after rank 0 paused PAUSE_S > TIMEOUT_S: rank 1
    receives the object (it waited in the store, ``megatron_rl/runtime/driver_wait.py``);
 2. control: the same pause before a plain ``broadcast_object_list`` on a gloo group with the same
    timeout fails on rank 1 (the premise: a collective does time out after TIMEOUT_S here);
@@ -22,7 +22,7 @@ def main(out: str, timeout_s: str, pause_s: str) -> None:
 
     from megatron_rl.runtime import driver_wait
     from megatron_rl.runtime.parallel import init_distributed
-    from megatron_rl.trainer.loop.rollout_stage import broadcast_object
+    from megatron_rl.runtime.broadcast import broadcast_object
 
     from torch.distributed.distributed_c10d import _set_pg_timeout
 

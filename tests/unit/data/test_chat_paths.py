@@ -10,7 +10,7 @@ import torch
 from megatron_rl.algorithms import BiCCHParams, ScoreHParams
 from megatron_rl.data import chat
 from megatron_rl.data.dataset import PromptRow, problem_text
-from megatron_rl.trainer.loop import rollout_stage as R
+from megatron_rl.rollout import rollouts as R
 from megatron_rl.trainer.paths.bicc import BiccLayout, bicc_inputs
 from megatron_rl.trainer.paths.two_attempts import second_turn
 from tests.helpers.chat_fixture import messages, solution
@@ -37,7 +37,7 @@ def _group(tok):
     prompt = tok.encode(render(tok, msgs))
     resps = [enc(tok, solution(37, 52)), enc(tok, WRONG1), enc(tok, WRONG2)]
     rows = [PromptRow(0, tuple(prompt), "math", "52", {}, tuple(msgs))] * 3
-    ro = R.Rollouts(rows, [list(prompt)] * 3, resps, [[0.0] * len(r) for r in resps], ["stop"] * 3,
+    ro = R.Rollouts.from_lists(rows, [list(prompt)] * 3, resps, [[0.0] * len(r) for r in resps], ["stop"] * 3,
                     torch.zeros(3, dtype=torch.long), [], rewards=torch.tensor([1.0, 0.0, 0.0]),
                     correct=torch.tensor([True, False, False]))
     return msgs, ro

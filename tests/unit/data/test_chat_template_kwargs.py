@@ -12,7 +12,7 @@ from megatron_rl.algorithms import BiCCHParams, ScoreHParams
 from megatron_rl.data import chat
 from megatron_rl.data.dataset import PromptDataset
 from megatron_rl.data.tokenizer import load_tokenizer
-from megatron_rl.trainer.loop import rollout_stage as R
+from megatron_rl.rollout import rollouts as R
 from megatron_rl.trainer.paths.bicc import BiccLayout, bicc_inputs
 from megatron_rl.trainer.paths.teacher.inputs import ChatHintTemplate
 from megatron_rl.trainer.paths.two_attempts import second_turn
@@ -57,7 +57,7 @@ def test_bicc_context_stays_inside_the_user_turn(toks, task):
     q = row.messages[1]["content"]
     wrong = "<think>\nno\n</think>\n\n\\boxed{1}"
     resps = [tok.encode(solution(37, 52)) + [tok.eos_id], tok.encode(wrong) + [tok.eos_id]]
-    ro = R.Rollouts([row] * 2, [list(row.prompt_ids)] * 2, resps, [[0.0] * len(r) for r in resps], ["stop"] * 2,
+    ro = R.Rollouts.from_lists([row] * 2, [list(row.prompt_ids)] * 2, resps, [[0.0] * len(r) for r in resps], ["stop"] * 2,
                     torch.zeros(2, dtype=torch.long), [], rewards=torch.tensor([1.0, 0.0]),
                     correct=torch.tensor([True, False]))
     layout = BiccLayout.of(tok)

@@ -57,12 +57,12 @@ def test_dapo_with_overlong_shaping_and_correct_flag():
     """The recipe's reward: +1/−1 plus the soft overlong penalty (buffer 4 of max 10 tokens, factor 1);
     ``correct`` is the binary outcome; the DAPO-Math-17k data source maps to ``dapo``."""
     from megatron_rl.data.dataset import PromptRow
-    from megatron_rl.trainer.loop import rollout_stage as R
+    from megatron_rl.rollout import rollouts as R
 
     lens = [3, 6, 8, 10, 10]
     texts = ["Answer: 34", "Answer: 34", "Answer: 34", "Answer: 34", "Answer: 7"]
     rows = [PromptRow(i, (1,), "math_dapo", "34", {}) for i in range(5)]
-    ro = R.Rollouts(rows, [[1]] * 5, [[2] * n for n in lens], [[0.0] * n for n in lens], ["stop"] * 5,
+    ro = R.Rollouts.from_lists(rows, [[1]] * 5, [[2] * n for n in lens], [[0.0] * n for n in lens], ["stop"] * 5,
                     torch.arange(5), texts)
     ro = R.score(ro, RewardManager())
     assert ro.rewards.tolist() == [1, 1, 1, 1, -1] and ro.correct.tolist() == [True] * 4 + [False]

@@ -170,10 +170,10 @@ def test_off_policy_inputs_use_the_batch_weight_version():
     import torch
 
     from megatron_rl.config import load_config
-    from megatron_rl.trainer.loop.rollout_stage import Rollouts
+    from megatron_rl.rollout.rollouts import Rollouts
     from megatron_rl.trainer.pipeline.update_stage import off_policy_inputs
 
-    ro = Rollouts(rows=[None, None], prompts=[[1], [1]], responses=[[5, 6], [7]], rollout_logp=[[-1.0, -0.5], [-2.0]],
+    ro = Rollouts.from_lists(rows=[None, None], prompts=[[1], [1]], responses=[[5, 6], [7]], logps=[[-1.0, -0.5], [-2.0]],
                   finish=["stop", "stop"], group_ids=torch.tensor([0, 0]))
     old = torch.tensor([[-0.9, -0.5], [-1.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])

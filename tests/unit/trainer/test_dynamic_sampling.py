@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from megatron_rl import algorithms as A
-from megatron_rl.trainer.loop import rollout_stage as R
+from megatron_rl.rollout import rollouts as R
 from megatron_rl.trainer.paths.sampling import fill as _fill
 
 
@@ -14,8 +14,9 @@ def _ro(groups: list[int], n: int = 2, greedy: bool = True) -> R.Rollouts:
     gids = [g for g in groups for _ in range(n)]
     resp = [[g, i % n] for i, g in enumerate(gids)]
     rw = torch.tensor([float(i % 2) for i in range(len(gids))])
-    return R.Rollouts([None] * len(gids), [[g] for g in gids], resp, [[0.0, 0.0]] * len(gids), ["stop"] * len(gids),
-                      torch.tensor(gids), [], rw, rw > 0.5, rw.clone() if greedy else None)
+    return R.Rollouts.from_lists([None] * len(gids), [[g] for g in gids], resp, [[0.0, 0.0]] * len(gids), ["stop"] * len(gids),
+                                torch.tensor(gids), [], rewards=rw, correct=rw > 0.5,
+                                greedy_rewards=rw.clone() if greedy else None)
 
 
 def test_fill_completes_with_uniform_groups_never_twice():

@@ -8,7 +8,7 @@ import torch
 from megatron_rl.algorithms import kind_required_inputs
 from megatron_rl.config import load_config
 from megatron_rl.trainer.loop.preflight import load_checked
-from megatron_rl.trainer.loop.rollout_stage import Rollouts
+from megatron_rl.rollout.rollouts import Rollouts
 from megatron_rl.trainer.pipeline.update_stage import kl_in_reward
 
 
@@ -16,7 +16,7 @@ def test_sequence_reward_loses_beta_times_summed_k1():
     old = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -0.3, -9.0]])
     ref = torch.tensor([[-1.5, -1.0, -0.5], [-0.1, -0.4, -1.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
-    ro = Rollouts([], [], [], [], [], torch.zeros(2, dtype=torch.long), [], rewards=torch.tensor([1.0, 0.0]))
+    ro = Rollouts.from_lists([None] * 2, [[1]] * 2, [[], []], [[], []], ["stop"] * 2, torch.zeros(2, dtype=torch.long), rewards=torch.tensor([1.0, 0.0]))
     m = kl_in_reward(ro, old, ref, mask, 0.1, "k1")
     # k1 = old - ref: row 0: 0.5 - 1.0 + 0 = -0.5; row 1: -0.2 + 0.1 (third token masked) = -0.1
     torch.testing.assert_close(ro.rewards, torch.tensor([1.0 + 0.05, 0.0 + 0.01]))

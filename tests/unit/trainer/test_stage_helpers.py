@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from megatron_rl import algorithms as A
-from megatron_rl.trainer.loop import rollout_stage as R
+from megatron_rl.rollout import rollouts as R
 from megatron_rl.trainer.pipeline.batch import TrainBatch
 from megatron_rl.algorithms.builtin import rlcsd_counts
 from megatron_rl.trainer.paths.bicc import BiccLayout, bicc_inputs
@@ -17,8 +17,8 @@ EOS = 99
 def _ro(prompts, responses, rewards, gids) -> R.Rollouts:
     n = len(prompts)
     rw = torch.tensor(rewards, dtype=torch.float32)
-    return R.Rollouts([None] * n, prompts, responses, [[0.0] * len(r) for r in responses], ["stop"] * n,
-                      torch.tensor(gids), [f"t{i}" for i in range(n)], rw, rw > 0.5)
+    return R.Rollouts.from_lists([None] * n, prompts, responses, [[0.0] * len(r) for r in responses], ["stop"] * n,
+                                torch.tensor(gids), [f"t{i}" for i in range(n)], rewards=rw, correct=rw > 0.5)
 
 
 def test_concat_offsets_group_ids_and_keeps_order():

@@ -120,7 +120,7 @@ class TeacherPath(PlainPath):
         s > 0 negative s."""
         seqs, owner = [], []
         for j, prompts in enumerate(rows.plan.prompts):
-            resp = rows.ro.responses[j]
+            resp = rows.ro.response(j)
             for slot, prompt in enumerate(prompts):
                 seqs.append((truncate_left(list(prompt), resp, self.cfg.rollout.max_model_len), resp))
                 owner.append((j, slot))

@@ -1,0 +1,235 @@
+"""One step's trajectories as flat tensors (:class:`Rollouts`) and the driver functions that produce them:
+generate (engines -> tensors, texts decoded in batch), score, DAPO overlong shaping, select / concat.
+
+Layout (sample-major; group g = one prompt, ``rollout.n`` samples each, ``N`` samples, ``T`` response
+tokens in all, ``P`` prompt tokens in all)::
+
+    prompt_ids       int32 [P]     every sample's prompt, back to back
+    prompt_offsets   int64 [N+1]   sample i's prompt = prompt_ids[prompt_offsets[i]:prompt_offsets[i+1]]
+    response_ids     int32 [T]     every sample's response, back to back
+    response_offsets int64 [N+1]   sample i's response (and its per-token fields) = [response_offsets[i]:…[i+1]]
+    logp             fp32  [T]     the engine's log-prob of each response token (``rollout/engine.py``)
+    group_ids        int64 [N]     dense group index of each sample
+    rewards, correct, greedy_rewards, process   [N] per-sample tensors (None until filled)
+    rows, finish, texts            per-sample Python metadata (the prompt row, "stop" | "length", the decoded text)
+
+Per-token fields are the tensors named in :data:`TOKEN_FIELDS` (aligned with ``response_ids``); an
+optional one is None when unset. A new per-token field (e.g. the weight version each token was sampled
+under, a behaviour log-prob) is a dataclass field defaulting to None plus its name in
+:data:`TOKEN_FIELDS`: :meth:`Rollouts.select`, :func:`concat` and the distribution
+(``runtime/broadcast.py``: tensors travel as one flat buffer, never pickled per element) carry it.
+Per-sample tensors are listed in :data:`SAMPLE_FIELDS` the same way.
+
+The list views ``prompts``, ``responses``, ``rollout_logp`` (lists of Python ints / floats, built on
+access) serve the code that builds padded batches from them; nothing stores them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+
+import numpy as np
+import torch
+
+from ..algorithms import dapo_overlong_penalty
+from .engine import SamplingParams
+
+#: per-token tensors, aligned with ``response_ids`` (offsets ``response_offsets``)
+TOKEN_FIELDS = ("response_ids", "logp")
+#: optional per-sample tensors ([N]); ``group_ids`` is renumbered by select / offset by concat
+SAMPLE_FIELDS = ("rewards", "correct", "greedy_rewards", "process")
+
+
+def _offsets(lengths) -> torch.Tensor:
+    out = torch.zeros(len(lengths) + 1, dtype=torch.int64)
+    if len(lengths):
+        torch.cumsum(torch.as_tensor(lengths, dtype=torch.int64), 0, out=out[1:])
+    return out
+
+
+def _ragged(flat: torch.Tensor, off: torch.Tensor) -> list[list]:
+    """``flat`` cut at ``off`` as lists of Python numbers (one ``tolist`` call)."""
+    vals, o = flat.tolist(), off.tolist()
+    return [vals[o[i]:o[i + 1]] for i in range(len(o) - 1)]
+
+
+def _gather(flat: torch.Tensor, off: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Samples ``idx`` of a flat ragged buffer: (their tokens back to back, their offsets)."""
+    lens = (off[1:] - off[:-1])[idx]
+    new_off = _offsets(lens)
+    if not len(idx) or not int(new_off[-1]):
+        return flat[:0].clone(), new_off
+    # token j of the result comes from off[idx[k]] + (j - new_off[k]) for the sample k it belongs to
+    k = torch.repeat_interleave(torch.arange(len(idx)), lens)
+    src = off[idx][k] + torch.arange(int(new_off[-1])) - new_off[:-1][k]
+    return flat[src], new_off
+
+
+@dataclasses.dataclass
+class Rollouts:
+    """One step's trajectories as flat tensors (layout in the module docstring)."""
+
+    rows: list                      # the PromptRow of each sample
+    prompt_ids: torch.Tensor        # int32 [P]
+    prompt_offsets: torch.Tensor    # int64 [N+1]
+    response_ids: torch.Tensor      # int32 [T]
+    response_offsets: torch.Tensor  # int64 [N+1]
+    logp: torch.Tensor              # fp32 [T] engine log-prob per response token
+    finish: list[str]               # "stop" | "length" per sample
+    group_ids: torch.Tensor         # int64 [N]
+    texts: list[str] = dataclasses.field(default_factory=list)
+    rewards: torch.Tensor | None = None          # [N]
+    correct: torch.Tensor | None = None          # [N] bool
+    greedy_rewards: torch.Tensor | None = None   # [N] (ReMax)
+    stats: dict = dataclasses.field(default_factory=dict)
+    process: torch.Tensor | None = None          # [N] PAPO process scores (0 for incorrect)
+    weight_version: int | None = None   # optimizer steps in the weights that sampled it (async); None = current
+
+    @classmethod
+    def from_lists(cls, rows: list, prompts, responses, logps, finish: list[str], group_ids, texts=(),
+                   **fields) -> Rollouts:
+        """From ragged Python sequences (tests, the two-attempt path's second prompts); ``fields``: the
+        optional per-sample tensors, ``stats``, ``weight_version``."""
+        def flat(xs, dtype):
+            return torch.from_numpy(np.fromiter(itertools.chain.from_iterable(xs), dtype=dtype))
+
+        if sum(map(len, responses)) != sum(map(len, logps)):
+            raise ValueError("from_lists: one log-prob per response token is needed")
+        return cls(list(rows), flat(prompts, np.int32), _offsets([len(p) for p in prompts]),
+                   flat(responses, np.int32), _offsets([len(r) for r in responses]), flat(logps, np.float32),
+                   list(finish), torch.as_tensor(group_ids, dtype=torch.long), list(texts), **fields)
+
+    def __len__(self) -> int:
+        return len(self.prompt_offsets) - 1
+
+    @property
+    def prompt_lens(self) -> torch.Tensor:
+        return self.prompt_offsets[1:] - self.prompt_offsets[:-1]
+
+    @property
+    def response_lens(self) -> torch.Tensor:
+        return self.response_offsets[1:] - self.response_offsets[:-1]
+
+    @property
+    def prompts(self) -> list[list[int]]:
+        return _ragged(self.prompt_ids, self.prompt_offsets)
+
+    @property
+    def responses(self) -> list[list[int]]:
+        return _ragged(self.response_ids, self.response_offsets)
+
+    @property
+    def rollout_logp(self) -> list[list[float]]:
+        return _ragged(self.logp, self.response_offsets)
+
+    def response(self, i: int) -> list[int]:
+        o = self.response_offsets
+        return self.response_ids[int(o[i]):int(o[i + 1])].tolist()
+
+    def select(self, idx: list[int]) -> Rollouts:
+        """Samples ``idx`` in that order (group ids renumbered densely in order of appearance)."""
+        t = torch.as_tensor(idx, dtype=torch.long)
+        gmap: dict[int, int] = {}
+        gids = [gmap.setdefault(g, len(gmap)) for g in self.group_ids[t].tolist()]
+        prompt_ids, prompt_off = _gather(self.prompt_ids, self.prompt_offsets, t)
+        tok = {name: None if getattr(self, name) is None else _gather(getattr(self, name), self.response_offsets, t)[0]
+               for name in TOKEN_FIELDS}
+        resp_off = _offsets(self.response_lens[t])
+        per = {name: None if getattr(self, name) is None else getattr(self, name)[t] for name in SAMPLE_FIELDS}
+        pick = lambda xs: [xs[i] for i in idx]
+        return dataclasses.replace(self, rows=pick(self.rows), prompt_ids=prompt_ids, prompt_offsets=prompt_off,
+                                   response_offsets=resp_off, finish=pick(self.finish),
+                                   group_ids=torch.tensor(gids, dtype=torch.long),
+                                   texts=pick(self.texts) if self.texts else [], stats=dict(self.stats), **tok, **per)
+
+
+def from_completions(rows: list, comps: list, tokenizer) -> Rollouts:
+    """The engines' completions (ordered by prompt, then sample) as :class:`Rollouts`: token ids and
+    log-probs copied once into flat buffers (``np.fromiter`` over the chained tuples: no list per
+    sample), texts decoded in one batch (``decode_batch`` when the tokenizer has it)."""
+    for i, c in enumerate(comps):
+        if not c.response_ids:
+            raise RuntimeError(f"engine returned an empty response for sample {i}")
+    chain = itertools.chain.from_iterable
+    n_resp = [len(c.response_ids) for c in comps]
+    resp = torch.from_numpy(np.fromiter(chain(c.response_ids for c in comps), np.int32, sum(n_resp)))
+    logp = torch.from_numpy(np.fromiter(chain(c.logprobs for c in comps), np.float32, sum(n_resp)))
+    n_prompt = [len(c.prompt_ids) for c in comps]
+    prompt = torch.from_numpy(np.fromiter(chain(c.prompt_ids for c in comps), np.int32, sum(n_prompt)))
+    off = _offsets(n_resp)
+    return Rollouts([rows[c.prompt_index] for c in comps], prompt, _offsets(n_prompt), resp, off, logp,
+                    [c.finish_reason for c in comps], torch.tensor([c.prompt_index for c in comps], dtype=torch.long),
+                    decode_batch(tokenizer, resp, off))
+
+
+def decode_batch(tokenizer, ids: torch.Tensor, offsets: torch.Tensor) -> list[str]:
+    """Texts of the ragged ``ids`` (``offsets``): the tokenizer's batch decoder when it has one (the
+    same text as ``decode`` per sample), else ``decode`` per sample."""
+    seqs = _ragged(ids, offsets)
+    batch = getattr(tokenizer, "decode_batch", None)
+    return batch(seqs) if batch is not None else [tokenizer.decode(s) for s in seqs]
+
+
+def sampling_params(cfg, step: int, round_: int = 0, greedy: bool = False, n: int | None = None,
+                    eos_id: int | None = None) -> SamplingParams:
+    """Per-step sampling settings; seeds derive from (trainer seed, step, round) so a resumed run
+    draws exactly the same samples as an uninterrupted one."""
+    seed = (cfg.trainer.seed * 1_000_003 + step * 7919 + round_ * 104_729) % (2 ** 31)
+    r = cfg.rollout
+    return SamplingParams(n=1 if greedy else (n or r.n), temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                          min_p=r.min_p, max_tokens=r.max_tokens, seed=seed, greedy=greedy,
+                          stop_token_ids=() if eos_id is None else (eos_id,))
+
+
+def generate(client, dataset, indices: list[int], sampling: SamplingParams, tokenizer) -> Rollouts:
+    """Driver only: sample ``sampling.n`` responses for each prompt row in ``indices``."""
+    rows = [dataset[i] for i in indices]
+    return from_completions(rows, client.generate([list(r.prompt_ids) for r in rows], sampling), tokenizer)
+
+
+def score(rollouts: Rollouts, reward_manager) -> Rollouts:
+    """Fill ``rewards`` / ``correct``; a non-finite reward stops the run naming the sample."""
+    rb = reward_manager.score(rollouts.rows, rollouts.texts)
+    bad = [i for i, v in enumerate(rb.reward.tolist()) if not math.isfinite(v)]
+    if bad:
+        raise FloatingPointError(f"non-finite reward for sample(s) {bad[:5]}")
+    rollouts.rewards, rollouts.correct = rb.reward, rb.correct
+    rollouts.stats = {**rollouts.stats, **rb.stats}
+    return rollouts
+
+
+def overlong_shaping(rollouts: Rollouts, hp, max_tokens: int) -> Rollouts:
+    """DAPO soft overlong punishment added to the reward (``correct`` stays the binary outcome)."""
+    pen = dapo_overlong_penalty(rollouts.response_lens, max_tokens, hp.overlong_buffer_len,
+                                hp.overlong_penalty_factor).float()
+    rollouts.rewards = rollouts.rewards + pen
+    rollouts.stats = {**rollouts.stats, "reward/overlong_penalty": float(pen.mean())}
+    return rollouts
+
+
+def _cat_opt(parts: list[Rollouts], name: str) -> torch.Tensor | None:
+    """Concatenate an optional field; present in some parts only is a bug, not a silent drop."""
+    vals = [getattr(p, name) for p in parts]
+    if all(v is None for v in vals):
+        return None
+    if any(v is None for v in vals):
+        raise ValueError(f"concat: {name} is set in some generation rounds but not others")
+    return torch.cat(vals)
+
+
+def concat(parts: list[Rollouts]) -> Rollouts:
+    """Join rollouts of several generation rounds (group ids offset to stay distinct; ``stats`` and
+    ``weight_version`` of the first part)."""
+    gids, off = [], 0
+    for p in parts:
+        gids.append(p.group_ids + off)
+        off = int(gids[-1].max()) + 1 if len(p) else off
+    cat_off = lambda name, lens: _offsets(torch.cat([getattr(p, lens) for p in parts]))
+    first = parts[0]
+    return dataclasses.replace(
+        first, rows=[r for p in parts for r in p.rows], prompt_ids=torch.cat([p.prompt_ids for p in parts]),
+        prompt_offsets=cat_off("prompt_offsets", "prompt_lens"), response_offsets=cat_off("response_offsets", "response_lens"),
+        finish=[f for p in parts for f in p.finish], group_ids=torch.cat(gids),
+        texts=[t for p in parts for t in p.texts], stats=first.stats,
+        **{name: _cat_opt(parts, name) for name in TOKEN_FIELDS + SAMPLE_FIELDS})
