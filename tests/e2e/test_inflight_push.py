@@ -28,14 +28,11 @@ def models(tmp_path_factory):
     return save_tiny_qwen3(d / "a", seed=0, max_positions=MAX_LEN), save_tiny_qwen3(d / "b", seed=1, max_positions=MAX_LEN)
 
 
-@pytest.fixture(scope="module")
-def client(models):
+def _client(models, cls=None):
     from megatron_rl.rollout.ray_bridge import RolloutClient
 
-    c = RolloutClient("vllm-async", str(models[0]), num_engines=1, sync_backend="gloo", cpus_per_engine=0.5,
-                      engine_kwargs={"max_model_len": MAX_LEN, "kv_cache_gib": 0.25})
-    yield c
-    c.shutdown()
+    return (cls or RolloutClient)("vllm-async", str(models[0]), num_engines=1, sync_backend="gloo", cpus_per_engine=0.5,
+                                  engine_kwargs={"max_model_len": MAX_LEN, "kv_cache_gib": 0.25})
 
 
 def _prompts(seed: int, k: int) -> list[list[int]]:
@@ -51,7 +48,9 @@ def _hf_scores(model_dir, comps) -> list[list[float]]:
                                           [len(c.prompt_ids) for c in comps])
 
 
-def test_groups_run_through_pushes_and_post_push_tokens_come_from_the_new_weights(client, models):
+def _run_through_pushes(client, models) -> tuple[dict, list]:
+    """Four groups (2 samples each, up to 616 tokens) submitted, pushes B then A while they run;
+    returns (max |engine − HF under the token's version| per version, the completions)."""
     from safetensors.torch import load_file
 
     w_a, w_b = (load_file(str(m / "model.safetensors")) for m in models)
@@ -85,9 +84,32 @@ def test_groups_run_through_pushes_and_post_push_tokens_come_from_the_new_weight
     by_version = {v: sum(x == v for c in comps for x in c.versions) for v in oracle}
     print(f"in-flight pushes: {spans}/{len(comps)} responses span a push; tokens by version {by_version}; "
           f"max |engine - HF(version)| {worst}; {time.perf_counter() - t0:.1f} s")
+    return worst, comps
+
+
+def test_groups_run_through_pushes_and_post_push_tokens_come_from_the_new_weights(models):
+    client = _client(models)
+    try:
+        worst, _ = _run_through_pushes(client, models)
+        st = client.push_stats()[0]
+    finally:
+        client.shutdown()
     assert max(worst.values()) <= 1e-4, worst
-    st = client.push_stats()[0]
     assert st["pushes"] == 3 and st["cache_resets"] == 3 and st["version"] == 3
+
+
+def test_the_proof_fails_when_a_push_leaves_old_weight_kv(models):
+    """The trap on purpose (``tests/helpers/inflight_faults.py``: pause without the cache clear, a plain
+    ``reset_prefix_cache()`` that is a no-op while requests run): the same check then sees the post-push
+    tokens far from the new weights (measured: 3.0 nats under B, 0.3 under A again)."""
+    from tests.helpers.inflight_faults import StaleKVClient
+
+    client = _client(models, StaleKVClient)
+    try:
+        worst, _ = _run_through_pushes(client, models)
+    finally:
+        client.shutdown()
+    assert worst[1] <= 1e-4 and worst[2] > 1e-2, worst
 
 
 def dataclasses_replace(sp, **kw):
