@@ -119,6 +119,7 @@ class AsyncVLLMEngine:
         self.pushes = 0
         self.pause_s = 0.0
         self.cache_resets = 0
+        self._active, self._busy_s, self._busy_t0 = 0, 0.0, 0.0   # requests in flight; seconds with any (loop thread)
         self.llm = self._loop.run(self._build(model_dir, dtype=dtype, seed=seed, max_model_len=max_model_len,
                                               kv_cache_gib=kv_cache_gib, max_num_seqs=max_num_seqs,
                                               gpu_memory_utilization=gpu_memory_utilization,
@@ -133,7 +134,13 @@ class AsyncVLLMEngine:
         from .vllm_worker_ext import prepare_worker_process  # lazy: imports vLLM
 
         prepare_worker_process()   # this process too: the factory validates the backend name here
-        extra = {"kv_cache_memory_bytes": kv_cache_bytes(kv_cache_gib)} if current_platform.is_cpu() else {}
+        extra = {}
+        if current_platform.is_cpu():
+            # chunked prefill off: after each push the preempted requests re-prefill (prompt + tokens so far)
+            # together, and vLLM 0.32's runner then rewinds a seeded request's generator for a partial
+            # prefill with a CUDA-only call ("CPU Generator does not use offset": the engine core dies)
+            extra = {"kv_cache_memory_bytes": kv_cache_bytes(kv_cache_gib), "enable_chunked_prefill": False,
+                     "max_num_batched_tokens": max(kw["max_model_len"], 2048)}
         args = AsyncEngineArgs(model=model_dir, skip_tokenizer_init=True, logprobs_mode=_VLLM_LOGPROBS_MODE[self.logprobs],
                                weight_transfer_config={"backend": weight_transfer},
                                worker_extension_cls="megatron_rl.rollout.vllm_worker_ext.AsyncWorkerExtension",
@@ -159,8 +166,12 @@ class AsyncVLLMEngine:
         from vllm.inputs import TokensPrompt  # lazy: defers vllm to the call
 
         final = None
-        async for out in self.llm.generate(TokensPrompt(prompt_token_ids=list(prompt)), params, str(next(self._ids))):
-            final = out
+        self._begin()
+        try:
+            async for out in self.llm.generate(TokensPrompt(prompt_token_ids=list(prompt)), params, str(next(self._ids))):
+                final = out
+        finally:
+            self._end()
         res = []
         for c in sorted(final.outputs, key=lambda c: c.index):
             ids = tuple(c.token_ids)
@@ -168,6 +179,24 @@ class AsyncVLLMEngine:
             res.append((ids, lps, token_versions(c.weight_versions, len(ids)),
                         "length" if c.finish_reason == "length" else "stop"))
         return res
+
+    def _begin(self) -> None:
+        if self._active == 0:
+            self._busy_t0 = time.perf_counter()
+        self._active += 1
+
+    def _end(self) -> None:
+        self._active -= 1
+        if self._active == 0:
+            self._busy_s += time.perf_counter() - self._busy_t0
+
+    def busy_seconds(self) -> float:
+        """Seconds during which at least one request was in flight (pauses for pushes included: see
+        ``push_stats()["pause_s"]``), since the engine started."""
+        return self._loop.run(self._busy_now())
+
+    async def _busy_now(self) -> float:
+        return self._busy_s + (time.perf_counter() - self._busy_t0 if self._active else 0.0)
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Completion]:
         """All ``n`` samples of every prompt, ordered by (prompt_index, sample_index); a push may run
@@ -291,11 +320,15 @@ class AsyncVLLMEngine:
 
     def named_parameters(self) -> dict[str, torch.Tensor]:
         """Copies of the worker model's parameters under vLLM's names."""
-        return self._rpc("mrl_params")
+        from .vllm_worker_ext import decode  # lazy: its module prepares a worker process when imported
+
+        return decode(self._rpc("mrl_params"))
 
     def hf_named_parameters(self) -> dict[str, torch.Tensor]:
         """Copies of the worker model's parameters under the trainer's HF names (sync verification)."""
-        return self._rpc("mrl_hf_params")
+        from .vllm_worker_ext import decode  # lazy: its module prepares a worker process when imported
+
+        return decode(self._rpc("mrl_hf_params"))
 
     def engine_config(self) -> dict:
         """The settings the engine was built with, as vLLM recorded them."""
@@ -307,7 +340,8 @@ class AsyncVLLMEngine:
 
     def push_stats(self) -> dict:
         """Pushes taken in flight, seconds generation stood paused for them, cache resets."""
-        return {"pushes": self.pushes, "pause_s": self.pause_s, "cache_resets": self.cache_resets, "version": self.version}
+        return {"pushes": self.pushes, "pause_s": self.pause_s, "cache_resets": self.cache_resets, "version": self.version,
+                "busy_s": self.busy_seconds()}
 
     def sleep(self, level: int = 1) -> None:
         raise RuntimeError("the vllm-async engine has no sleep mode (rollout.placement=colocated uses rollout.engine=vllm)")

@@ -33,21 +33,35 @@ def prepare_worker_process() -> None:
 class AsyncWorkerExtension:
     """Mixed into vLLM's worker class (``worker_extension_cls``): ``collective_rpc`` targets by name."""
 
-    def mrl_hf_params(self) -> dict[str, torch.Tensor]:
-        """The worker model's parameters under the trainer's HF names (``vllm_engine._worker_hf_params``)."""
+    def mrl_hf_params(self) -> dict[str, tuple]:
+        """The worker model's parameters under the trainer's HF names (``vllm_engine._worker_hf_params``),
+        :func:`encode`d."""
         from .vllm_engine import _worker_hf_params  # lazy: imports vLLM, loaded in this process already
 
-        return _worker_hf_params(self)
+        return encode(_worker_hf_params(self))
 
-    def mrl_params(self) -> dict[str, torch.Tensor]:
-        """Copies of the worker model's parameters under vLLM's names."""
-        return {n: p.detach().clone() for n, p in self.get_model().named_parameters()}
+    def mrl_params(self) -> dict[str, tuple]:
+        """The worker model's parameters under vLLM's names, :func:`encode`d."""
+        return encode({n: p.detach() for n, p in self.get_model().named_parameters()})
 
     def mrl_transfer_stats(self) -> dict:
         """The transfer engine's stage times since the last call (then reset)."""
         from .transfer_engines import worker_stats  # lazy: imports vLLM, loaded in this process already
 
         return worker_stats(self)
+
+
+def encode(tensors: dict[str, torch.Tensor]) -> dict[str, tuple]:
+    """``name -> (dtype name, shape, raw bytes)``: what crosses the engine-core process boundary intact
+    (vLLM's msgpack turns a tensor in a utility call into a nested list)."""
+    return {n: (str(t.dtype).removeprefix("torch."), list(t.shape), t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+            for n, t in tensors.items()}
+
+
+def decode(encoded: dict[str, tuple]) -> dict[str, torch.Tensor]:
+    """The tensors :func:`encode` packed (owned copies)."""
+    return {n: torch.frombuffer(bytearray(b), dtype=torch.uint8).view(getattr(torch, d)).view(shape) if b
+            else torch.empty(shape, dtype=getattr(torch, d)) for n, (d, shape, b) in encoded.items()}
 
 
 prepare_worker_process()

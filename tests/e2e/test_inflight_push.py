@@ -88,14 +88,19 @@ def _run_through_pushes(client, models) -> tuple[dict, list]:
 
 
 def test_groups_run_through_pushes_and_post_push_tokens_come_from_the_new_weights(models):
+    from safetensors.torch import load_file
+
     client = _client(models)
     try:
         worst, _ = _run_through_pushes(client, models)
         st = client.push_stats()[0]
+        held = client.engine_hf_parameters()[0]   # what sync verification compares (crosses the engine-core process)
     finally:
         client.shutdown()
     assert max(worst.values()) <= 1e-4, worst
     assert st["pushes"] == 3 and st["cache_resets"] == 3 and st["version"] == 3
+    w_a = load_file(str(models[0] / "model.safetensors"))
+    assert all(torch.equal(held[k], v) for k, v in w_a.items() if k != "lm_head.weight"), "engine weights != last push"
 
 
 def test_the_proof_fails_when_a_push_leaves_old_weight_kv(models):
