@@ -8,7 +8,7 @@ tokens in all, ``P`` prompt tokens in all)::
     prompt_offsets   int64 [N+1]   sample i's prompt = prompt_ids[prompt_offsets[i]:prompt_offsets[i+1]]
     response_ids     int32 [T]     every sample's response, back to back
     response_offsets int64 [N+1]   sample i's response (and its per-token fields) = [response_offsets[i]:…[i+1]]
-    logp             fp32  [T]     the engine's log-prob of each response token (``rollout/engine.py``)
+    response_logp    fp32  [T]     the engine's log-prob of each response token (``rollout/engine.py``)
     group_ids        int64 [N]     dense group index of each sample
     rewards, correct, greedy_rewards, process   [N] per-sample tensors (None until filled)
     rows, finish, texts            per-sample Python metadata (the prompt row, "stop" | "length", the decoded text)
@@ -18,7 +18,10 @@ optional one is None when unset. A new per-token field (e.g. the weight version 
 under, a behaviour log-prob) is a dataclass field defaulting to None plus its name in
 :data:`TOKEN_FIELDS`: :meth:`Rollouts.select`, :func:`concat` and the distribution
 (``runtime/broadcast.py``: tensors travel as one flat buffer, never pickled per element) carry it.
-Per-sample tensors are listed in :data:`SAMPLE_FIELDS` the same way.
+Per-sample tensors are listed in :data:`SAMPLE_FIELDS` the same way. A field named like a registered
+loss / advantage input (``algorithms.register_input``: ``rewards``, ``group_ids``, ``correct`` …) is read by the
+advantage estimators under that name (``update_stage.advantage_inputs``): name a new field after an input only
+when it is that input.
 
 The list views ``prompts``, ``responses``, ``rollout_logp`` (lists of Python ints / floats, built on
 access) serve the code that builds padded batches from them; nothing stores them.
@@ -36,7 +39,7 @@ from ..algorithms import dapo_overlong_penalty
 from .engine import SamplingParams
 
 #: per-token tensors, aligned with ``response_ids`` (offsets ``response_offsets``)
-TOKEN_FIELDS = ("response_ids", "logp")
+TOKEN_FIELDS = ("response_ids", "response_logp")
 #: optional per-sample tensors ([N]); ``group_ids`` is renumbered by select / offset by concat
 SAMPLE_FIELDS = ("rewards", "correct", "greedy_rewards", "process")
 
@@ -75,7 +78,7 @@ class Rollouts:
     prompt_offsets: torch.Tensor    # int64 [N+1]
     response_ids: torch.Tensor      # int32 [T]
     response_offsets: torch.Tensor  # int64 [N+1]
-    logp: torch.Tensor              # fp32 [T] engine log-prob per response token
+    response_logp: torch.Tensor     # fp32 [T] engine log-prob per response token
     finish: list[str]               # "stop" | "length" per sample
     group_ids: torch.Tensor         # int64 [N]
     texts: list[str] = dataclasses.field(default_factory=list)
@@ -121,7 +124,11 @@ class Rollouts:
 
     @property
     def rollout_logp(self) -> list[list[float]]:
-        return _ragged(self.logp, self.response_offsets)
+        return _ragged(self.response_logp, self.response_offsets)
+
+    def prompt(self, i: int) -> list[int]:
+        o = self.prompt_offsets
+        return self.prompt_ids[int(o[i]):int(o[i + 1])].tolist()
 
     def response(self, i: int) -> list[int]:
         o = self.response_offsets
@@ -147,7 +154,8 @@ class Rollouts:
 def from_completions(rows: list, comps: list, tokenizer) -> Rollouts:
     """The engines' completions (ordered by prompt, then sample) as :class:`Rollouts`: token ids and
     log-probs copied once into flat buffers (``np.fromiter`` over the chained tuples: no list per
-    sample), texts decoded in one batch (``decode_batch`` when the tokenizer has it)."""
+    sample), texts decoded in one batch (``decode_batch`` when the tokenizer has it; no texts when
+    ``tokenizer`` is None)."""
     for i, c in enumerate(comps):
         if not c.response_ids:
             raise RuntimeError(f"engine returned an empty response for sample {i}")
@@ -160,7 +168,7 @@ def from_completions(rows: list, comps: list, tokenizer) -> Rollouts:
     off = _offsets(n_resp)
     return Rollouts([rows[c.prompt_index] for c in comps], prompt, _offsets(n_prompt), resp, off, logp,
                     [c.finish_reason for c in comps], torch.tensor([c.prompt_index for c in comps], dtype=torch.long),
-                    decode_batch(tokenizer, resp, off))
+                    [] if tokenizer is None else decode_batch(tokenizer, resp, off))
 
 
 def decode_batch(tokenizer, ids: torch.Tensor, offsets: torch.Tensor) -> list[str]:
@@ -190,7 +198,11 @@ def generate(client, dataset, indices: list[int], sampling: SamplingParams, toke
 
 def score(rollouts: Rollouts, reward_manager) -> Rollouts:
     """Fill ``rewards`` / ``correct``; a non-finite reward stops the run naming the sample."""
-    rb = reward_manager.score(rollouts.rows, rollouts.texts)
+    return apply_scores(rollouts, reward_manager.score(rollouts.rows, rollouts.texts))
+
+
+def apply_scores(rollouts: Rollouts, rb) -> Rollouts:
+    """:func:`score` with the reward manager's batch ``rb`` already in hand (``pending_rewards.py``)."""
     bad = [i for i, v in enumerate(rb.reward.tolist()) if not math.isfinite(v)]
     if bad:
         raise FloatingPointError(f"non-finite reward for sample(s) {bad[:5]}")

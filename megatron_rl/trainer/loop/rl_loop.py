@@ -18,29 +18,16 @@ import signal
 import time
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
 from megatron_rl.rewards.judge_client import JudgeRejected
 from megatron_rl.runtime.console import LOG_FILE, RESUME_TEMPLATE, format_summary, quiet_console
 from megatron_rl.trainer.loop import guard
 from megatron_rl.trainer.loop.rollout_source import open_source
-from megatron_rl.rollout.rollouts import Rollouts
 from megatron_rl.trainer.loop.setup import Run, evaluate, setup_run, sync_weights
 from megatron_rl.trainer.loop.stop import GracefulStop, Halted, Stopped
 from megatron_rl.trainer.loop.sync_stage import SyncVerifyError, verify_due, verify_push, warm_probe
 from megatron_rl.trainer.pipeline.update import update
-
-
-def step_metrics(ro: Rollouts, cfg) -> dict:
-    n = cfg.rollout.n
-    r = ro.rewards.view(-1, n) if len(ro) % n == 0 else ro.rewards.view(1, -1)
-    lens = ro.response_lens.to(torch.float32)
-    return {"reward/mean": float(ro.rewards.mean()), "reward/acc": float(ro.correct.float().mean()),
-            "reward/all_correct_groups": float((r.min(1).values > 0.5).float().mean()),
-            "reward/all_wrong_groups": float((r.max(1).values <= 0.5).float().mean()),
-            "response/len_mean": float(lens.mean()),
-            "response/clip_frac": sum(f == "length" for f in ro.finish) / len(ro), **ro.stats}
 
 
 def rl_step(run: Run, step: int) -> dict:
@@ -50,8 +37,7 @@ def rl_step(run: Run, step: int) -> dict:
     data, meta = run.state.source.next(step)
     t_gen = time.perf_counter() - t0
     run.colo.after_generate()          # colocated: engines sleep, trainer onloads (trainer/loop/colocate.py)
-    metrics = step_metrics(run.path.logged(data), run.cfg)
-    metrics.update(update(run, data, step))
+    metrics = update(run, data, step)   # the rollouts' reward / length metrics first (update_stage.rollout_metrics)
     run.state.source.before_push(step)       # async: the driver waits for the batches due before the push
     verify = verify_due(run.cfg.rollout.verify_sync, step, run.state.verified)
     t_warm = t_check = 0.0

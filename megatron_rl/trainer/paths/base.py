@@ -10,7 +10,7 @@ from megatron_rl.algorithms import algo_kind, kind_required_inputs
 from megatron_rl.algorithms.hparams import PPOHParams
 from megatron_rl.algorithms.inputs import unknown_inputs
 from megatron_rl.trainer.pipeline.update import Sampled
-from megatron_rl.trainer.pipeline.update_stage import sequences
+from megatron_rl.trainer.pipeline.update_stage import rollout_sequences
 
 from .context import CollectContext, PathSetup, UpdateContext
 
@@ -93,9 +93,13 @@ class DataPath(abc.ABC):
         """Every rank: ``data`` as the pipeline's :class:`~megatron_rl.trainer.pipeline.update.Sampled`: the
         sampled sequences (``prompt ++ response`` here) and the hparams in force."""
         ro = data
-        seqs = sequences(ctx, ro.prompts, ro.responses)
-        ctx.samples(step, "policy", [p + r for p, r in zip(ro.prompts, ro.responses)])
+        seqs = rollout_sequences(ctx, ro)
+        ctx.samples(step, "policy", (ro.prompt(i) + ro.response(i) for i in range(len(ro))))
         return Sampled(ro, seqs, self.hp)
+
+    def join_rewards(self, ctx: UpdateContext, s: Sampled, metrics: dict) -> None:
+        """Hook (collective): right after the old / ref log-prob passes, before anything reads a reward:
+        rewards scored beside the passes land in ``s.ro`` (``rollout/pending_rewards.py``); none here."""
 
     def after_logprobs(self, ctx: UpdateContext, s: Sampled, lp: LogProbs, metrics: dict) -> None:
         """Hook (collective): after the old / ref log-prob passes, before the advantages."""

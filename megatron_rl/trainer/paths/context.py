@@ -13,6 +13,7 @@ own state.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -43,7 +44,7 @@ class SampleDump:
             return
         raw = getattr(getattr(self.tok, "tok", None), "decode", None)
         with open(Path(self.run_dir) / "samples.jsonl", "a") as f:
-            for ids in list(seqs)[:self.n]:
+            for ids in itertools.islice(seqs, self.n):
                 ids = [int(i) for i in ids]
                 text = raw(ids, skip_special_tokens=False) if raw is not None else self.tok.decode(ids)
                 f.write(json.dumps({"step": step, "name": name, "ids": ids, "text": text}) + "\n")
@@ -86,6 +87,9 @@ class UpdateContext:
 
     def seq_len(self, prompts, responses) -> int:
         """Padded sequence length of a batch (multiple of 8 and of TP for sequence parallel)."""
-        m = max(len(p) + len(r) for p, r in zip(prompts, responses))
+        return self.padded_len(max(len(p) + len(r) for p, r in zip(prompts, responses)))
+
+    def padded_len(self, longest: int) -> int:
+        """``longest`` rounded up to a multiple of 8 x TP (:meth:`seq_len`)."""
         q = 8 * max(1, self.info.tp)
-        return -(-m // q) * q
+        return -(-longest // q) * q

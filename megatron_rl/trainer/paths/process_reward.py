@@ -95,6 +95,7 @@ class ProcessRewardPath(PlainPath):
     hparams = PAPOHParams
     provides = BASE_INPUTS | {"process"}
     uses_grader = True
+    defer_rewards = False    # collect grades the correct responses: it needs the rewards there
 
     def __init__(self, cfg, tok):
         super().__init__(cfg, tok)
@@ -138,4 +139,5 @@ class ProcessRewardPath(PlainPath):
         return out
 
     def close(self) -> None:
+        super().close()
         self.pending.close()

@@ -12,13 +12,15 @@ when the path's :meth:`PlainPath.wants_greedy` says so (``greedy``; BiCC with ``
 from __future__ import annotations
 
 import logging
+from typing import ClassVar
 
 from megatron_rl import algorithms as A
 from megatron_rl.algorithms.hparams import SamplingHParams
 from megatron_rl.rollout import rollouts as R
+from megatron_rl.rollout.pending_rewards import PendingRewards
 
 from .base import BASE_INPUTS, DataPath, register_path
-from .context import CollectContext
+from .context import CollectContext, UpdateContext
 
 log = logging.getLogger("megatron_rl.loop")
 
@@ -28,11 +30,21 @@ class PlainPath(DataPath):
     """Sample, reward, train (module docstring)."""
 
     kl_in_reward = True
+    #: score the batch beside the old / ref log-prob passes (``rollout/pending_rewards.py``) when the
+    #: collection itself reads no reward (no dynamic sampling, no greedy baseline) and runs in step with
+    #: the update (``rollout.max_staleness=0``); a subclass whose ``collect`` reads rewards says False
+    defer_rewards: ClassVar[bool] = True
 
     def __init__(self, cfg, tok):
         super().__init__(cfg, tok)
         self.sampling = self.hp if isinstance(self.hp, SamplingHParams) else None
         self.greedy = self.wants_greedy(self.hp)
+        self.deferred = PendingRewards() if self.defers_rewards() else None
+
+    def defers_rewards(self) -> bool:
+        """Are this run's rewards scored beside the log-prob passes (``defer_rewards``)?"""
+        dynamic = self.sampling is not None and self.sampling.filter_groups
+        return self.defer_rewards and self.cfg.rollout.max_staleness == 0 and not self.greedy and not dynamic
 
     @classmethod
     def wants_greedy(cls, hp) -> bool:
@@ -54,17 +66,36 @@ class PlainPath(DataPath):
     def collect(self, ctx: CollectContext, step: int):
         if self.sampling is not None and self.sampling.filter_groups:
             return collect_dynamic(self, ctx, step, self.sampling)
+        if self.deferred is not None:    # scored on the driver's worker thread; joined after the log-prob passes
+            ro = R.generate(ctx.client, ctx.train_set, ctx.sampler.next_batch(),
+                            R.sampling_params(self.cfg, step, 0, eos_id=self.tok.eos_id), self.tok)
+            self.deferred.start(ro, ctx.rewards, self.shape)
+            return ro
         return self.round(ctx, step, 0)
+
+    def shape(self, part):
+        """DAPO's soft overlong shaping of a scored batch (when the method switches it on)."""
+        if self.sampling is not None and self.sampling.overlong_enable:
+            return R.overlong_shaping(part, self.sampling, self.cfg.rollout.max_tokens)
+        return part
+
+    def join_rewards(self, ctx: UpdateContext, s, metrics: dict) -> None:
+        """The deferred rewards land on every rank (``time/reward_wait``: the driver's wait for them)."""
+        if self.deferred is not None:
+            metrics["time/reward_wait"] = self.deferred.finish(s.ro, ctx.info.is_driver)
+
+    def close(self) -> None:
+        super().close()
+        if self.deferred is not None:
+            self.deferred.close()
 
     def round(self, ctx: CollectContext, step: int, round_: int):
         """One generation batch: sample ``rollout.n`` per prompt, score, DAPO overlong shaping, and the
         greedy baseline (driver)."""
         cfg, tok = self.cfg, self.tok
         idx = ctx.sampler.next_batch()
-        part = R.score(R.generate(ctx.client, ctx.train_set, idx, R.sampling_params(cfg, step, round_, eos_id=tok.eos_id),
-                                  tok), ctx.rewards)
-        if self.sampling is not None and self.sampling.overlong_enable:
-            part = R.overlong_shaping(part, self.sampling, cfg.rollout.max_tokens)
+        part = self.shape(R.score(R.generate(ctx.client, ctx.train_set, idx,
+                                             R.sampling_params(cfg, step, round_, eos_id=tok.eos_id), tok), ctx.rewards))
         if self.greedy:
             sp = R.sampling_params(cfg, step, round_ + 1, greedy=True, eos_id=tok.eos_id)
             g = R.score(R.generate(ctx.client, ctx.train_set, idx, sp, tok), ctx.rewards)

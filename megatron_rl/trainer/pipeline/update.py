@@ -4,6 +4,9 @@
       -> old / ref log-probs               whole batch, once (the proximal and reference policies;
                                            ``algo.off_policy=bypass``: old := the engine's, no pass),
                                            the trainer-vs-engine mismatch metrics
+      -> path.join_rewards                 rewards scored beside the passes land (``rollout/pending_rewards.py``:
+                                           the plain paths of synchronous runs), then the step's reward /
+                                           length metrics (``update_stage.rollout_metrics``)
       -> in-reward KL -> path.after_logprobs
       -> advantages                        whole batch, once (registered estimator)
       -> base rows -> path.train_rows      the rows the loss trains on, with the off-policy / rollout-
@@ -140,6 +143,8 @@ def update(run: Run, data, step: int) -> dict:
     ctx = run.update_context()       # what the path's hooks see of the run (paths/context.py)
     s = path.sampled(ctx, data, step)
     lp, metrics = logprob_passes(run, s, step)
+    path.join_rewards(ctx, s, metrics)   # rewards scored beside the passes (plain paths, synchronous) land
+    metrics = {**U.rollout_metrics(path.logged(data), run.cfg), **metrics}
     if s.hp.kl_reward_coef > 0:      # only paths with ``kl_in_reward`` pass validation with a coefficient
         metrics.update(U.kl_in_reward(s.ro, lp.old, lp.ref, s.seqs.resp_mask, s.hp.kl_reward_coef, s.hp.kl_reward_type))
     path.after_logprobs(ctx, s, lp, metrics)

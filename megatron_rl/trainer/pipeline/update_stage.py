@@ -52,6 +52,41 @@ def sequences(run, prompts: list[list[int]], responses: list[list[int]], max_res
     return build_seq_batch(prompts, responses, run.tok.pad_id, run.seq_len(prompts, responses), max_resp)
 
 
+def rollout_sequences(run, ro) -> SeqBatch:
+    """:func:`sequences` of the rollouts ``ro`` (``prompt ++ response`` of every sample), copied row by row
+    straight from their flat buffers: the same tensors as ``build_seq_batch`` of the lists, no Python
+    object per token and no index tensor the size of the batch."""
+    pl, rl = ro.prompt_lens.tolist(), ro.response_lens.tolist()
+    if 0 in pl:
+        raise ValueError(f"make_batch: prompt {pl.index(0)} is empty (the first response token needs a context)")
+    n, s, max_resp = len(ro), run.padded_len(max(a + b for a, b in zip(pl, rl))), run.cfg.rollout.max_tokens
+    tokens = torch.full((n, s), run.tok.pad_id, dtype=torch.long)
+    loss_mask = torch.zeros((n, s - 1), dtype=torch.float32)
+    pos, mask = torch.zeros(n, max_resp, dtype=torch.long), torch.zeros(n, max_resp)
+    po, ro_ = ro.prompt_offsets.tolist(), ro.response_offsets.tolist()
+    frame = torch.arange(max_resp)
+    for i, (a, b) in enumerate(zip(pl, rl)):
+        tokens[i, :a] = ro.prompt_ids[po[i]:po[i] + a]
+        tokens[i, a:a + b] = ro.response_ids[ro_[i]:ro_[i] + b]
+        loss_mask[i, a - 1:a + b - 1] = 1.0
+        k = min(b, max_resp)
+        pos[i, :k] = frame[:k] + (a - 1)
+        mask[i, :k] = 1.0
+    return SeqBatch(TrainBatch(tokens, loss_mask, {"resp_pos": pos, "resp_mask": mask}), pos, mask)
+
+
+def rollout_metrics(ro, cfg) -> dict:
+    """The step's reward / length metrics of the rollouts ``ro`` (before any in-reward KL)."""
+    n = cfg.rollout.n
+    r = ro.rewards.view(-1, n) if len(ro) % n == 0 else ro.rewards.view(1, -1)
+    lens = ro.response_lens.to(torch.float32)
+    return {"reward/mean": float(ro.rewards.mean()), "reward/acc": float(ro.correct.float().mean()),
+            "reward/all_correct_groups": float((r.min(1).values > 0.5).float().mean()),
+            "reward/all_wrong_groups": float((r.max(1).values <= 0.5).float().mean()),
+            "response/len_mean": float(lens.mean()),
+            "response/clip_frac": sum(f == "length" for f in ro.finish) / len(ro), **ro.stats}
+
+
 def response_frame(x: torch.Tensor, sb: SeqBatch) -> torch.Tensor:
     """``[N, S-1]`` -> ``[N, R]`` (zeros off the mask)."""
     return x.gather(1, sb.resp_pos) * sb.resp_mask

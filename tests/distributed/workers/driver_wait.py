@@ -17,6 +17,35 @@ import sys
 import time
 
 
+def _tensor_object():
+    """A batch as the loop sends it (flat buffers, per-sample tensors, a bool one) beside a non-contiguous
+    view, an empty tensor and plain Python values."""
+    import torch
+
+    from megatron_rl.rollout.rollouts import Rollouts
+
+    ro = Rollouts.from_lists([None, None], [[1, 2], [3]], [[5, 6, 7], [8]], [[-0.5, -1.25, -3.0], [-0.125]],
+                             ["stop", "length"], [0, 0], ["a", "b"], rewards=torch.tensor([1.0, 0.0]),
+                             correct=torch.tensor([True, False]), stats={"k": 1.5})
+    return {"ro": ro, "view": torch.arange(12, dtype=torch.float64).reshape(3, 4)[:, 1], "empty": torch.zeros(0, 3),
+            "n": 7}
+
+
+def _same(got, want) -> bool:
+    import dataclasses
+
+    import torch
+
+    def eq(a, b):
+        if isinstance(a, torch.Tensor):
+            return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+        return a == b
+
+    g, w = got["ro"], want["ro"]
+    fields = all(eq(getattr(g, f.name), getattr(w, f.name)) for f in dataclasses.fields(w))
+    return fields and all(eq(got[k], want[k]) for k in ("view", "empty", "n"))
+
+
 def main(out: str, timeout_s: str, pause_s: str) -> None:
     import torch.distributed as dist
 
@@ -46,6 +75,9 @@ def main(out: str, timeout_s: str, pause_s: str) -> None:
     rec["waited_s"] = round(time.monotonic() - t0, 2)
     got = broadcast_object("second" if rank == 0 else None)          # rounds stay in step
     rec["second"] = got == "second"
+    want = _tensor_object()               # tensors out of the pickle, as one flat buffer (issue 41)
+    got = broadcast_object(want if rank == 0 else None)
+    rec["tensors"] = _same(got, want)
 
     # 2. control: a plain collective with the same timeout and pause times out
     if rank == 0:

@@ -66,7 +66,7 @@ def test_teacher_family_is_one_package():
 
 
 def test_hooks_the_pipeline_calls_are_declared_with_their_contexts():
-    hooks = {"setup": PathSetup, "collect": CollectContext, "sampled": UpdateContext, "after_logprobs": UpdateContext,
+    hooks = {"setup": PathSetup, "collect": CollectContext, "sampled": UpdateContext, "join_rewards": UpdateContext, "after_logprobs": UpdateContext,
              "train_rows": UpdateContext, "mini_batch_inputs": UpdateContext}
     for name, ctx in hooks.items():
         sig = inspect.signature(getattr(P.DataPath, name))

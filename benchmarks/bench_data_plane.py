@@ -1,0 +1,356 @@
+"""The rollout data plane at the recipes' batch sizes (issue 41): collect -> decode -> reward -> distribute ->
+per-rank batch -> packing plan, before -> after, in one run.
+
+Run:  python benchmarks/bench_data_plane.py [--tokens 9M] [--ranks 2] [--all] [--mem-limit-gb 8] [--json OUT]
+
+No model: a stand-in engine answers ``generate`` at once with completions of the recipes' lengths (the
+engines' own format, ``rollout/engine.Completion``: tuples of ids and log-probs). Each path runs in its
+own ``torch.distributed.run`` job of ``--ranks`` gloo ranks (so each rank's peak RSS is the path's own);
+global rank 0 is the driver, as in training. Cases (``--tokens``; ``--all``: 1M, 9M and 67M at 2 and 4 ranks):
+
+* ``1M``: 32 prompts x 8 samples, responses of 2k..6k tokens (mean 4k), prompts of 256..512;
+* ``9M``: 256 prompts x 8 samples, the same lengths (the issue's 2,048 x 4,096);
+* ``67M``: DAPO's recipe, 512 prompts x 16 samples, responses of 1k..15k tokens (mean 8k).
+
+Paths:
+
+* ``before``: the loop as it was — Python lists per sample (``list(c.response_ids)`` ...), one
+  ``tokenizer.decode`` per sample, the whole object pickled through ``broadcast_object_list``;
+* ``after``: ``rollout/rollouts.py`` (flat int32 / fp32 buffers, texts decoded in one batch) and
+  ``runtime/broadcast.broadcast_object`` (the tensors as one flat buffer, the rest pickled).
+
+Stages: ``collect`` (completions -> the batch object), ``decode`` (texts), ``reward`` (``rollouts.score``
+with the ``exact`` reward: the bookkeeping, not a verifier's cost), ``distribute`` (driver -> every rank;
+the slowest rank's time from a barrier to the object in hand), ``batch`` (each rank's padded sequence
+batch of the whole step's rows, as every rank builds it: before ``update_stage.build_seq_batch`` of the lists,
+after ``update_stage.rollout_sequences`` from the flat buffers) and
+``plan`` (``packing.plan`` from the lengths). Memory: ``share`` = bytes of one DP rank's share of the
+token data as int32 ids + fp32 log-probs; ``dist`` = the RSS a receiving rank (not the driver) added from
+just before the distribution to its peak after it (max over the receivers), and ``dist / share``;
+``batch`` = the RSS the batch stage added on top. A case whose estimated memory exceeds
+``--mem-limit-gb`` for all ranks together (the shared host) is skipped and said so.
+
+Goals (issue 41): distribute 9M tokens <= 0.3 s; a rank's memory <= 1.5x its share. The last line:
+``data plane: 9M tokens, 2 ranks: distribute X s, per-rank memory Y x its share`` (the ``after`` path of
+the first case).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from types import SimpleNamespace
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+#: name -> (prompts, samples per prompt, response min, response max, prompt min, prompt max)
+CASES = {"1M": (32, 8, 2048, 6144, 256, 512), "9M": (256, 8, 2048, 6144, 256, 512),
+         "67M": (512, 16, 1024, 15360, 256, 512)}
+BYTES_PER_TOKEN = {"before": 110, "after": 14}   # estimates per rank (lists of objects vs buffers + texts)
+BATCH_BYTES = 24   # per row slot of the padded batch: tokens int64 + loss mask fp32 + resp_pos int64 + resp_mask fp32
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _peak() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+# ---- the stand-in engine --------------------------------------------------------------------------
+
+
+class StandInEngine:
+    """``generate`` of the engines' interface, answered at once: ``n`` completions per prompt whose
+    lengths are drawn uniformly from the case's range (seeded); ids and log-probs are slices of one long
+    template tuple (the objects are shared, as a real engine's would not be: the driver's RSS is a floor)."""
+
+    def __init__(self, resp_min: int, resp_max: int, vocab: int, seed: int = 0):
+        import numpy as np
+
+        self.rng = np.random.default_rng(seed)
+        self.resp_min, self.resp_max = resp_min, resp_max
+        self.ids = tuple(self.rng.integers(0, vocab, 2 * resp_max).tolist())
+        self.lps = tuple(float(x) for x in (-self.rng.exponential(1.0, 2 * resp_max)).astype(np.float32))
+
+    def generate(self, prompts, sampling):
+        from megatron_rl.rollout.engine import Completion
+
+        out = []
+        for i, p in enumerate(prompts):
+            for j in range(sampling.n):
+                n = int(self.rng.integers(self.resp_min, self.resp_max + 1))
+                o = int(self.rng.integers(0, self.resp_max))
+                out.append(Completion(i, j, tuple(p), self.ids[o:o + n], self.lps[o:o + n],
+                                      "length" if n == self.resp_max else "stop"))
+        return out
+
+
+def _rows(prompts: int, pmin: int, pmax: int, vocab: int):
+    import numpy as np
+
+    from megatron_rl.data.dataset import PromptRow
+
+    rng = np.random.default_rng(1)
+    return [PromptRow(i, tuple(rng.integers(0, vocab, int(rng.integers(pmin, pmax + 1))).tolist()), "bench", "42", {})
+            for i in range(prompts)]
+
+
+# ---- the two paths ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class LegacyRollouts:
+    """The loop's batch before issue 41 (fields as they were): Python lists per sample."""
+
+    rows: list
+    prompts: list
+    responses: list
+    rollout_logp: list
+    finish: list
+    group_ids: object
+    texts: list = dataclasses.field(default_factory=list)
+    rewards: object = None
+    correct: object = None
+    greedy_rewards: object = None
+    stats: dict = dataclasses.field(default_factory=dict)
+    process: object = None
+    weight_version: int | None = None
+
+
+def _collect_before(rows, comps, tok, t: dict):
+    import torch
+
+    t0 = time.perf_counter()
+    out_rows, prompts, resps, lps, fin, gids = [], [], [], [], [], []
+    for c in comps:
+        out_rows.append(rows[c.prompt_index])
+        prompts.append(list(c.prompt_ids))
+        resps.append(list(c.response_ids))
+        lps.append(list(c.logprobs))
+        fin.append(c.finish_reason)
+        gids.append(c.prompt_index)
+    t1 = time.perf_counter()
+    texts = [tok.decode(c.response_ids) for c in comps]
+    t["collect"], t["decode"] = t1 - t0, time.perf_counter() - t1
+    return LegacyRollouts(out_rows, prompts, resps, lps, fin, torch.tensor(gids, dtype=torch.long), texts)
+
+
+def _collect_after(rows, comps, tok, t: dict):
+    from megatron_rl.rollout import rollouts as R
+
+    t0 = time.perf_counter()
+    ro = R.from_completions(rows, comps, None)
+    t1 = time.perf_counter()
+    ro.texts = R.decode_batch(tok, ro.response_ids, ro.response_offsets)
+    t["collect"], t["decode"] = t1 - t0, time.perf_counter() - t1
+    return ro
+
+
+def _distribute(path: str, ro):
+    import torch.distributed as dist
+
+    if path == "before":
+        box = [ro]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+    from megatron_rl.runtime.broadcast import broadcast_object
+
+    return broadcast_object(ro)
+
+
+# ---- one rank of one path ---------------------------------------------------------------------------
+
+
+def _driver(case: str, path: str, tok_dir: str, t: dict):
+    from megatron_rl.data.tokenizer import load_tokenizer
+    from megatron_rl.rewards.manager import RewardManager
+    from megatron_rl.rollout import rollouts as R
+    from megatron_rl.rollout.engine import SamplingParams
+
+    prompts, n, rmin, rmax, pmin, pmax = CASES[case]
+    tok = load_tokenizer(tok_dir)
+    rows = _rows(prompts, pmin, pmax, tok.vocab_size)
+    t0 = time.perf_counter()
+    comps = StandInEngine(rmin, rmax, tok.vocab_size).generate([list(r.prompt_ids) for r in rows],
+                                                                SamplingParams(n=n, max_tokens=rmax))
+    t["engine"] = time.perf_counter() - t0
+    ro = (_collect_before if path == "before" else _collect_after)(rows, comps, tok, t)
+    del comps
+    t0 = time.perf_counter()
+    R.score(ro, RewardManager(default="exact"))
+    t["reward"] = time.perf_counter() - t0
+    return ro
+
+
+def _batch_and_plan(ro, dp: int, t: dict, mem: dict, limit: float) -> None:
+    from megatron_rl.trainer.pipeline.packing import TokenBudget, seq_lengths
+    from megatron_rl.trainer.pipeline.packing import plan as pack_plan
+    from megatron_rl.trainer.pipeline.update_stage import build_seq_batch, rollout_sequences
+
+    lens = [len(p) + len(r) for p, r in zip(ro.prompts, ro.responses)] if not hasattr(ro, "response_lens") \
+        else (ro.prompt_lens + ro.response_lens).tolist()
+    r_max = max(len(r) for r in ro.responses) if not hasattr(ro, "response_lens") else int(ro.response_lens.max())
+    s = -(-max(lens) // 8) * 8
+    need = len(lens) * (s + r_max) * BATCH_BYTES / 2 * dp
+    if need > limit:
+        mem["batch_skipped"] = f"needs ~{need / 2**30:.1f} GiB on {dp} ranks"
+        return
+    base = _rss()
+    t0 = time.perf_counter()
+    if hasattr(ro, "response_lens"):   # after: straight from the flat buffers, as the plain paths do
+        ctx = SimpleNamespace(padded_len=lambda m: -(-m // 8) * 8, cfg=SimpleNamespace(rollout=SimpleNamespace(max_tokens=r_max)),
+                              tok=SimpleNamespace(pad_id=0))
+        sb = rollout_sequences(ctx, ro)
+    else:                              # before: the lists, padded one sample at a time
+        sb = build_seq_batch(ro.prompts, ro.responses, 0, s, r_max)
+    t1 = time.perf_counter()
+    pack_plan(seq_lengths(sb.batch), TokenBudget(2 * s), dp)
+    t["batch"], t["plan"] = t1 - t0, time.perf_counter() - t1
+    mem["batch"] = max(0, _peak() - base)
+
+
+def worker(case: str, path: str, tok_dir: str, out: str, limit: float) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    t: dict = {}
+    ro = _driver(case, path, tok_dir, t) if rank == 0 else None
+    dist.barrier()
+    base = _rss()
+    t0 = time.perf_counter()
+    ro = _distribute(path, ro)
+    t["distribute"] = time.perf_counter() - t0
+    mem = {"dist": max(0, _peak() - base)}
+    _batch_and_plan(ro, world, t, mem, limit)
+    tokens = int(sum(len(r) for r in ro.responses)) if path == "before" else len(ro.response_ids)
+    prompt_tokens = int(sum(len(p) for p in ro.prompts)) if path == "before" else len(ro.prompt_ids)
+    res = {"rank": rank, "t": t, "mem": mem, "peak": _peak(), "tokens": tokens + prompt_tokens,
+           "share_bytes": (prompt_tokens * 4 + tokens * 8) / world}
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump(res, f)
+    dist.destroy_process_group()
+
+
+# ---- the driver script --------------------------------------------------------------------------------
+
+
+def _estimate(case: str, ranks: int, path: str) -> float:
+    prompts, n, rmin, rmax, pmin, pmax = CASES[case]
+    tokens = prompts * n * ((rmin + rmax) / 2 + (pmin + pmax) / 2)
+    return tokens * BYTES_PER_TOKEN[path] * ranks + tokens * 16   # + the stand-in's completions
+
+
+def run_case(case: str, ranks: int, path: str, tok_dir: str, limit: float) -> dict:
+    est = _estimate(case, ranks, path)
+    if est > limit:
+        return {"skipped": f"needs ~{est / 2**30:.1f} GiB for {ranks} ranks > --mem-limit-gb"}
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "r")
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])),
+               "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}", "--master_addr=127.0.0.1",
+               f"--master_port={_free_port()}", os.path.abspath(__file__), "--worker", case, path, tok_dir, out, str(limit)]
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
+        if p.returncode:
+            raise RuntimeError(f"{case} {ranks} ranks {path}: rc {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}")
+        per = [json.load(open(f"{out}.{r}")) for r in range(ranks)]
+    return summarize(per)
+
+
+def summarize(per: list[dict]) -> dict:
+    drv, recv = per[0], per[1:]
+    t = dict(drv["t"])
+    for k in ("distribute", "batch", "plan"):
+        if all(k in r["t"] for r in per):
+            t[k] = max(r["t"][k] for r in per)
+    share = drv["share_bytes"]
+    dist_b = max(r["mem"]["dist"] for r in recv)
+    out = {"t": t, "tokens": drv["tokens"], "share_mb": share / 2**20, "dist_mb": dist_b / 2**20,
+           "dist_x_share": dist_b / share, "peak_mb": [r["peak"] / 2**20 for r in per]}
+    if "batch" in recv[0]["mem"]:
+        out["batch_mb"] = max(r["mem"]["batch"] for r in recv) / 2**20
+    else:
+        out["batch_skipped"] = recv[0]["mem"]["batch_skipped"]
+    return out
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tokenizer(d: str) -> str:
+    sys.path.insert(0, REPO)
+    from tests.helpers.chat_fixture import train_tokenizer   # the suite's tiny byte-level BPE (Qwen specials)
+
+    from pathlib import Path
+
+    train_tokenizer(Path(d))
+    return d
+
+
+STAGES = ("collect", "decode", "reward", "distribute", "batch", "plan")
+
+
+def _row(case: str, ranks: int, path: str, r: dict) -> str:
+    if "skipped" in r:
+        return f"| {case} | {ranks} | {path} | skipped: {r['skipped']} |" + " |" * 8
+    t = r["t"]
+    cells = [f"{t[s]:.2f}" if s in t else "–" for s in STAGES]
+    batch = f"{r['batch_mb']:.0f}" if "batch_mb" in r else "skipped"
+    return (f"| {case} | {ranks} | {path} | " + " | ".join(cells) +
+            f" | {r['share_mb']:.0f} | {r['dist_mb']:.0f} ({r['dist_x_share']:.2f}x) | {batch} | "
+            f"{max(r['peak_mb']):.0f} |")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tokens", choices=sorted(CASES), default="9M")
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--all", action="store_true", help="1M, 9M, 67M at 2 and 4 ranks")
+    ap.add_argument("--paths", default="before,after")
+    ap.add_argument("--mem-limit-gb", type=float, default=8.0, help="skip a case estimated above this (all ranks)")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    cases = [(c, k) for c in ("1M", "9M", "67M") for k in (2, 4)] if a.all else [(a.tokens, a.ranks)]
+    limit = a.mem_limit_gb * 2**30
+    res = {}
+    print("| case | ranks | path | " + " | ".join(f"{s} s" for s in STAGES) +
+          " | share MB | dist MB (x share) | batch MB | peak MB |")
+    print("|" + "---|" * (len(STAGES) + 7))
+    with tempfile.TemporaryDirectory() as d:
+        tok = _tokenizer(d)
+        for case, ranks in cases:
+            for path in a.paths.split(","):
+                r = res[f"{case}/{ranks}/{path}"] = run_case(case, ranks, path, tok, limit)
+                print(_row(case, ranks, path, r), flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)
+    case, ranks = cases[0]
+    r = res.get(f"{case}/{ranks}/after", {})
+    if "t" in r:
+        print(f"data plane: {case} tokens, {ranks} ranks: distribute {r['t']['distribute']:.2f} s, "
+              f"per-rank memory {r['dist_x_share']:.2f} x its share")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        worker(*sys.argv[2:6], float(sys.argv[6]))
+        sys.exit(0)
+    sys.exit(main())
