@@ -43,3 +43,23 @@ def test_bad_policies_fail_in_one_line():
         StalenessPolicy(-1)
     with pytest.raises(ValueError, match="drop|mask"):
         StalenessPolicy(1, "clip")
+
+
+def test_rollouts_carry_each_tokens_version_through_select_and_concat():
+    """``Completion.versions`` -> ``Rollouts.token_versions`` (int32, aligned with the response tokens),
+    kept by select / concat like the other per-token fields; a pool mixing labelled and unlabelled
+    completions is refused."""
+    from megatron_rl.rollout.engine import Completion
+    from megatron_rl.rollout.rollouts import concat, from_completions
+
+    comps = [Completion(0, 0, (1, 5), (7, 8, 9), (-0.1, -0.2, -0.3), "stop", (3, 3, 4)),
+             Completion(0, 1, (1, 5), (6,), (-0.5,), "length", (4,)),
+             Completion(1, 0, (1, 6), (9, 9), (-0.7, -0.8), "stop", (2, 4))]
+    ro = from_completions(["a", "b"], comps, None)
+    assert ro.token_versions.dtype == torch.int32 and ro.token_versions.tolist() == [3, 3, 4, 4, 2, 4]
+    sub = ro.select([2, 0])
+    assert sub.token_versions.tolist() == [2, 4, 3, 3, 4] and sub.responses == [[9, 9], [7, 8, 9]]
+    assert concat([ro, sub]).token_versions.tolist() == [3, 3, 4, 4, 2, 4, 2, 4, 3, 3, 4]
+    assert from_completions(["a"], [Completion(0, 0, (1,), (2,), (-1.0,), "stop")], None).token_versions is None
+    with pytest.raises(RuntimeError, match="per-token weight versions and others not"):
+        from_completions(["a", "b"], comps[:1] + [Completion(1, 0, (1,), (2,), (-1.0,), "stop")], None)
