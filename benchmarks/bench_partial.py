@@ -14,14 +14,14 @@ weight push of the policy every step:
   them (a batch boundary: the long tail of each batch still holds the step);
 * partial — :class:`~megatron_rl.rollout.partial.PartialPool`: ``--groups`` + ``--extra`` groups in flight,
   a step takes the first ``--groups`` that finished, the push happens in flight, the tail finishes
-  in a later step (staleness bound ``--bound``, policy drop).
+  in a later step (staleness bound ``--bound``, policy drop; dropped groups are reported).
 
 Reported per mode (after ``--skip`` warm-up steps): step seconds, trained response tokens per
 second, the engine's idle fraction (no request in flight, measured in the engine), per-token
 staleness mean / max, the share of responses spanning a push — and each as a ratio against sync.
 
     .venv/bin/python benchmarks/bench_partial.py [--steps 8] [--skip 2] [--groups 8] [--extra 8] [--n 4]
-                                                 [--len 24] [--tail 8] [--train-s 0.5] [--bound 2]
+                                                 [--len 24] [--tail 8] [--train-s 0.5] [--bound 3]
 """
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def run_sync(client, request, args, push):
         nxt += args.groups
         train_standin(args.train_s)
         push()
-        rows.append(_row(client, t0, b0, comps, 0, 0, 0.0))
+        rows.append(_row(client, t0, b0, comps, 0, 0, 0.0, 0))
     return rows
 
 
@@ -101,7 +101,7 @@ def run_one_off(client, request, args, push):
         train_standin(args.train_s)
         th.join()                       # the push waits at the batch boundary
         push()
-        rows.append(_row(client, t0, b0, comps, 1, 1, 0.0))
+        rows.append(_row(client, t0, b0, comps, 1 if s else 0, 1 if s else 0, 0.0, 0))
     return rows
 
 
@@ -118,7 +118,7 @@ def run_partial(client, request, args, push):
         push()
         comps = [c for g in groups for c in g.completions]
         rows.append(_row(client, t0, b0, comps, m["partial/staleness_mean"], m["partial/staleness_max"],
-                         m["partial/span_frac"]))
+                         m["partial/span_frac"], m["partial/dropped_groups"]))
     for _ in range(60):   # let the groups still in flight finish before the next mode
         if not client.in_flight():
             break
@@ -126,21 +126,22 @@ def run_partial(client, request, args, push):
     return rows
 
 
-def _row(client, t0, b0, comps, st_mean, st_max, span) -> dict:
+def _row(client, t0, b0, comps, st_mean, st_max, span, dropped) -> dict:
     dt = time.perf_counter() - t0
     busy = client.push_stats()[0]["busy_s"] - b0
     return {"step_s": dt, "tokens_s": sum(len(c.response_ids) for c in comps) / dt, "idle": max(0.0, 1 - busy / dt),
-            "stale_mean": st_mean, "stale_max": st_max, "span": span}
+            "stale_mean": st_mean, "stale_max": st_max, "span": span, "dropped": dropped}
 
 
 def summary(rows: list[dict], skip: int) -> dict:
     rows = rows[skip:]
-    return {k: (max if k == "stale_max" else statistics.mean)([r[k] for r in rows]) for k in rows[0]}
+    agg = {"stale_max": max, "dropped": sum}
+    return {k: agg.get(k, statistics.mean)([r[k] for r in rows]) for k in rows[0]}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for k, v in (("steps", 8), ("skip", 2), ("groups", 8), ("extra", 8), ("n", 4), ("len", 24), ("tail", 8), ("bound", 2)):
+    for k, v in (("steps", 8), ("skip", 2), ("groups", 8), ("extra", 8), ("n", 4), ("len", 24), ("tail", 8), ("bound", 3)):
         p.add_argument(f"--{k}", type=int, default=v)
     p.add_argument("--train-s", type=float, default=0.5)
     args = p.parse_args()
@@ -167,10 +168,10 @@ def main() -> None:
             client.shutdown()
     base = res["sync"]
     print(f"{'mode':14s} {'step s':>8s} {'tokens/s':>9s} {'idle':>6s} {'stale mean/max':>15s} {'span':>5s} "
-          f"{'step x sync':>11s} {'tok/s x sync':>12s}")
+          f"{'dropped':>7s} {'step x sync':>11s} {'tok/s x sync':>12s}")
     for name, r in res.items():
         print(f"{name:14s} {r['step_s']:8.2f} {r['tokens_s']:9.0f} {r['idle']:6.2f} {r['stale_mean']:7.2f}/{r['stale_max']:<7.0f} "
-              f"{r['span']:5.2f} {r['step_s'] / base['step_s']:11.2f} {r['tokens_s'] / base['tokens_s']:12.2f}")
+              f"{r['span']:5.2f} {r['dropped']:7.0f} {r['step_s'] / base['step_s']:11.2f} {r['tokens_s'] / base['tokens_s']:12.2f}")
     print(f"partial rollouts: {res['partial']['tokens_s'] / res['one-step-off']['tokens_s']:.2f}x one-step-off tokens/s "
           f"(goal 1.3x) on a 1-in-8 {args.tail}x long tail")
 

@@ -41,6 +41,7 @@ import asyncio
 import concurrent.futures
 import itertools
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterable
@@ -110,6 +111,9 @@ class AsyncVLLMEngine:
         if logprobs not in LOGPROB_MODES:
             raise ValueError(f"logprobs must be one of {LOGPROB_MODES}, got {logprobs!r}")
         self.logprobs, self.max_model_len = logprobs, max_model_len
+        cores = os.environ.get("MEGATRON_RL_CPU_CORES")   # asynchronous runs: the engines' own cores (ray_bridge)
+        if cores and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cores   # the spawned worker's OMP threads stay on them
         self._loop = _Loop()
         self._ids = itertools.count()
         self._lock = threading.Lock()           # one push at a time (a threaded actor may call concurrently)
