@@ -195,7 +195,10 @@ def _driver(case: str, path: str, tok_dir: str, t: dict):
 def _batch_and_plan(ro, dp: int, t: dict, mem: dict, limit: float) -> None:
     from megatron_rl.trainer.pipeline.packing import TokenBudget, seq_lengths
     from megatron_rl.trainer.pipeline.packing import plan as pack_plan
-    from megatron_rl.trainer.pipeline.update_stage import build_seq_batch, rollout_sequences
+    from megatron_rl.trainer.pipeline.update_stage import (
+        build_seq_batch,
+        rollout_sequences,
+    )
 
     lens = [len(p) + len(r) for p, r in zip(ro.prompts, ro.responses)] if not hasattr(ro, "response_lens") \
         else (ro.prompt_lens + ro.response_lens).tolist()
@@ -295,9 +298,11 @@ def _free_port() -> int:
 
 def _tokenizer(d: str) -> str:
     sys.path.insert(0, REPO)
-    from tests.helpers.chat_fixture import train_tokenizer   # the suite's tiny byte-level BPE (Qwen specials)
-
     from pathlib import Path
+
+    from tests.helpers.chat_fixture import (
+        train_tokenizer,  # the suite's tiny byte-level BPE (Qwen specials)
+    )
 
     train_tokenizer(Path(d))
     return d

@@ -11,7 +11,9 @@ tokens in all, ``P`` prompt tokens in all)::
     response_logp    fp32  [T]     the engine's log-prob of each response token (``rollout/engine.py``)
     group_ids        int64 [N]     dense group index of each sample
     rewards, correct, greedy_rewards, process   [N] per-sample tensors (None until filled)
-    rows, finish, texts            per-sample Python metadata (the prompt row, "stop" | "length", the decoded text)
+    rows, finish                   per-sample Python metadata (the prompt row, "stop" | "length")
+    texts                          the decoded responses: a list on the driver; pickled (broadcast, checkpoint)
+                                   as one UTF-8 byte buffer with offsets, :class:`Texts`, decoded when read
 
 Per-token fields are the tensors named in :data:`TOKEN_FIELDS` (aligned with ``response_ids``); an
 optional one is None when unset. A new per-token field (e.g. the weight version each token was sampled
@@ -31,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -69,6 +72,40 @@ def _gather(flat: torch.Tensor, off: torch.Tensor, idx: torch.Tensor) -> tuple[t
     return flat[src], new_off
 
 
+class Texts(Sequence):
+    """Texts as one UTF-8 byte buffer with offsets, each decoded when read: how ``Rollouts.texts`` travels
+    (a receiving rank that never reads the texts never builds the strings)."""
+
+    def __init__(self, data: torch.Tensor, offsets: torch.Tensor):
+        self.data, self.offsets = data, offsets
+
+    @classmethod
+    def of(cls, texts: Sequence[str]) -> Texts:
+        raw = [t.encode("utf-8", "surrogatepass") for t in texts]
+        blob = b"".join(raw)
+        data = torch.frombuffer(bytearray(blob), dtype=torch.uint8) if blob else torch.zeros(0, dtype=torch.uint8)
+        return cls(data, _offsets([len(r) for r in raw]))
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+        return self.data[a:b].numpy().tobytes().decode("utf-8", "surrogatepass")
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return f"Texts({len(self)} texts, {len(self.data)} bytes)"
+
+
 @dataclasses.dataclass
 class Rollouts:
     """One step's trajectories as flat tensors (layout in the module docstring)."""
@@ -81,7 +118,7 @@ class Rollouts:
     response_logp: torch.Tensor     # fp32 [T] engine log-prob per response token
     finish: list[str]               # "stop" | "length" per sample
     group_ids: torch.Tensor         # int64 [N]
-    texts: list[str] = dataclasses.field(default_factory=list)
+    texts: Sequence[str] = dataclasses.field(default_factory=list)   # a list, or Texts once received
     rewards: torch.Tensor | None = None          # [N]
     correct: torch.Tensor | None = None          # [N] bool
     greedy_rewards: torch.Tensor | None = None   # [N] (ReMax)
@@ -107,6 +144,16 @@ class Rollouts:
 
     def __len__(self) -> int:
         return len(self.prompt_offsets) - 1
+
+    def __getstate__(self) -> dict:
+        """Pickled (broadcast, checkpointed) with the texts as one byte buffer (:class:`Texts`)."""
+        state = dict(self.__dict__)
+        if not isinstance(self.texts, Texts):
+            state["texts"] = Texts.of(self.texts)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
 
     @property
     def prompt_lens(self) -> torch.Tensor:

@@ -67,6 +67,7 @@ def test_select_and_concat_keep_the_fields_aligned():
 def test_tensors_travel_outside_the_pickle_bit_for_bit():
     ro = R.from_completions([None] * 6, _comps(np.random.default_rng(2)), None)
     ro.rewards, ro.correct = torch.tensor([0.1, float("nan"), -0.0, 1e-40, 3.0, 2.0]), torch.tensor([True, False] * 3)
+    ro.texts = ["a", "é😀", "", "x\udc80", "\x00b", "z" * 300]   # non-ASCII, a lone surrogate, a NUL
     obj = {"ro": ro, "view": torch.arange(12.0).reshape(3, 4)[:, 1], "empty": torch.zeros(0, 2, dtype=torch.int64)}
     skeleton, tensors = B.split_tensors(obj)
     flat, spec = B.pack(tensors)
@@ -74,7 +75,9 @@ def test_tensors_travel_outside_the_pickle_bit_for_bit():
     assert all(off % 16 == 0 for _, _, off in spec)
     for f in dataclasses.fields(ro):
         a, b = getattr(ro, f.name), getattr(back["ro"], f.name)
-        if isinstance(a, torch.Tensor):   # same bytes (NaN, -0.0 and a subnormal included)
+        if f.name == "texts":             # one UTF-8 buffer, decoded when read
+            assert isinstance(b, R.Texts) and b == a and [b[i] for i in range(6)] == a and b[-1] == a[-1]
+        elif isinstance(a, torch.Tensor):   # same bytes (NaN, -0.0 and a subnormal included)
             assert a.dtype == b.dtype and a.shape == b.shape and a.view(torch.uint8).equal(b.view(torch.uint8)), f.name
         else:
             assert a == b, f.name
@@ -105,7 +108,10 @@ def test_rollout_sequences_equal_the_list_built_batch():
     from types import SimpleNamespace
 
     from megatron_rl.trainer.paths.context import UpdateContext
-    from megatron_rl.trainer.pipeline.update_stage import build_seq_batch, rollout_sequences
+    from megatron_rl.trainer.pipeline.update_stage import (
+        build_seq_batch,
+        rollout_sequences,
+    )
 
     ro = R.from_completions([None] * 3, _comps(np.random.default_rng(4), prompts=3), None)
     for max_resp in (8, 5):
