@@ -9,7 +9,7 @@ with ``generate(prompt_ids, sampling)``, ``score(seqs, prompt_lens, temperature)
 Importing the package registers the built-in engines (their modules import vLLM / transformers only
 when an engine is built).
 """
-from . import hf_engine, vllm_engine  # noqa: F401  (the built-in engines' registrations)
+from . import hf_engine, vllm_async_engine, vllm_engine  # noqa: F401  (the built-in engines' registrations)
 from .engine import Completion, RolloutEngine, SamplingParams
 from .registry import EngineCaps, engine_class, make_engine, register_engine
 

@@ -59,7 +59,9 @@ class SamplingParams:
 
 @dataclasses.dataclass(frozen=True)
 class Completion:
-    """One sampled response. ``logprobs`` has one entry per ``response_ids`` token."""
+    """One sampled response. ``logprobs`` has one entry per ``response_ids`` token; so has ``versions``
+    (the weight version that sampled each token) from an engine with in-flight updates, empty from
+    the others (every token of theirs was sampled by the weights the engine held for the whole call)."""
 
     prompt_index: int
     sample_index: int
@@ -67,6 +69,7 @@ class Completion:
     response_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     finish_reason: str  # "stop" | "length"
+    versions: tuple[int, ...] = ()
 
 
 @runtime_checkable

@@ -40,6 +40,9 @@ from .weight_sync import RoundSource
 
 log = logging.getLogger("megatron_rl.rollout.ray")
 
+#: calls an in-flight engine's actor serves at once (generate / harvest / push steps / stats)
+INFLIGHT_CONCURRENCY = 8
+
 
 class _EngineActor:
     """Body of the Ray actor: one engine per process."""
@@ -60,6 +63,16 @@ class _EngineActor:
 
     def score(self, seqs, lens, temperature):
         return self.engine.score(seqs, lens, temperature)
+
+    def submit(self, key, prompt, sampling):
+        """Start a group under ``key`` (engines with in-flight updates: ``AsyncVLLMEngine.submit``)."""
+        self.engine.submit(key, prompt, sampling)
+
+    def harvest(self, wait_s: float, min_groups: int):
+        return self.engine.harvest(wait_s, min_groups)
+
+    def push_stats(self) -> dict:
+        return self.engine.push_stats()
 
     def weight_transfer(self, method: str, kwargs: dict, *buffers):
         """A weight-transfer call on the engine (see ``VLLMEngine.weight_transfer``); a top-level
@@ -100,10 +113,12 @@ class ActorSyncClient:
     with its worker at rank 0 of its own parallel config (vLLM's ``RayVLLMWeightSyncClient`` sends
     one payload to all handles, which suits one multi-DP engine, not this)."""
 
-    def __init__(self, actors: list, ranks_per_engine: int = 1):
+    def __init__(self, actors: list, ranks_per_engine: int = 1, versioned: bool = False):
         import ray  # lazy: defers ray to the call
 
         self._ray, self.actors, self.ranks = ray, list(actors), ranks_per_engine
+        self.versioned = versioned      # engines that label tokens with the version (in-flight updates)
+        self.next_version: int | None = None   # the version the round being sent installs (RolloutClient sets it)
 
     def _all(self, method: str, per_actor=None, **kwargs):
         refs = [a.weight_transfer.remote(method, per_actor(i) if per_actor else kwargs) for i, a in enumerate(self.actors)]
@@ -127,7 +142,8 @@ class ActorSyncClient:
         self._all("update_weights", update_info=update_info)
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
-        self._all("finish_weight_update")
+        v = self.next_version if weight_version is None else int(weight_version)
+        self._all("finish_weight_update", **({"weight_version": v} if self.versioned and v is not None else {}))
 
     def submit_update(self, update_info: dict, buffer_ref) -> list:
         """``update_weights`` with a packed bucket in the object store (``ray`` backend); returns refs."""
@@ -207,6 +223,7 @@ class RolloutClient:
         self._stats = RolloutStats()
         self._transfer = None     # the sender's TrainerWeightTransferEngine (opened at the first sync)
         self._stale: set[int] = set()  # replaced engines that have not received the current weights
+        self._where: dict = {}         # submit(): key of a group in flight -> its engine
         self.last_sync: dict = {}
         self.actors = [self._spawn(i) for i in range(num_engines)]
         ray.get([a.ping.remote() for a in self.actors])
@@ -220,7 +237,9 @@ class RolloutClient:
         env = {"OMP_NUM_THREADS": str(self.threads), "RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false",
                **self.actor_env}
         where = PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=i)
-        return cls.options(num_cpus=self.cpus, num_gpus=self.gpus, runtime_env={"env_vars": env},
+        # an engine with in-flight updates takes a push (and harvests) while a generate call runs: threaded actor
+        conc = INFLIGHT_CONCURRENCY if caps(self.kind).inflight_updates else 1
+        return cls.options(num_cpus=self.cpus, num_gpus=self.gpus, runtime_env={"env_vars": env}, max_concurrency=conc,
                            scheduling_strategy=where).remote(self.engine_impl, self.model_dir, self.engine_kwargs)
 
     def _restart(self, i: int) -> None:
@@ -298,6 +317,44 @@ class RolloutClient:
                 out.extend(dataclasses.replace(c, prompt_index=c.prompt_index + share[0]) for c in res)
         return out
 
+    def submit(self, key, prompt: list[int], sampling: SamplingParams) -> None:
+        """Start one group (``sampling.n`` samples of ``prompt``) under ``key`` on the engine with the
+        fewest groups in flight (engines with in-flight updates); :meth:`harvest` returns it finished."""
+        if not caps(self.kind).inflight_updates:
+            raise ValueError(f"the {self.kind} engine takes no groups in flight (its CAPS.inflight_updates is False)")
+        if key in self._where:
+            raise ValueError(f"a group with key {key!r} is already in flight")
+        load = {i: 0 for i in self._fresh()}
+        for i in self._where.values():
+            load[i] = load.get(i, 0) + 1
+        i = min(load, key=lambda j: (load[j], j))
+        self._ray.get(self.actors[i].submit.remote(key, prompt, sampling))
+        self._where[key] = i
+
+    def harvest(self, wait_s: float = 0.0, min_groups: int = 1) -> list[tuple]:
+        """Finished groups ``(key, [Completion per sample])`` from every engine, waiting up to ``wait_s``
+        for ``min_groups`` of them (fewer when fewer are in flight)."""
+        deadline, out = time.monotonic() + wait_s, []
+        while True:
+            busy = sorted(set(self._where.values()))
+            left = max(0.0, deadline - time.monotonic())
+            want = min(min_groups, len(self._where) + len(out)) - len(out)
+            slice_s = min(left, 0.5) if want > 0 else 0.0
+            for res in self._ray.get([self.actors[i].harvest.remote(slice_s, 1) for i in busy]):
+                for key, comps in res:
+                    del self._where[key]
+                    out.append((key, comps))
+            if len(out) >= min(min_groups, len(out) + len(self._where)) or time.monotonic() >= deadline:
+                return out
+
+    def in_flight(self) -> list:
+        """Keys of the groups submitted and not harvested yet."""
+        return list(self._where)
+
+    def push_stats(self) -> list[dict]:
+        """Each in-flight engine's pushes, paused seconds and cache resets (``AsyncVLLMEngine.push_stats``)."""
+        return self._ray.get([a.push_stats.remote() for a in self.actors])
+
     def score(self, sequences: list[list[int]], prompt_lens: list[int], temperature: float = 1.0) -> list[list[float]]:
         shares = self._split(len(sequences))
         res = self._call_all(lambda a, s: a.score.remote(sequences[s[0]:s[1]], prompt_lens[s[0]:s[1]], temperature), shares)
@@ -319,6 +376,7 @@ class RolloutClient:
         if self._transfer is None:
             self._open_transfer()
         self._transfer.source = src
+        self._sync_client.next_version = self._stats.weight_version + 1
         try:
             self._transfer.send_weights()
         except Exception as e:
@@ -332,7 +390,8 @@ class RolloutClient:
         return self._stats.weight_version
 
     def _open_transfer(self) -> None:
-        self._sync_client = ActorSyncClient(self.actors, ranks_per_engine=self.tp)   # every engine TP rank receives
+        self._sync_client = ActorSyncClient(self.actors, ranks_per_engine=self.tp,   # every engine TP rank receives
+                                            versioned=caps(self.kind).inflight_updates)
         self._transfer = self._opener(self.backend, self._sync_client, self.bucket_bytes, 1 + len(self.actors) * self.tp,
                                       master_address=_node_ip())
 

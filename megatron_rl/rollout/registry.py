@@ -47,6 +47,9 @@ class EngineCaps:
         requires: distributions its process imports whose versions the stack check pins (``stack.py``).
         host_kv_cache_option: ``kv_cache_gib`` is host memory it allocates on a machine without CUDA
             (checked against the host's memory at start-up).
+        inflight_updates: takes a weight push while requests are in flight (pause, load, cache reset,
+            resume; ``rollout/vllm_async_engine.py``), reports each response token's weight version
+            (``Completion.versions``) and serves several calls at once (its Ray actor is threaded).
     """
 
     transports: Mapping[str, str]
@@ -56,6 +59,7 @@ class EngineCaps:
     options: frozenset = frozenset()
     requires: tuple[str, ...] = ()
     host_kv_cache_option: bool = False
+    inflight_updates: bool = False
 
     def __post_init__(self):
         if not self.transports:

@@ -42,7 +42,7 @@ from ..algorithms import dapo_overlong_penalty
 from .engine import SamplingParams
 
 #: per-token tensors, aligned with ``response_ids`` (offsets ``response_offsets``)
-TOKEN_FIELDS = ("response_ids", "response_logp")
+TOKEN_FIELDS = ("response_ids", "response_logp", "token_versions")
 #: optional per-sample tensors ([N]); ``group_ids`` is renumbered by select / offset by concat
 SAMPLE_FIELDS = ("rewards", "correct", "greedy_rewards", "process")
 
@@ -125,6 +125,8 @@ class Rollouts:
     stats: dict = dataclasses.field(default_factory=dict)
     process: torch.Tensor | None = None          # [N] PAPO process scores (0 for incorrect)
     weight_version: int | None = None   # optimizer steps in the weights that sampled it (async); None = current
+    token_versions: torch.Tensor | None = None   # int32 [T] the weight version that sampled each response token
+    #                                              (engines with in-flight updates: a response may span pushes)
 
     @classmethod
     def from_lists(cls, rows: list, prompts, responses, logps, finish: list[str], group_ids, texts=(),
@@ -213,9 +215,13 @@ def from_completions(rows: list, comps: list, tokenizer) -> Rollouts:
     n_prompt = [len(c.prompt_ids) for c in comps]
     prompt = torch.from_numpy(np.fromiter(chain(c.prompt_ids for c in comps), np.int32, sum(n_prompt)))
     off = _offsets(n_resp)
+    labelled = [bool(c.versions) for c in comps]
+    if any(labelled) and not all(labelled):
+        raise RuntimeError("some completions carry per-token weight versions and others not (engines of one pool differ)")
+    vers = torch.from_numpy(np.fromiter(chain(c.versions for c in comps), np.int32, sum(n_resp))) if all(labelled) and comps else None
     return Rollouts([rows[c.prompt_index] for c in comps], prompt, _offsets(n_prompt), resp, off, logp,
                     [c.finish_reason for c in comps], torch.tensor([c.prompt_index for c in comps], dtype=torch.long),
-                    [] if tokenizer is None else decode_batch(tokenizer, resp, off))
+                    [] if tokenizer is None else decode_batch(tokenizer, resp, off), token_versions=vers)
 
 
 def decode_batch(tokenizer, ids: torch.Tensor, offsets: torch.Tensor) -> list[str]:

@@ -78,6 +78,8 @@ class PackedUpdateInfo(WeightTransferUpdateInfo):
     buffer: Any = None
 
     def __post_init__(self):
+        if isinstance(self.buffer, (bytes, bytearray)):   # through a spawned engine core (vllm-async): msgpack carries bytes
+            self.buffer = torch.frombuffer(bytearray(self.buffer), dtype=torch.uint8) if self.buffer else torch.empty(0, dtype=torch.uint8)
         if not len(self.names) == len(self.dtype_names) == len(self.shapes):
             raise ValueError(f"update info: {len(self.names)} names, {len(self.dtype_names)} dtypes, "
                              f"{len(self.shapes)} shapes")

@@ -1,0 +1,43 @@
+"""A fault-injecting in-flight engine for tests: the known trap of in-flight pushes, done on purpose.
+
+:class:`StaleKVAsyncEngine` pauses with ``clear_cache=False`` and ends the push with a plain
+``reset_prefix_cache()`` — vLLM's call that is a silent no-op while requests hold KV blocks
+(NeMo-RL #3929) — so the running requests keep KV computed under the old weights and the prefix
+cache keeps serving it. ``tests/e2e/test_inflight_push.py`` shows its post-push log-probs far from
+the new weights', i.e. that the proof can fail. Built by import path in the engine actor
+(``RolloutClient.engine_impl``)."""
+from __future__ import annotations
+
+import time
+
+from megatron_rl.rollout.ray_bridge import RolloutClient
+from megatron_rl.rollout.vllm_async_engine import AsyncVLLMEngine
+
+
+class StaleKVAsyncEngine(AsyncVLLMEngine):
+    """``AsyncVLLMEngine`` whose push leaves old-weight KV in place (module docstring)."""
+
+    def weight_transfer(self, method: str, **kwargs):
+        if method == "start_weight_update":
+            self._lock.acquire()
+            self._t_pause = time.perf_counter()
+            self._loop.run(self.llm.pause_generation(mode="keep", clear_cache=False))
+            return self._rpc(method)
+        if method == "finish_weight_update":
+            try:
+                self._rpc("finish_weight_update")
+                self.stale_reset_ok = self._loop.run(self.llm.reset_prefix_cache())   # False while requests run
+                self.version = int(kwargs.get("weight_version", self.version + 1))
+                self._loop.run(self.llm.update_weight_version(str(self.version)))
+                self._loop.run(self.llm.resume_generation())
+                self.pushes += 1
+            finally:
+                self._lock.release()
+            return None
+        return super().weight_transfer(method, **kwargs)
+
+
+class StaleKVClient(RolloutClient):
+    """A pool of :class:`StaleKVAsyncEngine` (caps of ``vllm-async``)."""
+
+    engine_impl = f"{__name__}:StaleKVAsyncEngine"
