@@ -121,8 +121,9 @@ def main():
         print(f"done {step['key']}", flush=True)
     if not dist.is_initialized() or dist.get_rank() == 0:
         Path(out_path).write_text(json.dumps(results))
-    if dist.is_initialized():
-        dist.barrier()
+    if dist.is_initialized():   # every rank leaves the last collective, then tears gloo down itself: left to the
+        dist.barrier()          # interpreter's exit, a rank's gloo pairs could close under a peer's reading thread
+        dist.destroy_process_group()   # ("terminate called without an active exception", rank 0 aborted, under load)
 
 
 if __name__ == "__main__":
