@@ -85,8 +85,10 @@ def measured(kind: str, hp, batch):
 
 def condition(obj) -> float:
     """κ = Σ|terms| / |Σ terms| of the step's loss over every rank (``measured``)."""
-    s = obj.sums.clone()
+    nccl = torch.distributed.get_backend() == "nccl"        # the te backend on CUDA (tests/gpu/test_packing_thd.py)
+    s = obj.sums.to("cuda" if nccl else "cpu", copy=True)
     torch.distributed.all_reduce(s)
+    s = s.cpu()
     return max(1.0, float(s[0] / s[1].abs())) if s[1] != 0 else float("inf")
 
 
