@@ -139,6 +139,9 @@ def model_dir(request, conv):
 
 def _check(res: dict):
     print("parity", {k: v for k, v in res.items() if "diff" in k or "scale" in k})
+    # HF eager vs Megatron (fused QKV, its RoPE and soft-max kernels): two implementations, not a reordering
+    # of one sum, so no fp32_tolerance bound applies; 1e-4 absolute on logits of scale > 1 (asserted below)
+    # is the parity target, and a mis-mapped tensor moves logits by O(logit_scale)
     assert res["logit_max_diff"] <= 1e-4, res
     assert res["hidden_max_diff"] <= 1e-4, res
     assert res["logit_scale"] > 1.0, "reference logits too small to catch mapping errors"

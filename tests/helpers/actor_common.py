@@ -64,6 +64,17 @@ def rl_loss(mode: str = "token-mean", ent_coef: float = 0.01):
     return loss_fn
 
 
+def loss_abs(actor, batch, mbs: int, mode: str, ent_coef: float = 0.01) -> float:
+    """Σ|terms| of ``rl_loss(mode)`` at the current weights: the same aggregation of |A|·ρ + c·H (the
+    magnitude the loss is summed from; its ratio to |loss| is the reduction's condition number)."""
+    from megatron_rl.algorithms.losses import aggregate
+
+    with torch.no_grad():
+        lp = actor.forward_logprobs(batch, micro_batch_size=mbs, with_entropy=True)
+        mat = batch.extras["advantages"].abs().unsqueeze(-1) * torch.exp(lp.logp - batch.extras["old_logp"]) + ent_coef * lp.entropy
+        return float(aggregate(mat.double(), batch.loss_mask, mode))
+
+
 def build_actor(hf_dir: str | Path, tp: int, pp: int, sp: bool = False, seed: int = 1234, offload: str = "none",
                 backend: str = "local", **optim):
     """init_parallel + PolicyActor (fp32) loaded from ``hf_dir``."""

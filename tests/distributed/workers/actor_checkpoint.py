@@ -26,7 +26,13 @@ from pathlib import Path
 
 import torch
 
-from tests.helpers.actor_common import build_actor, fixed_batch, rl_loss, write_json
+from tests.helpers.actor_common import (
+    build_actor,
+    fixed_batch,
+    loss_abs,
+    rl_loss,
+    write_json,
+)
 
 
 def one_step(actor, step: int) -> dict:
@@ -35,9 +41,11 @@ def one_step(actor, step: int) -> dict:
     b = fixed_batch(seed=100 + step)
     old = actor.forward_logprobs(b, micro_batch_size=2).logp
     b = TrainBatch(b.tokens, b.loss_mask, {**b.extras, "old_logp": old})
+    mag = loss_abs(actor, b, 2, "token-mean")            # Σ|terms| of the loss (its condition number's numerator)
     r = actor.train_step(b, rl_loss("token-mean"), micro_batch_size=2)
     return {"step": step, "loss": r.loss, "grad_norm": r.grad_norm, "lr": r.lr,
-            "rng": torch.rand(2).tolist()}
+            "rng": torch.rand(2).tolist(), "loss_abs": mag, "tokens": int(b.loss_mask.sum()),
+            "params": sum(int(v.numel()) for _, v in actor.hf_weights())}
 
 
 def simulate_crash(run_dir: str, out: str) -> None:

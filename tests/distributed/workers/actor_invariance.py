@@ -18,6 +18,7 @@ import torch
 from tests.helpers.actor_common import (
     build_actor,
     fixed_batch,
+    loss_abs,
     offload_round_trip,
     rl_loss,
     write_json,
@@ -116,17 +117,6 @@ def minibatch_steps(actor, mbs: int) -> list[dict]:
     return [{**{k: float(r[k]) for k in ("actor/loss", "actor/grad_norm", "actor/ppo_kl", "actor/lr", "mini_batch", "rows")},
              "loss_abs": float((b * adv.abs() * n_tok)[sl].sum() / n_tok[sl].sum()), "tokens": int(n_tok[sl].sum())}
             for r, sl, b in zip(out, (slice(0, 4), slice(4, 8)), bound)]
-
-
-def loss_abs(actor, batch, mbs: int, mode: str, ent_coef: float = 0.01) -> float:
-    """Σ|terms| of ``rl_loss(mode)`` at the current weights: the same aggregation of |A|·ρ + c·H (the
-    magnitude the loss is summed from; its ratio to |loss| is the reduction's condition number)."""
-    from megatron_rl.algorithms.losses import aggregate
-
-    with torch.no_grad():
-        lp = actor.forward_logprobs(batch, micro_batch_size=mbs, with_entropy=True)
-        mat = batch.extras["advantages"].abs().unsqueeze(-1) * torch.exp(lp.logp - batch.extras["old_logp"]) + ent_coef * lp.entropy
-        return float(aggregate(mat.double(), batch.loss_mask, mode))
 
 
 def run_case(hf_dir: str, out: str, tp: int, pp: int, sp: bool, mbs: int, distopt: bool,

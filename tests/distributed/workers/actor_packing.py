@@ -38,7 +38,7 @@ def method_extras(kind: str, hp, sb, seed: int = 0) -> dict:
     from megatron_rl import algorithms as A
 
     g = torch.Generator().manual_seed(seed)
-    lp = lambda *shape: -torch.rand(*shape, generator=g) * 2   # noqa: E731
+    lp = lambda *shape: -torch.rand(*shape, generator=g) * 2
     m = sb.resp_mask
     N = m.shape[0]
     ex = {"resp_pos": sb.resp_pos, "resp_mask": m, "rewards": (torch.rand(N, generator=g) > 0.5).float(),
@@ -57,18 +57,54 @@ def method_extras(kind: str, hp, sb, seed: int = 0) -> dict:
     return ex
 
 
+def measured(kind: str, hp, batch):
+    """The real :class:`Objective`, which also sums the magnitudes its loss is built from: Σ over the micro-
+    batches of the aggregation of |loss_mat| plus β·|KL sum|, beside the signed loss sums; summed over every
+    rank after the step, their ratio is the final reduction's condition number κ (TP / PP copies cancel)."""
+    from megatron_rl.algorithms.losses import partial_aggregate
+    from megatron_rl.algorithms.objective import objective_terms
+    from megatron_rl.algorithms.registry import get_policy_loss
+    from megatron_rl.trainer.pipeline.objective import Objective
+
+    class Measured(Objective):
+        def __call__(self, logp, entropy, mb, support=None):
+            out = super().__call__(logp, entropy, mb, support)
+            with torch.no_grad():
+                x, adv = self.inputs(logp.detach(), mb, support), mb.extras["advantages"]
+                o = get_policy_loss(self.loss)(x, adv, self.hp)
+                mask = o.mask if len(o) > 2 else x.mask
+                pg = partial_aggregate(o.loss_mat.abs(), mask, self.hp.loss_agg_mode, scale_factor=self.hp.loss_scale_factor)
+                kl = objective_terms(self.kind, x, adv, self.hp, batch_tokens=self.batch_tokens).kl_sum
+                self.sums += torch.stack([pg.loss_sum.double() + self.hp.kl_loss_coef * kl.abs().double(), out[0].detach().double()])
+            return out
+
+    obj = Measured(kind, hp, batch, step=1)
+    obj.sums = torch.zeros(2, dtype=torch.float64)
+    return obj
+
+
+def condition(obj) -> float:
+    """κ = Σ|terms| / |Σ terms| of the step's loss over every rank (``measured``)."""
+    nccl = torch.distributed.get_backend() == "nccl"        # the te backend on CUDA (tests/gpu/test_packing_thd.py)
+    s = obj.sums.to("cuda" if nccl else "cpu", copy=True)
+    torch.distributed.all_reduce(s)
+    s = s.cpu()
+    return max(1.0, float(s[0] / s[1].abs())) if s[1] != 0 else float("inf")
+
+
 def one_step(hf_dir, tp, pp, sp, kind: str, sb, micro, backend: str = "local") -> dict:
     import dataclasses
 
     from megatron_rl import algorithms as A
     from megatron_rl.runtime.parallel import destroy_parallel
-    from megatron_rl.trainer.pipeline.objective import Objective
 
     actor = build_actor(hf_dir, tp, pp, sp, backend=backend)
     hp = A.algo_kind(kind).hparams(kl_loss_coef=0.05)
     batch = dataclasses.replace(sb.batch, extras=method_extras(kind, hp, sb))
-    r = actor.train_step(batch, Objective(kind, hp, batch, step=1), micro)
-    out = {"loss": r.loss, "grad_norm": r.grad_norm, "kl": r.metrics.get("actor/kl_loss", 0.0)}
+    obj = measured(kind, hp, batch)
+    r = actor.train_step(batch, obj, micro)
+    out = {"loss": r.loss, "grad_norm": r.grad_norm, "kl": r.metrics.get("actor/kl_loss", 0.0), "cond": condition(obj),
+           "tokens": int(sb.resp_mask.sum()), "params": sum(int(v.numel()) for _, v in actor.hf_weights())}
     destroy_parallel()
     return out
 
@@ -110,21 +146,22 @@ def filler_case(hf_dir, tp, pp, sp, backend) -> dict:
 
     from megatron_rl import algorithms as A
     from megatron_rl.runtime.parallel import destroy_parallel
-    from megatron_rl.trainer.pipeline.objective import Objective
     from megatron_rl.trainer.pipeline.packing import TokenBudget, plan, seq_lengths
     from megatron_rl.trainer.pipeline.update_stage import build_seq_batch
 
     g = torch.Generator().manual_seed(7)
     sb = build_seq_batch([torch.randint(1, 250, (3,), generator=g).tolist() for _ in range(3)],
                          [torch.randint(1, 250, (n,), generator=g).tolist() for n in (R, R, R - 1)], 0, 48, R)
-    out = {"rank_micro_batches": [[len(mb) for mb in rk] for rk in plan(seq_lengths(sb.batch), TokenBudget(48), 2).ranks]}
+    out = {"tokens": 3 * R - 1, "rank_micro_batches": [[len(mb) for mb in rk] for rk in plan(seq_lengths(sb.batch), TokenBudget(48), 2).ranks]}
     for kind, kw in (("rlcsd", {}), ("score", {}), ("grpo", {"loss_agg_mode": "seq-mean-token-mean"})):
         hp = A.algo_kind(kind).hparams(kl_loss_coef=0.05, **kw)
         batch = dataclasses.replace(sb.batch, extras=method_extras(kind, hp, sb))
         for name, b, micro in (("padded", batch.pad_rows_to_multiple(2), 1), ("packed", batch, TokenBudget(48))):
             actor = build_actor(hf_dir, tp, pp, sp, backend=backend)
-            r = actor.train_step(b, Objective(kind, hp, b, step=1), micro)
+            obj = measured(kind, hp, b)
+            r = actor.train_step(b, obj, micro)
             out.setdefault(name, {})[kind] = {"loss": r.loss, "grad_norm": r.grad_norm, **r.metrics}
+            out.setdefault("cond", {})[f"{name}/{kind}"] = condition(obj)
             destroy_parallel()
     return out
 

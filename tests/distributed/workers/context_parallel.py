@@ -43,8 +43,9 @@ def actor_path(model, mb, full: torch.Tensor, temperature: float, rec: dict, tag
     mask = mb.loss_mask if not hasattr(mb, "seqs") else mb.batch.loss_mask
     w = torch.linspace(-1, 1, mask.numel()).reshape(mask.shape)
 
-    lp = model._logprobs(local, mb, temperature)
-    ((lp.logp * mask * w).sum() + 0.1 * (lp.entropy * mask).sum()).backward()
+    out = model._logprobs(local, mb, temperature)        # {"logp", "entropy"} in the target frame
+    lp_logp, lp_entropy = out["logp"], out["entropy"]
+    ((lp_logp * mask * w).sum() + 0.1 * (lp_entropy * mask).sum()).backward()
     ref_in = full.clone().requires_grad_(True)
     ref = vocab_parallel_logprobs(ref_in[:, :-1] / temperature, mb.targets, None, vocab_size=vocab)
     ((ref.logp * mask * w).sum() + 0.1 * (ref.entropy * mask).sum()).backward()
@@ -61,11 +62,12 @@ def actor_path(model, mb, full: torch.Tensor, temperature: float, rec: dict, tag
                  and psp.max_seqlen_q == int((cu_pad[1:] - cu_pad[:-1]).max()))
     _, _, data = model._collect_support(temperature, 3, None, False, mb, local.detach())
     tk = vocab_parallel_topk(full[:, :-1] / temperature, 3, None, vocab_size=vocab)
-    rec[tag] = {"logp": maxdiff(lp.logp, ref.logp), "entropy": maxdiff(lp.entropy, ref.entropy),
+    rec[tag] = {"logp": maxdiff(lp_logp, ref.logp), "entropy": maxdiff(lp_entropy, ref.entropy),
                 "grad": maxdiff(grad, ref_in.grad), "grad_scale": float(ref_in.grad.abs().max()),
+                "logit_scale": float(full.abs().max() / temperature), "vocab": vocab,
                 "topk_logp": maxdiff(data["logp"], tk.logp), "topk_idx_same": bool(torch.equal(data["idx"], tk.idx)),
                 "token_logp": maxdiff(data["token_logp"], ref.logp.detach()),
-                "inputs_ok": inputs_ok, "local_tokens": int(local.shape[1]), "total_tokens": total, "shape": list(lp.logp.shape)}
+                "inputs_ok": inputs_ok, "local_tokens": int(local.shape[1]), "total_tokens": total, "shape": list(lp_logp.shape)}
 
 
 def main(out: str) -> None:
@@ -74,19 +76,19 @@ def main(out: str) -> None:
     from transformers import Qwen3Config
 
     from megatron_rl.runtime.parallel import destroy_parallel, init_parallel
-    from megatron_rl.trainer.policy.logprob_model import LogProbModel
     from megatron_rl.trainer.pipeline.batch import make_batch
-    from megatron_rl.trainer.policy.context_parallel import (
-        gather_cp,
-        padded_cu_seqlens,
-        partition_indices,
-    )
     from megatron_rl.trainer.pipeline.packing import (
         RankMicroBatches,
         TokenBudget,
         plan,
         seq_lengths,
     )
+    from megatron_rl.trainer.policy.context_parallel import (
+        gather_cp,
+        padded_cu_seqlens,
+        partition_indices,
+    )
+    from megatron_rl.trainer.policy.logprob_model import LogProbModel
 
     info = init_parallel(1, 1, seed=3, cp=2)
     rank, rec = dist.get_rank(), {}

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from tests.helpers.actor_common import fixed_batch, rl_loss
+from tests.helpers.actor_common import fixed_batch, loss_abs, rl_loss
 
 
 def make_hf(out: Path) -> Path:
@@ -44,19 +44,23 @@ def run(hf: str, vpp: int) -> dict:
     batch = fixed_batch()
     before = actor.forward_logprobs(batch, 2).logp
     batch.extras["old_logp"] = before.detach() - 0.05
+    mags = [loss_abs(actor, batch, 2, "token-mean")]         # Σ|terms| of each step's loss, before it
     res = actor.train_step(batch, rl_loss(), micro_batch_size=2)
+    mags.append(loss_abs(actor, batch, 2, "token-mean"))
     one = actor.train_step(batch, rl_loss(), micro_batch_size=8)     # a single micro-batch: fewer than PP
     from megatron_rl.trainer.pipeline.packing import TokenBudget
 
+    mags.append(loss_abs(actor, batch, 2, "token-mean"))
     packed = actor.train_step(batch, rl_loss(), micro_batch_size=TokenBudget(128))   # packed: one micro-batch of rows
     packed_logp = actor.forward_logprobs(batch, TokenBudget(128)).logp
     after = actor.forward_logprobs(batch, 2).logp
     weights = {n: t.clone() for n, t in actor.hf_weights()}
+    params = sum(int(t.numel()) for t in weights.values())
     layers = [[int(layer.layer_number) for layer in unwrap(c).decoder.layers] for c in actor.chunks]
     destroy_parallel()
     return {"loss": res.loss, "grad_norm": res.grad_norm, "loss_one_mb": one.loss, "grad_norm_one_mb": one.grad_norm,
             "loss_packed": packed.loss, "grad_norm_packed": packed.grad_norm, "packed_logp": packed_logp, "before": before, "after": after, "weights": weights,
-            "layers": layers}
+            "layers": layers, "loss_abs": mags, "params": params, "tokens": int(batch.loss_mask.sum())}
 
 
 def main(out: str) -> None:
@@ -70,8 +74,10 @@ def main(out: str) -> None:
     a, b = run(str(hf), 1), run(str(hf), 2)
     rec = {"loss": [a["loss"], b["loss"]], "grad_norm": [a["grad_norm"], b["grad_norm"]],
            "loss_one_mb": [a["loss_one_mb"], b["loss_one_mb"]], "grad_norm_one_mb": [a["grad_norm_one_mb"], b["grad_norm_one_mb"]],
+           "loss_abs": a["loss_abs"], "params": a["params"], "tokens": a["tokens"],
            "layers_vpp1": a["layers"], "layers_vpp2": b["layers"],
            "loss_packed": [a["loss_packed"], b["loss_packed"]], "grad_norm_packed": [a["grad_norm_packed"], b["grad_norm_packed"]],
+           "logp_scale": float(torch.stack([a["before"].abs().max(), a["after"].abs().max()]).max()),
            "packed_logp_diff": float((a["packed_logp"] - b["packed_logp"]).abs().max()),
            "logp_before_diff": float((a["before"] - b["before"]).abs().max()),
            "logp_after_diff": float((a["after"] - b["after"]).abs().max()),
