@@ -85,6 +85,17 @@ def check_bypass(cfg) -> None:
                          "takes the engine's log-probs (plain context) as old, conditioned recomputes them; pick one")
 
 
+def check_engine_driven(cfg) -> None:
+    """An engine whose interface the loop does not drive is refused in one line: ``vllm-async`` (groups
+    submitted and harvested while pushes run, ``rollout/partial.py``) has no rollout source in the training
+    loop yet; ``megatron-rl train`` takes ``vllm`` (offline ``LLM``) or ``hf``."""
+    from megatron_rl.rollout.registry import caps  # lazy: defers torch to the call
+
+    if caps(cfg.rollout.engine).inflight_updates:
+        raise ValueError(f"rollout.engine={cfg.rollout.engine}: the training loop does not drive this engine yet "
+                         "(in-flight partial rollouts are not wired into megatron-rl train); use rollout.engine=vllm")
+
+
 def check_config(cfg) -> None:
     """Config-only rules (see module docstring); ``ValueError`` naming the key."""
     from megatron_rl.algorithms import algo_kind, single_sample_kinds  # lazy: defers torch to the call
@@ -102,6 +113,7 @@ def check_config(cfg) -> None:
     path = path_class(cfg.algo.kind)   # an unknown path, wrong hparams class, missing inputs, the path's own rules
     path.validate(cfg)
     check_async(cfg.algo.kind, path, cfg.rollout.max_staleness, cfg.algo.off_policy)
+    check_engine_driven(cfg)
     check_ratio_space(cfg)
     if cfg.algo.off_policy == "bypass":
         check_bypass(cfg)
