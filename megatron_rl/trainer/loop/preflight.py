@@ -85,15 +85,22 @@ def check_bypass(cfg) -> None:
                          "takes the engine's log-probs (plain context) as old, conditioned recomputes them; pick one")
 
 
-def check_engine_driven(cfg) -> None:
-    """An engine whose interface the loop does not drive is refused in one line: ``vllm-async`` (groups
-    submitted and harvested while pushes run, ``rollout/partial.py``) has no rollout source in the training
-    loop yet; ``megatron-rl train`` takes ``vllm`` (offline ``LLM``) or ``hf``."""
-    from megatron_rl.rollout.registry import caps  # lazy: defers torch to the call
+def check_partial(cfg, path_cls) -> None:
+    """``rollout.partial``: the loop's partial source (``trainer/loop/partial_rollout.py``) replaces the
+    data path's ``collect`` by one group per prompt from the pool, so only the plain sampling path runs
+    with it (no dynamic sampling, no greedy baseline, not SCoRe's two attempts nor the other families,
+    whose ``collect`` builds more than one round of prompts); refused in one line otherwise."""
+    from megatron_rl.trainer.paths.sampling import PlainPath  # lazy: defers torch to the call
 
-    if caps(cfg.rollout.engine).inflight_updates:
-        raise ValueError(f"rollout.engine={cfg.rollout.engine}: the training loop does not drive this engine yet "
-                         "(in-flight partial rollouts are not wired into megatron-rl train); use rollout.engine=vllm")
+    if not cfg.rollout.partial:
+        return
+    hp = cfg.algo.hparams
+    plain = issubclass(path_cls, PlainPath) and not path_cls.wants_greedy(hp) and path_cls.collect is PlainPath.collect
+    if not plain or getattr(hp, "filter_groups", False):
+        why = getattr(path_cls, "async_unsupported", "") or "its collection is not one sampled group per prompt"
+        raise ValueError(f"rollout.partial=true with algo.kind={cfg.algo.kind!r} (data path "
+                         f"{getattr(path_cls, 'name', path_cls.__name__)!r}): {why}; the partial source drives the plain "
+                         "sampling path only (no dynamic sampling, no greedy baseline); set rollout.partial=false")
 
 
 def check_config(cfg) -> None:
@@ -113,7 +120,7 @@ def check_config(cfg) -> None:
     path = path_class(cfg.algo.kind)   # an unknown path, wrong hparams class, missing inputs, the path's own rules
     path.validate(cfg)
     check_async(cfg.algo.kind, path, cfg.rollout.max_staleness, cfg.algo.off_policy)
-    check_engine_driven(cfg)
+    check_partial(cfg, path)
     check_ratio_space(cfg)
     if cfg.algo.off_policy == "bypass":
         check_bypass(cfg)

@@ -44,7 +44,8 @@ class PlainPath(DataPath):
     def defers_rewards(self) -> bool:
         """Are this run's rewards scored beside the log-prob passes (``defer_rewards``)?"""
         dynamic = self.sampling is not None and self.sampling.filter_groups
-        return self.defer_rewards and self.cfg.rollout.max_staleness == 0 and not self.greedy and not dynamic
+        sync = self.cfg.rollout.max_staleness == 0 and not self.cfg.rollout.partial   # partial: scored in its source
+        return self.defer_rewards and sync and not self.greedy and not dynamic
 
     @classmethod
     def wants_greedy(cls, hp) -> bool:

@@ -154,8 +154,7 @@ def test_config_keys_validated_at_start_up():
 @pytest.mark.parametrize("over,words", [
     (["algo.kind=score", "rollout.max_staleness=1"], "algo.kind='score' .*cannot run with rollout.max_staleness=1"),
     (["algo.kind=score", "algo.off_policy=tis"], "algo.kind='score' .*cannot run with algo.off_policy=tis"),
-    (["rollout.engine=vllm-async"], "rollout.engine=vllm-async: the training loop does not drive this engine yet"),
-], ids=["score-async", "score-tis", "vllm-async-undriven"])
+], ids=["score-async", "score-tis"])
 def test_paths_that_cannot_run_async_fail_at_start_up(over, words):
     from megatron_rl.trainer.loop.preflight import load_checked
 
