@@ -44,7 +44,6 @@ from megatron_rl.rollout import rollouts as R
 from megatron_rl.rollout.partial import PartialPool, StalenessPolicy
 from megatron_rl.runtime.broadcast import broadcast_object
 
-
 GROUPS_FILE = "partial_groups.jsonl"
 #: at close, the longest wait for the groups in flight to finish
 DRAIN_S = 300.0
