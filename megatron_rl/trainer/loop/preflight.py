@@ -90,14 +90,10 @@ def check_partial(cfg, path_cls) -> None:
     data path's ``collect`` by one group per prompt from the pool, so only the plain sampling path runs
     with it (no dynamic sampling, no greedy baseline, not SCoRe's two attempts nor the other families,
     whose ``collect`` builds more than one round of prompts); refused in one line otherwise."""
-    from megatron_rl.trainer.paths.sampling import PlainPath  # lazy: defers torch to the call
-
     if not cfg.rollout.partial:
         return
-    hp = cfg.algo.hparams
-    plain = issubclass(path_cls, PlainPath) and not path_cls.wants_greedy(hp) and path_cls.collect is PlainPath.collect
-    if not plain or getattr(hp, "filter_groups", False):
-        why = getattr(path_cls, "async_unsupported", "") or "its collection is not one sampled group per prompt"
+    why = path_cls.partial_refusal(cfg.algo.hparams)   # the path's own answer (DataPath.partial_refusal)
+    if why:
         raise ValueError(f"rollout.partial=true with algo.kind={cfg.algo.kind!r} (data path "
                          f"{getattr(path_cls, 'name', path_cls.__name__)!r}): {why}; the partial source drives the plain "
                          "sampling path only (no dynamic sampling, no greedy baseline); set rollout.partial=false")

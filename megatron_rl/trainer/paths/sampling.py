@@ -52,6 +52,16 @@ class PlainPath(DataPath):
         return False
 
     @classmethod
+    def partial_refusal(cls, hp) -> str:
+        """The partial source replaces :meth:`collect` by one sampled group per prompt: this path's own
+        collection, unless a greedy baseline, dynamic sampling or a subclass's ``collect`` adds to it."""
+        if cls.wants_greedy(hp) or cls.collect is not PlainPath.collect:
+            return f"the {cls.name!r} path collects more than one sampled group per prompt"
+        if getattr(hp, "filter_groups", False):
+            return "dynamic sampling draws generation rounds until groups are informative"
+        return ""
+
+    @classmethod
     def provides_for(cls, hp) -> set:
         return set(cls.provides) | ({"greedy_rewards"} if cls.wants_greedy(hp) else set())
 
