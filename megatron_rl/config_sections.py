@@ -194,6 +194,21 @@ class RolloutConfig:
     """Asynchronous rollouts: 0 = synchronous (generate, then train); k >= 1 = the engines generate
     the batches of steps t+1..t+k while the trainer updates on batch t, so batch t is sampled with
     the weights of step max(0, t-1-k) (``trainer/loop/async_rollout.py``); corrected by ``algo.off_policy``."""
+    partial: bool = False
+    """In-flight partial rollouts (``trainer/loop/partial_rollout.py``, needs ``engine=vllm-async``): the
+    driver keeps ``prompts_per_step + partial_extra_groups`` groups in flight, a step trains on the first
+    groups that finished, the rest run on across the weight push (taken in flight) into later steps;
+    each token carries the weight version that sampled it. Exclusive with ``max_staleness`` > 0."""
+    partial_extra_groups: int = 2
+    """Groups in flight beyond a step's ``data.prompts_per_step`` (``rollout.partial``); >= 0."""
+    partial_max_staleness: int = 1
+    """Per-token staleness bound k of ``rollout.partial``: a token sampled by weight version v and trained
+    at a step whose trainer holds V has staleness V − v; a response with a token over k is handled by
+    ``partial_policy``."""
+    partial_policy: str = "drop"
+    """What ``rollout.partial`` does with a response over ``partial_max_staleness``: drop (its group is
+    dropped and counted, ``partial/dropped_groups``; its prompt is consumed). mask (keep the group, its
+    old-version prefix out of the loss) is not wired into the loop's loss mask yet and is refused at start-up."""
 
     def __post_init__(self):
         from megatron_rl.rollout.registry import engine_class, engine_names  # lazy: defers torch to the call
@@ -233,6 +248,27 @@ class RolloutConfig:
         _check(not (self.placement == "colocated" and self.max_staleness > 0),
                f"rollout.placement=colocated needs rollout.max_staleness=0 (got {self.max_staleness}): engines and "
                "trainer share the GPUs, so generation cannot overlap the update; use placement=separate for async")
+        self._check_partial(caps)
+
+    def _check_partial(self, caps) -> None:
+        """``rollout.partial`` and its engine: both or neither; its own keys (one line each)."""
+        _check(not caps.inflight_updates or self.partial,
+               f"rollout.engine={self.engine} is driven by the training loop only with rollout.partial=true "
+               "(in-flight partial rollouts); set it, or use rollout.engine=vllm")
+        if not self.partial:
+            return
+        _check(caps.inflight_updates, f"rollout.partial=true needs an engine taking pushes while requests run "
+               f"(rollout.engine=vllm-async), got rollout.engine={self.engine}")
+        _check(self.max_staleness == 0, f"rollout.partial=true replaces one-step-off rollouts: set "
+               f"rollout.max_staleness=0 (got {self.max_staleness})")
+        _check(self.placement == "separate", "rollout.partial=true needs rollout.placement=separate (colocated engines "
+               "sleep while the trainer updates, so nothing can stay in flight)")
+        _check(self.partial_extra_groups >= 0, f"rollout.partial_extra_groups must be >= 0, got {self.partial_extra_groups}")
+        _check(self.partial_max_staleness >= 0,
+               f"rollout.partial_max_staleness must be an integer >= 0, got {self.partial_max_staleness}")
+        _check(self.partial_policy in ("drop", "mask"), f"rollout.partial_policy must be drop|mask, got {self.partial_policy!r}")
+        _check(self.partial_policy == "drop", "rollout.partial_policy=mask is not wired into the training loop's loss "
+               "mask yet (rollout/partial.py has it); use rollout.partial_policy=drop")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,7 +6,10 @@ within 1e-4 (measured agreement of vLLM-CPU and HF at equal weights: ~5e-7, note
 prompts share a 400-token prefix (3 KV blocks of vLLM-CPU's 128) that sits in the prefix cache under
 the old weights when the push comes: a push that left old-weight KV for the running requests or the
 cache would put later tokens' log-probs nats away from the new weights' (measured 3.9 nats for the
-synchronous engine without its reset, test_rollout_vllm.py)."""
+synchronous engine without its reset, test_rollout_vllm.py).
+
+One engine (module fixture) serves both tests: :class:`~tests.helpers.inflight_faults.StaleKVClient`'s
+engine is the ``vllm-async`` engine unchanged until the negative control switches its fault on."""
 from __future__ import annotations
 
 import time
@@ -28,11 +31,14 @@ def models(tmp_path_factory):
     return save_tiny_qwen3(d / "a", seed=0, max_positions=MAX_LEN), save_tiny_qwen3(d / "b", seed=1, max_positions=MAX_LEN)
 
 
-def _client(models, cls=None):
-    from megatron_rl.rollout.ray_bridge import RolloutClient
+@pytest.fixture(scope="module")
+def client(models):
+    from tests.helpers.inflight_faults import StaleKVClient
 
-    return (cls or RolloutClient)("vllm-async", str(models[0]), num_engines=1, sync_backend="gloo", cpus_per_engine=0.5,
-                                  engine_kwargs={"max_model_len": MAX_LEN, "kv_cache_gib": 0.25})
+    c = StaleKVClient("vllm-async", str(models[0]), num_engines=1, sync_backend="gloo", cpus_per_engine=0.5,
+                      engine_kwargs={"max_model_len": MAX_LEN, "kv_cache_gib": 0.25})
+    yield c
+    c.shutdown()
 
 
 def _prompts(seed: int, k: int) -> list[list[int]]:
@@ -50,21 +56,22 @@ def _hf_scores(model_dir, comps) -> list[list[float]]:
 
 def _run_through_pushes(client, models) -> tuple[dict, list]:
     """Four groups (2 samples each, up to 616 tokens) submitted, pushes B then A while they run;
-    returns (max |engine − HF under the token's version| per version, the completions)."""
+    returns (max |engine − HF under the token's version| per version offset 1 (A) / 2 (B) / 3 (A), the completions)."""
     from safetensors.torch import load_file
 
     w_a, w_b = (load_file(str(m / "model.safetensors")) for m in models)
     t0 = time.perf_counter()
-    assert client.update_weights(w_a.items()) == 1          # opens the gloo group; version 1 = A's weights again
+    v0 = int(client.stats()["rollout/weight_version"])
+    assert client.update_weights(w_a.items()) == v0 + 1     # (the first opens the gloo group) A's weights again
     prompts = _prompts(0, 4)
     client.generate(prompts[:2], SamplingParams(greedy=True, max_tokens=4))   # the shared prefix cached under A
     sp = SamplingParams(n=2, max_tokens=MAX_LEN - PREFIX - 8, seed=11)
     for k, p in enumerate(prompts):
         client.submit(k, p, dataclasses_replace(sp, seed=11 + k))
     time.sleep(0.3)
-    assert client.update_weights(w_b.items()) == 2          # in flight: B
+    assert client.update_weights(w_b.items()) == v0 + 2     # in flight: B
     time.sleep(0.3)
-    assert client.update_weights(w_a.items()) == 3          # in flight again: A
+    assert client.update_weights(w_a.items()) == v0 + 3     # in flight again: A
     got = client.harvest(wait_s=600, min_groups=len(prompts))
     assert sorted(k for k, _ in got) == list(range(len(prompts))) and not client.in_flight()
     comps = [c for _, cs in sorted(got, key=lambda kc: kc[0]) for c in cs]
@@ -72,7 +79,7 @@ def _run_through_pushes(client, models) -> tuple[dict, list]:
     spans = 0
     for c in comps:
         assert len(c.versions) == len(c.logprobs) == len(c.response_ids) > 0
-        assert list(c.versions) == sorted(c.versions) and set(c.versions) <= {1, 2, 3}, c.versions
+        assert list(c.versions) == sorted(c.versions) and set(c.versions) <= {v0 + 1, v0 + 2, v0 + 3}, c.versions
         spans += len(set(c.versions)) > 1
     assert spans >= 1, f"no response spans a push: {[sorted(set(c.versions)) for c in comps]}"
     oracle = {1: _hf_scores(models[0], comps), 2: _hf_scores(models[1], comps)}
@@ -80,40 +87,41 @@ def _run_through_pushes(client, models) -> tuple[dict, list]:
     worst = {v: 0.0 for v in oracle}
     for i, c in enumerate(comps):
         for t, (lp, v) in enumerate(zip(c.logprobs, c.versions)):
-            worst[v] = max(worst[v], abs(lp - oracle[v][i][t]))
-    by_version = {v: sum(x == v for c in comps for x in c.versions) for v in oracle}
+            worst[v - v0] = max(worst[v - v0], abs(lp - oracle[v - v0][i][t]))
+    by_version = {v: sum(x - v0 == v for c in comps for x in c.versions) for v in oracle}
     print(f"in-flight pushes: {spans}/{len(comps)} responses span a push; tokens by version {by_version}; "
           f"max |engine - HF(version)| {worst}; {time.perf_counter() - t0:.1f} s")
     return worst, comps
 
 
-def test_groups_run_through_pushes_and_post_push_tokens_come_from_the_new_weights(models):
+def test_groups_run_through_pushes_and_post_push_tokens_come_from_the_new_weights(models, client):
     from safetensors.torch import load_file
 
-    client = _client(models)
-    try:
-        worst, _ = _run_through_pushes(client, models)
-        st = client.push_stats()[0]
-        held = client.engine_hf_parameters()[0]   # what sync verification compares (crosses the engine-core process)
-    finally:
-        client.shutdown()
+    from tests.helpers.inflight_faults import set_fault
+
+    set_fault(client, False)
+    before = client.push_stats()[0]
+    worst, _ = _run_through_pushes(client, models)
+    st = client.push_stats()[0]
+    held = client.engine_hf_parameters()[0]   # what sync verification compares (crosses the engine-core process)
     assert max(worst.values()) <= 1e-4, worst
-    assert st["pushes"] == 3 and st["cache_resets"] == 3 and st["version"] == 3
+    assert st["pushes"] - before["pushes"] == 3 and st["cache_resets"] - before["cache_resets"] == 3
+    assert st["version"] == before["version"] + 3
     w_a = load_file(str(models[0] / "model.safetensors"))
     assert all(torch.equal(held[k], v) for k, v in w_a.items() if k != "lm_head.weight"), "engine weights != last push"
 
 
-def test_the_proof_fails_when_a_push_leaves_old_weight_kv(models):
+def test_the_proof_fails_when_a_push_leaves_old_weight_kv(models, client):
     """The trap on purpose (``tests/helpers/inflight_faults.py``: pause without the cache clear, a plain
     ``reset_prefix_cache()`` that is a no-op while requests run): the same check then sees the post-push
     tokens far from the new weights (measured: 3.0 nats under B, 0.3 under A again)."""
-    from tests.helpers.inflight_faults import StaleKVClient
+    from tests.helpers.inflight_faults import set_fault
 
-    client = _client(models, StaleKVClient)
+    set_fault(client, True)
     try:
         worst, _ = _run_through_pushes(client, models)
     finally:
-        client.shutdown()
+        set_fault(client, False)
     assert worst[1] <= 1e-4 and worst[2] > 1e-2, worst
 
 

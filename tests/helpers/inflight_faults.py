@@ -1,9 +1,11 @@
 """A fault-injecting in-flight engine for tests: the known trap of in-flight pushes, done on purpose.
 
-:class:`StaleKVAsyncEngine` pauses with ``clear_cache=False`` and ends the push with a plain
-``reset_prefix_cache()`` — vLLM's call that is a silent no-op while requests hold KV blocks
-(NeMo-RL #3929) — so the running requests keep KV computed under the old weights and the prefix
-cache keeps serving it. ``tests/e2e/test_inflight_push.py`` shows its post-push log-probs far from
+:class:`StaleKVAsyncEngine` is the ``vllm-async`` engine until its fault is switched on (the actor's
+``weight_transfer("set_fault", {"on": True})``, :func:`set_fault`); then it pauses with ``clear_cache=False``
+and ends the push with a plain ``reset_prefix_cache()`` — vLLM's call that is a silent no-op while
+requests hold KV blocks (NeMo-RL #3929) — so the running requests keep KV computed under the old
+weights and the prefix cache keeps serving it. One engine serves the proof and its negative control
+(an engine start is most of either test's time). ``tests/e2e/test_inflight_push.py`` shows its post-push log-probs far from
 the new weights', i.e. that the proof can fail. Built by import path in the engine actor
 (``RolloutClient.engine_impl``)."""
 from __future__ import annotations
@@ -17,7 +19,14 @@ from megatron_rl.rollout.vllm_async_engine import AsyncVLLMEngine
 class StaleKVAsyncEngine(AsyncVLLMEngine):
     """``AsyncVLLMEngine`` whose push leaves old-weight KV in place (module docstring)."""
 
+    fault = False
+
     def weight_transfer(self, method: str, **kwargs):
+        if method == "set_fault":
+            self.fault = bool(kwargs["on"])
+            return None
+        if not self.fault:
+            return super().weight_transfer(method, **kwargs)
         if method == "start_weight_update":
             self._lock.acquire()
             self._t_pause = time.perf_counter()
@@ -41,3 +50,8 @@ class StaleKVClient(RolloutClient):
     """A pool of :class:`StaleKVAsyncEngine` (caps of ``vllm-async``)."""
 
     engine_impl = f"{__name__}:StaleKVAsyncEngine"
+
+
+def set_fault(client: StaleKVClient, on: bool) -> None:
+    """Switch every engine's fault on or off (module docstring)."""
+    client._ray.get([a.weight_transfer.remote("set_fault", {"on": on}) for a in client.actors])

@@ -176,6 +176,11 @@ READ = {   # key -> module that consumes it (``cfg.<key>`` or the section alias 
     "rollout.logprob_gate": "megatron_rl/trainer/loop/sync_stage.py",
     "rollout.verify_sync": "megatron_rl/trainer/loop/rl_loop.py",
     "rollout.max_staleness": "megatron_rl/trainer/loop/rollout_source.py",
+    # issue 43: in-flight partial rollouts (e2e: tests/e2e/test_partial_train.py; refusals: tests/unit/trainer/test_partial_config.py)
+    "rollout.partial": "megatron_rl/trainer/loop/rollout_source.py",
+    "rollout.partial_extra_groups": "megatron_rl/trainer/loop/partial_rollout.py",
+    "rollout.partial_max_staleness": "megatron_rl/trainer/loop/partial_rollout.py",
+    "rollout.partial_policy": "megatron_rl/trainer/loop/partial_rollout.py",
     "algo.off_policy": "megatron_rl/trainer/pipeline/update_stage.py", "algo.tis_cap": "megatron_rl/trainer/pipeline/update_stage.py",
     "algo.correction": "megatron_rl/trainer/pipeline/update_stage.py",
     # issue 42: the PPO ratio's space (e2e: tests/e2e/test_chat_methods.py grpo@mu) and the determinism switch

@@ -85,6 +85,20 @@ def check_bypass(cfg) -> None:
                          "takes the engine's log-probs (plain context) as old, conditioned recomputes them; pick one")
 
 
+def check_partial(cfg, path_cls) -> None:
+    """``rollout.partial``: the loop's partial source (``trainer/loop/partial_rollout.py``) replaces the
+    data path's ``collect`` by one group per prompt from the pool, so only the plain sampling path runs
+    with it (no dynamic sampling, no greedy baseline, not SCoRe's two attempts nor the other families,
+    whose ``collect`` builds more than one round of prompts); refused in one line otherwise."""
+    if not cfg.rollout.partial:
+        return
+    why = path_cls.partial_refusal(cfg.algo.hparams)   # the path's own answer (DataPath.partial_refusal)
+    if why:
+        raise ValueError(f"rollout.partial=true with algo.kind={cfg.algo.kind!r} (data path "
+                         f"{getattr(path_cls, 'name', path_cls.__name__)!r}): {why}; the partial source drives the plain "
+                         "sampling path only (no dynamic sampling, no greedy baseline); set rollout.partial=false")
+
+
 def check_config(cfg) -> None:
     """Config-only rules (see module docstring); ``ValueError`` naming the key."""
     from megatron_rl.algorithms import algo_kind, single_sample_kinds  # lazy: defers torch to the call
@@ -102,6 +116,7 @@ def check_config(cfg) -> None:
     path = path_class(cfg.algo.kind)   # an unknown path, wrong hparams class, missing inputs, the path's own rules
     path.validate(cfg)
     check_async(cfg.algo.kind, path, cfg.rollout.max_staleness, cfg.algo.off_policy)
+    check_partial(cfg, path)
     check_ratio_space(cfg)
     if cfg.algo.off_policy == "bypass":
         check_bypass(cfg)

@@ -14,7 +14,8 @@ Per step t, every rank makes the same calls::
 
 :class:`SyncRollouts` collects the batch when asked (generation and training alternate);
 ``rollout.max_staleness`` > 0 gives :class:`~megatron_rl.trainer.loop.async_rollout.AsyncRollouts`, whose
-producer runs up to k batches ahead.
+producer runs up to k batches ahead; ``rollout.partial`` gives
+:class:`~megatron_rl.trainer.loop.partial_rollout.PartialRollouts` (groups in flight across pushes).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from typing import Any
 
 from megatron_rl.rewards.judge_client import JudgeRejected
 from megatron_rl.trainer.loop.async_rollout import AsyncRollouts, sync_metrics
+from megatron_rl.trainer.loop.partial_rollout import PartialRollouts
 from megatron_rl.runtime.broadcast import broadcast_object
 
 
@@ -63,9 +65,11 @@ class SyncRollouts:
         return None
 
 
-def open_source(run) -> SyncRollouts | AsyncRollouts:
+def open_source(run) -> SyncRollouts | AsyncRollouts | PartialRollouts:
     """The rollout source of ``run`` (after ``setup_run``: its step, sampler and restored in-flight batches)."""
     cfg, st = run.cfg, run.state
+    if cfg.rollout.partial:
+        return PartialRollouts(run, resume=st.partial_resume)
     collect = functools.partial(run.path.collect, run.collect_context())   # collect(step): the path's, driver-side
     if cfg.rollout.max_staleness == 0:
         return SyncRollouts(collect, is_driver=run.info.is_driver)

@@ -69,6 +69,7 @@ class RunState:
     gate: dict | None = None           # start-up gate numbers (sync_stage.startup_gate)
     source: SyncRollouts | AsyncRollouts | None = None   # opened by the loop (trainer/loop/rollout_source.py)
     async_pending: list = dataclasses.field(default_factory=list)   # finished batches restored from a checkpoint
+    partial_resume: dict | None = None   # rollout.partial: the pool's indices from a checkpoint (partial_rollout.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,7 +173,7 @@ def build_client(cfg, trainer_world: int = 1):
     if has_cuda():
         gpus = engine_gpus(a["placement"], int(os.environ.get("LOCAL_WORLD_SIZE", "1")), a["num_engines"], tp)
     env = None
-    if cfg.rollout.max_staleness > 0:
+    if cfg.rollout.max_staleness > 0 or cfg.rollout.partial:
         env = engine_env(local_plan())
     if cfg.trainer.deterministic:
         env = {**(env or {}), **determinism.engine_env(has_cuda())}
@@ -268,7 +269,7 @@ def _start_engines(cfg, info, client):
     if info.is_driver and client is None:
         client = build_client(cfg, trainer_world=info.world)
     broadcast_object(None)   # the others wait out the engines' start-up in the store (driver_wait), not in NCCL
-    if cfg.rollout.max_staleness > 0:
+    if cfg.rollout.max_staleness > 0 or cfg.rollout.partial:
         # engines and trainer on disjoint cores. After Ray started, so its daemons (and the workers
         # they fork) are not confined to the trainer's cores; the engine actors pin themselves.
 
@@ -307,6 +308,10 @@ def _resume(cfg, actor, path, sampler, resume: str | None, is_driver: bool) -> R
         sampler.load_state_dict(loaded.extra_state["sampler"])
 
     state.async_pending, _ = restore_state(loaded.extra_state.get("async"), cfg.rollout.max_staleness)
+    state.partial_resume = (loaded.extra_state.get("async") or {}).get("partial")
+    if state.partial_resume and not cfg.rollout.partial:
+        raise ValueError(f"checkpoint {ckpt} holds {len(state.partial_resume['pending'])} partial-rollout group(s) in "
+                         "flight: resume with rollout.partial=true (only the partial source regenerates them)")
     log.info("resumed from %s at step %d", ckpt, state.step)
     if is_driver:   # a console line too (INFO goes to train.log only): users and job logs must see it
         print(f"[megatron-rl] resumed from {ckpt} at step {state.step}", flush=True)

@@ -56,6 +56,12 @@ class DataPath(abc.ABC):
         return set(cls.provides)
 
     @classmethod
+    def partial_refusal(cls, hp) -> str:
+        """Why ``rollout.partial`` (one sampled group per prompt from the pool, ``trainer/loop/partial_rollout.py``)
+        cannot feed this path under ``hp`` ("" = it can); a path that takes it says so by overriding this."""
+        return cls.async_unsupported or "its collection is not one sampled group per prompt"
+
+    @classmethod
     def row_fields(cls, cfg) -> list[tuple[tuple[str, ...], str]]:
         """``extra_info`` fields every training row must carry under ``cfg``: ``[(keys (any one of them
         suffices), what reads it)]``; checked against ``data.train`` at start-up (``preflight``). None here."""

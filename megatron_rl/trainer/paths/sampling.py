@@ -44,11 +44,22 @@ class PlainPath(DataPath):
     def defers_rewards(self) -> bool:
         """Are this run's rewards scored beside the log-prob passes (``defer_rewards``)?"""
         dynamic = self.sampling is not None and self.sampling.filter_groups
-        return self.defer_rewards and self.cfg.rollout.max_staleness == 0 and not self.greedy and not dynamic
+        sync = self.cfg.rollout.max_staleness == 0 and not self.cfg.rollout.partial   # partial: scored in its source
+        return self.defer_rewards and sync and not self.greedy and not dynamic
 
     @classmethod
     def wants_greedy(cls, hp) -> bool:
         return False
+
+    @classmethod
+    def partial_refusal(cls, hp) -> str:
+        """The partial source replaces :meth:`collect` by one sampled group per prompt: this path's own
+        collection, unless a greedy baseline, dynamic sampling or a subclass's ``collect`` adds to it."""
+        if cls.wants_greedy(hp) or cls.collect is not PlainPath.collect:
+            return f"the {cls.name!r} path collects more than one sampled group per prompt"
+        if getattr(hp, "filter_groups", False):
+            return "dynamic sampling draws generation rounds until groups are informative"
+        return ""
 
     @classmethod
     def provides_for(cls, hp) -> set:

@@ -120,17 +120,31 @@ def off_policy_inputs(cfg, ro, old: torch.Tensor, mask: torch.Tensor, step: int)
     (``ro.rollout_logp``); staleness = (step − 1) − ``ro.weight_version`` (the trainer holds the
     weights of step − 1; a batch collected synchronously has no version: staleness 0). Mode and
     cap: ``algo.off_policy`` / ``algo.tis_cap``. Returns (weights [N, T] or None, metrics)."""
-    version = step - 1 if ro.weight_version is None else ro.weight_version
-    stale = O.staleness(step - 1, torch.full((len(ro),), version, dtype=torch.long))
+    stale = batch_staleness(ro, step)
     out = O.off_policy_weights(old, O.behaviour_matrix(ro.rollout_logp, old), mask, stale,
                                mode=cfg.algo.off_policy, cap=cfg.algo.tis_cap)
     return out.weights, {k: float(v) for k, v in out.metrics.items()}
 
 
 def batch_staleness(ro, step: int) -> torch.Tensor:
-    """[N] staleness of the batch's samples: (step − 1) − ``ro.weight_version`` (0 without a version)."""
+    """[N] staleness of the batch's samples: (step − 1) − ``ro.weight_version`` (0 without a version);
+    with per-token versions (``ro.token_versions``, partial rollouts) the staleness of a sample's OLDEST
+    token, so a response spanning a push counts as stale and all its tokens get the decoupled weight
+    (each against the engine log-prob of the version that sampled it)."""
+    if ro.token_versions is not None:
+        oldest = torch.stack([v.min() for v in torch.split(ro.token_versions.long(), ro.response_lens.tolist())])
+        return O.staleness(step - 1, oldest)
     version = step - 1 if ro.weight_version is None else ro.weight_version
     return O.staleness(step - 1, torch.full((len(ro),), version, dtype=torch.long))
+
+
+def token_staleness(ro, step: int, like: torch.Tensor) -> torch.Tensor:
+    """[N, T] staleness of each response token ((step − 1) − its version; 0 past a response) in the frame of ``like``."""
+    out = torch.zeros(like.shape, dtype=torch.long)
+    for i, v in enumerate(torch.split(ro.token_versions.long(), ro.response_lens.tolist())):
+        k = min(len(v), like.shape[1])
+        out[i, :k] = (step - 1) - v[:k]
+    return out
 
 
 def correction_band(cfg) -> tuple[float, float]:
@@ -145,8 +159,18 @@ def mismatch_inputs(cfg, ro, old: torch.Tensor, mask: torch.Tensor, step: int) -
     """The train–inference mismatch metrics of the batch (``algorithms/mismatch.py``): trainer =
     ``old`` (the recomputed log-probs), engine = ``ro.rollout_logp``; split by staleness when the run
     is asynchronous (``rollout.max_staleness`` > 0)."""
-    return M.split_mismatch_metrics(old, O.behaviour_matrix(ro.rollout_logp, old), mask, batch_staleness(ro, step),
-                                    correction_band(cfg), split=cfg.rollout.max_staleness > 0)
+    gen = O.behaviour_matrix(ro.rollout_logp, old)
+    if ro.token_versions is None:
+        return M.split_mismatch_metrics(old, gen, mask, batch_staleness(ro, step), correction_band(cfg),
+                                        split=cfg.rollout.max_staleness > 0)
+    res = M.split_mismatch_metrics(old, gen, mask, batch_staleness(ro, step), correction_band(cfg))
+    tok = token_staleness(ro, step, old)   # partial rollouts: _fresh / _stale over TOKENS by their own version
+    for name, sel in (("fresh", tok == 0), ("stale", tok > 0)):
+        part = mask * sel.to(mask.dtype)
+        if bool(part.sum() > 0):
+            res.update({f"rollout/{k}_{name}": float(v) for k, v in
+                        M.mismatch_metrics(old.double(), gen.double(), part, correction_band(cfg)).items()})
+    return res
 
 
 def correction_inputs(cfg, ro, old: torch.Tensor, mask: torch.Tensor, step: int):

@@ -1,0 +1,140 @@
+"""In-flight partial rollouts as a rollout source of the loop (``rollout.partial=true``, ``engine=vllm-async``).
+
+The driver owns a :class:`~megatron_rl.rollout.partial.PartialPool` over the engine pool: it keeps
+``data.prompts_per_step + rollout.partial_extra_groups`` groups (``rollout.n`` samples of one prompt)
+in flight. Step t takes the first ``prompts_per_step`` groups that finished and leaves the others
+running; the weight push that ends the step is taken by the engines WHILE those requests run (pause
+keep → load → prefix-cache reset → resume, ``rollout/vllm_async_engine.py``), so a response may span
+pushes. Every response token carries the weight version that sampled it (``Rollouts.token_versions``).
+
+Versions: the engines count pushes; the loop counts optimizer steps. At step t the trainer holds the
+weights of step t − 1 and the engines hold the last push, so an engine version E maps to the step
+version E − (E_now − (t − 1)) — the frame ``update_stage`` reads staleness in ((t − 1) − v).
+
+Staleness bound ``rollout.partial_max_staleness`` = k, policy ``drop``: a response with a token
+older than k steps drops its group (counted; its prompt is consumed, never retried).
+
+Off-policy correction (``algo.off_policy``, ``update_stage.off_policy_inputs``): the behaviour
+log-prob of each token is the engine's log-prob at sampling time (``Rollouts.response_logp``, so
+under the version that generated THAT token), the proximal one the trainer's recomputed log-prob
+under its current weights (the old-log-prob pass every step runs) — the same decoupled ratio as
+one-step-off rollouts, per token. A response is "stale" when any of its tokens is.
+
+Prompts: pool index i is the i-th prompt of the sampler's epoch-wise shuffles (same permutations as
+``DeterministicSampler``); its sampling seed derives from (trainer seed, i), so a regenerated group
+draws the same way under the same weights.
+
+Audit: the driver appends ``{step, trained, dropped}`` (pool indices) to ``run_dir/partial_groups.jsonl``
+per step; a resume first drops the rows after the checkpoint's step.
+
+Resume: the checkpoint's ``async`` entry holds the pool's next fresh index and the indices in flight
+or finished but untrained; ``--resume auto`` regenerates those from the start under the checkpoint's
+weights (``PartialPool``): no index is lost or trained twice.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from megatron_rl.rollout import rollouts as R
+from megatron_rl.rollout.partial import PartialPool, StalenessPolicy
+from megatron_rl.runtime.broadcast import broadcast_object
+
+GROUPS_FILE = "partial_groups.jsonl"
+#: at close, the longest wait for the groups in flight to finish
+DRAIN_S = 300.0
+
+
+class PoolPrompts:
+    """Pool index -> (dataset row index, sampling params): the sampler's epoch-wise permutations."""
+
+    def __init__(self, cfg, dataset, eos_id: int | None):
+        self.cfg, self.dataset, self.eos_id = cfg, dataset, eos_id
+        self.n, self.seed = len(dataset), cfg.data.seed
+        self._perms: dict[int, list[int]] = {}
+
+    def row(self, i: int) -> int:
+        e = i // self.n
+        if e not in self._perms:
+            g = torch.Generator().manual_seed(self.seed * 100_003 + e)   # DeterministicSampler's permutation
+            self._perms = {e: torch.randperm(self.n, generator=g).tolist()}
+        return self._perms[e][i % self.n]
+
+    def request(self, i: int) -> tuple[list[int], object]:
+        sp = R.sampling_params(self.cfg, 0, eos_id=self.eos_id)
+        seed = (self.cfg.trainer.seed * 1_000_003 + i * 7919 + 1) % (2 ** 31)
+        return list(self.dataset[self.row(i)].prompt_ids), dataclasses.replace(sp, seed=seed)
+
+
+class PartialRollouts:
+    """The loop's handle on partial rollouts (the ``SyncRollouts`` / ``AsyncRollouts`` interface);
+    only the driver owns the pool. ``resume``: the pool state of the checkpoint's ``async`` entry."""
+
+    def __init__(self, run, resume: dict | None = None):
+        cfg, self.run, self.is_driver = run.cfg, run, run.info.is_driver
+        self.pool, self.last, self.waited = None, {}, 0.0
+        if self.is_driver:
+            r = cfg.rollout
+            self.prompts = PoolPrompts(cfg, run.train_set, run.tok.eos_id)
+            self.log = Path(cfg.trainer.run_dir) / GROUPS_FILE
+            keep = [x for x in (self.log.read_text().splitlines() if self.log.is_file() else [])
+                    if x and json.loads(x)["step"] <= run.state.step]
+            self.log.write_text("".join(x + "\n" for x in keep))
+            self.pool = PartialPool(run.client, self.prompts.request, groups_per_step=cfg.data.prompts_per_step,
+                                    extra=r.partial_extra_groups,
+                                    policy=StalenessPolicy(r.partial_max_staleness, r.partial_policy), resume=resume)
+
+    def _collect(self, step: int):
+        run = self.run
+        engine_v = int(run.client.stats()["rollout/weight_version"])
+        shift = engine_v - (step - 1)            # engine version -> step version (module docstring)
+        groups, m = self.pool.take(trainer_version=engine_v)
+        comps = [dataclasses.replace(c, prompt_index=j) for j, g in enumerate(groups) for c in g.completions]
+        rows = [run.train_set[self.prompts.row(g.index)] for g in groups]
+        ro = R.from_completions(rows, comps, run.tok)
+        ro.token_versions = (ro.token_versions.to(torch.int64) - shift).to(torch.int32)
+        ro = run.path.shape(R.score(ro, run.rewards))
+        m["partial/dropped_total"] = float(self.pool.dropped)
+        m["partial/prompts_consumed"] = float(self.pool.next_index - len(self.pool.state_dict()["pending"]))
+        ro.stats = {**ro.stats, **m}
+        with self.log.open("a") as f:
+            f.write(json.dumps({"step": step, "trained": [g.index for g in groups], "dropped": self.pool.last_dropped}) + "\n")
+        return ro
+
+    def next(self, step: int):
+        """Collective: the batch of ``step`` (taken on the driver, broadcast) and ``{gen_s}``."""
+        t0 = time.perf_counter()
+        data = self._collect(step) if self.is_driver else None
+        self.waited = time.perf_counter() - t0
+        return broadcast_object(data), {"gen_s": self.waited}
+
+    def before_push(self, step: int) -> None:
+        return None   # the push is taken in flight: nothing to drain
+
+    def pushed(self, step: int) -> None:
+        return None
+
+    def state(self, step: int) -> dict | None:
+        """Driver: the checkpoint's ``async`` entry (the pool's indices; the sampler is unused here)."""
+        if not self.is_driver:
+            return None
+        return {"partial": self.pool.state_dict(), "sampler": self.run.sampler.state_dict()}
+
+    def metrics(self, t0: float, t1: float, gen_s: float) -> dict:
+        """The trainer's wait for finished groups; the engines never idle for the trainer here (requests
+        stay in flight through the update and the push), so no engine idle fraction is reported."""
+        return {"time/gen_batch": gen_s, "perf/trainer_idle_frac": gen_s / max(t1 - t0, 1e-9)}
+
+    def close(self, wait_s: float = DRAIN_S) -> None:
+        """Driver: let the groups still in flight finish and discard them (a checkpoint already lists them
+        for regeneration), so the engine pool is idle for whoever uses it next (the same process's next run)."""
+        if self.pool is None:
+            return
+        deadline = time.monotonic() + wait_s
+        while self.run.client.in_flight() and time.monotonic() < deadline:
+            self.run.client.harvest(wait_s=min(5.0, max(0.0, deadline - time.monotonic())),
+                                    min_groups=len(self.run.client.in_flight()))

@@ -1,0 +1,58 @@
+"""``rollout.partial`` (in-flight partial rollouts in the loop, ``trainer/loop/partial_rollout.py``): its keys
+parse, every combination it cannot run with is refused at start-up in one line naming the keys, and the
+pool's prompt order is the sampler's. The engine part: ``tests/e2e/test_partial_train.py``."""
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from megatron_rl.data.dataset import DeterministicSampler
+
+ON = ["rollout.engine=vllm-async", "rollout.partial=true"]
+
+
+def test_keys_parse_with_their_defaults():
+    from megatron_rl.trainer.loop.preflight import load_checked
+
+    r = load_checked(None, [*ON, "rollout.partial_extra_groups=5", "rollout.partial_max_staleness=3"]).rollout
+    assert (r.partial, r.partial_extra_groups, r.partial_max_staleness, r.partial_policy) == (True, 5, 3, "drop")
+    assert load_checked(None, []).rollout.partial is False
+
+
+@pytest.mark.parametrize("over,words", [
+    (["rollout.engine=vllm-async"], r"rollout.engine=vllm-async is driven by the training loop only with rollout.partial=true"),
+    (["rollout.partial=true"], r"rollout.partial=true needs .*rollout.engine=vllm-async.*got rollout.engine=vllm"),
+    (["rollout.partial=true", "rollout.engine=hf"], r"rollout.partial=true needs .*got rollout.engine=hf"),
+    ([*ON, "rollout.max_staleness=1"], r"replaces one-step-off rollouts: set rollout.max_staleness=0"),
+    ([*ON, "rollout.placement=colocated"], r"rollout.partial=true needs rollout.placement=separate"),
+    ([*ON, "rollout.partial_policy=mask"], r"rollout.partial_policy=mask is not wired"),
+    ([*ON, "rollout.partial_policy=keep"], r"rollout.partial_policy must be drop\|mask"),
+    ([*ON, "rollout.partial_extra_groups=-1"], r"rollout.partial_extra_groups must be >= 0"),
+    ([*ON, "rollout.partial_max_staleness=-1"], r"rollout.partial_max_staleness must be an integer >= 0"),
+    ([*ON, "algo.kind=score"], r"rollout.partial=true with algo.kind='score' \(data path 'two_attempts'\): SCoRe"),
+    ([*ON, "algo.kind=remax"], r"rollout.partial=true with algo.kind='remax'"),
+    ([*ON, "algo.kind=dapo", "algo.dapo.filter_groups=true", "algo.dapo.overlong_enable=false"], r"rollout.partial=true with algo.kind='dapo'"),
+], ids=["engine-alone", "vllm", "hf", "one-step-off", "colocated", "mask", "bad-policy", "extra", "bound", "score",
+        "remax", "dapo-dynamic"])
+def test_refused_at_start_up_in_one_line(over, words):
+    from megatron_rl.trainer.loop.preflight import load_checked
+
+    with pytest.raises(ValueError, match=words) as e:
+        load_checked(None, over)
+    assert "\n" not in str(e.value)
+
+
+def test_pool_prompts_follow_the_sampler_and_seed_by_index():
+    from megatron_rl.trainer.loop.partial_rollout import PoolPrompts
+
+    cfg = types.SimpleNamespace(data=types.SimpleNamespace(seed=3), trainer=types.SimpleNamespace(seed=7),
+                                rollout=types.SimpleNamespace(n=2, temperature=1.0, top_p=1.0, top_k=-1, min_p=0.0, max_tokens=8))
+    rows = [types.SimpleNamespace(prompt_ids=[i, i + 1]) for i in range(5)]
+    pp = PoolPrompts(cfg, rows, eos_id=0)
+    s = DeterministicSampler(5, 1, seed=3)
+    assert [pp.row(i) for i in range(12)] == [s.next_batch()[0] for _ in range(12)]   # across epoch boundaries
+    a, b = pp.request(4), pp.request(4)
+    assert a[0] == list(rows[pp.row(4)].prompt_ids) and a[1].seed == b[1].seed != pp.request(5)[1].seed
+    assert torch.tensor(a[1].seed) >= 0
