@@ -55,3 +55,26 @@ class StaleKVClient(RolloutClient):
 def set_fault(client: StaleKVClient, on: bool) -> None:
     """Switch every engine's fault on or off (module docstring)."""
     client._ray.get([a.weight_transfer.remote("set_fault", {"on": on}) for a in client.actors])
+
+
+class LongTailAsyncEngine(AsyncVLLMEngine):
+    """``vllm-async`` with a long tail on purpose: every fourth request (a group under ``submit``) ignores EOS
+    and runs to ``max_tokens`` (the tiny chat model otherwise stops after ~18 tokens), so some responses are
+    still decoding when the trainer pushes — whatever the host's load — and the loop's in-flight path is
+    exercised by the workload, not by timing luck."""
+
+    requests = 0
+
+    def _params(self, s, i: int):
+        p = super()._params(s, i)
+        self.requests += 1
+        if self.requests % 4 == 1:
+            p.ignore_eos = True
+        return p
+
+
+class LongTailClient(RolloutClient):
+    """A pool of :class:`LongTailAsyncEngine` (caps of ``vllm-async``)."""
+
+    engine_impl = f"{__name__}:LongTailAsyncEngine"
+

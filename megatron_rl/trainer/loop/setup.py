@@ -164,9 +164,11 @@ def client_args(cfg, trainer_world: int = 1, cuda: bool | None = None) -> dict:
             "bucket_bytes": r.bucket_mb << 20, "trainer_world": trainer_world, "placement": r.placement}
 
 
-def build_client(cfg, trainer_world: int = 1):
+def build_client(cfg, trainer_world: int = 1, client_cls=RolloutClient):
     """The engine pool; with ``rollout.max_staleness`` > 0 its actors get their own CPU cores,
-    disjoint from the trainer's (``async_rollout.local_plan``; the trainer is pinned in ``setup_run``)."""
+    disjoint from the trainer's (``async_rollout.local_plan``; the trainer is pinned in ``setup_run``).
+    ``client_cls``: a :class:`RolloutClient` subclass naming another engine implementation (its
+    ``engine_impl``; a test workload's engine) for the same configuration."""
     a = client_args(cfg, trainer_world)
     tp = cfg.rollout.tensor_parallel_size
     gpus = None   # on GPU: TP per engine, those of rollout.placement (the trainer's, or the ones after them)
@@ -177,7 +179,7 @@ def build_client(cfg, trainer_world: int = 1):
         env = engine_env(local_plan())
     if cfg.trainer.deterministic:
         env = {**(env or {}), **determinism.engine_env(has_cuda())}
-    return RolloutClient(a["engine"], a["model"], a["num_engines"], a["engine_kwargs"],
+    return client_cls(a["engine"], a["model"], a["num_engines"], a["engine_kwargs"],
                          cpus_per_engine=a["cpus_per_engine"], ray_address=a["ray_address"],
                          sync_backend=a["sync_backend"], bucket_bytes=a["bucket_bytes"], trainer_world=a["trainer_world"],
                          actor_env=env, placement=a["placement"], engine_gpus=gpus, gpus_per_engine=float(tp) if gpus else 0.0)

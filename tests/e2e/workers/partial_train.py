@@ -32,13 +32,14 @@ def main(fixture_dir: str, out_dir: str) -> int:
     from megatron_rl.trainer.loop.rl_loop import run
     from megatron_rl.trainer.loop.setup import build_client
     from tests.helpers.chat_fixture import build_chat_fixture
+    from tests.helpers.inflight_faults import LongTailClient
 
     fx = build_chat_fixture(fixture_dir)
     out = Path(out_dir)
     init_parallel(1, 1, seed=0)
     base = [o.replace(f"trainer.run_dir={out / 'grpo'}", f"trainer.run_dir={out / 'run'}") for o in overrides("grpo", fx, out, "")]
     cfg_a = load_checked(None, [*base, *PARTIAL, "trainer.steps=6"])
-    client = build_client(cfg_a)
+    client = build_client(cfg_a, client_cls=LongTailClient)   # some responses outlast every push (its docstring)
     res = {}
     try:
         t0 = time.time()
