@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -18,9 +17,11 @@ import urllib.request
 
 
 def start_server(lifetime: float = 120.0):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from tests.helpers.dist import (
+        free_port,  # here: this file also runs as a script, without the repo on sys.path
+    )
+
+    port = free_port()
     proc = subprocess.Popen([sys.executable, __file__, str(port), str(lifetime)])
     url = f"http://127.0.0.1:{port}"
     for _ in range(100):

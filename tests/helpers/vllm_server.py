@@ -10,12 +10,13 @@ cores); the caller kills ``proc``. Engine output goes to ``log`` (a path) so a f
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
+
+from tests.helpers.dist import free_port
 
 
 def save_tiny_chat_model(d: Path, positions: int = 4096) -> Path:
@@ -28,12 +29,6 @@ def save_tiny_chat_model(d: Path, positions: int = 4096) -> Path:
     model.save_pretrained(str(d))
     tok.save_pretrained(str(d))
     return d
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_vllm_server(model_dir: Path, name: str, max_model_len: int, log: Path, timeout: float = 300.0):

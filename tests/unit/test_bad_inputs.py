@@ -16,17 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.dist import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "examples" / "configs" / "tiny_cpu_grpo.yaml"
 TINY_HF = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 128, "num_hidden_layers": 2,
            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 512,
            "vocab_size": 32, "tie_word_embeddings": True, "max_position_embeddings": 128}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]   # closed again: nothing listens there
 
 
 #: (id, argv after the fixture's substitutions, expected words of the one-line message)
@@ -373,7 +369,7 @@ def expand(argv: list[str], work: Path) -> list[str]:
     tiny = [a for a in tiny if a.split("=", 1)[0] not in given]   # a case's own value replaces the base one
     out = []
     for a in argv:
-        out += tiny if a == "{T}" else [a.replace("{X}", str(work)).replace("{PORT}", str(_free_port()))]
+        out += tiny if a == "{T}" else [a.replace("{X}", str(work)).replace("{PORT}", str(free_port()))]
     return out + (["--check"] if argv[0] == "{T}" else [])
 
 
@@ -460,7 +456,7 @@ def test_bad_launch_environment_fails_fast_in_one_line(case, work, capsys, monke
     from megatron_rl.runtime.launch_env import LAUNCHER_VARS, TORCH_VARS
 
     _, env, argv, want = case
-    port = str(_free_port())
+    port = str(free_port())
     for k in (*LAUNCHER_VARS, *TORCH_VARS, "RAY_ADDRESS"):   # a suite run under torchrun / Slurm / Ray
         monkeypatch.delenv(k, raising=False)
     for k, v in env.items():
@@ -502,7 +498,7 @@ def test_good_launch_environment_passes_the_checks(case, work, capsys, monkeypat
     with socket.socket() as live:
         live.bind(("127.0.0.1", 0))
         live.listen()
-        sub = {"{PORT}": str(_free_port()), "{LIVE}": str(live.getsockname()[1])}
+        sub = {"{PORT}": str(free_port()), "{LIVE}": str(live.getsockname()[1])}
 
         def fill(v: str) -> str:
             for k, x in sub.items():

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from megatron_rl import config as C
+from tests.helpers.dist import free_port
 from tests.helpers.tiny_model import add_char_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -242,14 +243,10 @@ def test_key_changes_what_is_built(key, work):
 
 @pytest.mark.parametrize("key", sorted(REJECTED))
 def test_key_value_is_rejected_at_start_up(key, work):
-    import socket
-
     value, words = REJECTED[key]
     extra = []
     if key == "reward.grader_required":
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         extra = ["algo.kind=papo", f"reward.grader_url=http://127.0.0.1:{port}/v1"]
         _preflight(_cfg(work, *extra, "reward.grader_required=false"))        # starts without the grader
     with pytest.raises((ValueError, FileNotFoundError), match=words.replace("*", r"\*")):

@@ -3,13 +3,13 @@ endpoints: a closed port on 127.0.0.1 (connection refused) and the fake OpenAI s
 from __future__ import annotations
 
 import logging
-import socket
 import time
 
 import pytest
 
 from megatron_rl.rewards.breaker import CircuitBreaker
 from megatron_rl.rewards.grader import RubricGrader
+from tests.helpers.dist import free_port
 from tests.helpers.fake_openai_server import control, start_server
 
 
@@ -17,14 +17,8 @@ def _items(n, tag):
     return [(f"problem {tag} {i}", "reference", f"solution {i}") for i in range(n)]
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_refused_connections_open_the_breaker_and_skip_the_retries(caplog):
-    url = f"http://127.0.0.1:{_closed_port()}/v1"
+    url = f"http://127.0.0.1:{free_port()}/v1"
     slow = RubricGrader(url, "judge", concurrency=2, timeout=1, retries=3, backoff=0.2, fallback=0.0)
     slow.breaker = CircuitBreaker(failures=10 ** 6, cooldown=60)      # effectively no breaker: the old cost
     t0 = time.perf_counter()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from megatron_rl.config import load_config
 from megatron_rl.trainer.loop import guard
 from megatron_rl.trainer.loop.stop import GUARD_EXIT, Stopped
+from tests.helpers.dist import free_port
 
 
 def test_guard_reads_the_fresh_samples_and_the_limit():
@@ -43,13 +44,9 @@ def _agree_worker(rank: int, port: int, out) -> None:
 
 def test_every_rank_takes_rank_zeros_decision():
     """Two gloo ranks: the guard's value is rank 0's on both, so all ranks stop at the same boundary."""
-    import socket
-
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     ctx = mp.get_context("fork")   # the children inherit the imported torch (a spawn re-imports it: ~20 s here)
     q = ctx.Queue()
     procs = [ctx.Process(target=_agree_worker, args=(r, port, q)) for r in range(2)]
