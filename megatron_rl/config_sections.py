@@ -207,8 +207,9 @@ class RolloutConfig:
     ``partial_policy``."""
     partial_policy: str = "drop"
     """What ``rollout.partial`` does with a response over ``partial_max_staleness``: drop (its group is
-    dropped and counted, ``partial/dropped_groups``; its prompt is consumed). mask (keep the group, its
-    old-version prefix out of the loss) is not wired into the loop's loss mask yet and is refused at start-up."""
+    dropped and counted, ``partial/dropped_groups``; its prompt is consumed) | mask (the group stays, the
+    response's tokens over the bound — its old-version prefix — leave the loss mask, ``partial/masked_tokens``;
+    a response with no token left still drops its group)."""
 
     def __post_init__(self):
         from megatron_rl.rollout.registry import engine_class, engine_names  # lazy: defers torch to the call
@@ -267,8 +268,6 @@ class RolloutConfig:
         _check(self.partial_max_staleness >= 0,
                f"rollout.partial_max_staleness must be an integer >= 0, got {self.partial_max_staleness}")
         _check(self.partial_policy in ("drop", "mask"), f"rollout.partial_policy must be drop|mask, got {self.partial_policy!r}")
-        _check(self.partial_policy == "drop", "rollout.partial_policy=mask is not wired into the training loop's loss "
-               "mask yet (rollout/partial.py has it); use rollout.partial_policy=drop")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -65,13 +65,19 @@ def token_staleness(versions: torch.Tensor, trainer_version: int) -> torch.Tenso
     return s
 
 
+def within_bound(staleness: torch.Tensor, policy: StalenessPolicy) -> torch.Tensor:
+    """s_t <= k elementwise (bool, any shape): the tokens ``mask`` keeps in the loss — the rule the pool
+    judges a response by (:func:`staleness_mask`) and the update applies to the batch's loss mask
+    (``trainer/pipeline/update_stage.staleness_keep``)."""
+    return staleness <= policy.bound
+
+
 def staleness_mask(versions: torch.Tensor, trainer_version: int, policy: StalenessPolicy) -> torch.Tensor | None:
     """The response's loss mask under ``policy`` ([T] bool), or None when ``drop`` rejects it.
 
     drop: all-True if max_t s_t <= k else None; mask: s_t <= k (its old-version prefix False), None
     when no token stays."""
-    s = token_staleness(versions, trainer_version)
-    keep = s <= policy.bound
+    keep = within_bound(token_staleness(versions, trainer_version), policy)
     if policy.mode == "drop":
         return keep if bool(keep.all()) else None
     return keep if bool(keep.any()) else None

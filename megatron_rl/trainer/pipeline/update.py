@@ -75,8 +75,9 @@ class Run(Protocol):
     micro: Any
 
     def update_context(self) -> UpdateContext: ...
-#: a rollout-correction mode's keep mask [N, R] among the rows' extras, so a path's ``train_rows``
-#: (subset, re-conditioned sequences) carries it; folded into ``resp_mask`` right after
+#: the loss's keep mask [N, R] among the rows' extras — a rollout-correction mode's rejection times the
+#: partial rollouts' per-token staleness mask (``update_stage.staleness_keep``) — so a path's ``train_rows``
+#: (subset, re-conditioned sequences) carries it; folded into ``resp_mask`` right after (:func:`fold_keep`)
 CORRECTION_KEEP = "correction_keep"
 
 
@@ -167,9 +168,7 @@ def update(run: Run, data, step: int) -> dict:
     adv = A.compute_advantages(run.cfg.algo.kind, ai.replace(**s.adv_fields), s.hp).float()
     rows = path.train_rows(ctx, s, base_rows(run, s, lp, adv, step, metrics, path.importance_weights), lp, step,
                            metrics)
-    keep = rows.extras.pop(CORRECTION_KEEP, None)      # rollout-correction rejection: out of the loss's mask
-    if keep is not None:
-        rows.extras["resp_mask"] = rows.extras["resp_mask"] * keep
+    rows = fold_keep(rows)
     metrics["adv/mean_abs"] = float(adv.abs().mean())
     if len(rows) == 0:
         return metrics                 # the path said why (e.g. no sample survived its filter)
@@ -177,6 +176,15 @@ def update(run: Run, data, step: int) -> dict:
     metrics.update(mean_metrics(per_step, path.summed_metrics, path.last_metrics))
     _log_optimizer_steps(run, step, per_step)
     return metrics
+
+
+def fold_keep(rows: Rows) -> Rows:
+    """The keep mask (``CORRECTION_KEEP``: rollout-correction rejection, staleness mask) taken out of the
+    rows' extras and multiplied into their loss mask ``resp_mask``: a rejected token contributes nothing."""
+    keep = rows.extras.pop(CORRECTION_KEEP, None)
+    if keep is not None:
+        rows.extras["resp_mask"] = rows.extras["resp_mask"] * keep
+    return rows
 
 
 def logprob_passes(run: Run, s: Sampled, step: int) -> tuple[LogProbs, dict]:
@@ -230,7 +238,8 @@ def bypass_old(s: Sampled) -> tuple[torch.Tensor, torch.Tensor]:
 def base_rows(run: Run, s: Sampled, lp: LogProbs, adv: torch.Tensor, step: int, metrics: dict,
               importance_weights: bool = True) -> Rows:
     """Every sampled row with its loss inputs: rewards, groups, advantages, old / ref log-probs,
-    the decoupled-PPO / TIS weights of a stale batch (``importance_weights``), the path's extras."""
+    the decoupled-PPO / TIS weights of a stale batch (``importance_weights``), the keep mask (rollout-
+    correction rejection, partial rollouts' staleness mask: ``CORRECTION_KEEP``), the path's extras."""
     ex = {"rewards": s.ro.rewards.float(), "group_ids": s.ro.group_ids, "advantages": adv, "old_logp": lp.old,
           "resp_pos": s.seqs.resp_pos, "resp_mask": s.seqs.resp_mask}
     if lp.ref is not None:
@@ -247,6 +256,10 @@ def base_rows(run: Run, s: Sampled, lp: LogProbs, adv: torch.Tensor, step: int, 
         if tis is not None:
             ex["tis_weights"] = tis
         metrics.update(off)
+    stale_keep, stale_m = U.staleness_keep(run.cfg, s.ro, s.seqs.resp_mask, step)   # partial_policy=mask
+    if stale_keep is not None:
+        ex[CORRECTION_KEEP] = stale_keep * ex[CORRECTION_KEEP] if CORRECTION_KEEP in ex else stale_keep
+        metrics.update(stale_m)
     ex.update(s.extras)
     return Rows(s.seqs, ex, ro=s.ro)
 

@@ -17,6 +17,7 @@ from megatron_rl.algorithms import correction as C
 from megatron_rl.algorithms import mismatch as M
 from megatron_rl.algorithms import offpolicy as O
 from megatron_rl.algorithms.inputs import input_spec, is_input
+from megatron_rl.rollout.partial import StalenessPolicy, within_bound
 from megatron_rl.trainer.pipeline.batch import TrainBatch, make_batch
 
 
@@ -145,6 +146,21 @@ def token_staleness(ro, step: int, like: torch.Tensor) -> torch.Tensor:
         k = min(len(v), like.shape[1])
         out[i, :k] = (step - 1) - v[:k]
     return out
+
+
+def staleness_keep(cfg, ro, mask: torch.Tensor, step: int) -> tuple[torch.Tensor | None, dict]:
+    """The per-token staleness bound as a loss keep mask ``[N, R]`` (``rollout.partial_policy=mask``,
+    slime/vime's off-policy prefix mask): token t of a response stays in the loss iff its staleness
+    (step − 1) − v_t <= ``rollout.partial_max_staleness`` (``rollout.partial.within_bound``; versions
+    never decrease along a response, so what leaves is its old-version prefix). None — nothing to fold
+    — without per-token versions or under ``drop`` (the pool dropped the over-stale groups already).
+    Metric ``partial/masked_tokens``: the response tokens (of ``mask``) it takes out of the loss."""
+    r = cfg.rollout
+    if ro.token_versions is None or not r.partial or r.partial_policy != "mask":
+        return None, {}
+    policy = StalenessPolicy(r.partial_max_staleness, r.partial_policy)
+    keep = within_bound(token_staleness(ro, step, mask), policy).to(mask.dtype)
+    return keep, {"partial/masked_tokens": float(((1.0 - keep) * mask).sum())}
 
 
 def correction_band(cfg) -> tuple[float, float]:

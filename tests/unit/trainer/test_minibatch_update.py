@@ -474,6 +474,95 @@ def test_two_epochs_four_optimizer_steps_in_order():
     assert [c["lr_increment"] for c in calls[4:]] == [1, 0, 0, 0]
 
 
+# ------------------------------------------------------------------ partial rollouts: the staleness mask
+
+#: token versions of the 4 responses; at step 4 the trainer holds version 3, so with bound k = 1 the
+#: staleness (3 − v) leaves out row 0 entirely ([2, 2]) and row 3's first token ([2, 1, 0])
+VERSIONS = [[1, 1], [2, 3, 3], [3, 3], [1, 2, 3]]
+STALE_STEP, BOUND = 4, 1
+PARTIAL = ["algo.grpo.kl_loss_coef=0", "rollout.engine=vllm-async", "rollout.partial=true", "trainer.mini_batch_prompts=0",
+           f"rollout.partial_max_staleness={BOUND}"]
+
+
+def _partial_rows(cfg, versions, hand_mask=None) -> tuple[Rows, dict]:
+    """``base_rows`` + ``fold_keep`` (what ``update`` does between them: nothing for this path) on the 4 rows
+    as sampled on-policy (engine log-probs = θ0's, so every decoupled weight is exactly 1) with per-token
+    ``versions``; ``hand_mask``: [(row, token)] zeroed in ``resp_mask`` by hand. Returns (rows, metrics)."""
+    from megatron_rl.rollout.rollouts import Rollouts
+    from megatron_rl.trainer.pipeline import update as P
+
+    old = _old_logp()
+    ro = Rollouts.from_lists([None] * 4, PROMPTS, RESPONSES, [old[i, :len(r)].tolist() for i, r in enumerate(RESPONSES)],
+                             ["stop"] * 4, [0, 0, 1, 1], rewards=torch.tensor([1.0, 0.0, 0.0, 1.0]),
+                             token_versions=torch.tensor([v for vs in versions for v in vs], dtype=torch.int32))
+    seqs = build_seq_batch(PROMPTS, RESPONSES, PAD, SEQ_LEN, R)
+    for i, t in hand_mask or ():
+        seqs.resp_mask[i, t] = 0.0
+    metrics: dict = {}
+    rows = P.base_rows(types.SimpleNamespace(cfg=cfg), P.Sampled(ro, seqs, cfg.algo.hparams), P.LogProbs(None, None, old, None),
+                       torch.tensor(ADV_PPO, dtype=torch.float64)[:, None].expand(4, R).clone(), STALE_STEP, metrics)
+    return P.fold_keep(rows), metrics
+
+
+def _hand_on_policy_step(tokens) -> tuple[float, list[float], float]:
+    """One on-policy token-mean step (ρ ≡ 1: nothing clips) on ``tokens`` = [(row, t)]: loss = −Σ A/n,
+    θ − lr·Σ (−A/n)(e_y − π); an empty set: loss 0, no step."""
+    n = len(tokens)
+    if n == 0:
+        return 0.0, list(THETA0), 0.0
+    new, gnorm = _sgd(list(THETA0), [(-ADV_PPO[i] / n, RESPONSES[i][t]) for i, t in tokens], LR)
+    return -sum(ADV_PPO[i] for i, _ in tokens) / n, new, gnorm
+
+
+def _train(cfg, rows):
+    run = _run(cfg)
+    per = optimizer_steps(run, rows, cfg.algo.hparams, step=STALE_STEP)
+    assert len(per) == 1
+    return per[0], run.actor.calls[0]["theta"]
+
+
+def test_staleness_mask_equals_the_loss_mask_zeroed_by_hand():
+    """``rollout.partial_policy=mask``: the update under the staleness mask is the update of the same
+    batch under ``drop`` (which masks nothing in the pipeline) with the over-stale tokens' loss mask zeroed
+    by hand — and both are the hand-computed step over the 7 tokens left."""
+    cfg = _cfg("grpo", *PARTIAL, "rollout.partial_policy=mask")
+    rows, metrics = _partial_rows(cfg, VERSIONS)
+    stale = [(0, 0), (0, 1), (3, 0)]
+    assert metrics["partial/masked_tokens"] == 3.0 and "correction_keep" not in rows.extras
+    hand_rows, hand_metrics = _partial_rows(_cfg("grpo", *PARTIAL, "rollout.partial_policy=drop"), VERSIONS, stale)
+    assert "partial/masked_tokens" not in hand_metrics
+    assert torch.equal(rows.extras["resp_mask"], hand_rows.extras["resp_mask"])
+    m, theta = _train(cfg, rows)
+    m_hand, theta_hand = _train(cfg, hand_rows)
+    assert theta == theta_hand and m["actor/loss"] == m_hand["actor/loss"]
+    kept = [(i, t) for i, r in enumerate(RESPONSES) for t in range(len(r)) if (i, t) not in stale]
+    loss, want, gnorm = _hand_on_policy_step(kept)
+    _close(m, {"actor/loss": loss, "actor/grad_norm": gnorm, "actor/normaliser": 7.0})   # float32 masks / weights
+    assert theta == pytest.approx(want, abs=1e-6)
+
+
+def test_staleness_mask_without_a_stale_token_is_the_drop_update():
+    fresh = [[3] * len(r) for r in RESPONSES]
+    rows, metrics = _partial_rows(_cfg("grpo", *PARTIAL, "rollout.partial_policy=mask"), fresh)
+    drop_rows, _ = _partial_rows(_cfg("grpo", *PARTIAL, "rollout.partial_policy=drop"), fresh)
+    assert metrics["partial/masked_tokens"] == 0.0
+    m, theta = _train(_cfg("grpo", *PARTIAL), rows)
+    m_drop, theta_drop = _train(_cfg("grpo", *PARTIAL), drop_rows)
+    assert theta == theta_drop and m["actor/loss"] == m_drop["actor/loss"]
+    loss, want, _ = _hand_on_policy_step([(i, t) for i, r in enumerate(RESPONSES) for t in range(len(r))])
+    assert m["actor/loss"] == pytest.approx(loss, abs=1e-6) and theta == pytest.approx(want, abs=1e-6)
+
+
+def test_staleness_mask_of_an_all_stale_batch_contributes_nothing():
+    """Every token over the bound: loss 0, gradient 0, θ unchanged — no NaN from the empty normaliser."""
+    cfg = _cfg("grpo", *PARTIAL, "rollout.partial_policy=mask")
+    rows, metrics = _partial_rows(cfg, [[1] * len(r) for r in RESPONSES])
+    assert metrics["partial/masked_tokens"] == 10.0 and float(rows.extras["resp_mask"].sum()) == 0.0
+    m, theta = _train(cfg, rows)
+    assert (m["actor/loss"], m["actor/grad_norm"], m["actor/normaliser"]) == (0.0, 0.0, 0.0)
+    assert theta == list(THETA0)
+
+
 if __name__ == "__main__":
     torch.set_printoptions(precision=12)
     print("ppo (mini-batches [0,1], [2,3])")

@@ -19,6 +19,7 @@ def test_keys_parse_with_their_defaults():
     r = load_checked(None, [*ON, "rollout.partial_extra_groups=5", "rollout.partial_max_staleness=3"]).rollout
     assert (r.partial, r.partial_extra_groups, r.partial_max_staleness, r.partial_policy) == (True, 5, 3, "drop")
     assert load_checked(None, []).rollout.partial is False
+    assert load_checked(None, [*ON, "rollout.partial_policy=mask"]).rollout.partial_policy == "mask"
 
 
 @pytest.mark.parametrize("over,words", [
@@ -27,14 +28,13 @@ def test_keys_parse_with_their_defaults():
     (["rollout.partial=true", "rollout.engine=hf"], r"rollout.partial=true needs .*got rollout.engine=hf"),
     ([*ON, "rollout.max_staleness=1"], r"replaces one-step-off rollouts: set rollout.max_staleness=0"),
     ([*ON, "rollout.placement=colocated"], r"rollout.partial=true needs rollout.placement=separate"),
-    ([*ON, "rollout.partial_policy=mask"], r"rollout.partial_policy=mask is not wired"),
     ([*ON, "rollout.partial_policy=keep"], r"rollout.partial_policy must be drop\|mask"),
     ([*ON, "rollout.partial_extra_groups=-1"], r"rollout.partial_extra_groups must be >= 0"),
     ([*ON, "rollout.partial_max_staleness=-1"], r"rollout.partial_max_staleness must be an integer >= 0"),
     ([*ON, "algo.kind=score"], r"rollout.partial=true with algo.kind='score' \(data path 'two_attempts'\): SCoRe"),
     ([*ON, "algo.kind=remax"], r"rollout.partial=true with algo.kind='remax'"),
     ([*ON, "algo.kind=dapo", "algo.dapo.filter_groups=true", "algo.dapo.overlong_enable=false"], r"rollout.partial=true with algo.kind='dapo'"),
-], ids=["engine-alone", "vllm", "hf", "one-step-off", "colocated", "mask", "bad-policy", "extra", "bound", "score",
+], ids=["engine-alone", "vllm", "hf", "one-step-off", "colocated", "bad-policy", "extra", "bound", "score",
         "remax", "dapo-dynamic"])
 def test_refused_at_start_up_in_one_line(over, words):
     from megatron_rl.trainer.loop.preflight import load_checked
