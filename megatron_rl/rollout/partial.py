@@ -27,9 +27,9 @@ indices submitted but not yet consumed (in flight or finished and waiting). Thei
 saved: on resume they are REGENERATED from the start, deterministically seeded by their prompt
 index, under the checkpoint's weights — the KV and the partial tokens of a killed engine are gone
 with it and the old versions that sampled them exist nowhere. So across a kill no prompt index is
-lost and none is consumed twice (``tests/e2e/test_partial_pool.py`` counts them); the regenerated
-responses differ from the ones the kill interrupted (other weights), which is the price of not
-storing a model copy per version in flight.
+lost and none is consumed twice (``tests/e2e/test_partial_train.py`` counts them across a SIGKILL of
+the training loop mid-step); the regenerated responses differ from the ones the kill interrupted
+(other weights), which is the price of not storing a model copy per version in flight.
 """
 from __future__ import annotations
 

@@ -123,7 +123,9 @@ class AsyncVLLMEngine:
         self.pushes = 0
         self.pause_s = 0.0
         self.cache_resets = 0
-        self._active, self._busy_s, self._busy_t0 = 0, 0.0, 0.0   # requests in flight; seconds with any (loop thread)
+        # generating = a request in flight and generation not paused for a push (:meth:`busy_seconds`);
+        # the state changes and the clock run on the loop thread only (:meth:`_mark`)
+        self._active, self._paused, self._busy_s, self._t_mark = 0, False, 0.0, time.perf_counter()
         self.llm = self._loop.run(self._build(model_dir, dtype=dtype, seed=seed, max_model_len=max_model_len,
                                               kv_cache_gib=kv_cache_gib, max_num_seqs=max_num_seqs,
                                               gpu_memory_utilization=gpu_memory_utilization,
@@ -184,23 +186,39 @@ class AsyncVLLMEngine:
                         "length" if c.finish_reason == "length" else "stop"))
         return res
 
+    def _mark(self, active: int = 0, paused: bool | None = None) -> None:
+        """Loop thread: close the interval since the last mark (generating or not), then change the state
+        (``active`` requests more or fewer, ``paused`` for a push)."""
+        now = time.perf_counter()
+        if self._active and not self._paused:
+            self._busy_s += now - self._t_mark
+        self._t_mark = now
+        self._active += active
+        self._paused = self._paused if paused is None else paused
+
     def _begin(self) -> None:
-        if self._active == 0:
-            self._busy_t0 = time.perf_counter()
-        self._active += 1
+        self._mark(+1)
 
     def _end(self) -> None:
-        self._active -= 1
-        if self._active == 0:
-            self._busy_s += time.perf_counter() - self._busy_t0
+        self._mark(-1)
 
     def busy_seconds(self) -> float:
-        """Seconds during which at least one request was in flight (pauses for pushes included: see
-        ``push_stats()["pause_s"]``), since the engine started."""
+        """Seconds the engine was generating since it started: at least one request in flight and
+        generation not paused for a push (a push's pause is idle time, whatever is in flight);
+        ``1 − Δbusy / Δwall`` is its idle fraction over a window (``perf/engine_idle_frac``)."""
         return self._loop.run(self._busy_now())
 
     async def _busy_now(self) -> float:
-        return self._busy_s + (time.perf_counter() - self._busy_t0 if self._active else 0.0)
+        self._mark()
+        return self._busy_s
+
+    async def _pause(self) -> None:
+        self._mark(paused=True)
+        await self.llm.pause_generation(mode="keep", clear_cache=True)
+
+    async def _resume(self) -> None:
+        await self.llm.resume_generation()
+        self._mark(paused=False)
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Completion]:
         """All ``n`` samples of every prompt, ordered by (prompt_index, sample_index); a push may run
@@ -279,7 +297,7 @@ class AsyncVLLMEngine:
             self._lock.acquire()
             self._t_pause = time.perf_counter()
             try:
-                self._loop.run(self.llm.pause_generation(mode="keep", clear_cache=True))
+                self._loop.run(self._pause())
                 return self._rpc(method)
             except BaseException:
                 self._lock.release()
@@ -300,7 +318,7 @@ class AsyncVLLMEngine:
             self.cache_resets += 1
             self.version = self.version + 1 if version is None else int(version)
             self._loop.run(self.llm.update_weight_version(str(self.version)))
-            self._loop.run(self.llm.resume_generation())
+            self._loop.run(self._resume())
             self.pushes += 1
             self.pause_s += time.perf_counter() - self._t_pause
         finally:
@@ -343,7 +361,8 @@ class AsyncVLLMEngine:
                 "max_model_len": int(c.model_config.max_model_len), "dtype": str(c.model_config.dtype)}
 
     def push_stats(self) -> dict:
-        """Pushes taken in flight, seconds generation stood paused for them, cache resets."""
+        """Pushes taken in flight, seconds generation stood paused for them, cache resets, the weight
+        version, seconds generating (``busy_s``: :meth:`busy_seconds`)."""
         return {"pushes": self.pushes, "pause_s": self.pause_s, "cache_resets": self.cache_resets, "version": self.version,
                 "busy_s": self.busy_seconds()}
 

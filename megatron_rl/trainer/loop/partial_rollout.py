@@ -80,6 +80,7 @@ class PartialRollouts:
     def __init__(self, run, resume: dict | None = None):
         cfg, self.run, self.is_driver = run.cfg, run, run.info.is_driver
         self.pool, self.last, self.waited = None, {}, 0.0
+        self._busy_mark: tuple[float, float] | None = None   # driver: (wall, engines' generating seconds) at a step's start
         if self.is_driver:
             r = cfg.rollout
             self.prompts = PoolPrompts(cfg, run.train_set, run.tok.eos_id)
@@ -111,6 +112,8 @@ class PartialRollouts:
     def next(self, step: int):
         """Collective: the batch of ``step`` (taken on the driver, broadcast) and ``{gen_s}``."""
         t0 = time.perf_counter()
+        if self.is_driver:
+            self._busy_mark = (time.perf_counter(), self._engine_busy()[0])
         data = self._collect(step) if self.is_driver else None
         self.waited = time.perf_counter() - t0
         return broadcast_object(data), {"gen_s": self.waited}
@@ -127,10 +130,24 @@ class PartialRollouts:
             return None
         return {"partial": self.pool.state_dict(), "sampler": self.run.sampler.state_dict()}
 
+    def _engine_busy(self) -> tuple[float, int]:
+        """Seconds the engines have generated, summed over the pool (``AsyncVLLMEngine.busy_seconds``), and
+        the number of engines."""
+        stats = self.run.client.push_stats()
+        return float(sum(s["busy_s"] for s in stats)), len(stats)
+
     def metrics(self, t0: float, t1: float, gen_s: float) -> dict:
-        """The trainer's wait for finished groups; the engines never idle for the trainer here (requests
-        stay in flight through the update and the push), so no engine idle fraction is reported."""
-        return {"time/gen_batch": gen_s, "perf/trainer_idle_frac": gen_s / max(t1 - t0, 1e-9)}
+        """The trainer's wait for finished groups, and the engines' idle fraction over the step as the
+        engines measure it: 1 − Δ(generating seconds) / (engines × Δwall), where an engine generates while
+        a request is in flight and it is not paused for a push — so the pauses of the in-flight push and
+        the moments every group in flight has finished and waits for the trainer count as idle (driver;
+        the other ranks report the trainer's part only)."""
+        out = {"time/gen_batch": gen_s, "perf/trainer_idle_frac": gen_s / max(t1 - t0, 1e-9)}
+        if self.is_driver and self._busy_mark is not None:
+            (wall, busy0), (busy, n) = self._busy_mark, self._engine_busy()
+            dt = max(time.perf_counter() - wall, 1e-9) * n
+            out["perf/engine_idle_frac"] = min(1.0, max(0.0, 1.0 - (busy - busy0) / dt))
+        return out
 
     def close(self, wait_s: float = DRAIN_S) -> None:
         """Driver: let the groups still in flight finish and discard them (a checkpoint already lists them

@@ -1,14 +1,20 @@
 """``megatron-rl train``'s loop with in-flight partial rollouts (``rollout.partial=true``, one ``vllm-async``
-engine) on the chat fixture, driven by ``tests/e2e/test_partial_train.py``.
+engine) on the chat fixture, driven by ``tests/e2e/test_partial_train.py``, one phase per process.
 
-    python tests/e2e/workers/partial_train.py FIXTURE_DIR OUT_DIR
+    python tests/e2e/workers/partial_train.py FIXTURE_DIR OUT_DIR a|b
 
 GRPO as the chat-kinds matrix runs it (``chat_kinds.overrides``: 4 prompts x 4 samples a step), 2 extra
-groups in flight, a staleness bound of 2 steps, an ``optim.lr`` that moves the policy. The groups a step
-submits start right before its update, so the ones still running at its push span it. Phase A: steps 1..6
-with a checkpoint each step; phase B: ``resume="auto"`` up to step 8 in the same process with the same
-engine (the pool's pending groups regenerated from their seeds). Writes ``OUT_DIR/results.json``
-{secs_a, secs_b, start_b}; the run dir is ``OUT_DIR/run``."""
+groups in flight, an ``optim.lr`` that moves the policy, a checkpoint every step, 9 steps; the engine
+has a long tail on purpose (``LongTailClient``), so responses outlast pushes whatever the host's load.
+
+* ``a``: from scratch, policy ``drop`` with a staleness bound of 2. The test SIGKILLs this process's
+  whole group (driver, Ray, the engine) in the middle of step 7, responses in flight.
+* ``b``: a fresh process and engine, ``resume="auto"`` (the last complete checkpoint) up to step 9, policy
+  ``mask`` with a bound of 0 — a response that spans a push has its pre-push tokens masked out of the
+  next step's loss (``partial/masked_tokens``), one finished before that push is dropped.
+  Writes ``OUT_DIR/results.json`` {start_b, secs_b}.
+
+The run dir is ``OUT_DIR/run``."""
 from __future__ import annotations
 
 import json
@@ -20,11 +26,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 PARTIAL = ["rollout.engine=vllm-async", "rollout.partial=true", "rollout.partial_extra_groups=2",
-           "rollout.partial_max_staleness=2", "trainer.mini_batch_prompts=2",
-           "rollout.max_tokens=48", "optim.lr=1e-3", "trainer.ckpt_every=1", "trainer.keep_last=0"]
+           "trainer.mini_batch_prompts=2", "rollout.max_tokens=48", "optim.lr=1e-3", "trainer.ckpt_every=1",
+           "trainer.keep_last=0", "trainer.steps=9"]
+PHASE = {"a": ["rollout.partial_max_staleness=2", "rollout.partial_policy=drop"],
+         "b": ["rollout.partial_max_staleness=0", "rollout.partial_policy=mask"]}
 
 
-def main(fixture_dir: str, out_dir: str) -> int:
+def main(fixture_dir: str, out_dir: str, phase: str) -> int:
     from chat_kinds import overrides
 
     from megatron_rl.runtime.parallel import init_parallel
@@ -38,22 +46,18 @@ def main(fixture_dir: str, out_dir: str) -> int:
     out = Path(out_dir)
     init_parallel(1, 1, seed=0)
     base = [o.replace(f"trainer.run_dir={out / 'grpo'}", f"trainer.run_dir={out / 'run'}") for o in overrides("grpo", fx, out, "")]
-    cfg_a = load_checked(None, [*base, *PARTIAL, "trainer.steps=6"])
-    client = build_client(cfg_a, client_cls=LongTailClient)   # some responses outlast every push (its docstring)
-    res = {}
+    cfg = load_checked(None, [*base, *PARTIAL, *PHASE[phase]])
+    client = build_client(cfg, client_cls=LongTailClient)   # some responses outlast every push (its docstring)
     try:
         t0 = time.time()
-        run(cfg_a, client=client)
-        res["secs_a"] = round(time.time() - t0, 1)
-        t0 = time.time()
-        res["start_b"] = run(load_checked(None, [*base, *PARTIAL, "trainer.steps=8"]), resume="auto", client=client)["start_step"]
-        res["secs_b"] = round(time.time() - t0, 1)
+        res = run(cfg, resume="auto" if phase == "b" else None, client=client)
+        out_res = {"start_b": res["start_step"], "secs_b": round(time.time() - t0, 1)}
     finally:
         client.shutdown()
-    (out / "results.json").write_text(json.dumps(res))
+    (out / "results.json").write_text(json.dumps(out_res))
     return 0
 
 
 if __name__ == "__main__":
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    sys.exit(main(sys.argv[1], sys.argv[2]))
+    sys.exit(main(*sys.argv[1:4]))
