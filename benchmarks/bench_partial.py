@@ -17,7 +17,8 @@ weight push of the policy every step:
   in a later step (staleness bound ``--bound``, policy drop; dropped groups are reported).
 
 Reported per mode (after ``--skip`` warm-up steps): step seconds, trained response tokens per
-second, the engine's idle fraction (no request in flight, measured in the engine), per-token
+second, the engine's idle fraction (no request in flight or generation paused for a push, measured
+in the engine: ``AsyncVLLMEngine.busy_seconds``), per-token
 staleness mean / max, the share of responses spanning a push — and each as a ratio against sync.
 
     .venv/bin/python benchmarks/bench_partial.py [--steps 8] [--skip 2] [--groups 8] [--extra 8] [--n 4]
