@@ -63,3 +63,36 @@ def test_rollouts_carry_each_tokens_version_through_select_and_concat():
     assert from_completions(["a"], [Completion(0, 0, (1,), (2,), (-1.0,), "stop")], None).token_versions is None
     with pytest.raises(RuntimeError, match="per-token weight versions and others not"):
         from_completions(["a", "b"], comps[:1] + [Completion(1, 0, (1,), (2,), (-1.0,), "stop")], None)
+
+
+def test_the_engines_generating_clock_stops_while_nothing_runs_or_a_push_pauses():
+    """``AsyncVLLMEngine``'s clock behind ``perf/engine_idle_frac`` (its ``_mark`` state changes, driven here
+    in the order its loop thread makes them): time counts only while a request is in flight AND generation
+    is not paused for a push; two overlapping requests count once. Oracle: the wall clock read around each
+    state change bounds the generating time from below and above."""
+    import time
+
+    from megatron_rl.rollout.vllm_async_engine import AsyncVLLMEngine
+
+    e = object.__new__(AsyncVLLMEngine)   # the clock's state only: no vLLM engine behind it
+    e._active, e._paused, e._busy_s, e._t_mark = 0, False, 0.0, time.perf_counter()
+    marks = []
+
+    def change(fn, *a, **kw):
+        t0 = time.perf_counter()
+        fn(*a, **kw)
+        marks.append((t0, time.perf_counter()))
+        time.sleep(0.02)
+
+    change(lambda: None)               # idle: nothing in flight
+    change(e._begin)                   # 1: a request starts
+    change(e._begin)                   # 2: a second one overlaps it
+    change(e._mark, paused=True)       # 3: a push pauses both
+    change(e._mark, paused=False)      # 4: resumed
+    change(e._end)                     # 5
+    change(e._end)                     # 6: nothing in flight
+    e._mark()
+    (_, _), (a0, a1), _, (b0, b1), (c0, c1), _, (d0, d1) = marks
+    lo, hi = (b0 - a1) + (d0 - c1), (b1 - a0) + (d1 - c0)   # generating: marks 1..3 and 4..6
+    assert lo <= e._busy_s <= hi and e._active == 0, (lo, e._busy_s, hi)
+    assert e._busy_s < (d0 - a1) - (c0 - b1) + 1e-3 < d0 - a1   # the pause (>= 20 ms) is left out
