@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 import os
 import resource
@@ -214,10 +215,8 @@ def _warm_up() -> None:
     import torch
     import torch.distributed as dist
 
-    import megatron_rl.data.dataset  # noqa: F401
-    import megatron_rl.rollout.rollouts  # noqa: F401
-    import megatron_rl.runtime.broadcast  # noqa: F401
-
+    for mod in ("megatron_rl.data.dataset", "megatron_rl.rollout.rollouts", "megatron_rl.runtime.broadcast"):
+        importlib.import_module(mod)
     dist.broadcast_object_list([dist.get_rank()], src=0)
     dist.broadcast(torch.zeros(1 << 16, dtype=torch.uint8), src=0)
 
