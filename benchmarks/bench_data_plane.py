@@ -4,7 +4,9 @@ per-rank batch -> packing plan, before -> after, in one run.
 Run:  python benchmarks/bench_data_plane.py [--tokens 9M] [--ranks 2] [--all] [--mem-limit-gb 8] [--json OUT]
 
 No model: a stand-in engine answers ``generate`` at once with completions of the recipes' lengths (the
-engines' own format, ``rollout/engine.Completion``: tuples of ids and log-probs). Each path runs in its
+engines' own format, ``rollout/engine.Completion``: tuples of ids; the log-probs as a tuple of floats for
+``before`` / ``packed``, as the engines gave them then, one float32 array per completion for ``after``, as
+the vLLM engines give them now). Each path runs in its
 own ``torch.distributed.run`` job of ``--ranks`` gloo ranks (so each rank's peak RSS is the path's own);
 global rank 0 is the driver, as in training. Cases (``--tokens``; ``--all``: 1M, 9M and 67M at 2 and 4 ranks):
 
@@ -82,13 +84,14 @@ class StandInEngine:
     lengths are drawn uniformly from the case's range (seeded); ids and log-probs are slices of one long
     template tuple (the objects are shared, as a real engine's would not be: the driver's RSS is a floor)."""
 
-    def __init__(self, resp_min: int, resp_max: int, vocab: int, seed: int = 0):
+    def __init__(self, resp_min: int, resp_max: int, vocab: int, seed: int = 0, arrays: bool = False):
         import numpy as np
 
         self.rng = np.random.default_rng(seed)
         self.resp_min, self.resp_max = resp_min, resp_max
         self.ids = tuple(self.rng.integers(0, vocab, 2 * resp_max).tolist())
         self.lps = tuple(float(x) for x in (-self.rng.exponential(1.0, 2 * resp_max)).astype(np.float32))
+        self.arrays = np.asarray(self.lps, dtype=np.float32) if arrays else None
 
     def generate(self, prompts, sampling):
         from megatron_rl.rollout.engine import Completion
@@ -98,8 +101,8 @@ class StandInEngine:
             for j in range(sampling.n):
                 n = int(self.rng.integers(self.resp_min, self.resp_max + 1))
                 o = int(self.rng.integers(0, self.resp_max))
-                out.append(Completion(i, j, tuple(p), self.ids[o:o + n], self.lps[o:o + n],
-                                      "length" if n == self.resp_max else "stop"))
+                lps = self.lps[o:o + n] if self.arrays is None else self.arrays[o:o + n].copy()
+                out.append(Completion(i, j, tuple(p), self.ids[o:o + n], lps, "length" if n == self.resp_max else "stop"))
         return out
 
 
@@ -234,7 +237,7 @@ def _driver(case: str, path: str, tok_dir: str, t: dict):
     tok = load_tokenizer(tok_dir)
     rows = _rows(prompts, pmin, pmax, tok.vocab_size)
     t0 = time.perf_counter()
-    comps = StandInEngine(rmin, rmax, tok.vocab_size).generate([list(r.prompt_ids) for r in rows],
+    comps = StandInEngine(rmin, rmax, tok.vocab_size, arrays=path == "after").generate([list(r.prompt_ids) for r in rows],
                                                                 SamplingParams(n=n, max_tokens=rmax))
     t["engine"] = time.perf_counter() - t0
     ro = (_collect_before if path == "before" else _collect_after)(rows, comps, tok, t)
