@@ -19,7 +19,7 @@ Per-token fields are the tensors named in :data:`TOKEN_FIELDS` (aligned with ``r
 optional one is None when unset. A new per-token field (e.g. the weight version each token was sampled
 under, a behaviour log-prob) is a dataclass field defaulting to None plus its name in
 :data:`TOKEN_FIELDS`: :meth:`Rollouts.select`, :func:`concat` and the distribution
-(``runtime/broadcast.py``: tensors travel as one flat buffer, never pickled per element) carry it.
+(``runtime/broadcast.py``: tensors travel out of the pickle as raw bytes, never pickled per element) carry it.
 Per-sample tensors are listed in :data:`SAMPLE_FIELDS` the same way. A field named like a registered
 loss / advantage input (``algorithms.register_input``: ``rewards``, ``group_ids``, ``correct`` …) is read by the
 advantage estimators under that name (``update_stage.advantage_inputs``): name a new field after an input only
