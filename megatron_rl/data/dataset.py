@@ -6,6 +6,7 @@ import logging
 import os
 from typing import Any
 
+import numpy as np
 import torch
 
 log = logging.getLogger("megatron_rl.data")
@@ -24,6 +25,19 @@ class PromptRow:
     reward: str = ""
     """The reward the row names (``reward_model.reward``: rows of ``megatron-rl data prepare``), "" for none
     (its ``data_source`` selects one, ``rewards/sources.py``)."""
+
+    def __reduce__(self):
+        """Pickled (a step's batch to every rank, checkpoints) with its prompt ids as one int32 byte
+        string: no Python int per prompt token in the pickle; read back as the same tuple of ints."""
+        fields = [getattr(self, f.name) for f in dataclasses.fields(self)]
+        if not isinstance(self.prompt_ids, tuple):
+            return (PromptRow, tuple(fields))
+        return (_row_from_bytes, (np.asarray(self.prompt_ids, dtype=np.int32).tobytes(), fields[:1] + fields[2:]))
+
+
+def _row_from_bytes(ids: bytes, rest: list) -> PromptRow:
+    """The inverse of ``PromptRow.__reduce__``."""
+    return PromptRow(rest[0], tuple(np.frombuffer(ids, dtype=np.int32).tolist()), *rest[1:])
 
 
 class PromptDataset:

@@ -13,7 +13,7 @@ reports the untruncated temperature-scaled log-prob instead (what the trainer co
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -59,15 +59,19 @@ class SamplingParams:
 
 @dataclasses.dataclass(frozen=True)
 class Completion:
-    """One sampled response. ``logprobs`` has one entry per ``response_ids`` token; so has ``versions``
-    (the weight version that sampled each token) from an engine with in-flight updates, empty from
-    the others (every token of theirs was sampled by the weights the engine held for the whole call)."""
+    """One sampled response. ``logprobs`` has one entry per ``response_ids`` token: a float32 numpy array
+    from the vLLM engines (their flat log-probs, ``rollout/vllm_requests.py``: no Python object per
+    token, one buffer through Ray's pickle), a tuple of floats from the others (same values, read the same
+    way: index, iterate, ``len``; compare with ``list(...)``). ``versions`` (the weight version that sampled
+    each token) from an engine with in-flight updates, empty from the others (every token of theirs was
+    sampled by the weights the engine held for the whole call). Ids stay tuples (``prompt_ids +
+    response_ids`` is a sequence, never an element-wise sum)."""
 
     prompt_index: int
     sample_index: int
     prompt_ids: tuple[int, ...]
     response_ids: tuple[int, ...]
-    logprobs: tuple[float, ...]
+    logprobs: Sequence[float]   # tuple[float, ...] | np.ndarray (float32)
     finish_reason: str  # "stop" | "length"
     versions: tuple[int, ...] = ()
 

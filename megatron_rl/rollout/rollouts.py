@@ -19,7 +19,7 @@ Per-token fields are the tensors named in :data:`TOKEN_FIELDS` (aligned with ``r
 optional one is None when unset. A new per-token field (e.g. the weight version each token was sampled
 under, a behaviour log-prob) is a dataclass field defaulting to None plus its name in
 :data:`TOKEN_FIELDS`: :meth:`Rollouts.select`, :func:`concat` and the distribution
-(``runtime/broadcast.py``: tensors travel as one flat buffer, never pickled per element) carry it.
+(``runtime/broadcast.py``: tensors travel out of the pickle as raw bytes, never pickled per element) carry it.
 Per-sample tensors are listed in :data:`SAMPLE_FIELDS` the same way. A field named like a registered
 loss / advantage input (``algorithms.register_input``: ``rewards``, ``group_ids``, ``correct`` …) is read by the
 advantage estimators under that name (``update_stage.advantage_inputs``): name a new field after an input only
@@ -202,16 +202,18 @@ class Rollouts:
 
 def from_completions(rows: list, comps: list, tokenizer) -> Rollouts:
     """The engines' completions (ordered by prompt, then sample) as :class:`Rollouts`: token ids and
-    log-probs copied once into flat buffers (``np.fromiter`` over the chained tuples: no list per
-    sample), texts decoded in one batch (``decode_batch`` when the tokenizer has it; no texts when
-    ``tokenizer`` is None)."""
+    log-probs copied once into flat buffers (``np.fromiter`` over the chained id tuples: no list per
+    sample; the vLLM engines' float32 log-prob arrays joined by one ``np.concatenate``), texts decoded
+    in one batch (``decode_batch`` when the tokenizer has it; no texts when ``tokenizer`` is None)."""
     for i, c in enumerate(comps):
         if not c.response_ids:
             raise RuntimeError(f"engine returned an empty response for sample {i}")
+        if len(c.logprobs) != len(c.response_ids):
+            raise RuntimeError(f"engine returned {len(c.logprobs)} log-probs for the {len(c.response_ids)} tokens of sample {i}")
     chain = itertools.chain.from_iterable
     n_resp = [len(c.response_ids) for c in comps]
     resp = torch.from_numpy(np.fromiter(chain(c.response_ids for c in comps), np.int32, sum(n_resp)))
-    logp = torch.from_numpy(np.fromiter(chain(c.logprobs for c in comps), np.float32, sum(n_resp)))
+    logp = _flat_floats([c.logprobs for c in comps], sum(n_resp))
     n_prompt = [len(c.prompt_ids) for c in comps]
     prompt = torch.from_numpy(np.fromiter(chain(c.prompt_ids for c in comps), np.int32, sum(n_prompt)))
     off = _offsets(n_resp)
@@ -222,6 +224,14 @@ def from_completions(rows: list, comps: list, tokenizer) -> Rollouts:
     return Rollouts([rows[c.prompt_index] for c in comps], prompt, _offsets(n_prompt), resp, off, logp,
                     [c.finish_reason for c in comps], torch.tensor([c.prompt_index for c in comps], dtype=torch.long),
                     [] if tokenizer is None else decode_batch(tokenizer, resp, off), token_versions=vers)
+
+
+def _flat_floats(parts: list, total: int) -> torch.Tensor:
+    """Per-sample float sequences (``total`` values in all) back to back as one fp32 tensor: the vLLM
+    engines' float32 arrays joined by one ``np.concatenate``; tuples (other engines) through ``np.fromiter``."""
+    if parts and all(isinstance(p, np.ndarray) for p in parts):
+        return torch.from_numpy(np.concatenate(parts).astype(np.float32, copy=False))
+    return torch.from_numpy(np.fromiter(itertools.chain.from_iterable(parts), np.float32, total))
 
 
 def decode_batch(tokenizer, ids: torch.Tensor, offsets: torch.Tensor) -> list[str]:

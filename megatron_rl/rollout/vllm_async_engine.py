@@ -51,6 +51,7 @@ import torch
 from .engine import Completion, SamplingParams, validate_prompts
 from .registry import EngineCaps, register_engine
 from .vllm_engine import _VLLM_LOGPROBS_MODE, kv_cache_bytes
+from .vllm_requests import request_params, sampled_logprobs
 from .weight_sync import RoundSource, pack_round
 from ..config_parse import LOGPROB_MODES
 
@@ -157,16 +158,9 @@ class AsyncVLLMEngine:
 
     # ---- generation ---------------------------------------------------------------------------
     def _params(self, s: SamplingParams, i: int):
-        from vllm import SamplingParams as VSP  # lazy: defers vllm to the call
         from vllm.sampling_params import RequestOutputKind  # lazy: defers vllm to the call
 
-        if self.logprobs == "full" and not s.greedy and s.temperature != 1.0:
-            raise ValueError(f"logprobs='full' on vLLM needs temperature 1 (its raw log-probs are taken before "
-                             f"temperature), got {s.temperature}")
-        return VSP(n=s.n, temperature=0.0 if s.greedy else s.temperature, top_p=s.top_p, top_k=s.top_k,
-                   min_p=s.min_p, max_tokens=s.max_tokens, seed=None if s.seed is None else s.seed + i, logprobs=0,
-                   stop_token_ids=list(s.stop_token_ids), detokenize=False, ignore_eos=False,
-                   output_kind=RequestOutputKind.FINAL_ONLY)
+        return request_params(s, i, self.logprobs, output_kind=RequestOutputKind.FINAL_ONLY)
 
     async def _request(self, prompt: list[int], params) -> list[tuple]:
         from vllm.inputs import TokensPrompt  # lazy: defers vllm to the call
@@ -180,9 +174,8 @@ class AsyncVLLMEngine:
             self._end()
         res = []
         for c in sorted(final.outputs, key=lambda c: c.index):
-            ids = tuple(c.token_ids)
-            lps = tuple(float(d[t].logprob) for d, t in zip(c.logprobs, ids))
-            res.append((ids, lps, token_versions(c.weight_versions, len(ids)),
+            ids = list(c.token_ids)
+            res.append((tuple(ids), sampled_logprobs(c, ids), token_versions(c.weight_versions, len(ids)),
                         "length" if c.finish_reason == "length" else "stop"))
         return res
 

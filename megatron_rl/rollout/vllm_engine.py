@@ -30,6 +30,7 @@ from .weight_sync import RoundSource, pack_round
 
 from .engine import Completion, SamplingParams, validate_prompts
 from .registry import OPTIONS, EngineCaps, register_engine
+from .vllm_requests import request_params, sampled_logprobs
 from ..config_parse import LOGPROB_MODES
 
 #: ``rollout.logprobs`` -> vLLM's ``logprobs_mode`` (``rollout/sampling.py``)
@@ -135,14 +136,7 @@ class VLLMEngine:
                 "max_model_len": int(c.model_config.max_model_len), "dtype": str(c.model_config.dtype)}
 
     def _params(self, s: SamplingParams, i: int):
-        from vllm import SamplingParams as VSP  # lazy: defers vllm to the call
-
-        if self.logprobs == "full" and not s.greedy and s.temperature != 1.0:
-            raise ValueError(f"logprobs='full' on vLLM needs temperature 1 (its raw log-probs are taken before "
-                             f"temperature), got {s.temperature}")
-        return VSP(n=s.n, temperature=0.0 if s.greedy else s.temperature, top_p=s.top_p, top_k=s.top_k,
-                   min_p=s.min_p, max_tokens=s.max_tokens, seed=None if s.seed is None else s.seed + i, logprobs=0,
-                   stop_token_ids=list(s.stop_token_ids), detokenize=False, ignore_eos=False)
+        return request_params(s, i, self.logprobs)
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Completion]:
         from vllm.inputs import TokensPrompt  # lazy: defers vllm to the call
@@ -153,9 +147,9 @@ class VLLMEngine:
         result = []
         for i, (p, o) in enumerate(zip(prompts, outs)):
             for j, c in enumerate(o.outputs):
-                ids = tuple(c.token_ids)
-                lps = tuple(float(d[t].logprob) for d, t in zip(c.logprobs, ids))
-                result.append(Completion(i, j, tuple(p), ids, lps, "length" if c.finish_reason == "length" else "stop"))
+                ids = list(c.token_ids)
+                result.append(Completion(i, j, tuple(p), tuple(ids), sampled_logprobs(c, ids),
+                                         "length" if c.finish_reason == "length" else "stop"))
         return result
 
     def score(self, sequences: list[list[int]], prompt_lens: list[int], temperature: float = 1.0) -> list[list[float]]:

@@ -64,6 +64,36 @@ def test_generate_order_logprobs_and_hf_agreement(client, tiny_hf):
     assert [c.response_ids for c in again] == [c.response_ids for c in comps]
 
 
+@pytest.mark.parametrize("kw", [{}, {"temperature": 0.8, "top_k": 5}], ids=["plain", "T0.8-k5"])
+def test_flat_logprobs_are_bit_identical_to_the_dict_path(client, kw):
+    """The engines read vLLM's flat log-probs (``rollout/vllm_requests.py``) into one float32 array per
+    sample; the same engine and seeds through vLLM's list-of-dicts path (``flat_logprobs`` off, each sampled
+    token's ``Logprob`` read from its position's dict) give the same samples and, as float32, the same bits
+    (vLLM's fp32 log-probs through ``tolist`` either way)."""
+    import numpy as np
+
+    def dict_path(actor, prompts, sampling):   # inside the engine actor (nested: Ray pickles it by value)
+        from vllm.inputs import TokensPrompt
+
+        eng = actor.engine
+        params = [eng._params(sampling, i) for i in range(len(prompts))]
+        for p in params:
+            p.flat_logprobs = False
+        outs = eng.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+        assert all(type(c.logprobs) is list and type(c.logprobs[0]) is dict for o in outs for c in o.outputs)
+        return [(tuple(c.token_ids), [d[t].logprob for d, t in zip(c.logprobs, c.token_ids)])
+                for o in outs for c in o.outputs]
+
+    sp = SamplingParams(n=3, max_tokens=12, seed=3, **kw)
+    actor = client.actors[0]
+    flat = client._ray.get(actor.generate.remote(PROMPTS, sp))
+    ref = client._ray.get(actor.__ray_call__.remote(dict_path, PROMPTS, sp))
+    assert [c.response_ids for c in flat] == [ids for ids, _ in ref]
+    for c, (_, lps) in zip(flat, ref):
+        assert isinstance(c.logprobs, np.ndarray) and c.logprobs.dtype == np.float32
+        assert np.array_equal(c.logprobs.view(np.int32), np.asarray(lps, dtype=np.float32).view(np.int32))
+
+
 def test_engine_keys_reach_vllm(client):
     """``rollout.gpu_memory_utilization`` / ``enforce_eager`` (null = auto: eager on CPU) /
     ``tensor_parallel_size`` as vLLM recorded them in each engine's ``vllm_config``; both engines in

@@ -18,17 +18,24 @@ import time
 
 
 def _tensor_object():
-    """A batch as the loop sends it (flat buffers, per-sample tensors, a bool one) beside a non-contiguous
-    view, an empty tensor and plain Python values."""
+    """A batch as the loop sends it (flat buffers, per-sample tensors, a bool one, prompt rows) beside a
+    non-contiguous view, an empty tensor, plain Python values and tensors of at least ``BIG_BYTES`` (sent
+    from their own memory: a float one, a bool one, a non-contiguous view)."""
     import torch
 
+    from megatron_rl.data.dataset import PromptRow
     from megatron_rl.rollout.rollouts import Rollouts
+    from megatron_rl.runtime.broadcast import BIG_BYTES
 
-    ro = Rollouts.from_lists([None, None], [[1, 2], [3]], [[5, 6, 7], [8]], [[-0.5, -1.25, -3.0], [-0.125]],
+    row = PromptRow(4, (1, 2, 70000), "gsm8k", "42", {"i": 4}, ({"role": "user", "content": "2+2?"},))
+    ro = Rollouts.from_lists([row, row], [[1, 2], [3]], [[5, 6, 7], [8]], [[-0.5, -1.25, -3.0], [-0.125]],
                              ["stop", "length"], [0, 0], ["a", "b"], rewards=torch.tensor([1.0, 0.0]),
                              correct=torch.tensor([True, False]), stats={"k": 1.5})
+    n = BIG_BYTES // 4 + 3
+    big = {"f32": torch.linspace(-1, 1, n), "bool": torch.arange(BIG_BYTES + 1) % 3 == 0,
+           "view": torch.arange(4 * n, dtype=torch.int32).reshape(n, 4)[:, 1]}
     return {"ro": ro, "view": torch.arange(12, dtype=torch.float64).reshape(3, 4)[:, 1], "empty": torch.zeros(0, 3),
-            "n": 7}
+            "n": 7, "big": big}
 
 
 def _same(got, want) -> bool:
@@ -43,7 +50,8 @@ def _same(got, want) -> bool:
 
     g, w = got["ro"], want["ro"]
     fields = all(eq(getattr(g, f.name), getattr(w, f.name)) for f in dataclasses.fields(w))
-    return fields and all(eq(got[k], want[k]) for k in ("view", "empty", "n"))
+    return fields and all(eq(got[k], want[k]) for k in ("view", "empty", "n")) and \
+        all(eq(got["big"][k], want["big"][k]) for k in want["big"])
 
 
 def main(out: str, timeout_s: str, pause_s: str) -> None:

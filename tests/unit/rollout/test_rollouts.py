@@ -43,6 +43,11 @@ def test_from_completions_reads_back_what_the_engine_returned(chat_tokenizer):
     assert [ro.response(i) for i in range(len(ro))] == ro.responses
     with pytest.raises(RuntimeError, match="empty response for sample 1"):
         R.from_completions(rows, [comps[0], dataclasses.replace(comps[1], response_ids=(), logprobs=())], None)
+    # the vLLM engines' float32 arrays (rollout/vllm_requests.py): the same buffer, bit for bit
+    arrays = [dataclasses.replace(c, logprobs=np.asarray(c.logprobs, dtype=np.float32)) for c in comps]
+    assert R.from_completions(rows, arrays, None).response_logp.view(torch.int32).equal(ro.response_logp.view(torch.int32))
+    with pytest.raises(RuntimeError, match="engine returned 1 log-probs for the 2 tokens of sample 0"):
+        R.from_completions(rows, [dataclasses.replace(comps[0], response_ids=(1, 2), logprobs=np.zeros(1, np.float32))], None)
 
 
 def test_select_and_concat_keep_the_fields_aligned():

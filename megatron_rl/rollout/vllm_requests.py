@@ -1,0 +1,46 @@
+"""What both vLLM engines (``vllm``, ``vllm-async``) send vLLM for one prompt and read back from a sample.
+
+A request asks for the sampled token's log-prob only (``logprobs=0``) in vLLM's flat format
+(``flat_logprobs=True``, ``vllm/logprobs.py`` ``FlatLogprobs``): per request a few flat Python lists
+instead of a ``{token_id: Logprob}`` dict per position. vLLM's sampler puts the sampled token first at
+each position (``Sampler.gather_logprobs``: the sampled token, then the top ``logprobs``) and its output
+processor keeps ``1 + logprobs`` entries per position, so with ``logprobs=0`` the flat lists hold exactly
+one entry per position, the sampled token: :func:`sampled_logprobs` checks that (the flat ``token_ids``
+equal the response's ids) and returns them as one float32 array — the same fp32 values the dict path
+reports (vLLM's fp32 log-probs through ``tolist``), ``tests/e2e/test_rollout_vllm.py``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .engine import SamplingParams
+
+
+def request_params(s: SamplingParams, i: int, logprobs_mode: str, **extra):
+    """vLLM ``SamplingParams`` for prompt ``i`` of a ``generate`` call (seed ``s.seed + i``; temperature 0
+    when greedy); ``logprobs_mode`` is the engine's ``rollout.logprobs`` (``full`` needs temperature 1:
+    vLLM takes raw log-probs before the temperature); ``extra``: further vLLM fields (``output_kind``)."""
+    from vllm import SamplingParams as VSP  # lazy: defers vllm to the call
+
+    if logprobs_mode == "full" and not s.greedy and s.temperature != 1.0:
+        raise ValueError(f"logprobs='full' on vLLM needs temperature 1 (its raw log-probs are taken before "
+                         f"temperature), got {s.temperature}")
+    return VSP(n=s.n, temperature=0.0 if s.greedy else s.temperature, top_p=s.top_p, top_k=s.top_k,
+               min_p=s.min_p, max_tokens=s.max_tokens, seed=None if s.seed is None else s.seed + i, logprobs=0,
+               flat_logprobs=True, stop_token_ids=list(s.stop_token_ids), detokenize=False, ignore_eos=False,
+               **extra)
+
+
+def sampled_logprobs(c, ids: list[int]) -> np.ndarray:
+    """float32 log-prob of each sampled token of vLLM's ``CompletionOutput`` ``c`` (response ``ids``),
+    from its flat log-probs (module docstring); anything but one entry per position, the sampled
+    token, is an error naming what came back."""
+    flat = c.logprobs
+    tok = getattr(flat, "token_ids", None)
+    if tok is None:
+        raise RuntimeError(f"vLLM returned log-probs as {type(flat).__name__}, not its flat format "
+                           "(flat_logprobs=True was not honoured)")
+    if len(flat.logprobs) != len(ids) or tok != ids:
+        raise RuntimeError(f"vLLM's flat log-probs hold {len(flat.logprobs)} entries for a {len(ids)}-token response "
+                           "or not the sampled tokens (expected one per position, logprobs=0)")
+    return np.asarray(flat.logprobs, dtype=np.float32)
