@@ -4,6 +4,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests.helpers.imports import module_imports, module_name
+
 PKG = Path(__file__).resolve().parents[2] / "megatron_rl"
 
 
@@ -93,19 +95,14 @@ DECLARATIONS = {"megatron_rl.rollout.registry": 1, "megatron_rl.rollout.transpor
 MAX_FUNCTION_LINES = 60
 
 
-def _module_name(path: Path) -> str:
-    rel = path.relative_to(PKG.parent).with_suffix("")
-    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
-    return ".".join(parts)
-
 
 def _package_imports(path: Path):
     """(imported module of the package, in a function?, has a comment on its line) for each import."""
-    name = _module_name(path)
+    name = module_name(path)
     is_pkg = path.name == "__init__.py"
     src = path.read_text()
     lines = src.splitlines()
-    known = {_module_name(p) for p in PKG.rglob("*.py")}
+    known = {module_name(p) for p in PKG.rglob("*.py")}
 
     def targets(node):
         if isinstance(node, ast.Import):
@@ -143,7 +140,7 @@ def _package_imports(path: Path):
 
 
 def _import_graph() -> dict[str, set[str]]:
-    return {_module_name(f): {t for t, _, _, _ in _package_imports(f)} for f in PKG.rglob("*.py")}
+    return {module_name(f): {t for t, _, _, _ in _package_imports(f)} for f in PKG.rglob("*.py")}
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[frozenset]:
@@ -240,18 +237,8 @@ def test_function_level_imports_of_the_package_say_why():
 
 
 def _all_imports(path: Path) -> set[str]:
-    """Every module ``path`` names in an import, type-only (``if TYPE_CHECKING``) and function-level ones
-    included, relative imports resolved to absolute names."""
-    me = _module_name(path).split(".")
-    base = me if path.name == "__init__.py" else me[:-1]
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            root = ".".join(base[:len(base) - node.level + 1]) if node.level else ""
-            out.add(".".join(x for x in (root, node.module or "") if x))
-    return out
+    """Every module ``path`` names in an import, type-only and function-level ones included."""
+    return module_imports(path)
 
 
 def test_the_loop_sits_above_the_paths_and_the_pipeline():

@@ -3,36 +3,21 @@
 hooks the pipeline calls are declared on ``DataPath`` with their typed contexts."""
 from __future__ import annotations
 
-import ast
 import inspect
 from pathlib import Path
 
 import megatron_rl
 from megatron_rl.trainer import paths as P
 from megatron_rl.trainer.paths.context import CollectContext, PathSetup, UpdateContext
+from tests.helpers.imports import module_imports
 
 PKG = Path(megatron_rl.__file__).parent
 PATHS = Path(P.__file__).parent
 
 
-def _module(f: Path) -> str:
-    return ".".join(f.relative_to(PKG.parent).with_suffix("").parts).removesuffix(".__init__")
-
-
 def _imports(f: Path) -> set[str]:
     """Absolute names of the modules ``f`` imports (relative imports resolved), at any level."""
-    me = _module(f).split(".")
-    base = me if f.name == "__init__.py" else me[:-1]
-    out = set()
-    for node in ast.walk(ast.parse(f.read_text())):
-        if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            root = ".".join(base[:len(base) - node.level + 1]) if node.level else ""
-            mod = ".".join(x for x in (root, node.module or "") if x)
-            out.add(mod)
-            out |= {f"{mod}.{a.name}" for a in node.names}
-    return out
+    return module_imports(f, with_names=True)
 
 
 def _family(name: str) -> str | None:
