@@ -27,6 +27,13 @@ when it is that input.
 
 The list views ``prompts``, ``responses``, ``rollout_logp`` (lists of Python ints / floats, built on
 access) serve the code that builds padded batches from them; nothing stores them.
+
+**A data-parallel rank's share** (:class:`Share`, ``trainer/pipeline/dispatch.py``): with DP > 1 a rank
+receives every sample's metadata (the offsets, hence the lengths; groups, rewards, finish reasons) but the
+token fields of only the rows its policy passes touch (``Share.held``): the token buffers then hold those
+rows back to back, while ``prompt_offsets`` / ``response_offsets`` keep the whole batch's frame (so the
+lengths stay right). :meth:`Rollouts.prompt` / :meth:`Rollouts.response` / :meth:`Rollouts.held_logp` read a held row;
+the whole-batch list views raise on a share, never answer from the wrong rows.
 """
 from __future__ import annotations
 
@@ -70,6 +77,18 @@ def _gather(flat: torch.Tensor, off: torch.Tensor, idx: torch.Tensor) -> tuple[t
     k = torch.repeat_interleave(torch.arange(len(idx)), lens)
     src = off[idx][k] + torch.arange(int(new_off[-1])) - new_off[:-1][k]
     return flat[src], new_off
+
+
+@dataclasses.dataclass
+class Share:
+    """What of a step's batch a data-parallel replica holds (``trainer/pipeline/dispatch.py``).
+
+    ``held``: sorted rows whose token fields are present (None = every row: the driver, which collected
+    them); ``owned``: sorted rows this replica contributes to the frames the replicas assemble together
+    (its rows of the log-prob passes; every row is owned by exactly one replica)."""
+
+    held: torch.Tensor | None
+    owned: torch.Tensor
 
 
 class Texts(Sequence):
@@ -127,6 +146,7 @@ class Rollouts:
     weight_version: int | None = None   # optimizer steps in the weights that sampled it (async); None = current
     token_versions: torch.Tensor | None = None   # int32 [T] the weight version that sampled each response token
     #                                              (engines with in-flight updates: a response may span pushes)
+    share: Share | None = None   # a DP replica's share of the batch (module docstring); None = not shared out
 
     @classmethod
     def from_lists(cls, rows: list, prompts, responses, logps, finish: list[str], group_ids, texts=(),
@@ -164,40 +184,114 @@ class Rollouts:
         return self.response_offsets[1:] - self.response_offsets[:-1]
 
     @property
+    def partial(self) -> bool:
+        """Does this object hold the token fields of only some rows (a DP replica's share)?"""
+        return self.share is not None and self.share.held is not None
+
+    def _whole(self, what: str) -> None:
+        if self.partial:
+            raise RuntimeError(f"Rollouts.{what}: this rank holds the tokens of {len(self.share.held)} of the batch's "
+                               f"{len(self)} samples (its data-parallel share); read held rows with prompt(i) / response(i)")
+
+    @property
     def prompts(self) -> list[list[int]]:
+        self._whole("prompts")
         return _ragged(self.prompt_ids, self.prompt_offsets)
 
     @property
     def responses(self) -> list[list[int]]:
+        self._whole("responses")
         return _ragged(self.response_ids, self.response_offsets)
 
     @property
     def rollout_logp(self) -> list[list[float]]:
+        self._whole("rollout_logp")
         return _ragged(self.response_logp, self.response_offsets)
 
+    def held_rows(self) -> list[int]:
+        """The rows whose token fields this object holds (all, unless it is a share)."""
+        return self.share.held.tolist() if self.partial else list(range(len(self)))
+
+    def _span(self, i: int, prompt: bool) -> tuple[int, int]:
+        """Where row ``i``'s prompt (or response and its per-token fields) lies in the token buffers."""
+        off = self.prompt_offsets if prompt else self.response_offsets
+        if not self.partial:
+            return int(off[i]), int(off[i + 1])
+        held = self.share.held
+        k = int(torch.searchsorted(held, i))
+        if k >= len(held) or int(held[k]) != i:
+            raise KeyError(f"Rollouts: sample {i} is not held on this rank (its data-parallel share holds "
+                           f"{len(held)} of {len(self)} samples)")
+        lens = (off[1:] - off[:-1])[held]
+        start = int(lens[:k].sum())
+        return start, start + int(lens[k])
+
     def prompt(self, i: int) -> list[int]:
-        o = self.prompt_offsets
-        return self.prompt_ids[int(o[i]):int(o[i + 1])].tolist()
+        a, b = self._span(i, True)
+        return self.prompt_ids[a:b].tolist()
 
     def response(self, i: int) -> list[int]:
-        o = self.response_offsets
-        return self.response_ids[int(o[i]):int(o[i + 1])].tolist()
+        a, b = self._span(i, False)
+        return self.response_ids[a:b].tolist()
+
+    def token_spans(self) -> tuple[list[int], list[int], list[int]]:
+        """(rows held, where each one's prompt starts in ``prompt_ids``, where its response starts in
+        ``response_ids``): one pass for code that walks every held row."""
+        rows = self.held_rows()
+        if not self.partial:
+            return rows, self.prompt_offsets[:-1].tolist(), self.response_offsets[:-1].tolist()
+        h = self.share.held
+        return rows, _offsets(self.prompt_lens[h])[:-1].tolist(), _offsets(self.response_lens[h])[:-1].tolist()
+
+    def held_tokens(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Row ``i``'s prompt ids, response ids and engine log-probs as tensor views (KeyError if not held)."""
+        a, b = self._span(i, True)
+        c, d = self._span(i, False)
+        return self.prompt_ids[a:b], self.response_ids[c:d], self.response_logp[c:d]
+
+    def hold(self, held: list[int], owned: list[int]) -> Rollouts:
+        """The share of a replica that holds the token fields of rows ``held`` and owns ``owned`` (both
+        sorted; ``owned`` within ``held``): every per-sample field, the token fields of ``held`` only,
+        no texts (the driver alone reads them), prompt rows of ``held`` only (None elsewhere)."""
+        if self.partial:
+            raise RuntimeError("Rollouts.hold: already a share")
+        if self.token_versions is not None:
+            raise ValueError("Rollouts.hold: per-token weight versions travel whole (partial rollouts are not shared out)")
+        h = torch.as_tensor(held, dtype=torch.long)
+        prompt_ids = _gather(self.prompt_ids, self.prompt_offsets, h)[0]
+        response_ids = _gather(self.response_ids, self.response_offsets, h)[0]
+        response_logp = _gather(self.response_logp, self.response_offsets, h)[0]
+        keep = set(held)
+        return dataclasses.replace(self, rows=[r if i in keep else None for i, r in enumerate(self.rows)],
+                                   prompt_ids=prompt_ids, response_ids=response_ids, response_logp=response_logp,
+                                   texts=[], stats=dict(self.stats),
+                                   share=Share(h, torch.as_tensor(owned, dtype=torch.long)))
 
     def select(self, idx: list[int]) -> Rollouts:
-        """Samples ``idx`` in that order (group ids renumbered densely in order of appearance)."""
+        """Samples ``idx`` in that order (group ids renumbered densely in order of appearance). Of a
+        share: the selected rows it holds keep their tokens (the result is a share of the selection,
+        owning nothing)."""
         t = torch.as_tensor(idx, dtype=torch.long)
         gmap: dict[int, int] = {}
         gids = [gmap.setdefault(g, len(gmap)) for g in self.group_ids[t].tolist()]
-        prompt_ids, prompt_off = _gather(self.prompt_ids, self.prompt_offsets, t)
-        tok = {name: None if getattr(self, name) is None else _gather(getattr(self, name), self.response_offsets, t)[0]
-               for name in TOKEN_FIELDS}
-        resp_off = _offsets(self.response_lens[t])
         per = {name: None if getattr(self, name) is None else getattr(self, name)[t] for name in SAMPLE_FIELDS}
         pick = lambda xs: [xs[i] for i in idx]
-        return dataclasses.replace(self, rows=pick(self.rows), prompt_ids=prompt_ids, prompt_offsets=prompt_off,
-                                   response_offsets=resp_off, finish=pick(self.finish),
-                                   group_ids=torch.tensor(gids, dtype=torch.long),
-                                   texts=pick(self.texts) if self.texts else [], stats=dict(self.stats), **tok, **per)
+        frame = dict(rows=pick(self.rows), prompt_offsets=_offsets(self.prompt_lens[t]),
+                     response_offsets=_offsets(self.response_lens[t]), finish=pick(self.finish),
+                     group_ids=torch.tensor(gids, dtype=torch.long), texts=pick(self.texts) if self.texts else [],
+                     stats=dict(self.stats), **per)
+        if self.partial:
+            held = set(self.share.held.tolist())
+            keep = [j for j, i in enumerate(idx) if i in held]
+            parts = [self.held_tokens(idx[j]) for j in keep]
+            cat = lambda k, like: torch.cat([p[k] for p in parts]) if parts else like[:0].clone()
+            return dataclasses.replace(self, **frame, prompt_ids=cat(0, self.prompt_ids),
+                                       response_ids=cat(1, self.response_ids), response_logp=cat(2, self.response_logp),
+                                       share=Share(torch.as_tensor(keep, dtype=torch.long), torch.zeros(0, dtype=torch.long)))
+        tok = {name: None if getattr(self, name) is None else _gather(getattr(self, name), self.response_offsets, t)[0]
+               for name in TOKEN_FIELDS}
+        return dataclasses.replace(self, **frame, prompt_ids=_gather(self.prompt_ids, self.prompt_offsets, t)[0],
+                                   share=None, **tok)
 
 
 def from_completions(rows: list, comps: list, tokenizer) -> Rollouts:
@@ -296,6 +390,8 @@ def _cat_opt(parts: list[Rollouts], name: str) -> torch.Tensor | None:
 def concat(parts: list[Rollouts]) -> Rollouts:
     """Join rollouts of several generation rounds (group ids offset to stay distinct; ``stats`` and
     ``weight_version`` of the first part)."""
+    if any(p.share is not None for p in parts):
+        raise ValueError("concat: joins whole batches on the driver, not data-parallel shares")
     gids, off = [], 0
     for p in parts:
         gids.append(p.group_ids + off)

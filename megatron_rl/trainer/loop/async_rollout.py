@@ -277,8 +277,9 @@ class AsyncRollouts:
     """
 
     def __init__(self, collect: Callable[[int], Any], *, is_driver: bool, first_step: int, last_step: int,
-                 max_staleness: int, version: int, sampler=None, pending: list | tuple = ()):
+                 max_staleness: int, version: int, sampler=None, pending: list | tuple = (), deliver=None):
         self.is_driver, self.k = is_driver, max_staleness
+        self.deliver = deliver       # the batch to every rank (``trainer/pipeline/dispatch.deliver``); None: broadcast
         self.producer = None
         if is_driver:
             self.producer = AsyncProducer(collect, first_step=first_step, last_step=last_step,
@@ -288,26 +289,28 @@ class AsyncRollouts:
         self.waited = 0.0
 
     def next(self, step: int) -> tuple[Any, dict]:
-        """Collective: the batch of ``step`` and ``{weight_version, staleness, gen_s}``."""
+        """Collective: the batch of ``step`` and ``{weight_version, staleness, gen_s}`` (the latter broadcast
+        first: a grader's refusal stops every rank there; then the batch, through ``deliver``)."""
         from megatron_rl.runtime.broadcast import broadcast_object  # lazy: defers torch to the call
 
-        msg = None
+        head, data = None, None
         if self.is_driver:
             try:
                 tag, self.waited = self.producer.get(step)
             except RuntimeError as e:   # the producer's grader refused its requests: every rank stops on it
                 if not isinstance(e.__cause__, JudgeRejected):
                     raise
-                tag, msg = None, e.__cause__
+                tag, head = None, e.__cause__
             if tag is not None:
                 if hasattr(tag.data, "weight_version"):   # Rollouts: each sample carries its weight version
                     tag.data.weight_version = tag.weight_version
-                msg = (tag.data, {"weight_version": tag.weight_version, "staleness": step - 1 - tag.weight_version,
-                                  "gen_s": tag.gen_s})
-        msg = broadcast_object(msg)
-        if isinstance(msg, JudgeRejected):
-            raise msg
-        return msg
+                data = tag.data
+                head = {"weight_version": tag.weight_version, "staleness": step - 1 - tag.weight_version,
+                        "gen_s": tag.gen_s}
+        head = broadcast_object(head)
+        if isinstance(head, JudgeRejected):
+            raise head
+        return (self.deliver or broadcast_object)(data), head
 
     def before_push(self, step: int) -> None:
         if self.is_driver:

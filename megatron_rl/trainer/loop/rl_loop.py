@@ -62,7 +62,7 @@ def rl_step(run: Run, step: int) -> dict:
     if verify:
         metrics["time/verify"] = t_warm + t_check
     metrics.update({"time/sync": t2 - t1 - t_check, "time/generate": t_gen, "time/step": t2 - t0,
-                    "perf/tokens_per_s": (len(ro.prompt_ids) + len(ro.response_ids)) / (t2 - t0)})
+                    "perf/tokens_per_s": (int(ro.prompt_offsets[-1]) + int(ro.response_offsets[-1])) / (t2 - t0)})
     metrics.update(run.state.source.metrics(t0, t2, meta["gen_s"]))
     peak = peak_memory(reset=True)   # this rank's GPU peaks over the step (0 without CUDA): plan's figure to check
     metrics.update({"memory/gpu_peak_allocated_gib": peak["allocated"] / 2 ** 30,

@@ -28,13 +28,15 @@ from megatron_rl.rewards.judge_client import JudgeRejected
 from megatron_rl.trainer.loop.async_rollout import AsyncRollouts, sync_metrics
 from megatron_rl.trainer.loop.partial_rollout import PartialRollouts
 from megatron_rl.runtime.broadcast import broadcast_object
+from megatron_rl.trainer.pipeline import dispatch
 
 
 class SyncRollouts:
-    """Collect on the driver when the step asks, broadcast to every rank."""
+    """Collect on the driver when the step asks, deliver to every rank (``deliver``: whole, or each
+    data-parallel replica its share, ``trainer/pipeline/dispatch.py``)."""
 
-    def __init__(self, collect: Callable[[int], Any], *, is_driver: bool):
-        self.collect, self.is_driver = collect, is_driver
+    def __init__(self, collect: Callable[[int], Any], *, is_driver: bool, deliver: Callable[[Any], Any] = broadcast_object):
+        self.collect, self.is_driver, self.deliver = collect, is_driver, deliver
 
     def next(self, step: int) -> tuple[Any, dict]:
         t0 = time.perf_counter()
@@ -44,7 +46,7 @@ class SyncRollouts:
                 data = self.collect(step)
             except JudgeRejected as e:     # every rank stops on it, not the driver alone (the others would wait)
                 data = e
-        data = broadcast_object(data)
+        data = self.deliver(data)
         if isinstance(data, JudgeRejected):
             raise data
         return data, {"gen_s": time.perf_counter() - t0}
@@ -71,8 +73,10 @@ def open_source(run) -> SyncRollouts | AsyncRollouts | PartialRollouts:
     if cfg.rollout.partial:
         return PartialRollouts(run, resume=st.partial_resume)
     collect = functools.partial(run.path.collect, run.collect_context())   # collect(step): the path's, driver-side
+    deliver = functools.partial(dispatch.deliver, info=run.info, micro=run.micro, shares_rows=run.path.shares_rows,
+                                rows_per_mini_batch=cfg.trainer.mini_batch_prompts * cfg.rollout.n)
     if cfg.rollout.max_staleness == 0:
-        return SyncRollouts(collect, is_driver=run.info.is_driver)
-    return AsyncRollouts(collect, is_driver=run.info.is_driver, first_step=st.step + 1,
+        return SyncRollouts(collect, is_driver=run.info.is_driver, deliver=deliver)
+    return AsyncRollouts(collect, is_driver=run.info.is_driver, deliver=deliver, first_step=st.step + 1,
                          last_step=cfg.trainer.steps, max_staleness=cfg.rollout.max_staleness, version=st.step,
                          sampler=run.sampler, pending=st.async_pending)

@@ -46,6 +46,10 @@ class DataPath(abc.ABC):
     #: and keys it takes from the last optimizer step (counters) — the rest are means (``update.mean_metrics``)
     summed_metrics: ClassVar[tuple[str, ...]] = ()
     last_metrics: ClassVar[tuple[str, ...]] = ()
+    #: with DP > 1 each replica receives the token rows of only its own passes (``trainer/pipeline/dispatch.py``):
+    #: a path says True when its data is one ``Rollouts`` and no hook reads the tokens of rows other than
+    #: those it trains (False: every rank receives the whole batch)
+    shares_rows: ClassVar[bool] = False
 
     def __init__(self, cfg, tok):
         self.cfg, self.hp, self.tok = cfg, cfg.algo.hparams, tok

@@ -85,6 +85,7 @@ def bicc_inputs(rollouts, hp, l_max: int, max_total_len: int, layout: BiccLayout
 class BiccPath(PlainPath):
     hparams = BiCCHParams
     prompt_context = "group_answers"
+    shares_rows = False      # a row's context is its group's opposite-correctness responses: the whole batch
 
     def __init__(self, cfg, tok):
         super().__init__(cfg, tok)

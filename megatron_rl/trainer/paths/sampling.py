@@ -30,6 +30,7 @@ class PlainPath(DataPath):
     """Sample, reward, train (module docstring)."""
 
     kl_in_reward = True
+    shares_rows = True       # its hooks read per-sample fields only (rewards, greedy baseline, process scores)
     #: score the batch beside the old / ref log-prob passes (``rollout/pending_rewards.py``) when the
     #: collection itself reads no reward (no dynamic sampling, no greedy baseline) and runs in step with
     #: the update (``rollout.max_staleness=0``); a subclass whose ``collect`` reads rewards says False

@@ -237,3 +237,11 @@ def broadcast_batch(batch: TrainBatch | None, src: int = 0, group: dist.ProcessG
         out[name] = t
     extras = {n[len("extras."):]: t for n, t in out.items() if n.startswith("extras.")}
     return TrainBatch(out["tokens"], out["loss_mask"], extras)
+
+
+def mini_batches(n_rows: int, rows_per_mini_batch: int) -> list[list[int]]:
+    """Row indices of each mini-batch: consecutive chunks of ``rows_per_mini_batch`` (0 = one chunk of
+    all rows); the last chunk is shorter when the rows do not divide (a filtered batch, as verl's
+    ``DataProto.split``). No shuffle."""
+    size = rows_per_mini_batch if rows_per_mini_batch > 0 else max(n_rows, 1)
+    return [list(range(i, min(i + size, n_rows))) for i in range(0, n_rows, size)]

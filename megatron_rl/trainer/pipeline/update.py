@@ -51,6 +51,7 @@ from megatron_rl import algorithms as A
 from megatron_rl.algorithms import correction as C
 from megatron_rl.algorithms import offpolicy as O
 from megatron_rl.trainer.pipeline import update_stage as U
+from megatron_rl.trainer.pipeline.batch import mini_batches
 from megatron_rl.trainer.pipeline.objective import Objective
 from megatron_rl.trainer.pipeline.packing import TokenBudget
 from megatron_rl.trainer.paths.context import UpdateContext
@@ -107,6 +108,7 @@ class LogProbs:
     ref: torch.Tensor | None
     compare: torch.Tensor | None = None
     compare_full: torch.Tensor | None = None   # ``compare`` in the target frame [N, S-1]
+    engine: torch.Tensor | None = None   # the engines' log-probs of the batch, response frame [N, R] (``U.engine_frame``)
 
     @property
     def engine_space(self) -> torch.Tensor:
@@ -143,14 +145,6 @@ class Rows:
                     {k: v[t] for k, v in self.extras.items()},
                     None if self.ro is None else self.ro.select(idx),
                     None if self.plan is None else self.plan.select(idx))
-
-
-def mini_batches(n_rows: int, rows_per_mini_batch: int) -> list[list[int]]:
-    """Row indices of each mini-batch: consecutive chunks of ``rows_per_mini_batch`` (0 = one chunk of
-    all rows); the last chunk is shorter when the rows do not divide (a filtered batch, as verl's
-    ``DataProto.split``). No shuffle."""
-    size = rows_per_mini_batch if rows_per_mini_batch > 0 else max(n_rows, 1)
-    return [list(range(i, min(i + size, n_rows))) for i in range(0, n_rows, size)]
 
 
 def update(run: Run, data, step: int) -> dict:
@@ -202,34 +196,36 @@ def logprob_passes(run: Run, s: Sampled, step: int) -> tuple[LogProbs, dict]:
     mu = run.actor.sampling is not None          # μ truncates (``algorithms/sampling.py``)
     in_mu = mu and cfg.algo.ratio_space == "sampling"
     mu = in_mu or (mu and cfg.rollout.logprobs == "processed")   # μ is needed: the ratio's or the engines' space
+    gen = U.engine_frame(s.ro, s.seqs.resp_mask, run.actor.groups.dp)   # a shared-out batch: assembled over DP
     res = run.actor.forward_logprobs(s.seqs.batch, mbs, sampling=mu) if recompute else None
     ref_res = run.ref.forward_logprobs(s.seqs.batch, mbs, sampling=in_mu) if run.ref is not None else None
     ref_full = None if ref_res is None else (ref_res.sampling_logp if in_mu else ref_res.logp)
     ref = U.response_frame(ref_full, s.seqs) if ref_full is not None else None
     if not recompute:
-        old_full, old = bypass_old(s)
-        return LogProbs(old_full, ref_full, old, ref), {"time/logprobs": time.perf_counter() - t0}
+        old_full, old = bypass_old(s, gen)
+        return LogProbs(old_full, ref_full, old, ref, engine=gen), {"time/logprobs": time.perf_counter() - t0}
     old_full = res.sampling_logp if in_mu else res.logp
     old = U.response_frame(old_full, s.seqs)
     processed = res.sampling_logp is not None and cfg.rollout.logprobs == "processed"
     engine_full = res.sampling_logp if processed else res.logp
     other = engine_full is not old_full
     lp = LogProbs(old_full, ref_full, old, ref, U.response_frame(engine_full, s.seqs) if other else None,
-                  engine_full if other else None)
+                  engine_full if other else None, engine=gen)
     cmp, mask = lp.engine_space, s.seqs.resp_mask
-    metrics = {"rollout/logprob_gap": U.logprob_gap(cmp, s.ro.rollout_logp, mask),
-               **U.mismatch_inputs(cfg, s.ro, cmp, mask, step)}
+    metrics = {"rollout/logprob_gap": U.logprob_gap(cmp, gen, mask),
+               **U.mismatch_inputs(cfg, s.ro, cmp, mask, step, gen=gen)}
     if mu:
         outside = (1.0 - U.response_frame(res.sampling_kept, s.seqs)) * mask
         metrics["rollout/outside_support_frac"] = float(outside.sum() / mask.sum().clamp_min(1))
     return lp, {**metrics, "time/logprobs": time.perf_counter() - t0}
 
 
-def bypass_old(s: Sampled) -> tuple[torch.Tensor, torch.Tensor]:
+def bypass_old(s: Sampled, gen: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """π_old := π_rollout: the engine's log-probs in the response frame ``[N, R]`` (0 off the mask)
-    and scattered to the target frame ``[N, S-1]`` (0 at non-response positions)."""
+    and scattered to the target frame ``[N, S-1]`` (0 at non-response positions); ``gen``: the engine
+    frame (``U.engine_frame``; None: built from the rollouts)."""
     m = s.seqs.resp_mask
-    old = O.behaviour_matrix(s.ro.rollout_logp, m) * m
+    old = (O.behaviour_matrix(s.ro.rollout_logp, m) if gen is None else gen) * m
     n, s_len = s.seqs.batch.tokens.shape
     full = torch.zeros((n, s_len - 1), dtype=old.dtype).scatter_add_(1, s.seqs.resp_pos, old)
     return full, old
@@ -245,14 +241,14 @@ def base_rows(run: Run, s: Sampled, lp: LogProbs, adv: torch.Tensor, step: int, 
     if lp.ref is not None:
         ex["ref_logp"] = lp.ref
     if importance_weights and C.is_correction_mode(run.cfg.algo.off_policy):   # the rollout-correction suite
-        tis, keep, off = U.correction_inputs(run.cfg, s.ro, lp.engine_space, s.seqs.resp_mask, step)
+        tis, keep, off = U.correction_inputs(run.cfg, s.ro, lp.engine_space, s.seqs.resp_mask, step, gen=lp.engine)
         if tis is not None:
             ex["tis_weights"] = tis
         if keep is not None:
             ex[CORRECTION_KEEP] = keep
         metrics.update(off)
     elif importance_weights:
-        tis, off = U.off_policy_inputs(run.cfg, s.ro, lp.engine_space, s.seqs.resp_mask, step)   # stale (async)
+        tis, off = U.off_policy_inputs(run.cfg, s.ro, lp.engine_space, s.seqs.resp_mask, step, gen=lp.engine)   # stale (async)
         if tis is not None:
             ex["tis_weights"] = tis
         metrics.update(off)

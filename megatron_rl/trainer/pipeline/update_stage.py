@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+import torch.distributed as dist
 
 from megatron_rl import algorithms as A
 from megatron_rl.algorithms import correction as C
@@ -18,6 +19,7 @@ from megatron_rl.algorithms import mismatch as M
 from megatron_rl.algorithms import offpolicy as O
 from megatron_rl.algorithms.inputs import input_spec, is_input
 from megatron_rl.rollout.partial import StalenessPolicy, within_bound
+from megatron_rl.runtime.device import default_device
 from megatron_rl.trainer.pipeline.batch import TrainBatch, make_batch
 
 
@@ -56,7 +58,9 @@ def sequences(run, prompts: list[list[int]], responses: list[list[int]], max_res
 def rollout_sequences(run, ro) -> SeqBatch:
     """:func:`sequences` of the rollouts ``ro`` (``prompt ++ response`` of every sample), copied row by row
     straight from their flat buffers: the same tensors as ``build_seq_batch`` of the lists, no Python
-    object per token and no index tensor the size of the batch."""
+    object per token and no index tensor the size of the batch. Of a data-parallel share
+    (``Rollouts.share``): the rows it does not hold keep ``pad_id`` tokens (their masks and frame as any
+    row's, from the lengths); no pass of this rank runs them (``trainer/pipeline/dispatch.py``)."""
     pl, rl = ro.prompt_lens.tolist(), ro.response_lens.tolist()
     if 0 in pl:
         raise ValueError(f"make_batch: prompt {pl.index(0)} is empty (the first response token needs a context)")
@@ -64,11 +68,12 @@ def rollout_sequences(run, ro) -> SeqBatch:
     tokens = torch.full((n, s), run.tok.pad_id, dtype=torch.long)
     loss_mask = torch.zeros((n, s - 1), dtype=torch.float32)
     pos, mask = torch.zeros(n, max_resp, dtype=torch.long), torch.zeros(n, max_resp)
-    po, ro_ = ro.prompt_offsets.tolist(), ro.response_offsets.tolist()
     frame = torch.arange(max_resp)
+    for i, po, ro_ in zip(*ro.token_spans()):
+        a, b = pl[i], rl[i]
+        tokens[i, :a] = ro.prompt_ids[po:po + a]
+        tokens[i, a:a + b] = ro.response_ids[ro_:ro_ + b]
     for i, (a, b) in enumerate(zip(pl, rl)):
-        tokens[i, :a] = ro.prompt_ids[po[i]:po[i] + a]
-        tokens[i, a:a + b] = ro.response_ids[ro_[i]:ro_[i] + b]
         loss_mask[i, a - 1:a + b - 1] = 1.0
         k = min(b, max_resp)
         pos[i, :k] = frame[:k] + (a - 1)
@@ -93,14 +98,35 @@ def response_frame(x: torch.Tensor, sb: SeqBatch) -> torch.Tensor:
     return x.gather(1, sb.resp_pos) * sb.resp_mask
 
 
-def logprob_gap(old: torch.Tensor, rollout_logp: list, mask: torch.Tensor) -> float:
+def logprob_gap(old: torch.Tensor, engine, mask: torch.Tensor) -> float:
     """Mean |trainer − engine| log-prob over valid response tokens (``rollout/logprob_gap``): the
-    trainer's forward puts each token where the engine sampled it, and both agree on the model."""
-    roll = torch.zeros_like(old)
-    r_max = old.shape[1]
-    for i, lp in enumerate(rollout_logp):
-        roll[i, : min(len(lp), r_max)] = torch.tensor(lp[:r_max], dtype=old.dtype)
+    trainer's forward puts each token where the engine sampled it, and both agree on the model.
+    ``engine``: the engines' log-probs as a frame like ``old`` (:func:`engine_frame`) or ragged lists."""
+    roll = engine if isinstance(engine, torch.Tensor) else O.behaviour_matrix(engine, old)
     return float(((old - roll).abs() * mask).sum() / mask.sum().clamp_min(1))
+
+
+def engine_frame(ro, like: torch.Tensor, dp_group=None) -> torch.Tensor:
+    """The engines' log-prob of each response token in the response frame of ``like`` (``[N, R]``, its
+    dtype; 0 past a response): ``behaviour_matrix`` of the batch. Of a batch shared out over the
+    data-parallel replicas (``Rollouts.share``, ``trainer/pipeline/dispatch.py``) each replica fills the
+    rows it owns and one sum over ``dp_group`` assembles the frame on every rank: each entry is one
+    replica's value plus zeros, so the frame is the whole batch's, bit for bit."""
+    if ro.share is None:
+        return O.behaviour_matrix(ro.rollout_logp, like)
+    out = torch.zeros_like(like)
+    r_max, lens = like.shape[1], ro.response_lens.tolist()
+    rows, _, starts = ro.token_spans()
+    at = dict(zip(rows, starts))
+    for i in ro.share.owned.tolist():
+        k = min(lens[i], r_max)
+        out[i, :k] = ro.response_logp[at[i]:at[i] + k]
+    if dp_group is not None and dist.get_world_size(dp_group) > 1:
+        dev = default_device() if dist.get_backend(dp_group) == "nccl" else out.device
+        buf = out.to(dev)
+        dist.all_reduce(buf, group=dp_group)
+        out = buf.to(like.device)
+    return out
 
 
 def kl_in_reward(ro, old: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor, beta: float, kind: str) -> dict:
@@ -113,16 +139,18 @@ def kl_in_reward(ro, old: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor, b
     return {"reward/kl_in_reward": float(out.mean_kl), "reward/kl_in_reward_mean_penalty": float(-out.token_rewards.sum(-1).mean())}
 
 
-def off_policy_inputs(cfg, ro, old: torch.Tensor, mask: torch.Tensor, step: int) -> tuple[torch.Tensor | None, dict]:
+def off_policy_inputs(cfg, ro, old: torch.Tensor, mask: torch.Tensor, step: int,
+                      gen: torch.Tensor | None = None) -> tuple[torch.Tensor | None, dict]:
     """Decoupled-PPO importance weights of the batch (``algorithms/offpolicy.py``) and their metrics.
 
     Proximal policy = ``old`` (the trainer's log-probs of the PLAIN batch under its current weights:
     the context the engines sampled in); behaviour = the engines' sampling log-probs
     (``ro.rollout_logp``); staleness = (step − 1) − ``ro.weight_version`` (the trainer holds the
     weights of step − 1; a batch collected synchronously has no version: staleness 0). Mode and
-    cap: ``algo.off_policy`` / ``algo.tis_cap``. Returns (weights [N, T] or None, metrics)."""
+    cap: ``algo.off_policy`` / ``algo.tis_cap``. ``gen``: the behaviour log-probs as a frame
+    (:func:`engine_frame`; None: built from ``ro``). Returns (weights [N, T] or None, metrics)."""
     stale = batch_staleness(ro, step)
-    out = O.off_policy_weights(old, O.behaviour_matrix(ro.rollout_logp, old), mask, stale,
+    out = O.off_policy_weights(old, O.behaviour_matrix(ro.rollout_logp, old) if gen is None else gen, mask, stale,
                                mode=cfg.algo.off_policy, cap=cfg.algo.tis_cap)
     return out.weights, {k: float(v) for k, v in out.metrics.items()}
 
@@ -171,11 +199,11 @@ def correction_band(cfg) -> tuple[float, float]:
     return band if band is not None else (1.0 / cfg.algo.tis_cap, cfg.algo.tis_cap)
 
 
-def mismatch_inputs(cfg, ro, old: torch.Tensor, mask: torch.Tensor, step: int) -> dict:
+def mismatch_inputs(cfg, ro, old: torch.Tensor, mask: torch.Tensor, step: int, gen: torch.Tensor | None = None) -> dict:
     """The train–inference mismatch metrics of the batch (``algorithms/mismatch.py``): trainer =
     ``old`` (the recomputed log-probs), engine = ``ro.rollout_logp``; split by staleness when the run
-    is asynchronous (``rollout.max_staleness`` > 0)."""
-    gen = O.behaviour_matrix(ro.rollout_logp, old)
+    is asynchronous (``rollout.max_staleness`` > 0); ``gen``: the engine frame (:func:`engine_frame`; None: from ``ro``)."""
+    gen = O.behaviour_matrix(ro.rollout_logp, old) if gen is None else gen
     if ro.token_versions is None:
         return M.split_mismatch_metrics(old, gen, mask, batch_staleness(ro, step), correction_band(cfg),
                                         split=cfg.rollout.max_staleness > 0)
@@ -189,10 +217,11 @@ def mismatch_inputs(cfg, ro, old: torch.Tensor, mask: torch.Tensor, step: int) -
     return res
 
 
-def correction_inputs(cfg, ro, old: torch.Tensor, mask: torch.Tensor, step: int):
+def correction_inputs(cfg, ro, old: torch.Tensor, mask: torch.Tensor, step: int, gen: torch.Tensor | None = None):
     """A registered rollout-correction mode (``algorithms/correction.py``) on the batch: (weights or
-    None, keep mask or None, metrics incl. the staleness ones)."""
-    out = C.apply_correction(cfg.algo.off_policy, old, O.behaviour_matrix(ro.rollout_logp, old), mask, cfg.algo.correction)
+    None, keep mask or None, metrics incl. the staleness ones); ``gen`` as in :func:`off_policy_inputs`."""
+    gen = O.behaviour_matrix(ro.rollout_logp, old) if gen is None else gen
+    out = C.apply_correction(cfg.algo.off_policy, old, gen, mask, cfg.algo.correction)
     metrics = {k: float(v) for k, v in O.staleness_metrics(batch_staleness(ro, step)).items()}
     metrics.update({k: float(v) for k, v in out.metrics.items()})
     return out.weights, out.keep, metrics

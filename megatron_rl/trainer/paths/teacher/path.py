@@ -43,6 +43,7 @@ class TeacherPath(PlainPath):
 
     kl_in_reward = False     # its own update (teacher terms); the RLCSD family uses a KL loss instead
     prompt_context = "hint"  # the teacher prompt's reference answer
+    shares_rows = False      # sibling hints (a group's texts) and per-row teacher sequences: the whole batch
 
     hparams = TeacherHParams
 
