@@ -21,8 +21,12 @@ Paths:
 * ``packed``: the first tensor change: ``rollout/rollouts.py`` (flat int32 / fp32 buffers, texts decoded in
   one batch) and the distribution as it was then (every tensor copied into one staging buffer and received as
   views of one buffer; each row's prompt ids pickled as Python ints);
-* ``after``: the same batch through ``runtime/broadcast.broadcast_object`` as it is (large tensors broadcast
-  from / into their own memory, rows' prompt ids as one int32 byte string each).
+* ``whole``: the same batch, whole to every rank, through ``runtime/broadcast.broadcast_object`` (large
+  tensors broadcast from / into their own memory, rows' prompt ids as one int32 byte string each);
+* ``after``: each DP replica its share (``trainer/pipeline/dispatch.deliver``, every rank one replica, the
+  plain paths' delivery): every sample's metadata, the token rows of the replica's passes only, no texts;
+  ``--mini-batches K`` (default 1) cuts the step into K optimizer steps, whose own DP splits add rows to
+  a replica's share (``dispatch.step_rows``).
 
 Every rank first does what a training rank has done before its first distribution (imports the batch's
 modules, runs a collective): else the receivers' first unpickling imports them inside the timed stage.
@@ -33,7 +37,7 @@ the slowest rank's time from a barrier to the object in hand, the median of :dat
 batch of the whole step's rows, as every rank builds it: before ``update_stage.build_seq_batch`` of the lists,
 after ``update_stage.rollout_sequences`` from the flat buffers) and
 ``plan`` (``packing.plan`` from the lengths). Memory: ``share`` = bytes of one DP rank's share of the
-token data as int32 ids + fp32 log-probs; ``dist`` = the RSS a receiving rank (not the driver) added from
+token data as int32 ids + fp32 log-probs (the whole batch's over the ranks); ``dist`` = the RSS a receiving rank (not the driver) added from
 just before the distribution to its peak after it (max over the receivers), and ``dist / share``;
 ``batch`` = the RSS the batch stage added on top. A case whose estimated memory exceeds
 ``--mem-limit-gb`` for all ranks together (the shared host) is skipped and said so.
@@ -62,7 +66,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: name -> (prompts, samples per prompt, response min, response max, prompt min, prompt max)
 CASES = {"1M": (32, 8, 2048, 6144, 256, 512), "9M": (256, 8, 2048, 6144, 256, 512),
          "67M": (512, 16, 1024, 15360, 256, 512)}
-BYTES_PER_TOKEN = {"before": 110, "packed": 14, "after": 14}   # estimates per rank (lists of objects vs buffers + texts)
+BYTES_PER_TOKEN = {"before": 110, "packed": 14, "whole": 14, "after": 14}   # estimates per rank (lists of objects vs buffers + texts)
 REPEATS = 3   # distributions per job: the stage's time is their median
 BATCH_BYTES = 24   # per row slot of the padded batch: tokens int64 + loss mask fp32 + resp_pos int64 + resp_mask fp32
 
@@ -197,7 +201,7 @@ def _packed_broadcast(obj):
     return obj if dist.get_rank() == 0 else B.join_tensors(skeleton, B.unpack(buf, spec))
 
 
-def _distribute(path: str, ro):
+def _distribute(path: str, ro, mini_batches: int = 1):
     import torch.distributed as dist
 
     if path == "before":
@@ -208,7 +212,20 @@ def _distribute(path: str, ro):
         return _packed_broadcast(ro)
     from megatron_rl.runtime.broadcast import broadcast_object
 
-    return broadcast_object(ro)
+    if path == "whole":
+        return broadcast_object(ro)
+    from megatron_rl.runtime.parallel import ParallelInfo
+    from megatron_rl.trainer.pipeline.dispatch import deliver
+    from megatron_rl.trainer.pipeline.packing import TokenBudget
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    info = ParallelInfo(rank=rank, world=world, tp=1, pp=1, dp=world, tp_rank=0, pp_rank=0, dp_rank=rank)
+    n = len(ro) if ro is not None else 0
+    n = broadcast_object(n)
+    if ro is not None:
+        ro.share = None            # the driver's batch of an earlier repeat
+    return deliver(ro, info=info, micro=TokenBudget(1 << 30), rows_per_mini_batch=-(-n // mini_batches),
+                   shares_rows=True)
 
 
 def _warm_up() -> None:
@@ -218,7 +235,8 @@ def _warm_up() -> None:
     import torch
     import torch.distributed as dist
 
-    for mod in ("megatron_rl.data.dataset", "megatron_rl.rollout.rollouts", "megatron_rl.runtime.broadcast"):
+    for mod in ("megatron_rl.data.dataset", "megatron_rl.rollout.rollouts", "megatron_rl.runtime.broadcast",
+                "megatron_rl.trainer.pipeline.dispatch"):
         importlib.import_module(mod)
     dist.broadcast_object_list([dist.get_rank()], src=0)
     dist.broadcast(torch.zeros(1 << 16, dtype=torch.uint8), src=0)
@@ -237,7 +255,7 @@ def _driver(case: str, path: str, tok_dir: str, t: dict):
     tok = load_tokenizer(tok_dir)
     rows = _rows(prompts, pmin, pmax, tok.vocab_size)
     t0 = time.perf_counter()
-    comps = StandInEngine(rmin, rmax, tok.vocab_size, arrays=path == "after").generate([list(r.prompt_ids) for r in rows],
+    comps = StandInEngine(rmin, rmax, tok.vocab_size, arrays=path in ("whole", "after")).generate([list(r.prompt_ids) for r in rows],
                                                                 SamplingParams(n=n, max_tokens=rmax))
     t["engine"] = time.perf_counter() - t0
     ro = (_collect_before if path == "before" else _collect_after)(rows, comps, tok, t)
@@ -278,7 +296,7 @@ def _batch_and_plan(ro, dp: int, t: dict, mem: dict, limit: float) -> None:
     mem["batch"] = max(0, _peak() - base)
 
 
-def worker(case: str, path: str, tok_dir: str, out: str, limit: float) -> None:
+def worker(case: str, path: str, tok_dir: str, out: str, limit: float, mini_batches: int = 1) -> None:
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
@@ -290,7 +308,7 @@ def worker(case: str, path: str, tok_dir: str, out: str, limit: float) -> None:
     for k in range(REPEATS):      # the median of REPEATS (a shared host's noise); memory: the first one's
         dist.barrier()
         t0 = time.perf_counter()
-        got = _distribute(path, ro)
+        got = _distribute(path, ro, mini_batches)
         times.append(time.perf_counter() - t0)
         if k == 0:
             mem = {"dist": max(0, _peak() - base)}
@@ -299,10 +317,12 @@ def worker(case: str, path: str, tok_dir: str, out: str, limit: float) -> None:
     ro = got
     t["distribute"] = sorted(times)[len(times) // 2]
     _batch_and_plan(ro, world, t, mem, limit)
-    tokens = int(sum(len(r) for r in ro.responses)) if path == "before" else len(ro.response_ids)
-    prompt_tokens = int(sum(len(p) for p in ro.prompts)) if path == "before" else len(ro.prompt_ids)
+    tokens = int(sum(len(r) for r in ro.responses)) if path == "before" else int(ro.response_offsets[-1])
+    prompt_tokens = int(sum(len(p) for p in ro.prompts)) if path == "before" else int(ro.prompt_offsets[-1])
     res = {"rank": rank, "t": t, "mem": mem, "peak": _peak(), "tokens": tokens + prompt_tokens,
            "share_bytes": (prompt_tokens * 4 + tokens * 8) / world}
+    if path == "after":
+        res["held_rows"] = len(ro.held_rows())
     with open(f"{out}.{rank}", "w") as f:
         json.dump(res, f)
     dist.destroy_process_group()
@@ -317,7 +337,7 @@ def _estimate(case: str, ranks: int, path: str) -> float:
     return tokens * BYTES_PER_TOKEN[path] * ranks + tokens * 16   # + the stand-in's completions
 
 
-def run_case(case: str, ranks: int, path: str, tok_dir: str, limit: float) -> dict:
+def run_case(case: str, ranks: int, path: str, tok_dir: str, limit: float, mini_batches: int = 1) -> dict:
     est = _estimate(case, ranks, path)
     if est > limit:
         return {"skipped": f"needs ~{est / 2**30:.1f} GiB for {ranks} ranks > --mem-limit-gb"}
@@ -326,7 +346,7 @@ def run_case(case: str, ranks: int, path: str, tok_dir: str, limit: float) -> di
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])),
                "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}", "--master_addr=127.0.0.1",
-               f"--master_port={_free_port()}", os.path.abspath(__file__), "--worker", case, path, tok_dir, out, str(limit)]
+               f"--master_port={_free_port()}", os.path.abspath(__file__), "--worker", case, path, tok_dir, out, str(limit), str(mini_batches)]
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
         if p.returncode:
             raise RuntimeError(f"{case} {ranks} ranks {path}: rc {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}")
@@ -344,6 +364,8 @@ def summarize(per: list[dict]) -> dict:
     dist_b = max(r["mem"]["dist"] for r in recv)
     out = {"t": t, "tokens": drv["tokens"], "share_mb": share / 2**20, "dist_mb": dist_b / 2**20,
            "dist_x_share": dist_b / share, "peak_mb": [r["peak"] / 2**20 for r in per]}
+    if "held_rows" in drv:
+        out["held_rows"] = [r["held_rows"] for r in recv]
     if "batch" in recv[0]["mem"]:
         out["batch_mb"] = max(r["mem"]["batch"] for r in recv) / 2**20
     else:
@@ -390,7 +412,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", choices=sorted(CASES), default="9M")
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--all", action="store_true", help="1M, 9M, 67M at 2 and 4 ranks")
-    ap.add_argument("--paths", default="before,packed,after")
+    ap.add_argument("--paths", default="before,packed,whole,after")
+    ap.add_argument("--mini-batches", type=int, default=1, help="optimizer steps per RL step (the after path's shares)")
     ap.add_argument("--mem-limit-gb", type=float, default=8.0, help="skip a case estimated above this (all ranks)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
@@ -404,7 +427,7 @@ def main(argv=None) -> int:
         tok = _tokenizer(d)
         for case, ranks in cases:
             for path in a.paths.split(","):
-                r = res[f"{case}/{ranks}/{path}"] = run_case(case, ranks, path, tok, limit)
+                r = res[f"{case}/{ranks}/{path}"] = run_case(case, ranks, path, tok, limit, a.mini_batches)
                 print(_row(case, ranks, path, r), flush=True)
     if a.json:
         with open(a.json, "w") as f:
@@ -419,6 +442,6 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        worker(*sys.argv[2:6], float(sys.argv[6]))
+        worker(*sys.argv[2:6], float(sys.argv[6]), int(sys.argv[7]))
         sys.exit(0)
     sys.exit(main())

@@ -83,11 +83,14 @@ def step_rows(lengths: list[int], micro: TokenBudget | int, dp: int,
 def share_out(data: Any, *, micro: TokenBudget | int, dp: int, rows_per_mini_batch: int,
               shares_rows: bool) -> list[Rollouts] | None:
     """Driver: each DP replica's share of ``data`` (``Rollouts.hold``), or None when it travels whole
-    (DP = 1, a path that does not share rows out, not a batch, per-token weight versions)."""
+    (DP = 1, a path that does not share rows out, not a batch, per-token weight versions). Metric
+    ``data/held_frac``: the largest share's token data (ids and log-probs) over the batch's (1/DP at best)."""
     if dp == 1 or not shares_rows or not isinstance(data, Rollouts) or data.token_versions is not None or not len(data):
         return None
     lengths = (data.prompt_lens + data.response_lens).tolist()
     held, owned = step_rows(lengths, micro, dp, rows_per_mini_batch)
+    tokens = (data.prompt_lens + 2 * data.response_lens).double()     # ids, and a log-prob per response token
+    data.stats = {**data.stats, "data/held_frac": max(float(tokens[h].sum() / tokens.sum()) for h in held)}
     return [data.hold(h, o) for h, o in zip(held, owned)]
 
 
