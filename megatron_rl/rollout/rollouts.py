@@ -91,6 +91,20 @@ class Share:
     owned: torch.Tensor
 
 
+def _rows_of(flat: torch.Tensor, off: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """Rows ``rows`` (sorted) of a flat ragged buffer back to back: one slice per run of consecutive rows
+    (a share's rows lie in runs; one copy of their bytes, no index tensor the size of the batch)."""
+    o = off.tolist()
+    runs, start = [], None
+    for k, i in enumerate(rows):
+        if start is None:
+            start = i
+        if k + 1 == len(rows) or rows[k + 1] != i + 1:
+            runs.append(flat[o[start]:o[i + 1]])
+            start = None
+    return torch.cat(runs) if runs else flat[:0].clone()
+
+
 class Texts(Sequence):
     """Texts as one UTF-8 byte buffer with offsets, each decoded when read: how ``Rollouts.texts`` travels
     (a receiving rank that never reads the texts never builds the strings)."""
@@ -258,9 +272,9 @@ class Rollouts:
         if self.token_versions is not None:
             raise ValueError("Rollouts.hold: per-token weight versions travel whole (partial rollouts are not shared out)")
         h = torch.as_tensor(held, dtype=torch.long)
-        prompt_ids = _gather(self.prompt_ids, self.prompt_offsets, h)[0]
-        response_ids = _gather(self.response_ids, self.response_offsets, h)[0]
-        response_logp = _gather(self.response_logp, self.response_offsets, h)[0]
+        prompt_ids = _rows_of(self.prompt_ids, self.prompt_offsets, held)
+        response_ids = _rows_of(self.response_ids, self.response_offsets, held)
+        response_logp = _rows_of(self.response_logp, self.response_offsets, held)
         keep = set(held)
         return dataclasses.replace(self, rows=[r if i in keep else None for i, r in enumerate(self.rows)],
                                    prompt_ids=prompt_ids, response_ids=response_ids, response_logp=response_logp,

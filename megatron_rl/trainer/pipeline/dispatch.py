@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from megatron_rl.rollout.rollouts import Rollouts, Share
@@ -80,9 +81,9 @@ def step_rows(lengths: list[int], micro: TokenBudget | int, dp: int,
     return [sorted(h) for h in held], owned
 
 
-def share_out(data: Any, *, micro: TokenBudget | int, dp: int, rows_per_mini_batch: int,
-              shares_rows: bool) -> list[Rollouts] | None:
-    """Driver: each DP replica's share of ``data`` (``Rollouts.hold``), or None when it travels whole
+def share_plan(data: Any, *, micro: TokenBudget | int, dp: int, rows_per_mini_batch: int,
+               shares_rows: bool) -> tuple[list[list[int]], list[list[int]]] | None:
+    """Driver: (held, owned) per DP replica for ``data`` (:func:`step_rows`), or None when it travels whole
     (DP = 1, a path that does not share rows out, not a batch, per-token weight versions). Metric
     ``data/held_frac``: the largest share's token data (ids and log-probs) over the batch's (1/DP at best)."""
     if dp == 1 or not shares_rows or not isinstance(data, Rollouts) or data.token_versions is not None or not len(data):
@@ -91,7 +92,13 @@ def share_out(data: Any, *, micro: TokenBudget | int, dp: int, rows_per_mini_bat
     held, owned = step_rows(lengths, micro, dp, rows_per_mini_batch)
     tokens = (data.prompt_lens + 2 * data.response_lens).double()     # ids, and a log-prob per response token
     data.stats = {**data.stats, "data/held_frac": max(float(tokens[h].sum() / tokens.sum()) for h in held)}
-    return [data.hold(h, o) for h, o in zip(held, owned)]
+    return held, owned
+
+
+def share_out(data: Any, **kw) -> list[Rollouts] | None:
+    """Driver: each DP replica's share of ``data`` (``Rollouts.hold`` of :func:`share_plan`), or None."""
+    plan = share_plan(data, **kw)
+    return None if plan is None else [data.hold(h, o) for h, o in zip(*plan)]
 
 
 class _Shared:
@@ -118,15 +125,16 @@ def deliver(obj: Any, *, info, micro: TokenBudget | int, rows_per_mini_batch: in
     with the rows its replica owns."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return obj
-    parts = share_out(obj, micro=micro, dp=info.dp, rows_per_mini_batch=rows_per_mini_batch,
+    plan = share_plan(obj, micro=micro, dp=info.dp, rows_per_mini_batch=rows_per_mini_batch,
                       shares_rows=shares_rows) if info.is_driver else None
-    head = broadcast_object(_Shared() if parts is not None else obj)
+    head = broadcast_object(_Shared() if plan is not None else obj)
     if not isinstance(head, _Shared):
         return head
     groups = _replica_groups(info)
     if not info.is_driver:
         return broadcast_object(None, src=0, group=groups[info.dp_rank])
-    for rep, part in enumerate(parts):
-        broadcast_object(part, src=0, group=groups[rep])
-    obj.share = Share(None, parts[info.dp_rank].share.owned)
+    for rep, (held, owned) in enumerate(zip(*plan)):
+        if dist.get_world_size(groups[rep]) > 1:      # (the driver alone in its replica: nothing to send)
+            broadcast_object(obj.hold(held, owned), src=0, group=groups[rep])
+    obj.share = Share(None, torch.as_tensor(plan[1][info.dp_rank], dtype=torch.long))
     return obj
