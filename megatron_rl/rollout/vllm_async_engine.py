@@ -51,7 +51,7 @@ import torch
 from .engine import Completion, SamplingParams, validate_prompts
 from .registry import EngineCaps, register_engine
 from .vllm_engine import _VLLM_LOGPROBS_MODE, kv_cache_bytes
-from .vllm_requests import request_params, sampled_logprobs
+from .vllm_requests import prompt_logprobs, request_params, sampled_logprobs, score_params
 from .weight_sync import RoundSource, pack_round
 from ..config_parse import LOGPROB_MODES
 
@@ -263,10 +263,9 @@ class AsyncVLLMEngine:
     def score(self, sequences: list[list[int]], prompt_lens: list[int], temperature: float = 1.0) -> list[list[float]]:
         """Log-probs of ``sequences[i][prompt_lens[i]:]`` under the current weights (prompt log-probs;
         vLLM does not read the prefix cache for them)."""
-        from vllm import SamplingParams as VSP  # lazy: defers vllm to the call
         from vllm.inputs import TokensPrompt  # lazy: defers vllm to the call
 
-        sp = VSP(max_tokens=1, prompt_logprobs=0, detokenize=False, temperature=temperature)
+        sp = score_params(temperature)
 
         async def one(seq):
             final = None
@@ -275,8 +274,7 @@ class AsyncVLLMEngine:
             return final
 
         outs = [self._loop.submit(one(s)) for s in sequences]
-        return [[float(o.result().prompt_logprobs[t][s[t]].logprob) for t in range(n, len(s))]
-                for s, n, o in zip(sequences, prompt_lens, outs)]
+        return [prompt_logprobs(o.result(), list(s), n) for s, n, o in zip(sequences, prompt_lens, outs)]
 
     # ---- weights --------------------------------------------------------------------------------
     def weight_transfer(self, method: str, **kwargs):

@@ -30,7 +30,7 @@ from .weight_sync import RoundSource, pack_round
 
 from .engine import Completion, SamplingParams, validate_prompts
 from .registry import OPTIONS, EngineCaps, register_engine
-from .vllm_requests import request_params, sampled_logprobs
+from .vllm_requests import prompt_logprobs, request_params, sampled_logprobs, score_params
 from ..config_parse import LOGPROB_MODES
 
 #: ``rollout.logprobs`` -> vLLM's ``logprobs_mode`` (``rollout/sampling.py``)
@@ -153,15 +153,11 @@ class VLLMEngine:
         return result
 
     def score(self, sequences: list[list[int]], prompt_lens: list[int], temperature: float = 1.0) -> list[list[float]]:
-        from vllm import SamplingParams as VSP  # lazy: defers vllm to the call
         from vllm.inputs import TokensPrompt  # lazy: defers vllm to the call
 
-        sp = VSP(max_tokens=1, prompt_logprobs=0, detokenize=False, temperature=temperature)
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(s)) for s in sequences], sp, use_tqdm=False)
-        res = []
-        for s, n, o in zip(sequences, prompt_lens, outs):
-            res.append([float(o.prompt_logprobs[t][s[t]].logprob) for t in range(n, len(s))])
-        return res
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(s)) for s in sequences], score_params(temperature),
+                                 use_tqdm=False)
+        return [prompt_logprobs(o, list(s), n) for s, n, o in zip(sequences, prompt_lens, outs)]
 
     def weight_transfer(self, method: str, **kwargs):
         """Call a weight-transfer method of vLLM's worker (``init_weight_transfer_engine``,

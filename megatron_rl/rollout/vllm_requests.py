@@ -1,4 +1,5 @@
-"""What both vLLM engines (``vllm``, ``vllm-async``) send vLLM for one prompt and read back from a sample.
+"""What both vLLM engines (``vllm``, ``vllm-async``) send vLLM for one prompt and read back from a sample
+(``generate``) or a scored sequence (``score``: the prompt log-probs, :func:`score_params` / :func:`prompt_logprobs`).
 
 A request asks for the sampled token's log-prob only (``logprobs=0``) in vLLM's flat format
 (``flat_logprobs=True``, ``vllm/logprobs.py`` ``FlatLogprobs``): per request a few flat Python lists
@@ -44,3 +45,27 @@ def sampled_logprobs(c, ids: list[int]) -> np.ndarray:
         raise RuntimeError(f"vLLM's flat log-probs hold {len(flat.logprobs)} entries for a {len(ids)}-token response "
                            "or not the sampled tokens (expected one per position, logprobs=0)")
     return np.asarray(flat.logprobs, dtype=np.float32)
+
+
+def score_params(temperature: float):
+    """vLLM ``SamplingParams`` of ``score``: one token generated, each prompt token's own log-prob
+    (``prompt_logprobs=0``) in the flat format, as :func:`request_params`."""
+    from vllm import SamplingParams as VSP  # lazy: defers vllm to the call
+
+    return VSP(max_tokens=1, prompt_logprobs=0, flat_logprobs=True, detokenize=False, temperature=temperature)
+
+
+def prompt_logprobs(out, seq: list[int], start: int) -> list[float]:
+    """The log-probs of ``seq[start:]`` from vLLM's ``RequestOutput`` ``out`` of ``seq`` scored with
+    :func:`score_params`: one flat entry per prompt position (none at position 0), the prompt's own token;
+    anything else is an error naming what came back."""
+    flat = out.prompt_logprobs
+    tok = getattr(flat, "token_ids", None)
+    if tok is None:
+        raise RuntimeError(f"vLLM returned prompt log-probs as {type(flat).__name__}, not its flat format "
+                           "(flat_logprobs=True was not honoured)")
+    a, b = flat.start_indices[start:len(seq)], flat.end_indices[start:len(seq)]
+    if len(a) != len(seq) - start or any(e - s != 1 for s, e in zip(a, b)) or [tok[i] for i in a] != list(seq[start:]):
+        raise RuntimeError(f"vLLM's flat prompt log-probs do not hold one entry per position, the prompt's own token "
+                           f"(positions {start}..{len(seq) - 1} of a {len(seq)}-token sequence)")
+    return [flat.logprobs[i] for i in a]

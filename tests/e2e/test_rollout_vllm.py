@@ -69,7 +69,8 @@ def test_flat_logprobs_are_bit_identical_to_the_dict_path(client, kw):
     """The engines read vLLM's flat log-probs (``rollout/vllm_requests.py``) into one float32 array per
     sample; the same engine and seeds through vLLM's list-of-dicts path (``flat_logprobs`` off, each sampled
     token's ``Logprob`` read from its position's dict) give the same samples and, as float32, the same bits
-    (vLLM's fp32 log-probs through ``tolist`` either way)."""
+    (vLLM's fp32 log-probs through ``tolist`` either way). ``score`` (the prompt log-probs of those samples)
+    reads the flat format too: the same numbers as the dict path."""
     import numpy as np
 
     def dict_path(actor, prompts, sampling):   # inside the engine actor (nested: Ray pickles it by value)
@@ -92,6 +93,19 @@ def test_flat_logprobs_are_bit_identical_to_the_dict_path(client, kw):
     for c, (_, lps) in zip(flat, ref):
         assert isinstance(c.logprobs, np.ndarray) and c.logprobs.dtype == np.float32
         assert np.array_equal(c.logprobs.view(np.int32), np.asarray(lps, dtype=np.float32).view(np.int32))
+
+    def dict_score(actor, seqs, lens):   # ``score``'s prompt log-probs through vLLM's dict path
+        from vllm import SamplingParams as VSP
+        from vllm.inputs import TokensPrompt
+
+        sp = VSP(max_tokens=1, prompt_logprobs=0, detokenize=False, temperature=1.0)
+        outs = actor.engine.llm.generate([TokensPrompt(prompt_token_ids=s) for s in seqs], sp, use_tqdm=False)
+        return [[o.prompt_logprobs[t][s[t]].logprob for t in range(n, len(s))] for s, n, o in zip(seqs, lens, outs)]
+
+    seqs = [list(p) + list(c.response_ids) for p, c in zip([q for q in PROMPTS for _ in range(3)], flat)]
+    lens = [len(p) for p in PROMPTS for _ in range(3)]
+    got = client._ray.get(actor.score.remote(seqs, lens, 1.0))
+    assert got == client._ray.get(actor.__ray_call__.remote(dict_score, seqs, lens))   # Python floats, equal
 
 
 def test_engine_keys_reach_vllm(client):
