@@ -45,7 +45,7 @@ def main(out: str) -> None:
     dp_groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
     micro, n, rows_mb = TokenBudget(64), 24, 8
     whole = _batch(n)
-    kw = dict(info=info, micro=micro, rows_per_mini_batch=rows_mb)
+    kw = {"info": info, "micro": micro, "rows_per_mini_batch": rows_mb}
     got = dispatch.deliver(whole if rank == 0 else None, shares_rows=True, **kw)
     lengths = (whole.prompt_lens + whole.response_lens).tolist()
     held, owned = dispatch.step_rows(lengths, micro, 2, rows_mb)

@@ -121,7 +121,7 @@ def test_engine_frames_of_the_shares_sum_to_the_whole_batchs(micro):
 
 def test_batches_that_travel_whole():
     ro = _batch(8)
-    kw = dict(micro=TokenBudget(64), rows_per_mini_batch=0)
+    kw = {"micro": TokenBudget(64), "rows_per_mini_batch": 0}
     assert dispatch.share_out(ro, dp=1, shares_rows=True, **kw) is None            # one replica
     assert dispatch.share_out(ro, dp=2, shares_rows=False, **kw) is None           # BiCC, teacher family, SCoRe
     assert dispatch.share_out({"two": ro}, dp=2, shares_rows=True, **kw) is None   # not one batch
