@@ -198,12 +198,12 @@ class Rollouts:
         return self.response_offsets[1:] - self.response_offsets[:-1]
 
     @property
-    def partial(self) -> bool:
+    def is_share(self) -> bool:
         """Does this object hold the token fields of only some rows (a DP replica's share)?"""
         return self.share is not None and self.share.held is not None
 
     def _whole(self, what: str) -> None:
-        if self.partial:
+        if self.is_share:
             raise RuntimeError(f"Rollouts.{what}: this rank holds the tokens of {len(self.share.held)} of the batch's "
                                f"{len(self)} samples (its data-parallel share); read held rows with prompt(i) / response(i)")
 
@@ -224,12 +224,12 @@ class Rollouts:
 
     def held_rows(self) -> list[int]:
         """The rows whose token fields this object holds (all, unless it is a share)."""
-        return self.share.held.tolist() if self.partial else list(range(len(self)))
+        return self.share.held.tolist() if self.is_share else list(range(len(self)))
 
     def _span(self, i: int, prompt: bool) -> tuple[int, int]:
         """Where row ``i``'s prompt (or response and its per-token fields) lies in the token buffers."""
         off = self.prompt_offsets if prompt else self.response_offsets
-        if not self.partial:
+        if not self.is_share:
             return int(off[i]), int(off[i + 1])
         held = self.share.held
         k = int(torch.searchsorted(held, i))
@@ -252,7 +252,7 @@ class Rollouts:
         """(rows held, where each one's prompt starts in ``prompt_ids``, where its response starts in
         ``response_ids``): one pass for code that walks every held row."""
         rows = self.held_rows()
-        if not self.partial:
+        if not self.is_share:
             return rows, self.prompt_offsets[:-1].tolist(), self.response_offsets[:-1].tolist()
         h = self.share.held
         return rows, _offsets(self.prompt_lens[h])[:-1].tolist(), _offsets(self.response_lens[h])[:-1].tolist()
@@ -267,7 +267,7 @@ class Rollouts:
         """The share of a replica that holds the token fields of rows ``held`` and owns ``owned`` (both
         sorted; ``owned`` within ``held``): every per-sample field, the token fields of ``held`` only,
         no texts (the driver alone reads them), prompt rows of ``held`` only (None elsewhere)."""
-        if self.partial:
+        if self.is_share:
             raise RuntimeError("Rollouts.hold: already a share")
         if self.token_versions is not None:
             raise ValueError("Rollouts.hold: per-token weight versions travel whole (partial rollouts are not shared out)")
@@ -294,7 +294,7 @@ class Rollouts:
                      response_offsets=_offsets(self.response_lens[t]), finish=pick(self.finish),
                      group_ids=torch.tensor(gids, dtype=torch.long), texts=pick(self.texts) if self.texts else [],
                      stats=dict(self.stats), **per)
-        if self.partial:
+        if self.is_share:
             held = set(self.share.held.tolist())
             keep = [j for j, i in enumerate(idx) if i in held]
             parts = [self.held_tokens(idx[j]) for j in keep]

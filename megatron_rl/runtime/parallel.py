@@ -117,11 +117,30 @@ def init_parallel(tp: int = 1, pp: int = 1, *, seed: int = 1234, sequence_parall
     return info
 
 
+_REPLICA_GROUPS: dict = {}
+
+
+def replica_groups(info: ParallelInfo) -> list:
+    """One process group per data-parallel replica: its ranks (TP x CP x PP) and the driver (global rank
+    0); None for a replica that is the driver alone. Collective the first time (every rank builds every
+    group, as ``new_group`` requires), cached until :func:`destroy_parallel`."""
+    key = (info.world, info.dp)
+    if key not in _REPLICA_GROUPS:
+        dps: list = [None] * info.world
+        dist.all_gather_object(dps, info.dp_rank)
+        members = [sorted({0} | {r for r, d in enumerate(dps) if d == rep}) for rep in range(info.dp)]
+        _REPLICA_GROUPS[key] = [dist.new_group(m) if len(m) > 1 else None for m in members]
+    return _REPLICA_GROUPS[key]
+
+
 def destroy_parallel(process_group: bool = False) -> None:
-    """Tear down megatron's groups (and the process group when ``process_group``)."""
+    """Tear down megatron's groups (and the process group when ``process_group``). A training process
+    calls it with ``process_group`` before it exits: gloo groups still alive at interpreter exit abort
+    it now and then ("terminate called without an active exception", SIGABRT, on torch 2.13 here)."""
     from megatron.core import parallel_state as ps  # lazy: defers megatron to the call
 
     ps.destroy_model_parallel()
+    _REPLICA_GROUPS.clear()
     if process_group and dist.is_initialized():
         driver_wait.stop()
         dist.destroy_process_group()

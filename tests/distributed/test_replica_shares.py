@@ -21,6 +21,7 @@ def test_replicas_receive_their_shares(tmp_path):
         assert r["n"] == 24 and r["meta_equal"] and r["rows_equal"] and r["frame_equal"], r
         assert r["held"] == r["expect_held"] and r["owned"] == r["expect_owned"], r
         assert r["whole_when_not_shared"] and r["exception_whole"], r
+        assert all(r["dp4"].values()), r                                 # DP = 4: the driver alone in replica 0
     assert recs[2]["held"] == recs[3]["held"] and recs[1]["owned"] == recs[0]["owned"]        # one share per replica
     assert set(recs[1]["held"]) != set(recs[2]["held"])
     assert all(r["texts"] == 0 for r in recs[1:])                       # texts stay on the driver

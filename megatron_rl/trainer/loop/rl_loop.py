@@ -23,6 +23,7 @@ import torch.distributed as dist
 from megatron_rl.rewards.judge_client import JudgeRejected
 from megatron_rl.runtime.console import LOG_FILE, RESUME_TEMPLATE, format_summary, quiet_console
 from megatron_rl.runtime.device import peak_memory
+from megatron_rl.runtime.parallel import destroy_parallel
 from megatron_rl.trainer.loop import guard
 from megatron_rl.trainer.loop.rollout_source import open_source
 from megatron_rl.trainer.loop.setup import Run, evaluate, setup_run, sync_weights
@@ -169,7 +170,12 @@ def main(cfg, resume: str | None = None, overwrite: bool = False, resume_cmd: st
     """``megatron-rl train`` entry point: console = progress bar, warnings, summary (INFO -> train.log).
     ``resume_cmd``: the command line that continues this run, printed last in the summary."""
     quiet_console(int(os.environ.get("RANK", "0")))
-    summary = run(cfg, resume=resume, overwrite=overwrite, allow_config_change=allow_config_change, resume_cmd=resume_cmd)
+    try:
+        summary = run(cfg, resume=resume, overwrite=overwrite, allow_config_change=allow_config_change, resume_cmd=resume_cmd)
+    except Stopped:
+        destroy_parallel(process_group=True)   # every rank agreed to stop: the groups go before the exit
+        raise
     if not dist.is_initialized() or dist.get_rank() == 0:
         print(format_summary(summary, resume=resume_cmd), flush=True)
+    destroy_parallel(process_group=True)       # gloo groups alive at interpreter exit may abort it (parallel.py)
     return 0

@@ -37,6 +37,7 @@ import torch.distributed as dist
 
 from megatron_rl.rollout.rollouts import Rollouts, Share
 from megatron_rl.runtime.broadcast import broadcast_object
+from megatron_rl.runtime.parallel import replica_groups
 from megatron_rl.trainer.pipeline.batch import mini_batches
 from megatron_rl.trainer.pipeline.packing import TokenBudget, balance_dp
 
@@ -105,20 +106,6 @@ class _Shared:
     """The world broadcast's word that the batch comes in shares (each replica's on its own group)."""
 
 
-_GROUPS: dict = {}
-
-
-def _replica_groups(info) -> list:
-    """One process group per DP replica: its ranks and the driver (created once, by every rank)."""
-    key = (info.world, info.dp)
-    if key not in _GROUPS:
-        dps: list = [None] * info.world
-        dist.all_gather_object(dps, info.dp_rank)
-        _GROUPS[key] = [dist.new_group(sorted({0} | {r for r, d in enumerate(dps) if d == rep}))
-                        for rep in range(info.dp)]
-    return _GROUPS[key]
-
-
 def deliver(obj: Any, *, info, micro: TokenBudget | int, rows_per_mini_batch: int, shares_rows: bool) -> Any:
     """Collective: the driver's ``obj`` on every rank — whole (``broadcast_object``), or, for a batch its
     path shares out, each replica its share (module docstring); the driver keeps the whole batch, marked
@@ -130,11 +117,11 @@ def deliver(obj: Any, *, info, micro: TokenBudget | int, rows_per_mini_batch: in
     head = broadcast_object(_Shared() if plan is not None else obj)
     if not isinstance(head, _Shared):
         return head
-    groups = _replica_groups(info)
+    groups = replica_groups(info)
     if not info.is_driver:
         return broadcast_object(None, src=0, group=groups[info.dp_rank])
     for rep, (held, owned) in enumerate(zip(*plan)):
-        if dist.get_world_size(groups[rep]) > 1:      # (the driver alone in its replica: nothing to send)
+        if groups[rep] is not None:      # (the driver alone in its replica: nothing to send)
             broadcast_object(obj.hold(held, owned), src=0, group=groups[rep])
     obj.share = Share(None, torch.as_tensor(plan[1][info.dp_rank], dtype=torch.long))
     return obj

@@ -6,7 +6,8 @@ Layout as Megatron's with TP = 2, DP = 2 (TP fastest): replica 0 = ranks {0, 1} 
 replica 1 = ranks {2, 3}. Every rank checks what it received against the whole batch (rebuilt from the
 same seed): a share's rows are the whole batch's, bit for bit, its metadata all of the batch's; the
 engine frame assembled over the DP group (ranks {0, 2} and {1, 3}) equals ``behaviour_matrix`` of the
-whole batch; the batch of a path that does not share rows out (and an exception) arrives whole.
+whole batch; the batch of a path that does not share rows out (and an exception) arrives whole. Then
+the same batch as DP = 4 (every rank its own replica; the driver alone in replica 0: no group, nothing sent).
 """
 from __future__ import annotations
 
@@ -67,11 +68,19 @@ def main(out: str) -> None:
     rec["exception_whole"] = isinstance(err, ValueError)
     if rank != 0:
         rec["texts"] = len(got.texts)
+    # DP = 4 (every rank its own replica; the driver alone in replica 0, nothing sent there)
+    info4 = ParallelInfo(rank=rank, world=4, tp=1, pp=1, dp=4, tp_rank=0, pp_rank=0, dp_rank=rank)
+    got4 = dispatch.deliver(_batch(n) if rank == 0 else None, info=info4, micro=micro, rows_per_mini_batch=rows_mb,
+                            shares_rows=True)
+    held4, owned4 = dispatch.step_rows(lengths, micro, 4, rows_mb)
+    rec["dp4"] = {"held": got4.held_rows() == (list(range(n)) if rank == 0 else held4[rank]),
+                  "owned": got4.share.owned.tolist() == owned4[rank],
+                  "rows_equal": all(got4.response(i) == whole.response(i) for i in got4.held_rows())}
     dist.all_gather_object(all_recs := [None] * 4, rec)
     if rank == 0:
         with open(out, "w") as f:
             json.dump(all_recs, f)
-    dist.destroy_process_group()
+    dist.destroy_process_group()   # (gloo groups alive at interpreter exit abort it now and then: parallel.destroy_parallel)
 
 
 if __name__ == "__main__":
