@@ -295,12 +295,18 @@ class Rollouts:
                      group_ids=torch.tensor(gids, dtype=torch.long), texts=pick(self.texts) if self.texts else [],
                      stats=dict(self.stats), **per)
         if self.is_share:
-            held = set(self.share.held.tolist())
-            keep = [j for j, i in enumerate(idx) if i in held]
-            parts = [self.held_tokens(idx[j]) for j in keep]
-            cat = lambda k, like: torch.cat([p[k] for p in parts]) if parts else like[:0].clone()
-            return dataclasses.replace(self, **frame, prompt_ids=cat(0, self.prompt_ids),
-                                       response_ids=cat(1, self.response_ids), response_logp=cat(2, self.response_logp),
+            rows, p_at, r_at = self.token_spans()
+            at = {i: (a, b) for i, a, b in zip(rows, p_at, r_at)}
+            keep = [j for j, i in enumerate(idx) if i in at]
+            pl, rl = self.prompt_lens.tolist(), self.response_lens.tolist()
+
+            def cat(flat, lens, which):
+                parts = [flat[at[idx[j]][which]:at[idx[j]][which] + lens[idx[j]]] for j in keep]
+                return torch.cat(parts) if parts else flat[:0].clone()
+
+            return dataclasses.replace(self, **frame, prompt_ids=cat(self.prompt_ids, pl, 0),
+                                       response_ids=cat(self.response_ids, rl, 1),
+                                       response_logp=cat(self.response_logp, rl, 1),
                                        share=Share(torch.as_tensor(keep, dtype=torch.long), torch.zeros(0, dtype=torch.long)))
         tok = {name: None if getattr(self, name) is None else _gather(getattr(self, name), self.response_offsets, t)[0]
                for name in TOKEN_FIELDS}
