@@ -220,12 +220,11 @@ def _distribute(path: str, ro, mini_batches: int = 1):
 
     rank, world = dist.get_rank(), dist.get_world_size()
     info = ParallelInfo(rank=rank, world=world, tp=1, pp=1, dp=world, tp_rank=0, pp_rank=0, dp_rank=rank)
-    n = len(ro) if ro is not None else 0
-    n = broadcast_object(n)
+    rows_per_mb = 0                # (only the driver plans the shares)
     if ro is not None:
         ro.share = None            # the driver's batch of an earlier repeat
-    return deliver(ro, info=info, micro=TokenBudget(1 << 30), rows_per_mini_batch=-(-n // mini_batches),
-                   shares_rows=True)
+        rows_per_mb = -(-len(ro) // mini_batches)
+    return deliver(ro, info=info, micro=TokenBudget(1 << 30), rows_per_mini_batch=rows_per_mb, shares_rows=True)
 
 
 def _warm_up() -> None:

@@ -51,8 +51,7 @@ def pass_rows(lengths: list[int], micro: TokenBudget | int, dp: int) -> list[lis
     :func:`filler_ranks`."""
     if isinstance(micro, TokenBudget):
         return balance_dp(lengths, dp)
-    n = len(lengths)
-    per = (n + (-n) % (dp * micro)) // dp
+    n, per = len(lengths), _padded_shard(len(lengths), micro, dp)
     return [list(range(r * per, min((r + 1) * per, n))) for r in range(dp)]
 
 
@@ -60,8 +59,13 @@ def filler_ranks(n: int, micro: TokenBudget | int, dp: int) -> list[int]:
     """The DP ranks whose padded shard of ``n`` rows holds fillers (copies of row 0); none when packed."""
     if isinstance(micro, TokenBudget):
         return []
-    per = (n + (-n) % (dp * micro)) // dp
+    per = _padded_shard(n, micro, dp)
     return [r for r in range(dp) if (r + 1) * per > n]
+
+
+def _padded_shard(n: int, micro: int, dp: int) -> int:
+    """Rows per DP rank of ``n`` rows padded to a multiple of DP x ``micro`` (``pad_rows_to_multiple``)."""
+    return (n + (-n) % (dp * micro)) // dp
 
 
 def step_rows(lengths: list[int], micro: TokenBudget | int, dp: int,
@@ -94,12 +98,6 @@ def share_plan(data: Any, *, micro: TokenBudget | int, dp: int, rows_per_mini_ba
     tokens = (data.prompt_lens + 2 * data.response_lens).double()     # ids, and a log-prob per response token
     data.stats = {**data.stats, "data/held_frac": max(float(tokens[h].sum() / tokens.sum()) for h in held)}
     return held, owned
-
-
-def share_out(data: Any, **kw) -> list[Rollouts] | None:
-    """Driver: each DP replica's share of ``data`` (``Rollouts.hold`` of :func:`share_plan`), or None."""
-    plan = share_plan(data, **kw)
-    return None if plan is None else [data.hold(h, o) for h, o in zip(*plan)]
 
 
 class _Shared:

@@ -90,6 +90,12 @@ def test_share_holds_its_rows_and_refuses_the_others():
     assert sub.response_lens.tolist() == [len(ro.response(i)) for i in (6, 2, 4)]
 
 
+def _shares(ro, **kw):
+    """Each replica's share as the driver cuts it (``deliver``: ``share_plan``, then ``Rollouts.hold``), or None."""
+    plan = dispatch.share_plan(ro, **kw)
+    return None if plan is None else [ro.hold(h, o) for h, o in zip(*plan)]
+
+
 def _ctx(pad_id=0, max_tokens=12):
     cfg = SimpleNamespace(rollout=SimpleNamespace(max_tokens=max_tokens))
     return SimpleNamespace(cfg=cfg, tok=SimpleNamespace(pad_id=pad_id), padded_len=lambda n: -(-n // 8) * 8)
@@ -114,7 +120,7 @@ def test_engine_frames_of_the_shares_sum_to_the_whole_batchs(micro):
     the sum is ``behaviour_matrix`` of the whole batch bit for bit (x + 0 is exact)."""
     ro = _batch(16, seed=2)
     like = torch.zeros(16, 10)        # a frame shorter than some responses: they are cut as in behaviour_matrix
-    parts = dispatch.share_out(ro, micro=micro, dp=3, rows_per_mini_batch=4, shares_rows=True)
+    parts = _shares(ro, micro=micro, dp=3, rows_per_mini_batch=4, shares_rows=True)
     total = sum(engine_frame(p, like) for p in parts)
     assert torch.equal(total, behaviour_matrix(ro.rollout_logp, like))
 
@@ -122,8 +128,8 @@ def test_engine_frames_of_the_shares_sum_to_the_whole_batchs(micro):
 def test_batches_that_travel_whole():
     ro = _batch(8)
     kw = {"micro": TokenBudget(64), "rows_per_mini_batch": 0}
-    assert dispatch.share_out(ro, dp=1, shares_rows=True, **kw) is None            # one replica
-    assert dispatch.share_out(ro, dp=2, shares_rows=False, **kw) is None           # BiCC, teacher family, SCoRe
-    assert dispatch.share_out({"two": ro}, dp=2, shares_rows=True, **kw) is None   # not one batch
+    assert _shares(ro, dp=1, shares_rows=True, **kw) is None            # one replica
+    assert _shares(ro, dp=2, shares_rows=False, **kw) is None           # BiCC, teacher family, SCoRe
+    assert _shares({"two": ro}, dp=2, shares_rows=True, **kw) is None   # not one batch
     ro.token_versions = torch.zeros(len(ro.response_ids), dtype=torch.int32)
-    assert dispatch.share_out(ro, dp=2, shares_rows=True, **kw) is None            # partial rollouts
+    assert _shares(ro, dp=2, shares_rows=True, **kw) is None            # partial rollouts
