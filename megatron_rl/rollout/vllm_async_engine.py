@@ -162,18 +162,23 @@ class AsyncVLLMEngine:
 
         return request_params(s, i, self.logprobs, output_kind=RequestOutputKind.FINAL_ONLY)
 
-    async def _request(self, prompt: list[int], params) -> list[tuple]:
+    async def _outputs(self, prompt: list[int], params) -> list:
+        """The request's final ``CompletionOutput`` per sample, in sample order."""
         from vllm.inputs import TokensPrompt  # lazy: defers vllm to the call
 
         final = None
+        async for out in self.llm.generate(TokensPrompt(prompt_token_ids=list(prompt)), params, str(next(self._ids))):
+            final = out
+        return sorted(final.outputs, key=lambda c: c.index)
+
+    async def _request(self, prompt: list[int], params) -> list[tuple]:
         self._begin()
         try:
-            async for out in self.llm.generate(TokensPrompt(prompt_token_ids=list(prompt)), params, str(next(self._ids))):
-                final = out
+            outputs = await self._outputs(prompt, params)
         finally:
             self._end()
         res = []
-        for c in sorted(final.outputs, key=lambda c: c.index):
+        for c in outputs:
             ids = list(c.token_ids)
             res.append((tuple(ids), sampled_logprobs(c, ids), token_versions(c.weight_versions, len(ids)),
                         "length" if c.finish_reason == "length" else "stop"))

@@ -58,19 +58,94 @@ def set_fault(client: StaleKVClient, on: bool) -> None:
 
 
 class LongTailAsyncEngine(AsyncVLLMEngine):
-    """``vllm-async`` with a long tail on purpose: every fourth request (a group under ``submit``) ignores EOS
-    and runs to ``max_tokens`` (the tiny chat model otherwise stops after ~18 tokens), so some responses are
-    still decoding when the trainer pushes — whatever the host's load — and the loop's in-flight path is
-    exercised by the workload, not by timing luck."""
+    """``vllm-async`` whose every fourth group (under ``submit``; ``generate`` is left alone) is held across the next push, so
+    that the loop's in-flight path is exercised by the workload, on any host, not by timing luck.
+
+    That request ignores EOS (it runs to ``max_tokens``; the tiny chat model otherwise stops after ~18 tokens)
+    and streams its tokens. Once it has sampled two, if the trainer has not waited on the engine since the
+    request was submitted (no ``harvest`` with ``wait_s > 0``: the trainer took its groups and is training)
+    and no push came meanwhile, generation is paused (``keep``) until the next push resumes it. The trainer
+    pushes next, so the response spans that push. A call the trainer waits on (``harvest`` with a wait,
+    ``generate``, ``score``) resumes generation first, so the trainer never waits on a held engine. On a fast host the 48 tokens take less time than a
+    training step, and without the hold no response would span a push (CI, stop 47)."""
 
     requests = 0
+    waits = 0           # harvests that waited (the trainer blocked on the engine)
+    held = False        # generation paused by the hold (not by a push)
+    holds = 0
+
+    def submit(self, key, prompt, sampling) -> None:
+        self._group = True
+        try:
+            super().submit(key, prompt, sampling)
+        finally:
+            self._group = False
 
     def _params(self, s, i: int):
+        from vllm.sampling_params import RequestOutputKind
+
         p = super()._params(s, i)
+        if not getattr(self, "_group", False):
+            return p
         self.requests += 1
         if self.requests % 4 == 1:
             p.ignore_eos = True
+            p.output_kind = RequestOutputKind.CUMULATIVE   # each sample's tokens so far, as they come
         return p
+
+    async def _outputs(self, prompt, params) -> list:
+        if not params.ignore_eos:
+            return await super()._outputs(prompt, params)
+        from vllm.inputs import TokensPrompt
+
+        version, waits, latest, tried = self.version, self.waits, {}, False
+        async for out in self.llm.generate(TokensPrompt(prompt_token_ids=list(prompt)), params, str(next(self._ids))):
+            for c in out.outputs:                  # streaming n > 1: each output carries one sample
+                latest[c.index] = c
+            if not tried and sum(len(c.token_ids) for c in latest.values()) >= 2:
+                tried = True
+                if self.version == version:
+                    await self._hold(waits)
+        return [latest[k] for k in sorted(latest)]
+
+    async def _hold(self, waits: int) -> None:
+        if not self._lock.acquire(blocking=False):   # a push is under way: it pauses generation itself
+            return
+        try:
+            if self.waits != waits:                  # the trainer waited on the engine since the submit
+                return
+            self.held, self.holds = True, self.holds + 1
+            self._mark(paused=True)
+            await self.llm.pause_generation(mode="keep", clear_cache=False)
+        finally:
+            self._lock.release()
+
+    async def _resume(self) -> None:
+        self.held = False
+        await super()._resume()
+
+    def _release(self) -> None:
+        """The trainer is about to wait on the engine: count it, and end a hold (not in the middle of a push)."""
+        self.waits += 1
+        with self._lock:
+            if self.held:
+                self._loop.run(self._resume())
+
+    def harvest(self, wait_s: float = 0.0, min_groups: int = 1) -> list[tuple]:
+        if wait_s > 0:
+            self._release()
+        return super().harvest(wait_s, min_groups)
+
+    def generate(self, prompts, sampling):
+        self._release()
+        return super().generate(prompts, sampling)
+
+    def score(self, sequences, prompt_lens, temperature: float = 1.0):
+        self._release()
+        return super().score(sequences, prompt_lens, temperature)
+
+    def push_stats(self) -> dict:
+        return {**super().push_stats(), "holds": self.holds}
 
 
 class LongTailClient(RolloutClient):

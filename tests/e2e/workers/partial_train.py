@@ -5,7 +5,8 @@ engine) on the chat fixture, driven by ``tests/e2e/test_partial_train.py``, one 
 
 GRPO as the chat-kinds matrix runs it (``chat_kinds.overrides``: 4 prompts x 4 samples a step), 2 extra
 groups in flight, an ``optim.lr`` that moves the policy, a checkpoint every step, 9 steps; the engine
-has a long tail on purpose (``LongTailClient``), so responses outlast pushes whatever the host's load.
+holds one group of each top-up across the next push on purpose (``LongTailClient``), so responses span
+pushes on any host (the 48 tokens alone outlast a training step only on a slow or loaded one).
 
 * ``a``: from scratch, policy ``drop`` with a staleness bound of 2. The test SIGKILLs this process's
   whole group (driver, Ray, the engine) in the middle of step 7, responses in flight.
@@ -47,7 +48,7 @@ def main(fixture_dir: str, out_dir: str, phase: str) -> int:
     init_parallel(1, 1, seed=0)
     base = [o.replace(f"trainer.run_dir={out / 'grpo'}", f"trainer.run_dir={out / 'run'}") for o in overrides("grpo", fx, out, "")]
     cfg = load_checked(None, [*base, *PARTIAL, *PHASE[phase]])
-    client = build_client(cfg, client_cls=LongTailClient)   # some responses outlast every push (its docstring)
+    client = build_client(cfg, client_cls=LongTailClient)   # a group of each top-up spans the next push (its docstring)
     try:
         t0 = time.time()
         res = run(cfg, resume="auto" if phase == "b" else None, client=client)
