@@ -58,21 +58,23 @@ def set_fault(client: StaleKVClient, on: bool) -> None:
 
 
 class LongTailAsyncEngine(AsyncVLLMEngine):
-    """``vllm-async`` whose every fourth group (under ``submit``; ``generate`` is left alone) is held across the next push, so
-    that the loop's in-flight path is exercised by the workload, on any host, not by timing luck.
+    """``vllm-async`` whose every fourth group (under ``submit``; ``generate`` is left alone) is held across
+    the next push, so that the loop's in-flight path is exercised by the workload, on any host, not by
+    timing luck.
 
     That request ignores EOS (it runs to ``max_tokens``; the tiny chat model otherwise stops after ~18 tokens)
     and streams its tokens. Once it has sampled two, if the trainer has not waited on the engine since the
     request was submitted (no ``harvest`` with ``wait_s > 0``: the trainer took its groups and is training)
     and no push came meanwhile, generation is paused (``keep``) until the next push resumes it. The trainer
     pushes next, so the response spans that push. A call the trainer waits on (``harvest`` with a wait,
-    ``generate``, ``score``) resumes generation first, so the trainer never waits on a held engine. On a fast host the 48 tokens take less time than a
-    training step, and without the hold no response would span a push (CI, stop 47)."""
+    ``generate``, ``score``) resumes generation first, so the trainer never waits on a held engine. On a
+    fast host the 48 tokens take less time than a training step, and without the hold no response would
+    span a push (CI, stop 47)."""
 
     requests = 0
     waits = 0           # harvests that waited (the trainer blocked on the engine)
     held = False        # generation paused by the hold (not by a push)
-    holds = 0
+    _group = False      # inside submit()
 
     def submit(self, key, prompt, sampling) -> None:
         self._group = True
@@ -85,7 +87,7 @@ class LongTailAsyncEngine(AsyncVLLMEngine):
         from vllm.sampling_params import RequestOutputKind
 
         p = super()._params(s, i)
-        if not getattr(self, "_group", False):
+        if not self._group:
             return p
         self.requests += 1
         if self.requests % 4 == 1:
@@ -114,7 +116,7 @@ class LongTailAsyncEngine(AsyncVLLMEngine):
         try:
             if self.waits != waits:                  # the trainer waited on the engine since the submit
                 return
-            self.held, self.holds = True, self.holds + 1
+            self.held = True
             self._mark(paused=True)
             await self.llm.pause_generation(mode="keep", clear_cache=False)
         finally:
@@ -143,9 +145,6 @@ class LongTailAsyncEngine(AsyncVLLMEngine):
     def score(self, sequences, prompt_lens, temperature: float = 1.0):
         self._release()
         return super().score(sequences, prompt_lens, temperature)
-
-    def push_stats(self) -> dict:
-        return {**super().push_stats(), "holds": self.holds}
 
 
 class LongTailClient(RolloutClient):
