@@ -162,14 +162,18 @@ class AsyncVLLMEngine:
 
         return request_params(s, i, self.logprobs, output_kind=RequestOutputKind.FINAL_ONLY)
 
-    async def _outputs(self, prompt: list[int], params) -> list:
-        """The request's final ``CompletionOutput`` per sample, in sample order."""
+    async def _final(self, prompt: list[int], params):
+        """The request's last ``RequestOutput`` (all of it under ``FINAL_ONLY``)."""
         from vllm.inputs import TokensPrompt  # lazy: defers vllm to the call
 
         final = None
         async for out in self.llm.generate(TokensPrompt(prompt_token_ids=list(prompt)), params, str(next(self._ids))):
             final = out
-        return sorted(final.outputs, key=lambda c: c.index)
+        return final
+
+    async def _outputs(self, prompt: list[int], params) -> list:
+        """The request's final ``CompletionOutput`` per sample, in sample order."""
+        return sorted((await self._final(prompt, params)).outputs, key=lambda c: c.index)
 
     async def _request(self, prompt: list[int], params) -> list[tuple]:
         self._begin()
@@ -268,17 +272,8 @@ class AsyncVLLMEngine:
     def score(self, sequences: list[list[int]], prompt_lens: list[int], temperature: float = 1.0) -> list[list[float]]:
         """Log-probs of ``sequences[i][prompt_lens[i]:]`` under the current weights (prompt log-probs;
         vLLM does not read the prefix cache for them)."""
-        from vllm.inputs import TokensPrompt  # lazy: defers vllm to the call
-
         sp = score_params(temperature)
-
-        async def one(seq):
-            final = None
-            async for out in self.llm.generate(TokensPrompt(prompt_token_ids=list(seq)), sp, str(next(self._ids))):
-                final = out
-            return final
-
-        outs = [self._loop.submit(one(s)) for s in sequences]
+        outs = [self._loop.submit(self._final(s, sp)) for s in sequences]
         return [prompt_logprobs(o.result(), list(s), n) for s, n, o in zip(sequences, prompt_lens, outs)]
 
     # ---- weights --------------------------------------------------------------------------------
