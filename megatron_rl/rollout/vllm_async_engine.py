@@ -50,7 +50,7 @@ import torch
 
 from .engine import Completion, SamplingParams, validate_prompts
 from .registry import EngineCaps, register_engine
-from .vllm_engine import _VLLM_LOGPROBS_MODE, kv_cache_bytes
+from .vllm_engine import _VLLM_LOGPROBS_MODE, cpu_engine_args
 from .vllm_requests import prompt_logprobs, request_params, sampled_logprobs, score_params
 from .weight_sync import RoundSource, pack_round
 from ..config_parse import LOGPROB_MODES
@@ -143,11 +143,7 @@ class AsyncVLLMEngine:
         prepare_worker_process()   # this process too: the factory validates the backend name here
         extra = {}
         if current_platform.is_cpu():
-            # chunked prefill off: after each push the preempted requests re-prefill (prompt + tokens so far)
-            # together, and vLLM 0.32's runner then rewinds a seeded request's generator for a partial
-            # prefill with a CUDA-only call ("CPU Generator does not use offset": the engine core dies)
-            extra = {"kv_cache_memory_bytes": kv_cache_bytes(kv_cache_gib), "enable_chunked_prefill": False,
-                     "max_num_batched_tokens": max(kw["max_model_len"], 2048)}
+            extra = cpu_engine_args(kv_cache_gib, kw["max_model_len"])   # chunked prefill off (its docstring)
         args = AsyncEngineArgs(model=model_dir, skip_tokenizer_init=True, logprobs_mode=_VLLM_LOGPROBS_MODE[self.logprobs],
                                weight_transfer_config={"backend": weight_transfer},
                                worker_extension_cls="megatron_rl.rollout.vllm_worker_ext.AsyncWorkerExtension",

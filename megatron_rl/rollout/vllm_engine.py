@@ -46,6 +46,21 @@ def kv_cache_bytes(gib: float) -> int:
     return max(4096, int(gib * (1 << 30)) // 4096 * 4096)
 
 
+def cpu_engine_args(kv_cache_gib: float, max_model_len: int) -> dict:
+    """vLLM engine arguments every CPU engine (sync and async) is built with:
+
+    - ``kv_cache_memory_bytes``: the exact ``rollout.kv_cache_gib`` (vLLM's legacy ``VLLM_CPU_KVCACHE_SPACE``
+      takes whole GiB only);
+    - chunked prefill OFF, ``max_num_batched_tokens`` >= ``max_model_len``: with it on (vLLM's default, a
+      4,096-token budget on CPU), a seeded request whose prompt is prefilled in two chunks makes vLLM 0.32's
+      runner rewind its generator with a CUDA-only call ("CPU Generator does not use offset") and the engine
+      core dies. Any batch whose prompts total more than the budget reaches it (64 GSM8K prompts of ~90
+      tokens); so does every re-prefill after an in-flight push. Off, each prompt is prefilled whole.
+    """
+    return {"kv_cache_memory_bytes": kv_cache_bytes(kv_cache_gib), "enable_chunked_prefill": False,
+            "max_num_batched_tokens": max(max_model_len, 2048)}
+
+
 def _worker_params(worker) -> dict[str, torch.Tensor]:
     """Host copies of the worker model's parameters: a GPU engine's are copied off the device here, so no
     second copy of the model is made on the GPU and Ray ships plain host tensors, not CUDA ones."""
@@ -109,8 +124,8 @@ class VLLMEngine:
         self.logprobs = logprobs
         self.max_model_len = max_model_len
         kv = {}
-        if current_platform.is_cpu():   # the exact size; vLLM's legacy VLLM_CPU_KVCACHE_SPACE takes whole GiB only
-            kv["kv_cache_memory_bytes"] = kv_cache_bytes(kv_cache_gib)
+        if current_platform.is_cpu():
+            kv = cpu_engine_args(kv_cache_gib, max_model_len)
             if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
                 log.warning("VLLM_CPU_KVCACHE_SPACE=%s is set: vLLM uses it instead of rollout.kv_cache_gib=%s",
                             os.environ["VLLM_CPU_KVCACHE_SPACE"], kv_cache_gib)

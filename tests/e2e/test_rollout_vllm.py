@@ -306,3 +306,19 @@ def test_push_leaves_no_stale_prefix_cache(client, tiny_hf, tmp_path):
     gap, differ = _check_against_new_weights(third.data, tiny_hf)
     assert gap <= 1e-4 and differ == 0, f"max_staleness=1: |engine - HF(new)| log-prob {gap:.3g}, {differ} " \
                                         "response(s) unlike a fresh engine's: the push left stale prefix-cache KV"
+
+
+def test_prompts_past_the_prefill_budget(client, tiny_hf):
+    """Real prompt lengths on the CPU engine: 40 seeded prompts of 250 tokens (10,000 tokens, 5,000 per
+    engine) pass vLLM's default chunked-prefill budget of 4,096 tokens a step, so with chunked prefill on
+    some prompt is prefilled in two chunks and vLLM 0.32's CPU runner dies on "CPU Generator does not use
+    offset" (``rollout/vllm_engine.cpu_engine_args``). Off, every prompt is prefilled whole: the completions
+    come back, and their log-probs equal HF transformers' under the same weights."""
+    g = torch.Generator().manual_seed(3)
+    prompts = [[1] + torch.randint(3, 60, (249,), generator=g).tolist() for _ in range(40)]
+    comps = client.generate(prompts, SamplingParams(n=1, max_tokens=4, seed=11, temperature=1.0))
+    assert len(comps) == 40 and all(len(c.response_ids) > 0 for c in comps)
+    assert [list(c.prompt_ids) for c in comps] == prompts
+    hf = _hf_logprobs(tiny_hf, [list(c.prompt_ids + c.response_ids) for c in comps[:4]], [250] * 4)
+    err = max(abs(a - b) for c, h in zip(comps, hf) for a, b in zip(c.logprobs, h))
+    assert err < 1e-4, f"vLLM sampling log-probs vs HF transformers: max |diff| {err}"
