@@ -109,9 +109,10 @@ class Config:
         d.update({f.name: dataclasses.asdict(getattr(self, f.name)) for f in dataclasses.fields(self)
                   if f.name not in ("algo", "plugins")})
         d["algo"] = {"kind": self.algo.kind, self.algo.kind: dataclasses.asdict(self.algo.hparams)}
-        # the off-policy knobs only when set (a synchronous run's dump keeps its earlier shape)
-        d["algo"].update({k: getattr(self.algo, k) for k in _ALGO_TOP[1:-1]
-                          if getattr(self.algo, k) != _ALGO_DEFAULTS[k]})
+        # the off-policy and ratio knobs only when set (a synchronous run's dump keeps its earlier shape); the
+        # correction's thresholds as a mapping, absent for a mode without any (bypass)
+        d["algo"].update({k: getattr(self.algo, k) for k in _ALGO_TOP if k not in ("kind", "correction")
+                          and getattr(self.algo, k) != _ALGO_DEFAULTS[k]})
         if self.algo.correction is not None and dataclasses.asdict(self.algo.correction):
             d["algo"]["correction"] = dataclasses.asdict(self.algo.correction)
         return d

@@ -66,10 +66,25 @@ def typed(key: str, value: Any, typ) -> Any:
             raise ValueError(f"{key}: expected a string, got {value!r} ({kind})")
     if base is dict and not isinstance(value, dict):
         raise ValueError(f"{key}: expected a mapping, got {value!r} ({kind})")
+    if base is dict:   # entries set one by one (``reward.by_source.SRC=NAME``) are overrides' raw text
+        value = {k: typed(f"{key}.{k}", v, Any) if isinstance(v, Override) else v for k, v in value.items()}
     return value
 
 
+def _mapping(data: Any) -> Any:
+    """A section given whole on the command line (``algo.correction={upper: 3}``) as the mapping its YAML
+    flow text reads as; anything else unchanged."""
+    if isinstance(data, Override):
+        try:
+            parsed = yaml.safe_load(data)
+        except yaml.YAMLError:
+            return data
+        return parsed if isinstance(parsed, dict) else data
+    return data
+
+
 def build(cls, data: dict, where: str):
+    data = _mapping(data)
     if not isinstance(data, dict):
         raise ValueError(f"{where}: expected a mapping of keys (a section), got {str(data)!r}")  # noqa: TRY004 (user error: one CLI line)
     names = {f.name: f for f in dataclasses.fields(cls)}

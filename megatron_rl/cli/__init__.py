@@ -66,7 +66,8 @@ VERBOSE_OWNERS = ("eval", "convert")
 USER_ERRORS = (ValueError, KeyError, FileNotFoundError, FileExistsError, NotADirectoryError, ImportError,
                DiskSpaceError,   # a full disk (megatron_rl/runtime/diskspace.py): a runtime error, one line
                NotWritableError)  # a read-only or foreign place of a write (diskspace.check_writable)
-OVERRIDE_RE = re.compile(r"^[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*)*=.*$", re.DOTALL)
+#: ``section.key=value``; a mapping entry's key may be a data source's name (``reward.by_source.openai/gsm8k=math``)
+OVERRIDE_RE = re.compile(r"^[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*)?(\.\w[\w/+-]*)*=.*$", re.DOTALL)
 
 
 class CliError(Exception):
@@ -84,7 +85,8 @@ class ParsedCommand(NamedTuple):
 def override(text: str) -> str:
     """argparse type for ``a.b=c``: a dotted key, ``=``, any value (parsed as YAML by the config)."""
     if not OVERRIDE_RE.match(text):
-        raise argparse.ArgumentTypeError(f"override {text!r} is not of the form section.key=value (e.g. algo.kind=grpo)")
+        raise argparse.ArgumentTypeError(f"override {text!r} is not of the form section.key=value (e.g. algo.kind=grpo; "
+                                         "a whole mapping in YAML flow form: 'reward.by_source={openai/gsm8k: math}')")
     return text
 
 

@@ -37,7 +37,7 @@ from megatron_rl.data.tokenizer import load_tokenizer
 from megatron_rl.eval.bench import check_bench_args, run_benchmarks
 from megatron_rl.eval.out_dir import check_eval_out, prepare_eval_out
 from megatron_rl.rewards.sources import check_rows
-from megatron_rl.runtime.console import quiet_command
+from megatron_rl.runtime.console import quiet_command, vllm_quiet
 from megatron_rl.runtime.diskspace import NotWritableError, check_writable
 from megatron_rl.runtime.path_kind import expect_hf
 from megatron_rl.runtime.usage import EXIT_USAGE, OneLineParser, error_status
@@ -171,10 +171,29 @@ def _check_args(a) -> str | None:
             expect_hf(a.model, "--model")
         except (FileNotFoundError, NotADirectoryError) as e:
             return str(e)
-        problem = _check_tp_here(a.tp, a.engine)
+        problem = _check_tp_here(a.tp, a.engine) or _check_engine_sampling(a)
         if problem:
             return problem
     return None
+
+
+def _check_engine_sampling(a) -> str | None:
+    """The sampling flags against the engine library's own limits (``EngineCaps.sampling_check``: vLLM's
+    ``SamplingParams`` validation), before the engine starts (``--temperature 3`` failed after its start-up)."""
+    from megatron_rl.rollout.engine import SamplingParams  # lazy: defers torch to the call
+    from megatron_rl.rollout.registry import caps  # lazy: defers torch to the call
+
+    if not a.temperature > 0:   # greedy (--benchmarks): nothing the engine could refuse
+        return None
+    sp = SamplingParams(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, min_p=a.min_p,
+                        max_tokens=a.max_tokens or 1, seed=a.seed)
+    with vllm_quiet():
+        refusal = caps(a.engine).sampling_refusal(sp)
+    if not refusal:
+        return None
+    field, words = refusal
+    flag = f"--{field.replace('_', '-')} {getattr(sp, field)}" if field else "the sampling flags"
+    return f"{flag}: the {a.engine} engine refuses it ({words})"
 
 
 def _check_tp_here(tp: int, engine: str) -> str | None:

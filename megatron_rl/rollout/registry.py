@@ -50,6 +50,10 @@ class EngineCaps:
         inflight_updates: takes a weight push while requests are in flight (pause, load, cache reset,
             resume; ``rollout/vllm_async_engine.py``), reports each response token's weight version
             (``Completion.versions``) and serves several calls at once (its Ray actor is threaded).
+        sampling_check: ``"module:function"`` of the engine library's own limits on sampling values,
+            ``function(SamplingParams, logprobs_mode) -> (field, words) | None`` (vLLM:
+            ``rollout/vllm_requests.sampling_refusal``), run by the start-up checks; "" = none beyond
+            ``SamplingParams``'s own.
     """
 
     transports: Mapping[str, str]
@@ -60,6 +64,7 @@ class EngineCaps:
     requires: tuple[str, ...] = ()
     host_kv_cache_option: bool = False
     inflight_updates: bool = False
+    sampling_check: str = ""
 
     def __post_init__(self):
         if not self.transports:
@@ -69,6 +74,13 @@ class EngineCaps:
                 raise ValueError(f"EngineCaps.{field} must be one of {'|'.join(WHERE)}, got {getattr(self, field)!r}")
         if unknown := sorted(set(self.options) - OPTIONS):
             raise ValueError(f"EngineCaps.options: unknown option(s) {unknown}; valid: {sorted(OPTIONS)}")
+
+    def sampling_refusal(self, sampling, logprobs_mode: str = "processed") -> tuple[str, str] | None:
+        """``(field, words)`` when the engine's library refuses or changes ``sampling`` (:attr:`sampling_check`)."""
+        if not self.sampling_check:
+            return None
+        module, fn = self.sampling_check.split(":")
+        return getattr(importlib.import_module(module), fn)(sampling, logprobs_mode)
 
     def sleeps(self, cuda: bool) -> bool:
         """Whether ``sleep()`` frees memory on this machine."""

@@ -367,6 +367,17 @@ def sampling_params(cfg, step: int, round_: int = 0, greedy: bool = False, n: in
                           stop_token_ids=() if eos_id is None else (eos_id,))
 
 
+def eval_sampling(cfg, step: int, eos_id: int | None = None):
+    """The held-out sampling settings (``trainer.eval_*``; temperature 0 = greedy)."""
+    t = cfg.trainer
+    base = sampling_params(cfg, step, greedy=True, eos_id=eos_id)
+    if t.eval_temperature == 0:
+        return dataclasses.replace(base, max_tokens=t.eval_max_tokens or base.max_tokens)
+    return SamplingParams(n=t.eval_n, temperature=t.eval_temperature, top_p=t.eval_top_p, top_k=t.eval_top_k,
+                          min_p=t.eval_min_p, max_tokens=t.eval_max_tokens or base.max_tokens, seed=base.seed,
+                          stop_token_ids=base.stop_token_ids)
+
+
 def generate(client, dataset, indices: list[int], sampling: SamplingParams, tokenizer) -> Rollouts:
     """Driver only: sample ``sampling.n`` responses for each prompt row in ``indices``."""
     rows = [dataset[i] for i in indices]

@@ -50,7 +50,7 @@ import torch
 
 from .engine import Completion, SamplingParams, validate_prompts
 from .registry import EngineCaps, register_engine
-from .vllm_engine import _VLLM_LOGPROBS_MODE, cpu_engine_args
+from .vllm_engine import _VLLM_LOGPROBS_MODE, SAMPLING_CHECK, cpu_engine_args
 from .vllm_requests import prompt_logprobs, request_params, sampled_logprobs, score_params
 from .weight_sync import RoundSource, pack_round
 from ..config_parse import LOGPROB_MODES
@@ -104,7 +104,7 @@ class AsyncVLLMEngine:
     CAPS = EngineCaps(transports={"gloo": "gloo", "ray": "gloo"}, sleep="never", tensor_parallel="never",
                       full_logprobs_any_temperature=False, options=frozenset({"kv_cache_gib", "enforce_eager",
                                                                               "gpu_memory_utilization"}),
-                      requires=("vllm",), inflight_updates=True)
+                      requires=("vllm",), inflight_updates=True, sampling_check=SAMPLING_CHECK)
 
     def __init__(self, model_dir: str, *, dtype: str = "float32", seed: int = 0, max_model_len: int = 512,
                  kv_cache_gib: float = 1.0, max_num_seqs: int = 256, gpu_memory_utilization: float = 0.5,

@@ -38,6 +38,9 @@ _VLLM_LOGPROBS_MODE = {"processed": "processed_logprobs", "full": "raw_logprobs"
 
 log = logging.getLogger("megatron_rl.rollout.vllm")
 
+#: vLLM's own limits on sampling values, checked at start-up (``EngineCaps.sampling_check``)
+SAMPLING_CHECK = "megatron_rl.rollout.vllm_requests:sampling_refusal"
+
 
 def kv_cache_bytes(gib: float) -> int:
     """``rollout.kv_cache_gib`` in bytes, whole 4 KiB pages (0.25 -> 268435456)."""
@@ -103,7 +106,8 @@ class VLLMEngine:
     only); every optional ``rollout.*`` argument; the stack check pins ``vllm``."""
 
     CAPS = EngineCaps(transports={"gloo": "gloo", "ray": "gloo", "nccl": "nccl", "ipc": "ipc"}, sleep="cuda",
-                      tensor_parallel="cuda", full_logprobs_any_temperature=False, options=OPTIONS, requires=("vllm",))
+                      tensor_parallel="cuda", full_logprobs_any_temperature=False, options=OPTIONS, requires=("vllm",),
+                      sampling_check=SAMPLING_CHECK)
 
     def __init__(self, model_dir: str, *, dtype: str = "float32", seed: int = 0, max_model_len: int = 512,
                  kv_cache_gib: float = 1.0, max_num_seqs: int = 256, gpu_memory_utilization: float = 0.5,

@@ -32,6 +32,27 @@ def request_params(s: SamplingParams, i: int, logprobs_mode: str, **extra):
                **extra)
 
 
+def sampling_refusal(s: SamplingParams, logprobs_mode: str = "processed") -> tuple[str, str] | None:
+    """What vLLM itself refuses or changes in ``s`` (its ``SamplingParams`` validation, the installed
+    version's own limits: e.g. ``temperature must be in [0, 2]`` in 0.32), as ``(field, vLLM's words)``;
+    None when vLLM takes ``s`` as given. A temperature below vLLM's floor (0.01 in 0.32) is not refused
+    by vLLM but raised to the floor with a log line, so the engine would sample at another temperature
+    than the trainer scores: reported too. The start-up checks call this through the engine's declared
+    ``EngineCaps.sampling_check`` before anything starts (a bad value failed after a 51-s start-up)."""
+    from vllm.exceptions import VLLMValidationError  # lazy: defers vllm to the call
+
+    try:
+        vp = request_params(s, 0, logprobs_mode)
+    except VLLMValidationError as e:
+        return e.parameter or "", str(e.args[0] if e.args else e).rstrip(".")
+    except ValueError as e:
+        return "", str(e)
+    if not s.greedy and vp.temperature != s.temperature:
+        return "temperature", (f"vLLM raises a temperature below {vp.temperature:g} to {vp.temperature:g} (it would "
+                               f"sample at {vp.temperature:g} while the trainer scores at {s.temperature:g})")
+    return None
+
+
 def sampled_logprobs(c, ids: list[int]) -> np.ndarray:
     """float32 log-prob of each sampled token of vLLM's ``CompletionOutput`` ``c`` (response ``ids``),
     from its flat log-probs (module docstring); anything but one entry per position, the sampled

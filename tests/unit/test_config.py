@@ -18,6 +18,28 @@ def test_defaults_and_overrides(tmp_path):
     assert d["algo"] == {"kind": "bicc_rcc", "bicc_rcc": d["algo"]["bicc_rcc"]} and d["trainer"]["steps"] == 7
 
 
+@pytest.mark.parametrize("ov", [["algo.off_policy=bypass", "algo.ratio_space=sampling"],
+                                ["algo.off_policy=icepop", "algo.correction.upper=4"], ["algo.off_policy=tis", "algo.tis_cap=3"],
+                                ["reward.by_source={gsm8k: math}"], ["reward.by_source.gsm8k=math"],
+                                ["algo.off_policy=icepop", "algo.correction={upper: 4}"]],
+                         ids=["bypass-sampling", "icepop", "tis", "by-source", "by-source-dotted", "correction-flow"])
+def test_dump_loads_back_as_the_same_config(ov):
+    """What ``config.yaml`` and ``train --check`` write is plain YAML that loads back as the same config: a
+    correction mode without thresholds (bypass) wrote ``correction: NoHParams()`` (and ``--check`` died on
+    it), ``algo.ratio_space`` was left out, an entry set alone (``reward.by_source.SRC=NAME``) kept the
+    override's text type, which YAML cannot write; a section given whole as flow text
+    (``algo.correction={upper: 4}``) is the same config as its keys given one by one."""
+    import yaml
+
+    from megatron_rl.config import from_dict
+
+    c = load_config(None, ov)
+    text = yaml.safe_dump(c.to_dict(), sort_keys=False)
+    assert from_dict(yaml.safe_load(text)) == c
+    if ov[-1] == "algo.correction={upper: 4}":
+        assert c == load_config(None, ["algo.off_policy=icepop", "algo.correction.upper=4"])
+
+
 @pytest.mark.parametrize("ov,msg", [
     (["trainer.stepz=3"], r"trainer: unknown key\(s\) \['stepz'\]"),
     (["algo.kind=nope"], "unknown algo.kind 'nope'; valid: "),

@@ -51,7 +51,7 @@ def _sampling(cfg):
 
 
 def _eval_sampling(cfg):
-    from megatron_rl.trainer.loop.setup import eval_sampling
+    from megatron_rl.rollout.rollouts import eval_sampling
 
     return eval_sampling(cfg, step=3, eos_id=2)
 

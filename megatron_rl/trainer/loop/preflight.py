@@ -31,6 +31,7 @@ from megatron_rl.data.tokenizer import load_tokenizer
 from megatron_rl.eval.training import benchmark_prompts, selected
 from megatron_rl.rewards.sources import check_rows
 from megatron_rl.runtime import determinism
+from megatron_rl.runtime.console import vllm_quiet
 from megatron_rl.runtime.diskspace import check_writable
 from megatron_rl.runtime.launch_env import check_ray_address, check_torch_env
 from megatron_rl.runtime.path_kind import HF, RUN, demo_hint, expect_checkpoint, kind
@@ -156,6 +157,26 @@ def check_config(cfg) -> None:
     check_offload_placement(cfg)
     if cfg.model.hf_path and (Path(cfg.model.hf_path) / "config.json").is_file():
         _check_against_model(cfg)
+
+
+def check_engine_sampling(cfg) -> None:
+    """The rollout and held-out sampling values against the engine library's own limits (the engine's declared
+    ``EngineCaps.sampling_check``: vLLM's ``SamplingParams`` validation, e.g. temperature in [0, 2] in 0.32),
+    one line naming the key, before anything starts (a bad value failed after a 51-s start-up)."""
+    from megatron_rl.rollout.registry import caps  # lazy: defers torch to the call
+    from megatron_rl.rollout.rollouts import eval_sampling, sampling_params  # lazy: defers torch to the call
+
+    c = caps(cfg.rollout.engine)
+    for section, sp in (("rollout", sampling_params(cfg, 0)), ("trainer", eval_sampling(cfg, 0))):
+        with vllm_quiet():
+            refusal = c.sampling_refusal(sp, cfg.rollout.logprobs if section == "rollout" else "processed")
+        if refusal:
+            field, words = refusal
+            key = f"rollout.{field}" if section == "rollout" else f"trainer.eval_{field}"
+            value = getattr(sp, field, None) if field else None
+            raise ValueError(f"{key}={value:g}: rollout.engine={cfg.rollout.engine} refuses it ({words}); set {key} "
+                             "within the engine's range" if isinstance(value, (int, float)) else
+                             f"{section} sampling: rollout.engine={cfg.rollout.engine} refuses it ({words})")
 
 
 def check_offload_placement(cfg) -> None:
@@ -530,6 +551,7 @@ def preflight(cfg, resume: str | None = None, overwrite: bool = False, allow_con
     check_world(cfg)
     check_rollout_placement(cfg)
     check_kv_cache_memory(cfg)
+    check_engine_sampling(cfg)
     backend = check_backend(cfg)
     check_stack(cfg, backend)
     check_grader(cfg)

@@ -17,7 +17,6 @@ from megatron_rl.eval.metrics import summarize
 from megatron_rl.eval.training import table_metrics
 from megatron_rl.models.provider import load_hf_config, recompute_overrides
 from megatron_rl.rewards.factory import build_rewards
-from megatron_rl.rollout.engine import SamplingParams
 from megatron_rl.rollout.placement import engine_eager, engine_gpus, engine_memory_utilization
 from megatron_rl.rollout.ray_bridge import RolloutClient
 from megatron_rl.rollout.registry import caps
@@ -30,7 +29,7 @@ from megatron_rl.runtime.usage import begin_run
 from megatron_rl.trainer.loop.async_rollout import engine_env, local_plan, pin_trainer, restore_state
 from megatron_rl.trainer.loop.colocate import Colocation, build_colocation
 from megatron_rl.trainer.loop.preflight import preflight, prompt_datasets
-from megatron_rl.rollout.rollouts import generate, sampling_params, score
+from megatron_rl.rollout.rollouts import eval_sampling, generate, sampling_params, score
 from megatron_rl.runtime.broadcast import broadcast_object
 from megatron_rl.trainer.loop.sync_stage import startup_gate, sync
 from megatron_rl.trainer.paths import build_path
@@ -323,17 +322,6 @@ def _resume(cfg, actor, path, sampler, resume: str | None, is_driver: bool) -> R
 def sync_weights(run: Run) -> None:
     """Collective: stream HF-named weights from the TP/PP shards to every engine (``sync_stage.sync``)."""
     sync(run)
-
-
-def eval_sampling(cfg, step: int, eos_id: int | None = None):
-    """The held-out sampling settings (``trainer.eval_*``; temperature 0 = greedy)."""
-    t = cfg.trainer
-    base = sampling_params(cfg, step, greedy=True, eos_id=eos_id)
-    if t.eval_temperature == 0:
-        return dataclasses.replace(base, max_tokens=t.eval_max_tokens or base.max_tokens)
-    return SamplingParams(n=t.eval_n, temperature=t.eval_temperature, top_p=t.eval_top_p, top_k=t.eval_top_k,
-                          min_p=t.eval_min_p, max_tokens=t.eval_max_tokens or base.max_tokens, seed=base.seed,
-                          stop_token_ids=base.stop_token_ids)
 
 
 def evaluate(run: Run, step: int) -> dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from megatron_rl.config import load_config
-from megatron_rl.trainer.loop.setup import eval_sampling
+from megatron_rl.rollout.rollouts import eval_sampling
 
 
 def test_default_is_greedy_with_the_rollout_length():
