@@ -18,6 +18,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from megatron_rl.config_foreign import foreign_hint
 from megatron_rl.config_parse import Override, build, read_yaml, set_dotted, typed
 from megatron_rl.config_sections import (
     DataConfig,
@@ -163,7 +164,8 @@ def from_dict(tree: dict) -> Config:
     sections = {f.name: f.type for f in dataclasses.fields(Config) if f.name != "plugins"}
     unknown = sorted(set(tree) - set(sections) - {"plugins"})
     if unknown:
-        raise ValueError(f"config: unknown section(s) {unknown}; valid: {sorted(sections)} + plugins")
+        raise ValueError(f"config: unknown section(s) {unknown}; valid: {sorted(sections)} + plugins"
+                         + foreign_hint(unknown, tree))
 
     raw = tree.get("plugins")
     kw = {"plugins": plugin_names(typed("plugins", raw, Any) if isinstance(raw, Override) else raw)}

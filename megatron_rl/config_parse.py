@@ -97,6 +97,8 @@ def build(cls, data: dict, where: str):
         return cls(**kw)
     except TypeError as e:
         raise ValueError(f"{where}: {e}") from None
+    except ValueError as e:   # a section's own rule: named by its section when its words do not name it
+        raise (e if where in str(e) else ValueError(f"{where}: {e}")) from None
 
 
 def set_dotted(tree: dict, key: str, value: str) -> None:

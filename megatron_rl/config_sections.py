@@ -15,6 +15,10 @@ import math
 from megatron_rl.config_parse import LOGPROB_MODES, check_truncation
 
 
+#: the most concurrent grader requests a run keeps open (each an HTTP connection and a thread of the grader client)
+MAX_GRADER_CONCURRENCY = 1024
+
+
 def _check(cond: bool, msg: str) -> None:
     if not cond:
         raise ValueError(msg)
@@ -346,7 +350,12 @@ class RewardConfig:
         _check(self.workers >= 0, f"reward.workers must be >= 0 (0 = one per CPU), got {self.workers}")
         _check(self.timeout_s > 0, f"reward.timeout_s must be > 0, got {self.timeout_s}")
         _check(self.grader_fallback in (0.0, 0.5, 1.0), f"reward.grader_fallback must be 0, 0.5 or 1, got {self.grader_fallback}")
-        _check(self.grader_timeout > 0 and self.grader_retries >= 0, "reward.grader_timeout > 0 and grader_retries >= 0")
+        _check(self.grader_timeout > 0, f"reward.grader_timeout must be > 0 (seconds per grader request), got "
+               f"{self.grader_timeout}")
+        _check(self.grader_retries >= 0, f"reward.grader_retries must be >= 0, got {self.grader_retries}")
+        _check(1 <= self.grader_concurrency <= MAX_GRADER_CONCURRENCY,
+               f"reward.grader_concurrency must be in [1, {MAX_GRADER_CONCURRENCY}] (concurrent grader requests; 0 "
+               f"would never send one and the step would wait forever), got {self.grader_concurrency}")
         _check(self.grader_unparsable_policy in ("warn", "stop"),
                f"reward.grader_unparsable_policy must be warn|stop, got {self.grader_unparsable_policy!r}")
         _check(self.grader_max_tokens >= 0, f"reward.grader_max_tokens must be >= 0 (0: left to the server), got {self.grader_max_tokens}")

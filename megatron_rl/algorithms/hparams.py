@@ -47,7 +47,9 @@ class PPOHParams:
 
     def _check_clip(self) -> None:
         """The PPO trust region: 0 ≤ ε_low < 1, ε_high ≥ 0, dual clip > 1 (a method with another clip overrides)."""
-        _check(0 <= self.clip_low < 1 and self.clip_high >= 0, f"clip ranges invalid: {self.clip_low}/{self.clip_high}")
+        _check(0 <= self.clip_low < 1, f"clip_low={self.clip_low} must be in [0, 1) (the ratio's band starts at "
+               "1 - clip_low > 0)")
+        _check(self.clip_high >= 0, f"clip_high={self.clip_high} must be >= 0 (the ratio's band ends at 1 + clip_high)")
         _check(self.dual_clip is None or self.dual_clip > 1, f"dual_clip must be > 1 or None, got {self.dual_clip}")
 
     def to_dict(self) -> dict:

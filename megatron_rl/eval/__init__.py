@@ -36,7 +36,7 @@ from megatron_rl.config_parse import check_truncation
 from megatron_rl.data.tokenizer import load_tokenizer
 from megatron_rl.eval.bench import check_bench_args, run_benchmarks
 from megatron_rl.eval.out_dir import check_eval_out, prepare_eval_out
-from megatron_rl.rewards.sources import check_rows
+from megatron_rl.rewards.sources import check_rows, warn_unmatched
 from megatron_rl.runtime.console import quiet_command, vllm_quiet
 from megatron_rl.runtime.diskspace import NotWritableError, check_writable
 from megatron_rl.runtime.path_kind import expect_hf
@@ -64,7 +64,8 @@ def run_eval(eval_parquet, completions_jsonl, k, out_dir, reward_by_source: dict
     ks = tuple(sorted({k} if isinstance(k, int) else set(k)))
     rows = load_rows(eval_parquet)
     comps = load_completions(completions_jsonl)
-    check_rows(f"--data {eval_parquet}", eval_parquet, reward_by_source, reward_default, flag="--reward-by-source")
+    seen = check_rows(f"--data {eval_parquet}", eval_parquet, reward_by_source, reward_default, flag="--reward-by-source")
+    warn_unmatched("--reward-by-source", reward_by_source, seen, f"--data {eval_parquet}")
     rm = RewardManager(reward_by_source, default=reward_default)   # the training loop's verifiers and reward pool
     check_completions(rows, comps, n or ks[-1], "n" if n else "k", completions_jsonl, eval_parquet)
     out = Path(out_dir)
@@ -304,7 +305,8 @@ def _run(a) -> int:
         check_eval_out(a.out, a.force)
         n = a.n or max(a.k)
         if a.model:   # every row has a reward before an engine starts (run_eval checks again, for --completions)
-            check_rows(f"--data {a.data}", a.data, a.reward_by_source, a.reward, flag="--reward-by-source")
+            seen = check_rows(f"--data {a.data}", a.data, a.reward_by_source, a.reward, flag="--reward-by-source")
+            warn_unmatched("--reward-by-source", a.reward_by_source, seen, f"--data {a.data}")
             prepare_eval_out(a.out, a.force)
         comp = a.completions or generate_completions(
             a.data, a.model, n, Path(a.out) / "completions.jsonl", a.max_tokens, a.temperature, a.engine,

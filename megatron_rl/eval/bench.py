@@ -28,7 +28,7 @@ from megatron_rl.eval.bench_model import sample_benchmarks
 from megatron_rl.eval.completions import load_completions, load_rows, score_responses
 from megatron_rl.eval.out_dir import prepare_eval_out
 from megatron_rl.eval.table import bench_entry, render_markdown, summarize_table, two_attempt_entry
-from megatron_rl.rewards.sources import check_rows, row_reward
+from megatron_rl.rewards.sources import check_rows, row_reward, warn_unmatched
 
 log = logging.getLogger(__name__)
 
@@ -151,9 +151,11 @@ def run_benchmarks(a, preset: Preset | None, benchmarks: list[Benchmark]) -> dic
     two = a.two_attempt or bool(preset and preset.two_attempt)
     rows = {r.bench.name: read_bench_rows(r, a.data_dir) for r in runs}
     by_source, default = getattr(a, "reward_by_source", None), getattr(a, "reward", None)
+    seen: set[str] = set()
     for r in runs:   # every row has a reward (the eval flags' choices, the row's, the table's) before any engine
-        check_rows(f"benchmark {r.bench.name} ({r.bench.path(a.data_dir)})", str(r.bench.path(a.data_dir)), by_source,
-                   default, flag="--reward-by-source")
+        seen |= set(check_rows(f"benchmark {r.bench.name} ({r.bench.path(a.data_dir)})", str(r.bench.path(a.data_dir)),
+                               by_source, default, flag="--reward-by-source"))
+    warn_unmatched("--reward-by-source", by_source, seen, "the benchmarks " + ", ".join(r.bench.name for r in runs))
     if a.completions_dir:
         first = {r.bench.name: completions_from_dir(a.completions_dir, r, rows[r.bench.name], a.data_dir) for r in runs}
         second = ({r.bench.name: completions_from_dir(a.completions_dir, r, rows[r.bench.name], a.data_dir, 2)

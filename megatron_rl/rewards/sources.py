@@ -160,6 +160,25 @@ def check_counts(where: str, counts: dict, by_source: dict | None, default: str 
     return out
 
 
+def warn_unmatched(flag: str, by_source: dict | None, seen, where: str) -> list[str]:
+    """The entries of ``by_source`` whose data source no row of ``where`` has (``seen``: the sources of every
+    file the choice applies to): each maps nothing, most likely a typo, so each is one warning line naming
+    it (with the closest source that is there); returns them."""
+    import difflib  # lazy: only when a mapping is given
+
+    seen = sorted(set(seen))
+    missing = sorted(set(by_source or {}) - set(seen))
+    for ds in missing:
+        if (flag, ds, where) in _logged:
+            continue
+        _logged.add((flag, ds, where))
+        close = difflib.get_close_matches(ds, seen, 1)
+        entry = f"{flag}.{ds}={by_source[ds]}" if flag == "reward.by_source" else f"{flag} {ds}={by_source[ds]}"
+        log.warning("%s maps nothing: no row of %s has data_source %r%s", entry, where, ds,
+                    f" (did you mean {close[0]!r}?)" if close else f"; its sources: {seen[:8]}")
+    return missing
+
+
 def check_rows(where: str, path: str, by_source: dict | None, default: str | None, flag: str = "reward.by_source"
                ) -> dict[str, str]:
     """The start-up check of a prompt / eval parquet (module docstring): one-line ``ValueError`` for a

@@ -91,3 +91,22 @@ def test_dapo_overlong_buffer_must_fit():
         load_checked(None, ["algo.kind=dapo"])
     c = load_checked(None, ["algo.kind=dapo", "algo.dapo.overlong_buffer_len=4"])
     assert c.algo.hparams.overlong_enable
+
+
+def test_foreign_keys_follow_the_mapping_page():
+    """Each (their key, ours) pair of ``config_foreign.FOREIGN_KEYS`` is a row of the mapping page users read:
+    their key in one column, ours in another of the same row (the page is the reference, the map follows it)."""
+    from pathlib import Path
+
+    from megatron_rl.config_foreign import DOC, FOREIGN_KEYS
+
+    rows = [ln for ln in (Path(__file__).resolve().parents[2] / DOC).read_text().splitlines() if ln.startswith("| ")]
+    for theirs, ours in FOREIGN_KEYS.items():
+        leaf = theirs.rsplit(".", 1)[-1]
+        assert any((f"`{theirs}`" in r or f"`{leaf}`" in r and theirs.rsplit(".", 1)[0] in r) and f"`{ours}`" in r
+                   for r in rows), (theirs, ours)
+
+
+def test_a_verl_section_points_at_ours():
+    with pytest.raises(ValueError, match=r"actor_rollout_ref.rollout.n -> rollout.n\).*coming-from-verl.md"):
+        load_config(None, ["actor_rollout_ref.rollout.n=4"])

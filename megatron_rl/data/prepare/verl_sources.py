@@ -7,7 +7,7 @@ import collections
 
 from megatron_rl.data import prompts
 from megatron_rl.data.prepare.registry import Skip, Source, answer_value, dedupe_key, register, verl_row
-from megatron_rl.rewards.sources import MULTIMODAL_COLUMNS, check_counts, row_reward
+from megatron_rl.rewards.sources import MULTIMODAL_COLUMNS, check_counts, row_reward, warn_unmatched
 
 #: BytedTsinghua-SIA/DAPO-Math-17k: ``data_source`` (``math_dapo``), ``prompt`` (one user turn in DAPO's
 #: "Answer:" format), ``ability``, ``reward_model`` {ground_truth, style}, ``extra_info`` {index: uuid}
@@ -70,7 +70,8 @@ def check_rewards(rows: list[dict], by_source: dict[str, str]) -> None:
         raise ValueError(f"data prepare verl: multimodal rows (a {media[0]!r} column): this project trains and scores "
                          "text-only models; use a text dataset")
     counts = collections.Counter((str(r["data_source"]), row_reward(r)) for r in rows)
-    check_counts("data prepare verl", counts, by_source, None, flag="--reward-by-source")
+    seen = check_counts("data prepare verl", counts, by_source, None, flag="--reward-by-source")
+    warn_unmatched("--reward-by-source", by_source, seen, "the rows of data prepare verl")
     for r in rows:
         if r["data_source"] in by_source:
             r["reward_model"] = {**r["reward_model"], "reward": by_source[r["data_source"]]}

@@ -29,7 +29,7 @@ from pathlib import Path
 from megatron_rl.config import load_config, validate
 from megatron_rl.data.tokenizer import load_tokenizer
 from megatron_rl.eval.training import benchmark_prompts, selected
-from megatron_rl.rewards.sources import check_rows
+from megatron_rl.rewards.sources import check_rows, warn_unmatched
 from megatron_rl.runtime import determinism
 from megatron_rl.runtime.console import vllm_quiet
 from megatron_rl.runtime.diskspace import check_writable
@@ -106,7 +106,7 @@ def check_config(cfg) -> None:
     from megatron_rl.rewards.manager import get_reward  # lazy: defers torch to the call
     from megatron_rl.trainer.paths import path_class  # lazy: defers torch to the call
 
-    if cfg.trainer.deterministic and (why := determinism.refusal(cfg.parallel.cp, cfg.model.backend)):
+    if cfg.trainer.deterministic and (why := determinism.refusal(cfg.parallel.cp, cfg.model.backend, cfg.rollout.partial)):
         raise ValueError(why)
     if cfg.parallel.cp > 1:
         check_backend(cfg)             # context parallelism needs CUDA + TE: said before any layout arithmetic
@@ -177,6 +177,23 @@ def check_engine_sampling(cfg) -> None:
             raise ValueError(f"{key}={value:g}: rollout.engine={cfg.rollout.engine} refuses it ({words}); set {key} "
                              "within the engine's range" if isinstance(value, (int, float)) else
                              f"{section} sampling: rollout.engine={cfg.rollout.engine} refuses it ({words})")
+
+
+def warn_inert_knobs(cfg) -> list[str]:
+    """Keys set away from their defaults that this run never reads, one warning line each (returned): the
+    ``rollout.partial_*`` knobs without ``rollout.partial=true``."""
+    import dataclasses  # lazy: only here
+
+    from megatron_rl.config import RolloutConfig  # lazy: the section's defaults
+
+    r, base = cfg.rollout, RolloutConfig.__dataclass_fields__
+    keys = [] if r.partial else [f.name for f in dataclasses.fields(r) if f.name.startswith("partial_")
+                                 and getattr(r, f.name) != base[f.name].default]
+    lines = [f"rollout.{k}={getattr(r, k)} does nothing without rollout.partial=true (in-flight partial rollouts); "
+             "set rollout.partial=true, or drop the key" for k in keys]
+    for line in lines:
+        log.warning("%s", line)
+    return lines
 
 
 def check_offload_placement(cfg) -> None:
@@ -305,6 +322,12 @@ def check_data(cfg) -> None:
     if n < d.prompts_per_step:
         raise ValueError(f"data.train={d.train} has {n} row(s), fewer than data.prompts_per_step={d.prompts_per_step} "
                          f"(one step's prompts): set data.prompts_per_step <= {n} or use a larger prompt file")
+    r = cfg.rollout
+    if r.partial and d.prompts_per_step + r.partial_extra_groups > n:   # more would hold one prompt twice at once
+        raise ValueError(f"rollout.partial_extra_groups={r.partial_extra_groups} + data.prompts_per_step="
+                         f"{d.prompts_per_step} groups in flight exceed the {n} rows of data.train={d.train} (one epoch; "
+                         f"more would sample a prompt again while it is in flight): set rollout.partial_extra_groups <= "
+                         f"{n - d.prompts_per_step}")
 
 
 def check_reward_sources(cfg) -> None:
@@ -316,9 +339,11 @@ def check_reward_sources(cfg) -> None:
     files = [(key, path) for key, path in (("data.train", cfg.data.train), ("data.val", cfg.data.val)) if path]
     benchmarks, _ = selected(cfg)
     files += [(f"trainer.eval_benchmarks {b.name}", str(b.path(cfg.trainer.eval_data_dir))) for b in benchmarks]
+    seen: set[str] = set()
     for key, path in files:
-        check_rows(f"{key}={path}" if key.startswith("data.") else f"{key} ({path})", path, r.by_source,
-                   r.default or None)
+        seen |= set(check_rows(f"{key}={path}" if key.startswith("data.") else f"{key} ({path})", path, r.by_source,
+                               r.default or None))
+    warn_unmatched("reward.by_source", r.by_source, seen, " or ".join(path for _, path in files))
 
 
 def check_row_fields(cfg) -> None:
@@ -536,6 +561,7 @@ def check_rollout_placement(cfg) -> str:
 def preflight(cfg, resume: str | None = None, overwrite: bool = False, allow_config_change: bool = False) -> str:
     """All start-up checks of a run on this machine; returns the resolved layer backend."""
     check_config(cfg)   # already run by load_checked; again here for a Config built in code
+    warn_inert_knobs(cfg)
     check_launch(cfg)
     check_files(cfg, resume)
     check_model_weights(cfg)
