@@ -19,6 +19,7 @@ from pathlib import Path
 
 from megatron_rl.cli.plan_arch import PRESETS, ArchSpec, load_arch
 from megatron_rl.cli.plan_config import merge_config
+from megatron_rl.config_sections import ParallelConfig
 from megatron_rl.cli.plan_memory import (
     ATTENTION,
     DTYPE_BYTES,
@@ -139,12 +140,13 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default=d.dtype, help="parameter/activation precision")
     p.add_argument("--no-dist-opt", dest="dist_opt", action="store_false", help="optimizer state not sharded over DP")
     p.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (needs TP > 1)")
-    p.add_argument("--attention", choices=ATTENTION, default=d.attention,
-                   help="the attention the layers run: flash (Transformer Engine, model.backend te) keeps no S x S "
-                   "scores; local (megatron's own, model.backend local, or auto without TE) keeps 6 bytes per score "
-                   "element in bf16 (fp32 softmax + its bf16 cast)")
-    p.add_argument("--no-flash-attn", dest="attention", action="store_const", const="local",
-                   help="the same as --attention local")
+    att = p.add_mutually_exclusive_group()   # one choice: given together, the last one won silently
+    att.add_argument("--attention", choices=ATTENTION, default=None,
+                     help=f"the attention the layers run (default {d.attention}, or the config's model.backend): flash "
+                     "(Transformer Engine, model.backend te) keeps no S x S scores; local (megatron's own, model.backend "
+                     "local, or auto without TE) keeps 6 bytes per score element in bf16 (fp32 softmax + its bf16 cast)")
+    att.add_argument("--no-flash-attn", dest="attention", action="store_const", const="local",
+                     help="the same as --attention local")
     p.add_argument("--recompute", choices=("none", "selective", "full"), default=d.recompute, help="activation recompute")
     p.add_argument("--recompute-method", choices=("uniform", "block"), default=d.recompute_method,
                    help="full recompute: uniform units or the first N layers of a stage (model.recompute_method)")
@@ -203,10 +205,21 @@ def run(args: argparse.Namespace) -> PlanReport | None:
 def report_for(args: argparse.Namespace) -> PlanReport:
     """The estimate for parsed ``plan`` arguments (``--config`` merged in), without printing."""
     fields = set(PlanInputs.__dataclass_fields__)
-    given = {k: v for k, v in vars(args).items() if k in fields}
-    if getattr(args, "config", None):
-        given = merge_config(args.config, given, PlanInputs())
+    given = {k: v for k, v in vars(args).items() if k in fields and not (k == "attention" and v is None)}
+    if getattr(args, "config", None):   # an explicit --attention is a choice even when it is the default
+        given = merge_config(args.config, given, PlanInputs(), explicit={"attention"} & set(given))
+    check_layout(given)
     return estimate(load_arch(args.model), PlanInputs(**given))
+
+
+def check_layout(given: dict) -> None:
+    """The layout through the rules ``train`` applies (``config_sections.ParallelConfig``), in its words: a
+    layout ``train`` refuses is not planned (``--vpp 2 --pp 1`` was)."""
+    keys = ("tp", "pp", "vpp", "cp", "sequence_parallel")
+    try:
+        ParallelConfig(**{k: given[k] for k in keys if k in given})
+    except ValueError as e:
+        raise ValueError(f"plan: {e} (--{' / --'.join(k.replace('_', '-') for k in keys[:4])})") from None
 
 
 def exit_status(rep: PlanReport | None) -> int:

@@ -73,12 +73,12 @@ def config_inputs(path: str | Path) -> dict[str, Any]:
 _ATTENTION = {"te": "flash", "local": "local"}
 
 
-def merge_config(path: str | Path, given: dict[str, Any], defaults) -> dict[str, Any]:
-    """``given`` (parsed flags) with the config's values; a flag set away from its default to a value
-    other than the config's is an error."""
+def merge_config(path: str | Path, given: dict[str, Any], defaults, explicit: set[str] = frozenset()) -> dict[str, Any]:
+    """``given`` (parsed flags) with the config's values; a flag set away from its default (or named in
+    ``explicit``: given on the command line, whatever its value) to a value other than the config's is an error."""
     from_cfg = config_inputs(path)
     for k, v in from_cfg.items():
-        if given.get(k, v) != v and given[k] != getattr(defaults, k):
+        if given.get(k, v) != v and (given[k] != getattr(defaults, k) or k in explicit):
             raise ValueError(f"plan: --{k.replace('_', '-')}={given[k]} contradicts {KEYS[k]} of {path} "
                              f"({'null' if v is None else v}); drop the flag or change the config")
     return {**given, **from_cfg}

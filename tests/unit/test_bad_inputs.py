@@ -281,6 +281,36 @@ CASES = [
      "model.hf_path=runs/demo_bicc_rcc/sft_hf: no config.json in runs/demo_bicc_rcc/sft_hf"),
     ("demo-bad-steps", ["demo", "--run-dir", "{X}/demo_new", "--steps", "0"],
      "trainer.steps and micro_batch_size must be >= 1"),
+    # issue 55: values a run cannot honour, refused before anything starts
+    ("engine-temperature", ["{T}", "rollout.temperature=3.0"],
+     "rollout.temperature=3: rollout.engine=vllm refuses it (temperature must be in [0, 2], got 3.0)"),
+    ("engine-temperature-floor", ["{T}", "rollout.temperature=0.005"],
+     "rollout.temperature=0.005: rollout.engine=vllm refuses it (vLLM raises a temperature below 0.01 to 0.01"),
+    ("engine-eval-temperature", ["{T}", "trainer.eval_temperature=2.5"],
+     "trainer.eval_temperature=2.5: rollout.engine=vllm refuses it (temperature must be in [0, 2], got 2.5)"),
+    ("eval-engine-temperature", ["eval", "--data", "{X}/train.parquet", "--model", "{X}/model", "--temperature", "3",
+                                 "--out", "{X}/e"], "--temperature 3.0: the vllm engine refuses it (temperature must be in"),
+    ("grader-concurrency-0", ["{T}", "reward.grader_concurrency=0"],
+     "reward.grader_concurrency must be in [1, 1024] (concurrent grader requests; 0 would never send one"),
+    ("grader-timeout-0", ["{T}", "reward.grader_timeout=0"], "reward.grader_timeout must be > 0 (seconds per grader"),
+    ("grader-retries-negative", ["{T}", "reward.grader_retries=-1"], "reward.grader_retries must be >= 0, got -1"),
+    ("clip-low-negative", ["{T}", "algo.grpo.clip_low=-0.1"], "algo.grpo: clip_low=-0.1 must be in [0, 1)"),
+    ("partial-deterministic", ["{T}", "rollout.engine=vllm-async", "rollout.partial=true", "trainer.deterministic=true"],
+     "trainer.deterministic with rollout.partial=true: which groups finish first"),
+    ("partial-groups-past-data", ["{T}", "rollout.engine=vllm-async", "rollout.partial=true",
+                                  "rollout.partial_extra_groups=20000"],
+     "rollout.partial_extra_groups=20000 + data.prompts_per_step=32 groups in flight exceed the 32 rows of data.train="),
+    ("verl-section", ["{T}", "actor_rollout_ref.rollout.n=4"],
+     "actor_rollout_ref is verl's (actor_rollout_ref.rollout.n -> rollout.n): every key's equivalent is in "
+     "docs/reference/coming-from-verl.md"),
+    ("override-bad-form-hint", ["{T}", "reward.by_source.a b=math"],
+     "a whole mapping in YAML flow form: 'reward.by_source={openai/gsm8k: math}'"),
+    ("plan-vpp-pp1", ["plan", "--model", "qwen3-8b", "--vpp", "2", "--pp", "1"],
+     "plan: parallel.vpp=2 (interleaved 1F1B) needs parallel.pp >= 2, got 1"),
+    ("plan-attention-twice", ["plan", "--model", "qwen3-8b", "--attention", "flash", "--no-flash-attn"],
+     "argument --no-flash-attn: not allowed with argument --attention"),
+    ("plan-attention-vs-config", ["plan", "--config", "{X}/local_backend.yaml", "--attention", "flash"],
+     "plan: --attention=flash contradicts model.backend of {X}/local_backend.yaml (local)"),
     # issue 19: a method from outside the package (megatron_rl/plugins.py)
     ("plugin-missing", ["{T}", "plugins=[my_pkg.no_such_method]", "algo.kind=toy"],
      "plugins: cannot import 'my_pkg.no_such_method': no module named 'my_pkg' on sys.path (put the directory"),
@@ -340,7 +370,9 @@ def make_work(x: Path) -> Path:
     (x / "notok_model").mkdir()
     (x / "notok_model" / "config.json").write_text(json.dumps(TINY_HF))
     (x / "c.jsonl").write_text('{"index": 0, "response": "1"}\n')
+    (x / "c32.jsonl").write_text("".join(f'{{"index": {i}, "response": "21"}}\n' for i in range(32)))
     (x / "badresp.jsonl").write_text('{"index": 0, "response": 12}\n')
+    (x / "local_backend.yaml").write_text(f"model:\n  hf_path: {x / 'model'}\n  backend: local\n")
     _saved_run(x)
     _saved_run(x, "ahead", step=5)   # a run past the trainer.steps of a resume
     return x
@@ -403,6 +435,36 @@ def test_bad_input_gets_one_clear_line_before_start(case, work, capsys, monkeypa
     assert "Traceback" not in err and want.replace("{X}", str(work)) in lines[0], lines[0]
     assert not dist.is_initialized(), "a process group was started before the error"
     assert (work / "userdir" / "thesis.tex").read_text() == "keep me"
+
+
+#: a key set that would do nothing: the run goes on (``--check`` exit 0), with one warning line naming it
+WARN_CASES = [
+    ("by-source-typo", ["{T}", "reward.by_source={reverze: math}"],
+     "reward.by_source.reverze=math maps nothing: no row of {X}/train.parquet has data_source 'reverze' (did you mean "
+     "'reverse'?)"),
+    ("partial-knob-off", ["{T}", "rollout.partial_extra_groups=5"],
+     "rollout.partial_extra_groups=5 does nothing without rollout.partial=true"),
+    ("eval-by-source-typo", ["eval", "--data", "{X}/train.parquet", "--completions", "{X}/c32.jsonl", "--out", "{X}/ew",
+                             "--reward-by-source", "reverze=math"],
+     "--reward-by-source reverze=math maps nothing: no row of --data {X}/train.parquet has data_source 'reverze'"),
+]
+
+
+@pytest.mark.parametrize("case", WARN_CASES, ids=[c[0] for c in WARN_CASES])
+def test_inert_setting_is_one_warning_line(case, work, capsys, monkeypatch, caplog):
+    """The warning is a logged record (the console shows it: ``--check`` through logging's last-resort
+    handler, a run through its console handler; pytest's capture takes it here): exactly one, and no other
+    line on stderr but eval's progress bar."""
+    import logging
+
+    _, argv, want = case
+    monkeypatch.chdir(work)
+    with caplog.at_level(logging.WARNING, logger="megatron_rl"):
+        rc, err = run_case(expand(argv, work), capsys)
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and r.name.startswith("megatron_rl")]
+    other = [ln for ln in err.splitlines() if ln.strip() and "WARNING" not in ln and "row/s" not in ln]   # eval's bar
+    assert rc == 0 and "Traceback" not in err, err
+    assert not other and len(warned) == 1 and want.replace("{X}", str(work)) in warned[0], (other, warned)
 
 
 #: launch environments that used to hang (torch.distributed until its 30-min timeout, Ray's retries after the
