@@ -79,10 +79,13 @@ def run_eval(eval_parquet, completions_jsonl, k, out_dir, reward_by_source: dict
             for j, (s, c) in enumerate(zip(scores, correct)):
                 f.write(json.dumps({"row": i, "sample": j, "score": s, "correct": c}) + "\n")
             scored.append((row["data_source"], correct))
-    ks_all = ks if n is None or n in ks else (*ks, n)
-    summary = {"k": ks[0] if len(ks) == 1 else list(ks), "rows": len(rows)}
-    if n is not None:
-        summary["n"] = n
+    # n: the samples per row every number uses (pass@k is computed from all of them, so mean@n is reported
+    # beside mean@k); unstated, it is what the file holds: one count, or [fewest, most] when rows differ
+    counts = sorted({len(c) for _, c in scored})
+    n_used = n if n is not None else (counts[0] if len(counts) == 1 else None)
+    ks_all = ks if n_used is None or n_used in ks else (*ks, n_used)
+    summary = {"k": ks[0] if len(ks) == 1 else list(ks), "n": n_used if n_used is not None else [counts[0], counts[-1]],
+               "rows": len(rows)}
     summary.update(summarize(scored, ks_all))
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary

@@ -311,6 +311,11 @@ CASES = [
      "argument --no-flash-attn: not allowed with argument --attention"),
     ("plan-attention-vs-config", ["plan", "--config", "{X}/local_backend.yaml", "--attention", "flash"],
      "plan: --attention=flash contradicts model.backend of {X}/local_backend.yaml (local)"),
+    ("resume-async-staleness", ["{T}", "trainer.run_dir={X}/asyncsaved", "--resume", "auto"],
+     "--resume auto (step_1): the checkpoint holds 1 rollout batch(es) generated ahead with rollout.max_staleness=1; "
+     "resume with the same value (got 0)"),
+    ("resume-partial-off", ["{T}", "trainer.run_dir={X}/partialsaved", "--resume", "auto"],
+     "--resume auto (step_1): the checkpoint holds 2 partial-rollout group(s) in flight: resume with rollout.partial=true"),
     # issue 19: a method from outside the package (megatron_rl/plugins.py)
     ("plugin-missing", ["{T}", "plugins=[my_pkg.no_such_method]", "algo.kind=toy"],
      "plugins: cannot import 'my_pkg.no_such_method': no module named 'my_pkg' on sys.path (put the directory"),
@@ -375,6 +380,14 @@ def make_work(x: Path) -> Path:
     (x / "local_backend.yaml").write_text(f"model:\n  hf_path: {x / 'model'}\n  backend: local\n")
     _saved_run(x)
     _saved_run(x, "ahead", step=5)   # a run past the trainer.steps of a resume
+    import torch   # what a checkpoint of an async / a partial run holds in flight (trainer/loop/setup.py)
+
+    _saved_run(x, "asyncsaved")
+    torch.save({"async": {"pending": [{"step": 2}], "max_staleness": 1, "sampler": {}}},
+               x / "asyncsaved" / "checkpoints" / "step_1" / "extra_state.pt")
+    _saved_run(x, "partialsaved")
+    torch.save({"async": {"partial": {"pending": [3, 4], "next": 5}}},
+               x / "partialsaved" / "checkpoints" / "step_1" / "extra_state.pt")
     return x
 
 

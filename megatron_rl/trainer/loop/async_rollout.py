@@ -187,15 +187,28 @@ def overlap(spans: list[tuple[float, float]], t0: float, t1: float) -> float:
     return sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in spans)
 
 
+def resume_refusal(state: dict | None, max_staleness: int, partial: bool) -> str | None:
+    """Why a checkpoint's ``async`` entry cannot continue in a run with ``rollout.max_staleness`` and
+    ``rollout.partial`` (one line), or None. The start-up checks ask it before anything starts
+    (``preflight.check_resume_state``), so ``--check`` refuses what the resume itself would."""
+    state = state or {}
+    if state.get("pending") and state["max_staleness"] != max_staleness:
+        return (f"the checkpoint holds {len(state['pending'])} rollout batch(es) generated ahead with "
+                f"rollout.max_staleness={state['max_staleness']}; resume with the same value (got {max_staleness}) so "
+                "they are consumed as the uninterrupted run would")
+    if state.get("partial") and not partial:
+        return (f"the checkpoint holds {len(state['partial']['pending'])} partial-rollout group(s) in flight: resume "
+                "with rollout.partial=true (only the partial source regenerates them)")
+    return None
+
+
 def restore_state(state: dict | None, max_staleness: int) -> tuple[list, dict | None]:
     """(pending batches, sampler state) from a checkpoint's ``async`` entry for a run with
     ``max_staleness``; a checkpoint with batches in flight resumes only with the same value."""
     if not state or not state.get("pending"):
         return [], None if not state else state.get("sampler")
     if state["max_staleness"] != max_staleness:
-        raise ValueError(f"the checkpoint holds {len(state['pending'])} rollout batch(es) generated ahead with "
-                         f"rollout.max_staleness={state['max_staleness']}; resume with the same value "
-                         f"(got {max_staleness}) so they are consumed as the uninterrupted run would")
+        raise ValueError(resume_refusal(state, max_staleness, True))
     return list(state["pending"]), state["sampler"]
 
 

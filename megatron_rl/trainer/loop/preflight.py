@@ -37,7 +37,7 @@ from megatron_rl.runtime.launch_env import check_ray_address, check_torch_env
 from megatron_rl.runtime.path_kind import HF, RUN, demo_hint, expect_checkpoint, kind
 from megatron_rl.runtime.stack import check_stack as check
 from megatron_rl.trainer.loop.preflight_judge import check_grader
-from megatron_rl.trainer.loop.async_rollout import check_async
+from megatron_rl.trainer.loop.async_rollout import check_async, resume_refusal
 from megatron_rl.trainer.state.ckpt_manifest import find_damage
 from megatron_rl.trainer.state.run_config import check_resume
 from megatron_rl.trainer.state.run_dir import check_run_dir
@@ -468,6 +468,26 @@ def check_resume_step(cfg, resume: str | None) -> None:
                          f"{cfg.trainer.steps}: nothing to train; set trainer.steps above {step} to continue the run")
 
 
+def check_resume_state(cfg, resume: str | None) -> None:
+    """What the resumed checkpoint holds in flight against this run (``async_rollout.resume_refusal``: batches
+    generated ahead at another ``rollout.max_staleness``, partial groups without ``rollout.partial``): refused
+    here, so ``--check`` refuses what the resume would, before anything starts (it was exit 1 after start-up)."""
+    if resume is None:
+        return
+    from megatron_rl.trainer.state.checkpoint import find_latest  # lazy: defers numpy, torch to the call
+
+    ck = find_latest(cfg.trainer.run_dir) if resume == "auto" else Path(resume)
+    if ck is None or not (ck / "extra_state.pt").is_file():
+        return
+    import torch  # lazy: the checkpoint's own pickle
+
+    extra = torch.load(ck / "extra_state.pt", weights_only=False, map_location="cpu")
+    why = resume_refusal(extra.get("async") if isinstance(extra, dict) else None, cfg.rollout.max_staleness,
+                         cfg.rollout.partial)
+    if why:
+        raise ValueError(f"--resume {resume} ({ck.name}): {why}")
+
+
 def check_run_dir_writable(cfg) -> None:
     """``trainer.run_dir`` (or the parent it will be created in) can be written: a read-only place is
     one line now, not a raw ``OSError`` (or "no free space") once the run has started."""
@@ -572,6 +592,7 @@ def preflight(cfg, resume: str | None = None, overwrite: bool = False, allow_con
     check_run_dir_writable(cfg)
     check_run_dir(cfg.trainer.run_dir, resume, overwrite)
     check_resume_step(cfg, resume)   # before check_resume's warning lines: a refusal is the only line
+    check_resume_state(cfg, resume)
     check_resume(cfg, resume, allow_config_change)   # the saved run_dir/config.yaml against this one
     check_export_dir(cfg, overwrite)
     check_world(cfg)

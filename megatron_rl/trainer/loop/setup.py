@@ -26,7 +26,7 @@ from megatron_rl.runtime.device import has_cuda
 from megatron_rl.runtime.logging import RunLogger, truncate_metrics
 from megatron_rl.runtime.parallel import init_parallel
 from megatron_rl.runtime.usage import begin_run
-from megatron_rl.trainer.loop.async_rollout import engine_env, local_plan, pin_trainer, restore_state
+from megatron_rl.trainer.loop.async_rollout import engine_env, local_plan, pin_trainer, restore_state, resume_refusal
 from megatron_rl.trainer.loop.colocate import Colocation, build_colocation
 from megatron_rl.trainer.loop.preflight import preflight, prompt_datasets
 from megatron_rl.rollout.rollouts import eval_sampling, generate, sampling_params, score
@@ -308,11 +308,11 @@ def _resume(cfg, actor, path, sampler, resume: str | None, is_driver: bool) -> R
     if loaded.extra_state.get("sampler"):
         sampler.load_state_dict(loaded.extra_state["sampler"])
 
+    why = resume_refusal(loaded.extra_state.get("async"), cfg.rollout.max_staleness, cfg.rollout.partial)
+    if why:   # preflight.check_resume_state refused it already, for the runs that start through setup_run
+        raise ValueError(f"checkpoint {ckpt}: {why}")
     state.async_pending, _ = restore_state(loaded.extra_state.get("async"), cfg.rollout.max_staleness)
     state.partial_resume = (loaded.extra_state.get("async") or {}).get("partial")
-    if state.partial_resume and not cfg.rollout.partial:
-        raise ValueError(f"checkpoint {ckpt} holds {len(state.partial_resume['pending'])} partial-rollout group(s) in "
-                         "flight: resume with rollout.partial=true (only the partial source regenerates them)")
     log.info("resumed from %s at step %d", ckpt, state.step)
     if is_driver:   # a console line too (INFO goes to train.log only): users and job logs must see it
         print(f"[megatron-rl] resumed from {ckpt} at step {state.step}", flush=True)

@@ -36,6 +36,12 @@ def test_eval_cli_matches_hand_computation(tmp_path):
     assert math.isclose(s["pass@2"], 5 / 6) and math.isclose(s["mean@2"], 2.5 / 3)
     lines = (out / "samples.jsonl").read_text().splitlines()
     assert len(lines) == 12 and json.loads(lines[0]) == {"row": 0, "sample": 0, "score": 1.0, "correct": True}
+    # neither --k nor --n: k = 1 over the n = 4 samples the file holds, stated; pass@1 = c/n per row (Chen et al.
+    # eq. 1 at k = 1) is the mean over all 4, so mean@4 (= 2/3 by hand) is reported beside mean@1 (the first sample)
+    assert main(["--data", str(data), "--completions", str(comp), "--out", str(out), "--force"]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert (s["k"], s["n"]) == (1, 4) and math.isclose(s["pass@1"], 2 / 3) and math.isclose(s["mean@4"], s["pass@1"])
+    assert math.isclose(s["mean@1"], (1 + 0 + 1) / 3)
 
 
 def test_eval_bad_input(tmp_path, capsys):
