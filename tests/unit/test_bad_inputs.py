@@ -409,7 +409,7 @@ def work(tmp_path_factory) -> Path:
 
 def expand(argv: list[str], work: Path) -> list[str]:
     tiny = ["train", "--config", str(TINY), f"model.hf_path={work / 'model'}", f"data.train={work / 'train.parquet'}",
-            "data.val=", f"trainer.run_dir={work / 'fresh'}"]
+            "data.val=", "trainer.eval_every=0", f"trainer.run_dir={work / 'fresh'}"]   # no held-out set: no eval
     given = {a.split("=", 1)[0] for a in argv if "=" in a and not a.startswith("-")}
     tiny = [a for a in tiny if a.split("=", 1)[0] not in given]   # a case's own value replaces the base one
     out = []
@@ -457,6 +457,8 @@ WARN_CASES = [
      "'reverse'?)"),
     ("partial-knob-off", ["{T}", "rollout.partial_extra_groups=5"],
      "rollout.partial_extra_groups=5 does nothing without rollout.partial=true"),
+    ("eval-every-no-val", ["{T}", "trainer.eval_every=25"],   # was a TypeError at step 25 (len of no val set)
+     "trainer.eval_every=25 does nothing without a held-out set: set data.val (or trainer.eval_benchmarks)"),
     ("eval-by-source-typo", ["eval", "--data", "{X}/train.parquet", "--completions", "{X}/c32.jsonl", "--out", "{X}/ew",
                              "--reward-by-source", "reverze=math"],
      "--reward-by-source reverze=math maps nothing: no row of --data {X}/train.parquet has data_source 'reverze'"),

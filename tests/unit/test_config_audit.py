@@ -188,8 +188,8 @@ READ = {   # key -> module that consumes it (``cfg.<key>`` or the section alias 
     "algo.ratio_space": "megatron_rl/trainer/pipeline/update.py", "trainer.deterministic": "megatron_rl/trainer/loop/setup.py",
     "rollout.mismatch_limit": "megatron_rl/trainer/loop/rl_loop.py", "rollout.mismatch_policy": "megatron_rl/trainer/loop/rl_loop.py",
     # these act at eval_temperature > 0 only (tests/unit/trainer/test_eval_sampling.py)
-    "trainer.eval_top_p": "megatron_rl/trainer/loop/setup.py", "trainer.eval_top_k": "megatron_rl/trainer/loop/setup.py",
-    "trainer.eval_min_p": "megatron_rl/trainer/loop/setup.py", "trainer.eval_n": "megatron_rl/trainer/loop/setup.py",
+    "trainer.eval_top_p": "megatron_rl/rollout/rollouts.py", "trainer.eval_top_k": "megatron_rl/rollout/rollouts.py",
+    "trainer.eval_min_p": "megatron_rl/rollout/rollouts.py", "trainer.eval_n": "megatron_rl/rollout/rollouts.py",
 }
 #: keys whose setting is known to be overridden today (owned elsewhere; the audit records it)
 KNOWN_DEAD: dict[str, str] = {}

@@ -181,7 +181,8 @@ def check_engine_sampling(cfg) -> None:
 
 def warn_inert_knobs(cfg) -> list[str]:
     """Keys set away from their defaults that this run never reads, one warning line each (returned): the
-    ``rollout.partial_*`` knobs without ``rollout.partial=true``."""
+    ``rollout.partial_*`` knobs without ``rollout.partial=true``; ``trainer.eval_every`` without a held-out set
+    (``data.val`` or ``trainer.eval_benchmarks``)."""
     import dataclasses  # lazy: only here
 
     from megatron_rl.config import RolloutConfig  # lazy: the section's defaults
@@ -191,6 +192,10 @@ def warn_inert_knobs(cfg) -> list[str]:
                                  and getattr(r, f.name) != base[f.name].default]
     lines = [f"rollout.{k}={getattr(r, k)} does nothing without rollout.partial=true (in-flight partial rollouts); "
              "set rollout.partial=true, or drop the key" for k in keys]
+    t = cfg.trainer
+    if t.eval_every and not cfg.data.val and not t.eval_benchmarks:
+        lines.append(f"trainer.eval_every={t.eval_every} does nothing without a held-out set: set data.val (or "
+                     "trainer.eval_benchmarks), or trainer.eval_every=0")
     for line in lines:
         log.warning("%s", line)
     return lines

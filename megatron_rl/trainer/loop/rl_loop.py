@@ -129,7 +129,8 @@ def _train_steps(rn: Run, stop: GracefulStop) -> int | str:
             rn.checkpoint()
             raise Halted(f"[megatron-rl] stopped after step {step} (checkpoint {rn.state.last_checkpoint}): {e}",
                          rn.info.is_driver) from None
-        if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0 and step != cfg.trainer.steps:
+        if (rn.val_set is not None and cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0
+                and step != cfg.trainer.steps):   # no held-out set: preflight warned that eval_every does nothing
             metrics.update(evaluate(rn, step))
         over = guard.agreed(guard.over_limit(cfg, metrics)) if cfg.rollout.mismatch_limit else None
         if cfg.rollout.mismatch_limit:
