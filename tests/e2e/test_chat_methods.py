@@ -22,7 +22,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from megatron_rl.algorithms import ALGO_KINDS
+from megatron_rl.algorithms import ALGO_KINDS, kind_required_inputs
 from megatron_rl.data import chat
 from tests.helpers.chat_fixture import SCORE_INSTRUCTION, SYSTEM
 from tests.helpers.dist import repo_env
@@ -446,8 +446,10 @@ def test_mismatch_guard_warns_and_goes_on(runs):
 
 def test_bypass_skips_the_old_logprob_pass(runs):
     """``algo.off_policy=bypass`` (and no KL term, so no reference model): no log-prob pass runs at all —
-    the stage takes well under a tenth of the plain run's (which has the old and reference passes) and
-    ``rollout/logprob_gap`` is absent; the mismatch metrics come from the first optimizer step's forward
+    the kind's inputs need no ``ref_logp`` (so ``setup.py`` builds no reference model) and the old pass's
+    own metrics, ``rollout/logprob_gap`` and (under μ) ``rollout/outside_support_frac``, are absent; the
+    stage's time is printed beside the plain run's, not asserted (a ratio of timings depends on the host's
+    load); the mismatch metrics come from the first optimizer step's forward
     (the policy before any update against the engine's log-probs): the healthy fp32 values. It trains.
     Under a truncating sampler (``@mu``: top-p / top-k / min-p, ``algo.ratio_space=sampling``, which
     bypass requires there) the engine's log μ and the trainer's agree as closely as untruncated ones."""
@@ -456,10 +458,13 @@ def test_bypass_skips_the_old_logprob_pass(runs):
     rows = [json.loads(x) for x in (out / BYPASS_KIND / "metrics.jsonl").read_text().splitlines()]
     plain = [json.loads(x) for x in (out / "grpo" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
+    hp = ALGO_KINDS["grpo"].hparams(**res[BYPASS_KIND]["hparams"])
+    assert "ref_logp" not in kind_required_inputs("grpo", hp), hp
     for r in rows:
         assert math.isfinite(r["actor/loss"]) and "rollout/logprob_gap" not in r
+        assert "rollout/outside_support_frac" not in r, r      # what the old pass under μ reports
         assert 1.0 <= r["rollout/token_mult_prob_error"] <= 1.001 and 0.0 <= r["rollout/gen_kl"] < 1e-6, r
-        assert r["time/logprobs"] < 0.1 * min(p["time/logprobs"] for p in plain), (r["time/logprobs"], plain)
+    print("time/logprobs: bypass", [r["time/logprobs"] for r in rows], "plain", [p["time/logprobs"] for p in plain])
 
 
 def test_seq_mis_rejects_sequences_through_the_bicc_path(runs):
