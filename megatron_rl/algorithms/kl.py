@@ -14,7 +14,8 @@ Usable in-loss (``kl_penalty(lp, ref, kind)`` aggregated with the loss's mode) a
 verl's ``"full"`` estimator is not offered (it needs full-vocabulary log-probs).
 
 :func:`k3_log_ratio` is k3 as a diagnostic (no clamps, no gradient, exact to a few u for any Δ): the
-PPO-family losses report it as ``approx_kl``, the size of the policy's move since the old log-probs.
+PPO-family losses report it as ``approx_kl``, the size of the policy's move since the old log-probs,
+and ``mismatch.gen_kl`` averages it over the trainer-vs-engine log-ratios.
 """
 from __future__ import annotations
 
