@@ -12,6 +12,7 @@ Public functions (1-D tensors are per sample [N]; [N, T] per token; ``group_ids`
                                                                       -> LossOutput(loss_mat [N, T], metrics)
     aggregate(loss_mat, mask, mode)                                   -> scalar
     kl_penalty(logp, ref_logp, kind)                                  -> [N, T]
+    k3_log_ratio(logp - old_logp)                                     -> [N, T] (e^Δ − 1 − Δ, the approx_kl metric)
     rlcsd_signal(pos_logp [N,T], neg_logp [N,K,T], neg_mask [N,K])    -> e [N, T]
     rlcsd_advantage(adv, signal, mask, **hparams)                     -> RLCSDAdvantage(advantages, adv_hat, gate, residual)
 
@@ -120,7 +121,7 @@ from .hparams import (
     SRPOHParams,
 )
 from .inputs import AlgoInputs, InputSpec, input_names, input_spec, register_input
-from .kl import AdaptiveKLController, apply_kl_in_reward, kl_penalty
+from .kl import AdaptiveKLController, apply_kl_in_reward, k3_log_ratio, kl_penalty
 from .losses import (
     AGG_MODES,
     LossOutput,
@@ -242,6 +243,7 @@ __all__ = [
     "hint_answer",
     "input_names",
     "input_spec",
+    "k3_log_ratio",
     "kind_required_inputs",
     "kl_penalty",
     "last_boxed",

@@ -28,6 +28,7 @@ from torch import Tensor
 from .builtin import register_algo_kind
 from .hparams import GRPOHParams, _check
 from .inputs import AlgoInputs
+from .kl import k3_log_ratio
 from .losses import LossOutput, _finish, _per_token, masked_mean
 from .registry import register_policy_loss
 
@@ -36,8 +37,8 @@ def cispo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
                clip_high: float = 0.2, tis_weights: Tensor | None = None) -> LossOutput:
     """CISPO per-token loss −sg(clip(r, 1 − ε_low, 1 + ε_high))·A·lp (module docstring).
 
-    Metrics: ``pg_clipfrac`` (token mean of [r̂ ≠ r]), ``ppo_kl`` (token mean of −Δ), ``cispo_is_weight``
-    (token mean of r̂).
+    Metrics: ``pg_clipfrac`` (token mean of [r̂ ≠ r]), ``ppo_kl`` (token mean of −Δ), ``approx_kl`` (token
+    mean of the k3 term e^Δ − 1 − Δ ≥ 0), ``cispo_is_weight`` (token mean of r̂).
     """
     if clip_low < 0 or clip_high < 0:
         raise ValueError(f"cispo clip ranges must be >= 0, got {clip_low}/{clip_high}")
@@ -47,7 +48,8 @@ def cispo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
     weight = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     loss = -weight * a * logp
     metrics = {"pg_clipfrac": masked_mean((weight != ratio).to(logp.dtype), mask),
-               "ppo_kl": masked_mean(-delta, mask), "cispo_is_weight": masked_mean(weight, mask)}
+               "ppo_kl": masked_mean(-delta, mask), "approx_kl": masked_mean(k3_log_ratio(delta), mask),
+               "cispo_is_weight": masked_mean(weight, mask)}
     return LossOutput(_finish(loss, mask, tis_weights), metrics)
 
 

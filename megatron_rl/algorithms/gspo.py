@@ -35,6 +35,7 @@ from torch import Tensor
 from .builtin import register_algo_kind
 from .hparams import GRPOHParams, _check
 from .inputs import AlgoInputs
+from .kl import k3_log_ratio
 from .losses import LossOutput, _finish, _per_token, masked_mean
 from .registry import register_policy_loss
 
@@ -55,8 +56,9 @@ def gspo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, 
     """GSPO (``level="sequence"``) or GSPO-token (``level="token"``) per-token loss (module docstring).
 
     Metrics: ``pg_clipfrac`` (token mean of [clipped term taken]), ``ppo_kl`` (token mean of −Δ),
-    ``gspo_seq_ratio`` (mean of s_i over rows with tokens), ``gspo_seq_clipfrac`` (fraction of those rows
-    whose s_i lies outside [1 − ε_low, 1 + ε_high]).
+    ``approx_kl`` (token mean of the k3 term e^Δ − 1 − Δ ≥ 0 of each token's own Δ), ``gspo_seq_ratio``
+    (mean of s_i over rows with tokens), ``gspo_seq_clipfrac`` (fraction of those rows whose s_i lies outside
+    [1 − ε_low, 1 + ε_high]).
     """
     if level not in LEVELS:
         raise ValueError(f"gspo level {level!r} not in {list(LEVELS)}")
@@ -79,6 +81,7 @@ def gspo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, 
     out_of_band = ((s < 1.0 - clip_low) | (s > 1.0 + clip_high)).to(logp.dtype)
     metrics = {"pg_clipfrac": masked_mean((l2 > l1).to(logp.dtype), mask).detach(),
                "ppo_kl": masked_mean(-(logp - old_logp).detach(), mask),
+               "approx_kl": masked_mean(k3_log_ratio(logp - old_logp), mask),
                "gspo_seq_ratio": masked_mean(s, rows), "gspo_seq_clipfrac": masked_mean(out_of_band, rows)}
     return LossOutput(_finish(loss, mask, tis_weights), metrics)
 

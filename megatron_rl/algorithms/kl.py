@@ -12,6 +12,10 @@ of k2 (straight-through: k2 − sg(k2) + sg(named)), an unbiased-gradient varian
 Usable in-loss (``kl_penalty(lp, ref, kind)`` aggregated with the loss's mode) and in-reward
 (:func:`apply_kl_in_reward`). ``ref`` never receives gradient (it is detached).
 verl's ``"full"`` estimator is not offered (it needs full-vocabulary log-probs).
+
+:func:`k3_log_ratio` is k3 as a diagnostic (no clamps, no gradient, exact to a few u for any Δ): the
+PPO-family losses report it as ``approx_kl``, the size of the policy's move since the old log-probs,
+and ``mismatch.gen_kl`` averages it over the trainer-vs-engine log-ratios.
 """
 from __future__ import annotations
 
@@ -39,6 +43,26 @@ def _base(lp: Tensor, ref: Tensor, kind: str) -> Tensor:
         return 0.5 * d * d
     x = torch.clamp(-d, -20.0, 20.0)
     return torch.clamp(torch.exp(x) - x - 1.0, -10.0, 10.0)
+
+
+#: |Δ| below which :func:`k3_log_ratio` sums its Taylor series (expm1(Δ) − Δ cancels there)
+K3_SERIES_BELOW = 0.1
+
+
+def k3_log_ratio(delta: Tensor) -> Tensor:
+    """k3 of the log-ratio Δ = log π_new − log π_old per token: e^Δ − 1 − Δ = ρ − 1 − log ρ, no gradient.
+
+    On tokens sampled from π_old its mean is an unbiased estimate of KL(π_old ‖ π_new) (Schulman 2020,
+    "Approximating KL divergence"; CleanRL's ``approx_kl``). Every term is ≥ 0, so a mean of them cannot
+    cancel (unlike the mean of −Δ, ``ppo_kl``). Computed without cancellation: for |Δ| < 0.1 the series
+    Δ²(1/2 + Δ/6 + Δ²/24 + Δ³/120 + Δ⁴/720) (truncation Δ⁵/2520 < 4e-9 relative, below fp32's
+    u = 6e-8; bracket ≥ 0.48 > 0), beyond it expm1(Δ) − Δ (rounding ≤ (|e^Δ − 1| + |Δ|)·u / k3 + u ≤ 22u
+    at |Δ| = 0.1, less further out). So the value is 0 exactly where Δ = 0 (and where Δ² underflows:
+    |Δ| < 4e-23 in fp32), > 0 everywhere else. Shapes: any; the same back, in Δ's dtype.
+    """
+    d = delta.detach()
+    series = d * d * (0.5 + d * (1.0 / 6 + d * (1.0 / 24 + d * (1.0 / 120 + d * (1.0 / 720)))))
+    return torch.where(d.abs() < K3_SERIES_BELOW, series, torch.expm1(d) - d)
 
 
 def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: str = "k3") -> Tensor:

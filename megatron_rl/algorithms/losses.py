@@ -32,6 +32,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from .kl import k3_log_ratio
+
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm", "token-sum")
 
 
@@ -80,7 +82,10 @@ def ppo_clip_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tens
 
     Δ = clamp(lp − old, −20, 20); ρ = e^Δ; L1 = −Aρ; L2 = −A·clip(ρ, 1−ε_low, 1+ε_high);
     Lc = max(L1, L2); with dual clip c > 1: L = min(−A·c, Lc) where A < 0, else Lc.
-    Times w (TIS) when given. Metrics: pg_clipfrac, ppo_kl (= mean −Δ), pg_clipfrac_lower.
+    Times w (TIS) when given. Metrics: pg_clipfrac, ppo_kl (= mean −Δ; signed terms, can cancel),
+    approx_kl (= mean of k3 e^Δ − 1 − Δ ≥ 0, :func:`~megatron_rl.algorithms.kl.k3_log_ratio`: 0 only if
+    every Δ is 0; a clipped token's ρ lies outside [1 − ε_low, 1 + ε_high], so its k3 term is at least
+    min(ε_high − ln(1 + ε_high), −ε_low − ln(1 − ε_low))), pg_clipfrac_lower.
     Shapes: logp/old_logp/mask [N, T]; advantages [N] or [N, T] → loss_mat [N, T].
     """
     if dual_clip is not None and dual_clip <= 1.0:
@@ -99,6 +104,7 @@ def ppo_clip_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tens
         loss = torch.where(a < 0, torch.minimum(l3, lc), lc)
     metrics = {"pg_clipfrac": masked_mean((l2 > l1).to(logp.dtype), mask).detach(),
                "ppo_kl": masked_mean(-delta, mask).detach(),
+               "approx_kl": masked_mean(k3_log_ratio(delta), mask),
                "pg_clipfrac_lower": masked_mean(lower.to(logp.dtype), mask).detach()}
     return LossOutput(_finish(loss, mask, tis_weights), metrics)
 
@@ -111,13 +117,15 @@ def clipped_surrogate(logp: Tensor, old_logp: Tensor, adv: Tensor, eps: float) -
 
 def plain_clip_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, clip_eps: float = 0.2,
                     tis_weights: Tensor | None = None) -> LossOutput:
-    """RLCSD-family PPO clip (no ±20 clamp, no dual clip). Shapes as :func:`ppo_clip_loss`."""
+    """RLCSD-family PPO clip (no ±20 clamp, no dual clip). Shapes and metrics (but pg_clipfrac_lower) as
+    :func:`ppo_clip_loss`."""
     a = _per_token(advantages, logp)
     loss = clipped_surrogate(logp, old_logp, a, clip_eps)
-    ratio = torch.exp((logp - old_logp).detach())
+    delta = (logp - old_logp).detach()
+    ratio = torch.exp(delta)
     clipped = ((ratio < 1 - clip_eps) & (a < 0)) | ((ratio > 1 + clip_eps) & (a > 0))
     metrics = {"pg_clipfrac": masked_mean(clipped.to(logp.dtype), mask),
-               "ppo_kl": masked_mean(-(logp - old_logp).detach(), mask)}
+               "ppo_kl": masked_mean(-delta, mask), "approx_kl": masked_mean(k3_log_ratio(delta), mask)}
     return LossOutput(_finish(loss, mask, tis_weights), metrics)
 
 

@@ -26,6 +26,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .kl import k3_log_ratio
+
 MISMATCH_KEYS = ("token_mult_prob_error", "gen_kl", "token_logprob_diff_max", "seq_logprob_diff_max",
                  "beyond_token_frac", "beyond_seq_frac")
 
@@ -40,10 +42,13 @@ def token_mult_prob_error(train: Tensor, gen: Tensor, mask: Tensor) -> Tensor:
 
 
 def gen_kl(train: Tensor, gen: Tensor, mask: Tensor) -> Tensor:
-    """k3 estimate of KL(π_gen ‖ π_train): Σ m·(e^Δ − Δ − 1) / Σ m with Δ = train − gen (0 for an empty mask)."""
+    """k3 estimate of KL(π_gen ‖ π_train): Σ m·(e^Δ − Δ − 1) / Σ m with Δ = train − gen (0 for an empty mask).
+
+    Each term by :func:`~megatron_rl.algorithms.kl.k3_log_ratio` (no cancellation): ≥ 0 term by term, so the
+    mean is ≥ 0 on any host (e^Δ − Δ − 1 in float64 rounds to ±1.1e-16 for |Δ| ≲ 1e-8, negative included)."""
     m = mask.to(train.dtype)
     d = (train - gen) * m
-    return ((torch.exp(d) - d - 1.0) * m).sum() / m.sum().clamp_min(1.0)
+    return (k3_log_ratio(d) * m).sum() / m.sum().clamp_min(1.0)
 
 
 def mismatch_metrics(train: Tensor, gen: Tensor, mask: Tensor, band: tuple[float, float] | None = None) -> dict:

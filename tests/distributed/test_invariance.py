@@ -121,7 +121,9 @@ def test_ppo_mini_batches_are_invariant(results, name):
         assert _rel(g["actor/loss"], r["actor/loss"]) <= tol, (name, r, g, tol)
         assert _rel(g["actor/grad_norm"], r["actor/grad_norm"]) <= tol, (name, r, g, tol)
         assert g["actor/lr"] == r["actor/lr"]
-    assert ref[0]["actor/ppo_kl"] == 0.0 != ref[1]["actor/ppo_kl"]   # on-policy first, moved policy second
+    # on-policy first (ratio exactly 1: old log-probs from the same forward), moved policy second: approx_kl
+    # is a mean of k3 terms >= 0, > 0 once any ratio moved (ppo_kl's signed terms could cancel)
+    assert ref[0]["actor/approx_kl"] == 0.0 == ref[0]["actor/ppo_kl"] and ref[1]["actor/approx_kl"] > 0.0
 
 
 @pytest.mark.parametrize("name", list(OFFLOAD_TWINS))
@@ -137,5 +139,7 @@ def test_offload_onload_changes_no_step(results, name):
 def test_training_changed_policy_but_not_reference(results):
     r = results["tp1"]
     assert r["ref_unchanged"]
-    assert abs(r["logp_sum_after"] - r["logp_sum"]) > 1e-3
+    # Σ_t |Δ log p| over the batch (a signed sum could cancel): 0 exactly if the weights had not moved (the
+    # same forward, layout and host: bit-identical), so > 0 says the three steps moved the policy
+    assert r["logp_abs_change"] > 0.0, r["logp_abs_change"]
     assert r["steps"][0]["grad_norm"] > 0

@@ -22,12 +22,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from megatron_rl.algorithms import ALGO_KINDS
+from megatron_rl.algorithms import ALGO_KINDS, kind_required_inputs
 from megatron_rl.data import chat
 from tests.helpers.chat_fixture import SCORE_INSTRUCTION, SYSTEM
 from tests.helpers.dist import repo_env
 from tests.helpers.fake_openai_server import requests_seen, start_server
 from tests.helpers.fp32_tolerance import (
+    U,
+    gamma_prob,
     reorder_rtol,
     tiny_qwen3_path,
     transformer_forward,
@@ -95,9 +97,14 @@ def test_kind_trains_on_chat_model(runs, kind):
         assert r.get("actor/update_skipped", 0.0) == 1.0 or math.isfinite(r["actor/loss"]), r
         # trainer (Megatron) and engine (vLLM) agree on the chat model's sampled-token log-probs
         assert r["rollout/logprob_gap"] < 1e-4, r["rollout/logprob_gap"]
-        # the mismatch metrics of a healthy fp32 run (measured: error 1.0000003-1.0000004, gen_kl ~1e-13)
+        # the mismatch metrics of a healthy fp32 run: two implementations (Megatron vs vLLM-CPU kernels), not
+        # one sum reordered, so no fp32_tolerance bound applies; these are parity targets (as the log-prob gap's
+        # above and tests/distributed/test_weight_transport.py's) that a fault exceeds by orders of magnitude
+        # (a truncating sampler alone put the error above 1.01, issue 42). Lower ends exact: e^|Δ| >= 1, k3 >= 0.
         assert 1.0 <= r["rollout/token_mult_prob_error"] <= 1.001 and 0.0 <= r["rollout/gen_kl"] < 1e-6, r
-        assert r["rollout/token_logprob_diff_max"] <= r["rollout/seq_logprob_diff_max"] + 1e-4 < 1e-2, r
+        # maxima of |Δ| per token and of |Σ_t Δ_t| per sequence, each under the parity target (a token maximum
+        # is no lower bound of the sequence one: a row's Δ can cancel, so the two are not compared)
+        assert r["rollout/token_logprob_diff_max"] < 1e-2 and r["rollout/seq_logprob_diff_max"] < 1e-2, r
         if kind.endswith("_ectr"):   # the _ectr plug-ins on the RLCSD hint path: a single negative (K_max = 1)
             assert r["teacher/k_mean"] == 1.0 and 0.0 <= r["teacher/kept_frac"] <= 1.0, r
     policy = _samples(out, kind, "policy") or _samples(out, kind, "score_second")
@@ -224,7 +231,13 @@ def test_mini_batches_one_optimizer_step_each(runs, kind):
         if "teacher/kept_frac" not in r:
             assert len(steps) == ROWS // chunk
         if "actor/pg_clipfrac" in steps[0] and on_policy:
-            assert steps[0]["actor/pg_clipfrac"] == 0.0 and abs(steps[0]["actor/ppo_kl"]) < 1e-6, steps[0]
+            # old log-probs from the trainer's own forward of the same weights (0 exactly on this host; another
+            # packing could reorder sums), or the engine's under algo.off_policy=bypass: approx_kl is then the
+            # k3 mean of gen_kl over the same tokens, held to the same parity target (< 1e-6, non-cancelling);
+            # ppo_kl, a signed mean, is only held under it as well
+            first = steps[0]
+            assert first["actor/pg_clipfrac"] == 0.0 and 0.0 <= first["actor/approx_kl"] < 1e-6, first
+            assert abs(first["actor/ppo_kl"]) < 1e-6, first
 
 
 @pytest.mark.parametrize("kind,key", [("gspo", "gspo/seq_ratio"), ("cispo", "cispo/is_weight")])
@@ -248,23 +261,43 @@ def test_kinds_cover_two_and_four_mini_batches(runs):
 @pytest.mark.parametrize("kind", CLIP_KINDS)
 def test_clip_fractions_act_from_the_second_mini_batch(runs, kind):
     """At a learning rate that moves the policy (``chat_kinds.LR_MOVE``): the first mini-batch of each
-    step trains on-policy (old log-probs = current, ``pg_clipfrac`` exactly 0, ``ppo_kl`` 0), the
-    later ones off the moved policy (``ppo_kl`` ≠ 0) and PPO clips some of their tokens. DAPO's dynamic
-    sampling keeps informative groups, so every mini-batch has non-zero advantages to clip."""
+    step trains on-policy (old log-probs = current from the same padded micro-batches, so bit-equal:
+    ``pg_clipfrac``, ``ppo_kl`` and ``approx_kl`` exactly 0), the later ones off the moved policy and PPO
+    clips some of their tokens. DAPO's dynamic sampling keeps informative groups, so every mini-batch has
+    non-zero advantages to clip.
+
+    What cannot cancel or depend on the host: ``approx_kl`` is the token mean of k3 = ρ − 1 − ln ρ ≥ 0
+    (``algorithms/kl.py``), 0 only if no token's ratio moved, so > 0 once the policy moved (Adam's first
+    update moves every coordinate with a gradient by ~lr = 1e-3, thousands of fp32 ulps of the weights).
+    A token counted in ``pg_clipfrac`` has ρ outside [1 − ε_low, 1 + ε_high], where k3 is at least
+    h = min(ε_high − ln(1 + ε_high), −ε_low − ln(1 − ε_low)), so approx_kl >= h·pg_clipfrac, both being
+    means over the same tokens with the same micro-batch weights; fp32 slack: the ratio's exp and the
+    thresholds move a clipped token's k3 by <= 37u of h, k3's own rounding <= 20u there (64u in all:
+    ``tests/unit/algorithms/test_approx_kl.py``), the fp32 sum of the mini-batch's non-negative terms
+    γ̃_n (``tests/helpers/fp32_tolerance.py``). ``ppo_kl`` (the mean of −ln ρ) is not asserted off-policy:
+    its terms have both signs (one host read −3.3e-4 at ``pg_clipfrac`` 0.02, issue 55)."""
     out, res, _ = runs
     assert res[kind]["ok"], res[kind].get("error")
     k = int(kind.split("@mb")[1])
+    hp = res[kind]["hparams"]
+    h = min(hp["clip_high"] - math.log1p(hp["clip_high"]), -hp["clip_low"] - math.log1p(-hp["clip_low"]))
     per_step = _optimizer_steps(out, kind)
     assert sorted(per_step) == [1, 2]
-    clip = {}
+    clip, kl = {}, {}
     for step, rows in per_step.items():
         assert len(rows) == k
         first, later = rows[0], rows[1:]
-        assert first["actor/pg_clipfrac"] == 0.0 and first["actor/ppo_kl"] == 0.0, first
-        assert all(abs(r["actor/ppo_kl"]) > 1e-3 for r in later), later
+        assert first["actor/pg_clipfrac"] == 0.0 and first["actor/ppo_kl"] == 0.0 == first["actor/approx_kl"], first
+        for r in later:
+            slack = 64 * U + gamma_prob(int(r["actor/normaliser"]))
+            assert r["actor/approx_kl"] > 0.0, r
+            assert r["actor/approx_kl"] >= h * r["actor/pg_clipfrac"] * (1 - slack), (h, r)
         clip[step] = [r["actor/pg_clipfrac"] for r in rows]
+        kl[step] = [r["actor/approx_kl"] for r in rows]
+        # a clip fraction counts tokens (nothing cancels); the size of the policy's move is set by the
+        # learning rate (Adam's first update: lr per coordinate, whatever the gradient's scale), not the host
         assert any(c > 0 for c in clip[step][1:]), clip
-    print(kind, "pg_clipfrac per mini-batch:", clip)
+    print(kind, "pg_clipfrac per mini-batch:", clip, "approx_kl:", kl, "h:", h)
 
 
 def test_micro_batch_size_does_not_change_the_update(runs):
@@ -307,6 +340,8 @@ def test_micro_batch_size_does_not_change_the_update(runs):
                   f"<= {per_token / tokens:.2e}), grad norm rel. {abs(g - h) / g:.2e} (bound {grad_tol:.2e})")
             assert dl <= loss_tol < per_token / (2 * tokens), (step, x, y, loss_tol)
             assert abs(g - h) <= grad_tol * g, (step, x, y, grad_tol)
+    # a norm (nothing cancels) that keeps the relative comparison above from being vacuous; measured 3.1 on
+    # the fixed fixture and seed, so 0.1 leaves 30x for hosts whose step-1 rollouts differ
     assert a[1][0]["actor/grad_norm"] > 0.1, "the first optimizer step must carry a gradient"
 
 
@@ -358,8 +393,12 @@ def test_teacher_of_each_mini_batch_is_that_of_its_moment(runs, kind):
     on the recorded weights to 1e-6). One RL step of 4 mini-batches at a learning rate that moves the
     policy, through a recording subclass of the data path: the mean teacher − student log-prob of each
     mini-batch the loss logged (``distill/teacher_minus_student``) equals its recomputation (plain
-    unpacked forwards) with the teacher T_k and the student W_k to 1e-5, and differs by far more from a
-    teacher frozen before the update (T_0) for k >= 1."""
+    unpacked forwards) with the teacher T_k and the student W_k to 1e-5 (FRESH), and is told apart from a
+    teacher frozen before the update (T_0) for k >= 1: T_0's recomputation lies more than 2·FRESH from the
+    logged value, so no value within FRESH of one is within FRESH of the other (the least separation that
+    decides; a fixed effect size such as 1e-3 would ask how far a MEAN of signed per-token shifts lands from
+    0, which can cancel — the weights moving at all is asserted exactly, on ``policy_moved`` /
+    ``teacher_moved``)."""
     _, res, _ = runs
     assert res[kind]["ok"], res[kind].get("error")
     p = res[kind]["probe"]
@@ -371,8 +410,9 @@ def test_teacher_of_each_mini_batch_is_that_of_its_moment(runs, kind):
     fresh = [abs(s - f) for s, f in zip(p["seen"], p["fresh"])]
     stale = [abs(s - f) for s, f in zip(p["seen"], p["stale"])]
     print(kind, "teacher-minus-student per mini-batch:", p["seen"], "|seen-fresh|", fresh, "|seen-stale|", stale)
-    assert max(fresh) <= 1e-5, fresh
-    assert stale[0] <= 1e-5 and min(stale[1:]) > 1e-3, stale
+    fresh_tol = 1e-5
+    assert max(fresh) <= fresh_tol, fresh
+    assert stale[0] <= fresh_tol and min(stale[1:]) > 2 * fresh_tol, stale
 
 
 def test_mismatch_guard_stops_the_run(runs):
@@ -406,8 +446,10 @@ def test_mismatch_guard_warns_and_goes_on(runs):
 
 def test_bypass_skips_the_old_logprob_pass(runs):
     """``algo.off_policy=bypass`` (and no KL term, so no reference model): no log-prob pass runs at all —
-    the stage takes well under a tenth of the plain run's (which has the old and reference passes) and
-    ``rollout/logprob_gap`` is absent; the mismatch metrics come from the first optimizer step's forward
+    the kind's inputs need no ``ref_logp`` (so ``setup.py`` builds no reference model) and the old pass's
+    own metrics, ``rollout/logprob_gap`` and (under μ) ``rollout/outside_support_frac``, are absent; the
+    stage's time is printed beside the plain run's, not asserted (a ratio of timings depends on the host's
+    load); the mismatch metrics come from the first optimizer step's forward
     (the policy before any update against the engine's log-probs): the healthy fp32 values. It trains.
     Under a truncating sampler (``@mu``: top-p / top-k / min-p, ``algo.ratio_space=sampling``, which
     bypass requires there) the engine's log μ and the trainer's agree as closely as untruncated ones."""
@@ -416,10 +458,13 @@ def test_bypass_skips_the_old_logprob_pass(runs):
     rows = [json.loads(x) for x in (out / BYPASS_KIND / "metrics.jsonl").read_text().splitlines()]
     plain = [json.loads(x) for x in (out / "grpo" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
+    hp = ALGO_KINDS["grpo"].hparams(**res[BYPASS_KIND]["hparams"])
+    assert "ref_logp" not in kind_required_inputs("grpo", hp), hp
     for r in rows:
         assert math.isfinite(r["actor/loss"]) and "rollout/logprob_gap" not in r
+        assert "rollout/outside_support_frac" not in r, r      # what the old pass under μ reports
         assert 1.0 <= r["rollout/token_mult_prob_error"] <= 1.001 and 0.0 <= r["rollout/gen_kl"] < 1e-6, r
-        assert r["time/logprobs"] < 0.1 * min(p["time/logprobs"] for p in plain), (r["time/logprobs"], plain)
+    print("time/logprobs: bypass", [r["time/logprobs"] for r in rows], "plain", [p["time/logprobs"] for p in plain])
 
 
 def test_seq_mis_rejects_sequences_through_the_bicc_path(runs):
@@ -432,6 +477,7 @@ def test_seq_mis_rejects_sequences_through_the_bicc_path(runs):
         assert math.isfinite(r["actor/loss"]) and r["offpolicy/ratio_high_frac"] == 0.0, r
         assert r["offpolicy/rejected_seq_frac"] == pytest.approx(r["offpolicy/ratio_low_frac"]), r
         assert 1.0 <= r["offpolicy/is_mean"] <= r["offpolicy/is_max"] <= 1.001, r
+    # a fraction of sequences (counts: nothing cancels); > 0 is the least that shows the band acting
     assert sum(r["offpolicy/rejected_seq_frac"] for r in rows) > 0, rows
 
 

@@ -114,7 +114,8 @@ def minibatch_steps(actor, mbs: int) -> list[dict]:
     # |loss_t| ≤ 1.2·A for A > 0 (clip-high 0.2 caps what the min takes) and ≤ 3·|A| for A < 0 (dual clip 3)
     n_tok = sb.resp_mask.sum(-1)
     bound = [torch.ones(8), torch.where(adv > 0, 1.0 + hp.clip_high, hp.dual_clip)]
-    return [{**{k: float(r[k]) for k in ("actor/loss", "actor/grad_norm", "actor/ppo_kl", "actor/lr", "mini_batch", "rows")},
+    return [{**{k: float(r[k]) for k in ("actor/loss", "actor/grad_norm", "actor/ppo_kl", "actor/approx_kl", "actor/lr",
+                                                 "mini_batch", "rows")},
              "loss_abs": float((b * adv.abs() * n_tok)[sl].sum() / n_tok[sl].sum()), "tokens": int(n_tok[sl].sum())}
             for r, sl, b in zip(out, (slice(0, 4), slice(4, 8)), bound)]
 
@@ -156,6 +157,7 @@ def run_case(hf_dir: str, out: str, tp: int, pp: int, sp: bool, mbs: int, distop
                              "ratio_mean": r.metrics["ratio_mean"], "ok": r.update_successful, "loss_abs": magnitude})
     after = actor.forward_logprobs(batch, micro_batch_size=mbs)
     rec["logp_sum_after"] = float((after.logp * m).sum())
+    rec["logp_abs_change"] = float(((after.logp - lp.logp).abs() * m).sum())   # Σ|Δ log p|: no cancelling
     rec["ref_unchanged"] = bool(torch.equal(ref.forward_logprobs(batch, micro_batch_size=mbs).logp, lp.logp))
     check_export(actor, batch, after.logp, out + ".hf")
     destroy_parallel()      # the update pipeline's mini-batches start from the checkpoint's weights again

@@ -54,6 +54,17 @@ def test_direction_of_gen_kl():
     assert per_token == pytest.approx(k3.tolist())
 
 
+def test_gen_kl_of_a_near_perfect_match_is_positive():
+    """Δ = 1.0041532541208779e-12 (float64): e^Δ − Δ − 1 evaluated as written rounds to −1.1e-16, so a healthy
+    run's ``0 <= gen_kl`` would hang on the host's rounding; each k3 term is taken without cancellation
+    (``kl.k3_log_ratio``): Δ²/2 (1 + Δ/3) to float64 precision, by hand 5.0416687e-25."""
+    d = 1.0041532541208779e-12
+    dt = torch.tensor([[d]], dtype=D)
+    assert float(torch.exp(dt) - dt - 1.0) < 0.0                  # the naive form, for the record
+    got = float(gen_kl(dt, torch.zeros_like(dt), torch.ones_like(dt)))
+    assert got == pytest.approx(d * d / 2, rel=1e-12) and got > 0.0
+
+
 def test_agreement_and_empty_mask():
     same = mismatch_metrics(GEN, GEN.clone(), MASK, band=(0.5, 2.0))
     assert float(same["token_mult_prob_error"]) == 1.0 and float(same["gen_kl"]) == 0.0

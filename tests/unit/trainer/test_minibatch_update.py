@@ -88,7 +88,7 @@ def _hand_vanilla_step(theta, rows, adv, lr=LR):
     lp, old = _log_softmax(theta), _log_softmax(THETA0)
     toks = [(y, adv[i]) for i in rows for y in RESPONSES[i]]
     n = len(toks)
-    loss = clip = lower = kl = 0.0
+    loss = clip = lower = kl = akl = 0.0
     terms = []
     for y, a in toks:
         d = max(-20.0, min(20.0, lp[y] - old[y]))
@@ -101,11 +101,12 @@ def _hand_vanilla_step(theta, rows, adv, lr=LR):
         clip += clipped / n
         lower += dual / n
         kl += -d / n
+        akl += (math.expm1(d) - d) / n         # k3 = ρ − 1 − log ρ >= 0 (approx_kl)
         if not (clipped or dual):
             terms.append((-a * r / n, y))      # d(−Aρ)/d log π = −Aρ
     new, gnorm = _sgd(theta, terms, lr)
     return {"actor/loss": loss, "actor/pg_clipfrac": clip, "actor/pg_clipfrac_lower": lower, "actor/ppo_kl": kl,
-            "actor/entropy": _entropy(theta), "actor/grad_norm": gnorm, "actor/normaliser": float(n)}, new
+            "actor/approx_kl": akl, "actor/entropy": _entropy(theta), "actor/grad_norm": gnorm, "actor/normaliser": float(n)}, new
 
 
 def _neg_mix(i: int, t: int) -> float:
@@ -356,7 +357,7 @@ def test_ppo_dual_clip_two_mini_batches_by_hand():
     # mini-batch 1 is on-policy: the actor's log-probs ARE old_logp, so ρ ≡ 1 and nothing clips
     assert torch.equal(calls[0]["resp_logp"], calls[0]["batch"].extras["old_logp"])
     assert per[0]["actor/pg_clipfrac"] == 0.0 and per[0]["actor/pg_clipfrac_lower"] == 0.0
-    assert per[0]["actor/ppo_kl"] == 0.0
+    assert per[0]["actor/ppo_kl"] == 0.0 == per[0]["actor/approx_kl"]
     # mini-batch 2 sees mini-batch 1's step: the clip (ρ < 1 − ε with A < 0; ρ > 1 + ε_high with A > 0)
     # and the dual clip (A < 0, ρ > c) bind
     assert per[1]["actor/pg_clipfrac"] > 0 and per[1]["actor/pg_clipfrac_lower"] > 0
@@ -458,7 +459,9 @@ def test_two_epochs_four_optimizer_steps_in_order():
     assert [c["micro_batches"] for c in calls] == [1, 1, 1, 1]
     for k, c in enumerate(calls):
         assert torch.equal(c["batch"].tokens, rows.seqs.batch.tokens[2 * (k % 2):2 * (k % 2) + 2])
-    assert per[0]["actor/ppo_kl"] == 0.0 and per[2]["actor/ppo_kl"] != 0.0     # epoch 1 is off the old policy
+    # epoch 1 is off the old policy: approx_kl (a mean of k3 terms >= 0, none cancelling) > 0; ppo_kl's
+    # signed terms could sum to 0 while the policy moved, so it is not the witness
+    assert per[0]["actor/approx_kl"] == 0.0 < per[2]["actor/approx_kl"]
 
     hand = _hand_ppo([[0, 1], [2, 3]] * 2, lr=EPOCHS_LR)
     for m, c, (want, theta), lit in zip(per, calls, hand, EPOCHS_THETA):
