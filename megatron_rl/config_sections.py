@@ -424,6 +424,11 @@ class TrainerConfig:
     keep_last: int = 2
     """Complete checkpoints kept in run_dir/checkpoints (older ones are deleted after each save);
     0 = keep all of them."""
+    step_timeout_s: float = 7200.0
+    """Longest one step may take (generation, rewards, update, push, its evaluation and checkpoint), in
+    seconds: past it the run ends with one line naming the step, its engines and other child processes
+    ended, exit status 1 (a step that can never finish -- a grader that never answers, an engine that
+    hangs -- otherwise waits forever); 0 = no bound. The default is far above a 14B step."""
     export_hf: bool = True
     """Write an HF export of the final policy to run_dir/hf."""
     offload: str = "none"
@@ -441,6 +446,8 @@ class TrainerConfig:
                f"got {self.mini_batch_prompts}")
         _check(self.ppo_epochs >= 1, f"trainer.ppo_epochs must be >= 1, got {self.ppo_epochs}")
         _check(self.eval_n >= 1, f"trainer.eval_n must be >= 1, got {self.eval_n}")
+        _check(self.step_timeout_s >= 0 and math.isfinite(self.step_timeout_s),
+               f"trainer.step_timeout_s must be >= 0 seconds (0 = no bound), got {self.step_timeout_s}")
         _check(self.eval_temperature >= 0, f"trainer.eval_temperature must be >= 0 (0 = greedy), got {self.eval_temperature}")
         _check(self.eval_n == 1 or self.eval_temperature > 0,
                f"trainer.eval_n={self.eval_n} with trainer.eval_temperature=0 (greedy) draws {self.eval_n} identical "

@@ -164,6 +164,7 @@ READ = {   # key -> module that consumes it (``cfg.<key>`` or the section alias 
     "trainer.steps": "megatron_rl/trainer/loop/rl_loop.py", "trainer.eval_every": "megatron_rl/trainer/loop/rl_loop.py",
     "trainer.eval_prompts": "megatron_rl/trainer/loop/setup.py", "trainer.ckpt_every": "megatron_rl/trainer/loop/rl_loop.py",
     "trainer.keep_last": "megatron_rl/trainer/loop/setup.py",
+    "trainer.step_timeout_s": "megatron_rl/trainer/loop/rl_loop.py",   # its effect: test_stop.py (StepWatchdog)
     "trainer.export_hf": "megatron_rl/trainer/loop/rl_loop.py",
     "trainer.offload": "megatron_rl/trainer/loop/setup.py",          # into PolicyActor(offload=...)
     "trainer.max_tokens_per_micro_batch": "megatron_rl/trainer/pipeline/packing.py",

@@ -188,7 +188,7 @@ def test_verl_and_nemo_rl_key_table_names_only_existing_keys():
 
 #: a flow block of docs/architecture.md -> (module, function, the module's helpers whose calls count as
 #: the function's: the loop's ``_train_steps`` / ``_finish``, the update's ``optimizer_steps``)
-FLOWS = {"run": ("megatron_rl.trainer.loop.rl_loop", "run", ("_train_steps", "_finish")),
+FLOWS = {"run": ("megatron_rl.trainer.loop.rl_loop", "run", ("_train_steps", "_train_step", "_finish")),
          "rl_step": ("megatron_rl.trainer.loop.rl_loop", "rl_step", ()),
          "update": ("megatron_rl.trainer.pipeline.update", "update", ("optimizer_steps",))}
 #: attributes of ``Run`` / locals whose method calls the page names (``run.path.logged`` -> ``path.logged``)

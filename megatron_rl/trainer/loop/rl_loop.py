@@ -27,7 +27,7 @@ from megatron_rl.runtime.parallel import destroy_parallel
 from megatron_rl.trainer.loop import guard
 from megatron_rl.trainer.loop.rollout_source import open_source
 from megatron_rl.trainer.loop.setup import Run, evaluate, setup_run, sync_weights
-from megatron_rl.trainer.loop.stop import GracefulStop, Halted, Stopped
+from megatron_rl.trainer.loop.stop import GracefulStop, Halted, StepWatchdog, Stopped
 from megatron_rl.trainer.loop.sync_stage import SyncVerifyError, verify_due, verify_push, warm_probe
 from megatron_rl.trainer.pipeline.update import update
 
@@ -94,7 +94,7 @@ def run(cfg, resume: str | None = None, client=None, overwrite: bool = False, al
         try:
             if rn.val_set is not None and rn.state.step == 0:
                 summary["val_acc_before"] = evaluate(rn, 0)["eval/acc"]
-            stop.arm()
+            stop.arm(lambda: rn.state.last_checkpoint)
             stopped = _train_steps(rn, stop)
             if stopped:
                 rn.logger.finish()   # progress bar and wandb run closed before the stop line
@@ -114,39 +114,51 @@ def run(cfg, resume: str | None = None, client=None, overwrite: bool = False, al
 
 
 def _train_steps(rn: Run, stop: GracefulStop) -> int | str:
-    """Steps ``rn.state.step + 1 .. trainer.steps``; after each one every rank asks whether to stop (a
-    signal: checkpoint this step unless just done, return the signal number; the mismatch guard with
-    ``rollout.mismatch_policy=stop``: the same, returning its line, ``trainer/loop/guard.py``); 0 when all ran."""
+    """Steps ``rn.state.step + 1 .. trainer.steps``, each bounded by ``trainer.step_timeout_s``
+    (``stop.StepWatchdog``); after each one every rank asks whether to stop (a signal: checkpoint this step
+    unless just done, return the signal number; the mismatch guard with ``rollout.mismatch_policy=stop``: the
+    same, returning its line, ``trainer/loop/guard.py``); 0 when all ran."""
+    dog = StepWatchdog(rn.cfg.trainer.step_timeout_s, lambda: rn.state.last_checkpoint)
+    for step in range(rn.state.step + 1, rn.cfg.trainer.steps + 1):
+        with dog.step(step):
+            why = _train_step(rn, stop, step)
+        if why:
+            return why
+    return 0
+
+
+def _train_step(rn: Run, stop: GracefulStop, step: int) -> int | str:
+    """One step of :func:`_train_steps` with its evaluation, log line and checkpoint; the reason to stop
+    after it (0: go on)."""
     cfg = rn.cfg
-    for step in range(rn.state.step + 1, cfg.trainer.steps + 1):
-        try:
-            metrics = rl_step(rn, step)
-        except (FloatingPointError, JudgeRejected) as e:   # a non-finite number; a grader refusing its requests
-            last = rn.state.last_checkpoint
-            raise SystemExit(f"stopping at step {step}: {e}. Last good checkpoint: {last or 'none'}") from e
-        except SyncVerifyError as e:   # the trainer's step is sound, the engines are not: keep it, then stop
-            rn.state.step = step
-            rn.checkpoint()
-            raise Halted(f"[megatron-rl] stopped after step {step} (checkpoint {rn.state.last_checkpoint}): {e}",
-                         rn.info.is_driver) from None
-        if (rn.val_set is not None and cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0
-                and step != cfg.trainer.steps):   # no held-out set: preflight warned that eval_every does nothing
-            metrics.update(evaluate(rn, step))
-        over = guard.agreed(guard.over_limit(cfg, metrics)) if cfg.rollout.mismatch_limit else None
-        if cfg.rollout.mismatch_limit:
-            metrics["rollout/mismatch_over_limit"] = float(over is not None)
-        rn.logger.log(step, metrics)
+    try:
+        metrics = rl_step(rn, step)
+    except (FloatingPointError, JudgeRejected) as e:   # a non-finite number; a grader refusing its requests
+        last = rn.state.last_checkpoint
+        raise SystemExit(f"stopping at step {step}: {e}. Last good checkpoint: {last or 'none'}") from e
+    except SyncVerifyError as e:   # the trainer's step is sound, the engines are not: keep it, then stop
         rn.state.step = step
-        saved = bool(cfg.trainer.ckpt_every and step % cfg.trainer.ckpt_every == 0)
-        if saved:
+        rn.checkpoint()
+        raise Halted(f"[megatron-rl] stopped after step {step} (checkpoint {rn.state.last_checkpoint}): {e}",
+                     rn.info.is_driver) from None
+    if (rn.val_set is not None and cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0
+            and step != cfg.trainer.steps):   # no held-out set: preflight warned that eval_every does nothing
+        metrics.update(evaluate(rn, step))
+    over = guard.agreed(guard.over_limit(cfg, metrics)) if cfg.rollout.mismatch_limit else None
+    if cfg.rollout.mismatch_limit:
+        metrics["rollout/mismatch_over_limit"] = float(over is not None)
+    rn.logger.log(step, metrics)
+    rn.state.step = step
+    saved = bool(cfg.trainer.ckpt_every and step % cfg.trainer.ckpt_every == 0)
+    if saved:
+        rn.checkpoint()
+    if over is not None and cfg.rollout.mismatch_policy == "warn" and rn.info.is_driver:
+        rn.logger.write(f"[megatron-rl] warning: step {step}: {guard.message(cfg, over)}")
+    signum = stop.agreed()
+    if signum or (over is not None and cfg.rollout.mismatch_policy == "stop"):
+        if not saved:
             rn.checkpoint()
-        if over is not None and cfg.rollout.mismatch_policy == "warn" and rn.info.is_driver:
-            rn.logger.write(f"[megatron-rl] warning: step {step}: {guard.message(cfg, over)}")
-        signum = stop.agreed()
-        if signum or (over is not None and cfg.rollout.mismatch_policy == "stop"):
-            if not saved:
-                rn.checkpoint()
-            return signum or guard.message(cfg, over)
+        return signum or guard.message(cfg, over)
     return 0
 
 

@@ -36,6 +36,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 
 from megatron_rl.runtime.console import fresh_line  # imported now: a signal handler should not import
 
@@ -113,14 +114,23 @@ class GracefulStop:
         self.signum = 0                 # the first signal received (0: none)
         self.armed = False
         self.active = False
+        self.last_checkpoint: Callable[[], str | None] = lambda: None   # what a stop at once leaves (arm)
         self._previous: dict[int, object] = {}
 
     # ---- handler state machine --------------------------------------------------------------
     def _handler(self, signum, frame) -> None:
         name = signal.Signals(signum).name
         if self.signum or not self.armed:
-            why = "second signal" if self.signum else "nothing to save yet"
-            _say(f"[megatron-rl] {name}: stopping now ({why}); the last complete checkpoint is kept")
+            if not self.armed:
+                said = "stopping now (nothing to save yet): start-up, nothing trained"
+            else:
+                try:
+                    last = self.last_checkpoint()
+                except Exception:  # noqa: BLE001 (a handler must not raise: we are leaving)
+                    last = None
+                said = ("stopping now (second signal); " + (f"the last complete checkpoint is kept: {last}" if last else
+                        "no checkpoint was written yet, so the steps trained so far are lost"))
+            _say(f"[megatron-rl] {name}: {said}")
             with contextlib.suppress(Exception):      # best effort: we are leaving
                 sys.stdout.flush()
             with contextlib.suppress(Exception):
@@ -149,9 +159,12 @@ class GracefulStop:
                 self._previous[s] = cur
                 signal.signal(s, self._handler)
 
-    def arm(self) -> None:
-        """From now on the first signal means "finish the step, checkpoint, stop"."""
+    def arm(self, last_checkpoint: Callable[[], str | None] | None = None) -> None:
+        """From now on the first signal means "finish the step, checkpoint, stop"; ``last_checkpoint``
+        names the newest complete checkpoint at any moment (said by a stop at once; none: nothing saved)."""
         self.armed = True
+        if last_checkpoint is not None:
+            self.last_checkpoint = last_checkpoint
 
     def __exit__(self, *exc) -> None:
         if self.active:
@@ -171,3 +184,45 @@ class GracefulStop:
         got = [0] * dist.get_world_size()
         dist.all_gather_object(got, self.signum)
         return max(got)
+
+
+class StepWatchdog:
+    """A bound on the time of one step (``trainer.step_timeout_s``): a step still running past it ends the
+    process -- one line naming the step and the newest complete checkpoint, this process's children ended
+    (:func:`end_children`: the local Ray, its engines, the reward workers), exit status 1 -- from a timer
+    thread, since the main thread is the one that is stuck (a grader that never answers, an engine that
+    hangs, a collective with a dead peer). Why not an exception: a stuck thread cannot be interrupted
+    from outside, and the launcher's own time limits (Slurm's ``--time``) end the job hours later without
+    a word. ``timeout_s`` 0: no bound."""
+
+    def __init__(self, timeout_s: float, last_checkpoint: Callable[[], str | None] = lambda: None):
+        self.timeout_s, self.last_checkpoint = float(timeout_s), last_checkpoint
+
+    @contextlib.contextmanager
+    def step(self, step: int):
+        if not self.timeout_s:
+            yield
+            return
+        done = threading.Event()
+        t = threading.Thread(target=self._watch, args=(step, done), name=f"step-watchdog-{step}", daemon=True)
+        t.start()
+        try:
+            yield
+        finally:
+            done.set()
+
+    def _watch(self, step: int, done: threading.Event) -> None:
+        if done.wait(self.timeout_s):
+            return
+        try:
+            last = self.last_checkpoint()
+        except Exception:  # noqa: BLE001 (we are leaving)
+            last = None
+        _say(f"[megatron-rl] step {step} has run for more than trainer.step_timeout_s={self.timeout_s:g} s: stopping "
+             f"the run and its engines; " + (f"the last complete checkpoint is kept: {last}" if last else
+                                            "no checkpoint was written yet"))
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+        with contextlib.suppress(Exception):
+            end_children()
+        os._exit(1)

@@ -57,7 +57,7 @@ SCRIPT = textwrap.dedent("""
     sig = getattr(signal, sys.argv[1])
     with GracefulStop() as st:
         if sys.argv[2] == "armed":
-            st.arm()
+            st.arm(lambda: sys.argv[3] if len(sys.argv) > 3 else None)
             os.kill(os.getpid(), sig)
             print("flag", int(st.signum), flush=True)
         os.kill(os.getpid(), sig)
@@ -66,12 +66,18 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize(("sig", "phase", "code", "lines"), [
-    ("SIGINT", "armed", 130, ["SIGINT: finishing the current step", "SIGINT: stopping now (second signal)"]),
-    ("SIGTERM", "start-up", 143, ["SIGTERM: stopping now (nothing to save yet)"]),
-], ids=["second-ctrl-c", "before-armed"])
-def test_second_signal_or_startup_signal_ends_at_once(sig, phase, code, lines):
-    p = subprocess.run([sys.executable, "-c", SCRIPT, sig, phase], capture_output=True, text=True, timeout=60, check=False,
+@pytest.mark.parametrize(("sig", "phase", "code", "lines", "ckpt"), [
+    ("SIGINT", "armed", 130, ["SIGINT: finishing the current step", "SIGINT: stopping now (second signal); no checkpoint "
+                              "was written yet, so the steps trained so far are lost"], None),
+    ("SIGINT", "armed", 130, ["SIGINT: finishing the current step", "SIGINT: stopping now (second signal); the last "
+                              "complete checkpoint is kept: run/checkpoints/step_4"], "run/checkpoints/step_4"),
+    ("SIGTERM", "start-up", 143, ["SIGTERM: stopping now (nothing to save yet): start-up, nothing trained"], None),
+], ids=["second-ctrl-c-no-checkpoint", "second-ctrl-c", "before-armed"])
+def test_second_signal_or_startup_signal_ends_at_once(sig, phase, code, lines, ckpt):
+    """A stop at once says what is kept: the newest complete checkpoint, or that there is none (it said
+    "the last complete checkpoint is kept" when the run had written none)."""
+    p = subprocess.run([sys.executable, "-c", SCRIPT, sig, phase, *([ckpt] if ckpt else [])], capture_output=True,
+                       text=True, timeout=60, check=False,
                        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert p.returncode == code, p.stderr
     assert "not reached" not in p.stdout and "Traceback" not in p.stderr
@@ -79,6 +85,39 @@ def test_second_signal_or_startup_signal_ends_at_once(sig, phase, code, lines):
         assert p.stdout.split() == ["flag", str(int(getattr(signal, sig)))]
     got = p.stderr.strip().splitlines()
     assert len(got) == len(lines) and all(want in g for want, g in zip(lines, got)), got
+
+
+WATCHDOG = textwrap.dedent("""
+    import subprocess, sys, time
+    from megatron_rl.trainer.loop.stop import StepWatchdog
+    child = subprocess.Popen(["sleep", "120"])
+    print(child.pid, flush=True)
+    dog = StepWatchdog(float(sys.argv[1]), lambda: "run/checkpoints/step_2")
+    with dog.step(2):
+        pass                      # a step that finishes: the bound does nothing
+    with dog.step(3):
+        time.sleep(60)            # a step that never finishes (a grader that never answers)
+    print("not reached", flush=True)
+""")
+
+
+def test_a_step_past_its_bound_ends_the_run_and_its_children():
+    """``trainer.step_timeout_s``: a step still running past the bound ends the process with one line naming
+    the step and the checkpoint kept, exit status 1, and no child of it left (a stuck step waited forever)."""
+    import time
+
+    import psutil
+
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-c", WATCHDOG, "1.5"], capture_output=True, text=True, timeout=60, check=False,
+                       cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    took = time.monotonic() - t0
+    assert p.returncode == 1 and "not reached" not in p.stdout and took < 30, (p.returncode, took, p.stderr)
+    assert p.stderr.strip().splitlines() == [
+        "[megatron-rl] step 3 has run for more than trainer.step_timeout_s=1.5 s: stopping the run and its engines; "
+        "the last complete checkpoint is kept: run/checkpoints/step_2"], p.stderr
+    child = int(p.stdout.split()[0])
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +207,7 @@ def test_sigterm_during_engine_start_up_is_one_line_143_and_leaves_no_process(de
             p.kill()
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert p.returncode == 143, err[-3000:]
-    assert lines[-1] == "[megatron-rl] SIGTERM: stopping now (nothing to save yet); the last complete checkpoint is kept"
+    assert lines[-1] == "[megatron-rl] SIGTERM: stopping now (nothing to save yet): start-up, nothing trained"
     assert "Traceback" not in err and "Started a local Ray instance" not in err, err[-3000:]
     assert len(seen) >= 2
     gone, alive = psutil.wait_procs(list(seen.values()), timeout=10)
