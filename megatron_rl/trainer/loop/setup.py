@@ -29,7 +29,7 @@ from megatron_rl.runtime.usage import begin_run
 from megatron_rl.trainer.loop.async_rollout import engine_env, local_plan, pin_trainer, restore_state, resume_refusal
 from megatron_rl.trainer.loop.colocate import Colocation, build_colocation
 from megatron_rl.trainer.loop.preflight import preflight, prompt_datasets
-from megatron_rl.rollout.rollouts import eval_sampling, generate, sampling_params, score
+from megatron_rl.rollout.rollouts import eval_sampling, generate, score
 from megatron_rl.runtime.broadcast import broadcast_object
 from megatron_rl.trainer.loop.sync_stage import startup_gate, sync
 from megatron_rl.trainer.paths import build_path
