@@ -15,7 +15,8 @@ guarded, the way Math-Verify's users guard it (a process that can be killed, not
   a second death raises :class:`RewardPoolError` naming the task — never a hang.
 
 Workers come from a ``forkserver`` (safe beside Ray / torch threads, unlike a bare fork) that
-preloads the verifiers once; they ignore SIGINT (the driver's graceful stop owns Ctrl-C).
+preloads the verifiers once; they ignore SIGINT (the driver's graceful stop owns Ctrl-C), the forkserver
+from the first module it preloads on (``rewards/forkserver_signals.py`` says why).
 """
 from __future__ import annotations
 
@@ -40,6 +41,10 @@ IN_WORKER = False
 
 class RewardPoolError(RuntimeError):
     """A reward worker died twice on the same task, or the pool could not start."""
+
+
+#: preloaded first by the forkserver: it ignores SIGINT from then on (its docstring)
+SIGNALS_MODULE = "megatron_rl.rewards.forkserver_signals"
 
 
 def cpu_count() -> int:
@@ -123,7 +128,7 @@ class RewardPool:
     def _context(self):
         if self._ctx is None:
             self._ctx = mp.get_context("forkserver")
-            self._ctx.set_forkserver_preload(list(self.preload))
+            self._ctx.set_forkserver_preload([SIGNALS_MODULE, *self.preload])   # first: SIGINT ignored from here
         return self._ctx
 
     def _spawn(self) -> _Worker:

@@ -2,7 +2,11 @@
 inputs, timeouts (retried once, counted, never cached) and the reward pool's failure paths."""
 from __future__ import annotations
 
+import os
+import textwrap
 import time
+from pathlib import Path
+
 
 import pytest
 
@@ -149,6 +153,50 @@ def test_pool_kills_a_task_past_its_deadline_and_reports_a_crash():
         assert p.map("megatron_rl.rewards.registry:score_one", [("math", "\\boxed{2}", "2")]) == [1.0]
     finally:
         p.close()
+
+
+def test_ctrl_c_while_the_forkserver_preloads_prints_nothing(tmp_path, monkeypatch, capfd):
+    """A terminal's Ctrl-C reaches every process of its foreground group; the reward pool's forkserver
+    imported the verifiers (seconds) before it ignored SIGINT, and printed a ``KeyboardInterrupt`` traceback.
+    Here a preload module that takes 2 s stands for the verifiers: a SIGINT sent to the forkserver in the
+    middle of it changes nothing (``rewards/forkserver_signals.py`` is preloaded first), the pool scores, and
+    nothing is printed (without that module the forkserver died: "could not start a reward worker process").
+    Run in a fresh interpreter: the forkserver is one per process; the slow module is found through
+    ``PYTHONPATH``, which the forkserver inherits (it does not take the parent's ``sys.path``)."""
+    import signal
+    import subprocess
+    import sys
+
+    (tmp_path / "slow_preload.py").write_text("import time\ntime.sleep(2.0)\n")
+    script = tmp_path / "run_pool.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, signal, sys, threading, time
+        import psutil
+        from megatron_rl.rewards.pool import PRELOAD, RewardPool
+
+        if __name__ == "__main__":
+            p = RewardPool(workers=1, deadline_s=60, preload=(*PRELOAD, "slow_preload"))
+            out = {{}}
+            t = threading.Thread(target=lambda: out.update(r=p.map("megatron_rl.rewards.registry:score_one",
+                                                                    [("math", "\\\\boxed{{2}}", "2")])))
+            t.start()
+            deadline = time.monotonic() + 30
+            fs = []
+            while not fs and time.monotonic() < deadline:
+                fs = [k for k in psutil.Process().children() if "forkserver" in " ".join(k.cmdline())]
+                time.sleep(0.05)
+            time.sleep(0.8)                       # inside the 2-s preload
+            os.kill(fs[0].pid, signal.SIGINT)
+            t.join(60)
+            print("scored", out.get("r", [None])[0] == 1.0, fs[0].is_running(), flush=True)
+            p.close()
+    """))
+    repo = Path(__file__).resolve().parents[3]
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False,
+                       cwd=repo, env={**os.environ, "PYTHONPATH": f"{repo}:{tmp_path}"},   # SIGINT as a terminal has it (a
+                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))   # suite in the background: ignored)
+    assert r.returncode == 0 and "scored True True" in r.stdout, (r.stdout, r.stderr[-2000:])
+    assert "KeyboardInterrupt" not in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
 
 
 def test_last_boxed_unbalanced():
