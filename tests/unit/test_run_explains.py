@@ -277,3 +277,17 @@ def test_demo_refuses_a_run_dir_with_user_files(work, capsys):
     err = capsys.readouterr().err
     assert rc not in (0, None) and len(_lines(err)) == 1 and "holds files the demo did not write (thesis.tex)" in err
     assert sorted(p.name for p in user.iterdir()) == ["thesis.tex"]
+
+
+def test_resume_at_another_vpp_is_refused_whatever_the_flag(work):
+    """A checkpoint holds one set of model chunks per virtual stage and loads at the vpp it was written with
+    only (``ParallelConfig.vpp``): a resume at another ``parallel.vpp`` failed after start-up; the start-up
+    rule now refuses it in one line naming both values, ``--allow-config-change`` included."""
+    from megatron_rl.config import load_config
+    from megatron_rl.trainer.state.run_config import check_resume
+
+    _started_run(work, "parallel.pp=2", "parallel.vpp=2")
+    cfg = load_config(TINY, [*_base(work), "parallel.pp=2"])
+    for allow in (False, True):
+        with pytest.raises(ValueError, match=r"saved at parallel.vpp=2 .* asks for parallel.vpp=1: .* set parallel.vpp=2"):
+            check_resume(cfg, "auto", allow)

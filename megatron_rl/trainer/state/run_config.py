@@ -153,6 +153,11 @@ def check_resume(cfg, resume: str | None, allow_change: bool = False) -> None:
     diff = changes(old, _tree(cfg))
     if not (old.get("model") or {}).get("architecture"):   # not recorded (no config.json then): nothing to compare
         diff = {k: v for k, v in diff.items() if not k.startswith("model.architecture")}
+    if "parallel.vpp" in diff:   # not a choice --allow-config-change can make: the checkpoint cannot load
+        was, now = diff["parallel.vpp"]
+        raise ValueError(f"--resume: the run in {run_dir} was saved at parallel.vpp={was} (saved in {saved[-1]}), this "
+                         f"run asks for parallel.vpp={now}: a checkpoint holds one set of model chunks per virtual "
+                         f"stage and loads at the vpp it was written with only; set parallel.vpp={was}")
     hard = [k for k in diff if _refused(k)]
     if hard and not allow_change:
         shown = ", ".join(f"{k}: {_v(diff[k][0])} -> {_v(diff[k][1])}" for k in hard)
