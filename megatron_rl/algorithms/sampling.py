@@ -66,11 +66,11 @@ import torch
 from torch import Tensor
 
 #: candidates per shard and row for top-p without top-k (grown eightfold for the rows they do not settle)
-CANDIDATES = 1024
+CANDIDATES = 512
 #: extra candidates beyond top-k's k (ties at the k-th value)
 TIE_SLACK = 32
 #: fp32 work space per chunk of rows on one shard (the sum pass of top-p without top-k)
-CHUNK_BYTES = 64 * 2**20
+CHUNK_BYTES = 32 * 2**20
 
 
 def _same(t: Tensor) -> Tensor:
@@ -132,10 +132,15 @@ class Support(NamedTuple):
         return (z > b).to(z.dtype) + (z == b).to(z.dtype) * f
 
 
-def _candidates(z: Tensor, c: int) -> Tensor:
-    """Each row's ``c`` largest values [R, c], descending (−inf where the shard is narrower than c)."""
+def _candidates(z: Tensor, c: int, rows: Tensor | None = None) -> Tensor:
+    """The ``c`` largest values [R, c] of each row of ``z`` (of ``rows`` only, copied in chunks of
+    :data:`CHUNK_BYTES`), descending (−inf where the shard is narrower than c)."""
     cc = min(c, z.shape[-1])
-    top = z.topk(cc, dim=-1).values if cc < z.shape[-1] else z.sort(-1, descending=True).values
+    if rows is None:
+        top = z.topk(cc, dim=-1).values if cc < z.shape[-1] else z.sort(-1, descending=True).values
+    else:
+        step = max(1, CHUNK_BYTES // (4 * max(1, z.shape[-1])))
+        top = torch.cat([_candidates(z.index_select(0, rows[i:i + step]), cc) for i in range(0, len(rows), step)])
     if cc < c:
         top = torch.cat([top, top.new_full((top.shape[0], c - cc), float("-inf"))], -1)
     return top
@@ -146,7 +151,7 @@ def _row_mass(z: Tensor, m: Tensor, min_p: float, col: Collectives) -> Tensor:
     rows = max(1, CHUNK_BYTES // (4 * max(1, z.shape[-1])))
     out = []
     for i in range(0, z.shape[0], rows):
-        e = torch.exp(z[i:i + rows] - m[i:i + rows, None])
+        e = (z[i:i + rows] - m[i:i + rows, None]).exp_()
         if min_p > 0.0:
             e.masked_fill_(e < min_p, 0.0)
         out.append(e.sum(-1))
@@ -191,7 +196,7 @@ def _support_rows(z: Tensor, spec: SamplingSpec, col: Collectives) -> Support:
         if not bool(todo.any()):
             break
         rows, c = rows[todo], c * 8                             # the same rows on every shard: tau, v agree
-        top = _candidates(z[rows], c)
+        top = _candidates(z, c, rows)
     return Support(b, f, m + torch.log(s))
 
 
