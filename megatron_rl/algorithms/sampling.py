@@ -36,7 +36,8 @@ weight of its ties, w_k = 1[z'_k > b] + f·1[z'_k = b] (:class:`Support`; f = n_
 top-p tie), and nothing vocabulary-sized is kept. It is found from each shard's C largest values:
 concatenated over the shards (C·shards numbers per row), sorted, and run through the rules above with
 one cumsum. Every value above τ = the largest of the shards' C-th values is among them, so the result
-is exact whenever b > τ (the candidates hold the kept set and every tie at b); for the rows where it is
+is exact whenever the candidates hold the kept set and every tie at b: b > τ, and, where the mass top-p
+renormalises by is read off the candidates (with top-k), the lowest value min-p and top-k keep > τ; for the rows where it is
 not, C grows eightfold and those rows are redone, up to the whole shard (where it is exact by
 construction). C = k + 32 with top-k (the kept set is the top k plus its ties), else
 :data:`CANDIDATES`. Top-p without top-k needs the kept mass of the whole row (after min-p): one
@@ -158,15 +159,17 @@ def _row_mass(z: Tensor, m: Tensor, min_p: float, col: Collectives) -> Tensor:
     return col.sum(torch.cat(out) if out else m.new_zeros(0))
 
 
-def _rules(v: Tensor, m: Tensor, mass: Tensor | None, spec: SamplingSpec) -> tuple[Tensor, Tensor, Tensor]:
-    """(b, f, Σ_k w_k exp(v_k − m)) of candidate rows ``v`` [R, N] sorted descending, by the module
-    docstring's rules; ``mass`` the kept mass after min-p of the whole row (None: that of the candidates)."""
+def _rules(v: Tensor, m: Tensor, mass: Tensor | None, spec: SamplingSpec) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(b, f, Σ_k w_k exp(v_k − m), the lowest value min-p and top-k keep) of candidate rows ``v`` [R, N]
+    sorted descending, by the module docstring's rules; ``mass`` the kept mass after min-p of the whole
+    row (None: that of the candidates, which then must hold every token min-p and top-k keep)."""
     e = torch.exp(v - m[:, None])                               # −inf padding -> 0
     keep = torch.isfinite(v) & (e >= spec.min_p)
     if spec.top_k > 0:
         keep &= v >= v[:, min(spec.top_k, v.shape[1]) - 1, None]
     ek = e * keep
     n = keep.sum(-1)                                            # >= 1: the max always passes
+    low = v.gather(1, (n - 1)[:, None]).squeeze(1)
     if spec.top_p < 1.0:
         r = ek / (ek.sum(-1) if mass is None else mass)[:, None]
         ahead = torch.cumsum(r, -1) - r                        # mass ahead in descending order
@@ -175,7 +178,7 @@ def _rules(v: Tensor, m: Tensor, mass: Tensor | None, spec: SamplingSpec) -> tup
     above = v > b[:, None]
     n_b = (v == b[:, None]).sum(-1)
     f = (n - above.sum(-1)).to(v.dtype) / n_b.to(v.dtype)
-    return b, f, (e * above).sum(-1) + f * n_b * torch.exp(b - m)
+    return b, f, (e * above).sum(-1) + f * n_b * torch.exp(b - m), low
 
 
 def _support_rows(z: Tensor, spec: SamplingSpec, col: Collectives) -> Support:
@@ -190,9 +193,9 @@ def _support_rows(z: Tensor, spec: SamplingSpec, col: Collectives) -> Support:
     while True:
         tau = col.max(top[:, -1].clone())                       # every value above tau is a candidate
         v = col.cat(top).sort(-1, descending=True).values
-        bb, ff, ss = _rules(v, m[rows], None if mass is None else mass[rows], spec)
+        bb, ff, ss, low = _rules(v, m[rows], None if mass is None else mass[rows], spec)
         b[rows], f[rows], s[rows] = bb, ff, ss
-        todo = ~(bb > tau)
+        todo = ~(bb > tau) if mass is not None else ~(low > tau)   # low <= b: the candidates hold all
         if not bool(todo.any()):
             break
         rows, c = rows[todo], c * 8                             # the same rows on every shard: tau, v agree

@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from megatron_rl.algorithms.sampling import (
-    Collectives,
     SamplingSpec,
     in_support,
     sampled_logprobs,
     sampling_support,
 )
+from tests.helpers.shards import run_sharded
 
 # probabilities 0.5, 0.25, 0.15, 0.06, 0.04 (logits = log p, temperature 1)
 P = torch.tensor([0.5, 0.25, 0.15, 0.06, 0.04])
@@ -135,37 +135,7 @@ def test_shards_give_the_whole_row_result():
 
 
 def _run_sharded(z: torch.Tensor, spec: SamplingSpec, bounds: list[int]):
-    """Run ``sampling_support`` on each shard in lock-step threads whose Collectives meet at a barrier
-    (the shape of an all-reduce), so the code path is the tensor-parallel one."""
-    import threading
-
-    n = len(bounds) - 1
-    barrier = threading.Barrier(n)
-    slots: list = [None] * n
-    out: list = [None] * n
-
-    def reducer(rank, op):
-        def f(t):
-            slots[rank] = t
-            barrier.wait()
-            vals = list(slots)
-            barrier.wait()
-            if op == "cat":
-                return torch.cat(vals, -1)
-            stacked = torch.stack(vals)
-            return stacked.amax(0) if op == "max" else stacked.sum(0)
-        return f
-
-    def work(rank):
-        col = Collectives(reducer(rank, "max"), reducer(rank, "sum"), reducer(rank, "cat"))
-        out[rank] = sampling_support(z[:, bounds[rank]:bounds[rank + 1]], spec, col)
-
-    threads = [threading.Thread(target=work, args=(r,)) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return out
+    return run_sharded(lambda shard, col: sampling_support(shard, spec, col), z, bounds)
 
 
 def test_bad_specs_fail_clearly():
