@@ -70,8 +70,9 @@ from torch import Tensor
 CANDIDATES = 512
 #: extra candidates beyond top-k's k (ties at the k-th value)
 TIE_SLACK = 32
-#: fp32 work space per chunk of rows on one shard (the sum pass of top-p without top-k)
-CHUNK_BYTES = 32 * 2**20
+#: fp32 work space per chunk of rows on one shard (rows per chunk = CHUNK_BYTES / (4 W)) (not yet
+#: counted by ``plan``)
+CHUNK_BYTES = 256 * 2**20
 
 
 def _same(t: Tensor) -> Tensor:
@@ -223,7 +224,9 @@ def sampling_support(z: Tensor, spec: SamplingSpec, col: Collectives = WHOLE_ROW
     for ix in row_blocks(z):
         rows = z[ix]
         if spec.truncates():
-            sup = _support_rows(rows, spec, col)
+            step = max(1, CHUNK_BYTES // (4 * max(1, rows.shape[-1])))
+            parts = [_support_rows(rows[i:i + step], spec, col) for i in range(0, rows.shape[0], step)]
+            sup = Support(*(torch.cat(t) for t in zip(*parts)))
         else:
             m = col.max(rows.amax(-1))
             m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
