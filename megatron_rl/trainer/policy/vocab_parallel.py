@@ -366,7 +366,7 @@ def vocab_parallel_sampled_logprobs(logits_shard: torch.Tensor, targets: torch.T
     """log μ(targets) under the sampling distribution of ``spec`` (its min-p, top-k, top-p; the
     temperature must already be applied, ``z / T``, as in :func:`vocab_parallel_logprobs`), vocab split
     over ``tp_group``; shapes as there. The kept set costs per row: one all-gather of each shard's
-    candidates (k + 32 values with top-k, else 1024; ``algorithms/sampling.py``), two all-reduce MAX of one
+    candidates (k + 32 values with top-k, else 512, times 8 for the rows they do not settle; ``algorithms/sampling.py``), two all-reduce MAX of one
     number and, for top-p without top-k, one all-reduce SUM; memory: row chunks of ``CHUNK_BYTES``."""
     if logits_shard.shape[:-1] != targets.shape:
         raise ValueError(f"vocab_parallel_sampled_logprobs: logits {tuple(logits_shard.shape)} do not match "
