@@ -164,11 +164,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--teacher-shadow", action="store_true", help="the teacher's snapshot / EMA weights (fp32 copy)")
     p.add_argument("--extra-weight-copies", type=int, default=d.extra_weight_copies,
                    help="further weight copies (model precision) kept on the GPU")
-    p.add_argument("--top-k", type=int, default=d.top_k, help="rollout.top_k of the engines' sampling (-1 = off)")
-    p.add_argument("--top-p", type=float, default=d.top_p, help="rollout.top_p (1 = off)")
-    p.add_argument("--min-p", type=float, default=d.min_p, help="rollout.min_p (0 = off)")
-    p.add_argument("--ratio-space", choices=RATIO_SPACES, default=d.ratio_space,
-                   help="algo.ratio_space: sampling also runs the μ pass's backward in the training step")
+    _add_sampling_arguments(p, d)
     p.add_argument("--config", help="run config (YAML): layout, precision, micro-batching, seq-len, max-model-len, "
                    "placement, trainer.offload and engine count come from it (plan_config.py)")
     p.add_argument("--separate", dest="colocated", action="store_false", help="rollout engines on other GPUs")
@@ -188,6 +184,15 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--gpu-total-gib", type=float, default=d.gpu_total_gib,
                    help="the device's memory, of which gpu_memory_utilization is a fraction")
     return p
+
+
+def _add_sampling_arguments(p: argparse.ArgumentParser, d: PlanInputs) -> None:
+    """The engines' sampling (μ, which the trainer also scores under when it truncates) and the ratio space."""
+    p.add_argument("--top-k", type=int, default=d.top_k, help="rollout.top_k of the engines' sampling (-1 = off)")
+    p.add_argument("--top-p", type=float, default=d.top_p, help="rollout.top_p (1 = off)")
+    p.add_argument("--min-p", type=float, default=d.min_p, help="rollout.min_p (0 = off)")
+    p.add_argument("--ratio-space", choices=RATIO_SPACES, default=d.ratio_space,
+                   help="algo.ratio_space: sampling also runs the μ pass's backward in the training step")
 
 
 def run(args: argparse.Namespace) -> PlanReport | None:
