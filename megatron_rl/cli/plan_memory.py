@@ -57,8 +57,10 @@ forward and backward too. Its working set, with N = T/c tokens, W = V/t columns 
     μ        = 12·N + forward                    (ratio_space=full: log-prob passes only)
              = 12·N + max(forward, backward)     (ratio_space=sampling)
 
-12·N: the kept set of each row (bound, tie weight, normaliser: 3 fp32). It is counted on top of the training
-total (an upper bound: with ``ratio_space=full`` it runs in the no-grad passes, which keep no activations).
+12·N: the kept set of each row (bound, tie weight, normaliser: 3 fp32). The μ forward's fp32 copy of a
+bf16 logits shard (``vocab_parallel._shard``) is the logits term's fp32 copy: the full-softmax pass's is
+freed by then. μ is counted on top of the training total (an upper bound: with ``ratio_space=full`` it
+runs in the no-grad passes, which keep no activations).
 Not counted: rows whose candidates do not settle the kept set are redone with 8× the candidates (top-p
 without top-k on near-flat rows; at worst a chunk of whole shards: ~(16 + 48·t)·CHUNK/4), and the GPU
 top-k's own workspace.
