@@ -37,6 +37,7 @@ _MODULES: tuple[str, ...] = (
     "cpu_megatron_norm_sp",
     "megatron_distopt_torch_adam_load",
     "vllm_cpu_keep_linear_weights",
+    "vllm_gpu_sort_sampler",
 )
 
 

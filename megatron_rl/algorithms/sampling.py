@@ -31,12 +31,27 @@ exp(z'_k), and the HF engine samples from softmax(z' + log w) — the same mass 
 spread evenly over it. A y outside K (possible only when trainer and engine disagree: numerics,
 staleness) keeps the same formula, finite and continuous across the boundary; callers count such tokens.
 
-The top-p boundary is found without the full row: a bisection over the order-preserving integer image
-of the fp32 values (32 halvings reach one float), each step one reduction of Σ_{z'_k > τ} r_k over the
-shards; the top-k threshold from each shard's k largest values (k·shards numbers, never the vocabulary).
-Reductions across shards go through :class:`Collectives` (identity on a whole row; an all-reduce over
-the tensor-parallel group in the trainer). Agreement with vLLM's own sort-and-cumsum is up to fp32
-rounding of the masses (a boundary within one rounding of ``1 − top_p``).
+Every rule keeps a set closed upwards in value, so one row's kept set is a boundary value b and the
+weight of its ties, w_k = 1[z'_k > b] + f·1[z'_k = b] (:class:`Support`; f = n_keep / n_b, 1 without a
+top-p tie), and nothing vocabulary-sized is kept. It is found from each shard's C largest values:
+concatenated over the shards (C·shards numbers per row), sorted, and run through the rules above with
+one cumsum. Every value above τ = the largest of the shards' C-th values is among them, so the result
+is exact whenever the candidates hold the kept set and every tie at b: b > τ, and, where the mass top-p
+renormalises by is read off the candidates (with top-k), the lowest value min-p and top-k keep > τ; for the rows where it is
+not, C grows eightfold and those rows are redone, up to the whole shard (where it is exact by
+construction). C = k + 32 with top-k (the kept set is the top k plus its ties), else
+:data:`CANDIDATES`. Top-p without top-k needs the kept mass of the whole row (after min-p): one
+exp-and-sum pass. Rows go in chunks of at most :data:`CHUNK_BYTES` of fp32 work space per shard.
+Min-p is compared as exp(z'_i − max z') < min_p (q_i / q_max, the max's exp is 1; vLLM divides both
+sides by the same sum first: a difference only within one rounding of the threshold). Reductions
+across shards go through :class:`Collectives` (identity on a whole row; in the trainer one all-reduce
+MAX for the row max and τ, one SUM for the row mass when top-p runs without top-k, one all-gather of
+the candidates). Agreement with vLLM's own sort-and-cumsum is up to fp32 rounding of the cumulative
+masses (a boundary within one rounding of ``1 − top_p``).
+
+On a GPU, vLLM 0.32 would run a Triton kernel with another rule (exactly k at a tied k-th value, an
+18-step pivot search for top-p, a different search for batches of at most 64 rows): the engines are
+pinned to the sort path there (``patches/vllm_gpu_sort_sampler.py``, ``docs/sampling-and-evaluation.md``).
 
 Greedy decoding (T = 0) is not a sampling distribution here (``rollout.temperature`` > 0).
 Shapes: ``z`` [..., W] (a shard of width W of the vocabulary, or the whole row).
@@ -51,7 +66,13 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-_BISECT_STEPS = 33   # int keys of fp32 span < 2^33: 33 halvings leave adjacent keys
+#: candidates per shard and row for top-p without top-k (grown eightfold for the rows they do not settle)
+CANDIDATES = 512
+#: extra candidates beyond top-k's k (ties at the k-th value)
+TIE_SLACK = 32
+#: fp32 work space per chunk of rows on one shard (rows per chunk = CHUNK_BYTES / (4 W)); ``plan`` counts
+#: the μ pass's working set from these three constants (``cli/plan_memory.py`` ``sampling_bytes``)
+CHUNK_BYTES = 256 * 2**20
 
 
 def _same(t: Tensor) -> Tensor:
@@ -99,92 +120,121 @@ class SamplingSpec:
 
 
 class Support(NamedTuple):
-    """The kept set of each row as weights ``w`` [..., W] (1 kept, n_keep/n_b on top-p boundary ties,
-    0 dropped; module docstring) and ``log_z`` [...] = log Σ_k w_k exp(z'_k), the normaliser of μ."""
+    """The kept set of each row: ``bound`` [...] b, the lowest kept value; ``frac`` [...] f, the weight of
+    the tokens tied at b (n_keep / n_b on a top-p boundary tie, else 1); ``log_z`` [...] = log Σ_k w_k
+    exp(z'_k), the normaliser of μ, with w_k = 1[z'_k > b] + f·1[z'_k = b] (module docstring)."""
 
-    w: Tensor
+    bound: Tensor
+    frac: Tensor
     log_z: Tensor
 
+    def weights(self, z: Tensor) -> Tensor:
+        """w [..., W] of the values ``z`` [..., W] (a shard or the whole row, after the temperature)."""
+        b, f = self.bound.unsqueeze(-1), self.frac.unsqueeze(-1)
+        return (z > b).to(z.dtype) + (z == b).to(z.dtype) * f
 
-def _log_sum_exp(z: Tensor, w: Tensor | None, col: Collectives) -> Tensor:
-    """log Σ_k w_k exp(z_k) over the shards (w None: all 1). Rows whose every weight is 0 give −inf."""
-    m = col.max(z.amax(-1))
+
+def _candidates(z: Tensor, c: int, rows: Tensor | None = None) -> Tensor:
+    """The ``c`` largest values [R, c] of each row of ``z`` (of ``rows`` only, copied in chunks of
+    :data:`CHUNK_BYTES`), descending (−inf where the shard is narrower than c)."""
+    cc = min(c, z.shape[-1])
+    if rows is None:
+        top = z.topk(cc, dim=-1).values if cc < z.shape[-1] else z.sort(-1, descending=True).values
+    else:
+        step = max(1, CHUNK_BYTES // (4 * max(1, z.shape[-1])))
+        top = torch.cat([_candidates(z.index_select(0, rows[i:i + step]), cc) for i in range(0, len(rows), step)])
+    if cc < c:
+        top = torch.cat([top, top.new_full((top.shape[0], c - cc), float("-inf"))], -1)
+    return top
+
+
+def _row_mass(z: Tensor, m: Tensor, min_p: float, col: Collectives) -> Tensor:
+    """Σ_k exp(z'_k − m) over the tokens min-p keeps (exp ≥ min_p), over the shards, in row chunks."""
+    rows = max(1, CHUNK_BYTES // (4 * max(1, z.shape[-1])))
+    out = []
+    for i in range(0, z.shape[0], rows):
+        e = (z[i:i + rows] - m[i:i + rows, None]).exp_()
+        if min_p > 0.0:
+            e.masked_fill_(e < min_p, 0.0)
+        out.append(e.sum(-1))
+    return col.sum(torch.cat(out) if out else m.new_zeros(0))
+
+
+def _rules(v: Tensor, m: Tensor, mass: Tensor | None, spec: SamplingSpec) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(b, f, Σ_k w_k exp(v_k − m), the lowest value min-p and top-k keep) of candidate rows ``v`` [R, N]
+    sorted descending, by the module docstring's rules; ``mass`` the kept mass after min-p of the whole
+    row (None: that of the candidates, which then must hold every token min-p and top-k keep)."""
+    e = torch.exp(v - m[:, None])                               # −inf padding -> 0
+    keep = torch.isfinite(v) & (e >= spec.min_p)
+    if spec.top_k > 0:
+        keep &= v >= v[:, min(spec.top_k, v.shape[1]) - 1, None]
+    ek = e * keep
+    n = keep.sum(-1)                                            # >= 1: the max always passes
+    low = v.gather(1, (n - 1)[:, None]).squeeze(1)
+    if spec.top_p < 1.0:
+        r = ek / (ek.sum(-1) if mass is None else mass)[:, None]
+        ahead = torch.cumsum(r, -1) - r                        # mass ahead in descending order
+        n = (keep & (ahead < spec.top_p)).sum(-1).clamp_min(1)
+    b = v.gather(1, (n - 1)[:, None]).squeeze(1)
+    above = v > b[:, None]
+    n_b = (v == b[:, None]).sum(-1)
+    f = (n - above.sum(-1)).to(v.dtype) / n_b.to(v.dtype)
+    return b, f, (e * above).sum(-1) + f * n_b * torch.exp(b - m), low
+
+
+def _support_rows(z: Tensor, spec: SamplingSpec, col: Collectives) -> Support:
+    """:func:`sampling_support` on rows ``z`` [R, W] (fp32)."""
+    c = spec.top_k + TIE_SLACK if spec.top_k > 0 else CANDIDATES
+    top = _candidates(z, c)
+    m = col.max(top[:, 0].clone())
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    e = torch.exp(z - m.unsqueeze(-1))
-    s = col.sum((e if w is None else e * w).sum(-1))
-    return m + torch.log(s)
+    mass = _row_mass(z, m, spec.min_p, col) if spec.top_p < 1.0 and spec.top_k <= 0 else None
+    b, f, s = (torch.empty_like(m) for _ in range(3))
+    rows = torch.arange(z.shape[0], device=z.device)
+    while True:
+        tau = col.max(top[:, -1].clone())                       # every value above tau is a candidate
+        v = col.cat(top).sort(-1, descending=True).values
+        bb, ff, ss, low = _rules(v, m[rows], None if mass is None else mass[rows], spec)
+        b[rows], f[rows], s[rows] = bb, ff, ss
+        todo = ~(bb > tau) if mass is not None else ~(low > tau)   # low <= b: the candidates hold all
+        if not bool(todo.any()):
+            break
+        rows, c = rows[todo], c * 8                             # the same rows on every shard: tau, v agree
+        top = _candidates(z, c, rows)
+    return Support(b, f, m + torch.log(s))
 
 
-def _float_key(x: Tensor) -> Tensor:
-    """Order-preserving int64 image of fp32 values (a < b ⇔ key(a) < key(b); −0 = +0)."""
-    i = x.float().contiguous().view(torch.int32).to(torch.int64)
-    return torch.where(i >= 0, i, -(i & 0x7FFFFFFF))
-
-
-def _key_float(k: Tensor) -> Tensor:
-    """Inverse of :func:`_float_key`."""
-    i = torch.where(k >= 0, k, (-k) | 0x80000000)
-    i = torch.where(i >= 2**31, i - 2**32, i)
-    return i.to(torch.int32).view(torch.float32)
-
-
-def _min_p(z: Tensor, min_p: float, col: Collectives) -> Tensor:
-    """z with the tokens below min_p · max q set to −inf (vLLM: softmax, amax, compare)."""
-    m = col.max(z.amax(-1)).unsqueeze(-1)
-    e = torch.exp(z - m)
-    q = e / col.sum(e.sum(-1)).unsqueeze(-1)
-    qmax = col.max(q.amax(-1)).unsqueeze(-1)
-    return z.masked_fill(q < qmax * min_p, float("-inf"))
-
-
-def _top_k(z: Tensor, k: int, col: Collectives) -> Tensor:
-    """z with the tokens below the k-th largest value set to −inf (ties kept): each shard's k largest,
-    concatenated over the shards, then the k-th of those."""
-    kk = min(k, z.shape[-1])
-    local = z.topk(kk, dim=-1).values
-    if kk < k:
-        local = torch.cat([local, local.new_full((*local.shape[:-1], k - kk), float("-inf"))], -1)
-    kth = col.cat(local).topk(k, dim=-1).values[..., -1:]
-    return z.masked_fill(z < kth, float("-inf"))
-
-
-def _top_p_weights(z: Tensor, top_p: float, col: Collectives) -> Tensor:
-    """Weights of the top-p kept set of the finite entries of z (module docstring, step 4)."""
-    finite = torch.isfinite(z)
-    lse = _log_sum_exp(z, None, col).unsqueeze(-1)
-    r = torch.exp(z - lse)                                   # softmax of what min-p / top-k left
-    big = torch.finfo(torch.float32).max
-    lo = _float_key(col.max(torch.where(finite, -z, torch.full_like(z, -big)).amax(-1)).neg()) - 1
-    hi = _float_key(col.max(z.amax(-1)))                     # G(max) = 0 < top_p: hi is always valid
-    for _ in range(_BISECT_STEPS):                           # invariant: G(lo) >= top_p > G(hi)
-        mid = lo + (hi - lo) // 2
-        g = col.sum((r * (z > _key_float(mid).unsqueeze(-1))).sum(-1))
-        ok = g < top_p
-        hi, lo = torch.where(ok, mid, hi), torch.where(ok, lo, mid)
-    b = _key_float(hi).unsqueeze(-1)                         # the boundary value: a token's value
-    above = z > b
-    tie = z == b
-    g_b = col.sum((r * above).sum(-1))
-    n_b = col.sum(tie.sum(-1).to(z.dtype))
-    r_b = torch.exp(b.squeeze(-1) - lse.squeeze(-1))
-    n_keep = torch.clamp(torch.ceil((top_p - g_b) / r_b), min=1.0)
-    n_keep = torch.minimum(n_keep, n_b.clamp_min(1.0))
-    return above.to(z.dtype) + tie.to(z.dtype) * (n_keep / n_b.clamp_min(1.0)).unsqueeze(-1)
+def row_blocks(t: Tensor) -> list[tuple[int, ...]]:
+    """Indices of ``t`` [..., W] whose ``t[i]`` are 2-D [rows, W] views (no copy of a sliced tensor,
+    which ``reshape(-1, W)`` would make)."""
+    lead = t.shape[:-2]
+    if not lead:
+        return [()]
+    return [tuple(int(x) for x in ix) for ix in torch.cartesian_prod(*(torch.arange(n) for n in lead)).reshape(-1, len(lead))]
 
 
 @torch.no_grad()
 def sampling_support(z: Tensor, spec: SamplingSpec, col: Collectives = WHOLE_ROW) -> Support:
-    """The kept set of ``z`` = logits / T ([..., W], fp32; padding columns −inf) under ``spec``'s
-    min-p, top-k and top-p (the module docstring, in vLLM's order), as :class:`Support`."""
-    z = z.float()
-    x = _min_p(z, spec.min_p, col) if spec.min_p > 0.0 else z
-    if spec.top_k > 0:
-        x = _top_k(x, spec.top_k, col)
-    if spec.top_p < 1.0:
-        w = _top_p_weights(x, spec.top_p, col)
-    else:
-        w = torch.isfinite(x).to(z.dtype)
-    return Support(w, _log_sum_exp(z, w, col))
+    """The kept set of ``z`` = logits / T ([..., W]; a shard's real columns, no padding) under ``spec``'s
+    min-p, top-k and top-p (the module docstring, in vLLM's order), as :class:`Support` [...]."""
+    z = z if z.dtype == torch.float32 else z.float()
+    if z.dim() == 1:
+        return Support(*(t.squeeze(0) for t in sampling_support(z[None], spec, col)))
+    out = Support(*(z.new_empty(z.shape[:-1]) for _ in range(3)))
+    for ix in row_blocks(z):
+        rows = z[ix]
+        if spec.truncates():
+            step = max(1, CHUNK_BYTES // (4 * max(1, rows.shape[-1])))
+            parts = [_support_rows(rows[i:i + step], spec, col) for i in range(0, rows.shape[0], step)]
+            sup = Support(*(torch.cat(t) for t in zip(*parts)))
+        else:
+            m = col.max(rows.amax(-1))
+            m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+            sup = Support(torch.full_like(m, float("-inf")), torch.ones_like(m),
+                          m + torch.log(_row_mass(rows, m, 0.0, col)))
+        for dst, src in zip(out, sup):
+            dst[ix] = src
+    return out
 
 
 def processed_logits(logits: Tensor, temperature: float, top_k: int = -1, top_p: float = 1.0,
@@ -196,7 +246,7 @@ def processed_logits(logits: Tensor, temperature: float, top_k: int = -1, top_p:
     z = logits.float() / temperature
     if not spec.truncates(z.shape[-1]):
         return z
-    return z + torch.log(sampling_support(z, spec).w)
+    return z + torch.log(sampling_support(z, spec).weights(z))
 
 
 def sampled_logprobs(logits: Tensor, tokens: Tensor, spec: SamplingSpec) -> Tensor:
@@ -211,5 +261,4 @@ def sampled_logprobs(logits: Tensor, tokens: Tensor, spec: SamplingSpec) -> Tens
 def in_support(logits: Tensor, tokens: Tensor, spec: SamplingSpec) -> Tensor:
     """Bool [...]: whether each token is in the kept set of its row (boundary ties count as kept)."""
     z = logits.float() / spec.temperature
-    w = sampling_support(z, spec).w
-    return w.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1) > 0
+    return z.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1) >= sampling_support(z, spec).bound

@@ -25,6 +25,7 @@ from megatron_rl.cli.plan_memory import (
     DTYPE_BYTES,
     GIB,
     OFFLOAD_MODES,
+    RATIO_SPACES,
     PlanInputs,
     PlanReport,
     engine_holds,
@@ -62,6 +63,7 @@ def format_report(rep: PlanReport) -> str:
         f"{'activations (1F1B)':<44}{g(rep.activations)}",
         *([f"{'  of which S x S attention scores (local)':<44}{g(score_total(rep))}"] if i.attention == "local" else []),
         f"{'logits + fp32 softmax':<44}{g(rep.logits)}",
+        *([f"{'sampling μ pass (' + _sampling_text(i) + ')':<44}{g(rep.sampling)}"] if rep.sampling else []),
         f"{'overhead (CUDA context, NCCL, workspaces)':<44}{g(rep.overhead)}",
         f"{'= training total':<44}{g(rep.train_total)}",
         f"{'rollout engine weights (TP=' + str(i.rollout_tp) + ')':<44}{g(rep.rollout_weights)}",
@@ -88,6 +90,12 @@ def score_total(rep: PlanReport) -> int:
     """The part of ``rep.activations`` that local attention's S x S scores take (0 with flash)."""
     flash = estimate(rep.arch, dataclasses.replace(rep.inputs, attention="flash"))
     return rep.activations - (flash.activations if flash.stage == rep.stage else rep.activations)
+
+
+def _sampling_text(i: PlanInputs) -> str:
+    """The truncation μ applies and where it runs: ``top-k 20, top-p 0.95; log-prob passes``."""
+    rules = [f"top-k {i.top_k}"] * (i.top_k > 0) + [f"top-p {i.top_p:g}"] * (i.top_p < 1) + [f"min-p {i.min_p:g}"] * (i.min_p > 0)
+    return ", ".join(rules) + ("; + backward" if i.ratio_space == "sampling" else "")
 
 
 def _copies_text(i: PlanInputs) -> str:
@@ -158,6 +166,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--teacher-shadow", action="store_true", help="the teacher's snapshot / EMA weights (fp32 copy)")
     p.add_argument("--extra-weight-copies", type=int, default=d.extra_weight_copies,
                    help="further weight copies (model precision) kept on the GPU")
+    _add_sampling_arguments(p, d)
     p.add_argument("--config", help="run config (YAML): layout, precision, micro-batching, seq-len, max-model-len, "
                    "placement, trainer.offload and engine count come from it (plan_config.py)")
     p.add_argument("--separate", dest="colocated", action="store_false", help="rollout engines on other GPUs")
@@ -177,6 +186,15 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--gpu-total-gib", type=float, default=d.gpu_total_gib,
                    help="the device's memory, of which gpu_memory_utilization is a fraction")
     return p
+
+
+def _add_sampling_arguments(p: argparse.ArgumentParser, d: PlanInputs) -> None:
+    """The engines' sampling (μ, which the trainer also scores under when it truncates) and the ratio space."""
+    p.add_argument("--top-k", type=int, default=d.top_k, help="rollout.top_k of the engines' sampling (-1 = off)")
+    p.add_argument("--top-p", type=float, default=d.top_p, help="rollout.top_p (1 = off)")
+    p.add_argument("--min-p", type=float, default=d.min_p, help="rollout.min_p (0 = off)")
+    p.add_argument("--ratio-space", choices=RATIO_SPACES, default=d.ratio_space,
+                   help="algo.ratio_space: sampling also runs the μ pass's backward in the training step")
 
 
 def run(args: argparse.Namespace) -> PlanReport | None:

@@ -19,6 +19,8 @@ config decides::
     reference                   the method needs reference log-probs (its KL loss / in-reward KL is on)
     teacher_shadow              the method's teacher_mode is snapshot or ema (an fp32 copy, trainer/paths/teacher/weights.py)
     fused_swiglu                true: a GPU build fuses SwiGLU (models/provider.py cuda_fusions)
+    top_k, top_p, min_p         rollout.top_k / top_p / min_p (the sampling distribution μ the trainer scores)
+    ratio_space                 algo.ratio_space
     attention                   model.backend: te -> flash, local -> local; auto is left to ``--attention``
                                 (flash by default: auto builds TE where it imports on the GPU machine)
 
@@ -46,7 +48,8 @@ KEYS = {"tp": "parallel.tp", "pp": "parallel.pp", "vpp": "parallel.vpp", "cp": "
         "recompute": "model.recompute", "recompute_method": "model.recompute_method",
         "recompute_num_layers": "model.recompute_num_layers", "reference": "algo.<kind> (its KL needs a reference)",
         "teacher_shadow": "algo.<kind>.teacher_mode", "fused_swiglu": "the GPU build (fused SwiGLU)",
-        "attention": "model.backend"}
+        "attention": "model.backend", "top_k": "rollout.top_k", "top_p": "rollout.top_p", "min_p": "rollout.min_p",
+        "ratio_space": "algo.ratio_space"}
 
 
 def config_inputs(path: str | Path) -> dict[str, Any]:
@@ -66,6 +69,7 @@ def config_inputs(path: str | Path) -> dict[str, Any]:
             "recompute": m.recompute, "recompute_method": m.recompute_method, "recompute_num_layers": m.recompute_num_layers,
             "reference": "ref_logp" in kind_required_inputs(cfg.algo.kind, cfg.algo.hparams),
             "teacher_shadow": getattr(cfg.algo.hparams, "teacher_mode", "fixed") in ("snapshot", "ema"),
+            "top_k": r.top_k, "top_p": r.top_p, "min_p": r.min_p, "ratio_space": cfg.algo.ratio_space,
             "fused_swiglu": True, **({"attention": _ATTENTION[m.backend]} if m.backend in _ATTENTION else {})}
 
 

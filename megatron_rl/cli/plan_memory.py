@@ -41,6 +41,30 @@ and everything of the other n − k, plus one recomputed layer. Selective recomp
 module: core attention) drops the score term only, which flash attention never stores. The last stage also holds the logits:
 T·(V/t)·(e + 4 + 4) (logits, fp32 copy, fp32 softmax for log-prob/entropy backward).
 
+The sampling distribution μ (``algorithms/sampling.py``; ``--top-k`` / ``--top-p`` / ``--min-p``: ``rollout.*``;
+``--ratio-space``: ``algo.ratio_space``). When the engines' sampling truncates (min-p > 0, top-p < 1 or 0 < top-k < V),
+the last stage also scores every token under μ (``trainer/policy/vocab_parallel.py``
+``vocab_parallel_sampled_logprobs``): in the log-prob passes, and with ``ratio_space=sampling`` in the training
+forward and backward too. Its working set, with N = T/c tokens, W = V/t columns of a shard, ρ = min(N, ⌊CHUNK /
+(4W)⌋) rows per chunk (CHUNK = ``CHUNK_BYTES``, 256 MiB of fp32 work space), C candidates per shard and row
+(k + ``TIE_SLACK`` with top-k, else ``CANDIDATES``)::
+
+    forward  = ρ·( 5·W·[top-p without top-k]     (the kept mass: exp of a chunk, fp32, + min-p's mask)
+                 + 12·C + 32·t·C )               (the shard's top C (fp32 + int64 order), the t·C gathered
+                                                  ones: their copy, sort and the rules' fp32/bool temporaries)
+    backward = N·W·e + ρ·W·(9 + [e < 4]·4)       (the μ gradient of the shard, held until autograd adds the
+                                                  full softmax's; per chunk: the fp32 upcast, exp, masks)
+    μ        = 12·N + forward                    (ratio_space=full: log-prob passes only)
+             = 12·N + max(forward, backward)     (ratio_space=sampling)
+
+12·N: the kept set of each row (bound, tie weight, normaliser: 3 fp32). The μ forward's fp32 copy of a
+bf16 logits shard (``vocab_parallel._shard``) is the logits term's fp32 copy: the full-softmax pass's is
+freed by then. μ is counted on top of the training total (an upper bound: with ``ratio_space=full`` it
+runs in the no-grad passes, which keep no activations).
+Not counted: rows whose candidates do not settle the kept set are redone with 8× the candidates (top-p
+without top-k on near-flat rows; at worst a chunk of whole shards: ~(16 + 48·t)·CHUNK/4), and the GPU
+top-k's own workspace.
+
 Attention (``--attention``, the layers the code builds: ``model.backend`` te -> ``flash``, local -> ``local``;
 auto -> te where Transformer Engine imports on the GPU machine, which ``--config`` cannot know: it plans
 ``flash`` and says so, and a run whose auto falls back to local is refused at start-up when the scores would
@@ -110,6 +134,17 @@ GIB = 1024 ** 3
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 OFFLOAD_MODES = ("none", "optimizer", "all")   # trainer.offload (trainer/policy/offload.py; no torch import here)
 ATTENTION = ("flash", "local")                 # the attention the layers run: TE's fused kernels | megatron's local
+RATIO_SPACES = ("full", "sampling")            # algo.ratio_space (config.py)
+#: the μ pass's sizes (``algorithms/sampling.py`` CHUNK_BYTES, CANDIDATES, TIE_SLACK: no torch import here;
+#: ``tests/unit/test_plan.py`` pins them to the code's)
+MU_CHUNK_BYTES = 256 * 2**20
+MU_CANDIDATES = 512
+MU_TIE_SLACK = 32
+MU_ROW_MASS_BYTES = 5          # per element of a forward chunk (top-p without top-k): exp (fp32) + min-p's mask
+MU_LOCAL_BYTES = 12            # per candidate of a shard: its value (fp32) + top-k's int64 position
+MU_GATHERED_BYTES = 32         # per gathered candidate (t·C a row): all-gather copy, sort (fp32 + int64), rules' temps
+MU_BACKWARD_BYTES = 9          # per element of a backward chunk: exp(z − log Z) + its temporary (fp32), the masks
+MU_ROW_BYTES = 12              # per token: the kept set's bound, tie weight and normaliser (fp32)
 
 
 @dataclass(frozen=True)
@@ -149,6 +184,10 @@ class PlanInputs:
     gpu_mem_gib: float = 78.0        # usable of an 80 GB H100
     gpu_total_gib: float = 80.0      # what gpu_memory_utilization is a fraction of
     vocab_multiple: int = 128
+    top_k: int = -1                  # rollout.top_k (-1 / 0 = off): the sampling distribution μ the trainer scores
+    top_p: float = 1.0               # rollout.top_p (1 = off)
+    min_p: float = 0.0               # rollout.min_p (0 = off)
+    ratio_space: str = "full"        # algo.ratio_space: sampling = μ's forward and backward in the training step
 
     def __post_init__(self):
         for f in ("tp", "pp", "vpp", "cp", "dp", "micro_batch", "seq_len", "rollout_tp", "rollout_seqs", "rollout_engines",
@@ -169,6 +208,10 @@ class PlanInputs:
                              f"{self.recompute_method!r} / {self.recompute_num_layers}")
         if self.rollout_mem_util is not None and not 0 < self.rollout_mem_util <= 1:
             raise ValueError(f"--rollout-mem-util must be in (0, 1], got {self.rollout_mem_util}")
+        if self.ratio_space not in RATIO_SPACES:
+            raise ValueError(f"--ratio-space must be one of {'|'.join(RATIO_SPACES)}, got {self.ratio_space!r}")
+        if not (0.0 < self.top_p <= 1.0 and 0.0 <= self.min_p <= 1.0):
+            raise ValueError(f"--top-p must be in (0, 1] and --min-p in [0, 1], got {self.top_p} / {self.min_p}")
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("sequence_parallel needs tp > 1")
         if not self.gpu_mem_gib > 0 or self.overhead_gib < 0:
@@ -287,6 +330,27 @@ def activation_bytes(arch: ArchSpec, inp: PlanInputs, padded_v: int) -> tuple[in
             int(layers_worth(arch.layers // inp.pp) + ring + working * scores), int(logits))
 
 
+def sampling_truncates(inp: PlanInputs, vocab: int) -> bool:
+    """Whether the engines' sampling drops tokens (``SamplingSpec.truncates``): the trainer then scores under μ."""
+    return inp.min_p > 0.0 or inp.top_p < 1.0 or 0 < inp.top_k < vocab
+
+
+def sampling_bytes(arch: ArchSpec, inp: PlanInputs, padded_v: int) -> int:
+    """The μ pass's working set on the last stage (module docstring), 0 when the sampling does not truncate."""
+    if not sampling_truncates(inp, arch.vocab):
+        return 0
+    e = DTYPE_BYTES[inp.dtype]
+    n, w = math.ceil(inp.micro_batch_tokens / inp.cp), padded_v // inp.tp
+    rows = min(n, max(1, MU_CHUNK_BYTES // (4 * w)))
+    c = inp.top_k + MU_TIE_SLACK if inp.top_k > 0 else MU_CANDIDATES
+    row_mass = inp.top_p < 1.0 and inp.top_k <= 0
+    forward = rows * (MU_ROW_MASS_BYTES * w * row_mass + MU_LOCAL_BYTES * c + MU_GATHERED_BYTES * inp.tp * c)
+    if inp.ratio_space != "sampling":
+        return MU_ROW_BYTES * n + forward
+    backward = n * w * e + rows * w * (MU_BACKWARD_BYTES + (4 if e < 4 else 0))
+    return MU_ROW_BYTES * n + max(forward, backward)
+
+
 def attention_bytes(inp: PlanInputs) -> tuple[int, int]:
     """Bytes per S x S element: (kept by autograd per layer, one layer's working set), module docstring.
     ``flash``: (0, 0). ``local``: (4 + e, 2e + 4) in bf16 / fp16, (4, 2e) in fp32; selective recompute
@@ -315,6 +379,7 @@ class PlanReport:
     extra_copies: int
     activations: int
     logits: int
+    sampling: int                    # the μ pass's working set (0 when the sampling does not truncate)
     overhead: int
     rollout_weights: int
     rollout_kv: int
@@ -322,7 +387,7 @@ class PlanReport:
     @property
     def train_total(self) -> int:
         return (self.weights + self.grads + self.optimizer + self.extra_copies + self.activations
-                + self.logits + self.overhead)
+                + self.logits + self.sampling + self.overhead)
 
     @property
     def rollout_need(self) -> int:
@@ -370,21 +435,22 @@ def estimate(arch: ArchSpec, inp: PlanInputs) -> PlanReport:
     common = dict(arch=arch, inputs=inp, params=counts, overhead=int(inp.overhead_gib * GIB),
                   rollout_weights=arch.total_params() * e // inp.rollout_tp,
                   rollout_kv=2 * arch.layers * kv_heads * arch.head_dim * DTYPE_BYTES[inp.kv_dtype] * inp.rollout_seqs * rl)
+    mu = sampling_bytes(arch, inp, counts.padded_vocab)     # the last stage's, like the logits
     if inp.pp == 1:
-        return _stage(common, "only", counts.first_stage, acts_first, logits)
-    first = _stage(common, "first", counts.first_stage, acts_first, 0)
-    last = _stage(common, "last", counts.last_stage, acts_last, logits)
+        return _stage(common, "only", counts.first_stage, acts_first, logits, mu)
+    first = _stage(common, "first", counts.first_stage, acts_first, 0, 0)
+    last = _stage(common, "last", counts.last_stage, acts_last, logits, mu)
     return first if first.train_total >= last.train_total else last
 
 
-def _stage(common: dict, stage: str, n: int, acts: int, logits: int) -> PlanReport:
+def _stage(common: dict, stage: str, n: int, acts: int, logits: int, mu: int) -> PlanReport:
     inp: PlanInputs = common["inputs"]
     e = DTYPE_BYTES[inp.dtype]
     grad_b, opt_b = (4, 12) if e == 2 else (4, 8)
     r = inp.dp * inp.cp if inp.dist_opt else 1      # Megatron's distributed optimizer shards over DP x CP
     copies = (inp.extra_weight_copies + inp.reference) * n * e + inp.teacher_shadow * n * (4 + e)
     return PlanReport(**common, stage=stage, weights=n * e, grads=n * grad_b, optimizer=int(n * opt_b / r),
-                      extra_copies=copies, activations=acts, logits=logits)
+                      extra_copies=copies, activations=acts, logits=logits, sampling=mu)
 
 
 def engine_holds(rep: PlanReport) -> bool:

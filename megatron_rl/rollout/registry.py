@@ -28,6 +28,10 @@ from collections.abc import Mapping
 #: optional constructor arguments an engine may take from ``rollout.*`` (``trainer/loop/setup.client_args``)
 OPTIONS = frozenset({"kv_cache_gib", "enable_sleep_mode", "gpu_memory_utilization", "enforce_eager", "tensor_parallel_size"})
 WHERE = ("always", "cuda", "never")
+#: top-k / top-p rules the trainer's μ reproduces (``algorithms/sampling.py``): vLLM's sort path
+SAMPLERS = ("sort",)
+#: the vLLM version the sampler rule was checked against (``tests/unit/algorithms/test_sampling_vllm_oracle.py``)
+SAMPLER_CHECKED_VLLM = "0.32.0"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +58,10 @@ class EngineCaps:
             ``function(SamplingParams, logprobs_mode) -> (field, words) | None`` (vLLM:
             ``rollout/vllm_requests.sampling_refusal``), run by the start-up checks; "" = none beyond
             ``SamplingParams``'s own.
+        sampler: the top-k / top-p rule its sampler applies, one of :data:`SAMPLERS` — the rule the
+            trainer scores the engine's tokens under. ``sort``: vLLM's ``apply_top_k_top_p_pytorch`` (top-k
+            keeps every tie at the k-th value, top-p exact by sort and cumsum); vLLM on CUDA is pinned to
+            it by ``patches/vllm_gpu_sort_sampler.py``.
     """
 
     transports: Mapping[str, str]
@@ -65,6 +73,7 @@ class EngineCaps:
     host_kv_cache_option: bool = False
     inflight_updates: bool = False
     sampling_check: str = ""
+    sampler: str = "sort"
 
     def __post_init__(self):
         if not self.transports:
@@ -72,6 +81,9 @@ class EngineCaps:
         for field in ("sleep", "tensor_parallel"):
             if getattr(self, field) not in WHERE:
                 raise ValueError(f"EngineCaps.{field} must be one of {'|'.join(WHERE)}, got {getattr(self, field)!r}")
+        if self.sampler not in SAMPLERS:
+            raise ValueError(f"EngineCaps.sampler must be one of {'|'.join(SAMPLERS)} (the rules the trainer's "
+                             f"sampling distribution reproduces), got {self.sampler!r}")
         if unknown := sorted(set(self.options) - OPTIONS):
             raise ValueError(f"EngineCaps.options: unknown option(s) {unknown}; valid: {sorted(OPTIONS)}")
 

@@ -36,7 +36,7 @@ def sample_step(logits: torch.Tensor, temperature: float, top_k: int, top_p: flo
         tok = int(torch.multinomial(logp.exp().cpu(), 1, generator=gen))
         return tok, float(logp[tok])
     sup = sampling_support(z, spec)
-    tok = int(torch.multinomial((z + torch.log(sup.w)).log_softmax(-1).exp().cpu(), 1, generator=gen))
+    tok = int(torch.multinomial((z + torch.log(sup.weights(z))).log_softmax(-1).exp().cpu(), 1, generator=gen))
     if logprobs == "full":
         return tok, float(z.log_softmax(-1)[tok])
     return tok, float(z[tok] - sup.log_z)

@@ -29,9 +29,10 @@ from .. import patches
 from .weight_sync import RoundSource, pack_round
 
 from .engine import Completion, SamplingParams, validate_prompts
-from .registry import OPTIONS, EngineCaps, register_engine
+from .registry import OPTIONS, SAMPLER_CHECKED_VLLM, EngineCaps, register_engine
 from .vllm_requests import prompt_logprobs, request_params, sampled_logprobs, score_params
 from ..config_parse import LOGPROB_MODES
+from ..runtime.stack import installed_version
 
 #: ``rollout.logprobs`` -> vLLM's ``logprobs_mode`` (``rollout/sampling.py``)
 _VLLM_LOGPROBS_MODE = {"processed": "processed_logprobs", "full": "raw_logprobs"}
@@ -40,6 +41,19 @@ log = logging.getLogger("megatron_rl.rollout.vllm")
 
 #: vLLM's own limits on sampling values, checked at start-up (``EngineCaps.sampling_check``)
 SAMPLING_CHECK = "megatron_rl.rollout.vllm_requests:sampling_refusal"
+
+
+def warn_unchecked_sampler(version: str | None) -> str | None:
+    """The start-up warning (logged, and returned) when the installed vLLM is not the version its top-k /
+    top-p rule was checked against (:data:`~megatron_rl.rollout.registry.SAMPLER_CHECKED_VLLM`): the trainer's
+    μ reproduces the sort path of that version; another may sample otherwise."""
+    if version is None or version.split("+")[0] == SAMPLER_CHECKED_VLLM:
+        return None
+    msg = (f"vLLM {version}: its top-k / top-p rule was checked against {SAMPLER_CHECKED_VLLM} only "
+           "(tests/unit/algorithms/test_sampling_vllm_oracle.py); the trainer's sampling distribution may differ from "
+           "what this version samples: rerun that test and watch rollout/logprob_gap")
+    log.warning(msg)
+    return msg
 
 
 def kv_cache_bytes(gib: float) -> int:
@@ -116,6 +130,7 @@ class VLLMEngine:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
         patches.apply_all(("vllm",))
+        warn_unchecked_sampler(installed_version("vllm"))
         from vllm import LLM  # lazy: defers vllm to the call
         from vllm.platforms import current_platform  # lazy: defers vllm to the call
 

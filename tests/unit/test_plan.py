@@ -357,3 +357,55 @@ def test_local_attention_is_planned_as_megatron_builds_it():
     assert "of which S x S attention scores (local)" in format_report(local)
     with pytest.raises(ValueError, match="--attention must be one of flash|local"):
         PlanInputs(attention="sdpa")
+
+
+def test_sampling_term_is_the_mu_pass_working_set():
+    """The μ term of the plan is the working set of ``algorithms/sampling.py`` from ITS constants (chunk
+    budget, candidates, tie slack): one row chunk, the candidates and their gathered sort, and with
+    ``ratio_space=sampling`` the backward's gradient shard; 0 when the sampling does not truncate."""
+    import math
+
+    from megatron_rl.algorithms.sampling import CANDIDATES, CHUNK_BYTES, TIE_SLACK
+    from megatron_rl.cli import plan_memory as PM
+
+    assert (PM.MU_CHUNK_BYTES, PM.MU_CANDIDATES, PM.MU_TIE_SLACK) == (CHUNK_BYTES, CANDIDATES, TIE_SLACK)
+    arch = load_arch("qwen3-8b")
+    base = PlanInputs(tp=4, dp=2, max_tokens_per_micro_batch=40960, seq_len=18432, max_model_len=40960,
+                      sequence_parallel=True, recompute="full")
+    v = padded_vocab(arch.vocab, 4)
+    n, w = 40960, v // 4
+    rows = min(n, CHUNK_BYTES // (4 * w))
+
+    def want(top_k, top_p, min_p, space):
+        c = top_k + TIE_SLACK if top_k > 0 else CANDIDATES
+        fwd = rows * (PM.MU_ROW_MASS_BYTES * w * (top_p < 1 and top_k <= 0) + PM.MU_LOCAL_BYTES * c
+                      + PM.MU_GATHERED_BYTES * 4 * c)
+        bwd = n * w * 2 + rows * w * (PM.MU_BACKWARD_BYTES + 4)        # bf16 logits: the fp32 upcast of a chunk
+        return PM.MU_ROW_BYTES * n + (max(fwd, bwd) if space == "sampling" else fwd)
+
+    off = estimate(arch, base)
+    assert off.sampling == 0
+    for k, p, m, space in [(20, 0.95, 0.0, "full"), (-1, 0.7, 0.0, "full"), (-1, 1.0, 0.1, "full"),
+                           (3, 1.0, 0.0, "sampling"), (-1, 0.95, 0.0, "sampling")]:
+        rep = estimate(arch, dataclasses.replace(base, top_k=k, top_p=p, min_p=m, ratio_space=space))
+        assert rep.sampling == want(k, p, m, space), (k, p, m, space)
+        assert rep.train_total - off.train_total == rep.sampling
+        assert "sampling μ pass" in format_report(rep)
+    # the recipe (top-k 20, top-p 0.95): candidates only, ~13 MiB; top-p alone adds one chunk's exp + mask
+    assert math.isclose(want(20, 0.95, 0, "full") / 2**20, 12.72, abs_tol=0.01)
+    assert PM.MU_ROW_MASS_BYTES * rows * w <= PM.MU_ROW_MASS_BYTES / 4 * CHUNK_BYTES
+    assert estimate(arch, dataclasses.replace(base, top_k=arch.vocab)).sampling == 0   # k >= V keeps all
+    pp = estimate(arch, dataclasses.replace(base, pp=2, top_p=0.7))                     # the last stage's
+    assert pp.sampling == (want(-1, 0.7, 0, "full") if pp.stage == "last" else 0)
+    with pytest.raises(ValueError, match="ratio-space"):
+        PlanInputs(ratio_space="mu")
+
+
+def test_plan_config_reads_the_sampling_and_ratio_space(tmp_path):
+    """``--config``: the μ inputs come from rollout.top_k / top_p / min_p and algo.ratio_space."""
+    from megatron_rl.cli.plan_config import config_inputs
+    from tests.helpers.tools import load_tool
+
+    path = load_tool("example_plans").CONFIGS / "qwen3_8b_bicc_rcc.yaml"
+    got = config_inputs(path)
+    assert (got["top_k"], got["top_p"], got["min_p"], got["ratio_space"]) == (-1, 0.7, 0.0, "full")

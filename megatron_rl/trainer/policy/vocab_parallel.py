@@ -35,9 +35,11 @@ import torch
 import torch.distributed as dist
 
 from megatron_rl.algorithms.sampling import (
+    CHUNK_BYTES,
     WHOLE_ROW,
     Collectives,
     SamplingSpec,
+    row_blocks,
     sampling_support,
 )
 
@@ -319,44 +321,53 @@ class SampledLogProbs(NamedTuple):
 
 
 class _VocabParallelSampledLogProbs(torch.autograd.Function):
-    """log μ(y) with the vocab split over TP; the module docstring's formulas."""
+    """log μ(y) with the vocab split over TP; the module docstring's formulas. The kept set is one
+    boundary value and one tie weight per row (``algorithms/sampling.py`` :class:`Support`): nothing
+    shard-sized is saved beyond the logits, and the backward runs in row chunks into the gradient."""
 
     @staticmethod
     def forward(ctx, logits, targets, group, vocab_size, spec):
         z, lo, nv = _shard(logits, group, vocab_size)
         width = logits.shape[-1]
-        zz = z.clone() if nv == width else torch.cat([z[..., :nv], z.new_full((*z.shape[:-1], width - nv), float("-inf"))], -1)
-        sup = sampling_support(zz, spec, tp_collectives(group))
-        del zz
+        sup = sampling_support(z[..., :nv], spec, tp_collectives(group))   # the real columns: a view
         own, idx = _target_index(targets, lo, width)
-        z_t = _all_reduce(torch.where(own, z.gather(-1, idx).squeeze(-1), torch.zeros_like(sup.log_z)), dist.ReduceOp.SUM, group)
-        w_t = _all_reduce(torch.where(own, sup.w.gather(-1, idx).squeeze(-1), torch.zeros_like(sup.log_z)), dist.ReduceOp.SUM, group)
-        # the weights are 1 / 0 / one tie fraction per row: kept as uint8 codes (a quarter of fp32) + [rows]
-        tie = (sup.w > 0) & (sup.w < 1)
-        frac = torch.where(tie, sup.w, torch.zeros_like(sup.w)).amax(-1)
-        code = (sup.w == 1).to(torch.uint8) + 2 * tie.to(torch.uint8)
-        ctx.save_for_backward(logits, targets, code, frac, sup.log_z)
-        ctx.meta = lo
-        ctx.mark_non_differentiable(w_t)
-        return z_t - sup.log_z, w_t > 0
+        z_t = _all_reduce(torch.where(own, z.gather(-1, idx).squeeze(-1), torch.zeros_like(sup.log_z)),
+                          dist.ReduceOp.SUM, group)
+        ctx.save_for_backward(logits, targets, sup.bound, sup.frac, sup.log_z)
+        ctx.meta = (lo, nv)
+        kept = z_t >= sup.bound
+        ctx.mark_non_differentiable(kept)
+        return z_t - sup.log_z, kept
 
     @staticmethod
     def backward(ctx, g, _g_kept):
-        logits, targets, code, frac, log_z = ctx.saved_tensors
-        lo = ctx.meta
-        w = (code == 1).float() + (code == 2).float() * frac.unsqueeze(-1)
-        grad = torch.exp(_upcast(logits) - log_z.unsqueeze(-1)).mul_(w).mul_(-g.unsqueeze(-1))   # −g μ_j
-        own, idx = _target_index(targets, lo, logits.shape[-1])
-        grad.scatter_add_(-1, idx, (g * own).unsqueeze(-1))
-        return grad.to(logits.dtype), None, None, None, None
+        logits, targets, bound, frac, log_z = ctx.saved_tensors
+        lo, nv = ctx.meta
+        width = logits.shape[-1]
+        own, idx = _target_index(targets, lo, width)
+        grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+        rows = max(1, CHUNK_BYTES // (4 * width))
+        for ix in row_blocks(logits):                  # 2-D views: no copy of a sliced logits tensor
+            z_all, b_all, f_all, lz_all, g_all = logits[ix], *(t[ix].unsqueeze(-1) for t in (bound, frac, log_z, g))
+            for i in range(0, z_all.shape[0], rows):
+                sl = slice(i, i + rows)
+                z, b = _upcast(z_all[sl]), b_all[sl]
+                gc = torch.exp(z - lz_all[sl]).mul_(-g_all[sl])                          # −g μ_j on the kept
+                gc.masked_fill_(z < b, 0.0).mul_(torch.where(z == b, f_all[sl], 1.0))   # set, f on the ties
+                if nv < width:
+                    gc[:, nv:] = 0.0
+                grad[ix][sl] = gc
+        grad.scatter_add_(-1, idx, (g * own).unsqueeze(-1).to(grad.dtype))
+        return grad, None, None, None, None
 
 
 def vocab_parallel_sampled_logprobs(logits_shard: torch.Tensor, targets: torch.Tensor, spec: SamplingSpec,
                                     tp_group=None, vocab_size: int | None = None) -> SampledLogProbs:
     """log μ(targets) under the sampling distribution of ``spec`` (its min-p, top-k, top-p; the
     temperature must already be applied, ``z / T``, as in :func:`vocab_parallel_logprobs`), vocab split
-    over ``tp_group``; shapes as there. The kept set costs: top-k one all-gather of k values per row and
-    shard; top-p 33 all-reduces of one number per row (the bisection of ``algorithms/sampling.py``)."""
+    over ``tp_group``; shapes as there. The kept set costs per row: one all-gather of each shard's
+    candidates (k + 32 values with top-k, else 512, times 8 for the rows they do not settle; ``algorithms/sampling.py``), two all-reduce MAX of one
+    number and, for top-p without top-k, one all-reduce SUM; memory: row chunks of ``CHUNK_BYTES``."""
     if logits_shard.shape[:-1] != targets.shape:
         raise ValueError(f"vocab_parallel_sampled_logprobs: logits {tuple(logits_shard.shape)} do not match "
                          f"targets {tuple(targets.shape)} on the leading dims")

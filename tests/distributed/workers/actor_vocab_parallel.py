@@ -70,7 +70,7 @@ def check_sampled(vocab_size: int, padded: int, spec: SamplingSpec) -> None:
     full = 2 * torch.randn(4, 6, padded)
     full[0] = 0.0
     z = full[..., :vocab_size]
-    w = sampling_support(z, spec).w
+    w = sampling_support(z, spec).weights(z)
     targets = torch.multinomial((z + w.log()).softmax(-1).reshape(-1, vocab_size), 1).reshape(4, 6)
     width = padded // world
     shard = full[..., rank * width:(rank + 1) * width].clone().requires_grad_()

@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from megatron_rl.algorithms.sampling import (
-    Collectives,
     SamplingSpec,
     in_support,
     sampled_logprobs,
     sampling_support,
 )
+from tests.helpers.shards import run_sharded
 
 # probabilities 0.5, 0.25, 0.15, 0.06, 0.04 (logits = log p, temperature 1)
 P = torch.tensor([0.5, 0.25, 0.15, 0.06, 0.04])
@@ -68,14 +68,14 @@ def test_closed_forms_on_five_tokens(kw, kept):
 def test_top_p_exactly_reached_in_exact_arithmetic():
     """top_p = 0.75 = 0.5 + 0.25: the third token's mass ahead (0.75) is not < 0.75, it is dropped."""
     p = torch.tensor([0.5, 0.25, 0.125, 0.0625, 0.0625], dtype=torch.float32)   # dyadic: exact in fp32
-    w = sampling_support(p.log()[None], SamplingSpec(top_p=0.75)).w
+    w = sampling_support(p.log()[None], SamplingSpec(top_p=0.75)).weights(p.log()[None])
     assert w.tolist() == [[1.0, 1.0, 0.0, 0.0, 0.0]]
 
 
 def test_ties_at_the_top_k_boundary_are_all_kept():
     """vLLM compares values with the k-th largest: ties with it stay (4 tokens kept at k = 2)."""
     z = torch.tensor([[2.0, 1.0, 1.0, 1.0, 0.0]])
-    w = sampling_support(z, SamplingSpec(top_k=2)).w
+    w = sampling_support(z, SamplingSpec(top_k=2)).weights(z)
     assert w.tolist() == [[1.0, 1.0, 1.0, 1.0, 0.0]]
 
 
@@ -85,7 +85,7 @@ def test_ties_at_the_top_p_boundary_keep_vllm_s_count():
     here every tie carries weight 3/5 and μ(y) = 0.2 / 0.6 for each (the mass vLLM keeps)."""
     z = torch.zeros(1, 5)
     sup = sampling_support(z, SamplingSpec(top_p=0.5))
-    torch.testing.assert_close(sup.w, torch.full((1, 5), 0.6))
+    torch.testing.assert_close(sup.weights(z), torch.full((1, 5), 0.6))
     lp = sampled_logprobs(z.expand(5, 5), torch.arange(5), SamplingSpec(top_p=0.5))
     torch.testing.assert_close(lp, torch.full((5,), math.log(0.2 / 0.6)))
     ref = vllm_reference(z, SamplingSpec(top_p=0.5))
@@ -95,7 +95,7 @@ def test_ties_at_the_top_p_boundary_keep_vllm_s_count():
 def test_ties_below_the_top_p_boundary_stay_whole():
     """[.4, .2, .2, .2]: top_p 0.5 -> mass ahead of the .2 block is .4 < .5, then .6, .8: one tie kept."""
     p = torch.tensor([[0.4, 0.2, 0.2, 0.2]])
-    w = sampling_support(p.log(), SamplingSpec(top_p=0.5)).w
+    w = sampling_support(p.log(), SamplingSpec(top_p=0.5)).weights(p.log())
     torch.testing.assert_close(w, torch.tensor([[1.0, 1 / 3, 1 / 3, 1 / 3]]))
 
 
@@ -114,7 +114,7 @@ def test_random_rows_match_the_vllm_reference(spec):
     want = ref.log_softmax(-1).gather(1, y[:, None]).squeeze(-1)
     got = sampled_logprobs(z, y, spec)
     torch.testing.assert_close(got.double(), want, atol=1e-4, rtol=0)
-    kept = sampling_support(z / spec.temperature, spec).w > 0
+    kept = sampling_support(z / spec.temperature, spec).weights(z / spec.temperature) > 0
     assert torch.equal(kept, torch.isfinite(ref))
 
 
@@ -127,43 +127,15 @@ def test_shards_give_the_whole_row_result():
     whole = sampling_support(z / spec.temperature, spec)
     bounds = [0, 51, 102, 153, 203]
     got = _run_sharded(z / spec.temperature, spec, bounds)
-    torch.testing.assert_close(torch.cat([s.w for s in got], -1), whole.w)
+    zz = z / spec.temperature
+    torch.testing.assert_close(torch.cat([s.weights(zz[:, bounds[i]:bounds[i + 1]]) for i, s in enumerate(got)], -1),
+                               whole.weights(zz))
     for s in got:
         torch.testing.assert_close(s.log_z, whole.log_z, atol=1e-6, rtol=0)
 
 
 def _run_sharded(z: torch.Tensor, spec: SamplingSpec, bounds: list[int]):
-    """Run ``sampling_support`` on each shard in lock-step threads whose Collectives meet at a barrier
-    (the shape of an all-reduce), so the code path is the tensor-parallel one."""
-    import threading
-
-    n = len(bounds) - 1
-    barrier = threading.Barrier(n)
-    slots: list = [None] * n
-    out: list = [None] * n
-
-    def reducer(rank, op):
-        def f(t):
-            slots[rank] = t
-            barrier.wait()
-            vals = list(slots)
-            barrier.wait()
-            if op == "cat":
-                return torch.cat(vals, -1)
-            stacked = torch.stack(vals)
-            return stacked.amax(0) if op == "max" else stacked.sum(0)
-        return f
-
-    def work(rank):
-        col = Collectives(reducer(rank, "max"), reducer(rank, "sum"), reducer(rank, "cat"))
-        out[rank] = sampling_support(z[:, bounds[rank]:bounds[rank + 1]], spec, col)
-
-    threads = [threading.Thread(target=work, args=(r,)) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return out
+    return run_sharded(lambda shard, col: sampling_support(shard, spec, col), z, bounds)
 
 
 def test_bad_specs_fail_clearly():
