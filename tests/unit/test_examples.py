@@ -166,11 +166,9 @@ def test_readme_command_lines_parse(line, tmp_path):
         assert path.is_file(), f"docs example uses a missing config: {cmd.args.config}"
         load(path, [*cmd.args.overrides, f"model.hf_path={stand_in_model(path, tmp_path)}"])
     if cmd.command == "plan":
-        from megatron_rl.cli.plan_arch import load_arch
-        from megatron_rl.cli.plan_memory import PlanInputs, estimate
+        from megatron_rl.cli.plan import report_for
 
-        fields = set(PlanInputs.__dataclass_fields__)
-        estimate(load_arch(cmd.args.model), PlanInputs(**{k: v for k, v in vars(cmd.args).items() if k in fields}))
+        report_for(cmd.args)   # the estimate `plan` prints, from the parsed flags as the command builds it
     if cmd.command in cli.PASSTHROUGH:
         main = cli.resolve_main(cmd.command)   # a CliError here: the command's owner module lost its main
         parser_fn = getattr(__import__(main.__module__, fromlist=["build_parser"]), "build_parser", None)
