@@ -65,7 +65,8 @@ class CISPOHParams(GRPOHParams):
     kl_loss_coef: float = 0.0
 
     def _check_clip(self) -> None:
-        _check(self.clip_low >= 0 and self.clip_high >= 0, f"cispo clip ranges must be >= 0: {self.clip_low}/{self.clip_high}")
+        _check(self.clip_low >= 0 and self.clip_high >= 0, f"cispo clip ranges must be >= 0: clip_low={self.clip_low}, "
+               f"clip_high={self.clip_high}")
         _check(self.dual_clip is None, "cispo has no dual clip (its weight is already bounded): dual_clip must be null")
 
 
