@@ -12,9 +12,10 @@ by vocabulary index; its top-p pivot search ends after 18 steps or a 1e-9 range;
 positions, and the small-batch path depends on the decode batch size, which the trainer cannot
 know. ``tests/unit/algorithms/test_sampling_vllm_oracle.py`` runs both vLLM paths on CPU against μ.
 Otherwise unchanged: the same function the CPU build always runs (its kept sets are those of the sort).
-Cost: one sort of the [batch, vocab] fp32 logits per decode step (measured on CPU only; on a GPU a
-segmented sort of 256 × 152k fp32 is of the order of a millisecond, against tens of milliseconds for an
-8B decode step — to be measured at the GPU bring-up).
+Cost: one sort of the [batch, vocab] fp32 logits per decode step. Not measured: no GPU has been lent (the
+CPU build takes this path anyway, so a CPU figure says nothing of the kernel it replaces). An estimate, by
+bandwidth: a segmented sort of 256 × 152k fp32 is of the order of a millisecond on an H200, against tens of
+milliseconds for an 8B decode step; to be measured at the GPU bring-up.
 Versions: vllm 0.32.0 .. <0.33.0 (checked on 0.32.0; another 0.32.x is a start-up warning,
 ``rollout/vllm_engine.py``). Needed on CUDA only (the CPU build has no Triton backend and takes the
 sort path already).
