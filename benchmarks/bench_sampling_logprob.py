@@ -21,34 +21,19 @@ The last line: ``mu pass: top-k 20 top-p 0.95: X x time, Y x memory of the plain
 from __future__ import annotations
 
 import argparse
-import gc
 import os
-import re
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from bench_vocab_parallel import _peak_delta   # the same peak-RSS measure (this script runs from benchmarks/)
+
 REPO = Path(__file__).resolve().parents[1]
 SPECS = {"top-k 20 top-p 0.95": {"top_k": 20, "top_p": 0.95}, "top-p 0.95": {"top_p": 0.95},
          "top-k 50 top-p 0.95 min-p 0.02": {"top_k": 50, "top_p": 0.95, "min_p": 0.02}}
 HEADLINE = "top-k 20 top-p 0.95"
-
-
-def _status(key: str) -> int:
-    with open("/proc/self/status") as f:
-        return int(re.search(rf"{key}:\s+(\d+) kB", f.read()).group(1)) * 1024
-
-
-def _peak_delta(fn) -> int:
-    gc.collect()
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    base = _status("VmRSS")
-    fn()
-    gc.collect()
-    return _status("VmHWM") - base
 
 
 def _seconds(fn, reps: int = 3) -> float:

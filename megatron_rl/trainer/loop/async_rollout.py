@@ -190,7 +190,7 @@ def overlap(spans: list[tuple[float, float]], t0: float, t1: float) -> float:
 def resume_refusal(state: dict | None, max_staleness: int, partial: bool) -> str | None:
     """Why a checkpoint's ``async`` entry cannot continue in a run with ``rollout.max_staleness`` and
     ``rollout.partial`` (one line), or None. The start-up checks ask it before anything starts
-    (``preflight.check_resume_state``), so ``--check`` refuses what the resume itself would."""
+    (``preflight_resume.check_resume_state``), so ``--check`` refuses what the resume itself would."""
     state = state or {}
     if state.get("pending") and state["max_staleness"] != max_staleness:
         return (f"the checkpoint holds {len(state['pending'])} rollout batch(es) generated ahead with "

@@ -309,7 +309,7 @@ def _resume(cfg, actor, path, sampler, resume: str | None, is_driver: bool) -> R
         sampler.load_state_dict(loaded.extra_state["sampler"])
 
     why = resume_refusal(loaded.extra_state.get("async"), cfg.rollout.max_staleness, cfg.rollout.partial)
-    if why:   # preflight.check_resume_state refused it already, for the runs that start through setup_run
+    if why:   # preflight_resume.check_resume_state refused it already, for the runs that start through setup_run
         raise ValueError(f"checkpoint {ckpt}: {why}")
     state.async_pending, _ = restore_state(loaded.extra_state.get("async"), cfg.rollout.max_staleness)
     state.partial_resume = (loaded.extra_state.get("async") or {}).get("partial")
