@@ -294,6 +294,8 @@ CASES = [
      "reward.grader_concurrency must be in [1, 1024] (concurrent grader requests; 0 would never send one"),
     ("grader-timeout-0", ["{T}", "reward.grader_timeout=0"], "reward.grader_timeout must be > 0 (seconds per grader"),
     ("grader-retries-negative", ["{T}", "reward.grader_retries=-1"], "reward.grader_retries must be >= 0, got -1"),
+    ("reward-workers-machine", ["{T}", "reward.workers=100000"],
+     "reward.workers=100000 is more than 4 per CPU this process may use"),
     ("step-timeout-negative", ["{T}", "trainer.step_timeout_s=-1"],
      "trainer.step_timeout_s must be >= 0 seconds (0 = no bound), got -1.0"),
     ("clip-low-negative", ["{T}", "algo.grpo.clip_low=-0.1"], "algo.grpo: clip_low=-0.1 must be in [0, 1)"),

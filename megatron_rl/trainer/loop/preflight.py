@@ -160,6 +160,23 @@ def check_config(cfg) -> None:
         _check_against_model(cfg)
 
 
+#: reward workers per CPU the driver may use, at most: the verifiers are CPU-bound, more only queue (and each
+#: is a process holding sympy and math-verify, ~150 MB)
+WORKERS_PER_CPU = 4
+
+
+def check_reward_workers(cfg) -> None:
+    """``reward.workers`` against this machine: above :data:`WORKERS_PER_CPU` per CPU the driver may use
+    (``rewards/pool.cpu_count``) it only adds processes and memory; refused in one line (0 = one per CPU)."""
+    from megatron_rl.rewards.pool import cpu_count  # lazy: defers the pool to the call
+
+    n, cpus = cfg.reward.workers, cpu_count()
+    if n > WORKERS_PER_CPU * cpus:
+        raise ValueError(f"reward.workers={n} is more than {WORKERS_PER_CPU} per CPU this process may use ({cpus}): the "
+                         f"verifiers are CPU-bound, so the extra processes only wait; set reward.workers <= "
+                         f"{WORKERS_PER_CPU * cpus}, or 0 for one per CPU")
+
+
 def check_engine_sampling(cfg) -> None:
     """The rollout and held-out sampling values against the engine library's own limits (the engine's declared
     ``EngineCaps.sampling_check``: vLLM's ``SamplingParams`` validation, e.g. temperature in [0, 2] in 0.32),
@@ -566,6 +583,7 @@ def preflight(cfg, resume: str | None = None, overwrite: bool = False, allow_con
     check_rollout_placement(cfg)
     check_kv_cache_memory(cfg)
     check_engine_sampling(cfg)
+    check_reward_workers(cfg)
     backend = check_backend(cfg)
     check_stack(cfg, backend)
     check_grader(cfg)
