@@ -96,8 +96,9 @@ MAX_FUNCTION_LINES = 60
 
 
 
-def _package_imports(path: Path):
-    """(imported module of the package, in a function?, has a comment on its line) for each import."""
+def _package_imports(path: Path, type_only: bool = False):
+    """(imported module of the package, in a function?, has a comment on its line) for each import;
+    ``type_only``: also those under ``if TYPE_CHECKING``."""
     name = module_name(path)
     is_pkg = path.name == "__init__.py"
     src = path.read_text()
@@ -131,7 +132,7 @@ def _package_imports(path: Path):
                     yield t, in_fn, commented, c.lineno
             elif isinstance(c, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 yield from walk(c, True)
-            elif isinstance(c, ast.If) and "TYPE_CHECKING" in ast.unparse(c.test):
+            elif isinstance(c, ast.If) and "TYPE_CHECKING" in ast.unparse(c.test) and not type_only:
                 continue
             else:
                 yield from walk(c, in_fn)
@@ -141,6 +142,27 @@ def _package_imports(path: Path):
 
 def _import_graph() -> dict[str, set[str]]:
     return {module_name(f): {t for t, _, _, _ in _package_imports(f)} for f in PKG.rglob("*.py")}
+
+
+def _parents(module: str) -> list[str]:
+    """The packages whose ``__init__`` an import of ``module`` runs first (``a.b.c`` -> ``a``, ``a.b``)."""
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _runtime_graph() -> dict[str, set[str]]:
+    """What importing each module runs, as Python runs it: every import (function-level and type-only ones
+    included: a type checker, or a later edit that moves it, runs it) plus the ``__init__`` of every package
+    above each imported module -- importing ``megatron_rl.trainer.paths.context`` runs ``paths/__init__.py``
+    and every family it imports, which a graph of the named modules alone does not show."""
+    graph = {}
+    for f in PKG.rglob("*.py"):
+        me = module_name(f)
+        out = set()
+        for t, _, _, _ in _package_imports(f, type_only=True):
+            out |= {t, *(p for p in _parents(t) if p != me and not me.startswith(p + "."))}
+        graph[me] = out
+    return graph
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[frozenset]:
@@ -175,8 +197,11 @@ def _cycles(graph: dict[str, set[str]]) -> list[frozenset]:
 
 
 def test_no_import_cycles():
-    """Top-level and function-level imports together: a cycle hidden in a function is still a cycle."""
-    bad = [sorted(c) for c in _cycles(_import_graph())]
+    """Top-level, function-level and type-only imports together, each with the package ``__init__``s it runs:
+    a cycle hidden in a function, behind ``TYPE_CHECKING`` or through a parent package is still a cycle
+    (``trainer/pipeline/update.py`` -> ``paths.context`` ran ``paths/__init__`` -> ``paths.base`` -> ``update``
+    was one, invisible to a graph of the named modules: the update could not be imported alone)."""
+    bad = [sorted(c) for c in _cycles(_runtime_graph())]
     assert not bad, f"import cycles: {bad}"
 
 
@@ -249,3 +274,35 @@ def test_the_loop_sits_above_the_paths_and_the_pipeline():
            for f in _files(sub) for m in _all_imports(f) if m.startswith("megatron_rl.trainer.loop")]
     assert not bad, "modules below the loop import it:\n" + "\n".join(sorted(bad))
     assert "megatron_rl.trainer.loop.setup" in _all_imports(PKG / "trainer/loop/rl_loop.py")   # the check sees imports
+
+
+IMPORT_ALONE = """
+import importlib, json, sys
+bad = []
+for m in json.loads(sys.argv[1]):
+    for k in [k for k in sys.modules if k == "megatron_rl" or k.startswith("megatron_rl.")]:
+        del sys.modules[k]            # the package as a fresh interpreter has it; torch & co. stay loaded
+    try:
+        importlib.import_module(m)
+    except Exception as e:            # noqa: BLE001 (reported, with its type)
+        bad.append(f"{m}: {type(e).__name__}: {e}")
+print(json.dumps(bad))
+"""
+
+
+def test_every_module_imports_alone():
+    """Each module of the package imported first, as ``python -c "import megatron_rl.x.y"`` does: a module that
+    works only because callers import another first (``trainer/pipeline/update.py`` did: "cannot import name
+    'Sampled' from partially initialized module") fails here. One interpreter, the package's own modules
+    dropped from ``sys.modules`` before each import (a fresh interpreter's view of the package, without
+    reloading torch 184 times); a package's ``__main__`` runs its command and is left out."""
+    import json
+    import subprocess
+    import sys
+
+    mods = sorted(module_name(f) for f in PKG.rglob("*.py") if f.stem != "__main__")
+    r = subprocess.run([sys.executable, "-c", IMPORT_ALONE, json.dumps(mods)], capture_output=True, text=True,
+                       timeout=600, check=False, cwd=PKG.parent)
+    assert r.returncode == 0, r.stderr[-3000:]
+    bad = json.loads(r.stdout.strip().splitlines()[-1])
+    assert not bad, "modules that do not import alone:\n" + "\n".join(bad)

@@ -33,7 +33,7 @@ from megatron_rl.rollout.rollouts import eval_sampling, generate, score
 from megatron_rl.runtime.broadcast import broadcast_object
 from megatron_rl.trainer.loop.sync_stage import startup_gate, sync
 from megatron_rl.trainer.paths import build_path
-from megatron_rl.trainer.paths.context import CollectContext, PathSetup, SampleDump, UpdateContext
+from megatron_rl.trainer.contract import CollectContext, PathSetup, SampleDump, UpdateContext
 from megatron_rl.trainer.pipeline.packing import micro_of
 from megatron_rl.trainer.pipeline.update import OPTIMIZER_STEPS_FILE
 from megatron_rl.trainer.policy.actor import PolicyActor, ReferencePolicy
@@ -75,7 +75,7 @@ class RunState:
 class Run:
     """Every component of a run, built once by :func:`setup_run`; the method's own state lives in
     ``path`` (``trainer/paths/``), what changes from step to step in ``state``. A data path never sees
-    the whole run: its hooks get the contexts of ``trainer/paths/context.py``."""
+    the whole run: its hooks get the contexts of ``trainer/contract.py``."""
 
     cfg: Config
     info: ParallelInfo

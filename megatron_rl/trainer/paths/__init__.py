@@ -13,7 +13,7 @@ grader, ``process_reward.py``), ``rlcsd_hints`` / ``gt_teacher`` (self-distillat
 the ``teacher/`` package), ``two_attempts`` (SCoRe, ``two_attempts.py``).
 
 Life cycle (``trainer/loop/setup.py``, ``trainer/loop/rl_loop.py``); each hook is handed a small typed context
-(``paths/context.py``) with what it may read, never the whole run:
+(``trainer/contract.py``) with what it may read, never the whole run:
 
     path = build_path(cfg, tok)          # start-up, before any model: templates / layouts fail here
     path.setup(PathSetup)                # after actor / reference: teacher weights, grader

@@ -9,13 +9,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from megatron_rl.algorithms import algo_kind, kind_required_inputs
 from megatron_rl.algorithms.hparams import PPOHParams
 from megatron_rl.algorithms.inputs import unknown_inputs
-from megatron_rl.trainer.pipeline.update import Sampled
 from megatron_rl.trainer.pipeline.update_stage import rollout_sequences
 
-from .context import CollectContext, PathSetup, UpdateContext
+from megatron_rl.trainer.contract import CollectContext, PathSetup, Sampled, UpdateContext
 
 if TYPE_CHECKING:
-    from megatron_rl.trainer.pipeline.update import LogProbs, Rows, Sampled
+    from megatron_rl.trainer.contract import LogProbs, Rows
 
 BASE_INPUTS = frozenset({"rewards", "group_ids", "mask", "logp", "old_logp", "ref_logp", "correct"})
 _PATHS: dict = {}
@@ -100,7 +99,7 @@ class DataPath(abc.ABC):
         """Driver only: this step's data (picklable; the loop broadcasts it). No collectives."""
 
     def sampled(self, ctx: UpdateContext, data, step: int) -> Sampled:
-        """Every rank: ``data`` as the pipeline's :class:`~megatron_rl.trainer.pipeline.update.Sampled`: the
+        """Every rank: ``data`` as the pipeline's :class:`~megatron_rl.trainer.contract.Sampled`: the
         sampled sequences (``prompt ++ response`` here) and the hparams in force."""
         ro = data
         seqs = rollout_sequences(ctx, ro)
@@ -115,7 +114,7 @@ class DataPath(abc.ABC):
         """Hook (collective): after the old / ref log-prob passes, before the advantages."""
 
     def train_rows(self, ctx: UpdateContext, s: Sampled, rows: Rows, lp: LogProbs, step: int, metrics: dict) -> Rows:
-        """Hook (collective): the rows the loss trains on (``trainer/pipeline/update.Rows``); all sampled rows here."""
+        """Hook (collective): the rows the loss trains on (``trainer/contract.Rows``); all sampled rows here."""
         return rows
 
     def mini_batch_inputs(self, ctx: UpdateContext, rows: Rows, hp, loss: str, step: int) -> tuple[dict, dict]:

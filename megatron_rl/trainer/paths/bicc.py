@@ -14,7 +14,7 @@ from megatron_rl.data import chat
 from megatron_rl.trainer.pipeline import update_stage as U
 
 from .base import register_path
-from .context import UpdateContext
+from megatron_rl.trainer.contract import UpdateContext
 from .sampling import PlainPath
 
 

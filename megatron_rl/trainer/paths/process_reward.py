@@ -16,7 +16,7 @@ from megatron_rl.rollout.rollouts import Rollouts
 from megatron_rl.runtime.broadcast import broadcast_object
 
 from .base import BASE_INPUTS, register_path
-from .context import CollectContext, PathSetup, UpdateContext
+from megatron_rl.trainer.contract import CollectContext, PathSetup, UpdateContext
 from .sampling import PlainPath
 
 

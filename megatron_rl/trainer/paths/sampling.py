@@ -20,7 +20,7 @@ from megatron_rl.rollout import rollouts as R
 from megatron_rl.rollout.pending_rewards import PendingRewards
 
 from .base import BASE_INPUTS, DataPath, register_path
-from .context import CollectContext, UpdateContext
+from megatron_rl.trainer.contract import CollectContext, UpdateContext
 
 log = logging.getLogger("megatron_rl.loop")
 

@@ -51,10 +51,9 @@ from megatron_rl.data import chat
 from megatron_rl.rollout.engine import SamplingParams
 from megatron_rl.rollout import rollouts as R
 from megatron_rl.trainer.pipeline import update_stage as U
-from megatron_rl.trainer.pipeline.update import Sampled
 
 from .base import DataPath, register_path
-from .context import CollectContext, UpdateContext
+from megatron_rl.trainer.contract import CollectContext, Sampled, UpdateContext
 
 DEMO_INSTRUCTION = "R="
 """Self-correction instruction of the CPU demo task ("redo:"; characters of its tokenizer)."""

@@ -23,7 +23,7 @@
            -> path.after_optimizer_step    (teacher EMA / snapshot counter)
 
 Nothing here knows a method name: what runs is asked of the path (its hooks, each handed an
-:class:`~megatron_rl.trainer.paths.context.UpdateContext`) and of the
+:class:`~megatron_rl.trainer.contract.UpdateContext`) and of the
 registries (the loss's ``support`` and ``batch_stats``). Each mini-batch is one global batch of
 ``actor.train_step``: split over DP ranks and micro-batches there, normalised by its own token /
 row counts (global over DP). ``mini_batch_prompts`` = 0 (the default) is one mini-batch = the whole
@@ -54,11 +54,10 @@ from megatron_rl.trainer.pipeline import update_stage as U
 from megatron_rl.trainer.pipeline.batch import mini_batches
 from megatron_rl.trainer.pipeline.objective import Objective
 from megatron_rl.trainer.pipeline.packing import TokenBudget
-from megatron_rl.trainer.paths.context import UpdateContext
+from megatron_rl.trainer.contract import CORRECTION_KEEP, LogProbs, Rows, Sampled, UpdateContext, UpdateHooks
 
 if TYPE_CHECKING:
     from megatron_rl.runtime.parallel import ParallelInfo
-    from megatron_rl.trainer.paths import DataPath
     from megatron_rl.trainer.policy.actor import PolicyActor, ReferencePolicy
 
 OPTIMIZER_STEPS_FILE = "optimizer_steps.jsonl"
@@ -69,88 +68,19 @@ class Run(Protocol):
     loop type, so the loop stays above it)."""
 
     cfg: Any
-    path: DataPath
+    path: UpdateHooks
     actor: PolicyActor
     ref: ReferencePolicy | None
     info: ParallelInfo
     micro: Any
 
     def update_context(self) -> UpdateContext: ...
-#: the loss's keep mask [N, R] among the rows' extras — a rollout-correction mode's rejection times the
-#: partial rollouts' per-token staleness mask (``update_stage.staleness_keep``) — so a path's ``train_rows``
-#: (subset, re-conditioned sequences) carries it; folded into ``resp_mask`` right after (:func:`fold_keep`)
-CORRECTION_KEEP = "correction_keep"
-
-
-@dataclasses.dataclass
-class Sampled:
-    """A path's view of one step's data (``DataPath.sampled``), every rank."""
-
-    ro: Any                   # Rollouts: rewards, groups and engine log-probs of ``seqs``' rows
-    seqs: U.SeqBatch          # the sampled sequences (the old / ref passes run on them)
-    hp: Any                   # the method's hparams in force this step
-    adv_fields: dict = dataclasses.field(default_factory=dict)   # the path's own advantage inputs, per row
-    extras: dict = dataclasses.field(default_factory=dict)       # extra loss inputs, per row
-    data: Any = None          # the path's own step data, for its later hooks (SCoRe: both attempts)
-
-
-@dataclasses.dataclass
-class LogProbs:
-    """Old (proximal) and reference log-probs of ``Sampled.seqs``: target frame ``[N, S-1]`` and
-    response frame ``[N, R]``; ``ref*`` None without a reference policy. Their space is the PPO ratio's
-    (``algo.ratio_space``: the full softmax at T, or μ, the engines' sampling distribution). ``compare``
-    ``[N, R]``: the old log-probs in the space the engines report (``rollout.logprobs``: μ when processed),
-    what every comparison with the engine reads; None = ``old``."""
-
-    old_full: torch.Tensor
-    ref_full: torch.Tensor | None
-    old: torch.Tensor
-    ref: torch.Tensor | None
-    compare: torch.Tensor | None = None
-    compare_full: torch.Tensor | None = None   # ``compare`` in the target frame [N, S-1]
-    engine: torch.Tensor | None = None   # the engines' log-probs of the batch, response frame [N, R] (``U.engine_frame``)
-
-    @property
-    def engine_space(self) -> torch.Tensor:
-        """``compare`` if set, else ``old``."""
-        return self.old if self.compare is None else self.compare
-
-    @property
-    def engine_space_full(self) -> torch.Tensor:
-        """``compare_full`` if set, else ``old_full``."""
-        return self.old_full if self.compare_full is None else self.compare_full
-
-
-@dataclasses.dataclass
-class Rows:
-    """The rows the loss trains on: their sequences, per-row loss inputs (``extras``, each ``[n, …]``),
-    and what the path keeps per row for update time (``ro``: their rollouts, ``plan``: a per-row plan
-    with ``select``, e.g. the teacher prompts)."""
-
-    seqs: U.SeqBatch
-    extras: dict
-    ro: Any = None
-    plan: Any = None
-
-    def __len__(self) -> int:
-        return self.seqs.batch.num_samples
-
-    def select(self, idx: list[int]) -> Rows:
-        """Rows ``idx`` in that order (sequence length kept)."""
-        t = torch.tensor(idx, dtype=torch.long)
-        b = self.seqs.batch
-        batch = dataclasses.replace(b, tokens=b.tokens[t], loss_mask=b.loss_mask[t],
-                                    extras={k: v[t] for k, v in b.extras.items()})
-        return Rows(U.SeqBatch(batch, self.seqs.resp_pos[t], self.seqs.resp_mask[t]),
-                    {k: v[t] for k, v in self.extras.items()},
-                    None if self.ro is None else self.ro.select(idx),
-                    None if self.plan is None else self.plan.select(idx))
 
 
 def update(run: Run, data, step: int) -> dict:
     """Every rank (collective): the pipeline of the module docstring on ``data``; the metrics row."""
-    path: DataPath = run.path
-    ctx = run.update_context()       # what the path's hooks see of the run (paths/context.py)
+    path: UpdateHooks = run.path
+    ctx = run.update_context()       # what the path's hooks see of the run (trainer/contract.py)
     s = path.sampled(ctx, data, step)
     lp, metrics = logprob_passes(run, s, step)
     path.join_rewards(ctx, s, metrics)   # rewards scored beside the passes (plain paths, synchronous) land

@@ -20,16 +20,8 @@ from megatron_rl.algorithms import offpolicy as O
 from megatron_rl.algorithms.inputs import input_spec, is_input
 from megatron_rl.rollout.partial import StalenessPolicy, within_bound
 from megatron_rl.runtime.device import default_device
+from megatron_rl.trainer.contract import SeqBatch
 from megatron_rl.trainer.pipeline.batch import TrainBatch, make_batch
-
-
-@dataclasses.dataclass
-class SeqBatch:
-    """A TrainBatch plus the response-frame index of each row."""
-
-    batch: TrainBatch
-    resp_pos: torch.Tensor    # [N, R] long (clamped to 0 where masked)
-    resp_mask: torch.Tensor   # [N, R] float
 
 
 def build_seq_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int, seq_len: int,

@@ -165,7 +165,7 @@ def probe_teacher(cfg, client) -> dict:
     from megatron_rl.trainer.loop.rollout_source import open_source
     from megatron_rl.trainer.loop.setup import setup_run
     from megatron_rl.trainer.paths import path_class
-    from megatron_rl.trainer.paths.context import PathSetup
+    from megatron_rl.trainer.contract import PathSetup
     from megatron_rl.trainer.pipeline.batch import make_batch
     from megatron_rl.trainer.pipeline.update import OPTIMIZER_STEPS_FILE
     from megatron_rl.trainer.pipeline.update_stage import response_frame

@@ -112,7 +112,7 @@ def test_rollout_sequences_equal_the_list_built_batch():
     (the pipeline's builder before issue 41): the same tensors, responses longer than the frame cut."""
     from types import SimpleNamespace
 
-    from megatron_rl.trainer.paths.context import UpdateContext
+    from megatron_rl.trainer.contract import UpdateContext
     from megatron_rl.trainer.pipeline.update_stage import (
         build_seq_batch,
         rollout_sequences,

@@ -32,7 +32,7 @@ from megatron_rl.config import load_config
 from megatron_rl.trainer.policy.actor import TrainStepResult
 from megatron_rl.trainer.pipeline.objective import SupportObjective
 from megatron_rl.trainer.paths import DataPath
-from megatron_rl.trainer.paths.context import SampleDump, UpdateContext
+from megatron_rl.trainer.contract import SampleDump, UpdateContext
 from megatron_rl.trainer.pipeline.update import Rows, mean_metrics, mini_batches, optimizer_steps
 from megatron_rl.trainer.pipeline.update_stage import build_seq_batch
 

@@ -1,6 +1,7 @@
 """A method family lives in one room, entered through the DataPath hooks: no trainer module outside
-``trainer/paths/`` imports a family's module (only the registry and the contexts are shared), and the
-hooks the pipeline calls are declared on ``DataPath`` with their typed contexts."""
+``trainer/paths/`` imports a family's module (only the registry is shared; the contexts and containers live
+below both in ``trainer/contract.py``), and the hooks the pipeline calls are declared on ``DataPath`` with
+their typed contexts."""
 from __future__ import annotations
 
 import inspect
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import megatron_rl
 from megatron_rl.trainer import paths as P
-from megatron_rl.trainer.paths.context import CollectContext, PathSetup, UpdateContext
+from megatron_rl.trainer.contract import CollectContext, PathSetup, UpdateContext
 from tests.helpers.imports import module_imports
 
 PKG = Path(megatron_rl.__file__).parent
@@ -22,9 +23,9 @@ def _imports(f: Path) -> set[str]:
 
 def _family(name: str) -> str | None:
     """The family module ``name`` lies in (``two_attempts``, ``teacher`` …), None for the shared registry
-    and contexts or a name that is no module under ``trainer/paths/``."""
+    (``megatron_rl.trainer.paths`` itself) or a name that is no module under ``trainer/paths/``."""
     parts = name.split(".")
-    if parts[:3] != ["megatron_rl", "trainer", "paths"] or len(parts) < 4 or parts[3] == "context":
+    if parts[:3] != ["megatron_rl", "trainer", "paths"] or len(parts) < 4:
         return None
     return parts[3] if (PATHS / parts[3]).is_dir() or (PATHS / f"{parts[3]}.py").is_file() else None
 
@@ -40,7 +41,7 @@ def test_no_trainer_module_outside_paths_imports_a_family():
     assert not bad, f"shared trainer modules reach into a family's module: {bad}"
     # the check itself: an import of the teacher's support passes would be caught
     assert _family("megatron_rl.trainer.paths.teacher.support") == "teacher"
-    assert _family("megatron_rl.trainer.paths.DataPath") is None and _family("megatron_rl.trainer.paths.context") is None
+    assert _family("megatron_rl.trainer.paths.DataPath") is None and _family("megatron_rl.trainer.contract") is None
 
 
 def test_teacher_family_is_one_package():

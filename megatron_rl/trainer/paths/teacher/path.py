@@ -24,7 +24,7 @@ from megatron_rl.models.provider import resolve_backend
 from megatron_rl.trainer.pipeline import update_stage as U
 
 from ..base import BASE_INPUTS, register_path
-from ..context import PathSetup, UpdateContext
+from megatron_rl.trainer.contract import PathSetup, UpdateContext
 from ..sampling import PlainPath
 from .inputs import SOLUTION_KEYS, make_template, plan_gt, plan_hints, template_name, truncate_left
 from .support import teacher_tensors

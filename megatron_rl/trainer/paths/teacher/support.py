@@ -28,7 +28,7 @@ from megatron_rl import algorithms as A
 from megatron_rl.trainer.pipeline.packing import TokenBudget
 from megatron_rl.trainer.policy.vocab_parallel import with_tail
 
-from ..context import UpdateContext
+from megatron_rl.trainer.contract import UpdateContext
 from .inputs import Packed, attention_crossover, pack
 
 
