@@ -37,7 +37,7 @@ from megatron_rl.data.tokenizer import load_tokenizer
 from megatron_rl.eval.bench import check_bench_args, run_benchmarks
 from megatron_rl.eval.out_dir import check_eval_out, prepare_eval_out
 from megatron_rl.rewards.sources import check_rows, warn_unmatched
-from megatron_rl.runtime.console import quiet_command, vllm_quiet
+from megatron_rl.runtime.console import quiet_command
 from megatron_rl.runtime.diskspace import NotWritableError, check_writable
 from megatron_rl.runtime.path_kind import expect_hf
 from megatron_rl.runtime.usage import EXIT_USAGE, OneLineParser, error_status
@@ -191,8 +191,7 @@ def _check_engine_sampling(a) -> str | None:
         return None
     sp = SamplingParams(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, min_p=a.min_p,
                         max_tokens=a.max_tokens or 1, seed=a.seed)
-    with vllm_quiet():
-        refusal = caps(a.engine).sampling_refusal(sp)
+    refusal, = caps(a.engine).sampling_refusals([(sp, "processed")])
     if not refusal:
         return None
     field, words = refusal

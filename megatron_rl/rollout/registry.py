@@ -23,7 +23,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Mapping
+from typing import Any
 
 #: optional constructor arguments an engine may take from ``rollout.*`` (``trainer/loop/setup.client_args``)
 OPTIONS = frozenset({"kv_cache_gib", "enable_sleep_mode", "gpu_memory_utilization", "enforce_eager", "tensor_parallel_size"})
@@ -56,8 +61,8 @@ class EngineCaps:
             (``Completion.versions``) and serves several calls at once (its Ray actor is threaded).
         sampling_check: ``"module:function"`` of the engine library's own limits on sampling values,
             ``function(SamplingParams, logprobs_mode) -> (field, words) | None`` (vLLM:
-            ``rollout/vllm_requests.sampling_refusal``), run by the start-up checks; "" = none beyond
-            ``SamplingParams``'s own.
+            ``rollout/vllm_requests.sampling_refusal``), run by the start-up checks in a child process
+            (:meth:`sampling_refusals`); "" = none beyond ``SamplingParams``'s own.
         sampler: the top-k / top-p rule its sampler applies, one of :data:`SAMPLERS` — the rule the
             trainer scores the engine's tokens under. ``sort``: vLLM's ``apply_top_k_top_p_pytorch`` (top-k
             keeps every tie at the k-th value, top-p exact by sort and cumsum); vLLM on CUDA is pinned to
@@ -87,12 +92,20 @@ class EngineCaps:
         if unknown := sorted(set(self.options) - OPTIONS):
             raise ValueError(f"EngineCaps.options: unknown option(s) {unknown}; valid: {sorted(OPTIONS)}")
 
-    def sampling_refusal(self, sampling, logprobs_mode: str = "processed") -> tuple[str, str] | None:
-        """``(field, words)`` when the engine's library refuses or changes ``sampling`` (:attr:`sampling_check`)."""
+    def sampling_refusals(self, asks: list[tuple[Any, str]]) -> list[tuple[str, str] | None]:
+        """For each ``(SamplingParams, logprobs mode)``: ``(field, words)`` when the engine's library refuses or
+        changes it (:attr:`sampling_check`), else None. Asked in ONE child process: the library stays out of the
+        caller's process (vLLM's import loads ~170 modules and sets environment variables --
+        ``TORCHINDUCTOR_COMPILE_THREADS``, ``LD_LIBRARY_PATH`` -- that the trainer and every process it starts
+        would inherit); answers are kept per process, so a question is asked once."""
         if not self.sampling_check:
-            return None
-        module, fn = self.sampling_check.split(":")
-        return getattr(importlib.import_module(module), fn)(sampling, logprobs_mode)
+            return [None] * len(asks)
+        keys = [json.dumps({"check": self.sampling_check, "fields": dataclasses.asdict(sp), "mode": mode}, sort_keys=True)
+                for sp, mode in asks]
+        new = sorted({k for k in keys if k not in _ANSWERS})
+        if new:
+            _ANSWERS.update(zip(new, _ask_child([json.loads(k) for k in new])))
+        return [_ANSWERS[k] for k in keys]
 
     def sleeps(self, cuda: bool) -> bool:
         """Whether ``sleep()`` frees memory on this machine."""
@@ -104,6 +117,31 @@ class EngineCaps:
 
 
 _ENGINES: dict[str, type] = {}
+_ANSWERS: dict[str, tuple[str, str] | None] = {}   # EngineCaps.sampling_refusal's answers, by question
+
+_CHILD = """
+import importlib, json, sys
+from megatron_rl.rollout.engine import SamplingParams
+out = []
+for a in json.loads(sys.argv[1]):
+    f = a["fields"]
+    sp = SamplingParams(**{**f, "stop_token_ids": tuple(f["stop_token_ids"])})
+    module, fn = a["check"].split(":")
+    out.append(getattr(importlib.import_module(module), fn)(sp, a["mode"]))
+print(json.dumps(out))
+"""
+
+
+def _ask_child(asks: list[dict]) -> list[tuple[str, str] | None]:
+    """Run each ``ask["check"]`` on its sampling values in one child interpreter (the library's logging off
+    there); a check that cannot run is one line naming it."""
+    env = {**os.environ, "VLLM_CONFIGURE_LOGGING": "0", "VLLM_LOGGING_LEVEL": "ERROR"}
+    r = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(asks)], capture_output=True, text=True, env=env,
+                       timeout=300, check=False)
+    if r.returncode != 0:
+        last = (r.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ValueError(f"the engine's sampling check {asks[0]['check']} could not run: {last}")
+    return [None if a is None else (a[0], a[1]) for a in json.loads(r.stdout.strip().splitlines()[-1])]
 
 
 def register_engine(name: str):

@@ -164,25 +164,6 @@ def quiet_command(log_path: str | Path, verbose: bool = False) -> Iterator[Path 
         vllm_log()
 
 
-@contextlib.contextmanager
-def vllm_quiet() -> Iterator[None]:
-    """While the block runs, vLLM's records below ERROR are dropped: a start-up check that asks vLLM
-    itself (``rollout/vllm_requests.sampling_refusal``) must not print vLLM's import chatter or its own
-    warning about the value it is refusing beside the one-line answer. An import inside the block leaves
-    vLLM's logging unconfigured (``VLLM_CONFIGURE_LOGGING=0`` for the block only: its records then reach
-    the root logger, as under :func:`quiet_command`); the environment and the logger are restored after."""
-    env = os.environ.get("VLLM_CONFIGURE_LOGGING")
-    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
-    restore = _route_to_root("vllm")
-    logging.getLogger("vllm").setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        restore()
-        if env is None:
-            os.environ.pop("VLLM_CONFIGURE_LOGGING", None)
-
-
 def _route_to_root(name: str):
     """Make logger ``name`` propagate to the root logger, without its own handlers, until the returned
     function is called (it restores them). vLLM, once imported with its logging configured, prints

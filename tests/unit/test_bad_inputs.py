@@ -729,3 +729,27 @@ def test_verl_made_files_pass_train_check_with_no_reward_line(source, work, caps
     pq.write_table(pa.Table.from_pylist([row] * 32), path)
     rc, err = run_case(expand(["{T}", f"data.train={path}", "reward.default="], work), capsys)
     assert rc == 0, err
+
+
+def test_the_engine_sampling_check_leaves_the_trainer_process_alone():
+    """``rollout.temperature`` & co. are asked of vLLM's own ``SamplingParams`` in a child process
+    (``EngineCaps.sampling_refusals``): the trainer's process gets the answer -- vLLM's words for 3.0, None for
+    0.7 -- without importing vLLM, whose import sets ``TORCHINDUCTOR_COMPILE_THREADS`` and ``LD_LIBRARY_PATH``
+    for every process the trainer starts afterwards."""
+    import subprocess
+    import sys
+
+    script = ("import json, os, sys\n"
+              "before = dict(os.environ)\n"
+              "from megatron_rl.rollout.engine import SamplingParams\n"
+              "from megatron_rl.rollout.registry import caps\n"
+              "out = caps('vllm').sampling_refusals([(SamplingParams(temperature=3.0), 'processed'),"
+              " (SamplingParams(temperature=0.7, top_k=20), 'processed')])\n"
+              "print(json.dumps([out, any(m == 'vllm' or m.startswith('vllm.') for m in sys.modules),"
+              " sorted(k for k in os.environ if before.get(k) != os.environ[k])]))\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False,
+                       cwd=REPO, env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    (hot, fine), loaded, changed = json.loads(r.stdout.strip().splitlines()[-1])
+    assert hot == ["temperature", "temperature must be in [0, 2], got 3.0"] and fine is None
+    assert not loaded and not changed, (loaded, changed)

@@ -31,7 +31,6 @@ from megatron_rl.data.tokenizer import load_tokenizer
 from megatron_rl.eval.training import benchmark_prompts, selected
 from megatron_rl.rewards.sources import check_rows, warn_unmatched
 from megatron_rl.runtime import determinism
-from megatron_rl.runtime.console import vllm_quiet
 from megatron_rl.runtime.diskspace import check_writable
 from megatron_rl.runtime.launch_env import check_ray_address, check_torch_env
 from megatron_rl.runtime.path_kind import HF, RUN, demo_hint, expect_checkpoint, kind
@@ -184,10 +183,8 @@ def check_engine_sampling(cfg) -> None:
     from megatron_rl.rollout.registry import caps  # lazy: defers torch to the call
     from megatron_rl.rollout.rollouts import eval_sampling, sampling_params  # lazy: defers torch to the call
 
-    c = caps(cfg.rollout.engine)
-    for section, sp in (("rollout", sampling_params(cfg, 0)), ("trainer", eval_sampling(cfg, 0))):
-        with vllm_quiet():
-            refusal = c.sampling_refusal(sp, cfg.rollout.logprobs if section == "rollout" else "processed")
+    asks = {"rollout": (sampling_params(cfg, 0), cfg.rollout.logprobs), "trainer": (eval_sampling(cfg, 0), "processed")}
+    for (section, (sp, _)), refusal in zip(asks.items(), caps(cfg.rollout.engine).sampling_refusals(list(asks.values()))):
         if refusal:
             field, words = refusal
             key = f"rollout.{field}" if section == "rollout" else f"trainer.eval_{field}"
