@@ -121,7 +121,7 @@ _ANSWERS: dict[str, tuple[str, str] | None] = {}   # EngineCaps.sampling_refusal
 
 _CHILD = """
 import importlib, json, sys
-from megatron_rl.rollout.engine import SamplingParams
+SamplingParams = importlib.import_module("megatron_rl.rollout.engine").SamplingParams
 out = []
 for a in json.loads(sys.argv[1]):
     f = a["fields"]
