@@ -117,7 +117,7 @@ class EngineCaps:
 
 
 _ENGINES: dict[str, type] = {}
-_ANSWERS: dict[str, tuple[str, str] | None] = {}   # EngineCaps.sampling_refusal's answers, by question
+_ANSWERS: dict[str, tuple[str, str] | None] = {}   # EngineCaps.sampling_refusals' answers, by question
 
 _CHILD = """
 import importlib, json, sys

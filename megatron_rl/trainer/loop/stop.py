@@ -85,6 +85,26 @@ def _say(text: str) -> None:
         os.write(2, (fresh_line() + text + "\n").encode())
 
 
+def _kept(last_checkpoint: Callable[[], str | None], otherwise: str = "") -> str:
+    """What a stop at once leaves: the newest complete checkpoint, or that none was written yet."""
+    try:
+        last = last_checkpoint()
+    except Exception:  # noqa: BLE001 (said while leaving: must not raise)
+        last = None
+    return f"the last complete checkpoint is kept: {last}" if last else \
+        "no checkpoint was written yet" + (f", {otherwise}" if otherwise else "")
+
+
+def _leave_now(line: str, code: int) -> None:
+    """Stop at once: ``line`` on stderr, this process's children ended, ``os._exit(code)`` (no other cleanup)."""
+    _say(line)
+    with contextlib.suppress(Exception):      # best effort: we are leaving
+        sys.stdout.flush()
+    with contextlib.suppress(Exception):
+        end_children()
+    os._exit(code)
+
+
 def end_children(grace_s: float = 3.0) -> int:
     """End every descendant process of this one (SIGTERM, then SIGKILL after ``grace_s``); returns how
     many there were. Collected before any is signalled, so the grandchildren of a child that dies
@@ -124,18 +144,9 @@ class GracefulStop:
             if not self.armed:
                 said = "stopping now (nothing to save yet): start-up, nothing trained"
             else:
-                try:
-                    last = self.last_checkpoint()
-                except Exception:  # noqa: BLE001 (a handler must not raise: we are leaving)
-                    last = None
-                said = ("stopping now (second signal); " + (f"the last complete checkpoint is kept: {last}" if last else
-                        "no checkpoint was written yet, so the steps trained so far are lost"))
-            _say(f"[megatron-rl] {name}: {said}")
-            with contextlib.suppress(Exception):      # best effort: we are leaving
-                sys.stdout.flush()
-            with contextlib.suppress(Exception):
-                end_children()
-            os._exit(exit_code(signum))
+                said = "stopping now (second signal); " + _kept(self.last_checkpoint,
+                                                                "so the steps trained so far are lost")
+            _leave_now(f"[megatron-rl] {name}: {said}", exit_code(signum))
         self.signum = signum
         if os.environ.get("RANK", "0") == "0":    # one acknowledgement per run, not one per rank
             _say(f"[megatron-rl] {name}: finishing the current step, then checkpoint and stop "
@@ -214,15 +225,5 @@ class StepWatchdog:
     def _watch(self, step: int, done: threading.Event) -> None:
         if done.wait(self.timeout_s):
             return
-        try:
-            last = self.last_checkpoint()
-        except Exception:  # noqa: BLE001 (we are leaving)
-            last = None
-        _say(f"[megatron-rl] step {step} has run for more than trainer.step_timeout_s={self.timeout_s:g} s: stopping "
-             f"the run and its engines; " + (f"the last complete checkpoint is kept: {last}" if last else
-                                            "no checkpoint was written yet"))
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-        with contextlib.suppress(Exception):
-            end_children()
-        os._exit(1)
+        _leave_now(f"[megatron-rl] step {step} has run for more than trainer.step_timeout_s={self.timeout_s:g} s: "
+                   f"stopping the run and its engines; {_kept(self.last_checkpoint)}", 1)
