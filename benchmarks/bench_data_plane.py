@@ -34,8 +34,8 @@ modules, runs a collective): else the receivers' first unpickling imports them i
 Stages: ``collect`` (completions -> the batch object), ``decode`` (texts), ``reward`` (``rollouts.score``
 with the ``exact`` reward: the bookkeeping, not a verifier's cost), ``distribute`` (driver -> every rank;
 the slowest rank's time from a barrier to the object in hand, the median of :data:`REPEATS`), ``batch`` (each rank's padded sequence
-batch of the whole step's rows, as every rank builds it: before ``update_stage.build_seq_batch`` of the lists,
-after ``update_stage.rollout_sequences`` from the flat buffers) and
+batch of the whole step's rows, as every rank builds it: before ``sequences.build_seq_batch`` of the lists,
+after ``sequences.rollout_sequences`` from the flat buffers) and
 ``plan`` (``packing.plan`` from the lengths). Memory: ``share`` = bytes of one DP rank's share of the
 token data as int32 ids + fp32 log-probs (the whole batch's over the ranks); ``dist`` = the RSS a receiving rank (not the driver) added from
 just before the distribution to its peak after it (max over the receivers), and ``dist / share``;
@@ -268,10 +268,7 @@ def _driver(case: str, path: str, tok_dir: str, t: dict):
 def _batch_and_plan(ro, dp: int, t: dict, mem: dict, limit: float) -> None:
     from megatron_rl.trainer.pipeline.packing import TokenBudget, seq_lengths
     from megatron_rl.trainer.pipeline.packing import plan as pack_plan
-    from megatron_rl.trainer.pipeline.update_stage import (
-        build_seq_batch,
-        rollout_sequences,
-    )
+    from megatron_rl.trainer.pipeline.sequences import build_seq_batch, rollout_sequences
 
     lens = [len(p) + len(r) for p, r in zip(ro.prompts, ro.responses)] if not hasattr(ro, "response_lens") \
         else (ro.prompt_lens + ro.response_lens).tolist()

@@ -80,7 +80,7 @@ def seq_batch(args):
     """The long-tailed batch (deterministic in ``args.seed``): ``SeqBatch`` with rewards / group ids."""
     import torch
 
-    from megatron_rl.trainer.pipeline.update_stage import build_seq_batch
+    from megatron_rl.trainer.pipeline.sequences import build_seq_batch
 
     g = torch.Generator().manual_seed(args.seed)
     n = args.n
@@ -113,7 +113,7 @@ def child(args) -> None:
     from megatron_rl.trainer.pipeline.objective import Objective
     from megatron_rl.trainer.policy.optim import OptimSpec
     from megatron_rl.trainer.pipeline.packing import TokenBudget
-    from megatron_rl.trainer.pipeline.update_stage import response_frame
+    from megatron_rl.trainer.pipeline.sequences import response_frame
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     sb, rewards, _ = seq_batch(args)

@@ -45,6 +45,7 @@ import torch
 from torch import Tensor
 
 from .correction import CORRECTION_MODES
+from .staleness import staleness  # noqa: F401  (the rule, re-exported where the weights read it)
 from .losses import tis_weights
 
 OFF_POLICY_MODES = ("decoupled", "tis", "none")
@@ -65,15 +66,6 @@ def check_mode(mode: str, cap: float) -> None:
         raise ValueError(f"algo.off_policy must be one of {[*OFF_POLICY_MODES, *CORRECTION_MODES]}, got {mode!r}")
     if not (isinstance(cap, (int, float)) and math.isfinite(cap) and cap >= 1.0):
         raise ValueError(f"algo.tis_cap must be a finite number >= 1, got {cap!r}")
-
-
-def staleness(trainer_version: int, sample_versions: Tensor) -> Tensor:
-    """s_i = trainer_version − version_i  ([N] long); negative staleness is a bug and raises."""
-    s = int(trainer_version) - sample_versions.long()
-    if bool((s < 0).any()):
-        raise ValueError(f"a sample was generated with a weight version ahead of the trainer's ({trainer_version}): "
-                         f"{sample_versions.tolist()}")
-    return s
 
 
 def staleness_metrics(stale: Tensor) -> dict:

@@ -39,49 +39,7 @@ from collections.abc import Callable
 
 import torch
 
-STALENESS_MODES = ("drop", "mask")
-
-
-@dataclasses.dataclass(frozen=True)
-class StalenessPolicy:
-    """``bound``: the largest per-token staleness trained on (>= 0); ``mode``: drop | mask (module docstring)."""
-
-    bound: int
-    mode: str = "drop"
-
-    def __post_init__(self):
-        if self.bound < 0:
-            raise ValueError(f"staleness bound must be >= 0, got {self.bound}")
-        if self.mode not in STALENESS_MODES:
-            raise ValueError(f"staleness mode must be one of {'|'.join(STALENESS_MODES)}, got {self.mode!r}")
-
-
-def token_staleness(versions: torch.Tensor, trainer_version: int) -> torch.Tensor:
-    """s_t = V − v_t for a response's token versions ``v`` ([T] int) at trainer version ``V``; a token
-    newer than the trainer (s_t < 0) is a bookkeeping error and raises."""
-    s = trainer_version - versions.to(torch.int64)
-    if len(s) and int(s.min()) < 0:
-        raise ValueError(f"token version {int(versions.max())} is newer than the trainer's {trainer_version}")
-    return s
-
-
-def within_bound(staleness: torch.Tensor, policy: StalenessPolicy) -> torch.Tensor:
-    """s_t <= k elementwise (bool, any shape): the tokens ``mask`` keeps in the loss — the rule the pool
-    judges a response by (:func:`staleness_mask`) and the update applies to the batch's loss mask
-    (``trainer/pipeline/update_stage.staleness_keep``)."""
-    return staleness <= policy.bound
-
-
-def staleness_mask(versions: torch.Tensor, trainer_version: int, policy: StalenessPolicy) -> torch.Tensor | None:
-    """The response's loss mask under ``policy`` ([T] bool), or None when ``drop`` rejects it.
-
-    drop: all-True if max_t s_t <= k else None; mask: s_t <= k (its old-version prefix False), None
-    when no token stays."""
-    keep = within_bound(token_staleness(versions, trainer_version), policy)
-    if policy.mode == "drop":
-        return keep if bool(keep.all()) else None
-    return keep if bool(keep.any()) else None
-
+from megatron_rl.algorithms.staleness import StalenessPolicy, staleness, staleness_mask
 
 @dataclasses.dataclass
 class Group:
@@ -163,7 +121,7 @@ class PartialPool:
                 return None
             masks.append(mask)
         for c, mask in zip(comps, masks):
-            s = token_staleness(torch.tensor(c.versions, dtype=torch.int64), trainer_version)[mask]
+            s = staleness(trainer_version, torch.tensor(c.versions, dtype=torch.int64))[mask]
             m["tokens"] += int(mask.sum())
             m["masked"] += int((~mask).sum())
             m["stale_sum"] += int(s.sum())

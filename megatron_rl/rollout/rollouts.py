@@ -22,7 +22,7 @@ under, a behaviour log-prob) is a dataclass field defaulting to None plus its na
 (``runtime/broadcast.py``: tensors travel out of the pickle as raw bytes, never pickled per element) carry it.
 Per-sample tensors are listed in :data:`SAMPLE_FIELDS` the same way. A field named like a registered
 loss / advantage input (``algorithms.register_input``: ``rewards``, ``group_ids``, ``correct`` …) is read by the
-advantage estimators under that name (``update_stage.advantage_inputs``): name a new field after an input only
+advantage estimators under that name (``rows.advantage_inputs``): name a new field after an input only
 when it is that input.
 
 The list views ``prompts``, ``responses``, ``rollout_logp`` (lists of Python ints / floats, built on

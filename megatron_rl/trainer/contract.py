@@ -1,15 +1,17 @@
 """The types the update pipeline and the data paths exchange, below both (neither imports the other for
 them): slime's ``Sample``, verl's ``DataProto``, torchtune's ``rlhf/_types.py`` in this project's shape.
 
-    SeqBatch        pipeline/update_stage builds it   a TrainBatch plus each row's response frame
+    SeqBatch        pipeline/sequences builds it      a TrainBatch plus each row's response frame
     Sampled         DataPath.sampled                  a path's view of one step's data (every rank)
-    LogProbs        pipeline/update.logprob_passes    old / reference log-probs of Sampled.seqs
+    Behaviour       pipeline/sequences.behaviour      the engines' log-probs and staleness of Sampled.seqs
+    LogProbs        pipeline/logprobs.logprob_passes  old / reference log-probs of Sampled.seqs
     Rows            DataPath.train_rows               the rows the loss trains on
     PathSetup       DataPath.setup                    after the actor exists (every rank)
     CollectContext  DataPath.collect                  driver only: engines, prompts, rewards
     UpdateContext   every update-time hook            the policy, parallel layout, micro-batching
     SampleDump      the contexts' sample dump         ``logging.dump_samples``
     UpdateHooks     what the update calls on a path   ``trainer/paths/base.DataPath`` implements it
+    PipelineRun     what the update reads of the run  the loop's ``Run`` is one
 
 A path keeps its own configuration (``cfg``, ``hp``, ``tok``, set at construction); what it writes goes
 into the containers it is handed (``Sampled``, ``Rows``, the metrics dict) or its own state. The contexts are
@@ -37,10 +39,10 @@ if TYPE_CHECKING:
     from megatron_rl.rollout.ray_bridge import RolloutClient
     from megatron_rl.runtime.parallel import ParallelInfo
     from megatron_rl.trainer.pipeline.packing import TokenBudget
-    from megatron_rl.trainer.policy.actor import PolicyActor
+    from megatron_rl.trainer.policy.actor import PolicyActor, ReferencePolicy
 
 #: the loss's keep mask [N, R] among the rows' extras — a rollout-correction mode's rejection times the
-#: partial rollouts' per-token staleness mask (``update_stage.staleness_keep``) — so a path's ``train_rows``
+#: partial rollouts' per-token staleness mask (``pipeline/rows.staleness_keep``) — so a path's ``train_rows``
 #: (subset, re-conditioned sequences) carries it; folded into ``resp_mask`` right after (``update.fold_keep``)
 CORRECTION_KEEP = "correction_keep"
 
@@ -66,6 +68,27 @@ class Sampled:
     data: Any = None          # the path's own step data, for its later hooks (SCoRe: both attempts)
 
 
+@dataclasses.dataclass(frozen=True)
+class Behaviour:
+    """The engines' side of ``Sampled.seqs``, built once a step (``pipeline/sequences.behaviour``) and read by
+    every comparison with the engine (the log-prob gap, the mismatch metrics), the off-policy / rollout-
+    correction weights and the staleness mask.
+
+    Attributes:
+        logp: ``[N, R]`` the log-prob the engine reported for each response token (its dtype: the response
+            mask's; 0 past a response) — the behaviour policy; a data-parallel share's frame is assembled
+            over the replicas.
+        stale: ``[N]`` long, each sample's staleness in optimizer steps (``algorithms/staleness.py``: its
+            oldest token's; 0 for a batch collected synchronously).
+        token_stale: ``[N, R]`` long, each response token's staleness (0 past a response), or None when the
+            batch has no per-token versions (every token of a sample is as old as the sample).
+    """
+
+    logp: torch.Tensor
+    stale: torch.Tensor
+    token_stale: torch.Tensor | None = None
+
+
 @dataclasses.dataclass
 class LogProbs:
     """Old (proximal) and reference log-probs of ``Sampled.seqs``: target frame ``[N, S-1]`` and
@@ -80,7 +103,6 @@ class LogProbs:
     ref: torch.Tensor | None
     compare: torch.Tensor | None = None
     compare_full: torch.Tensor | None = None   # ``compare`` in the target frame [N, S-1]
-    engine: torch.Tensor | None = None   # the engines' log-probs of the batch, response frame [N, R] (``U.engine_frame``)
 
     @property
     def engine_space(self) -> torch.Tensor:
@@ -166,7 +188,7 @@ class UpdateContext:
     """Every update-time hook (collective): the policy (extra forwards under its current weights), the
     parallel layout, how policy passes cut micro-batches (``micro``: a ``TokenBudget`` or padded rows)
     and the sample dump; ``cfg`` and ``tok`` (the path's own) so that the pipeline's one sequence
-    builder (``pipeline/update_stage.sequences``) takes the context as it takes the run."""
+    builder (``pipeline/sequences.sequences``) takes the context as it takes the run."""
 
     actor: PolicyActor
     info: ParallelInfo
@@ -206,3 +228,17 @@ class UpdateHooks(Protocol):
     def mini_batch_inputs(self, ctx: UpdateContext, rows: Rows, hp, loss: str, step: int) -> tuple[dict, dict]: ...
 
     def after_optimizer_step(self) -> None: ...
+
+
+class PipelineRun(Protocol):
+    """What the update pipeline (``pipeline/update.py`` and its stages) reads of the run it is handed (the
+    loop's ``Run`` is one; the pipeline names no loop type, so the loop stays above it)."""
+
+    cfg: Config
+    path: UpdateHooks
+    actor: PolicyActor
+    ref: ReferencePolicy | None
+    info: ParallelInfo
+    micro: TokenBudget | int
+
+    def update_context(self) -> UpdateContext: ...

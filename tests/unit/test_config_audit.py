@@ -183,10 +183,10 @@ READ = {   # key -> module that consumes it (``cfg.<key>`` or the section alias 
     "rollout.partial_extra_groups": "megatron_rl/trainer/loop/partial_rollout.py",
     "rollout.partial_max_staleness": "megatron_rl/trainer/loop/partial_rollout.py",
     "rollout.partial_policy": "megatron_rl/trainer/loop/partial_rollout.py",
-    "algo.off_policy": "megatron_rl/trainer/pipeline/update_stage.py", "algo.tis_cap": "megatron_rl/trainer/pipeline/update_stage.py",
-    "algo.correction": "megatron_rl/trainer/pipeline/update_stage.py",
+    "algo.off_policy": "megatron_rl/trainer/pipeline/rows.py", "algo.tis_cap": "megatron_rl/trainer/pipeline/rows.py",
+    "algo.correction": "megatron_rl/trainer/pipeline/logprobs.py",
     # issue 42: the PPO ratio's space (e2e: tests/e2e/test_chat_methods.py grpo@mu) and the determinism switch
-    "algo.ratio_space": "megatron_rl/trainer/pipeline/update.py", "trainer.deterministic": "megatron_rl/trainer/loop/setup.py",
+    "algo.ratio_space": "megatron_rl/trainer/pipeline/logprobs.py", "trainer.deterministic": "megatron_rl/trainer/loop/setup.py",
     "rollout.mismatch_limit": "megatron_rl/trainer/loop/rl_loop.py", "rollout.mismatch_policy": "megatron_rl/trainer/loop/rl_loop.py",
     # these act at eval_temperature > 0 only (tests/unit/trainer/test_eval_sampling.py)
     "trainer.eval_top_p": "megatron_rl/rollout/rollouts.py", "trainer.eval_top_k": "megatron_rl/rollout/rollouts.py",

@@ -9,15 +9,15 @@ pushes. Every response token carries the weight version that sampled it (``Rollo
 
 Versions: the engines count pushes; the loop counts optimizer steps. At step t the trainer holds the
 weights of step t − 1 and the engines hold the last push, so an engine version E maps to the step
-version E − (E_now − (t − 1)) — the frame ``update_stage`` reads staleness in ((t − 1) − v).
+version E − (E_now − (t − 1)) — the frame the update reads staleness in ((t − 1) − v, ``pipeline/sequences.behaviour``).
 
 Staleness bound ``rollout.partial_max_staleness`` = k, ``rollout.partial_policy``: ``drop`` — a response
 with a token older than k steps drops its group (counted; its prompt is consumed, never retried);
 ``mask`` — the group is trained and the tokens older than k steps leave the loss mask in the update
-(``update_stage.staleness_keep``, from ``Rollouts.token_versions``; ``partial/masked_tokens``), a response
+(``rows.staleness_keep``, from ``Rollouts.token_versions``; ``partial/masked_tokens``), a response
 with no token left still drops its group (the pool's judgement, ``rollout/partial.py``).
 
-Off-policy correction (``algo.off_policy``, ``update_stage.off_policy_inputs``): the behaviour
+Off-policy correction (``algo.off_policy``, ``rows.off_policy_inputs``): the behaviour
 log-prob of each token is the engine's log-prob at sampling time (``Rollouts.response_logp``, so
 under the version that generated THAT token), the proximal one the trainer's recomputed log-prob
 under its current weights (the old-log-prob pass every step runs) — the same decoupled ratio as

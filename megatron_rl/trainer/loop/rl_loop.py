@@ -39,7 +39,7 @@ def rl_step(run: Run, step: int) -> dict:
     data, meta = run.state.source.next(step)
     t_gen = time.perf_counter() - t0
     run.colo.after_generate()          # colocated: engines sleep, trainer onloads (trainer/loop/colocate.py)
-    metrics = update(run, data, step)   # the rollouts' reward / length metrics first (update_stage.rollout_metrics)
+    metrics = update(run, data, step)   # the rollouts' reward / length metrics first (rows.rollout_metrics)
     run.state.source.before_push(step)       # async: the driver waits for the batches due before the push
     verify = verify_due(run.cfg.rollout.verify_sync, step, run.state.verified)
     t_warm = t_check = 0.0

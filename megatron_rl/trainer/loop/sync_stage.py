@@ -35,7 +35,7 @@ from megatron_rl.convert import hf_tensor_meta, stream_hf_tensors
 from megatron_rl.rollout.engine import SamplingParams
 from megatron_rl.rollout.weight_sync import RoundSource, param_meta
 from megatron_rl.runtime.broadcast import broadcast_object
-from megatron_rl.trainer.pipeline.update_stage import response_frame, sequences
+from megatron_rl.trainer.pipeline.sequences import response_frame, sequences
 
 log = logging.getLogger("megatron_rl.sync")
 

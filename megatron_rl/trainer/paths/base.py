@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from megatron_rl.algorithms import algo_kind, kind_required_inputs
 from megatron_rl.algorithms.hparams import PPOHParams
 from megatron_rl.algorithms.inputs import unknown_inputs
-from megatron_rl.trainer.pipeline.update_stage import rollout_sequences
+from megatron_rl.trainer.pipeline.sequences import rollout_sequences
 
 from megatron_rl.trainer.contract import CollectContext, PathSetup, Sampled, UpdateContext
 
@@ -31,7 +31,7 @@ class DataPath(abc.ABC):
     uses_grader: ClassVar[bool] = False       #: needs ``reward.grader_url`` (checked at start-up)
     #: why the path cannot run with ``rollout.max_staleness`` > 0 ("" = it can; ``trainer/loop/async_rollout.py``)
     async_unsupported: ClassVar[str] = ""
-    #: applies the in-reward KL ``algo.<kind>.kl_reward_coef`` (``update_stage.kl_in_reward``); refused otherwise
+    #: applies the in-reward KL ``algo.<kind>.kl_reward_coef`` (``rows.kl_in_reward``); refused otherwise
     kl_in_reward: ClassVar[bool] = False
     #: what the path puts into a prompt beyond the task's own ("" = nothing): ``group_answers`` (other
     #: answers of the group after BOS, BiCC), ``hint`` (a reference answer after BOS, teacher prompts),

@@ -11,7 +11,7 @@ import dataclasses
 from megatron_rl import algorithms as A
 from megatron_rl.algorithms.hparams import BiCCHParams
 from megatron_rl.data import chat
-from megatron_rl.trainer.pipeline import update_stage as U
+from megatron_rl.trainer.pipeline.sequences import response_frame, sequences
 
 from .base import register_path
 from megatron_rl.trainer.contract import UpdateContext
@@ -101,13 +101,13 @@ class BiccPath(PlainPath):
         R_max = cfg.rollout.max_tokens
         prompts, n_cond, n_fb = bicc_inputs(ro, hp, cfg.data.max_prompt_len + R_max, cfg.rollout.max_model_len,
                                             self.layout, self.tok.eos_id)
-        train_sb = U.sequences(ctx, prompts, ro.responses, R_max)
+        train_sb = sequences(ctx, prompts, ro.responses, R_max)
         ctx.samples(step, "bicc_conditioned", [p + r for p, q, r in zip(prompts, ro.prompts, ro.responses)
                                                      if list(p) != list(q)])
         ex = {**rows.extras, "resp_pos": train_sb.resp_pos, "resp_mask": train_sb.resp_mask}
         if hp.old_logprob_context == "conditioned":
             mu = ctx.actor.train_in_sampling_space     # algo.ratio_space=sampling: old log-probs under μ too
             res = ctx.actor.forward_logprobs(train_sb.batch, ctx.micro, sampling=mu)
-            ex["old_logp"] = U.response_frame(res.sampling_logp if mu else res.logp, train_sb)
+            ex["old_logp"] = response_frame(res.sampling_logp if mu else res.logp, train_sb)
         metrics.update({"bicc/conditioned_frac": n_cond / len(ro), "bicc/budget_fallbacks": n_fb})
         return dataclasses.replace(rows, seqs=train_sb, extras=ex)

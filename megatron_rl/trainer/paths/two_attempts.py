@@ -50,7 +50,8 @@ from megatron_rl.algorithms.hparams import ScoreHParams
 from megatron_rl.data import chat
 from megatron_rl.rollout.engine import SamplingParams
 from megatron_rl.rollout import rollouts as R
-from megatron_rl.trainer.pipeline import update_stage as U
+from megatron_rl.trainer.pipeline.logprobs import logprob_gap
+from megatron_rl.trainer.pipeline.sequences import sequences
 
 from .base import DataPath, register_path
 from megatron_rl.trainer.contract import CollectContext, Sampled, UpdateContext
@@ -192,7 +193,7 @@ class TwoAttemptsPath(DataPath):
         """The sequences ``x2 ++ y2`` (their rollouts: attempt 2), attempt 1's rewards for the credit
         and its positions inside them; the stage's hparams (:func:`stage_of`)."""
         sec, R_max = two.second, self.cfg.rollout.max_tokens
-        sb = U.sequences(ctx, sec.prompts, sec.responses, R_max)
+        sb = sequences(ctx, sec.prompts, sec.responses, R_max)
         fpos, fmask = first_positions(two, R_max)
         hp = dataclasses.replace(self.hp, stage=stage_of(self.hp, step))
         return Sampled(sec, sb, hp, adv_fields={"first_rewards": two.first.rewards.double()},
@@ -206,7 +207,7 @@ class TwoAttemptsPath(DataPath):
             raise RuntimeError("algo.kind=score needs the reference policy (KL anchors), but none was built")
         fpos, fmask = s.extras["first_pos"], s.extras["first_mask"]
         s.extras["first_ref_logp"] = lp.ref_full.gather(1, fpos) * fmask
-        metrics["score/logprob_gap1"] = U.logprob_gap(lp.engine_space_full.gather(1, fpos) * fmask, two.first.rollout_logp,
+        metrics["score/logprob_gap1"] = logprob_gap(lp.engine_space_full.gather(1, fpos) * fmask, two.first.rollout_logp,
                                                      fmask)
         metrics.update(score_metrics(two, s.hp.stage))
 

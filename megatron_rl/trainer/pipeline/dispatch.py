@@ -16,7 +16,7 @@ Every pack plan is a function of the lengths alone, so the driver computes each 
 the model, and each rank then runs exactly the rows it ran when it received the whole batch: the same
 micro-batches, the same sums, the same bits. What a replica needs of rows it does not hold comes through
 the frames the replicas assemble together: the old / ref log-probs (``gather_dp``, as before) and the
-engines' log-probs (``update_stage.engine_frame``: each row filled by the one replica that owns it, a sum
+engines' log-probs (``sequences.engine_frame``: each row filled by the one replica that owns it, a sum
 over DP).
 
 A path shares rows out only when it says so (``DataPath.shares_rows``): the plain sampling family (GRPO,

@@ -91,7 +91,7 @@ def minibatch_steps(actor, mbs: int) -> list[dict]:
     from megatron_rl.trainer.contract import SampleDump, UpdateContext
     from megatron_rl.trainer.paths.sampling import PlainPath
     from megatron_rl.trainer.pipeline.update import Rows, optimizer_steps
-    from megatron_rl.trainer.pipeline.update_stage import build_seq_batch, response_frame
+    from megatron_rl.trainer.pipeline.sequences import build_seq_batch, response_frame
 
     info = actor.parallel_info
     m = max(1, min(mbs, 4 // info.dp))

@@ -23,7 +23,7 @@ N, R, K = 16, 40, 4
 
 def long_tailed(seed: int = 3):
     """16 sequences: prompts of 2..5 tokens, responses log-normal 1..40 (max / median >= 8)."""
-    from megatron_rl.trainer.pipeline.update_stage import build_seq_batch
+    from megatron_rl.trainer.pipeline.sequences import build_seq_batch
 
     g = torch.Generator().manual_seed(seed)
     lens = torch.exp(1.2 + 0.9 * torch.randn(N, generator=g)).clamp(1, R).long().tolist()   # log-normal, same on every rank
@@ -147,7 +147,7 @@ def filler_case(hf_dir, tp, pp, sp, backend) -> dict:
     from megatron_rl import algorithms as A
     from megatron_rl.runtime.parallel import destroy_parallel
     from megatron_rl.trainer.pipeline.packing import TokenBudget, plan, seq_lengths
-    from megatron_rl.trainer.pipeline.update_stage import build_seq_batch
+    from megatron_rl.trainer.pipeline.sequences import build_seq_batch
 
     g = torch.Generator().manual_seed(7)
     sb = build_seq_batch([torch.randint(1, 250, (3,), generator=g).tolist() for _ in range(3)],

@@ -38,7 +38,7 @@ def main(out: str) -> None:
     from megatron_rl.runtime.parallel import ParallelInfo, init_distributed
     from megatron_rl.trainer.pipeline import dispatch
     from megatron_rl.trainer.pipeline.packing import TokenBudget
-    from megatron_rl.trainer.pipeline.update_stage import engine_frame
+    from megatron_rl.trainer.pipeline.sequences import engine_frame
 
     init_distributed(timeout_s=120)
     rank = dist.get_rank()

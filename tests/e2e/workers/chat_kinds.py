@@ -168,7 +168,7 @@ def probe_teacher(cfg, client) -> dict:
     from megatron_rl.trainer.contract import PathSetup
     from megatron_rl.trainer.pipeline.batch import make_batch
     from megatron_rl.trainer.pipeline.update import OPTIMIZER_STEPS_FILE
-    from megatron_rl.trainer.pipeline.update_stage import response_frame
+    from megatron_rl.trainer.pipeline.sequences import response_frame
 
     class Recording(path_class(cfg.algo.kind)):
         """The method's own path; records the policy W and teacher T weights before the update and

@@ -1,4 +1,4 @@
-"""Per-token staleness and the two policies of partial rollouts (``rollout/partial.py``), from their
+"""Per-token staleness and the two policies of partial rollouts (``algorithms/staleness.py``, the rule the pool of ``rollout/partial.py`` and the update share), from their
 definitions: s_t = V − v_t; drop keeps a response only if max_t s_t <= k; mask keeps the tokens with
 s_t <= k (the old-version prefix goes), a response with none left is dropped."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from megatron_rl.rollout.partial import StalenessPolicy, staleness_mask, token_staleness
+from megatron_rl.algorithms.staleness import StalenessPolicy, staleness, staleness_mask
 
 V = torch.tensor
 
@@ -17,12 +17,12 @@ V = torch.tensor
     ([], 5, []),                                # empty response
 ], ids=["fresh", "spans-two-pushes", "empty"])
 def test_token_staleness(versions, trainer, want):
-    assert token_staleness(V(versions, dtype=torch.int64), trainer).tolist() == want
+    assert staleness(trainer, V(versions, dtype=torch.int64)).tolist() == want
 
 
 def test_a_token_newer_than_the_trainer_is_an_error():
-    with pytest.raises(ValueError, match="newer than the trainer"):
-        token_staleness(V([2, 4]), 3)
+    with pytest.raises(ValueError, match="ahead of the trainer"):
+        staleness(3, V([2, 4]))
 
 
 @pytest.mark.parametrize("versions,k,mode,want", [

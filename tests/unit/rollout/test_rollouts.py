@@ -108,15 +108,12 @@ def test_rewards_scored_beside_the_passes_equal_the_inline_ones():
 
 
 def test_rollout_sequences_equal_the_list_built_batch():
-    """``update_stage.rollout_sequences`` (from the flat buffers) against ``build_seq_batch`` of the lists
+    """``sequences.rollout_sequences`` (from the flat buffers) against ``build_seq_batch`` of the lists
     (the pipeline's builder before issue 41): the same tensors, responses longer than the frame cut."""
     from types import SimpleNamespace
 
     from megatron_rl.trainer.contract import UpdateContext
-    from megatron_rl.trainer.pipeline.update_stage import (
-        build_seq_batch,
-        rollout_sequences,
-    )
+    from megatron_rl.trainer.pipeline.sequences import build_seq_batch, rollout_sequences
 
     ro = R.from_completions([None] * 3, _comps(np.random.default_rng(4), prompts=3), None)
     for max_resp in (8, 5):

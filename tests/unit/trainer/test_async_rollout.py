@@ -163,7 +163,7 @@ def test_paths_that_cannot_run_async_fail_at_start_up(over, words):
 
 
 def test_off_policy_inputs_use_the_batch_weight_version():
-    """``update_stage.off_policy_inputs``: staleness = (step − 1) − ro.weight_version; behaviour =
+    """``rows.off_policy_inputs``: staleness = (step − 1) − ro.weight_version; behaviour =
     the engine log-probs of each response; a synchronous batch (no version) gets no weights."""
     import math
 
@@ -171,22 +171,23 @@ def test_off_policy_inputs_use_the_batch_weight_version():
 
     from megatron_rl.config import load_config
     from megatron_rl.rollout.rollouts import Rollouts
-    from megatron_rl.trainer.pipeline.update_stage import off_policy_inputs
+    from megatron_rl.trainer.pipeline.rows import off_policy_inputs
+    from megatron_rl.trainer.pipeline.sequences import behaviour
 
     ro = Rollouts.from_lists(rows=[None, None], prompts=[[1], [1]], responses=[[5, 6], [7]], logps=[[-1.0, -0.5], [-2.0]],
                   finish=["stop", "stop"], group_ids=torch.tensor([0, 0]))
     old = torch.tensor([[-0.9, -0.5], [-1.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
     cfg = load_config(None, [])
-    w, m = off_policy_inputs(cfg, ro, old, mask, step=4)
+    w, m = off_policy_inputs(cfg, old, mask, behaviour(ro, mask, step=4))
     assert w is None and m["offpolicy/staleness_max"] == 0.0
     ro.weight_version = 1
     assert ro.select([1, 0]).weight_version == 1
-    w, m = off_policy_inputs(cfg, ro, old, mask, step=4)
+    w, m = off_policy_inputs(cfg, old, mask, behaviour(ro, mask, step=4))
     torch.testing.assert_close(w, torch.tensor([[math.exp(0.1), 1.0], [2.0, 0.0]]))
     assert m["offpolicy/staleness_mean"] == 2.0 and abs(m["offpolicy/is_clipped_frac"] - 1 / 3) < 1e-6
     none = load_config(None, ["algo.off_policy=none"])
-    assert off_policy_inputs(none, ro, old, mask, step=4)[0] is None
+    assert off_policy_inputs(none, old, mask, behaviour(ro, mask, step=4))[0] is None
 
 
 def test_wall_clock_metrics_carry_a_timing_prefix():

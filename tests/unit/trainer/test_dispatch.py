@@ -18,7 +18,7 @@ from megatron_rl.rollout.rollouts import Rollouts, concat
 from megatron_rl.trainer.pipeline import dispatch
 from megatron_rl.trainer.pipeline.batch import make_batch, mini_batches
 from megatron_rl.trainer.pipeline.packing import TokenBudget, plan
-from megatron_rl.trainer.pipeline.update_stage import engine_frame, rollout_sequences
+from megatron_rl.trainer.pipeline.sequences import engine_frame, rollout_sequences
 
 
 def _batch(n: int, seed: int = 0, max_resp: int = 12) -> Rollouts:

@@ -9,7 +9,7 @@ from megatron_rl.algorithms import kind_required_inputs
 from megatron_rl.config import load_config
 from megatron_rl.trainer.loop.preflight import load_checked
 from megatron_rl.rollout.rollouts import Rollouts
-from megatron_rl.trainer.pipeline.update_stage import kl_in_reward
+from megatron_rl.trainer.pipeline.rows import kl_in_reward
 
 
 def test_sequence_reward_loses_beta_times_summed_k1():

@@ -34,7 +34,7 @@ from megatron_rl.trainer.pipeline.objective import SupportObjective
 from megatron_rl.trainer.paths import DataPath
 from megatron_rl.trainer.contract import SampleDump, UpdateContext
 from megatron_rl.trainer.pipeline.update import Rows, mean_metrics, mini_batches, optimizer_steps
-from megatron_rl.trainer.pipeline.update_stage import build_seq_batch
+from megatron_rl.trainer.pipeline.sequences import build_seq_batch
 
 V = 3
 THETA0 = (-1.0, 0.0, 0.5)
@@ -492,7 +492,9 @@ def _partial_rows(cfg, versions, hand_mask=None) -> tuple[Rows, dict]:
     as sampled on-policy (engine log-probs = θ0's, so every decoupled weight is exactly 1) with per-token
     ``versions``; ``hand_mask``: [(row, token)] zeroed in ``resp_mask`` by hand. Returns (rows, metrics)."""
     from megatron_rl.rollout.rollouts import Rollouts
-    from megatron_rl.trainer.pipeline import update as P
+    from megatron_rl.trainer.contract import LogProbs, Sampled
+    from megatron_rl.trainer.pipeline import rows as P
+    from megatron_rl.trainer.pipeline.sequences import behaviour
 
     old = _old_logp()
     ro = Rollouts.from_lists([None] * 4, PROMPTS, RESPONSES, [old[i, :len(r)].tolist() for i, r in enumerate(RESPONSES)],
@@ -502,8 +504,9 @@ def _partial_rows(cfg, versions, hand_mask=None) -> tuple[Rows, dict]:
     for i, t in hand_mask or ():
         seqs.resp_mask[i, t] = 0.0
     metrics: dict = {}
-    rows = P.base_rows(types.SimpleNamespace(cfg=cfg), P.Sampled(ro, seqs, cfg.algo.hparams), P.LogProbs(None, None, old, None),
-                       torch.tensor(ADV_PPO, dtype=torch.float64)[:, None].expand(4, R).clone(), STALE_STEP, metrics)
+    rows = P.base_rows(cfg, Sampled(ro, seqs, cfg.algo.hparams), LogProbs(None, None, old, None),
+                       behaviour(ro, seqs.resp_mask, STALE_STEP),
+                       torch.tensor(ADV_PPO, dtype=torch.float64)[:, None].expand(4, R).clone(), metrics)
     return P.fold_keep(rows), metrics
 
 

@@ -1,4 +1,4 @@
-"""Per-token versions in the update (``trainer/pipeline/update_stage.py``, partial rollouts): a sample's
+"""Per-token versions in the update (``trainer/pipeline/sequences.behaviour``, read by ``rows.py`` and ``logprobs.py``; partial rollouts): a sample's
 staleness is its oldest token's, so a response spanning a push gets the decoupled weight on every token
 against its own engine log-prob; the mismatch metrics' ``_fresh`` / ``_stale`` parts are split per token.
 Oracle: the formulas recomputed by hand on a 2-sample batch."""
@@ -10,7 +10,9 @@ import types
 import torch
 
 from megatron_rl.rollout.rollouts import Rollouts
-from megatron_rl.trainer.pipeline import update_stage as U
+from megatron_rl.trainer.pipeline.logprobs import mismatch_inputs
+from megatron_rl.trainer.pipeline.rows import off_policy_inputs
+from megatron_rl.trainer.pipeline.sequences import behaviour
 
 
 def _batch():
@@ -23,8 +25,10 @@ def _batch():
 
 def test_sample_staleness_is_its_oldest_token():
     ro, _ = _batch()
-    assert U.batch_staleness(ro, step=3).tolist() == [1, 0]     # trainer holds version 2 at step 3
-    assert U.token_staleness(ro, 3, torch.zeros(2, 4)).tolist() == [[1, 0, 0, 0], [0, 0, 0, 0]]
+    beh = behaviour(ro, torch.zeros(2, 4), step=3)
+    assert beh.stale.tolist() == [1, 0]     # trainer holds version 2 at step 3
+    assert beh.token_stale.tolist() == [[1, 0, 0, 0], [0, 0, 0, 0]]
+    torch.testing.assert_close(beh.logp, torch.tensor([[-1.0, -2.0, -0.5, 0.0], [-0.3, -0.7, 0.0, 0.0]]))
 
 
 def test_decoupled_weight_on_every_token_of_a_spanning_response():
@@ -32,7 +36,7 @@ def test_decoupled_weight_on_every_token_of_a_spanning_response():
     old = torch.tensor([[-1.2, -1.9, -0.5, 0.0], [-0.3, -0.7, 0.0, 0.0]])
     mask = torch.tensor([[1.0, 1, 1, 0], [1, 1, 0, 0]])
     cfg = types.SimpleNamespace(algo=types.SimpleNamespace(off_policy="decoupled", tis_cap=2.0))
-    w, m = U.off_policy_inputs(cfg, ro, old, mask, step=3)
+    w, m = off_policy_inputs(cfg, old, mask, behaviour(ro, mask, step=3))
     want0 = [min(math.exp(old[0, t].item() - lp[0][t]), 2.0) for t in range(3)]
     assert torch.allclose(w[0, :3], torch.tensor(want0), atol=1e-6) and w[0, 3] == 0
     assert w[1].tolist() == [1.0, 1.0, 0.0, 0.0]               # a fresh sample: exactly 1 on its tokens
@@ -45,7 +49,7 @@ def test_mismatch_split_per_token():
     mask = torch.tensor([[1.0, 1, 1, 0], [1, 1, 0, 0]])
     cfg = types.SimpleNamespace(rollout=types.SimpleNamespace(max_staleness=0),
                                 algo=types.SimpleNamespace(correction=None, tis_cap=2.0))
-    res = U.mismatch_inputs(cfg, ro, old, mask, step=3)
+    res = mismatch_inputs(cfg, old, mask, behaviour(ro, mask, step=3))
     fresh = [(old[0, 1].item(), lp[0][1]), (old[0, 2].item(), lp[0][2]), (old[1, 0].item(), lp[1][0]),
              (old[1, 1].item(), lp[1][1])]
     # token_mult_prob_error = mean exp(|train - gen|) over the fresh tokens (NeMo-RL's, algorithms/mismatch.py)

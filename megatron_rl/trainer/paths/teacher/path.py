@@ -21,7 +21,7 @@ import random
 
 from megatron_rl.algorithms.hparams import HintHParams, TeacherHParams
 from megatron_rl.models.provider import resolve_backend
-from megatron_rl.trainer.pipeline import update_stage as U
+from megatron_rl.trainer.pipeline.sequences import sequences
 
 from ..base import BASE_INPUTS, register_path
 from megatron_rl.trainer.contract import PathSetup, UpdateContext
@@ -106,7 +106,7 @@ class TeacherPath(PlainPath):
             return rows.select([])
         keep = plan.keep
         sub = ro.select(keep)
-        seqs = U.sequences(ctx, sub.prompts, sub.responses)
+        seqs = sequences(ctx, sub.prompts, sub.responses)
         ex = {k: v[keep] for k, v in rows.extras.items()}
         ex.update({"group_ids": sub.group_ids, "resp_pos": seqs.resp_pos, "resp_mask": seqs.resp_mask})
         return dataclasses.replace(rows, seqs=seqs, extras=ex, ro=sub, plan=plan)
