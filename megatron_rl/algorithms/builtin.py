@@ -339,7 +339,7 @@ def kind_required_inputs(name: str, hp=None) -> set:
         _lookup(_LOSSES, "policy loss", k.loss).needs_for(hp)
     if hp.kl_loss_coef > 0:
         need |= {"logp", "ref_logp"}
-    if getattr(hp, "kl_reward_coef", 0.0) > 0:
+    if hp.kl_reward_coef > 0:
         need |= {"ref_logp"}
     return need
 

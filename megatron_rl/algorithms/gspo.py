@@ -106,7 +106,7 @@ class GSPOHParams(GRPOHParams):
 @register_policy_loss("gspo", needs=("logp", "old_logp"))
 def _gspo(x: AlgoInputs, adv: Tensor, hp) -> LossOutput:
     return gspo_loss(x.logp, x.old_logp, adv, x.mask, clip_low=hp.clip_low, clip_high=hp.clip_high,
-                     level=getattr(hp, "level", "sequence"), dual_clip=hp.dual_clip, tis_weights=x.tis_weights)
+                     level=hp.level, dual_clip=hp.dual_clip, tis_weights=x.tis_weights)
 
 
 register_algo_kind("gspo", "grpo", "gspo", GSPOHParams)

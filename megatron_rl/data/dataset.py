@@ -153,6 +153,13 @@ def problem_text(row) -> str:
     return str(users[-1])
 
 
+def epoch_permutation(n: int, seed: int, epoch: int) -> list[int]:
+    """The order of ``n`` rows in ``epoch`` (``data.seed``): THE shuffle of the sampler and of the partial
+    rollouts' prompt pool (``trainer/loop/partial_rollout.PoolPrompts``), one definition."""
+    g = torch.Generator().manual_seed(seed * 100_003 + epoch)
+    return torch.randperm(n, generator=g).tolist()
+
+
 class DeterministicSampler:
     """Epoch-wise shuffled index batches; ``state_dict()`` (epoch, position) resumes exactly."""
 
@@ -164,8 +171,7 @@ class DeterministicSampler:
         self._perm = self._make_perm()
 
     def _make_perm(self) -> list[int]:
-        g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
-        return torch.randperm(self.n, generator=g).tolist()
+        return epoch_permutation(self.n, self.seed, self.epoch)
 
     def next_batch(self) -> list[int]:
         if self.pos + self.batch_size > self.n:

@@ -6,11 +6,21 @@ the transports (``rollout/transport.py``), ``RolloutClient(engine, model_dir, nu
 with ``generate(prompt_ids, sampling)``, ``score(seqs, prompt_lens, temperature)``,
 ``update_weights(named_iter)``, ``kill_engine(i)``, ``stats()``, ``shutdown()``.
 
-Importing the package registers the built-in engines (their modules import vLLM / transformers only
-when an engine is built).
+Importing the package imports nothing: its public names load on first access (PEP 562), and the
+built-in engines register when the registry is first asked for one (``registry.BUILTIN``), so a
+declaration module (the registry, the config that names an engine) imports no engine and no torch.
 """
-from . import hf_engine, vllm_async_engine, vllm_engine  # noqa: F401  (the built-in engines' registrations)
-from .engine import Completion, RolloutEngine, SamplingParams
-from .registry import EngineCaps, engine_class, make_engine, register_engine
+from __future__ import annotations
 
-__all__ = ["Completion", "EngineCaps", "RolloutEngine", "SamplingParams", "engine_class", "make_engine", "register_engine"]
+import importlib
+
+_PUBLIC = {"Completion": "engine", "RolloutEngine": "engine", "SamplingParams": "engine", "EngineCaps": "registry",
+           "engine_class": "registry", "make_engine": "registry", "register_engine": "registry"}
+
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        return getattr(importlib.import_module(f"{__name__}.{_PUBLIC[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

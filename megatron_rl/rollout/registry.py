@@ -11,9 +11,10 @@ its sleep frees memory and where, tensor parallelism, which optional ``rollout.*
 takes, which distributions its process imports.
 
 * Registering a name twice raises; an unknown name raises listing the sorted valid names.
-* The built-in engines register when ``megatron_rl.rollout`` is imported (``rollout/__init__.py``);
-  their modules import their libraries (vLLM, transformers) only when an engine is built, so asking
-  a class its capabilities imports neither.
+* The built-in engines (:data:`BUILTIN`) register when their module is first asked for (``engine_class``):
+  importing this registry, or the config that names it, loads no engine module; an engine module imports
+  its library (vLLM, transformers) only when an engine is built, so asking a class its capabilities
+  imports neither.
 * An engine from outside the package registers when its module is imported: name the module in
   the top-level ``plugins:`` key (``megatron_rl/plugins.py``). The engine actors (other processes,
   without the config) build it from its import path (:func:`engine_path`), so that module must be
@@ -144,9 +145,16 @@ def _ask_child(asks: list[dict]) -> list[tuple[str, str] | None]:
     return [None if a is None else (a[0], a[1]) for a in json.loads(r.stdout.strip().splitlines()[-1])]
 
 
+#: the built-in engines: name -> the module whose import registers it (on first use, :func:`engine_class`)
+BUILTIN = {"hf": "megatron_rl.rollout.hf_engine", "vllm": "megatron_rl.rollout.vllm_engine",
+           "vllm-async": "megatron_rl.rollout.vllm_async_engine"}
+
+
 def register_engine(name: str):
     """Class decorator: ``rollout.engine=<name>`` builds this class (which must carry ``CAPS``)."""
     def deco(cls: type) -> type:
+        if name in BUILTIN and cls.__module__ != BUILTIN[name]:
+            raise ValueError(f"rollout engine {name!r} is already registered (the built-in {BUILTIN[name]})")
         if name in _ENGINES:
             raise ValueError(f"rollout engine {name!r} is already registered (by {_ENGINES[name].__qualname__})")
         if not isinstance(getattr(cls, "CAPS", None), EngineCaps):
@@ -157,12 +165,15 @@ def register_engine(name: str):
 
 
 def engine_names() -> list[str]:
-    """The registered engine names, sorted."""
-    return sorted(_ENGINES)
+    """The registered engine names (the built-in ones included), sorted."""
+    return sorted(set(_ENGINES) | set(BUILTIN))
 
 
 def engine_class(name: str) -> type:
-    """The class registered as ``name``; ``ValueError`` naming the sorted valid names otherwise."""
+    """The class registered as ``name`` (a built-in one's module imported on first use); ``ValueError``
+    naming the sorted valid names otherwise."""
+    if name not in _ENGINES and name in BUILTIN:
+        importlib.import_module(BUILTIN[name])
     try:
         return _ENGINES[name]
     except KeyError:

@@ -356,11 +356,18 @@ def decode_batch(tokenizer, ids: torch.Tensor, offsets: torch.Tensor) -> list[st
     return batch(seqs) if batch is not None else [tokenizer.decode(s) for s in seqs]
 
 
+def sampling_seed(trainer_seed: int, step: int, round_: int = 0, stream: int = 0) -> int:
+    """THE engines' sampling seed of (trainer seed, step, generation round): a resumed run draws exactly the
+    same samples as an uninterrupted one. ``stream`` keeps apart draws that share a step number: 0 = the
+    step's rollouts (:func:`sampling_params`), 1 = the partial rollouts' pool, whose "step" is the prompt's
+    pool index (``trainer/loop/partial_rollout.PoolPrompts``)."""
+    return (trainer_seed * 1_000_003 + step * 7919 + round_ * 104_729 + stream) % (2 ** 31)
+
+
 def sampling_params(cfg, step: int, round_: int = 0, greedy: bool = False, n: int | None = None,
                     eos_id: int | None = None) -> SamplingParams:
-    """Per-step sampling settings; seeds derive from (trainer seed, step, round) so a resumed run
-    draws exactly the same samples as an uninterrupted one."""
-    seed = (cfg.trainer.seed * 1_000_003 + step * 7919 + round_ * 104_729) % (2 ** 31)
+    """Per-step sampling settings; the seed is :func:`sampling_seed` of (trainer seed, step, round)."""
+    seed = sampling_seed(cfg.trainer.seed, step, round_)
     r = cfg.rollout
     return SamplingParams(n=1 if greedy else (n or r.n), temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                           min_p=r.min_p, max_tokens=r.max_tokens, seed=seed, greedy=greedy,

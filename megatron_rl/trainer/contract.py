@@ -10,6 +10,7 @@ them): slime's ``Sample``, verl's ``DataProto``, torchtune's ``rlhf/_types.py`` 
     CollectContext  DataPath.collect                  driver only: engines, prompts, rewards
     UpdateContext   every update-time hook            the policy, parallel layout, micro-batching
     SampleDump      the contexts' sample dump         ``logging.dump_samples``
+    CollectHooks    what the rollout sources call     ``trainer/paths/base.DataPath`` implements it
     UpdateHooks     what the update calls on a path   ``trainer/paths/base.DataPath`` implements it
     PipelineRun     what the update reads of the run  the loop's ``Run`` is one
 
@@ -205,6 +206,20 @@ class UpdateContext:
         """``longest`` rounded up to a multiple of 8 x TP (:meth:`seq_len`)."""
         q = 8 * max(1, self.info.tp)
         return -(-longest // q) * q
+
+
+class CollectHooks(Protocol):
+    """What the loop's rollout sources (``trainer/loop/rollout_source.py``) call on the run's data path, driver
+    side, no collectives. ``trainer/paths/base.DataPath`` implements it (its docstrings say what the base does)."""
+
+    shares_rows: ClassVar[bool]   # each data-parallel replica may receive only its own rows (``pipeline/dispatch.py``)
+
+    def collect(self, ctx: CollectContext, step: int) -> Any: ...
+
+    def shape(self, ro) -> Any: ...
+
+    @classmethod
+    def partial_refusal(cls, hp) -> str: ...
 
 
 class UpdateHooks(Protocol):

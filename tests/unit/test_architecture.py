@@ -241,6 +241,25 @@ def test_declarations_import_the_stdlib_only():
         assert all(f"megatron_rl.rollout.{n.module}" in DECLARATIONS for n in rel), f"{m}: {[ast.unparse(n) for n in rel]}"
 
 
+def test_a_declaration_module_loads_no_engine():
+    """Importing a declaration module (and the config sections that ask it) in a fresh interpreter loads
+    no engine module and no torch: ``rollout/__init__.py`` imports nothing eagerly and the built-in engines
+    register on first use (``registry.BUILTIN``); asking for one then loads exactly its module."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("import json, sys; import megatron_rl.config_sections, megatron_rl.rollout.registry as r, megatron_rl.rollout.transport\n"
+            "before = sorted(m for m in sys.modules if m.startswith('megatron_rl.rollout') or m == 'torch')\n"
+            "names = r.engine_names(); r.caps('hf')\n"
+            "print(json.dumps([before, names, sorted(m for m in sys.modules if m.endswith('_engine'))]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=PKG.parent)
+    before, names, after = json.loads(out.stdout.strip().splitlines()[-1])
+    assert before == ["megatron_rl.rollout", "megatron_rl.rollout.registry", "megatron_rl.rollout.transport"], before
+    assert {"hf", "vllm", "vllm-async"} <= set(names)
+    assert after == ["megatron_rl.rollout.hf_engine"], after
+
+
 def test_functions_stay_short():
     """No function over 60 lines (``end_lineno - lineno + 1``: signature, docstring and body)."""
     long = []

@@ -23,9 +23,10 @@ under the version that generated THAT token), the proximal one the trainer's rec
 under its current weights (the old-log-prob pass every step runs) — the same decoupled ratio as
 one-step-off rollouts, per token. A response is "stale" when any of its tokens is.
 
-Prompts: pool index i is the i-th prompt of the sampler's epoch-wise shuffles (same permutations as
-``DeterministicSampler``); its sampling seed derives from (trainer seed, i), so a regenerated group
-draws the same way under the same weights.
+Prompts: pool index i is the i-th prompt of the sampler's epoch-wise shuffles (``data/dataset.epoch_permutation``,
+the sampler's own); its sampling seed is ``rollouts.sampling_seed`` of (trainer seed, i) on the pool's
+stream, so a regenerated group draws the same way under the same weights. A scored batch passes through
+the path's declared hook ``shape`` (``contract.CollectHooks``: DAPO's overlong shaping, identity otherwise).
 
 Audit: the driver appends ``{step, trained, dropped}`` (pool indices) to ``run_dir/partial_groups.jsonl``
 per step; a resume first drops the rows after the checkpoint's step.
@@ -43,9 +44,11 @@ from pathlib import Path
 
 import torch
 
+from megatron_rl.data.dataset import epoch_permutation
 from megatron_rl.rollout import rollouts as R
 from megatron_rl.rollout.partial import PartialPool, StalenessPolicy
 from megatron_rl.runtime.broadcast import broadcast_object
+from megatron_rl.trainer.contract import CollectHooks
 
 GROUPS_FILE = "partial_groups.jsonl"
 #: at close, the longest wait for the groups in flight to finish
@@ -63,13 +66,12 @@ class PoolPrompts:
     def row(self, i: int) -> int:
         e = i // self.n
         if e not in self._perms:
-            g = torch.Generator().manual_seed(self.seed * 100_003 + e)   # DeterministicSampler's permutation
-            self._perms = {e: torch.randperm(self.n, generator=g).tolist()}
+            self._perms = {e: epoch_permutation(self.n, self.seed, e)}
         return self._perms[e][i % self.n]
 
     def request(self, i: int) -> tuple[list[int], object]:
         sp = R.sampling_params(self.cfg, 0, eos_id=self.eos_id)
-        seed = (self.cfg.trainer.seed * 1_000_003 + i * 7919 + 1) % (2 ** 31)
+        seed = R.sampling_seed(self.cfg.trainer.seed, i, stream=1)
         return list(self.dataset[self.row(i)].prompt_ids), dataclasses.replace(sp, seed=seed)
 
 
@@ -79,6 +81,7 @@ class PartialRollouts:
 
     def __init__(self, run, resume: dict | None = None):
         cfg, self.run, self.is_driver = run.cfg, run, run.info.is_driver
+        self.path: CollectHooks = run.path
         self.pool, self.last, self.waited = None, {}, 0.0
         self._busy_mark: tuple[float, float] | None = None   # driver: (wall, engines' generating seconds) at a step's start
         if self.is_driver:
@@ -101,7 +104,7 @@ class PartialRollouts:
         rows = [run.train_set[self.prompts.row(g.index)] for g in groups]
         ro = R.from_completions(rows, comps, run.tok)
         ro.token_versions = (ro.token_versions.to(torch.int64) - shift).to(torch.int32)
-        ro = run.path.shape(R.score(ro, run.rewards))
+        ro = self.path.shape(R.score(ro, run.rewards))   # the path's declared hook (contract.CollectHooks)
         m["partial/dropped_total"] = float(self.pool.dropped)
         m["partial/prompts_consumed"] = float(self.pool.next_index - len(self.pool.state_dict()["pending"]))
         ro.stats = {**ro.stats, **m}
@@ -109,7 +112,7 @@ class PartialRollouts:
             f.write(json.dumps({"step": step, "trained": [g.index for g in groups], "dropped": self.pool.last_dropped}) + "\n")
         return ro
 
-    def next(self, step: int):
+    def next(self, step: int) -> tuple[object, dict]:
         """Collective: the batch of ``step`` (taken on the driver, broadcast) and ``{gen_s}``."""
         t0 = time.perf_counter()
         if self.is_driver:

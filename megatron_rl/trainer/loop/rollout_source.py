@@ -1,7 +1,7 @@
 """Where a step's rollout batch comes from: one interface for synchronous and asynchronous collection,
 so ``loop.rl_step`` reads as its diagram with no branch on the mode.
 
-Per step t, every rank makes the same calls::
+Per step t, every rank makes the same calls (:class:`RolloutSource`)::
 
     data, meta = source.next(t)      # collective: the batch (collected on the driver) and {gen_s, ...}
     ... update ...
@@ -22,13 +22,31 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from megatron_rl.rewards.judge_client import JudgeRejected
 from megatron_rl.trainer.loop.async_rollout import AsyncRollouts, sync_metrics
 from megatron_rl.trainer.loop.partial_rollout import PartialRollouts
 from megatron_rl.runtime.broadcast import broadcast_object
 from megatron_rl.trainer.pipeline import dispatch
+
+
+class RolloutSource(Protocol):
+    """Where a step's batch comes from (module docstring): :class:`SyncRollouts`, ``AsyncRollouts``
+    (``async_rollout.py``) and ``PartialRollouts`` (``partial_rollout.py``) implement it; every call is made
+    by every rank in the same order, ``next`` is collective."""
+
+    def next(self, step: int) -> tuple[Any, dict]: ...
+
+    def before_push(self, step: int) -> None: ...
+
+    def pushed(self, step: int) -> None: ...
+
+    def state(self, step: int) -> dict | None: ...
+
+    def metrics(self, t0: float, t1: float, gen_s: float) -> dict: ...
+
+    def close(self) -> None: ...
 
 
 class SyncRollouts:
@@ -67,7 +85,7 @@ class SyncRollouts:
         return None
 
 
-def open_source(run) -> SyncRollouts | AsyncRollouts | PartialRollouts:
+def open_source(run) -> RolloutSource:
     """The rollout source of ``run`` (after ``setup_run``: its step, sampler and restored in-flight batches)."""
     cfg, st = run.cfg, run.state
     if cfg.rollout.partial:

@@ -98,6 +98,12 @@ class DataPath(abc.ABC):
     def collect(self, ctx: CollectContext, step: int) -> Any:
         """Driver only: this step's data (picklable; the loop broadcasts it). No collectives."""
 
+    def shape(self, ro):
+        """Driver, during collection: the path's treatment of a scored batch of sampled groups (one group per
+        prompt) before it trains — the hook the partial rollouts' source calls on what its pool finished
+        (``trainer/loop/partial_rollout.py``). Unchanged here; the plain path applies DAPO's overlong shaping."""
+        return ro
+
     def sampled(self, ctx: UpdateContext, data, step: int) -> Sampled:
         """Every rank: ``data`` as the pipeline's :class:`~megatron_rl.trainer.contract.Sampled`: the
         sampled sequences (``prompt ++ response`` here) and the hparams in force."""

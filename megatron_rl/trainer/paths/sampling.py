@@ -58,7 +58,7 @@ class PlainPath(DataPath):
         collection, unless a greedy baseline, dynamic sampling or a subclass's ``collect`` adds to it."""
         if cls.wants_greedy(hp) or cls.collect is not PlainPath.collect:
             return f"the {cls.name!r} path collects more than one sampled group per prompt"
-        if getattr(hp, "filter_groups", False):
+        if isinstance(hp, SamplingHParams) and hp.filter_groups:
             return "dynamic sampling draws generation rounds until groups are informative"
         return ""
 
@@ -85,11 +85,11 @@ class PlainPath(DataPath):
             return ro
         return self.round(ctx, step, 0)
 
-    def shape(self, part):
+    def shape(self, ro):
         """DAPO's soft overlong shaping of a scored batch (when the method switches it on)."""
         if self.sampling is not None and self.sampling.overlong_enable:
-            return R.overlong_shaping(part, self.sampling, self.cfg.rollout.max_tokens)
-        return part
+            return R.overlong_shaping(ro, self.sampling, self.cfg.rollout.max_tokens)
+        return ro
 
     def join_rewards(self, ctx: UpdateContext, s, metrics: dict) -> None:
         """The deferred rewards land on every rank (``time/reward_wait``: the driver's wait for them)."""

@@ -189,16 +189,16 @@ class TwoAttemptsPath(DataPath):
     def collect(self, ctx: CollectContext, step: int):
         return collect_two(ctx, self.cfg, self.tok, step, self.turn)
 
-    def sampled(self, ctx: UpdateContext, two: TwoAttempts, step: int):
+    def sampled(self, ctx: UpdateContext, data: TwoAttempts, step: int):
         """The sequences ``x2 ++ y2`` (their rollouts: attempt 2), attempt 1's rewards for the credit
         and its positions inside them; the stage's hparams (:func:`stage_of`)."""
-        sec, R_max = two.second, self.cfg.rollout.max_tokens
+        sec, R_max = data.second, self.cfg.rollout.max_tokens
         sb = sequences(ctx, sec.prompts, sec.responses, R_max)
-        fpos, fmask = first_positions(two, R_max)
+        fpos, fmask = first_positions(data, R_max)
         hp = dataclasses.replace(self.hp, stage=stage_of(self.hp, step))
-        return Sampled(sec, sb, hp, adv_fields={"first_rewards": two.first.rewards.double()},
-                       extras={"first_rewards": two.first.rewards.float(), "first_pos": fpos, "first_mask": fmask},
-                       data=two)
+        return Sampled(sec, sb, hp, adv_fields={"first_rewards": data.first.rewards.double()},
+                       extras={"first_rewards": data.first.rewards.float(), "first_pos": fpos, "first_mask": fmask},
+                       data=data)
 
     def after_logprobs(self, ctx: UpdateContext, s, lp, metrics: dict) -> None:
         """Attempt 1's reference log-probs and trainer/engine gap, gathered from the same pass."""
@@ -211,8 +211,8 @@ class TwoAttemptsPath(DataPath):
                                                      fmask)
         metrics.update(score_metrics(two, s.hp.stage))
 
-    def logged(self, two):
-        return two.first
+    def logged(self, data):
+        return data.first
 
     def trained(self, two):
         return two.second

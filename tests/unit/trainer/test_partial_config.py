@@ -56,3 +56,8 @@ def test_pool_prompts_follow_the_sampler_and_seed_by_index():
     a, b = pp.request(4), pp.request(4)
     assert a[0] == list(rows[pp.row(4)].prompt_ids) and a[1].seed == b[1].seed != pp.request(5)[1].seed
     assert torch.tensor(a[1].seed) >= 0
+    from megatron_rl.rollout.rollouts import sampling_params, sampling_seed
+
+    # the pool's seeds: the step seeds' function on its own stream (pool index i never draws as step i)
+    assert a[1].seed == sampling_seed(7, 4, stream=1) == (7 * 1_000_003 + 4 * 7919 + 1) % 2 ** 31
+    assert a[1].seed != sampling_params(cfg, 4).seed

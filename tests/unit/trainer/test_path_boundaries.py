@@ -61,3 +61,43 @@ def test_hooks_the_pipeline_calls_are_declared_with_their_contexts():
     for name in ("after_optimizer_step", "logged", "trained", "driver_stats", "shadow_weights", "state_dict",
                  "load_state_dict", "close"):
         assert callable(getattr(P.DataPath, name)), name
+
+
+def _members(proto) -> dict:
+    """The methods and attributes a Protocol declares (its own, no dunders)."""
+    names = set(getattr(proto, "__annotations__", {})) | {k for k, v in vars(proto).items()
+                                                          if callable(v) or isinstance(v, classmethod)}
+    return {n: getattr(proto, n, None) for n in names if not n.startswith("_")}
+
+
+def _implements(cls, proto) -> list[str]:
+    """Members of ``proto`` that ``cls`` lacks, or whose parameters (after self / cls) it does not take by name."""
+    bad = []
+    for name, want in _members(proto).items():
+        have = getattr(cls, name, None)
+        if have is None:
+            bad.append(f"{cls.__name__}.{name} missing")
+        elif callable(want):
+            need = list(inspect.signature(want).parameters)[1:] if not isinstance(inspect.getattr_static(proto, name), classmethod) \
+                else list(inspect.signature(want).parameters)
+            got = inspect.signature(have).parameters
+            if any(p not in got for p in need):
+                bad.append(f"{cls.__name__}.{name}{inspect.signature(have)} vs {proto.__name__}.{name}{inspect.signature(want)}")
+    return bad
+
+
+def test_sources_and_paths_implement_the_declared_protocols():
+    """The three rollout sources are ``RolloutSource``s and every registered path is a ``CollectHooks`` and an
+    ``UpdateHooks``: the loop and the partial source call a path only through what these declare (no probe)."""
+    from megatron_rl.trainer.contract import CollectHooks, UpdateHooks
+    from megatron_rl.trainer.loop.async_rollout import AsyncRollouts
+    from megatron_rl.trainer.loop.partial_rollout import PartialRollouts
+    from megatron_rl.trainer.loop.rollout_source import RolloutSource, SyncRollouts
+
+    assert {"next", "before_push", "pushed", "state", "metrics", "close"} <= set(_members(RolloutSource))
+    assert {"collect", "shape", "partial_refusal", "shares_rows"} <= set(_members(CollectHooks))
+    bad = [b for c in (SyncRollouts, AsyncRollouts, PartialRollouts) for b in _implements(c, RolloutSource)]
+    bad += [b for name in P.path_names() for proto in (CollectHooks, UpdateHooks) for b in _implements(P.get_path(name), proto)]
+    assert not bad, bad
+    src = (PKG / "trainer/loop/partial_rollout.py").read_text()
+    assert "run.path." not in src and "100_003" not in src and "1_000_003" not in src   # calls, not copies
