@@ -27,7 +27,7 @@ disjoint devices in both modes).
 
 With ``--dp 2 --engines 2`` the trainer runs data-parallel on 2 ranks (``torchrun``) and the rollout
 pool has 2 engines, each generating half of every batch; the asynchronous split then gives the
-engines their share of the cores (``async_rollout.core_plan``) and deals the rest to the trainer ranks.
+engines their share of the cores (``async_source.core_plan``) and deals the rest to the trainer ranks.
 
     .venv/bin/python benchmarks/bench_async.py [--steps 10] [--skip 2] [--max-tokens 112] [--staleness 0,1]
                                                [--dp 1] [--engines 1]

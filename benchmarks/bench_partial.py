@@ -6,13 +6,13 @@ runs to its ``max_tokens``, exactly). A step trains on ``--groups`` groups.
 
 One ``vllm-async`` engine (vLLM-CPU ``AsyncLLM`` in a Ray actor, gloo pushes) serves all three modes
 in turn; the trainer is a stand-in of fixed cost (``--train-s`` seconds of float32 matmuls on the
-driver's core — the engine actor has the other core: ``async_rollout.core_plan``), followed by a real
+driver's core — the engine actor has the other core: ``async_source.core_plan``), followed by a real
 weight push of the policy every step:
 
 * sync — generate the step's groups, train, push (engines idle while training);
 * one-step-off — the next step's groups are generated while the trainer trains; the push waits for
   them (a batch boundary: the long tail of each batch still holds the step);
-* partial — :class:`~megatron_rl.rollout.partial.PartialPool`: ``--groups`` + ``--extra`` groups in flight,
+* partial — :class:`~megatron_rl.rollout.partial_pool.PartialPool`: ``--groups`` + ``--extra`` groups in flight,
   a step takes the first ``--groups`` that finished, the push happens in flight, the tail finishes
   in a later step (staleness bound ``--bound``, policy drop; dropped groups are reported).
 
@@ -107,7 +107,7 @@ def run_one_off(client, request, args, push):
 
 
 def run_partial(client, request, args, push):
-    from megatron_rl.rollout.partial import PartialPool, StalenessPolicy
+    from megatron_rl.rollout.partial_pool import PartialPool, StalenessPolicy
 
     pool = PartialPool(client, request, groups_per_step=args.groups, extra=args.extra,
                        policy=StalenessPolicy(args.bound, "drop"))
@@ -150,7 +150,7 @@ def main() -> None:
     from safetensors.torch import load_file
 
     from megatron_rl.rollout.ray_bridge import RolloutClient
-    from megatron_rl.trainer.loop.async_rollout import engine_env, local_plan, pin_trainer
+    from megatron_rl.trainer.loop.async_source import engine_env, local_plan, pin_trainer
 
     plan = local_plan()
     pin_trainer(plan, 0)

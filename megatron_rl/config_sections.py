@@ -197,9 +197,9 @@ class RolloutConfig:
     max_staleness: int = 0
     """Asynchronous rollouts: 0 = synchronous (generate, then train); k >= 1 = the engines generate
     the batches of steps t+1..t+k while the trainer updates on batch t, so batch t is sampled with
-    the weights of step max(0, t-1-k) (``trainer/loop/async_rollout.py``); corrected by ``algo.off_policy``."""
+    the weights of step max(0, t-1-k) (``trainer/loop/async_source.py``); corrected by ``algo.off_policy``."""
     partial: bool = False
-    """In-flight partial rollouts (``trainer/loop/partial_rollout.py``, needs ``engine=vllm-async``): the
+    """In-flight partial rollouts (``trainer/loop/partial_source.py``, needs ``engine=vllm-async``): the
     driver keeps ``prompts_per_step + partial_extra_groups`` groups in flight, a step trains on the first
     groups that finished, the rest run on across the weight push (taken in flight) into later steps;
     each token carries the weight version that sampled it. Exclusive with ``max_staleness`` > 0."""

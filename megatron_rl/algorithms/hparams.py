@@ -73,7 +73,7 @@ class GRPOHParams(PPOHParams):
 @dataclass(frozen=True)
 class SamplingHParams(PPOHParams):
     """DAPO's sampling-side pieces (soft overlong shaping, dynamic sampling), read by the sampling data
-    paths (``trainer/paths/sampling.py``) of every method whose hparams derive from this class."""
+    paths (``trainer/paths/plain.py``) of every method whose hparams derive from this class."""
 
     overlong_enable: bool = False        #: DAPO soft overlong punishment added to the reward
     overlong_buffer_len: int = 4096      #: last tokens before rollout.max_tokens where the penalty ramps up (<= max_tokens)

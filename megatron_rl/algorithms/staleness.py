@@ -1,5 +1,5 @@
 """Staleness: how many optimizer steps old the weights that sampled a sample or a token are, and the
-bound partial rollouts train within — ONE rule for the partial rollouts' pool (``rollout/partial.py``,
+bound partial rollouts train within — ONE rule for the partial rollouts' pool (``rollout/partial_pool.py``,
 which judges a finished response), the update (``trainer/pipeline/sequences.behaviour``, which builds the
 batch's per-sample and per-token staleness once a step) and the off-policy weights (``offpolicy.py``).
 

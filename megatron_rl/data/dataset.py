@@ -155,7 +155,7 @@ def problem_text(row) -> str:
 
 def epoch_permutation(n: int, seed: int, epoch: int) -> list[int]:
     """The order of ``n`` rows in ``epoch`` (``data.seed``): THE shuffle of the sampler and of the partial
-    rollouts' prompt pool (``trainer/loop/partial_rollout.PoolPrompts``), one definition."""
+    rollouts' prompt pool (``trainer/loop/partial_source.PoolPrompts``), one definition."""
     g = torch.Generator().manual_seed(seed * 100_003 + epoch)
     return torch.randperm(n, generator=g).tolist()
 

@@ -154,7 +154,7 @@ def register_engine(name: str):
     """Class decorator: ``rollout.engine=<name>`` builds this class (which must carry ``CAPS``)."""
     def deco(cls: type) -> type:
         if name in BUILTIN and cls.__module__ != BUILTIN[name]:
-            raise ValueError(f"rollout engine {name!r} is already registered (the built-in {BUILTIN[name]})")
+            engine_class(name)    # a built-in name is taken: its class registers now, and the line names it
         if name in _ENGINES:
             raise ValueError(f"rollout engine {name!r} is already registered (by {_ENGINES[name].__qualname__})")
         if not isinstance(getattr(cls, "CAPS", None), EngineCaps):

@@ -360,7 +360,7 @@ def sampling_seed(trainer_seed: int, step: int, round_: int = 0, stream: int = 0
     """THE engines' sampling seed of (trainer seed, step, generation round): a resumed run draws exactly the
     same samples as an uninterrupted one. ``stream`` keeps apart draws that share a step number: 0 = the
     step's rollouts (:func:`sampling_params`), 1 = the partial rollouts' pool, whose "step" is the prompt's
-    pool index (``trainer/loop/partial_rollout.PoolPrompts``)."""
+    pool index (``trainer/loop/partial_source.PoolPrompts``)."""
     return (trainer_seed * 1_000_003 + step * 7919 + round_ * 104_729 + stream) % (2 ** 31)
 
 

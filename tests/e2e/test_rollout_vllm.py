@@ -269,7 +269,7 @@ def test_push_leaves_no_stale_prefix_cache(client, tiny_hf, tmp_path):
     computed under the old weights, in place (measured without the reset: up to 3.9 nats)."""
     from safetensors.torch import load_file
 
-    from megatron_rl.trainer.loop.async_rollout import AsyncProducer
+    from megatron_rl.trainer.loop.async_source import AsyncProducer
     from tests.helpers.tiny_model import save_tiny_qwen3
 
     other = save_tiny_qwen3(tmp_path / "other", seed=1, max_positions=512)

@@ -190,7 +190,7 @@ def test_verl_and_nemo_rl_key_table_names_only_existing_keys():
 #: the function's: the loop's ``_train_steps`` / ``_finish``, the update's ``optimizer_steps``)
 FLOWS = {"run": ("megatron_rl.trainer.loop.rl_loop", "run", ("_train_steps", "_train_step", "_finish")),
          "rl_step": ("megatron_rl.trainer.loop.rl_loop", "rl_step", ()),
-         "update": ("megatron_rl.trainer.pipeline.update", "update", ("optimizer_steps",))}
+         "update": ("megatron_rl.trainer.pipeline.update", "update", ("train_rows", "optimizer_steps"))}
 #: attributes of ``Run`` / locals whose method calls the page names (``run.path.logged`` -> ``path.logged``)
 _HOLDERS = ("path", "colo", "source", "actor", "logger", "client", "ref")
 
@@ -244,7 +244,9 @@ def _flow_calls(flow: str) -> tuple[list[str], set[str]]:
     seq, required = [], set()
 
     def walk(func_name: str, top: bool):
-        tree = ast.parse(textwrap.dedent(inspect.getsource(getattr(mod, func_name))))
+        func = getattr(mod, func_name)
+        glb = vars(inspect.getmodule(func))   # an expanded stage resolves names in its own module
+        tree = ast.parse(textwrap.dedent(inspect.getsource(func)))
 
         class V(ast.NodeVisitor):
             def visit_Call(self, node):
@@ -252,7 +254,7 @@ def _flow_calls(flow: str) -> tuple[list[str], set[str]]:
                 parts = _dotted(node.func)
                 if parts is None:
                     return
-                name, obj = _normal(parts, vars(mod))
+                name, obj = _normal(parts, glb)
                 if _counts(name, obj):
                     seq.append(name)
                     if name.split(".")[0] in ("path", "colo", "source") or (

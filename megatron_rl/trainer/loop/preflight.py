@@ -36,7 +36,7 @@ from megatron_rl.runtime.launch_env import check_ray_address, check_torch_env
 from megatron_rl.runtime.path_kind import HF, RUN, demo_hint, expect_checkpoint, kind
 from megatron_rl.runtime.stack import check_stack as check
 from megatron_rl.trainer.loop.preflight_judge import check_grader
-from megatron_rl.trainer.loop.async_rollout import check_async
+from megatron_rl.trainer.loop.async_source import check_async
 from megatron_rl.trainer.loop.preflight_resume import check_resume_state, check_resume_step
 from megatron_rl.trainer.state.ckpt_manifest import find_damage
 from megatron_rl.trainer.state.run_config import check_resume
@@ -87,7 +87,7 @@ def check_bypass(cfg) -> None:
 
 
 def check_partial(cfg, path_cls) -> None:
-    """``rollout.partial``: the loop's partial source (``trainer/loop/partial_rollout.py``) replaces the
+    """``rollout.partial``: the loop's partial source (``trainer/loop/partial_source.py``) replaces the
     data path's ``collect`` by one group per prompt from the pool, so only the plain sampling path runs
     with it (no dynamic sampling, no greedy baseline, not SCoRe's two attempts nor the other families,
     whose ``collect`` builds more than one round of prompts); refused in one line otherwise."""

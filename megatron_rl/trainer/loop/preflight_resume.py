@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from megatron_rl.trainer.loop.async_rollout import resume_refusal
+from megatron_rl.trainer.loop.async_source import resume_refusal
 
 
 def check_resume_step(cfg, resume: str | None) -> None:
@@ -29,7 +29,7 @@ def check_resume_step(cfg, resume: str | None) -> None:
 
 
 def check_resume_state(cfg, resume: str | None) -> None:
-    """What the resumed checkpoint holds in flight against this run (``async_rollout.resume_refusal``: batches
+    """What the resumed checkpoint holds in flight against this run (``async_source.resume_refusal``: batches
     generated ahead at another ``rollout.max_staleness``, partial groups without ``rollout.partial``): refused
     here, so ``--check`` refuses what the resume would, before anything starts (it was exit 1 after start-up)."""
     if resume is None:

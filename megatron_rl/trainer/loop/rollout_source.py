@@ -13,9 +13,9 @@ Per step t, every rank makes the same calls (:class:`RolloutSource`)::
     source.close()
 
 :class:`SyncRollouts` collects the batch when asked (generation and training alternate);
-``rollout.max_staleness`` > 0 gives :class:`~megatron_rl.trainer.loop.async_rollout.AsyncRollouts`, whose
+``rollout.max_staleness`` > 0 gives :class:`~megatron_rl.trainer.loop.async_source.AsyncRollouts`, whose
 producer runs up to k batches ahead; ``rollout.partial`` gives
-:class:`~megatron_rl.trainer.loop.partial_rollout.PartialRollouts` (groups in flight across pushes).
+:class:`~megatron_rl.trainer.loop.partial_source.PartialRollouts` (groups in flight across pushes).
 """
 from __future__ import annotations
 
@@ -25,15 +25,15 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from megatron_rl.rewards.judge_client import JudgeRejected
-from megatron_rl.trainer.loop.async_rollout import AsyncRollouts, sync_metrics
-from megatron_rl.trainer.loop.partial_rollout import PartialRollouts
+from megatron_rl.trainer.loop.async_source import AsyncRollouts, sync_metrics
+from megatron_rl.trainer.loop.partial_source import PartialRollouts
 from megatron_rl.runtime.broadcast import broadcast_object
 from megatron_rl.trainer.pipeline import dispatch
 
 
 class RolloutSource(Protocol):
     """Where a step's batch comes from (module docstring): :class:`SyncRollouts`, ``AsyncRollouts``
-    (``async_rollout.py``) and ``PartialRollouts`` (``partial_rollout.py``) implement it; every call is made
+    (``async_source.py``) and ``PartialRollouts`` (``partial_source.py``) implement it; every call is made
     by every rank in the same order, ``next`` is collective."""
 
     def next(self, step: int) -> tuple[Any, dict]: ...

@@ -26,7 +26,7 @@ from megatron_rl.runtime.device import has_cuda
 from megatron_rl.runtime.logging import RunLogger, truncate_metrics
 from megatron_rl.runtime.parallel import init_parallel
 from megatron_rl.runtime.usage import begin_run
-from megatron_rl.trainer.loop.async_rollout import engine_env, local_plan, pin_trainer, restore_state, resume_refusal
+from megatron_rl.trainer.loop.async_source import engine_env, local_plan, pin_trainer, restore_state, resume_refusal
 from megatron_rl.trainer.loop.colocate import Colocation, build_colocation
 from megatron_rl.trainer.loop.preflight import preflight, prompt_datasets
 from megatron_rl.rollout.rollouts import eval_sampling, generate, score
@@ -49,7 +49,7 @@ if TYPE_CHECKING:   # annotations only: the components are imported where they a
     from megatron_rl.rollout.ray_bridge import RolloutClient
     from megatron_rl.runtime.logging import RunLogger
     from megatron_rl.runtime.parallel import ParallelInfo
-    from megatron_rl.trainer.loop.async_rollout import AsyncRollouts
+    from megatron_rl.trainer.loop.async_source import AsyncRollouts
     from megatron_rl.trainer.loop.rollout_source import SyncRollouts
     from megatron_rl.trainer.paths import DataPath
     from megatron_rl.trainer.pipeline.packing import TokenBudget
@@ -68,7 +68,7 @@ class RunState:
     gate: dict | None = None           # start-up gate numbers (sync_stage.startup_gate)
     source: SyncRollouts | AsyncRollouts | None = None   # opened by the loop (trainer/loop/rollout_source.py)
     async_pending: list = dataclasses.field(default_factory=list)   # finished batches restored from a checkpoint
-    partial_resume: dict | None = None   # rollout.partial: the pool's indices from a checkpoint (partial_rollout.py)
+    partial_resume: dict | None = None   # rollout.partial: the pool's indices from a checkpoint (partial_source.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +117,7 @@ class Run:
         src = st.source.state(st.step) if st.source is not None else None
         if src is not None:
             # async, driver: the producer runs ahead: the finished batches not trained on yet and the
-            # sampler position that regenerates the one in flight (resume design: trainer/loop/async_rollout.py)
+            # sampler position that regenerates the one in flight (resume design: trainer/loop/async_source.py)
             extra["sampler"], extra["async"] = src["sampler"], src
         m = self.cfg.model
         with self.colo.trainer_loaded():   # colocated: the optimizer state is parked between steps
@@ -165,7 +165,7 @@ def client_args(cfg, trainer_world: int = 1, cuda: bool | None = None) -> dict:
 
 def build_client(cfg, trainer_world: int = 1, client_cls=RolloutClient):
     """The engine pool; with ``rollout.max_staleness`` > 0 its actors get their own CPU cores,
-    disjoint from the trainer's (``async_rollout.local_plan``; the trainer is pinned in ``setup_run``).
+    disjoint from the trainer's (``async_source.local_plan``; the trainer is pinned in ``setup_run``).
     ``client_cls``: a :class:`RolloutClient` subclass naming another engine implementation (its
     ``engine_impl``; a test workload's engine) for the same configuration."""
     a = client_args(cfg, trainer_world)

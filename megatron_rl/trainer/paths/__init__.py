@@ -6,7 +6,7 @@ leaves ``collect`` unimplemented (an incomplete path); an unknown name raises li
 the sorted valid names. Every method declares its path (``algorithms.register_algo_kind(...,
 path=...)``) and :func:`path_class` / :meth:`DataPath.validate` check it at config load.
 
-Built-in paths (one module each): ``plain`` and ``greedy`` (ReMax baseline) in ``sampling.py`` —
+Built-in paths (one module each): ``plain`` and ``greedy`` (ReMax baseline) in ``plain.py`` —
 with DAPO's overlong shaping and dynamic sampling as composable pieces for any hparams deriving
 from ``SamplingHParams`` —, ``bicc_context`` (``bicc.py``), ``process_reward`` (PAPO's rubric
 grader, ``process_reward.py``), ``rlcsd_hints`` / ``gt_teacher`` (self-distillation teacher,
@@ -31,14 +31,14 @@ Life cycle (``trainer/loop/setup.py``, ``trainer/loop/rl_loop.py``); each hook i
     path.state_dict() / load_state_dict()   # per-path checkpoint extras (teacher counters)
 
 With ``rollout.max_staleness`` > 0 ``collect`` runs on a producer thread of the driver for steps
-ahead of the update (``trainer/loop/async_rollout.py``), so it must not touch state that ``update`` of
+ahead of the update (``trainer/loop/async_source.py``), so it must not touch state that ``update`` of
 an earlier step still uses; a path that cannot run so names why in ``async_unsupported``.
 """
 from __future__ import annotations
 
 from .base import BASE_INPUTS, DataPath, build_path, get_path, path_class, path_names, register_path
 
-from . import bicc, process_reward, sampling, teacher, two_attempts  # noqa: F401  (each registers its path)
+from . import bicc, plain, process_reward, teacher, two_attempts  # noqa: F401  (each registers its path)
 
 __all__ = ["BASE_INPUTS", "DataPath", "build_path", "get_path", "path_class", "path_names",
            "register_path"]

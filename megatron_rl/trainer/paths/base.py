@@ -29,7 +29,7 @@ class DataPath(abc.ABC):
     #: own registers it (name, shape, dtype) beside the class and lists it here
     provides: ClassVar[frozenset] = BASE_INPUTS
     uses_grader: ClassVar[bool] = False       #: needs ``reward.grader_url`` (checked at start-up)
-    #: why the path cannot run with ``rollout.max_staleness`` > 0 ("" = it can; ``trainer/loop/async_rollout.py``)
+    #: why the path cannot run with ``rollout.max_staleness`` > 0 ("" = it can; ``trainer/loop/async_source.py``)
     async_unsupported: ClassVar[str] = ""
     #: applies the in-reward KL ``algo.<kind>.kl_reward_coef`` (``rows.kl_in_reward``); refused otherwise
     kl_in_reward: ClassVar[bool] = False
@@ -60,7 +60,7 @@ class DataPath(abc.ABC):
 
     @classmethod
     def partial_refusal(cls, hp) -> str:
-        """Why ``rollout.partial`` (one sampled group per prompt from the pool, ``trainer/loop/partial_rollout.py``)
+        """Why ``rollout.partial`` (one sampled group per prompt from the pool, ``trainer/loop/partial_source.py``)
         cannot feed this path under ``hp`` ("" = it can); a path that takes it says so by overriding this."""
         return cls.async_unsupported or "its collection is not one sampled group per prompt"
 
@@ -101,7 +101,7 @@ class DataPath(abc.ABC):
     def shape(self, ro):
         """Driver, during collection: the path's treatment of a scored batch of sampled groups (one group per
         prompt) before it trains — the hook the partial rollouts' source calls on what its pool finished
-        (``trainer/loop/partial_rollout.py``). Unchanged here; the plain path applies DAPO's overlong shaping."""
+        (``trainer/loop/partial_source.py``). Unchanged here; the plain path applies DAPO's overlong shaping."""
         return ro
 
     def sampled(self, ctx: UpdateContext, data, step: int) -> Sampled:

@@ -15,7 +15,7 @@ from megatron_rl.trainer.pipeline.sequences import response_frame, sequences
 
 from .base import register_path
 from megatron_rl.trainer.contract import UpdateContext
-from .sampling import PlainPath
+from .plain import PlainPath
 
 
 @dataclasses.dataclass(frozen=True)

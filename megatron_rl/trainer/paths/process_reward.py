@@ -17,7 +17,7 @@ from megatron_rl.runtime.broadcast import broadcast_object
 
 from .base import BASE_INPUTS, register_path
 from megatron_rl.trainer.contract import CollectContext, PathSetup, UpdateContext
-from .sampling import PlainPath
+from .plain import PlainPath
 
 
 def _grade_items(rollouts: Rollouts, every: bool = False) -> tuple[list[int], list[tuple[str, str, str]]]:

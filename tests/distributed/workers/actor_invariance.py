@@ -89,7 +89,7 @@ def minibatch_steps(actor, mbs: int) -> list[dict]:
     from megatron_rl import algorithms as A
     from megatron_rl.config import load_config
     from megatron_rl.trainer.contract import SampleDump, UpdateContext
-    from megatron_rl.trainer.paths.sampling import PlainPath
+    from megatron_rl.trainer.paths.plain import PlainPath
     from megatron_rl.trainer.pipeline.update import Rows, optimizer_steps
     from megatron_rl.trainer.pipeline.sequences import build_seq_batch, response_frame
 

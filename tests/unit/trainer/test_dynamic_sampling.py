@@ -6,7 +6,7 @@ import torch
 
 from megatron_rl import algorithms as A
 from megatron_rl.rollout import rollouts as R
-from megatron_rl.trainer.paths.sampling import fill as _fill
+from megatron_rl.trainer.paths.plain import fill as _fill
 
 
 def _ro(groups: list[int], n: int = 2, greedy: bool = True) -> R.Rollouts:

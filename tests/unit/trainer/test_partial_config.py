@@ -1,4 +1,4 @@
-"""``rollout.partial`` (in-flight partial rollouts in the loop, ``trainer/loop/partial_rollout.py``): its keys
+"""``rollout.partial`` (in-flight partial rollouts in the loop, ``trainer/loop/partial_source.py``): its keys
 parse, every combination it cannot run with is refused at start-up in one line naming the keys, and the
 pool's prompt order is the sampler's. The engine part: ``tests/e2e/test_partial_train.py``."""
 from __future__ import annotations
@@ -45,7 +45,7 @@ def test_refused_at_start_up_in_one_line(over, words):
 
 
 def test_pool_prompts_follow_the_sampler_and_seed_by_index():
-    from megatron_rl.trainer.loop.partial_rollout import PoolPrompts
+    from megatron_rl.trainer.loop.partial_source import PoolPrompts
 
     cfg = types.SimpleNamespace(data=types.SimpleNamespace(seed=3), trainer=types.SimpleNamespace(seed=7),
                                 rollout=types.SimpleNamespace(n=2, temperature=1.0, top_p=1.0, top_k=-1, min_p=0.0, max_tokens=8))

@@ -90,8 +90,8 @@ def test_sources_and_paths_implement_the_declared_protocols():
     """The three rollout sources are ``RolloutSource``s and every registered path is a ``CollectHooks`` and an
     ``UpdateHooks``: the loop and the partial source call a path only through what these declare (no probe)."""
     from megatron_rl.trainer.contract import CollectHooks, UpdateHooks
-    from megatron_rl.trainer.loop.async_rollout import AsyncRollouts
-    from megatron_rl.trainer.loop.partial_rollout import PartialRollouts
+    from megatron_rl.trainer.loop.async_source import AsyncRollouts
+    from megatron_rl.trainer.loop.partial_source import PartialRollouts
     from megatron_rl.trainer.loop.rollout_source import RolloutSource, SyncRollouts
 
     assert {"next", "before_push", "pushed", "state", "metrics", "close"} <= set(_members(RolloutSource))
@@ -99,5 +99,5 @@ def test_sources_and_paths_implement_the_declared_protocols():
     bad = [b for c in (SyncRollouts, AsyncRollouts, PartialRollouts) for b in _implements(c, RolloutSource)]
     bad += [b for name in P.path_names() for proto in (CollectHooks, UpdateHooks) for b in _implements(P.get_path(name), proto)]
     assert not bad, bad
-    src = (PKG / "trainer/loop/partial_rollout.py").read_text()
+    src = (PKG / "trainer/loop/partial_source.py").read_text()
     assert "run.path." not in src and "100_003" not in src and "1_000_003" not in src   # calls, not copies

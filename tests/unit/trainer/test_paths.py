@@ -10,7 +10,7 @@ from megatron_rl import algorithms as A
 from megatron_rl.config import load_config
 from megatron_rl.trainer.loop.preflight import load_checked
 from megatron_rl.trainer import paths as P
-from megatron_rl.trainer.paths.sampling import PlainPath
+from megatron_rl.trainer.paths.plain import PlainPath
 
 
 def test_builtin_paths_and_every_method_declares_one():

@@ -25,7 +25,7 @@ from megatron_rl.trainer.pipeline.sequences import sequences
 
 from ..base import BASE_INPUTS, register_path
 from megatron_rl.trainer.contract import PathSetup, UpdateContext
-from ..sampling import PlainPath
+from ..plain import PlainPath
 from .inputs import SOLUTION_KEYS, make_template, plan_gt, plan_hints, template_name, truncate_left
 from .support import teacher_tensors
 from .weights import TeacherWeights

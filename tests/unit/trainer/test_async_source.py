@@ -1,4 +1,4 @@
-"""The asynchronous rollout producer (``trainer/loop/async_rollout.py``): the version schedule, overlap,
+"""The asynchronous rollout producer (``trainer/loop/async_source.py``): the version schedule, overlap,
 checkpoint/resume of what is in flight, errors, and the CPU split. ``collect`` here is a plain
 function drawing prompts from the real :class:`DeterministicSampler`; the engines' part is covered
 by the e2e tests (tests/e2e/test_resume.py, test_learning.py)."""
@@ -10,7 +10,7 @@ import time
 import pytest
 
 from megatron_rl.data.dataset import DeterministicSampler
-from megatron_rl.trainer.loop.async_rollout import (
+from megatron_rl.trainer.loop.async_source import (
     AsyncProducer,
     core_plan,
     overlap,
@@ -194,7 +194,7 @@ def test_wall_clock_metrics_carry_a_timing_prefix():
     """The exact-resume and multi-node tests compare every metric but the timings (``time/``, ``perf/``):
     the idle fractions, both loops', are wall-clock ratios and must carry such a prefix (CI once failed
     on ``async/trainer_idle_frac`` differing between a 1-node and a 2-node run)."""
-    from megatron_rl.trainer.loop.async_rollout import sync_metrics
+    from megatron_rl.trainer.loop.async_source import sync_metrics
     from tests.helpers.cluster import TIMING
 
     got = sync_metrics(0.25, 1.0)
@@ -206,7 +206,7 @@ def test_a_grader_refusing_its_requests_in_the_producer_stops_the_step():
     """PAPO's grades are taken on the producer thread with max_staleness > 0: a JudgeRejected there reaches
     the loop as itself (one line, every rank), not as a wrapped RuntimeError."""
     from megatron_rl.rewards.judge_client import JudgeRejected
-    from megatron_rl.trainer.loop.async_rollout import AsyncRollouts
+    from megatron_rl.trainer.loop.async_source import AsyncRollouts
 
     def collect(step):
         if step == 2:

@@ -1,4 +1,4 @@
-"""Per-token staleness and the two policies of partial rollouts (``algorithms/staleness.py``, the rule the pool of ``rollout/partial.py`` and the update share), from their
+"""Per-token staleness and the two policies of partial rollouts (``algorithms/staleness.py``, the rule the pool of ``rollout/partial_pool.py`` and the update share), from their
 definitions: s_t = V − v_t; drop keeps a response only if max_t s_t <= k; mask keeps the tokens with
 s_t <= k (the old-version prefix goes), a response with none left is dropped."""
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """In-flight partial rollouts as a rollout source of the loop (``rollout.partial=true``, ``engine=vllm-async``).
 
-The driver owns a :class:`~megatron_rl.rollout.partial.PartialPool` over the engine pool: it keeps
+The driver owns a :class:`~megatron_rl.rollout.partial_pool.PartialPool` over the engine pool: it keeps
 ``data.prompts_per_step + rollout.partial_extra_groups`` groups (``rollout.n`` samples of one prompt)
 in flight. Step t takes the first ``prompts_per_step`` groups that finished and leaves the others
 running; the weight push that ends the step is taken by the engines WHILE those requests run (pause
@@ -15,7 +15,7 @@ Staleness bound ``rollout.partial_max_staleness`` = k, ``rollout.partial_policy`
 with a token older than k steps drops its group (counted; its prompt is consumed, never retried);
 ``mask`` — the group is trained and the tokens older than k steps leave the loss mask in the update
 (``rows.staleness_keep``, from ``Rollouts.token_versions``; ``partial/masked_tokens``), a response
-with no token left still drops its group (the pool's judgement, ``rollout/partial.py``).
+with no token left still drops its group (the pool's judgement, ``rollout/partial_pool.py``).
 
 Off-policy correction (``algo.off_policy``, ``rows.off_policy_inputs``): the behaviour
 log-prob of each token is the engine's log-prob at sampling time (``Rollouts.response_logp``, so
@@ -46,7 +46,7 @@ import torch
 
 from megatron_rl.data.dataset import epoch_permutation
 from megatron_rl.rollout import rollouts as R
-from megatron_rl.rollout.partial import PartialPool, StalenessPolicy
+from megatron_rl.rollout.partial_pool import PartialPool, StalenessPolicy
 from megatron_rl.runtime.broadcast import broadcast_object
 from megatron_rl.trainer.contract import CollectHooks
 
