@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TIMING = re.compile(r"(^|/)(time|timing|perf|throughput)|secs|_s$|_ms$|per_s|wall|mem|rss|gib|_mb$|elapsed|timestamp")
+TIMING = re.compile(r"^(time|perf|memory)/|seconds$|secs$|_s$|_ms$|elapsed|timestamp")
 FILES = ("metrics.jsonl", "optimizer_steps.jsonl")
 DP2_KINDS = ("grpo", "bicc_rcc")
 PARTIAL = ["rollout.engine=vllm-async", "rollout.partial=true", "rollout.partial_extra_groups=2", "trainer.steps=3"]
