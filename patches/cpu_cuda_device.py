@@ -3,7 +3,8 @@
 Replaces: ``torch.cuda.current_device``.
 Why: megatron-core allocates with ``device=torch.cuda.current_device()`` in rotary embeddings, a few
 layers and the optimizer; without CUDA that call raises ``Torch not compiled with CUDA enabled``.
-Returning the string ``"cpu"`` makes those allocations land on the CPU.
+Returning the string ``"cpu"`` makes those allocations land on the CPU; under the simulated GPU
+(``megatron_rl/runtime/simulated_gpu.py``) it returns 0, the device index, so they land in simulated device memory.
 Otherwise unchanged: only used when no CUDA device exists, so no code path could have used a GPU.
 Versions: megatron-core 0.16.0 .. <0.17.0 (checked on 0.16.1, torch 2.13.0+cpu).
 """
@@ -15,8 +16,14 @@ from megatron_rl.patches import Patch
 from megatron_rl.patches._cpu_common import MEGATRON_MAX, MEGATRON_MIN, no_cuda
 
 
+def _current_device():
+    from megatron_rl.runtime import simulated_gpu   # patches load before the package's runtime is needed
+
+    return 0 if simulated_gpu.active() is not None else "cpu"   # the simulated GPU: device 0, tagged on use
+
+
 def _apply() -> None:
-    torch.cuda.current_device = lambda: "cpu"
+    torch.cuda.current_device = _current_device
 
 
 PATCH = Patch(

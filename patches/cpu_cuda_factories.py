@@ -36,10 +36,16 @@ def to_cpu_device(dev):
     return dev
 
 
+def _simulating() -> bool:
+    from megatron_rl.runtime import simulated_gpu   # patches load before the package's runtime is needed
+
+    return simulated_gpu.active() is not None
+
+
 def _wrap(fn):
     @functools.wraps(fn)
     def factory(*args, **kwargs):
-        if "device" in kwargs:
+        if "device" in kwargs and not _simulating():   # the simulated GPU tags device allocations itself
             kwargs["device"] = to_cpu_device(kwargs["device"])
         return fn(*args, **kwargs)
 

@@ -20,6 +20,7 @@ Under ``torchrun`` every rank runs the same command line.
 from __future__ import annotations
 
 import argparse
+import os
 import contextlib
 import importlib
 import re
@@ -117,6 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fresh run in a used trainer.run_dir: move the earlier run to run_dir/archive/<time>/ first")
     t.add_argument("--allow-config-change", action="store_true",
                    help="--resume even though algo.kind, rollout.n or the model differ from the run's config.yaml")
+    t.add_argument("--simulate-gpu", action="store_true",
+                   help="run the trainer's GPU code path on this CPU: tensors carry the device a GPU would give them, "
+                        "mixed devices and host tensors to NCCL groups fail, host syncs are counted per step "
+                        "(sim/* metrics; docs/simulated-gpu.md)")
     t.add_argument("--print-config", action="store_true",
                    help="print every config key with its default and description (a loadable YAML) and exit; "
                         "with --config X [a.b=c ...]: X's values")
@@ -224,11 +229,24 @@ def run_train(args: argparse.Namespace) -> int:
         tree = cfg.to_dict() if callable(getattr(cfg, "to_dict", None)) else cfg
         print(yaml.safe_dump(tree, sort_keys=False, default_flow_style=False) if isinstance(tree, dict) else tree)
         return 0
+    if args.simulate_gpu:
+        _simulate_gpu()
     from megatron_rl.trainer.loop import rl_loop as loop  # lazy: defers torch to the call
 
     return _exit_code(loop.main(cfg, resume=args.resume, overwrite=args.overwrite,
                                 resume_cmd=resume_command(args.config, args.overrides),
                                 allow_config_change=args.allow_config_change))
+
+
+def _simulate_gpu() -> None:
+    """``--simulate-gpu``: the variable every rank of this launch reads (``runtime/simulated_gpu.requested``);
+    refused where a real GPU is present (run the real thing there)."""
+    from megatron_rl.runtime.device import has_cuda  # lazy: torch only when training
+    from megatron_rl.runtime.simulated_gpu import ENV  # lazy: as above
+
+    if has_cuda():
+        raise CliError("--simulate-gpu: this machine has a GPU; run without --simulate-gpu to use it")
+    os.environ[ENV] = "1"
 
 
 def _exit_code(result) -> int:

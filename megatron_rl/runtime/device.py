@@ -5,6 +5,8 @@ import os
 
 import torch
 
+from megatron_rl.runtime import simulated_gpu
+
 
 def has_cuda() -> bool:
     """True when a usable CUDA device is present."""
@@ -12,9 +14,12 @@ def has_cuda() -> bool:
 
 
 def default_device() -> torch.device:
-    """``cuda:<local rank>`` on a GPU machine, else ``cpu``."""
+    """``cuda:<local rank>`` on a GPU machine, ``cuda:0`` under the simulated GPU (``runtime/simulated_gpu.py``:
+    host storage tagged as device memory), else ``cpu``."""
     if has_cuda():
         return torch.device("cuda", torch.cuda.current_device())
+    if simulated_gpu.active() is not None:
+        return simulated_gpu.VIRTUAL
     return torch.device("cpu")
 
 

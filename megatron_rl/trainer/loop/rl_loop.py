@@ -12,6 +12,7 @@ engine pool.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
@@ -22,6 +23,7 @@ import torch.distributed as dist
 
 from megatron_rl.rewards.judge_client import JudgeRejected
 from megatron_rl.runtime.console import LOG_FILE, RESUME_TEMPLATE, format_summary, quiet_console
+from megatron_rl.runtime import simulated_gpu
 from megatron_rl.runtime.device import peak_memory
 from megatron_rl.runtime.parallel import destroy_parallel
 from megatron_rl.trainer.loop import guard
@@ -36,6 +38,9 @@ def rl_step(run: Run, step: int) -> dict:
     """One RL step: the batch (``run.state.source``: collected now on the driver and broadcast, or by the
     asynchronous producer ahead, ``trainer/loop/rollout_source.py``) -> update -> push -> the metrics row."""
     t0 = time.perf_counter()
+    sim = simulated_gpu.active()
+    if sim is not None:
+        sim.step_metrics()             # the simulated GPU counts this step's syncs and transfers only
     data, meta = run.state.source.next(step)
     t_gen = time.perf_counter() - t0
     run.colo.after_generate()          # colocated: engines sleep, trainer onloads (trainer/loop/colocate.py)
@@ -68,6 +73,8 @@ def rl_step(run: Run, step: int) -> dict:
     peak = peak_memory(reset=True)   # this rank's GPU peaks over the step (0 without CUDA): plan's figure to check
     metrics.update({"memory/gpu_peak_allocated_gib": peak["allocated"] / 2 ** 30,
                     "memory/gpu_peak_reserved_gib": peak["reserved"] / 2 ** 30})
+    if sim is not None:
+        metrics.update(sim.step_metrics())
     if run.info.is_driver:
         metrics.update(run.client.stats())
         metrics.update(run.path.driver_stats(data))
@@ -85,7 +92,7 @@ def run(cfg, resume: str | None = None, client=None, overwrite: bool = False, al
     ``allow_config_change``: resume despite a changed method / group size / model (``trainer/state/run_config.py``).
     SIGINT / SIGTERM stop it gracefully (``trainer/loop/stop.py``): the step in flight is finished and
     checkpointed, the line to continue it printed (``resume_cmd``, ``cli``'s; else a template), then :class:`~megatron_rl.trainer.loop.stop.Stopped` (exit status 130 / 143) is raised."""
-    with GracefulStop() as stop:
+    with GracefulStop() as stop, _simulated_gpu() as sim:
         rn = setup_run(cfg, resume=resume, client=client, overwrite=overwrite, allow_config_change=allow_config_change,
                        keep=keep)
         stop.reclaim()           # ray.init (in setup_run) installed its own SIGTERM handler
@@ -102,6 +109,8 @@ def run(cfg, resume: str | None = None, client=None, overwrite: bool = False, al
                 _finish(rn, summary)
         finally:
             rn.state.source.close()   # async: the producer thread ends after the collection in flight
+            if sim is not None and rn.info.is_driver:
+                sim.write_report(Path(cfg.trainer.run_dir) / simulated_gpu.REPORT)
             rn.close(own_client=client is None)
     if stopped:
         if rn.info.is_driver:
@@ -111,6 +120,16 @@ def run(cfg, resume: str | None = None, client=None, overwrite: bool = False, al
                   f" (checkpoint {rn.state.last_checkpoint}); resume with: {resume_cmd or RESUME_TEMPLATE}", flush=True)
         raise Stopped(stopped) if isinstance(stopped, int) else Stopped(0, stopped)
     return summary
+
+
+@contextlib.contextmanager
+def _simulated_gpu():
+    """The simulated GPU around the run when ``--simulate-gpu`` asked for it (``runtime/simulated_gpu.py``)."""
+    if not simulated_gpu.requested():
+        yield None
+        return
+    with simulated_gpu.SimulatedGPU() as sim:
+        yield sim
 
 
 def _train_steps(rn: Run, stop: GracefulStop) -> int | str:

@@ -72,8 +72,20 @@ def _output_rows(model: torch.nn.Module, sel: torch.Tensor | None):
         hook.remove()
 
 
+def to_host(out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A forward-only pass's results on the host (the update's boundary: :class:`LogProbModel`); a host
+    tensor stays as it is."""
+    return {k: v.cpu() for k, v in out.items()}
+
+
 class LogProbModel:
-    """Shared forward machinery: model chunks -> per-token log-probs / entropy on every rank."""
+    """Shared forward machinery: model chunks -> per-token log-probs / entropy on every rank.
+
+    The update's host/device boundary is here, once: the forward-only passes (:meth:`_forward_only`) hand
+    their results to the host (one D2H copy per key, :func:`to_host`), because the update's stages
+    (``trainer/pipeline/``: frames, advantages, weights, metrics) are host code; the train step moves each
+    micro-batch to the device (``_forward_step``). On a GPU the old forward handed device tensors to host
+    frames and the first gather failed (review B1; ``runtime/simulated_gpu.py`` reproduces it)."""
 
     def __init__(self, hf_cfg, chunks, config, temperature: float, sequence_parallel: bool, parallel_info=None):
         if not temperature > 0:
@@ -243,7 +255,7 @@ class LogProbModel:
             x = torch.cat([d[key] for d in store], dim=0).to(dtype) if g.is_last_stage else None
             x = tensor_from_last_stage(g, x, shape, dtype=dtype)
             out[key] = gather_dp(g, x)[:n, : batch.seq_len - 1]
-        return out
+        return to_host(out)
 
     def _forward_only_packed(self, batch: TrainBatch, budget: TokenBudget, collect: Callable, specs: dict,
                              pack_keys=()) -> dict[str, torch.Tensor]:
@@ -274,7 +286,7 @@ class LogProbModel:
                 if rows:
                     full[torch.tensor(rows, device=parts.device)] = parts[r, : len(rows)]
             out[key] = full
-        return out
+        return to_host(out)
 
     # ----- public --------------------------------------------------------------------------
     def forward_support(self, batch: TrainBatch, micro_batch_size: int, *, k: int | None = None,
