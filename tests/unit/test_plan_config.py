@@ -1,6 +1,6 @@
 """`megatron-rl plan --config`: every 7B–14B example fits 78 GiB (usable of 80) as configured (its placement, offload
 and engines read from the config), the layout table of docs/plan-and-memory.md is the generated one, contradicting
-flags are refused, and the phases follow the placement/offload model of ``cli/plan_memory.py``."""
+flags are refused, and the phases follow the placement/offload model of ``planning/memory.py``."""
 from __future__ import annotations
 
 import re
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from megatron_rl.cli.plan import format_report
-from megatron_rl.cli.plan_memory import GIB, fits
+from megatron_rl.planning.memory import GIB, fits
 from tests.helpers.tools import load_tool
 
 EP = load_tool("example_plans")
