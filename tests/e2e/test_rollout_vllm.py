@@ -30,7 +30,7 @@ ENGINE_KEYS = ("gpu_memory_utilization", "enforce_eager", "tensor_parallel_size"
 @pytest.fixture(scope="module")
 def client(tiny_hf):
     from megatron_rl.config import load_config
-    from megatron_rl.rollout.ray_bridge import RolloutClient
+    from megatron_rl.rollout.client import RolloutClient
     from megatron_rl.trainer.loop.setup import client_args
 
     keys = client_args(load_config(None, ["rollout.gpu_memory_utilization=0.37", "rollout.enforce_eager=null"]))

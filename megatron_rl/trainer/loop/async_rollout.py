@@ -256,7 +256,7 @@ def pin_trainer(plan: CorePlan, local_rank: int) -> frozenset:
 
 
 def engine_env(plan: CorePlan) -> dict:
-    """Environment of the engine actors: their core set (applied in the actor, ``ray_bridge``) and
+    """Environment of the engine actors: their core set (applied in the actor, ``rollout/engine_pool.py``) and
     as many intra-op threads as cores."""
     return {"MEGATRON_RL_CPU_CORES": ",".join(str(c) for c in sorted(plan.engines)),
             "OMP_NUM_THREADS": str(len(plan.engines))}

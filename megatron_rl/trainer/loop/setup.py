@@ -17,8 +17,8 @@ from megatron_rl.eval.metrics import summarize
 from megatron_rl.eval.training import table_metrics
 from megatron_rl.models.provider import load_hf_config, recompute_overrides
 from megatron_rl.rewards.factory import build_rewards
+from megatron_rl.rollout.client import RolloutClient
 from megatron_rl.rollout.placement import engine_eager, engine_gpus, engine_memory_utilization
-from megatron_rl.rollout.ray_bridge import RolloutClient
 from megatron_rl.rollout.registry import caps
 from megatron_rl.runtime import determinism
 from megatron_rl.runtime.console import attach_run_log
@@ -46,7 +46,7 @@ if TYPE_CHECKING:   # annotations only: the components are imported where they a
     from megatron_rl.data.dataset import DeterministicSampler, PromptDataset
     from megatron_rl.data.tokenizer import Tokenizer
     from megatron_rl.rewards.manager import RewardManager
-    from megatron_rl.rollout.ray_bridge import RolloutClient
+    from megatron_rl.rollout.client import RolloutClient
     from megatron_rl.runtime.logging import RunLogger
     from megatron_rl.runtime.parallel import ParallelInfo
     from megatron_rl.trainer.loop.async_rollout import AsyncRollouts
