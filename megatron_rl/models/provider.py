@@ -153,7 +153,7 @@ def validate_layout(cfg, tp: int = 1, pp: int = 1) -> None:
 
 def check_model_layout(cfg) -> None:
     """The run config's ``parallel`` layout and ``model.recompute_num_layers`` against the model of
-    ``model.hf_path`` (its ``config.json``): ``ValueError`` naming the key (``preflight.check_config``)."""
+    ``model.hf_path`` (its ``config.json``): ``ValueError`` naming the key (``preflight_rules.check_config``)."""
     validate_layout(cfg.model.hf_path, cfg.parallel.tp, cfg.parallel.pp)
     layers = model_arch_info(cfg.model.hf_path).num_layers
     if layers % (cfg.parallel.pp * cfg.parallel.vpp):

@@ -67,7 +67,7 @@ def test_files_stay_small():
 
 def test_config_is_a_leaf_of_the_setup_layer():
     """``config.py`` decides types, ranges and enums; the cross-component rules are the setup layer's
-    (``preflight.check_config``), so loading a config imports neither the trainer nor preflight."""
+    (``preflight_rules.check_config``), so loading a config imports neither the trainer nor preflight."""
     import subprocess
     import sys
 

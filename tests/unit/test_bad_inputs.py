@@ -624,7 +624,7 @@ def test_unknown_characters_are_warned_and_counted(work, caplog):
     import pyarrow.parquet as pq
 
     from megatron_rl.config import load_config
-    from megatron_rl.trainer.loop.preflight import check_prompts, prompt_datasets
+    from megatron_rl.trainer.loop.preflight_inputs import check_prompts, prompt_datasets
 
     rows = [{"data_source": "reverse", "prompt": [{"role": "user", "content": c}], "reward_model": {"ground_truth": g}}
             for c, g in [("12", "21")] * 28 + [("1\u00e92", "2\u00e91")] * 3 + [("1x2", "21")]]

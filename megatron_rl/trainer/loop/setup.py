@@ -28,7 +28,8 @@ from megatron_rl.runtime.parallel import init_parallel
 from megatron_rl.runtime.usage import begin_run
 from megatron_rl.trainer.loop.async_rollout import engine_env, local_plan, pin_trainer, restore_state, resume_refusal
 from megatron_rl.trainer.loop.colocate import Colocation, build_colocation
-from megatron_rl.trainer.loop.preflight import preflight, prompt_datasets
+from megatron_rl.trainer.loop.preflight import preflight
+from megatron_rl.trainer.loop.preflight_inputs import prompt_datasets
 from megatron_rl.rollout.rollouts import eval_sampling, generate, score
 from megatron_rl.runtime.broadcast import broadcast_object
 from megatron_rl.trainer.loop.sync_stage import startup_gate, sync
