@@ -156,7 +156,7 @@ def read_yaml(p: Path) -> dict:
     return tree
 
 
-#: which log-prob the engines report for a sampled token (``rollout.logprobs``; ``rollout/sampling.py``)
+#: which log-prob the engines report for a sampled token (``rollout.logprobs``; ``rollout/hf_sampler.py``)
 LOGPROB_MODES = ("processed", "full")
 
 

@@ -131,13 +131,13 @@ class RolloutConfig:
     """Sampling temperature (the trainer's log-probs use the same)."""
     top_p: float = 1.0
     """Nucleus truncation of the sampled distribution (1.0 = off), after the temperature, identical on
-    both engines (``rollout/sampling.py``)."""
+    both engines (``algorithms/sampling.py``)."""
     top_k: int = -1
     """Top-k truncation (-1 = off)."""
     min_p: float = 0.0
     """Min-p truncation: drop tokens below ``min_p`` x the most likely one's probability (0 = off)."""
     logprobs: str = "processed"
-    """Which log-prob the engines report for a sampled token (``rollout/sampling.py``): processed = of
+    """Which log-prob the engines report for a sampled token (``rollout/hf_sampler.py``): processed = of
     the truncated distribution sampled from (the behaviour policy of the off-policy weight) | full =
     of the untruncated temperature-scaled softmax, as the trainer computes it (vLLM: temperature 1 only)."""
     max_tokens: int = 8

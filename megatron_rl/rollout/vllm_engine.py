@@ -34,7 +34,7 @@ from .vllm_requests import prompt_logprobs, request_params, sampled_logprobs, sc
 from ..config_parse import LOGPROB_MODES
 from ..runtime.stack import installed_version
 
-#: ``rollout.logprobs`` -> vLLM's ``logprobs_mode`` (``rollout/sampling.py``)
+#: ``rollout.logprobs`` -> vLLM's ``logprobs_mode`` (``rollout/hf_sampler.py``)
 _VLLM_LOGPROBS_MODE = {"processed": "processed_logprobs", "full": "raw_logprobs"}
 
 log = logging.getLogger("megatron_rl.rollout.vllm")

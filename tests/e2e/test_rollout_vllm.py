@@ -127,7 +127,7 @@ def test_truncated_sampling_matches_the_hf_engine(client, tiny_hf):
     the HF engine; the reported log-probs are those of the renormalized truncated distribution
     (``logprobs="processed"``), equal to the HF engine's (``tests/unit/rollout/test_sampling.py``)."""
     from megatron_rl.rollout.hf_engine import HFEngine
-    from megatron_rl.rollout.sampling import processed_logits
+    from megatron_rl.algorithms.sampling import processed_logits
 
     hf = HFEngine(str(tiny_hf))
     prompt = PROMPTS[0]
