@@ -66,9 +66,16 @@ def config_inputs(cfg) -> dict[str, Any]:
             "rollout_mem_util": engine_memory_utilization(r.gpu_memory_utilization, r.placement),
             "recompute": m.recompute, "recompute_method": m.recompute_method, "recompute_num_layers": m.recompute_num_layers,
             "reference": "ref_logp" in kind_required_inputs(cfg.algo.kind, cfg.algo.hparams),
-            "teacher_shadow": getattr(cfg.algo.hparams, "teacher_mode", "fixed") in ("snapshot", "ema"),
+            "teacher_shadow": _teacher_shadow(cfg.algo.hparams),
             "top_k": r.top_k, "top_p": r.top_p, "min_p": r.min_p, "ratio_space": cfg.algo.ratio_space,
             "fused_swiglu": True, **({"attention": _ATTENTION[m.backend]} if m.backend in _ATTENTION else {})}
+
+
+def _teacher_shadow(hp) -> bool:
+    """Whether the method keeps the teacher's own weights (an fp32 copy): a teacher method in snapshot or ema mode."""
+    from megatron_rl.algorithms.hparams import TeacherHParams  # lazy: defers torch to the call
+
+    return isinstance(hp, TeacherHParams) and hp.teacher_mode in ("snapshot", "ema")
 
 
 #: model.backend -> the attention its layers run (auto: decided on the GPU machine, left to the flag)

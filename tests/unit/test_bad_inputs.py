@@ -179,6 +179,9 @@ CASES = [
     # issue 42: the PPO ratio's space and the deterministic switch
     ("bypass-full-truncated", ["{T}", "algo.off_policy=bypass", "rollout.top_p=0.7"],
      "algo.off_policy=bypass with algo.ratio_space=full under a truncating sampler (top_p=0.7, top_k=-1, min_p=0.0)"),
+    ("bypass-conditioned", ["{T}", "algo.kind=bicc", "algo.off_policy=bypass", "algo.ratio_space=sampling",
+                            "algo.bicc.old_logprob_context=conditioned"],
+     "algo.off_policy=bypass with algo.bicc.old_logprob_context=conditioned: bypass takes the engine's log-probs"),
     ("ratio-space", ["{T}", "algo.ratio_space=mu"], "algo.ratio_space must be full|sampling, got 'mu'"),
     ("ratio-space-teacher", ["{T}", "algo.kind=sdpo", "algo.ratio_space=sampling", "algo.sdpo.top_k=8"],
      "algo.ratio_space=sampling with algo.kind=sdpo: its loss also reads the full-vocabulary distribution"),

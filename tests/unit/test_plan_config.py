@@ -55,13 +55,15 @@ def test_example_plan_counts_what_the_config_builds(path):
     needs one, the teacher's fp32 snapshot / EMA shadow, the engines' TP and memory share, recompute, the
     fused SwiGLU of a GPU build) against 78 GiB usable, and the header states those figures (pinned)."""
     from megatron_rl.algorithms import kind_required_inputs
+    from megatron_rl.algorithms.hparams import TeacherHParams
     from megatron_rl.recipes import load
     from megatron_rl.rollout.placement import engine_memory_utilization
 
     cfg, rep = load(path.stem), EP.example_report(path)
     i = rep.inputs
     assert i.reference == ("ref_logp" in kind_required_inputs(cfg.algo.kind, cfg.algo.hparams))
-    assert i.teacher_shadow == (getattr(cfg.algo.hparams, "teacher_mode", "fixed") in ("snapshot", "ema"))
+    hp = cfg.algo.hparams
+    assert i.teacher_shadow == (isinstance(hp, TeacherHParams) and hp.teacher_mode in ("snapshot", "ema"))
     assert (i.rollout_tp, i.rollout_mem_util) == (cfg.rollout.tensor_parallel_size, engine_memory_utilization(
         cfg.rollout.gpu_memory_utilization, cfg.rollout.placement))
     assert (i.recompute, i.recompute_method, i.recompute_num_layers) == (cfg.model.recompute, cfg.model.recompute_method,

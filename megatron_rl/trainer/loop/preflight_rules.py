@@ -86,9 +86,11 @@ def check_ratio_space(cfg) -> None:
     full-vocabulary distribution (a declared top-k support, a teacher's token log-probs) would mix the
     two spaces, so it is refused there in one line."""
     from megatron_rl.algorithms import algo_kind, loss_support  # lazy: defers torch to the call
+    from megatron_rl.algorithms.hparams import TeacherHParams  # lazy: defers torch to the call
 
     loss = algo_kind(cfg.algo.kind).loss
-    if cfg.algo.ratio_space == "sampling" and (loss_support(loss) is not None or hasattr(cfg.algo.hparams, "teacher_mode")):
+    teacher = isinstance(cfg.algo.hparams, TeacherHParams)
+    if cfg.algo.ratio_space == "sampling" and (loss_support(loss) is not None or teacher):
         raise ValueError(f"algo.ratio_space=sampling with algo.kind={cfg.algo.kind}: its loss also reads the full-vocabulary "
                          "distribution (teacher / top-k support), which is not under the sampling distribution; use "
                          "algo.ratio_space=full")
@@ -98,6 +100,7 @@ def check_bypass(cfg) -> None:
     """``algo.off_policy=bypass`` takes the engines' log-probs as π_old; with a truncating sampler and
     ``rollout.logprobs=processed`` those are log μ, so a ratio under the full softmax would start at the
     kept mass M, not 1: ``algo.ratio_space=sampling`` is required there (one line). Its other rules."""
+    from megatron_rl.algorithms.hparams import BiCCHParams  # lazy: defers torch to the call
     from megatron_rl.algorithms.sampling import SamplingSpec  # lazy: defers torch to the call
 
     r = cfg.rollout
@@ -110,7 +113,8 @@ def check_bypass(cfg) -> None:
         raise ValueError(f"rollout.mismatch_limit={cfg.rollout.mismatch_limit} with algo.off_policy=bypass and "
                          f"rollout.max_staleness={cfg.rollout.max_staleness}: bypass measures the mismatch in the first "
                          "optimizer step, not split by staleness as the guard reads it; unset one of them")
-    if getattr(cfg.algo.hparams, "old_logprob_context", "plain") == "conditioned":
+    hp = cfg.algo.hparams
+    if isinstance(hp, BiCCHParams) and hp.old_logprob_context == "conditioned":
         raise ValueError(f"algo.off_policy=bypass with algo.{cfg.algo.kind}.old_logprob_context=conditioned: bypass "
                          "takes the engine's log-probs (plain context) as old, conditioned recomputes them; pick one")
 
@@ -172,9 +176,9 @@ def _check_against_model(cfg) -> None:
     if a.num_heads % etp:
         raise ValueError(f"rollout.tensor_parallel_size={etp} does not divide the model's num_attention_heads={a.num_heads} "
                          f"({cfg.model.hf_path}/config.json); vLLM shards the heads over the engine's GPUs")
-    top_k = getattr(cfg.algo.hparams, "top_k", None)
-    if top_k is not None and top_k > a.vocab_size:
-        raise ValueError(f"algo.{cfg.algo.kind}.top_k={top_k} exceeds the model's vocab_size={a.vocab_size}")
+    for key, k in cfg.algo.hparams.vocab_bounded().items():   # the method's declared top-k supports
+        if k > a.vocab_size:
+            raise ValueError(f"algo.{cfg.algo.kind}.{key}={k} exceeds the model's vocab_size={a.vocab_size}")
     for key, k in (("rollout.top_k", cfg.rollout.top_k), ("trainer.eval_top_k", cfg.trainer.eval_top_k)):
         if k > a.vocab_size:   # -1 = off; above the vocabulary it would keep every token, silently
             raise ValueError(f"{key}={k} exceeds the model's vocab_size={a.vocab_size} (it would keep every token): "
