@@ -19,13 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from megatron_rl.config_foreign import foreign_hint
-from megatron_rl.config_parse import Override, build, read_yaml, set_dotted, typed
+from megatron_rl.config_parse import Override, build, read_yaml, section_mapping, set_dotted, typed
 from megatron_rl.config_sections import (
     DataConfig,
     LoggingConfig,
     ModelConfig,
     OptimConfig,
     ParallelConfig,
+    PartialConfig,
     RewardConfig,
     RolloutConfig,
     TeacherConfig,
@@ -35,7 +36,31 @@ from megatron_rl.plugins import import_plugins, plugin_names
 from megatron_rl.runtime.path_kind import check_model_path
 
 __all__ = ["AlgoConfig", "Config", "DataConfig", "LoggingConfig", "ModelConfig", "OptimConfig", "ParallelConfig",
-           "RewardConfig", "RolloutConfig", "TeacherConfig", "TrainerConfig", "from_dict", "load_config", "validate"]
+           "PartialConfig", "RENAMED", "RewardConfig", "RolloutConfig", "TeacherConfig", "TrainerConfig", "check_renamed",
+           "from_dict", "load_config", "validate"]
+
+#: keys a release renamed -> their name now. Given in a config file or as an override, one is refused in one
+#: line naming the new key; a run directory's saved ``config.yaml`` written with them is read under the new
+#: names (``trainer/state/run_config.py``), so such a run still resumes.
+RENAMED = {"rollout.partial": "rollout.partial.enable", "rollout.partial_extra_groups": "rollout.partial.extra_groups",
+           "rollout.partial_max_staleness": "rollout.partial.max_staleness",
+           "rollout.partial_policy": "rollout.partial.policy"}
+
+
+def check_renamed(tree: dict) -> None:
+    """Refuse the keys of :data:`RENAMED` in a config's mapping (overrides set in it) in one line naming each new
+    key. An old key that is a section now (``rollout.partial``) is the old key when it holds a value, not a mapping."""
+    found = []
+    for old, new in RENAMED.items():
+        sec, _, key = old.partition(".")
+        node = tree.get(sec)
+        if not isinstance(node, dict) or key not in node:
+            continue
+        if new.startswith(old + ".") and (node[key] is None or isinstance(section_mapping(node[key]), dict)):
+            continue   # the new section
+        found.append(f"{old} was renamed: use {new}")
+    if found:
+        raise ValueError("; ".join(found))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,6 +186,7 @@ def from_dict(tree: dict) -> Config:
     ``run_dir/config.yaml`` records beside the config: version, commit) is ignored. The ``plugins``
     modules are imported first (``megatron_rl/plugins.py``): they may register methods."""
     tree = {k: v for k, v in tree.items() if k != "_meta"}
+    check_renamed(tree)
     sections = {f.name: f.type for f in dataclasses.fields(Config) if f.name != "plugins"}
     unknown = sorted(set(tree) - set(sections) - {"plugins"})
     if unknown:

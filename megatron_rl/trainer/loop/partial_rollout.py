@@ -89,8 +89,8 @@ class PartialRollouts:
                     if x and json.loads(x)["step"] <= run.state.step]
             self.log.write_text("".join(x + "\n" for x in keep))
             self.pool = PartialPool(run.client, self.prompts.request, groups_per_step=cfg.data.prompts_per_step,
-                                    extra=r.partial_extra_groups,
-                                    policy=StalenessPolicy(r.partial_max_staleness, r.partial_policy), resume=resume)
+                                    extra=r.partial.extra_groups,
+                                    policy=StalenessPolicy(r.partial.max_staleness, r.partial.policy), resume=resume)
 
     def _collect(self, step: int):
         run = self.run

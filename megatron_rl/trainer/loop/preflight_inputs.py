@@ -93,11 +93,11 @@ def check_data(cfg) -> None:
     if n < d.prompts_per_step:
         raise ValueError(f"data.train={d.train} has {n} row(s), fewer than data.prompts_per_step={d.prompts_per_step} "
                          f"(one step's prompts): set data.prompts_per_step <= {n} or use a larger prompt file")
-    r = cfg.rollout
-    if r.partial and d.prompts_per_step + r.partial_extra_groups > n:   # more would hold one prompt twice at once
-        raise ValueError(f"rollout.partial_extra_groups={r.partial_extra_groups} + data.prompts_per_step="
+    p = cfg.rollout.partial
+    if p.enable and d.prompts_per_step + p.extra_groups > n:   # more would hold one prompt twice at once
+        raise ValueError(f"rollout.partial.extra_groups={p.extra_groups} + data.prompts_per_step="
                          f"{d.prompts_per_step} groups in flight exceed the {n} rows of data.train={d.train} (one epoch; "
-                         f"more would sample a prompt again while it is in flight): set rollout.partial_extra_groups <= "
+                         f"more would sample a prompt again while it is in flight): set rollout.partial.extra_groups <= "
                          f"{n - d.prompts_per_step}")
 
 

@@ -28,7 +28,7 @@ def check_config(cfg) -> None:
     from megatron_rl.rewards.manager import get_reward  # lazy: defers torch to the call
     from megatron_rl.trainer.paths import path_class  # lazy: defers torch to the call
 
-    if cfg.trainer.deterministic and (why := determinism.refusal(cfg.parallel.cp, cfg.model.backend, cfg.rollout.partial)):
+    if cfg.trainer.deterministic and (why := determinism.refusal(cfg.parallel.cp, cfg.model.backend, cfg.rollout.partial.enable)):
         raise ValueError(why)
     if cfg.parallel.cp > 1:
         check_backend(cfg)             # context parallelism needs CUDA + TE: said before any layout arithmetic
@@ -120,32 +120,32 @@ def check_bypass(cfg) -> None:
 
 
 def check_partial(cfg, path_cls) -> None:
-    """``rollout.partial``: the loop's partial source (``trainer/loop/partial_rollout.py``) replaces the
+    """``rollout.partial.enable``: the loop's partial source (``trainer/loop/partial_rollout.py``) replaces the
     data path's ``collect`` by one group per prompt from the pool, so only the plain sampling path runs
     with it (no dynamic sampling, no greedy baseline, not SCoRe's two attempts nor the other families,
     whose ``collect`` builds more than one round of prompts); refused in one line otherwise."""
-    if not cfg.rollout.partial:
+    if not cfg.rollout.partial.enable:
         return
     why = path_cls.partial_refusal(cfg.algo.hparams)   # the path's own answer (DataPath.partial_refusal)
     if why:
-        raise ValueError(f"rollout.partial=true with algo.kind={cfg.algo.kind!r} (data path "
+        raise ValueError(f"rollout.partial.enable=true with algo.kind={cfg.algo.kind!r} (data path "
                          f"{getattr(path_cls, 'name', path_cls.__name__)!r}): {why}; the partial source drives the plain "
-                         "sampling path only (no dynamic sampling, no greedy baseline); set rollout.partial=false")
+                         "sampling path only (no dynamic sampling, no greedy baseline); set rollout.partial.enable=false")
 
 
 def warn_inert_knobs(cfg) -> list[str]:
     """Keys set away from their defaults that this run never reads, one warning line each (returned): the
-    ``rollout.partial_*`` knobs without ``rollout.partial=true``; ``trainer.eval_every`` without a held-out set
-    (``data.val`` or ``trainer.eval_benchmarks``)."""
+    ``rollout.partial.*`` knobs without ``rollout.partial.enable=true``; ``trainer.eval_every`` without a held-out
+    set (``data.val`` or ``trainer.eval_benchmarks``)."""
     import dataclasses  # lazy: only here
 
-    from megatron_rl.config import RolloutConfig  # lazy: the section's defaults
+    from megatron_rl.config import PartialConfig  # lazy: the section's defaults
 
-    r, base = cfg.rollout, RolloutConfig.__dataclass_fields__
-    keys = [] if r.partial else [f.name for f in dataclasses.fields(r) if f.name.startswith("partial_")
-                                 and getattr(r, f.name) != base[f.name].default]
-    lines = [f"rollout.{k}={getattr(r, k)} does nothing without rollout.partial=true (in-flight partial rollouts); "
-             "set rollout.partial=true, or drop the key" for k in keys]
+    p = cfg.rollout.partial
+    keys = [] if p.enable else [f.name for f in dataclasses.fields(PartialConfig)
+                                if getattr(p, f.name) != getattr(PartialConfig(), f.name)]
+    lines = [f"rollout.partial.{k}={getattr(p, k)} does nothing without rollout.partial.enable=true (in-flight partial "
+             "rollouts); set rollout.partial.enable=true, or drop the key" for k in keys]
     t = cfg.trainer
     if t.eval_every and not cfg.data.val and not t.eval_benchmarks:
         lines.append(f"trainer.eval_every={t.eval_every} does nothing without a held-out set: set data.val (or "
