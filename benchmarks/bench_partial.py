@@ -149,7 +149,7 @@ def main() -> None:
 
     from safetensors.torch import load_file
 
-    from megatron_rl.rollout.ray_bridge import RolloutClient
+    from megatron_rl.rollout.client import RolloutClient
     from megatron_rl.trainer.loop.async_source import engine_env, local_plan, pin_trainer
 
     plan = local_plan()

@@ -48,7 +48,7 @@ def make_model(mb: int, d: str) -> int:
 
 
 def bench_backend(backend: str, d: str, weights: dict, bucket: int, repeats: int) -> dict:
-    from megatron_rl.rollout.ray_bridge import RolloutClient
+    from megatron_rl.rollout.client import RolloutClient
     from megatron_rl.rollout.weight_sync import RoundSource
 
     client = RolloutClient("vllm", d, 1, {"max_model_len": 256, "kv_cache_gib": 1}, cpus_per_engine=1,

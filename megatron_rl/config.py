@@ -7,7 +7,7 @@ The algorithm section is ``algo.kind`` plus ``algo.<kind>.*`` (that kind's hyper
 dataclass from ``megatron_rl.algorithms``; defaults are the specs'). ``load_config`` validates every
 field (``__post_init__``) and what the config layer decides alone (``validate``). Rules that ask other
 components (the method's data path, async rollouts, rewards, the model's sizes) are the setup layer's:
-``preflight.check_config`` / ``preflight.load_checked``, run by every entry point that starts a run.
+``preflight_rules.check_config`` / ``preflight.load_checked``, run by every entry point that starts a run.
 This module imports nothing of the trainer package nor of ``preflight`` (a leaf of the setup layer).
 """
 from __future__ import annotations
@@ -19,13 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from megatron_rl.config_foreign import foreign_hint
-from megatron_rl.config_parse import Override, build, read_yaml, set_dotted, typed
+from megatron_rl.config_parse import Override, build, read_yaml, section_mapping, set_dotted, typed
 from megatron_rl.config_sections import (
     DataConfig,
     LoggingConfig,
     ModelConfig,
     OptimConfig,
     ParallelConfig,
+    PartialConfig,
     RewardConfig,
     RolloutConfig,
     TeacherConfig,
@@ -35,7 +36,31 @@ from megatron_rl.plugins import import_plugins, plugin_names
 from megatron_rl.runtime.path_kind import check_model_path
 
 __all__ = ["AlgoConfig", "Config", "DataConfig", "LoggingConfig", "ModelConfig", "OptimConfig", "ParallelConfig",
-           "RewardConfig", "RolloutConfig", "TeacherConfig", "TrainerConfig", "from_dict", "load_config", "validate"]
+           "PartialConfig", "RENAMED", "RewardConfig", "RolloutConfig", "TeacherConfig", "TrainerConfig", "check_renamed",
+           "from_dict", "load_config", "validate"]
+
+#: keys a release renamed -> their name now. Given in a config file or as an override, one is refused in one
+#: line naming the new key; a run directory's saved ``config.yaml`` written with them is read under the new
+#: names (``trainer/state/run_config.py``), so such a run still resumes.
+RENAMED = {"rollout.partial": "rollout.partial.enable", "rollout.partial_extra_groups": "rollout.partial.extra_groups",
+           "rollout.partial_max_staleness": "rollout.partial.max_staleness",
+           "rollout.partial_policy": "rollout.partial.policy"}
+
+
+def check_renamed(tree: dict) -> None:
+    """Refuse the keys of :data:`RENAMED` in a config's mapping (overrides set in it) in one line naming each new
+    key. An old key that is a section now (``rollout.partial``) is the old key when it holds a value, not a mapping."""
+    found = []
+    for old, new in RENAMED.items():
+        sec, _, key = old.partition(".")
+        node = tree.get(sec)
+        if not isinstance(node, dict) or key not in node:
+            continue
+        if new.startswith(old + ".") and (node[key] is None or isinstance(section_mapping(node[key]), dict)):
+            continue   # the new section
+        found.append(f"{old} was renamed: use {new}")
+    if found:
+        raise ValueError("; ".join(found))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,10 +182,11 @@ _ALGO_DEFAULTS = {f.name: f.default for f in dataclasses.fields(AlgoConfig)}
 
 def from_dict(tree: dict) -> Config:
     """Build and validate a :class:`Config` (fields + ``validate``; the cross-component rules are
-    ``preflight.check_config``'s, see the module docstring). A ``_meta`` section (what
+    ``preflight_rules.check_config``'s, see the module docstring). A ``_meta`` section (what
     ``run_dir/config.yaml`` records beside the config: version, commit) is ignored. The ``plugins``
     modules are imported first (``megatron_rl/plugins.py``): they may register methods."""
     tree = {k: v for k, v in tree.items() if k != "_meta"}
+    check_renamed(tree)
     sections = {f.name: f.type for f in dataclasses.fields(Config) if f.name != "plugins"}
     unknown = sorted(set(tree) - set(sections) - {"plugins"})
     if unknown:
@@ -198,7 +224,7 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
 def validate(cfg: Config, world_size: int | None = None) -> None:
     """Layout rules the config decides with the model's ``config.json`` (clear messages, at start-up):
     the batch over ``world_size`` ranks, the model directory, TP/PP against the model's sizes. The
-    method's data path is asked in the setup layer (``preflight.check_config``), not here."""
+    method's data path is asked in the setup layer (``preflight_rules.check_config``), not here."""
     n = cfg.data.prompts_per_step * cfg.rollout.n
     mbp = cfg.trainer.mini_batch_prompts
     if mbp and (mbp > cfg.data.prompts_per_step or cfg.data.prompts_per_step % mbp):
@@ -228,5 +254,5 @@ def validate(cfg: Config, world_size: int | None = None) -> None:
         raise ValueError(f"trainer.max_tokens_per_micro_batch={budget} is below rollout.max_model_len={longest} (rounded up "
                          f"to {-(-longest // q) * q}, a multiple of 8 x parallel.tp), the longest sequence a pass can hold "
                          "(teacher and conditioned prompts included); raise the budget")
-    if cfg.model.hf_path:     # the layout against the model's config.json: preflight.check_config (models/)
+    if cfg.model.hf_path:     # the layout against the model's config.json: preflight_rules.check_config (models/)
         check_model_path(cfg.model.hf_path)

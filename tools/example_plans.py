@@ -6,7 +6,7 @@ Each example under ``examples/configs/`` (but the ``tiny_cpu_*`` ones) names in 
 command lines; ``python tools/example_plans.py`` prints it and ``tests/unit/test_plan_config.py``
 checks that the page holds exactly that text, that every example fits as configured, and that the
 header figures are the current ones. A documentation generator, so it lives outside the package:
-``megatron_rl.cli.plan_config`` (``plan --config``) need not parse command lines of the CLI.
+``megatron_rl.planning.config`` (``plan --config``) need not parse command lines of the CLI.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from megatron_rl.cli import parse_command
 from megatron_rl.cli.plan import report_for
-from megatron_rl.cli.plan_memory import GIB, fits
+from megatron_rl.planning.memory import GIB, fits
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "examples" / "configs"

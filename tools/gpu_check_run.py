@@ -93,7 +93,7 @@ def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="small results: gpu_check.json, tests_gpu.log")
     p.add_argument("--work", required=True, help="big files: the random checkpoint, the export (not --out)")
-    p.add_argument("--shape", default="qwen3-1.7b", help="a preset of megatron_rl/cli/plan_arch.py, or tiny")
+    p.add_argument("--shape", default="qwen3-1.7b", help="a preset of megatron_rl/planning/arch.py, or tiny")
     p.add_argument("--seq-len", type=int, default=2048, help="tokens per training row (local attention: 6 B per "
                    "S x S element per layer; 2048 keeps Qwen3-1.7B at ~50 GiB by plan, 4096 would not fit 80 GB)")
     p.add_argument("--rows", type=int, default=8, help="rows per optimizer step (one per micro-batch)")

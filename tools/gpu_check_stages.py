@@ -64,7 +64,7 @@ def stage_checkpoint(state: dict, a) -> dict:
     from safetensors.torch import save_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from megatron_rl.cli.plan_arch import PRESETS
+    from megatron_rl.planning.arch import PRESETS
 
     hf = dict(TINY if a.shape == "tiny" else PRESETS[a.shape])
     hf.update(max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1e6, bos_token_id=1, eos_token_id=2,
@@ -191,8 +191,8 @@ def _flops_per_token(hf: dict, seq: int) -> float:
 
 
 def _plan(state: dict, a):
-    from megatron_rl.cli.plan_arch import ArchSpec
-    from megatron_rl.cli.plan_memory import PlanInputs, estimate
+    from megatron_rl.planning.arch import ArchSpec
+    from megatron_rl.planning.memory import PlanInputs, estimate
 
     return estimate(ArchSpec.from_hf(state["hf"], a.shape), PlanInputs(
         tp=1, pp=1, dp=1, micro_batch=1, seq_len=a.seq_len, dtype="bf16", reference=True, recompute=a.recompute,
@@ -214,7 +214,7 @@ def _loss(logp, entropy, mb):
 def stage_train(state: dict, a) -> dict:
     """``--steps`` optimizer steps on ``--rows`` random rows of ``--seq-len`` tokens (one per micro-batch):
     tokens/s, model FLOP/s and MFU of the steps after the first, the device peak beside plan's estimate."""
-    from megatron_rl.cli.plan import score_total
+    from megatron_rl.planning.memory import score_total
     from megatron_rl.runtime.device import peak_memory, release_cached_memory
 
     actor = state["actor"]
@@ -252,7 +252,7 @@ def stage_scores(state: dict, a) -> dict:
     """Bytes autograd keeps per S x S score element of the attention the layers run, measured: the saved
     tensors of one forward of the actor's model at three sequence lengths s, s + d, s + 2d (unique storages),
     whose second difference / (2 d^2) is the s^2 coefficient, / (heads x layers) per element; plan's figure beside it."""
-    from megatron_rl.cli.plan_memory import PlanInputs, attention_bytes
+    from megatron_rl.planning.memory import PlanInputs, attention_bytes
     from megatron_rl.trainer.policy.chunks import unwrap
 
     model = unwrap(state["actor"].chunks[0])

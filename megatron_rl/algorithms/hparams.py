@@ -56,6 +56,11 @@ class PPOHParams:
         """Plain dict of the fields (for logging)."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
+    def vocab_bounded(self) -> dict[str, int]:
+        """The fields that count tokens of the vocabulary (a top-k support), by name: start-up checks them
+        against the model's ``vocab_size``. None here; a method with such a field declares it."""
+        return {}
+
 
 @dataclass(frozen=True)
 class GRPOHParams(PPOHParams):
@@ -218,6 +223,10 @@ class OPSDHParams(TeacherHParams):
     teacher_mode: str = "fixed"
     grad_clip: float = 0.1
 
+    def vocab_bounded(self) -> dict[str, int]:
+        """The teacher support's ``top_k``."""
+        return {"top_k": self.top_k}
+
 
 @dataclass(frozen=True)
 class SDPOHParams(TeacherHParams):
@@ -227,6 +236,10 @@ class SDPOHParams(TeacherHParams):
     alpha: float = 0.5               #: α of the generalized JSD (0.5: symmetric)
     is_clip: float = 2.0             #: cap of the importance weight π_θ/π_old
     teacher_mode: str = "ema"
+
+    def vocab_bounded(self) -> dict[str, int]:
+        """The student support's ``top_k``."""
+        return {"top_k": self.top_k}
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,7 @@ CANDIDATES = 512
 #: extra candidates beyond top-k's k (ties at the k-th value)
 TIE_SLACK = 32
 #: fp32 work space per chunk of rows on one shard (rows per chunk = CHUNK_BYTES / (4 W)); ``plan`` counts
-#: the μ pass's working set from these three constants (``cli/plan_memory.py`` ``sampling_bytes``)
+#: the μ pass's working set from these three constants (``planning/memory.py`` ``sampling_bytes``)
 CHUNK_BYTES = 256 * 2**20
 
 

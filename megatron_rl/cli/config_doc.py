@@ -75,12 +75,18 @@ def _value(obj, f: dataclasses.Field):
 
 
 def _section(cls, indent: str, skip: tuple = (), values=None) -> list[str]:
-    out = []
+    """The annotated YAML lines of dataclass ``cls``'s fields; a sub-section (a field declared as a dataclass,
+    ``rollout.partial``) as a nested mapping with its own descriptions."""
+    out, hints = [], typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
         doc = field_doc(cls, f.name)
         out += [f"{indent}# {ln}" if ln else f"{indent}#" for ln in doc.splitlines()]
+        if dataclasses.is_dataclass(hints.get(f.name)):
+            out += [f"{indent}{f.name}:"] + _section(hints[f.name], indent + "  ",
+                                                     values=None if values is None else getattr(values, f.name))
+            continue
         out.append(f"{indent}{f.name}: {_scalar(_value(values, f))}")
     return out
 

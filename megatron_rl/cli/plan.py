@@ -5,22 +5,24 @@ The model is a HF ``config.json`` (file or folder) or a built-in preset name (``
 
 This module is the command: its options, the table it prints, the hint when a layout does not fit,
 and the exit status (2 when it does not fit, with one line on stderr). The memory model and its
-formulas are in ``plan_memory.py``, the model shapes and presets in ``plan_arch.py``.
+formulas are in ``megatron_rl/planning/memory.py``, the model shapes and presets in ``planning/arch.py``.
 ``--config run.yaml`` takes the layout, precision, micro-batching (token budget or padded rows),
-sequence length, placement, offload and engine count from a run config (``plan_config.py``).
+sequence length, placement, offload and engine count from a run config (``planning/config.py``), which
+this command loads and checks as ``train`` does.
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from megatron_rl.cli.plan_arch import PRESETS, ArchSpec, load_arch
-from megatron_rl.cli.plan_config import merge_config
+from megatron_rl.config import load_config
 from megatron_rl.config_sections import ParallelConfig
-from megatron_rl.cli.plan_memory import (
+from megatron_rl.planning.arch import PRESETS, ArchSpec, load_arch
+from megatron_rl.planning.config import config_inputs, merge_config
+from megatron_rl.planning.memory import (
     ATTENTION,
     DTYPE_BYTES,
     GIB,
@@ -31,9 +33,10 @@ from megatron_rl.cli.plan_memory import (
     engine_holds,
     estimate,
     fits,
+    score_total,
 )
-from megatron_rl.config import load_config
 from megatron_rl.runtime.usage import EXIT_USAGE
+from megatron_rl.trainer.loop.preflight import load_checked
 
 
 def format_report(rep: PlanReport) -> str:
@@ -84,12 +87,6 @@ def format_report(rep: PlanReport) -> str:
         lines.append(f"{'PEAK per GPU':<44}{g(rep.peak)}   [separate, {gpus}: max(training, rollout)]")
     lines.append(f"{'fits' if fits(rep) else 'DOES NOT FIT'} in {i.gpu_mem_gib:g} GiB{_hint(rep)}")
     return "\n".join(lines)
-
-
-def score_total(rep: PlanReport) -> int:
-    """The part of ``rep.activations`` that local attention's S x S scores take (0 with flash)."""
-    flash = estimate(rep.arch, dataclasses.replace(rep.inputs, attention="flash"))
-    return rep.activations - (flash.activations if flash.stage == rep.stage else rep.activations)
 
 
 def _sampling_text(i: PlanInputs) -> str:
@@ -168,7 +165,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="further weight copies (model precision) kept on the GPU")
     _add_sampling_arguments(p, d)
     p.add_argument("--config", help="run config (YAML): layout, precision, micro-batching, seq-len, max-model-len, "
-                   "placement, trainer.offload and engine count come from it (plan_config.py)")
+                   "placement, trainer.offload and engine count come from it (planning/config.py)")
     p.add_argument("--separate", dest="colocated", action="store_false", help="rollout engines on other GPUs")
     p.add_argument("--offload", choices=OFFLOAD_MODES, default=d.offload,
                    help="trainer.offload: what the trainer parks in host memory while colocated engines generate")
@@ -225,9 +222,16 @@ def report_for(args: argparse.Namespace) -> PlanReport:
     fields = set(PlanInputs.__dataclass_fields__)
     given = {k: v for k, v in vars(args).items() if k in fields and not (k == "attention" and v is None)}
     if getattr(args, "config", None):   # an explicit --attention is a choice even when it is the default
-        given = merge_config(args.config, given, PlanInputs(), explicit={"attention"} & set(given))
+        explicit = {"attention"} & set(given)
+        given = merge_config(plan_config(args.config), args.config, given, PlanInputs(), explicit=explicit)
     check_layout(given)
     return estimate(load_arch(args.model), PlanInputs(**given))
+
+
+def plan_config(path: str | Path) -> dict[str, Any]:
+    """The plan inputs the run config at ``path`` decides, the config checked as ``train`` checks it
+    (``planning/config.py`` :func:`config_inputs`); the weights need not be here."""
+    return config_inputs(load_checked(path, ["model.hf_path="]))
 
 
 def check_layout(given: dict) -> None:

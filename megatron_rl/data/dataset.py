@@ -141,18 +141,6 @@ def _row(i: int, r: dict, tokenizer, max_len: int, add_bos: bool) -> PromptRow:
                      str((rm or {}).get("reward") or ""))
 
 
-def problem_text(row) -> str:
-    """The problem statement sent to the grader: ``extra_info.problem``, else ``extra_info.question``
-    (the PAPO data's key), else the content of the row's last user message."""
-    for key in ("problem", "question"):
-        if row.extra_info.get(key):
-            return str(row.extra_info[key])
-    users = [m["content"] for m in row.messages if m.get("role") == "user"]
-    if not users:
-        raise ValueError(f"row {row.index}: no extra_info.problem/question and no user message to grade against")
-    return str(users[-1])
-
-
 def epoch_permutation(n: int, seed: int, epoch: int) -> list[int]:
     """The order of ``n`` rows in ``epoch`` (``data.seed``): THE shuffle of the sampler and of the partial
     rollouts' prompt pool (``trainer/loop/partial_source.PoolPrompts``), one definition."""

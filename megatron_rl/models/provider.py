@@ -153,7 +153,7 @@ def validate_layout(cfg, tp: int = 1, pp: int = 1) -> None:
 
 def check_model_layout(cfg) -> None:
     """The run config's ``parallel`` layout and ``model.recompute_num_layers`` against the model of
-    ``model.hf_path`` (its ``config.json``): ``ValueError`` naming the key (``preflight.check_config``)."""
+    ``model.hf_path`` (its ``config.json``): ``ValueError`` naming the key (``preflight_rules.check_config``)."""
     validate_layout(cfg.model.hf_path, cfg.parallel.tp, cfg.parallel.pp)
     layers = model_arch_info(cfg.model.hf_path).num_layers
     if layers % (cfg.parallel.pp * cfg.parallel.vpp):
@@ -169,7 +169,7 @@ def cuda_fusions(backend: str, cuda: bool | None = None, wgrad_ext: bool | None 
     """The CUDA fusions a build turns on (all off on CPU, where the fused kernels do not exist):
 
     * ``bias_activation_fusion`` (SwiGLU in one kernel, megatron's ``bias_swiglu_impl``; with it the MLP
-      keeps ~3f/t activations per token instead of ~5f/t, ``plan_memory.activation_bytes``): on with CUDA;
+      keeps ~3f/t activations per token instead of ~5f/t, ``planning/memory.py activation_bytes``): on with CUDA;
     * ``apply_rope_fusion`` (Transformer Engine's fused RoPE): on with CUDA and ``backend="te"``;
     * ``gradient_accumulation_fusion`` (wgrad accumulated into ``main_grad`` inside the GEMM): on with
       CUDA, ``te`` and apex's ``fused_weight_gradient_mlp_cuda`` extension (``wgrad_ext``; None: look
@@ -328,7 +328,7 @@ def resolve_model_backend(backend: str = "auto", fp8: str | None = None, sequenc
 
 #: bytes per S x S score element that megatron's local attention keeps per layer (the fp32 softmax output + its
 #: cast to the model dtype) and one layer's working set (raw scores, their fp32 copy, the persistent score
-#: buffer): ``cli/plan_memory.py`` derives them from megatron-core 0.16's ``DotProductAttention``
+#: buffer): ``planning/memory.py`` derives them from megatron-core 0.16's ``DotProductAttention``
 LOCAL_SCORE_BYTES = {"bf16": (6, 8), "fp32": (4, 8)}
 
 

@@ -8,9 +8,9 @@ from typing import Sequence
 
 import torch
 
-from megatron_rl.data.dataset import problem_text
 from megatron_rl.rewards import pool as P
 from megatron_rl.rewards.math_reward import deadline_for
+from megatron_rl.rewards.problem import problem_text
 from megatron_rl.rewards.registry import get_reward, register_reward, score_one  # noqa: F401 -- re-exported
 from megatron_rl.rewards.sources import resolve, unmapped_line
 from megatron_rl.rewards.verdict import reason_of

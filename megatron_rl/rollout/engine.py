@@ -6,9 +6,9 @@ with ``skip_tokenizer_init=True`` and any tokenizer (HF or sentencepiece) works.
 Log-probs: ``Completion.logprobs[t]`` is log μ(y_t | prefix) of the sampled token, where μ is the
 distribution actually sampled from: logits / ``temperature``, then ``min_p``, ``top_k``, ``top_p``
 truncation, renormalized (vLLM ``logprobs_mode="processed_logprobs"``; the HF engine applies the
-same steps in the same order, ``rollout/sampling.py``). An engine built with ``logprobs="full"``
+same steps in the same order, ``rollout/hf_sampler.py``). An engine built with ``logprobs="full"``
 reports the untruncated temperature-scaled log-prob instead (what the trainer computes); see
-``rollout/sampling.py`` for which to use and what the gate and the off-policy weight compare.
+``rollout/hf_sampler.py`` for which to use and what the gate and the off-policy weight compare.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ class SamplingParams:
         n: samples per prompt (the GRPO group size).
         temperature: softmax temperature (> 0; use a tiny value for greedy-like decoding or ``greedy``).
         top_p, top_k, min_p: nucleus / top-k / min-p truncation (1.0 / -1 / 0.0: off), applied
-            after the temperature in vLLM's order (``rollout/sampling.py``).
+            after the temperature in vLLM's order (``algorithms/sampling.py``).
         max_tokens: response length cap (finish_reason "length" when hit).
         seed: base seed; prompt i uses ``seed + i`` so results do not depend on batching.
         stop_token_ids: tokens that end a response (included in the response ids).

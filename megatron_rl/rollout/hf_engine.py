@@ -1,7 +1,7 @@
 """HF ``transformers`` rollout engine: the no-vLLM fallback and the independent reference in tests.
 
 Sampling is plain ancestral sampling with a KV cache from the processed distribution (temperature,
-min-p, top-k, top-p in vLLM's order: ``rollout/sampling.py``); log-probs are those of that
+min-p, top-k, top-p in vLLM's order: ``rollout/hf_sampler.py``); log-probs are those of that
 distribution (``logprobs="processed"``) or of the untruncated temperature-scaled one (``"full"``), like
 :class:`~megatron_rl.rollout.vllm_engine.VLLMEngine`. Eager attention for exact parity.
 """
@@ -19,7 +19,7 @@ from ..runtime.device import empty_cache
 from .engine import Completion, SamplingParams, validate_prompts
 from .registry import EngineCaps, register_engine
 from ..config_parse import LOGPROB_MODES
-from .sampling import sample_step
+from .hf_sampler import sample_step
 
 INPROC = "inproc"   # this engine's receiving side: a packed bucket unpacked and copied into the parameters
 

@@ -1,7 +1,7 @@
 """Trainer-side (sender) weight-transfer engines of the vLLM-backed transports (``gloo``, ``nccl``, ``ipc``).
 
 Each is a vLLM ``TrainerWeightTransferEngine`` driven through a ``VLLMWeightSyncClient`` (the
-four-method control plane; here :class:`megatron_rl.rollout.ray_bridge.ActorSyncClient` over our
+four-method control plane; here :class:`megatron_rl.rollout.pool_sync.ActorSyncClient` over our
 engine actors), opened by :func:`trainer_init` (the opener ``rollout/transport.py`` names for them;
 this module is imported only when one of them is used, so it may import vLLM at the top):
 

@@ -112,7 +112,7 @@ class AsyncVLLMEngine:
         if logprobs not in LOGPROB_MODES:
             raise ValueError(f"logprobs must be one of {LOGPROB_MODES}, got {logprobs!r}")
         self.logprobs, self.max_model_len = logprobs, max_model_len
-        cores = os.environ.get("MEGATRON_RL_CPU_CORES")   # asynchronous runs: the engines' own cores (ray_bridge)
+        cores = os.environ.get("MEGATRON_RL_CPU_CORES")   # asynchronous runs: the engines' own cores (engine_pool)
         if cores and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cores   # the spawned worker's OMP threads stay on them
         self._loop = _Loop()

@@ -34,7 +34,7 @@ from .vllm_requests import prompt_logprobs, request_params, sampled_logprobs, sc
 from ..config_parse import LOGPROB_MODES
 from ..runtime.stack import installed_version
 
-#: ``rollout.logprobs`` -> vLLM's ``logprobs_mode`` (``rollout/sampling.py``)
+#: ``rollout.logprobs`` -> vLLM's ``logprobs_mode`` (``rollout/hf_sampler.py``)
 _VLLM_LOGPROBS_MODE = {"processed": "processed_logprobs", "full": "raw_logprobs"}
 
 log = logging.getLogger("megatron_rl.rollout.vllm")
@@ -149,7 +149,7 @@ class VLLMEngine:
                 log.warning("VLLM_CPU_KVCACHE_SPACE=%s is set: vLLM uses it instead of rollout.kv_cache_gib=%s",
                             os.environ["VLLM_CPU_KVCACHE_SPACE"], kv_cache_gib)
         # TP > 1: vLLM's multiprocessing executor, its workers on the GPUs Ray gave this actor (one bundle
-        # of TP GPUs on one node, rollout/ray_bridge.py), whatever Ray placement group the actor sits in
+        # of TP GPUs on one node, rollout/ray_cluster.py), whatever Ray placement group the actor sits in
         tp_exec = {"distributed_executor_backend": "mp"} if tensor_parallel_size > 1 else {}
         self.llm = LLM(model=model_dir, skip_tokenizer_init=True, dtype=dtype, enforce_eager=enforce_eager,
                        max_model_len=max_model_len, seed=seed, max_num_seqs=max_num_seqs,

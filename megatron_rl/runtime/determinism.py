@@ -51,7 +51,7 @@ UNREPRODUCIBLE_PREFIXES = ("time/", "perf/", "memory/", "throughput/", "rollout/
 def refusal(cp: int, backend: str, partial: bool = False) -> str | None:
     """Why ``trainer.deterministic`` cannot hold for this layout, in one line, or None."""
     if partial:
-        return ("trainer.deterministic with rollout.partial=true: which groups finish first, and which weight push a "
+        return ("trainer.deterministic with rollout.partial.enable=true: which groups finish first, and which weight push a "
                 "response spans, depend on timing, so two runs train on different batches; turn one of them off")
     if cp > 1:
         return (f"trainer.deterministic with parallel.cp={cp}: context parallelism runs through Transformer Engine's "

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from megatron_rl.data.dataset import DeterministicSampler, PromptDataset
     from megatron_rl.data.tokenizer import Tokenizer
     from megatron_rl.rewards.manager import RewardManager
-    from megatron_rl.rollout.ray_bridge import RolloutClient
+    from megatron_rl.rollout.client import RolloutClient
     from megatron_rl.runtime.parallel import ParallelInfo
     from megatron_rl.trainer.pipeline.packing import TokenBudget
     from megatron_rl.trainer.policy.actor import PolicyActor, ReferencePolicy

@@ -30,7 +30,7 @@ ENGINE_KEYS = ("gpu_memory_utilization", "enforce_eager", "tensor_parallel_size"
 @pytest.fixture(scope="module")
 def client(tiny_hf):
     from megatron_rl.config import load_config
-    from megatron_rl.rollout.ray_bridge import RolloutClient
+    from megatron_rl.rollout.client import RolloutClient
     from megatron_rl.trainer.loop.setup import client_args
 
     keys = client_args(load_config(None, ["rollout.gpu_memory_utilization=0.37", "rollout.enforce_eager=null"]))
@@ -127,7 +127,7 @@ def test_truncated_sampling_matches_the_hf_engine(client, tiny_hf):
     the HF engine; the reported log-probs are those of the renormalized truncated distribution
     (``logprobs="processed"``), equal to the HF engine's (``tests/unit/rollout/test_sampling.py``)."""
     from megatron_rl.rollout.hf_engine import HFEngine
-    from megatron_rl.rollout.sampling import processed_logits
+    from megatron_rl.algorithms.sampling import processed_logits
 
     hf = HFEngine(str(tiny_hf))
     prompt = PROMPTS[0]

@@ -70,7 +70,7 @@ def _sync_and_check(client, hf_dir, device):
 def test_nccl_sync_is_bit_exact_and_survives_an_engine_restart(tmp_path):
     import ray
 
-    from megatron_rl.rollout.ray_bridge import RolloutClient
+    from megatron_rl.rollout.client import RolloutClient
 
     n = torch.cuda.device_count()
     device = torch.device("cuda", n - 1)
@@ -94,7 +94,7 @@ def test_nccl_sync_is_bit_exact_and_survives_an_engine_restart(tmp_path):
 def test_ipc_sync_colocated_is_bit_exact(tmp_path):
     import ray
 
-    from megatron_rl.rollout.ray_bridge import RolloutClient
+    from megatron_rl.rollout.client import RolloutClient
 
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)

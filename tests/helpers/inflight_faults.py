@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from megatron_rl.rollout.ray_bridge import RolloutClient
+from megatron_rl.rollout.client import RolloutClient
 from megatron_rl.rollout.vllm_async_engine import AsyncVLLMEngine
 
 

@@ -15,7 +15,7 @@ than the trainer's.
 """
 from __future__ import annotations
 
-from megatron_rl.rollout.ray_bridge import RolloutClient
+from megatron_rl.rollout.client import RolloutClient
 from megatron_rl.rollout.vllm_engine import VLLMEngine
 from megatron_rl.rollout.weight_sync import RoundSource
 

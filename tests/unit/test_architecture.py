@@ -67,7 +67,7 @@ def test_files_stay_small():
 
 def test_config_is_a_leaf_of_the_setup_layer():
     """``config.py`` decides types, ranges and enums; the cross-component rules are the setup layer's
-    (``preflight.check_config``), so loading a config imports neither the trainer nor preflight."""
+    (``preflight_rules.check_config``), so loading a config imports neither the trainer nor preflight."""
     import subprocess
     import sys
 
@@ -85,7 +85,7 @@ def test_config_is_a_leaf_of_the_setup_layer():
 
 LAYERS = {   # lower number = lower layer; a module imports only its own layer or lower ones
     "runtime": 0, "config": 1, "config_sections": 1, "config_parse": 1, "config_foreign": 1, "plugins": 1, "algorithms": 1,
-    "models": 2, "convert": 2, "rewards": 2, "data": 2, "rollout": 2, "eval": 2,
+    "models": 2, "convert": 2, "rewards": 2, "data": 2, "rollout": 2, "eval": 2, "planning": 2,
     "trainer": 3, "cli": 4, "recipes": 4,
 }
 #: registries of names and declared capabilities that config validation asks (``rollout.engine``,
@@ -213,7 +213,7 @@ def _layer(module: str) -> int:
 
 
 def test_layers_point_down():
-    """runtime < config, algorithms < models, convert, rewards, data, rollout, eval < trainer < cli."""
+    """runtime < config, algorithms < models, convert, rewards, data, rollout, eval, planning < trainer < cli."""
     missing = sorted({m.split(".")[1] for m in _import_graph() if "." in m} - set(LAYERS))
     assert not missing, f"place these in LAYERS: {missing}"
     bad = [f"{m} -> {t}" for m, ts in _import_graph().items() if m != "megatron_rl"

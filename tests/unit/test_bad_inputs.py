@@ -179,6 +179,9 @@ CASES = [
     # issue 42: the PPO ratio's space and the deterministic switch
     ("bypass-full-truncated", ["{T}", "algo.off_policy=bypass", "rollout.top_p=0.7"],
      "algo.off_policy=bypass with algo.ratio_space=full under a truncating sampler (top_p=0.7, top_k=-1, min_p=0.0)"),
+    ("bypass-conditioned", ["{T}", "algo.kind=bicc", "algo.off_policy=bypass", "algo.ratio_space=sampling",
+                            "algo.bicc.old_logprob_context=conditioned"],
+     "algo.off_policy=bypass with algo.bicc.old_logprob_context=conditioned: bypass takes the engine's log-probs"),
     ("ratio-space", ["{T}", "algo.ratio_space=mu"], "algo.ratio_space must be full|sampling, got 'mu'"),
     ("ratio-space-teacher", ["{T}", "algo.kind=sdpo", "algo.ratio_space=sampling", "algo.sdpo.top_k=8"],
      "algo.ratio_space=sampling with algo.kind=sdpo: its loss also reads the full-vocabulary distribution"),
@@ -299,11 +302,23 @@ CASES = [
     ("step-timeout-negative", ["{T}", "trainer.step_timeout_s=-1"],
      "trainer.step_timeout_s must be >= 0 seconds (0 = no bound), got -1.0"),
     ("clip-low-negative", ["{T}", "algo.grpo.clip_low=-0.1"], "algo.grpo: clip_low=-0.1 must be in [0, 1)"),
-    ("partial-deterministic", ["{T}", "rollout.engine=vllm-async", "rollout.partial=true", "trainer.deterministic=true"],
-     "trainer.deterministic with rollout.partial=true: which groups finish first"),
-    ("partial-groups-past-data", ["{T}", "rollout.engine=vllm-async", "rollout.partial=true",
-                                  "rollout.partial_extra_groups=20000"],
-     "rollout.partial_extra_groups=20000 + data.prompts_per_step=32 groups in flight exceed the 32 rows of data.train="),
+    ("partial-deterministic", ["{T}", "rollout.engine=vllm-async", "rollout.partial.enable=true", "trainer.deterministic=true"],
+     "trainer.deterministic with rollout.partial.enable=true: which groups finish first"),
+    ("partial-groups-past-data", ["{T}", "rollout.engine=vllm-async", "rollout.partial.enable=true",
+                                  "rollout.partial.extra_groups=20000"],
+     "rollout.partial.extra_groups=20000 + data.prompts_per_step=32 groups in flight exceed the 32 rows of data.train="),
+    # issue 49: rollout.partial is a section; its earlier flat keys are refused naming the new one
+    ("partial-renamed-flag", ["{T}", "rollout.engine=vllm-async", "rollout.partial=true"],
+     "rollout.partial was renamed: use rollout.partial.enable"),
+    ("partial-renamed-extra", ["{T}", "rollout.partial_extra_groups=2"],
+     "rollout.partial_extra_groups was renamed: use rollout.partial.extra_groups"),
+    ("partial-renamed-bound", ["{T}", "rollout.partial_max_staleness=1"],
+     "rollout.partial_max_staleness was renamed: use rollout.partial.max_staleness"),
+    ("partial-renamed-policy", ["{T}", "rollout.partial_policy=mask"],
+     "rollout.partial_policy was renamed: use rollout.partial.policy"),
+    ("partial-renamed-yaml", ["train", "--config", "{X}/partial_flat.yaml", "--check"],
+     "rollout.partial was renamed: use rollout.partial.enable; rollout.partial_policy was renamed: use "
+     "rollout.partial.policy"),
     ("verl-section", ["{T}", "actor_rollout_ref.rollout.n=4"],
      "actor_rollout_ref is verl's (actor_rollout_ref.rollout.n -> rollout.n): every key's equivalent is in "
      "docs/reference/coming-from-verl.md"),
@@ -319,7 +334,7 @@ CASES = [
      "--resume auto (step_1): the checkpoint holds 1 rollout batch(es) generated ahead with rollout.max_staleness=1; "
      "resume with the same value (got 0)"),
     ("resume-partial-off", ["{T}", "trainer.run_dir={X}/partialsaved", "--resume", "auto"],
-     "--resume auto (step_1): the checkpoint holds 2 partial-rollout group(s) in flight: resume with rollout.partial=true"),
+     "--resume auto (step_1): the checkpoint holds 2 partial-rollout group(s) in flight: resume with rollout.partial.enable=true"),
     # issue 19: a method from outside the package (megatron_rl/plugins.py)
     ("plugin-missing", ["{T}", "plugins=[my_pkg.no_such_method]", "algo.kind=toy"],
      "plugins: cannot import 'my_pkg.no_such_method': no module named 'my_pkg' on sys.path (put the directory"),
@@ -361,6 +376,7 @@ def make_work(x: Path) -> Path:
     (x / "userdir" / "thesis.tex").write_text("keep me")
     (x / "bad.yaml").write_text("model:\n  hf_path: x\n  bf16: [true\ntrainer:\n  steps: 3\n")
     (x / "list.yaml").write_text("- model\n- trainer\n")
+    (x / "partial_flat.yaml").write_text("rollout:\n  engine: vllm-async\n  partial: true\n  partial_policy: mask\n")
     (x / "empty.yaml").write_text("# nothing here yet\n")
     (x / "dupkey.yaml").write_text("trainer:\n  steps: 3\nmodel: {bf16: false}\ntrainer:\n  seed: 1\n")
     (x / "binary.yaml").write_bytes(b"\xff\xfe\x00PK")
@@ -459,8 +475,8 @@ WARN_CASES = [
     ("by-source-typo", ["{T}", "reward.by_source={reverze: math}"],
      "reward.by_source.reverze=math maps nothing: no row of {X}/train.parquet has data_source 'reverze' (did you mean "
      "'reverse'?)"),
-    ("partial-knob-off", ["{T}", "rollout.partial_extra_groups=5"],
-     "rollout.partial_extra_groups=5 does nothing without rollout.partial=true"),
+    ("partial-knob-off", ["{T}", "rollout.partial.extra_groups=5"],
+     "rollout.partial.extra_groups=5 does nothing without rollout.partial.enable=true"),
     ("eval-every-no-val", ["{T}", "trainer.eval_every=25"],   # was a TypeError at step 25 (len of no val set)
      "trainer.eval_every=25 does nothing without a held-out set: set data.val (or trainer.eval_benchmarks)"),
     ("eval-by-source-typo", ["eval", "--data", "{X}/train.parquet", "--completions", "{X}/c32.jsonl", "--out", "{X}/ew",
@@ -624,7 +640,7 @@ def test_unknown_characters_are_warned_and_counted(work, caplog):
     import pyarrow.parquet as pq
 
     from megatron_rl.config import load_config
-    from megatron_rl.trainer.loop.preflight import check_prompts, prompt_datasets
+    from megatron_rl.trainer.loop.preflight_inputs import check_prompts, prompt_datasets
 
     rows = [{"data_source": "reverse", "prompt": [{"role": "user", "content": c}], "reward_model": {"ground_truth": g}}
             for c, g in [("12", "21")] * 28 + [("1\u00e92", "2\u00e91")] * 3 + [("1x2", "21")]]

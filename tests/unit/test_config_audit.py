@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import typing
 from pathlib import Path
 
 import pytest
@@ -159,7 +160,7 @@ READ = {   # key -> module that consumes it (``cfg.<key>`` or the section alias 
     "model.recompute": "megatron_rl/trainer/loop/setup.py", "model.recompute_method": "megatron_rl/trainer/loop/setup.py",
     "model.recompute_num_layers": "megatron_rl/trainer/loop/setup.py",
     "rollout.bucket_mb": "megatron_rl/trainer/loop/setup.py",
-    "data.max_prompt_len": "megatron_rl/trainer/loop/preflight.py", "data.on_error": "megatron_rl/trainer/loop/preflight.py",   # prompt_datasets
+    "data.max_prompt_len": "megatron_rl/trainer/loop/preflight_inputs.py", "data.on_error": "megatron_rl/trainer/loop/preflight_inputs.py",   # prompt_datasets
     "data.chat_template_kwargs": "megatron_rl/trainer/loop/setup.py",
     "trainer.steps": "megatron_rl/trainer/loop/rl_loop.py", "trainer.eval_every": "megatron_rl/trainer/loop/rl_loop.py",
     "trainer.eval_prompts": "megatron_rl/trainer/loop/setup.py", "trainer.ckpt_every": "megatron_rl/trainer/loop/rl_loop.py",
@@ -179,10 +180,10 @@ READ = {   # key -> module that consumes it (``cfg.<key>`` or the section alias 
     "rollout.verify_sync": "megatron_rl/trainer/loop/rl_loop.py",
     "rollout.max_staleness": "megatron_rl/trainer/loop/rollout_source.py",
     # issue 43: in-flight partial rollouts (e2e: tests/e2e/test_partial_train.py; refusals: tests/unit/trainer/test_partial_config.py)
-    "rollout.partial": "megatron_rl/trainer/loop/rollout_source.py",
-    "rollout.partial_extra_groups": "megatron_rl/trainer/loop/partial_source.py",
-    "rollout.partial_max_staleness": "megatron_rl/trainer/loop/partial_source.py",
-    "rollout.partial_policy": "megatron_rl/trainer/loop/partial_source.py",
+    "rollout.partial.enable": "megatron_rl/trainer/loop/rollout_source.py",
+    "rollout.partial.extra_groups": "megatron_rl/trainer/loop/partial_source.py",
+    "rollout.partial.max_staleness": "megatron_rl/trainer/loop/partial_source.py",
+    "rollout.partial.policy": "megatron_rl/trainer/loop/partial_source.py",
     "algo.off_policy": "megatron_rl/trainer/pipeline/rows.py", "algo.tis_cap": "megatron_rl/trainer/pipeline/rows.py",
     "algo.correction": "megatron_rl/trainer/pipeline/logprobs.py",
     # issue 42: the PPO ratio's space (e2e: tests/e2e/test_chat_methods.py grpo@mu) and the determinism switch
@@ -196,11 +197,17 @@ READ = {   # key -> module that consumes it (``cfg.<key>`` or the section alias 
 KNOWN_DEAD: dict[str, str] = {}
 
 
+def _keys(cls, prefix: str = "") -> set[str]:
+    """The dotted keys of a dataclass's fields, a field declared as a section (``rollout``) or a sub-section
+    (``rollout.partial``) expanded; the top-level keys (``plugins``) by name."""
+    hints = typing.get_type_hints(cls)
+    return {k for f in dataclasses.fields(cls) for k in (
+        _keys(hints[f.name], f"{prefix}{f.name}.") if dataclasses.is_dataclass(hints[f.name]) else {f"{prefix}{f.name}"})}
+
+
 def _all_keys() -> set[str]:
-    """``section.key`` of every section, and the top-level keys (``plugins``) by name."""
-    sections = [s for s in dataclasses.fields(C.Config) if dataclasses.is_dataclass(getattr(C.Config(), s.name))]
-    return {s.name for s in dataclasses.fields(C.Config) if s not in sections} | {
-        f"{s.name}.{f.name}" for s in sections for f in dataclasses.fields(getattr(C, type(getattr(C.Config(), s.name)).__name__))}
+    """``section.key`` of every section (``section.sub.key`` in a sub-section), and ``plugins``."""
+    return _keys(C.Config)
 
 
 @pytest.fixture(scope="module")
@@ -256,7 +263,7 @@ def test_key_value_is_rejected_at_start_up(key, work):
 
 @pytest.mark.parametrize("key", sorted(READ))
 def test_key_is_read_by_its_consumer(key, work):
-    section, name = key.split(".")
+    section, name = key.split(".", 1)
     src = (REPO / READ[key]).read_text()
     alias = {"rollout": "r.", "reward": "r.", "teacher": "cfg.teacher.", "algo": "cfg.algo.", "trainer": "t."}.get(section)
     assert f"cfg.{key}" in src or f"{alias}{name}" in src or (section == "algo" and "hp" in src and name == "hparams"), \

@@ -84,7 +84,7 @@ def test_repo_paths_in_docs_exist(name):
 
 
 def test_plan_presets_listed_in_plan_page():
-    from megatron_rl.cli.plan_arch import PRESETS
+    from megatron_rl.planning.arch import PRESETS
 
     section = page("plan-and-memory.md")
     for name in PRESETS:

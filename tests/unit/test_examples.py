@@ -49,7 +49,7 @@ def stand_in_model(path: Path, tmp: Path) -> str:
     """A folder with the config.json of the example's model (weights are not needed to validate)."""
     import json
 
-    from megatron_rl.cli.plan_arch import PRESETS
+    from megatron_rl.planning.arch import PRESETS
 
     prefix = next((k for k in PRESET_OF if path.stem.startswith(k + "_")), None)
     cfg = TINY_HF if path.stem.startswith("tiny_cpu_") else PRESETS[PRESET_OF[prefix]] if prefix else None
@@ -105,7 +105,7 @@ def test_large_config_plan_command_fits(path, capsys):
     if cmd.args.config:
         cmd.args.config = str(REPO / cmd.args.config)
     from megatron_rl.cli import plan
-    from megatron_rl.cli.plan_memory import GIB
+    from megatron_rl.planning.memory import GIB
 
     rep = plan.run(cmd.args)
     assert rep.peak <= rep.inputs.gpu_mem_gib * GIB, capsys.readouterr().out

@@ -103,10 +103,9 @@ def test_local_attention_that_cannot_fit_is_refused(requested, need, device, exp
 
 
 def test_local_attention_bytes_follow_plan():
-    """The start-up figure is plan's local-attention term (``cli/plan_memory.py``) for the same micro-batch."""
-    from megatron_rl.cli.plan import score_total
-    from megatron_rl.cli.plan_arch import PRESETS, ArchSpec
-    from megatron_rl.cli.plan_memory import PlanInputs, estimate
+    """The start-up figure is plan's local-attention term (``planning/memory.py``) for the same micro-batch."""
+    from megatron_rl.planning.arch import PRESETS, ArchSpec
+    from megatron_rl.planning.memory import PlanInputs, estimate, score_total
     from megatron_rl.models.provider import ArchInfo, local_attention_bytes
 
     q = PRESETS["qwen3-8b"]

@@ -12,8 +12,8 @@ import textwrap
 import pytest
 
 from megatron_rl.cli.plan import add_arguments, format_report
-from megatron_rl.cli.plan_arch import PRESETS, ArchSpec, load_arch
-from megatron_rl.cli.plan_memory import GIB, PlanInputs, estimate, fits, padded_vocab, params_per_gpu
+from megatron_rl.planning.arch import PRESETS, ArchSpec, load_arch
+from megatron_rl.planning.memory import GIB, PlanInputs, estimate, fits, padded_vocab, params_per_gpu
 
 TINY = {  # hidden 64, 2 layers, GQA 4/2, head_dim 16, vocab 256 (a multiple of 128: no padding)
     "Qwen3ForCausalLM": dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_size=64, num_hidden_layers=2,
@@ -235,7 +235,7 @@ def test_config_built_copies_swiglu_recompute_and_engine_share():
     assert estimate(a, PlanInputs(recompute="full", recompute_method="block", **base)).activations == inp + 2 * per_tok
     share = estimate(a, PlanInputs(rollout_mem_util=0.5, **base))
     assert share.rollout_total == 40 * GIB and share.generation_peak == r.trainer_resident + 40 * GIB and fits(share)
-    from megatron_rl.cli.plan_memory import activation_bytes
+    from megatron_rl.planning.memory import activation_bytes
 
     first, last, _ = activation_bytes(a, PlanInputs(pp=2, **base), 256)
     i_first, i_last, _ = activation_bytes(a, PlanInputs(pp=2, vpp=2, **base), 256)   # interleaved: x (1 + (p-1)/(p v))
@@ -366,7 +366,7 @@ def test_sampling_term_is_the_mu_pass_working_set():
     import math
 
     from megatron_rl.algorithms.sampling import CANDIDATES, CHUNK_BYTES, TIE_SLACK
-    from megatron_rl.cli import plan_memory as PM
+    from megatron_rl.planning import memory as PM
 
     assert (PM.MU_CHUNK_BYTES, PM.MU_CANDIDATES, PM.MU_TIE_SLACK) == (CHUNK_BYTES, CANDIDATES, TIE_SLACK)
     arch = load_arch("qwen3-8b")
@@ -403,9 +403,9 @@ def test_sampling_term_is_the_mu_pass_working_set():
 
 def test_plan_config_reads_the_sampling_and_ratio_space(tmp_path):
     """``--config``: the μ inputs come from rollout.top_k / top_p / min_p and algo.ratio_space."""
-    from megatron_rl.cli.plan_config import config_inputs
+    from megatron_rl.cli.plan import plan_config
     from tests.helpers.tools import load_tool
 
     path = load_tool("example_plans").CONFIGS / "qwen3_8b_bicc_rcc.yaml"
-    got = config_inputs(path)
+    got = plan_config(path)
     assert (got["top_k"], got["top_p"], got["min_p"], got["ratio_space"]) == (-1, 0.7, 0.0, "full")

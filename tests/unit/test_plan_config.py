@@ -1,6 +1,6 @@
 """`megatron-rl plan --config`: every 7B–14B example fits 78 GiB (usable of 80) as configured (its placement, offload
 and engines read from the config), the layout table of docs/plan-and-memory.md is the generated one, contradicting
-flags are refused, and the phases follow the placement/offload model of ``cli/plan_memory.py``."""
+flags are refused, and the phases follow the placement/offload model of ``planning/memory.py``."""
 from __future__ import annotations
 
 import re
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from megatron_rl.cli.plan import format_report
-from megatron_rl.cli.plan_memory import GIB, fits
+from megatron_rl.planning.memory import GIB, fits
 from tests.helpers.tools import load_tool
 
 EP = load_tool("example_plans")
@@ -55,13 +55,15 @@ def test_example_plan_counts_what_the_config_builds(path):
     needs one, the teacher's fp32 snapshot / EMA shadow, the engines' TP and memory share, recompute, the
     fused SwiGLU of a GPU build) against 78 GiB usable, and the header states those figures (pinned)."""
     from megatron_rl.algorithms import kind_required_inputs
+    from megatron_rl.algorithms.hparams import TeacherHParams
     from megatron_rl.recipes import load
     from megatron_rl.rollout.placement import engine_memory_utilization
 
     cfg, rep = load(path.stem), EP.example_report(path)
     i = rep.inputs
     assert i.reference == ("ref_logp" in kind_required_inputs(cfg.algo.kind, cfg.algo.hparams))
-    assert i.teacher_shadow == (getattr(cfg.algo.hparams, "teacher_mode", "fixed") in ("snapshot", "ema"))
+    hp = cfg.algo.hparams
+    assert i.teacher_shadow == (isinstance(hp, TeacherHParams) and hp.teacher_mode in ("snapshot", "ema"))
     assert (i.rollout_tp, i.rollout_mem_util) == (cfg.rollout.tensor_parallel_size, engine_memory_utilization(
         cfg.rollout.gpu_memory_utilization, cfg.rollout.placement))
     assert (i.recompute, i.recompute_method, i.recompute_num_layers) == (cfg.model.recompute, cfg.model.recompute_method,

@@ -189,7 +189,7 @@ def overlap(spans: list[tuple[float, float]], t0: float, t1: float) -> float:
 
 def resume_refusal(state: dict | None, max_staleness: int, partial: bool) -> str | None:
     """Why a checkpoint's ``async`` entry cannot continue in a run with ``rollout.max_staleness`` and
-    ``rollout.partial`` (one line), or None. The start-up checks ask it before anything starts
+    ``rollout.partial.enable`` (one line), or None. The start-up checks ask it before anything starts
     (``preflight_resume.check_resume_state``), so ``--check`` refuses what the resume itself would."""
     state = state or {}
     if state.get("pending") and state["max_staleness"] != max_staleness:
@@ -198,7 +198,7 @@ def resume_refusal(state: dict | None, max_staleness: int, partial: bool) -> str
                 "they are consumed as the uninterrupted run would")
     if state.get("partial") and not partial:
         return (f"the checkpoint holds {len(state['partial']['pending'])} partial-rollout group(s) in flight: resume "
-                "with rollout.partial=true (only the partial source regenerates them)")
+                "with rollout.partial.enable=true (only the partial source regenerates them)")
     return None
 
 
@@ -256,7 +256,7 @@ def pin_trainer(plan: CorePlan, local_rank: int) -> frozenset:
 
 
 def engine_env(plan: CorePlan) -> dict:
-    """Environment of the engine actors: their core set (applied in the actor, ``ray_bridge``) and
+    """Environment of the engine actors: their core set (applied in the actor, ``rollout/engine_pool.py``) and
     as many intra-op threads as cores."""
     return {"MEGATRON_RL_CPU_CORES": ",".join(str(c) for c in sorted(plan.engines)),
             "OMP_NUM_THREADS": str(len(plan.engines))}

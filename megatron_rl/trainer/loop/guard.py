@@ -18,7 +18,7 @@ METRIC = "rollout/token_mult_prob_error"
 
 def guard_metric(cfg) -> str:
     """The metrics-row key the guard reads under ``cfg``."""
-    return METRIC + "_fresh" if cfg.rollout.max_staleness > 0 or cfg.rollout.partial else METRIC
+    return METRIC + "_fresh" if cfg.rollout.max_staleness > 0 or cfg.rollout.partial.enable else METRIC
 
 
 def over_limit(cfg, metrics: dict) -> float | None:

@@ -1,7 +1,7 @@
-"""In-flight partial rollouts as a rollout source of the loop (``rollout.partial=true``, ``engine=vllm-async``).
+"""In-flight partial rollouts as a rollout source of the loop (``rollout.partial.enable=true``, ``engine=vllm-async``).
 
 The driver owns a :class:`~megatron_rl.rollout.partial_pool.PartialPool` over the engine pool: it keeps
-``data.prompts_per_step + rollout.partial_extra_groups`` groups (``rollout.n`` samples of one prompt)
+``data.prompts_per_step + rollout.partial.extra_groups`` groups (``rollout.n`` samples of one prompt)
 in flight. Step t takes the first ``prompts_per_step`` groups that finished and leaves the others
 running; the weight push that ends the step is taken by the engines WHILE those requests run (pause
 keep → load → prefix-cache reset → resume, ``rollout/vllm_async_engine.py``), so a response may span
@@ -11,7 +11,7 @@ Versions: the engines count pushes; the loop counts optimizer steps. At step t t
 weights of step t − 1 and the engines hold the last push, so an engine version E maps to the step
 version E − (E_now − (t − 1)) — the frame the update reads staleness in ((t − 1) − v, ``pipeline/sequences.behaviour``).
 
-Staleness bound ``rollout.partial_max_staleness`` = k, ``rollout.partial_policy``: ``drop`` — a response
+Staleness bound ``rollout.partial.max_staleness`` = k, ``rollout.partial.policy``: ``drop`` — a response
 with a token older than k steps drops its group (counted; its prompt is consumed, never retried);
 ``mask`` — the group is trained and the tokens older than k steps leave the loss mask in the update
 (``rows.staleness_keep``, from ``Rollouts.token_versions``; ``partial/masked_tokens``), a response
@@ -92,8 +92,8 @@ class PartialRollouts:
                     if x and json.loads(x)["step"] <= run.state.step]
             self.log.write_text("".join(x + "\n" for x in keep))
             self.pool = PartialPool(run.client, self.prompts.request, groups_per_step=cfg.data.prompts_per_step,
-                                    extra=r.partial_extra_groups,
-                                    policy=StalenessPolicy(r.partial_max_staleness, r.partial_policy), resume=resume)
+                                    extra=r.partial.extra_groups,
+                                    policy=StalenessPolicy(r.partial.max_staleness, r.partial.policy), resume=resume)
 
     def _collect(self, step: int):
         run = self.run

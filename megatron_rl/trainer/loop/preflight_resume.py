@@ -43,6 +43,6 @@ def check_resume_state(cfg, resume: str | None) -> None:
 
     extra = torch.load(ck / "extra_state.pt", weights_only=False, map_location="cpu")
     why = resume_refusal(extra.get("async") if isinstance(extra, dict) else None, cfg.rollout.max_staleness,
-                         cfg.rollout.partial)
+                         cfg.rollout.partial.enable)
     if why:
         raise ValueError(f"--resume {resume} ({ck.name}): {why}")

@@ -88,7 +88,7 @@ class SyncRollouts:
 def open_source(run) -> RolloutSource:
     """The rollout source of ``run`` (after ``setup_run``: its step, sampler and restored in-flight batches)."""
     cfg, st = run.cfg, run.state
-    if cfg.rollout.partial:
+    if cfg.rollout.partial.enable:
         return PartialRollouts(run, resume=st.partial_resume)
     collect = functools.partial(run.path.collect, run.collect_context())   # collect(step): the path's, driver-side
     deliver = functools.partial(dispatch.deliver, info=run.info, micro=run.micro, shares_rows=run.path.shares_rows,

@@ -17,8 +17,8 @@ from megatron_rl.eval.metrics import summarize
 from megatron_rl.eval.training import table_metrics
 from megatron_rl.models.provider import load_hf_config, recompute_overrides
 from megatron_rl.rewards.factory import build_rewards
+from megatron_rl.rollout.client import RolloutClient
 from megatron_rl.rollout.placement import engine_eager, engine_gpus, engine_memory_utilization
-from megatron_rl.rollout.ray_bridge import RolloutClient
 from megatron_rl.rollout.registry import caps
 from megatron_rl.runtime import determinism
 from megatron_rl.runtime.console import attach_run_log
@@ -28,7 +28,8 @@ from megatron_rl.runtime.parallel import init_parallel
 from megatron_rl.runtime.usage import begin_run
 from megatron_rl.trainer.loop.async_source import engine_env, local_plan, pin_trainer, restore_state, resume_refusal
 from megatron_rl.trainer.loop.colocate import Colocation, build_colocation
-from megatron_rl.trainer.loop.preflight import preflight, prompt_datasets
+from megatron_rl.trainer.loop.preflight import preflight
+from megatron_rl.trainer.loop.preflight_inputs import prompt_datasets
 from megatron_rl.rollout.rollouts import eval_sampling, generate, score
 from megatron_rl.runtime.broadcast import broadcast_object
 from megatron_rl.trainer.loop.sync_stage import startup_gate, sync
@@ -46,7 +47,7 @@ if TYPE_CHECKING:   # annotations only: the components are imported where they a
     from megatron_rl.data.dataset import DeterministicSampler, PromptDataset
     from megatron_rl.data.tokenizer import Tokenizer
     from megatron_rl.rewards.manager import RewardManager
-    from megatron_rl.rollout.ray_bridge import RolloutClient
+    from megatron_rl.rollout.client import RolloutClient
     from megatron_rl.runtime.logging import RunLogger
     from megatron_rl.runtime.parallel import ParallelInfo
     from megatron_rl.trainer.loop.async_source import AsyncRollouts
@@ -68,7 +69,7 @@ class RunState:
     gate: dict | None = None           # start-up gate numbers (sync_stage.startup_gate)
     source: SyncRollouts | AsyncRollouts | None = None   # opened by the loop (trainer/loop/rollout_source.py)
     async_pending: list = dataclasses.field(default_factory=list)   # finished batches restored from a checkpoint
-    partial_resume: dict | None = None   # rollout.partial: the pool's indices from a checkpoint (partial_source.py)
+    partial_resume: dict | None = None   # rollout.partial.enable: the pool's indices from a checkpoint (partial_source.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,7 +175,7 @@ def build_client(cfg, trainer_world: int = 1, client_cls=RolloutClient):
     if has_cuda():
         gpus = engine_gpus(a["placement"], int(os.environ.get("LOCAL_WORLD_SIZE", "1")), a["num_engines"], tp)
     env = None
-    if cfg.rollout.max_staleness > 0 or cfg.rollout.partial:
+    if cfg.rollout.max_staleness > 0 or cfg.rollout.partial.enable:
         env = engine_env(local_plan())
     if cfg.trainer.deterministic:
         env = {**(env or {}), **determinism.engine_env(has_cuda())}
@@ -270,7 +271,7 @@ def _start_engines(cfg, info, client):
     if info.is_driver and client is None:
         client = build_client(cfg, trainer_world=info.world)
     broadcast_object(None)   # the others wait out the engines' start-up in the store (driver_wait), not in NCCL
-    if cfg.rollout.max_staleness > 0 or cfg.rollout.partial:
+    if cfg.rollout.max_staleness > 0 or cfg.rollout.partial.enable:
         # engines and trainer on disjoint cores. After Ray started, so its daemons (and the workers
         # they fork) are not confined to the trainer's cores; the engine actors pin themselves.
 
@@ -308,7 +309,7 @@ def _resume(cfg, actor, path, sampler, resume: str | None, is_driver: bool) -> R
     if loaded.extra_state.get("sampler"):
         sampler.load_state_dict(loaded.extra_state["sampler"])
 
-    why = resume_refusal(loaded.extra_state.get("async"), cfg.rollout.max_staleness, cfg.rollout.partial)
+    why = resume_refusal(loaded.extra_state.get("async"), cfg.rollout.max_staleness, cfg.rollout.partial.enable)
     if why:   # preflight_resume.check_resume_state refused it already, for the runs that start through setup_run
         raise ValueError(f"checkpoint {ckpt}: {why}")
     state.async_pending, _ = restore_state(loaded.extra_state.get("async"), cfg.rollout.max_staleness)

@@ -19,7 +19,7 @@ the driver -- two Ray agents were still alive 45 s after a SIGTERM during engine
 ``os._exit`` — no other cleanup, no traceback (a checkpoint cut short leaves a ``.tmp-step_*``
 directory that the next start removes, ``checkpoint.remove_stale_tmp``). Before the run is
 :meth:`~GracefulStop.arm`-ed (start-up: nothing to save yet) the first signal already stops at once,
-the same way. ``ray.init`` would replace the SIGTERM handler; ``rollout/ray_bridge.py`` puts it back
+the same way. ``ray.init`` would replace the SIGTERM handler; ``rollout/ray_cluster.py`` puts it back
 as soon as ``ray.init`` returns.
 
 A rank that cannot reach the boundary (stuck in a collective with a dead peer) is ended by its

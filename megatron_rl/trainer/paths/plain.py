@@ -45,7 +45,7 @@ class PlainPath(DataPath):
     def defers_rewards(self) -> bool:
         """Are this run's rewards scored beside the log-prob passes (``defer_rewards``)?"""
         dynamic = self.sampling is not None and self.sampling.filter_groups
-        sync = self.cfg.rollout.max_staleness == 0 and not self.cfg.rollout.partial   # partial: scored in its source
+        sync = self.cfg.rollout.max_staleness == 0 and not self.cfg.rollout.partial.enable   # partial: scored in its source
         return self.defer_rewards and sync and not self.greedy and not dynamic
 
     @classmethod

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from megatron_rl.algorithms.hparams import PAPOHParams
-from megatron_rl.data.dataset import problem_text
+from megatron_rl.rewards.problem import problem_text
 from megatron_rl.rewards.factory import build_grader
 from megatron_rl.rewards.judge_client import JudgeRejected
 from megatron_rl.rollout.rollouts import Rollouts

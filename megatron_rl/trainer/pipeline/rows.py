@@ -119,9 +119,9 @@ def staleness_keep(cfg, mask: torch.Tensor, beh: Behaviour) -> tuple[torch.Tenso
     per-token versions or under ``drop`` (the pool dropped the over-stale groups already).
     Metric ``partial/masked_tokens``: the response tokens (of ``mask``) it takes out of the loss."""
     r = cfg.rollout
-    if beh.token_stale is None or not r.partial or r.partial_policy != "mask":
+    if beh.token_stale is None or not r.partial.enable or r.partial.policy != "mask":
         return None, {}
-    policy = StalenessPolicy(r.partial_max_staleness, r.partial_policy)
+    policy = StalenessPolicy(r.partial.max_staleness, r.partial.policy)
     keep = within_bound(beh.token_stale, policy).to(mask.dtype)
     return keep, {"partial/masked_tokens": float(((1.0 - keep) * mask).sum())}
 

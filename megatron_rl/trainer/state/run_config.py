@@ -18,7 +18,9 @@ Resume comparison (:func:`check_resume`, from ``preflight``: before any model is
 A change of method, group size or model (:data:`REFUSED`) is refused in one line naming the keys and
 ``--allow-config-change``; any other change is allowed with one warning line listing each key
 (old -> new). A run directory from before this file existed (no ``config.yaml``) resumes with a
-warning. ``--resume auto`` with no complete checkpoint says that it starts fresh.
+warning. A saved file written before a key was renamed (``config.RENAMED``: ``rollout.partial`` is a
+section now) is compared under the new names, so such a run resumes as any other (this start writes
+its config in the new names). ``--resume auto`` with no complete checkpoint says that it starts fresh.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ from pathlib import Path
 import yaml
 
 from megatron_rl import __version__
+from megatron_rl.config import RENAMED
 
 FILE = "config.yaml"
 _NUMBERED = re.compile(r"^config\.(\d+)\.yaml$")
@@ -104,6 +107,23 @@ def _read(path: Path) -> dict:
     meta = tree.pop("_meta", None) or {}
     if isinstance(meta, dict) and isinstance(meta.get("architecture"), dict):
         tree.setdefault("model", {})["architecture"] = meta["architecture"]
+    return renamed_keys(tree)
+
+
+def renamed_keys(tree: dict) -> dict:
+    """A saved config written before a key was renamed (``config.RENAMED``), under the new names (in place):
+    ``rollout: {partial: true, partial_policy: mask}`` reads as ``rollout: {partial: {enable: true, policy: mask}}``.
+    An old key that is a section now goes first, so its section holds the other keys moved into it."""
+    for old, new in sorted(RENAMED.items(), key=lambda kv: not kv[1].startswith(kv[0] + ".")):
+        sec, _, key = old.partition(".")
+        node = tree.get(sec)
+        if not isinstance(node, dict) or key not in node or isinstance(node[key], dict):
+            continue
+        value = node.pop(key)
+        *path, last = new.split(".")[1:]
+        for part in path:
+            node = node.setdefault(part, {})
+        node.setdefault(last, value)
     return tree
 
 

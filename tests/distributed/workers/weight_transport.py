@@ -91,7 +91,7 @@ def store_bytes(settle_below: int = 1 << 20, timeout: float = 20.0) -> int:
     copy held between steps) stays above it for the whole timeout and still fails the test."""
     import gc
 
-    from megatron_rl.rollout.ray_bridge import object_store_bytes
+    from megatron_rl.rollout.ray_cluster import object_store_bytes
 
     gc.collect()
     deadline = time.monotonic() + timeout
@@ -185,7 +185,7 @@ def main():
     rank0 = dist.get_rank() == 0
     client, res = None, {}
     if rank0:
-        from megatron_rl.rollout.ray_bridge import RolloutClient
+        from megatron_rl.rollout.client import RolloutClient
 
         t0 = time.perf_counter()
         client = RolloutClient("vllm", hf_dir, 2, {"max_model_len": 64, "kv_cache_gib": 0.25}, cpus_per_engine=0.5,

@@ -1,4 +1,4 @@
-"""``megatron-rl train``'s loop with in-flight partial rollouts (``rollout.partial=true``, one ``vllm-async``
+"""``megatron-rl train``'s loop with in-flight partial rollouts (``rollout.partial.enable=true``, one ``vllm-async``
 engine) on the chat fixture, driven by ``tests/e2e/test_partial_train.py``, one phase per process.
 
     python tests/e2e/workers/partial_train.py FIXTURE_DIR OUT_DIR a|b
@@ -26,11 +26,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-PARTIAL = ["rollout.engine=vllm-async", "rollout.partial=true", "rollout.partial_extra_groups=2",
+PARTIAL = ["rollout.engine=vllm-async", "rollout.partial.enable=true", "rollout.partial.extra_groups=2",
            "trainer.mini_batch_prompts=2", "rollout.max_tokens=48", "optim.lr=1e-3", "trainer.ckpt_every=1",
            "trainer.keep_last=0", "trainer.steps=9"]
-PHASE = {"a": ["rollout.partial_max_staleness=2", "rollout.partial_policy=drop"],
-         "b": ["rollout.partial_max_staleness=0", "rollout.partial_policy=mask"]}
+PHASE = {"a": ["rollout.partial.max_staleness=2", "rollout.partial.policy=drop"],
+         "b": ["rollout.partial.max_staleness=0", "rollout.partial.policy=mask"]}
 
 
 def main(fixture_dir: str, out_dir: str, phase: str) -> int:

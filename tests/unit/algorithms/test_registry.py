@@ -121,6 +121,15 @@ def test_hparams_validate(cls, kw, msg):
         cls(**kw)
 
 
+def test_vocab_bounded_declares_every_top_k_field():
+    """Start-up checks a method's top-k supports against the vocabulary by its declaration
+    (``PPOHParams.vocab_bounded``): every hparams class with a ``top_k`` field declares it, no other does."""
+    classes = {k.hparams for k in A.ALGO_KINDS.values()} | {A.PPOHParams}
+    for cls in classes:
+        has = "top_k" in {f.name for f in dataclasses.fields(cls)}
+        assert cls().vocab_bounded() == ({"top_k": cls().top_k} if has else {}), cls.__name__
+
+
 def test_spec_defaults():
     assert A.DAPOHParams().clip_high == 0.28 and A.DAPOHParams().kl_loss_coef == 0
     assert A.DrGRPOHParams().loss_agg_mode == "seq-mean-token-sum-norm"

@@ -9,7 +9,8 @@ import torch
 
 from megatron_rl.algorithms import BiCCHParams, ScoreHParams
 from megatron_rl.data import chat
-from megatron_rl.data.dataset import PromptRow, problem_text
+from megatron_rl.data.dataset import PromptRow
+from megatron_rl.rewards.problem import problem_text
 from megatron_rl.rollout import rollouts as R
 from megatron_rl.trainer.paths.bicc import BiccLayout, bicc_inputs
 from megatron_rl.trainer.paths.two_attempts import second_turn

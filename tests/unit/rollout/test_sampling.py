@@ -1,5 +1,5 @@
 """Truncated sampling (temperature, min-p, top-k, top-p) on the HF engine, against closed forms on a
-fixed distribution, and which log-prob the engine reports (``rollout/sampling.py``). The vLLM side of
+fixed distribution, and which log-prob the engine reports (``rollout/hf_sampler.py``). The vLLM side of
 the same checks runs on the engines of ``tests/e2e/test_rollout_vllm.py``."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
+from megatron_rl.algorithms.sampling import processed_logits
 from megatron_rl.rollout.engine import SamplingParams
-from megatron_rl.rollout.sampling import processed_logits
 
 # probabilities 0.5, 0.25, 0.15, 0.06, 0.04 (logits = log p, temperature 1)
 P = torch.tensor([0.5, 0.25, 0.15, 0.06, 0.04])

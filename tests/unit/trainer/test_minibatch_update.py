@@ -483,8 +483,8 @@ def test_two_epochs_four_optimizer_steps_in_order():
 #: staleness (3 − v) leaves out row 0 entirely ([2, 2]) and row 3's first token ([2, 1, 0])
 VERSIONS = [[1, 1], [2, 3, 3], [3, 3], [1, 2, 3]]
 STALE_STEP, BOUND = 4, 1
-PARTIAL = ["algo.grpo.kl_loss_coef=0", "rollout.engine=vllm-async", "rollout.partial=true", "trainer.mini_batch_prompts=0",
-           f"rollout.partial_max_staleness={BOUND}"]
+PARTIAL = ["algo.grpo.kl_loss_coef=0", "rollout.engine=vllm-async", "rollout.partial.enable=true", "trainer.mini_batch_prompts=0",
+           f"rollout.partial.max_staleness={BOUND}"]
 
 
 def _partial_rows(cfg, versions, hand_mask=None) -> tuple[Rows, dict]:
@@ -528,14 +528,14 @@ def _train(cfg, rows):
 
 
 def test_staleness_mask_equals_the_loss_mask_zeroed_by_hand():
-    """``rollout.partial_policy=mask``: the update under the staleness mask is the update of the same
+    """``rollout.partial.policy=mask``: the update under the staleness mask is the update of the same
     batch under ``drop`` (which masks nothing in the pipeline) with the over-stale tokens' loss mask zeroed
     by hand — and both are the hand-computed step over the 7 tokens left."""
-    cfg = _cfg("grpo", *PARTIAL, "rollout.partial_policy=mask")
+    cfg = _cfg("grpo", *PARTIAL, "rollout.partial.policy=mask")
     rows, metrics = _partial_rows(cfg, VERSIONS)
     stale = [(0, 0), (0, 1), (3, 0)]
     assert metrics["partial/masked_tokens"] == 3.0 and "correction_keep" not in rows.extras
-    hand_rows, hand_metrics = _partial_rows(_cfg("grpo", *PARTIAL, "rollout.partial_policy=drop"), VERSIONS, stale)
+    hand_rows, hand_metrics = _partial_rows(_cfg("grpo", *PARTIAL, "rollout.partial.policy=drop"), VERSIONS, stale)
     assert "partial/masked_tokens" not in hand_metrics
     assert torch.equal(rows.extras["resp_mask"], hand_rows.extras["resp_mask"])
     m, theta = _train(cfg, rows)
@@ -549,8 +549,8 @@ def test_staleness_mask_equals_the_loss_mask_zeroed_by_hand():
 
 def test_staleness_mask_without_a_stale_token_is_the_drop_update():
     fresh = [[3] * len(r) for r in RESPONSES]
-    rows, metrics = _partial_rows(_cfg("grpo", *PARTIAL, "rollout.partial_policy=mask"), fresh)
-    drop_rows, _ = _partial_rows(_cfg("grpo", *PARTIAL, "rollout.partial_policy=drop"), fresh)
+    rows, metrics = _partial_rows(_cfg("grpo", *PARTIAL, "rollout.partial.policy=mask"), fresh)
+    drop_rows, _ = _partial_rows(_cfg("grpo", *PARTIAL, "rollout.partial.policy=drop"), fresh)
     assert metrics["partial/masked_tokens"] == 0.0
     m, theta = _train(_cfg("grpo", *PARTIAL), rows)
     m_drop, theta_drop = _train(_cfg("grpo", *PARTIAL), drop_rows)
@@ -561,7 +561,7 @@ def test_staleness_mask_without_a_stale_token_is_the_drop_update():
 
 def test_staleness_mask_of_an_all_stale_batch_contributes_nothing():
     """Every token over the bound: loss 0, gradient 0, θ unchanged — no NaN from the empty normaliser."""
-    cfg = _cfg("grpo", *PARTIAL, "rollout.partial_policy=mask")
+    cfg = _cfg("grpo", *PARTIAL, "rollout.partial.policy=mask")
     rows, metrics = _partial_rows(cfg, [[1] * len(r) for r in RESPONSES])
     assert metrics["partial/masked_tokens"] == 10.0 and float(rows.extras["resp_mask"].sum()) == 0.0
     m, theta = _train(cfg, rows)

@@ -5,7 +5,7 @@ the config's ``plugins:`` key (its directory on ``PYTHONPATH``, as a user's own 
 
 A small real engine: ``transformers``' model, ancestral sampling token by token (the whole sequence
 re-run each token: no KV cache, so nothing derived from the weights outlives a call), the package's
-sampling transform (temperature, min-p, top-k, top-p: ``megatron_rl.rollout.sampling``), real token
+sampling transform (temperature, min-p, top-k, top-p: ``megatron_rl.rollout.hf_sampler``), real token
 ids and log-probs. It accepts the ``ray`` weight transport only (``CAPS``): each packed bucket is
 unpacked and copied into the parameters, so the trainer's driver needs no engine library.
 
@@ -25,7 +25,7 @@ import torch
 
 from megatron_rl.rollout import Completion, EngineCaps, register_engine
 from megatron_rl.rollout.engine import validate_prompts
-from megatron_rl.rollout.sampling import sample_step
+from megatron_rl.rollout.hf_sampler import sample_step
 from megatron_rl.rollout.weight_sync import unpack_update
 
 OUT = os.environ.get("TOY_ENGINE_OUT")

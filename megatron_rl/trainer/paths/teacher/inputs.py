@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from megatron_rl import algorithms as A
-from megatron_rl.data.dataset import problem_text
+from megatron_rl.rewards.problem import problem_text
 from megatron_rl.models.provider import model_arch_info
 from megatron_rl.trainer.pipeline.batch import TrainBatch
 

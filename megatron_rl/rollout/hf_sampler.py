@@ -1,6 +1,7 @@
-"""Which log-prob an engine reports for a token it sampled from μ, the truncated distribution of
+"""The HF engine's sampler (:func:`sample_step`): one draw from μ, the truncated distribution of
 ``megatron_rl/algorithms/sampling.py`` (temperature, min-p, top-k, top-p in vLLM's order: the ONE
-definition the HF engine samples from and the trainer scores its tokens under).
+definition the HF engine samples from and the trainer scores its tokens under), and the log-prob the
+engine reports for it.
 
 Which log-prob an engine reports (``rollout.logprobs``):
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from ..algorithms.sampling import SamplingSpec, processed_logits, sampling_support
+from ..algorithms.sampling import SamplingSpec, sampling_support
 
 
 def sample_step(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, min_p: float,
@@ -40,6 +41,3 @@ def sample_step(logits: torch.Tensor, temperature: float, top_k: int, top_p: flo
     if logprobs == "full":
         return tok, float(z.log_softmax(-1)[tok])
     return tok, float(z[tok] - sup.log_z)
-
-
-__all__ = ["processed_logits", "sample_step"]

@@ -1,7 +1,7 @@
-"""`megatron-rl plan --config run.yaml`: the plan of a run config.
+"""The plan of a run config (``megatron-rl plan --config run.yaml``): which plan inputs a config decides.
 
-:func:`config_inputs` reads from a run config the :class:`~megatron_rl.cli.plan_memory.PlanInputs` fields the
-config decides::
+:func:`config_inputs` reads from a loaded run config the :class:`~megatron_rl.planning.memory.PlanInputs` fields
+the config decides::
 
     tp, pp, vpp, cp, sequence_parallel   parallel.*
     dist_opt                    optim.use_distributed_optimizer
@@ -29,14 +29,13 @@ The rest (``--model``, ``--dp``: the world size is the launcher's, ``--rollout-s
 names them in its header's ``megatron-rl plan --config ...`` line. A flag that contradicts the
 config is refused (one line naming both). The layout table of docs/plan-and-memory.md is rendered from those header
 lines by ``tools/example_plans.py`` (a documentation generator, outside the package).
-Loading a config imports torch (config validation); plan without ``--config`` does not.
+The command (``cli/plan.py``) loads and checks the config as ``train`` does (``load_checked``: the trainer's
+start-up rules) and hands it here, so this module sits below the trainer. Loading a config imports torch
+(config validation); plan without ``--config`` does not.
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
-
-from megatron_rl.trainer.loop.preflight import load_checked
 
 #: PlanInputs field -> the config key it comes from (for messages)
 KEYS = {"tp": "parallel.tp", "pp": "parallel.pp", "vpp": "parallel.vpp", "cp": "parallel.cp", "sequence_parallel": "parallel.sequence_parallel",
@@ -52,12 +51,11 @@ KEYS = {"tp": "parallel.tp", "pp": "parallel.pp", "vpp": "parallel.vpp", "cp": "
         "ratio_space": "algo.ratio_space"}
 
 
-def config_inputs(path: str | Path) -> dict[str, Any]:
-    """The PlanInputs fields that the run config at ``path`` decides (module docstring)."""
+def config_inputs(cfg) -> dict[str, Any]:
+    """The PlanInputs fields that the loaded run config ``cfg`` decides (module docstring)."""
     from megatron_rl.algorithms import kind_required_inputs  # lazy: defers torch to the call
     from megatron_rl.rollout.placement import engine_memory_utilization  # lazy: defers torch to the call
 
-    cfg = load_checked(path, ["model.hf_path="])           # the weights need not be here
     budget, m, r = cfg.trainer.max_tokens_per_micro_batch, cfg.model, cfg.rollout
     return {"tp": cfg.parallel.tp, "pp": cfg.parallel.pp, "vpp": cfg.parallel.vpp, "cp": cfg.parallel.cp, "sequence_parallel": cfg.parallel.sequence_parallel,
             "dist_opt": cfg.optim.use_distributed_optimizer, "dtype": "bf16" if cfg.model.bf16 else "fp32",
@@ -68,19 +66,27 @@ def config_inputs(path: str | Path) -> dict[str, Any]:
             "rollout_mem_util": engine_memory_utilization(r.gpu_memory_utilization, r.placement),
             "recompute": m.recompute, "recompute_method": m.recompute_method, "recompute_num_layers": m.recompute_num_layers,
             "reference": "ref_logp" in kind_required_inputs(cfg.algo.kind, cfg.algo.hparams),
-            "teacher_shadow": getattr(cfg.algo.hparams, "teacher_mode", "fixed") in ("snapshot", "ema"),
+            "teacher_shadow": _teacher_shadow(cfg.algo.hparams),
             "top_k": r.top_k, "top_p": r.top_p, "min_p": r.min_p, "ratio_space": cfg.algo.ratio_space,
             "fused_swiglu": True, **({"attention": _ATTENTION[m.backend]} if m.backend in _ATTENTION else {})}
+
+
+def _teacher_shadow(hp) -> bool:
+    """Whether the method keeps the teacher's own weights (an fp32 copy): a teacher method in snapshot or ema mode."""
+    from megatron_rl.algorithms.hparams import TeacherHParams  # lazy: defers torch to the call
+
+    return isinstance(hp, TeacherHParams) and hp.teacher_mode in ("snapshot", "ema")
 
 
 #: model.backend -> the attention its layers run (auto: decided on the GPU machine, left to the flag)
 _ATTENTION = {"te": "flash", "local": "local"}
 
 
-def merge_config(path: str | Path, given: dict[str, Any], defaults, explicit: set[str] = frozenset()) -> dict[str, Any]:
-    """``given`` (parsed flags) with the config's values; a flag set away from its default (or named in
-    ``explicit``: given on the command line, whatever its value) to a value other than the config's is an error."""
-    from_cfg = config_inputs(path)
+def merge_config(from_cfg: dict[str, Any], path, given: dict[str, Any], defaults,
+                 explicit: set[str] = frozenset()) -> dict[str, Any]:
+    """``given`` (parsed flags) with ``from_cfg`` (:func:`config_inputs` of the config at ``path``); a flag set
+    away from its default (or named in ``explicit``: given on the command line, whatever its value) to a value
+    other than the config's is an error."""
     for k, v in from_cfg.items():
         if given.get(k, v) != v and (given[k] != getattr(defaults, k) or k in explicit):
             raise ValueError(f"plan: --{k.replace('_', '-')}={given[k]} contradicts {KEYS[k]} of {path} "

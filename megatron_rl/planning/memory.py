@@ -1,6 +1,6 @@
 """The memory model of ``megatron-rl plan``: per-GPU bytes of a model x TP x PP x DP x micro-batch x seq-len.
 
-Pure arithmetic on an :class:`~megatron_rl.cli.plan_arch.ArchSpec` and :class:`PlanInputs`: it imports
+Pure arithmetic on an :class:`~megatron_rl.planning.arch.ArchSpec` and :class:`PlanInputs`: it imports
 neither torch nor megatron. The flags named below are the ``megatron-rl plan`` options of each input
 (``cli/plan.py``).
 
@@ -125,10 +125,10 @@ workspaces of each process. The budget ``--gpu-mem-gib`` is 78 GiB: what an 80 G
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
-from megatron_rl.cli.plan_arch import ArchSpec
+from megatron_rl.planning.arch import ArchSpec
 
 GIB = 1024 ** 3
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -451,6 +451,12 @@ def _stage(common: dict, stage: str, n: int, acts: int, logits: int, mu: int) ->
     copies = (inp.extra_weight_copies + inp.reference) * n * e + inp.teacher_shadow * n * (4 + e)
     return PlanReport(**common, stage=stage, weights=n * e, grads=n * grad_b, optimizer=int(n * opt_b / r),
                       extra_copies=copies, activations=acts, logits=logits, sampling=mu)
+
+
+def score_total(rep: PlanReport) -> int:
+    """The part of ``rep.activations`` that local attention's S x S scores take (0 with flash)."""
+    flash = estimate(rep.arch, replace(rep.inputs, attention="flash"))
+    return rep.activations - (flash.activations if flash.stage == rep.stage else rep.activations)
 
 
 def engine_holds(rep: PlanReport) -> bool:

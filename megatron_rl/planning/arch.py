@@ -2,7 +2,7 @@
 (file or folder; Llama / Qwen2 / Qwen3 families) or a built-in preset (:data:`PRESETS`, ``--list-models``).
 
 Only the facts memory depends on (hidden size, layers, heads, head dim, FFN size, vocabulary, tied
-embeddings, QKV bias, QK norm); the memory model that uses them is ``plan_memory.py``.
+embeddings, QKV bias, QK norm); the memory model that uses them is ``memory.py``.
 """
 from __future__ import annotations
 
