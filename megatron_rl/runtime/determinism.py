@@ -4,7 +4,8 @@ cannot be made deterministic.
 What it sets (each library's documented switch, nothing re-implemented):
 
 * torch: ``torch.use_deterministic_algorithms(True)`` (an op without a deterministic kernel raises
-  instead of running a racy one), ``cudnn.deterministic`` / no ``cudnn.benchmark``, no TF32 matmuls;
+  instead of running a racy one) with ``torch.utils.deterministic.fill_uninitialized_memory`` off (see
+  :func:`apply`), ``cudnn.deterministic`` / no ``cudnn.benchmark``, no TF32 matmuls;
   on GPU ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` (cuBLAS's condition for reproducible GEMMs, CUDA docs
   "Results reproducibility"), set before the first CUDA call;
 * Megatron-core: ``TransformerConfig.deterministic_mode=True`` (its deterministic code paths) and
@@ -68,11 +69,22 @@ def set_environment(gpu: bool) -> dict:
 
 
 def apply(seed: int) -> None:
-    """torch's deterministic algorithms and every seed of this process (after ``set_environment``)."""
+    """torch's deterministic algorithms and every seed of this process (after ``set_environment``).
+
+    ``use_deterministic_algorithms(True)`` also turns on ``torch.utils.deterministic.fill_uninitialized_memory``:
+    every tensor created uninitialised (``torch.empty`` and the like: the logits, staging and Megatron
+    buffers) is filled with NaN (the integer maximum for integer dtypes), an extra
+    memset of every such buffer on the GPU. It is set False explicitly: the goal of the switch is
+    run-to-run equality of what the code computes, and the fill only changes what a read of memory that
+    was never written returns (a bug either way, which the fill would make reproducible, not right).
+    The CPU runs of the module docstring were measured with the fill on; on CPU it costs a memset too.
+    """
     import numpy as np  # lazy: numpy is only needed when the switch is on
     import torch  # lazy: keeps this module importable by config-level code
 
     torch.use_deterministic_algorithms(True)
+    # run-to-run equality is the goal, not NaN-filled new allocations (a memset per buffer on GPU): off
+    torch.utils.deterministic.fill_uninitialized_memory = False
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
     torch.backends.cuda.matmul.allow_tf32 = False
