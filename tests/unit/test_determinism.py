@@ -9,6 +9,9 @@ import json
 import subprocess
 import sys
 
+import pytest
+
+from megatron_rl.runtime import determinism as D
 from tests.helpers.dist import repo_env
 
 CODE = """
@@ -49,3 +52,25 @@ def test_apply_turns_deterministic_algorithms_on_and_the_nan_fill_off():
     and leaves deterministic algorithms on."""
     out = _switches()
     assert out["det"] is True and out["fill"] is False
+
+
+@pytest.mark.parametrize("version,refused", [((2, 29, 6), True), ((2, 29, 7), False), ((2, 30, 0), False),
+                                             ((2, 18, 1, "+cuda12.2"), True), (None, False)])
+def test_nccl_refusal_below_2_29_7(version, refused):
+    """Review row W2: deterministic + the nccl weight sync on NCCL < 2.29.7 is refused in one line naming the
+    version found, the minimum and the fixes; 2.29.7 and later, no CUDA (None), another sync backend or the
+    switch off: no refusal."""
+    why = D.nccl_refusal(True, "nccl", version)
+    assert bool(why) is refused and "\n" not in why
+    if refused:
+        assert f"NCCL {'.'.join(map(str, version[:3]))}" in why and ">= 2.29.7" in why
+        assert "rollout.sync_backend=ray" in why and "upgrade NCCL" in why
+    assert D.nccl_refusal(False, "nccl", version) == "" and D.nccl_refusal(True, "ray", version) == ""
+    assert D.nccl_refusal(True, "gloo", version) == ""
+
+
+def test_nccl_version_is_none_without_cuda():
+    """The version is read only where CUDA is present (this host has none): no refusal on CPU."""
+    from megatron_rl.runtime.device import has_cuda
+
+    assert has_cuda() or D.nccl_version() is None
