@@ -6,7 +6,9 @@
 #      with this checkout (NOT installed: the tree as it is);
 #   2. runs tools/gpu_check_run.py: env, random checkpoint drawn on the GPU, actor + reference, HF round trip,
 #      log-prob parity with HF, train steps (tokens/s, MFU, peak vs plan), attention-score bytes, export,
-#      offload/onload, CUDA IPC hand-off, tests/gpu; each stage appends its record to OUT/gpu_check.json.
+#      offload/onload, CUDA IPC hand-off, one megatron-rl train step (skipped without Ray), the mu pass on an
+#      8192 x 151936 shard, tests/gpu; each stage appends its record to OUT/gpu_check.json. The env stage fails
+#      without the C compiler / Python headers Triton needs.
 # OUT holds small files only (gpu_check.json, gpu_check.log, tests_gpu.log); the checkpoints go to WORK.
 # Usage: [WHEELS=dir (default .whl/ when there; empty: none)] [OUT=dir] [WORK=dir] [PYTHON=python3] [SHAPE=qwen3-1.7b] [SEQ_LEN=2048] [ROWS=8]
 #        [BUDGET_S=480] [GPU_CHECK_ALLOW_CPU=1 (the CPU rehearsal)] tools/gpu_check.sh [more gpu_check_run.py options]

@@ -16,9 +16,19 @@ atomically, so a run killed at any point still returns every finished stage):
 ``export``     the trained weights as HF safetensors (``WORK/export``), loaded back bit for bit;
 ``offload``    ``offload("all")`` / ``onload()`` at full size: bytes, seconds, host memory, bit for bit;
 ``ipc``        packed weight buckets handed to a second process (CUDA IPC on a GPU);
+
+then, with the models above released (:data:`LATE`):
+
+``train_step`` one ``megatron-rl train`` step in its own process, world 1, the HF engine, a tiny model (the
+               path of review row B1: start-up probe, μ pass, the update's frames); skipped where Ray is missing;
+``mu_pass``    time and peak memory of the μ pass (``vocab_parallel_sampled_logprobs``, top-k 20 / top-p 0.95) on
+               one 8192 x 151936 fp32 shard (256 rows on CPU), beside the plain log-prob pass;
 ``tests``      ``pytest tests/gpu`` with the time left of ``--budget-s``.
 
-A stage whose inputs a failed stage did not make is recorded as skipped; a stage past ``--budget-s`` too.
+A stage whose inputs a failed stage did not make is recorded as skipped; a stage past ``--budget-s`` too; both
+fail the run. A stage that needs what this machine lacks (``train_step``: Ray) records ``skipped`` with the
+reason and ``ok`` true: not run, not a failure. ``--only`` runs the named stages alone (the others are not
+recorded).
 Big files (the checkpoints) go to ``--work``, never to ``--out``, which holds only small files (the JSON, the
 tests' log). Exit status 0 when every stage is ok, 1 otherwise.
 """
@@ -45,6 +55,10 @@ PLAN = (("env", stages.stage_env, ()), ("checkpoint", stages.stage_checkpoint, (
         ("parity", stages.stage_parity, ("actor",)), ("train", stages.stage_train, ("actor",)),
         ("scores", stages.stage_scores, ("actor",)), ("export", moves.stage_export, ("trained",)),
         ("offload", moves.stage_offload, ("actor",)), ("ipc", moves.stage_ipc, ("actor",)))
+#: after the models of :data:`PLAN` are released, before ``tests`` (need nothing of the earlier stages)
+LATE = (("train_step", stages.stage_train_step, ()), ("mu_pass", stages.stage_mu_pass, ()))
+#: every stage, in order
+STAGES = tuple(n for n, _, _ in PLAN + LATE) + ("tests",)
 
 
 class Record:
@@ -84,8 +98,10 @@ def run_stage(record: Record, name: str, fn, state: dict, needs: tuple, deadline
     ok = bool(out.pop("ok", True))
     rec = {"stage": name, "ok": ok, "seconds": round(time.perf_counter() - t0, 2), **out}
     record.add(rec)
-    print(f"[gpu-check] {name}: {'ok' if ok else 'FAILED'} " + json.dumps(
-        {k: v for k, v in rec.items() if k not in ("stage", "ok", "traceback")}, default=str)[:600], flush=True)
+    said = "FAILED" if not ok else "skipped" if isinstance(rec.get("skipped"), str) else "ok"
+    shown = {k: v for k, v in rec.items() if k not in ("stage", "ok", "traceback")}
+    shown = {**{k: shown.pop(k) for k in ("error", "skipped") if k in shown}, **shown}   # the why first
+    print(f"[gpu-check] {name}: {said} " + json.dumps(shown, default=str)[:600], flush=True)
     return ok
 
 
@@ -107,10 +123,20 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--ipc-timeout", type=float, default=120.0, help="seconds to wait for one bucket's answer")
     p.add_argument("--budget-s", type=float, default=480.0, help="no stage starts after this many seconds")
     p.add_argument("--no-tests", dest="tests", action="store_false", help="skip the tests/gpu stage")
+    p.add_argument("--train-step-timeout", type=float, default=300.0, help="seconds the train_step command may run")
+    p.add_argument("--mu-rows", type=int, default=0, help="rows of the mu_pass shard (0: 8192 on CUDA, 256 on CPU)")
+    p.add_argument("--mu-vocab", type=int, default=151936, help="vocabulary columns of the mu_pass shard")
+    p.add_argument("--mu-repeats", type=int, default=3, help="timed repeats of each mu_pass pass (after a warm-up)")
+    p.add_argument("--only", default="", help=f"comma-separated stages to run alone, of: {','.join(STAGES)}")
     a = p.parse_args(argv)
-    for k in ("seq_len", "rows", "steps", "parity_len", "score_len", "bucket_mib"):
+    for k in ("seq_len", "rows", "steps", "parity_len", "score_len", "bucket_mib", "mu_vocab", "mu_repeats"):
         if getattr(a, k) < (2 if k in ("seq_len", "parity_len", "score_len") else 1):
             p.error(f"--{k.replace('_', '-')} must be positive (got {getattr(a, k)})")
+    if a.mu_rows < 0:
+        p.error(f"--mu-rows must be positive, or 0 for the default (got {a.mu_rows})")
+    a.only = tuple(x for x in a.only.split(",") if x)
+    if unknown := [x for x in a.only if x not in STAGES]:
+        p.error(f"--only: unknown stage(s) {','.join(unknown)}; stages: {','.join(STAGES)}")
     return a
 
 
@@ -122,18 +148,35 @@ def main(argv=None) -> int:
     record = Record(out / "gpu_check.json", vars(a))
     deadline = time.monotonic() + a.budget_s
     state: dict = {}
-    for name, fn, needs in PLAN:
-        run_stage(record, name, lambda s, fn=fn: fn(s, a), state, needs, deadline)
-    if a.tests:
-        state.clear()                      # the models go before the tests' own processes take the device
-        import gc
 
-        gc.collect()
-        stages.release_memory()
+    def wanted(name: str) -> bool:
+        return not a.only or name in a.only
+
+    for name, fn, needs in PLAN:
+        if wanted(name):
+            run_stage(record, name, lambda s, fn=fn: fn(s, a), state, needs, deadline)
+    cuda = state.get("cuda")
+    state.clear()                          # the models go before the train step's and the tests' processes
+    import gc
+
+    gc.collect()
+    stages.release_memory()
+    if cuda is not None:
+        state["cuda"] = cuda
+    else:                                  # (env did not run: --only)
+        from megatron_rl.runtime.device import has_cuda
+
+        state["cuda"] = has_cuda()
+    for name, fn, needs in LATE:
+        if wanted(name):
+            run_stage(record, name, lambda s, fn=fn: fn(s, a), state, needs, deadline)
+    if a.tests and wanted("tests"):
         run_stage(record, "tests", lambda s: moves.stage_tests(s, a, deadline - time.monotonic()), state, (), deadline)
-    ok = all(r["ok"] for r in record.data["stages"])
-    print(f"[gpu-check] {'all stages ok' if ok else 'FAILED: ' + ', '.join(r['stage'] for r in record.data['stages'] if not r['ok'])}"
-          f"; record: {out / 'gpu_check.json'}", flush=True)
+    recs = record.data["stages"]
+    ok = all(r["ok"] for r in recs)
+    skipped = [r["stage"] for r in recs if r["ok"] and isinstance(r.get("skipped"), str)]
+    print(f"[gpu-check] {'all stages ok' if ok else 'FAILED: ' + ', '.join(r['stage'] for r in recs if not r['ok'])}"
+          f"{' (skipped: ' + ', '.join(skipped) + ')' if skipped else ''}; record: {out / 'gpu_check.json'}", flush=True)
     return 0 if ok else 1
 
 

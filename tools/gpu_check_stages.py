@@ -9,7 +9,13 @@ package the lent machine lacks) then fails that stage alone, with its line in th
 """
 from __future__ import annotations
 
+import json
 import math
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -35,12 +41,53 @@ def _dev() -> torch.device:
     return default_device()
 
 
+def c_compiler() -> tuple[str | None, str]:
+    """The C compiler Triton would build its launcher with, as ``triton/runtime/build.py:_find_compiler``
+    picks it (``$CC``, else ``gcc``, else ``clang`` on ``PATH``), and the first line of its ``--version`` —
+    (None, why) when there is none or it does not run."""
+    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("clang")
+    if not cc:
+        return None, "no gcc or clang on PATH and CC unset"
+    try:
+        r = subprocess.run([*cc.split(), "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return None, f"{cc} --version: {type(e).__name__}: {e}"
+    first = (r.stdout or r.stderr).strip().splitlines()[:1]
+    return (cc, first[0] if first else "") if r.returncode == 0 else (None, f"{cc} --version exited {r.returncode}")
+
+
+def python_include_dir() -> str:
+    """Where Triton looks for ``Python.h`` (``triton/runtime/build.py``: the default scheme's include path,
+    ``posix_prefix`` for Debian's ``posix_local``)."""
+    scheme = sysconfig.get_default_scheme()
+    return sysconfig.get_paths(scheme="posix_prefix" if scheme == "posix_local" else scheme)["include"]
+
+
+def toolchain_missing(compiler: str | None, include_dir: str, why_no_compiler: str = "") -> list[str]:
+    """What Triton's launcher build lacks here, one line each naming the Debian / Ubuntu package: a C
+    compiler (``compiler`` None) and ``Python.h`` in ``include_dir``. On CUDA megatron's ``jit_fuser`` is
+    ``torch.compile`` (``bias_swiglu``, ``bias_dropout_add``), whose Triton kernels need both at the first
+    call; without them the train step fails there, minutes into the run."""
+    out = []
+    if compiler is None:
+        out.append(f"no C compiler ({why_no_compiler or 'none found'}): Triton builds its launcher with one "
+                   "(torch.compile of megatron's fusions on CUDA); apt-get install gcc (or set CC)")
+    if not (Path(include_dir) / "Python.h").is_file():
+        v = f"{sys.version_info.major}.{sys.version_info.minor}"
+        out.append(f"no Python.h in {include_dir}: Triton's launcher includes the Python headers; "
+                   f"apt-get install python{v}-dev")
+    return out
+
+
 def stage_env(state: dict, a) -> dict:
     """The device, the stack against the supported versions (``runtime/stack.py``), Transformer Engine's
-    import, the layer backend ``auto`` resolves to, the patches applied, the process group."""
+    import, the layer backend ``auto`` resolves to, the patches applied, the process group; and the C
+    toolchain Triton needs (:func:`toolchain_missing`: a C compiler and the Python headers), whose absence
+    fails the stage with one line naming what is missing and the package to install."""
     from megatron_rl import patches
     from megatron_rl.models.provider import resolve_model_backend, te_import_error
     from megatron_rl.runtime import stack
+    from megatron_rl.runtime.determinism import nccl_version
     from megatron_rl.runtime.device import has_cuda, total_memory
     from megatron_rl.runtime.parallel import init_parallel
 
@@ -55,7 +102,14 @@ def stage_env(state: dict, a) -> dict:
            "stack_mismatches": [r["mismatch"] for r in rows if r["mismatch"]],
            "transformer_engine": te_import_error() or "imports", "backend": state["backend"],
            "patches_applied": sorted(patches.applied())}
-    rec["ok"] = mcore["installed"] is not None and mcore["mismatch"] is None
+    cc, cc_line = c_compiler()
+    include = python_include_dir()
+    missing = toolchain_missing(cc, include, cc_line)
+    rec.update(c_compiler=cc, c_compiler_version=cc_line if cc else None, python_include=include,
+               python_h=(Path(include) / "Python.h").is_file(), nccl=nccl_version())
+    rec["ok"] = mcore["installed"] is not None and mcore["mismatch"] is None and not missing
+    if missing:
+        rec["error"] = "; ".join(missing)
     return rec
 
 
@@ -280,6 +334,115 @@ def stage_scores(state: dict, a) -> dict:
     return {"bytes_per_score_measured": round(measured, 4), "bytes_per_score_plan": planned,
             "mask_per_score": round(1 / heads, 4), "saved_bytes": sizes,
             "ok": abs(measured - planned - 1 / heads) <= 0.05 if planned else abs(measured) <= 0.05}
+
+
+#: torchrun's / init_distributed's variables of this process: the train step's own process must not see them
+#: (it would join this process's world-1 group instead of starting its own)
+DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "MASTER_ADDR",
+             "MASTER_PORT", "TORCHELASTIC_RUN_ID", "RAY_ADDRESS")
+
+
+def stage_train_step(state: dict, a) -> dict:
+    """One ``megatron-rl train`` step, the real command in its own process (world 1; the trainer on this
+    device, CUDA on a GPU), with the HF engine as its one Ray actor (``rollout.placement=colocated``: one GPU
+    serves both), on a tiny Qwen3 of the demo's reversal task (data, character tokenizer and model written
+    to ``WORK/train_step`` as ``megatron-rl demo`` writes them, untrained). Top-k 8 / top-p 0.95, so the
+    start-up probe (``startup_gate``), the μ pass and the update's frames all run: the path review row B1
+    says fails on a GPU when the log-prob passes return device tensors against host frames. Records the
+    exit status, the steps in ``metrics.jsonl`` and, on a failure, the last lines of its stderr.
+
+    Ray is what ``megatron-rl train`` starts its engines with (the HF engine's only weight transport is
+    ``ray``); a machine without it (the lent GPU machine's image) records the stage as skipped with that
+    reason — not a failure, and not run."""
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        return {"skipped": "megatron-rl train starts its engines as Ray actors (the HF engine's only weight "
+                           "transport is ray) and Ray is not installed here", "ran": False}
+    from megatron_rl.cli.demo import make_tiny_policy
+    from megatron_rl.data.synthetic import task_texts, write_task
+    from megatron_rl.data.tokenizer import SentencePieceTokenizer
+
+    work = Path(a.work) / "train_step"
+    shutil.rmtree(work, ignore_errors=True)
+    paths = write_task("reverse", work / "data", seed=0, sizes={"train": 64, "val": 8, "test": 8})
+    hf = make_tiny_policy(work / "hf", SentencePieceTokenizer.train(task_texts("reverse"), work / "tokenizer"), 0)
+    run_dir = work / "run"
+    cmd = [sys.executable, "-m", "megatron_rl.cli", "train", "--config",
+           str(Path(__file__).resolve().parents[1] / "examples" / "configs" / "tiny_cpu_grpo.yaml"),
+           f"model.hf_path={hf}", f"data.train={paths['train']}", "data.val=", f"trainer.run_dir={run_dir}",
+           "trainer.steps=1", "data.prompts_per_step=4", "rollout.n=4", "trainer.micro_batch_size=8",
+           "rollout.engine=hf", "rollout.placement=colocated", "rollout.top_k=8", "rollout.top_p=0.95",
+           "logging.wandb_mode=disabled"]
+    env = {k: v for k, v in os.environ.items() if k not in DIST_VARS}
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=a.train_step_timeout)
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "error": f"megatron-rl train ran past --train-step-timeout {a.train_step_timeout:.0f} s"}
+    metrics = run_dir / "metrics.jsonl"
+    rows = [ln for ln in metrics.read_text().splitlines() if ln.strip()] if metrics.is_file() else []
+    rec = {"ran": True, "exit_status": p.returncode, "wall_s": round(time.perf_counter() - t0, 1),
+           "trainer_device": "cuda" if state.get("cuda") else "cpu", "steps": len(rows),
+           "ok": p.returncode == 0 and len(rows) == 1}
+    if rows:   # what the first GPU run should report (review rows W1 / B1): the engine-trainer gap under truncation
+        last = json.loads(rows[-1])
+        rec["metrics"] = {k: last[k] for k in ("rollout/logprob_gap", "rollout/outside_support_frac", "actor/entropy",
+                                               "time/step") if k in last}
+    if not rec["ok"]:
+        tail = [ln for ln in p.stderr.splitlines() if ln.strip()][-6:]
+        rec.update(error=(tail[-1] if tail else f"exit status {p.returncode}, {len(rows)} step(s)")[:400], stderr_tail=tail)
+    return rec
+
+
+def stage_mu_pass(state: dict, a) -> dict:
+    """Time and peak device memory of the μ pass (``trainer/policy/vocab_parallel.vocab_parallel_sampled_logprobs``,
+    top-k 20 / top-p 0.95: the flagship recipes' sampler) on one fp32 logits shard of ``--mu-rows`` x
+    ``--mu-vocab`` (default 8192 x 151936, Qwen3's vocabulary at TP = 1: 4.6 GiB; on CPU, the rehearsal,
+    256 rows), beside the plain log-prob pass (``vocab_parallel_logprobs``) on the same shard; no grad (the
+    old-log-prob pass). The targets are each row's top token (always kept), so every log μ must be finite
+    and <= 0. Review row S1 puts the transient at about 7x the shard and the time at about one more forward;
+    this is the measurement. Peak memory is the CUDA allocator's above the shard (0 on CPU)."""
+    from megatron_rl.algorithms.sampling import SamplingSpec
+    from megatron_rl.runtime.device import memory_allocated, peak_memory, release_cached_memory
+    from megatron_rl.trainer.policy.vocab_parallel import vocab_parallel_logprobs, vocab_parallel_sampled_logprobs
+
+    rows = a.mu_rows or (8192 if state.get("cuda") else 256)
+    dev = _dev()
+    g = torch.Generator(device=dev).manual_seed(0)
+    logits = torch.randn(rows, a.mu_vocab, generator=g, device=dev, dtype=torch.float32) * 2.0
+    targets = logits.argmax(-1)
+    spec = SamplingSpec(temperature=1.0, top_k=20, top_p=0.95)
+    shard = logits.numel() * logits.element_size()
+    rec: dict = {"shape": [rows, a.mu_vocab], "dtype": "float32", "shard_gib": round(shard / GIB, 3), "top_k": 20,
+                 "top_p": 0.95, "device": str(dev)}
+    passes = {"plain": lambda: vocab_parallel_logprobs(logits, targets).logp,
+              "sampled": lambda: vocab_parallel_sampled_logprobs(logits, targets, spec)}
+    out = None
+    with torch.no_grad():
+        for name, fn in passes.items():
+            fn()                                              # warm-up (kernels, allocator)
+            _sync()
+            release_cached_memory()
+            base = memory_allocated()
+            peak_memory(reset=True)
+            secs = []
+            for _ in range(a.mu_repeats):
+                _sync()
+                t0 = time.perf_counter()
+                res = fn()
+                _sync()
+                secs.append(time.perf_counter() - t0)
+            peak = peak_memory()["allocated"]
+            rec[f"{name}_ms"] = round(1e3 * sum(secs) / len(secs), 2)
+            rec[f"{name}_peak_over_shard"] = round((peak - base) / shard, 2) if peak else None
+            rec[f"{name}_peak_gib"] = round(peak / GIB, 3) if peak else None
+            out = res
+    logp, kept = out.logp, out.kept
+    rec["sampled_over_plain"] = round(rec["sampled_ms"] / rec["plain_ms"], 2) if rec["plain_ms"] else None
+    rec["targets_kept"] = float(kept.float().mean())
+    rec["ok"] = bool(torch.isfinite(logp).all() and (logp <= 0).all() and kept.all())
+    return rec
 
 
 def release_memory() -> None:

@@ -3,8 +3,13 @@
 :func:`broadcast_object` pickles the object's skeleton only: every CPU tensor inside it (at any depth —
 the flat token buffers of ``rollout/rollouts.Rollouts``, per-sample rewards) is left out of the pickle
 (``persistent_id``) and sent through ``dist.broadcast``: each tensor of at least :data:`BIG_BYTES` from its
-own memory into a tensor of its dtype and shape on the receiving ranks (no staging copy on either side),
-the smaller ones packed into one buffer (one collective for all of them) and rebuilt as views of it. So a
+own memory into a tensor of its dtype and shape on the receiving ranks, the smaller ones packed into one
+buffer (one collective for all of them) and rebuilt as views of it. On a gloo group (the host) there is no
+staging copy on either side. On an NCCL group every tensor is staged through the device
+(``dist.get_backend(group)`` picks it): the sender copies it host -> device, each receiver receives into a
+device buffer as large as the tensor and copies it device -> host. The default group is NCCL on a GPU, so
+its broadcasts stage; the per-replica groups of a step's batch (``parallel.replica_groups``) are gloo
+everywhere and never do. So a
 step's batch costs one small pickle plus the bytes of its tensors on the wire, not a Python object per
 token (the earlier ``broadcast_object_list`` of the whole object: seconds and gigabytes per rank at a
 recipe's batch, ``benchmarks/bench_data_plane.py``).
@@ -112,8 +117,8 @@ def unpack(flat: torch.Tensor, spec: list) -> list[torch.Tensor]:
 
 def _send_tensors(tensors: list[torch.Tensor], src: int, group, dev: torch.device) -> None:
     """Rank ``src``'s side of :func:`_recv_tensors`: the small tensors packed into one buffer, each large
-    one broadcast from its own memory (no copy into a staging buffer; a non-contiguous one is made
-    contiguous first)."""
+    one broadcast from its own memory (a non-contiguous one is made contiguous first). ``dev`` CPU (a gloo
+    group): no staging copy; CUDA (an NCCL group): each is copied to the device first."""
     flat = pack([t for t in tensors if _nbytes(t) < BIG_BYTES])[0]
     if flat.numel():
         dist.broadcast(flat.to(dev), src=src, group=group)
@@ -124,7 +129,8 @@ def _send_tensors(tensors: list[torch.Tensor], src: int, group, dev: torch.devic
 
 def _recv_tensors(spec: list[tuple[torch.dtype, tuple]], src: int, group, dev: torch.device) -> list[torch.Tensor]:
     """The tensors of ``spec`` (dtype, shape) from rank ``src``: the small ones as views of one packed
-    buffer, each large one received into a tensor of its own dtype and shape."""
+    buffer, each large one received into a tensor of its own dtype and shape (``dev`` CUDA, an NCCL
+    group: through a device buffer of its size, then copied to the host)."""
     sizes = [torch.Size(shape).numel() * dtype.itemsize for dtype, shape in spec]
     small = [i for i, n in enumerate(sizes) if n < BIG_BYTES]
     out: list = [None] * len(spec)
@@ -152,7 +158,7 @@ def broadcast_object(obj: Any, src: int = 0, group=None) -> Any:
     """Rank ``src``'s ``obj`` on every rank of ``group`` (module docstring): its skeleton and its
     tensors' (dtype, shape) through ``broadcast_object_list``, then the tensors through ``broadcast``:
     those under :data:`BIG_BYTES` packed into one buffer, each larger one straight from (into) its own
-    memory."""
+    memory — on the host for a gloo group, staged through the device for an NCCL one."""
     if not dist.is_initialized() or dist.get_world_size(group) == 1:
         return obj
     waiter = driver_wait.current()

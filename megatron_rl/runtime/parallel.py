@@ -118,18 +118,37 @@ def init_parallel(tp: int = 1, pp: int = 1, *, seed: int = 1234, sequence_parall
 
 
 _REPLICA_GROUPS: dict = {}
+#: the backend of the replica groups, whatever the default group's (NCCL on a GPU): see :func:`replica_groups`
+REPLICA_BACKEND = "gloo"
+
+
+def replica_group_specs(dp_ranks: list[int], dp: int) -> list[dict | None]:
+    """``dist.new_group`` keyword arguments of each data-parallel replica's group (None for a replica that
+    is the driver alone): its ranks — those whose data-parallel rank is the replica's, and the driver
+    (global rank 0) — and ``backend=``:data:`REPLICA_BACKEND`. ``dp_ranks[r]``: global rank r's dp rank."""
+    members = [sorted({0} | {r for r, d in enumerate(dp_ranks) if d == rep}) for rep in range(dp)]
+    return [{"ranks": m, "backend": REPLICA_BACKEND} if len(m) > 1 else None for m in members]
 
 
 def replica_groups(info: ParallelInfo) -> list:
     """One process group per data-parallel replica: its ranks (TP x CP x PP) and the driver (global rank
     0); None for a replica that is the driver alone. Collective the first time (every rank builds every
-    group, as ``new_group`` requires), cached until :func:`destroy_parallel`."""
+    group, as ``new_group`` requires), cached until :func:`destroy_parallel`.
+
+    The groups are gloo groups on every machine (review row S3): they carry host data only — the driver's
+    share of a step's batch for each replica (``trainer/pipeline/dispatch.deliver`` through
+    ``broadcast.broadcast_object``, which picks the device from ``dist.get_backend(group)`` and so stays on
+    the host here). Inheriting the default backend, as ``new_group`` does without ``backend``, made them
+    NCCL groups on a GPU: rank 0 held one more NCCL communicator per replica (GPU memory for its buffers and
+    channels, rank 0 alone), every tensor was staged host -> device on the driver and device -> host on the
+    receivers, and the receivers waited spinning inside an NCCL collective while the driver served the
+    replicas before theirs. Over gloo a share (about 100-200 MB a replica at 160 M tokens) goes straight
+    from host memory over TCP, and a waiting rank waits on the CPU."""
     key = (info.world, info.dp)
     if key not in _REPLICA_GROUPS:
         dps: list = [None] * info.world
         dist.all_gather_object(dps, info.dp_rank)
-        members = [sorted({0} | {r for r, d in enumerate(dps) if d == rep}) for rep in range(info.dp)]
-        _REPLICA_GROUPS[key] = [dist.new_group(m) if len(m) > 1 else None for m in members]
+        _REPLICA_GROUPS[key] = [dist.new_group(**spec) if spec else None for spec in replica_group_specs(dps, info.dp)]
     return _REPLICA_GROUPS[key]
 
 

@@ -15,11 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.dist import REPO
+from tests.helpers.dist import REPO, repo_env
 from tests.helpers.lent_machine import lent_env
+from tests.helpers.tools import load_tool
 
 SCRIPT = REPO / "tools" / "gpu_check.sh"
-STAGES = ["env", "checkpoint", "actor", "roundtrip", "parity", "train", "scores", "export", "offload", "ipc", "tests"]
+STAGES = ["env", "checkpoint", "actor", "roundtrip", "parity", "train", "scores", "export", "offload", "ipc",
+          "train_step", "mu_pass", "tests"]
+RUNNER = REPO / "tools" / "gpu_check_run.py"
 
 
 def _run(tmp: Path, extra: dict, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -38,6 +41,7 @@ def test_bringup_runs_end_to_end_on_the_lent_machines_packages(tmp_path):
     assert r.returncode == 0 and all(s["ok"] for s in rec["stages"]), json.dumps(rec, indent=1)[-4000:]
     env = st["env"]
     assert env["stack"]["vllm"] is None and env["stack"]["ray"] is None and env["backend"] == "local"   # blocked
+    assert env["c_compiler"] and env["python_h"] and env["nccl"] is None       # Triton's toolchain; no NCCL on CPU
     assert "No module named 'transformer_engine'" in env["transformer_engine"]
     assert "cpu_cuda_factories" in env["patches_applied"]
     assert st["roundtrip"]["tensors"] > 0 and st["export"]["tensors"] > 0
@@ -52,6 +56,12 @@ def test_bringup_runs_end_to_end_on_the_lent_machines_packages(tmp_path):
     assert off["bitwise"] and off["score_buffer_before"] > 0 and off["score_buffer_after"] == 0
     assert st["ipc"]["receiver_device"] == ["cpu"] and st["ipc"]["buckets"] >= 1
     assert st["tests"]["tests"] > 0 and not st["tests"]["failed"]
+    # no Ray there: the train step is recorded as not run, with the reason (its run: the test below)
+    assert st["train_step"]["ran"] is False and "Ray is not installed" in st["train_step"]["skipped"]
+    mu = st["mu_pass"]                               # the CPU rehearsal's smaller shard, reported as such
+    assert mu["shape"] == [256, 151936] and mu["top_k"] == 20 and mu["top_p"] == 0.95 and mu["targets_kept"] == 1.0
+    assert mu["plain_ms"] > 0 and mu["sampled_ms"] > 0 and mu["sampled_peak_gib"] is None   # no device peak on CPU
+    assert "(skipped: train_step)" in r.stdout
     out_files = list((tmp_path / "out").iterdir())
     assert {f.name for f in out_files} == {"gpu_check.json", "gpu_check.log", "tests_gpu.log"}
     assert all(f.stat().st_size < 1 << 20 for f in out_files)                       # OUT: small files only
@@ -130,3 +140,46 @@ def test_the_wheel_the_gpu_page_fetches_is_the_one_the_lent_machine_needs():
     pinned = next(ln.strip() for ln in (REPO / "requirements" / "gpu.txt").read_text().splitlines()
                   if ln.startswith("megatron-core"))
     assert pinned in dl and "--python-version 3.12" in dl and "--only-binary=:all:" in dl and "-d .whl" in dl, dl
+
+
+def _runner(tmp: Path, env: dict, *args: str, timeout: float = 300) -> tuple[subprocess.CompletedProcess, dict]:
+    r = subprocess.run([sys.executable, str(RUNNER), "--out", str(tmp / "out"), "--work", str(tmp / "work"), *args],
+                       env=env, capture_output=True, text=True, timeout=timeout, cwd=tmp)
+    rec = json.loads((tmp / "out" / "gpu_check.json").read_text())
+    return r, {s["stage"]: s for s in rec["stages"]}
+
+
+def test_train_step_stage_runs_one_megatron_rl_train_step(tmp_path):
+    """``train_step`` (review row B1's smoke) where Ray is installed (this environment, not the lent machine's):
+    the real ``megatron-rl train`` in its own process, world 1, the HF engine, top-k / top-p on, one step in
+    ``metrics.jsonl``, exit status 0; the engine-trainer readings the first GPU run should report come with it."""
+    r, st = _runner(tmp_path, repo_env(), "--only", "train_step", timeout=420)
+    ts = st["train_step"]
+    assert list(st) == ["train_step"] and r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert ts["ok"] and ts["ran"] and ts["exit_status"] == 0 and ts["steps"] == 1, ts
+    assert ts["trainer_device"] == "cpu" and {"rollout/logprob_gap", "rollout/outside_support_frac"} <= set(ts["metrics"])
+
+
+def test_env_stage_fails_without_the_c_compiler_triton_needs(tmp_path):
+    """The env stage fails in one line naming what Triton's launcher build lacks and the package: here a
+    ``CC`` that does not exist (Triton takes ``$CC`` first, as the stage does)."""
+    r, st = _runner(tmp_path, lent_env(tmp_path, {"CC": str(tmp_path / "no-such-cc")}), "--only", "env")
+    env = st["env"]
+    assert r.returncode == 1 and env["ok"] is False and env["c_compiler"] is None, env
+    assert "no C compiler" in env["error"] and "apt-get install gcc" in env["error"] and "\n" not in env["error"]
+    assert "[gpu-check] env: FAILED {\"error\": \"no C compiler" in r.stdout      # the why first on the console
+
+
+def test_toolchain_lines_name_what_is_missing_and_the_package(tmp_path):
+    """``toolchain_missing``: one line per missing piece (a C compiler; ``Python.h`` in the include dir Triton
+    uses), each naming the apt package; nothing when both are there."""
+    stages = load_tool("gpu_check_stages")
+    v = f"{sys.version_info.major}.{sys.version_info.minor}"
+    lines = stages.toolchain_missing(None, str(tmp_path), "no gcc or clang on PATH and CC unset")
+    assert len(lines) == 2 and all("\n" not in ln for ln in lines)
+    assert "no C compiler (no gcc or clang on PATH" in lines[0] and "apt-get install gcc" in lines[0]
+    assert f"no Python.h in {tmp_path}" in lines[1] and f"apt-get install python{v}-dev" in lines[1]
+    (tmp_path / "Python.h").write_text("")
+    assert stages.toolchain_missing("/usr/bin/gcc", str(tmp_path)) == []
+    cc, line = stages.c_compiler()                  # this host's: the rehearsal above passed with it
+    assert cc and line and stages.toolchain_missing(cc, stages.python_include_dir()) == []

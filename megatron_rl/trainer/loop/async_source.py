@@ -35,6 +35,7 @@ extra model copies per checkpoint; draining (waiting for them) is free since the
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import threading
 import time
@@ -42,6 +43,8 @@ from collections.abc import Callable
 from typing import Any
 
 from megatron_rl.rewards.judge_client import JudgeRejected
+
+log = logging.getLogger("megatron_rl.trainer.async")
 
 #: producer wait timeout: a wedged engine surfaces as an error instead of a silent hang
 WAIT_S = 24 * 3600.0
@@ -224,13 +227,34 @@ class CorePlan:
 _BOOT_CORES = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else (0,)
 
 
-def local_plan() -> CorePlan:
-    """This node's split for its ``LOCAL_WORLD_SIZE`` trainer processes (torchrun; 1 otherwise).
+def local_plan() -> CorePlan | None:
+    """This node's split for its ``LOCAL_WORLD_SIZE`` trainer processes (torchrun; 1 otherwise), or None when
+    nothing is pinned (CUDA present: :func:`core_split`).
 
     Why pin at all: measured here, a vLLM-CPU ``generate`` (64 samples, <= 96 tokens) took 0.40 s
     alone and 0.44 s beside a busy trainer thread when engine and trainer had disjoint cores, but
     3.7 – 24 s when both floated over the same two cores (``benchmarks/bench_async.py``'s setup)."""
-    return core_plan(list(_BOOT_CORES), int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    from megatron_rl.runtime.device import has_cuda  # lazy: defers torch to the call
+
+    return core_split(has_cuda(), _BOOT_CORES, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
+#: the line a trainer rank logs when an overlapped run (async / partial) pins nothing
+PINNING_OFF = ("asynchronous rollouts: trainer and engines not pinned to cores (CUDA present: the engines run on "
+               "GPUs, and a first-half / second-half split of the cores would ignore NUMA and GPU affinity)")
+
+
+def core_split(cuda: bool, cores, trainer_procs: int) -> CorePlan | None:
+    """Whether an overlapped run (``rollout.max_staleness`` > 0 or ``rollout.partial``) pins the trainer
+    and the engines to disjoint cores, and how: None (no pinning, no core environment for the engines)
+    when CUDA is present, else :func:`core_plan` of ``cores``.
+
+    Why not on a GPU node (review row S4): the split was measured for CPU engines competing with the
+    trainer for the same cores. With CUDA the engines generate on GPUs, and the split — every trainer
+    rank, all its threads (NCCL's proxy threads included) and torch's intra-op pool on a round-robin slice
+    of the first half of the node's cores — ignores NUMA and GPU affinity: on a two-socket node the ranks
+    whose GPUs hang off socket 1 would run on socket 0."""
+    return None if cuda else core_plan(list(cores), trainer_procs)
 
 
 def core_plan(cores: list[int], trainer_procs: int, engine_share: float = 0.5) -> CorePlan:
@@ -255,9 +279,22 @@ def pin_trainer(plan: CorePlan, local_rank: int) -> frozenset:
     return mine
 
 
-def engine_env(plan: CorePlan) -> dict:
+def pin_local_trainer(plan: CorePlan | None, local_rank: int) -> frozenset | None:
+    """An overlapped run's trainer rank ``local_rank`` on its cores of ``plan`` (:func:`local_plan`), one log
+    line saying which; ``plan`` None (CUDA: :func:`core_split`): nothing pinned, one line saying so and why."""
+    if plan is None:
+        log.info(PINNING_OFF)
+        return None
+    mine = pin_trainer(plan, local_rank)
+    log.info("asynchronous rollouts: trainer on cores %s, engines on %s", sorted(mine), sorted(plan.engines))
+    return mine
+
+
+def engine_env(plan: CorePlan | None) -> dict | None:
     """Environment of the engine actors: their core set (applied in the actor, ``rollout/engine_pool.py``) and
-    as many intra-op threads as cores."""
+    as many intra-op threads as cores; None without a plan (CUDA: :func:`core_split`)."""
+    if plan is None:
+        return None
     return {"MEGATRON_RL_CPU_CORES": ",".join(str(c) for c in sorted(plan.engines)),
             "OMP_NUM_THREADS": str(len(plan.engines))}
 

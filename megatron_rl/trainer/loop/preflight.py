@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 
 from megatron_rl.config import load_config
+from megatron_rl.runtime import determinism
 from megatron_rl.trainer.loop.preflight_inputs import (
     check_data,
     check_files,
@@ -74,7 +75,9 @@ def preflight(cfg, resume: str | None = None, overwrite: bool = False, allow_con
     check_resume(cfg, resume, allow_config_change)   # the saved run_dir/config.yaml against this one
     check_export_dir(cfg, overwrite)
     check_world(cfg)
-    check_rollout_placement(cfg)
+    sync = check_rollout_placement(cfg)   # the resolved sync backend; below: deterministic + nccl on an old NCCL
+    if why := determinism.nccl_refusal(cfg.trainer.deterministic, sync, determinism.nccl_version()):
+        raise ValueError(why)
     check_kv_cache_memory(cfg)
     if os.environ.get("RANK", "0") == "0":   # the Ray driver, which alone talks to the engines (one child, not one a rank)
         check_engine_sampling(cfg)

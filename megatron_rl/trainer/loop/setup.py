@@ -26,7 +26,7 @@ from megatron_rl.runtime.device import has_cuda
 from megatron_rl.runtime.logging import RunLogger, truncate_metrics
 from megatron_rl.runtime.parallel import init_parallel
 from megatron_rl.runtime.usage import begin_run
-from megatron_rl.trainer.loop.async_source import engine_env, local_plan, pin_trainer, restore_state, resume_refusal
+from megatron_rl.trainer.loop.async_source import engine_env, local_plan, pin_local_trainer, restore_state, resume_refusal
 from megatron_rl.trainer.loop.colocate import Colocation, build_colocation
 from megatron_rl.trainer.loop.preflight import preflight
 from megatron_rl.trainer.loop.preflight_inputs import prompt_datasets
@@ -166,7 +166,7 @@ def client_args(cfg, trainer_world: int = 1, cuda: bool | None = None) -> dict:
 
 def build_client(cfg, trainer_world: int = 1, client_cls=RolloutClient):
     """The engine pool; with ``rollout.max_staleness`` > 0 its actors get their own CPU cores,
-    disjoint from the trainer's (``async_source.local_plan``; the trainer is pinned in ``setup_run``).
+    disjoint from the trainer's, on CPU only (``async_source.local_plan``; the trainer is pinned in ``setup_run``).
     ``client_cls``: a :class:`RolloutClient` subclass naming another engine implementation (its
     ``engine_impl``; a test workload's engine) for the same configuration."""
     a = client_args(cfg, trainer_world)
@@ -272,12 +272,9 @@ def _start_engines(cfg, info, client):
         client = build_client(cfg, trainer_world=info.world)
     broadcast_object(None)   # the others wait out the engines' start-up in the store (driver_wait), not in NCCL
     if cfg.rollout.max_staleness > 0 or cfg.rollout.partial.enable:
-        # engines and trainer on disjoint cores. After Ray started, so its daemons (and the workers
-        # they fork) are not confined to the trainer's cores; the engine actors pin themselves.
-
-        plan = local_plan()
-        mine = pin_trainer(plan, int(os.environ.get("LOCAL_RANK", "0")))
-        log.info("asynchronous rollouts: trainer on cores %s, engines on %s", sorted(mine), sorted(plan.engines))
+        # engines and trainer on disjoint cores (not with CUDA: async_source.core_split). After Ray started, so its
+        # daemons (and the workers they fork) are not confined to the trainer's cores; the engine actors pin themselves.
+        pin_local_trainer(local_plan(), int(os.environ.get("LOCAL_RANK", "0")))
     return client
 
 

@@ -11,11 +11,16 @@ import pytest
 
 from megatron_rl.data.dataset import DeterministicSampler
 from megatron_rl.trainer.loop.async_source import (
+    PINNING_OFF,
     AsyncProducer,
     core_plan,
+    core_split,
+    engine_env,
     overlap,
+    pin_local_trainer,
     restore_state,
 )
+from tests.helpers.dist import repo_env
 
 
 class Engines:
@@ -134,6 +139,43 @@ def test_core_plan_and_overlap():
     assert p.engines == frozenset({4, 5, 6, 7}) and p.trainer == (frozenset({0, 2}), frozenset({1, 3}))
     assert core_plan([3], 1).engines == frozenset({3})
     assert overlap([(0.0, 1.0), (2.0, 3.0)], 0.5, 2.5) == pytest.approx(1.0)
+
+
+def test_no_pinning_and_no_engine_cores_with_cuda(caplog):
+    """Review row S4: an overlapped run (async / partial) pins the trainer to the first half of the cores and
+    hands the engines the rest on CPU only; with CUDA the decision is None — no trainer pinning, no engine
+    core environment — and the rank logs one line saying pinning is off and why."""
+    assert core_split(True, range(16), 2) is None and engine_env(None) is None
+    assert core_split(False, range(16), 2) == core_plan(list(range(16)), 2)
+    assert engine_env(core_split(False, [0, 1, 2, 3], 1)) == {"MEGATRON_RL_CPU_CORES": "2,3", "OMP_NUM_THREADS": "2"}
+    with caplog.at_level("INFO", logger="megatron_rl.trainer.async"):
+        assert pin_local_trainer(None, 0) is None
+    lines = [r.getMessage() for r in caplog.records if r.name == "megatron_rl.trainer.async"]
+    assert lines == [PINNING_OFF] and "not pinned" in PINNING_OFF and "CUDA" in PINNING_OFF
+
+
+PIN_CPU = """
+import json, os
+from megatron_rl.trainer.loop.async_source import core_split, pin_local_trainer
+plan = core_split(False, sorted(os.sched_getaffinity(0)), 1)
+mine = pin_local_trainer(plan, 0)
+print(json.dumps({"mine": sorted(mine), "now": sorted(os.sched_getaffinity(0)), "engines": sorted(plan.engines)}))
+"""
+
+
+def test_cpu_branch_pins_the_trainer_to_its_cores():
+    """The CPU branch, in a fresh process (pinning is process-wide): the trainer runs on its cores of the
+    plan afterwards, disjoint from the engines'."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one core: nothing to split")
+    out = json.loads(subprocess.run([sys.executable, "-c", PIN_CPU], capture_output=True, text=True, check=True,
+                                    env=repo_env()).stdout.strip().splitlines()[-1])
+    assert out["now"] == out["mine"] and out["mine"] and not set(out["mine"]) & set(out["engines"])
 
 
 def test_config_keys_validated_at_start_up():
