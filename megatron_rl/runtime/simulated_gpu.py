@@ -6,7 +6,7 @@ tensor handed to an NCCL collective or a host sync in the hot loop is invisible 
 at start-up (the review's B1). Here:
 
 * **Devices.** ``runtime/device.default_device()`` answers ``cuda:0``; a factory called with a CUDA device
-  (``device="cuda"``, an index, ``torch.cuda.current_device()``), ``.to(cuda)``, ``.cuda()`` allocate on the
+  (``device="cuda"``, an index, the current CUDA device), ``.to(cuda)``, ``.cuda()`` allocate on the
   CPU and the storage is *tagged* as device memory; an op's outputs are device memory when one of its inputs
   is. ``t.device`` / ``t.is_cuda`` answer as on a GPU, so code that follows a tensor's device follows it here.
   ``.cpu()`` / ``.to("cpu")`` of a device tensor copy (as a D2H does) into an untagged storage.
@@ -358,7 +358,7 @@ class SimulatedGPU:
         global _ACTIVE
         if _ACTIVE is not None:
             raise RuntimeError("a simulated GPU is already active in this process")
-        self._patch_distributed()   # (``torch.cuda.current_device``: 0 here, by ``patches/cpu_cuda_device.py``)
+        self._patch_distributed()   # (the current CUDA device: 0 here, by ``patches/cpu_cuda_device.py``)
         for m in self._modes:
             m.__enter__()
         _ACTIVE = self
