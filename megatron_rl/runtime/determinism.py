@@ -75,7 +75,7 @@ def nccl_refusal(deterministic: bool, sync_backend: str, nccl_version: tuple | N
     the trainer (``vllm/utils/nccl.py:unpinned_nccl_env``) only when NCCL has ``NCCL_NO_CACHE``, i.e. is at
     least 2.29.7. Below that the pins leak into the weight-sync communicator, whose trainer side sets only
     ``NCCL_ALGO=Ring`` / ``NCCL_PROTO=Simple`` — a mismatch vLLM itself warns "will hang". ``nccl_version``:
-    ``torch.cuda.nccl.version()`` (the trainer's; the engines load the same NCCL wheel), None without CUDA
+    ``device.nccl_version()`` (the trainer's; the engines load the same NCCL wheel), None without CUDA
     (no NCCL, no refusal); ``sync_backend``: the resolved ``rollout.sync_backend`` (``auto`` resolves to
     ``nccl`` for separate GPUs)."""
     if not deterministic or sync_backend != "nccl" or nccl_version is None:
@@ -91,14 +91,10 @@ def nccl_refusal(deterministic: bool, sync_backend: str, nccl_version: tuple | N
 
 
 def nccl_version() -> tuple | None:
-    """``torch.cuda.nccl.version()`` where CUDA is present (``runtime/device.has_cuda``), else None."""
-    from megatron_rl.runtime.device import has_cuda  # lazy: keeps this module free of torch at import
+    """The NCCL version torch links where CUDA is present (``runtime/device.nccl_version``), else None."""
+    from megatron_rl.runtime.device import nccl_version as version  # lazy: keeps this module free of torch at import
 
-    if not has_cuda():
-        return None
-    import torch  # lazy: keeps this module importable by config-level code
-
-    return tuple(torch.cuda.nccl.version())
+    return version()
 
 
 def set_environment(gpu: bool) -> dict:

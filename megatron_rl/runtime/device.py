@@ -107,3 +107,8 @@ def pin_process(cores) -> None:
         except (ProcessLookupError, PermissionError):  # a thread that ended meanwhile
             pass
     torch.set_num_threads(len(cores))
+
+
+def nccl_version() -> tuple | None:
+    """The NCCL version torch links, as a tuple (None without CUDA)."""
+    return tuple(torch.cuda.nccl.version()) if has_cuda() else None
