@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import collections
 import os
+import sys
 import threading
 import traceback
 import weakref
@@ -61,6 +62,8 @@ MIXING_OPS = {_aten.copy_.default, _aten._to_copy.default, _aten.index.Tensor, _
 #: ops whose output size depends on device data: the host must wait for the device (a sync)
 SYNCING_OPS = {_aten.nonzero.default, _aten.masked_select.default, _aten._unique2.default, _aten.unique_dim.default,
                _aten.unique_consecutive.default, _aten._local_scalar_dense.default}
+#: tensor-less allocations autograd makes inside backward (a zero gradient): on the graph's device
+_GRAD_FILLS = {_aten.zeros.default, _aten.empty.memory_format, _aten.full.default}
 #: tensor methods that read a device tensor's values on the host
 _READS = {"tolist", "numpy"}
 #: torch.distributed calls whose tensors must be device tensors on an NCCL group
@@ -113,21 +116,24 @@ class _Tags:
 
     @staticmethod
     def _storage(t: torch.Tensor):
+        """(storage, data pointer), or (None, 0) for a tensor without a real one (meta, sparse, nested, a
+        storage released by a checkpoint loader)."""
         try:
-            return t.untyped_storage()
-        except (RuntimeError, NotImplementedError):   # sparse / nested / storage-less tensors
-            return None
+            if t.is_meta:
+                return None, 0
+            st = t.untyped_storage()
+            return st, st.data_ptr()
+        except (RuntimeError, NotImplementedError):
+            return None, 0
 
     def has(self, t: torch.Tensor) -> bool:
-        st = self._storage(t)
+        st, p = self._storage(t)
         if st is None:
             return False
-        p = st.data_ptr()
         return p in self.ptrs if p else t in self.empty
 
     def mark(self, t: torch.Tensor) -> None:
-        st = self._storage(t)
-        p = 0 if st is None else st.data_ptr()
+        st, p = self._storage(t)
         if st is not None and p == 0:
             self.empty[t] = True
         if p == 0 or p in self.ptrs:
@@ -140,9 +146,9 @@ class _Tags:
         weakref.finalize(st, self._drop, p)
 
     def unmark(self, t: torch.Tensor) -> None:
-        st = self._storage(t)
+        st, p = self._storage(t)
         if st is not None:
-            self._drop(st.data_ptr())
+            self._drop(p)
 
     def _drop(self, p: int) -> None:
         with self._lock:
@@ -151,7 +157,7 @@ class _Tags:
 
 def _site() -> str:
     """The innermost frame of this package (else of the caller, else any) that led here: ``file:line function``."""
-    frames = [f for f in traceback.extract_stack() if "simulated_gpu" not in f.filename]
+    frames = [f for f in traceback.extract_stack() if not f.filename.endswith("runtime/simulated_gpu.py")]
     own = [f for f in frames if "/megatron_rl/" in f.filename]
     caller = [f for f in frames if "/site-packages/torch/" not in f.filename and "/torch/utils/" not in f.filename]
     f = (own or caller or frames)[-1]
@@ -203,7 +209,7 @@ class _Dispatch(TorchDispatchMode):
         host = [t for t in tensors if t.dim() > 0 and t.numel() > 0 and not tags.has(t)]
         if dev and host and func not in MIXING_OPS:
             h = host[0]
-            made = self.sim.made.get(h.untyped_storage().data_ptr())
+            made = self.sim.made.get(_Tags._storage(h)[1])
             raise DeviceMismatch(f"simulated GPU: {func} got tensors on {VIRTUAL} and cpu (host tensor "
                                  f"{list(h.shape)} {h.dtype}) at {_site()}; a GPU raises 'Expected all tensors to be on "
                                  f"the same device'" + (f"; the host tensor was made at {made}" if made else
@@ -217,10 +223,10 @@ class _Dispatch(TorchDispatchMode):
         if self.sim.trace and not dev:
             for t in tree_flatten(out)[0]:
                 if isinstance(t, torch.Tensor) and t.dim() > 0:
-                    self.sim.made[t.untyped_storage().data_ptr()] = f"{func} {_site()}"
-        if dev or (not tensors and torch._C._current_graph_task_id() != -1):
-            # (a tensor-less allocation inside backward, e.g. the zeros autograd gives an unused output: the
-            # graph's device on a GPU, which is the device here: the trainer's autograd graphs are the model's)
+                    self.sim.made[_Tags._storage(t)[1]] = f"{func} {_site()}"
+        if dev or (func in _GRAD_FILLS and not tensors and torch._C._current_graph_task_id() != -1):
+            # (autograd's own fill inside backward, e.g. the zeros it gives an unused output: the graph's device
+            # on a GPU, which is the device here: the trainer's autograd graphs are the model's)
             for t in tree_flatten(out)[0]:
                 if isinstance(t, torch.Tensor) and not any(t is x for x in host):
                     tags.mark(t)
@@ -269,7 +275,7 @@ class SimulatedGPU:
             target, conv, rest = HOST, src, {}
         else:
             norm = [torch.device("cuda", a) if isinstance(a, int) and not isinstance(a, bool) else a for a in args[1:]]
-            kw = dict(kwargs)
+            kw = {k: v for k, v in kwargs.items() if k != "copy"}   # (``copy`` is ``to``'s own, not the parser's)
             if isinstance(kw.get("device"), int) and not isinstance(kw["device"], bool):
                 kw["device"] = torch.device("cuda", kw["device"])   # an index is a CUDA device (no accelerator here)
             dev, dtype, non_blocking, fmt = torch._C._nn._parse_to(*norm, **kw)
@@ -283,7 +289,7 @@ class SimulatedGPU:
         on_dev = self.tags.has(src)
         if target is None or (target.type == "cuda") == on_dev:
             return conv                                   # no change of device (a dtype change at most)
-        out = conv.clone() if conv.untyped_storage().data_ptr() == src.untyped_storage().data_ptr() else conv
+        out = conv.clone() if _Tags._storage(conv)[1] == _Tags._storage(src)[1] else conv
         if target.type == "cuda":
             self.tags.mark(out)
             self.counts["h2d_bytes"] += out.nbytes
@@ -349,6 +355,11 @@ class SimulatedGPU:
             return g
 
         def get_backend(group=None):
+            # torch's own modules (checkpoint logging, object collectives) see the real backend: they would
+            # otherwise call into an NCCL build that is not here; the project and Megatron see NCCL
+            caller = sys._getframe(1).f_globals.get("__name__", "")
+            if caller == "torch" or caller.startswith("torch."):
+                return real_backend(group)
             return "nccl" if sim.is_nccl(group) else real_backend(group)
 
         dist.new_group, dist.get_backend = new_group, get_backend

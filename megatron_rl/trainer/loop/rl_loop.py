@@ -124,7 +124,11 @@ def run(cfg, resume: str | None = None, client=None, overwrite: bool = False, al
 
 @contextlib.contextmanager
 def _simulated_gpu():
-    """The simulated GPU around the run when ``--simulate-gpu`` asked for it (``runtime/simulated_gpu.py``)."""
+    """The simulated GPU around the run when ``--simulate-gpu`` asked for it (``runtime/simulated_gpu.py``); one
+    already in force (a caller that runs several configs in one process) is used as it is."""
+    if simulated_gpu.active() is not None:
+        yield simulated_gpu.active()
+        return
     if not simulated_gpu.requested():
         yield None
         return

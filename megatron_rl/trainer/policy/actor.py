@@ -213,11 +213,10 @@ class PolicyActor(LogProbModel):
         if norm is not None:
             st["norm"] += torch.as_tensor(norm, dtype=torch.float64, device=self.device).detach().reshape(())
         st["loss_sum"] += loss_sum.detach().double()
-        for k, v in (metrics or {}).items():
-            num, den = v if isinstance(v, tuple) else (torch.as_tensor(v).detach().float().mean(), 1.0)
-            acc = st["metrics"].setdefault(k, [0.0, 0.0])
-            acc[0] += float(num)
-            acc[1] += float(den)
+        for k, v in (metrics or {}).items():   # summed on the device: no host sync per micro-batch (the step's
+            num, den = v if isinstance(v, tuple) else (torch.as_tensor(v).detach().float().mean(), 1.0)   # one: _reduce_step)
+            pair = torch.stack([torch.as_tensor(x, dtype=torch.float64, device=self.device).detach().reshape(()) for x in (num, den)])
+            st["metrics"][k] = st["metrics"][k] + pair if k in st["metrics"] else pair
         return loss_sum, torch.zeros((), dtype=torch.int, device=loss_sum.device), {}
 
     def train_step(self, batch: TrainBatch, loss_fn: LossFn, micro_batch_size: int,
@@ -271,8 +270,8 @@ class PolicyActor(LogProbModel):
         if g.is_last_stage:
             tot = sum_dp(g, torch.stack([st["loss_sum"], st["norm"]]))
             keys = sorted(st["metrics"])
-            nd = sum_dp(g, torch.tensor([st["metrics"][k] for k in keys], dtype=torch.float64,
-                                        device=self.device).reshape(-1, 2))
+            nd = sum_dp(g, torch.stack([st["metrics"][k] for k in keys]) if keys
+                        else torch.zeros((0, 2), dtype=torch.float64, device=self.device))
             payload = (tot.tolist(), {k: n / d if d else float("nan") for k, (n, d) in zip(keys, nd.tolist())})
         (loss_sum, norm), metrics = from_last_stage(g, payload)
         loss = loss_sum / norm if norm > 0 else loss_sum
