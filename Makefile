@@ -12,7 +12,7 @@ export RAY_AUTH_MODE ?= disabled
 export WANDB_MODE ?= offline
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: demo docs test test-unit test-distributed test-e2e bench lint clean venv venv-gpu gpu-check gpu-wheels cluster-deps cluster-deps-try slurm-up slurm-down test-cluster
+.PHONY: demo docs test test-unit test-distributed test-e2e bench lint clean venv venv-gpu gpu-check gpu-sim gpu-wheels cluster-deps cluster-deps-try slurm-up slurm-down test-cluster
 
 venv: $(STAMP)
 
@@ -42,6 +42,10 @@ venv-gpu:
 # $(OUT)/gpu_check.json. Wheels in .whl/ (make gpu-wheels) are installed first (WHEELS=dir for others).
 gpu-check:
 	PYTHON=$(if $(wildcard $(BIN)/python),$(BIN)/python,python3) tools/gpu_check.sh
+
+# The trainer's GPU code path on this CPU (docs/simulated-gpu.md): the simulated-device tier's tests.
+gpu-sim: $(STAMP)
+	$(BIN)/python -m pytest tests/unit/test_simulated_gpu.py tests/e2e/test_simulated_gpu.py -q $(PYTEST_ARGS)
 
 # The one wheel the lent GPU machine lacks (Python 3.12 there): megatron-core for cp312 (2.6 MB; its needs,
 # torch / numpy / packaging, are there) into .whl/, which .git/info/exclude keeps out of git (the device tool
