@@ -21,7 +21,7 @@ from .engine_pool import EnginePool
 from .ray_cluster import node_ip
 from .registry import caps
 from .transport import resolve_backend, sender_opener
-from .weight_sync import RoundSource
+from .weight_sync import DEFAULT_BUCKET_BYTES, RoundSource
 
 log = logging.getLogger("megatron_rl.rollout.ray")
 
@@ -85,7 +85,7 @@ class SyncedPool(EnginePool):
 
     def __init__(self, engine_kind: str, model_dir: str, num_engines: int = 1, engine_kwargs: dict | None = None,
                  cpus_per_engine: float = 0.5, threads_per_engine: int = 1, max_restarts: int = 3,
-                 sync_backend: str = "auto", ray_address: str | None = None, bucket_bytes: int = 256 << 20,
+                 sync_backend: str = "auto", ray_address: str | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  trainer_world: int = 1, gpus_per_engine: float = 0.0, actor_env: dict | None = None,
                  placement: str | None = None, engine_gpus: list[int] | None = None):
         if num_engines < 1:

@@ -17,14 +17,7 @@ from __future__ import annotations
 
 import time
 
-from .weight_sync import BucketPacker
-
-
-def update_info(meta, lo: int = 0, hi: int | None = None) -> dict:
-    """The per-round metadata of tensors ``lo:hi`` (names, dtype names, shapes): vLLM's packed update info."""
-    meta = meta[lo:hi]
-    return {"names": [m.name for m in meta], "dtype_names": [str(m.dtype).removeprefix("torch.") for m in meta],
-            "shapes": [list(m.shape) for m in meta]}
+from .weight_sync import BucketPacker, update_info
 
 
 class TimedSender:

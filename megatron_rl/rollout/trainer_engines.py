@@ -32,9 +32,9 @@ from vllm.distributed.weight_transfer.base import (
     TrainerWeightTransferEngine,
 )
 
-from .ray_transport import TimedSender, update_info
+from .ray_transport import TimedSender
 from .transfer_engines import GLOO, broadcast_async
-from .weight_sync import BucketPacker, RoundSource, free_port
+from .weight_sync import BucketPacker, RoundSource, free_port, update_info
 
 
 def _listen(host: str, port: int):

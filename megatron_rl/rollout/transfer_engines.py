@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from datetime import timedelta
 from typing import Any
 
@@ -79,7 +80,7 @@ class PackedUpdateInfo(WeightTransferUpdateInfo):
 
     def __post_init__(self):
         if isinstance(self.buffer, (bytes, bytearray)):   # through a spawned engine core (vllm-async): msgpack carries bytes
-            self.buffer = torch.frombuffer(bytearray(self.buffer), dtype=torch.uint8) if self.buffer else torch.empty(0, dtype=torch.uint8)
+            self.buffer = _bytes_tensor(self.buffer)
         if not len(self.names) == len(self.dtype_names) == len(self.shapes):
             raise ValueError(f"update info: {len(self.names)} names, {len(self.dtype_names)} dtypes, "
                              f"{len(self.shapes)} shapes")
@@ -97,6 +98,17 @@ class PackedUpdateInfo(WeightTransferUpdateInfo):
         except RuntimeError:
             return unpack_update({"names": self.names[lo:hi], "dtype_names": self.dtype_names[lo:hi],
                                   "shapes": self.shapes[lo:hi], "buffer": buf})
+
+
+def _bytes_tensor(buf: bytes | bytearray) -> torch.Tensor:
+    """A uint8 tensor over ``buf`` itself, no copy (it keeps ``buf`` alive). ``bytes`` is read-only to Python:
+    torch warns and takes it; the loaders only read their weights (``copy_`` into the parameters), and the
+    object is this call's own (msgpack's decode), so nothing else sees it. Saves a bucket-sized copy per call."""
+    if not buf:
+        return torch.empty(0, dtype=torch.uint8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)   # "The given buffer is not writable"
+        return torch.frombuffer(buf, dtype=torch.uint8)
 
 
 class _LayerwiseCPUEngine(WeightTransferEngine):

@@ -12,7 +12,9 @@ A push (the weight-transfer lifecycle of every transport, :meth:`AsyncVLLMEngine
    requests (``reset_prefix_cache(reset_running_requests=True)``: their KV blocks freed, requests
    moved back to the waiting queue with their tokens so far) and empties the prefix cache. No
    request is aborted and no token already delivered is dropped.
-2. the transport's rounds load the new weights (``update_weights``: gloo broadcast or a Ray bucket);
+2. the transport's rounds load the new weights (``update_weights``, one call per round or per bucket:
+   a gloo or NCCL broadcast, a Ray bucket, a CUDA IPC handle, or a bucket carried in the call by the
+   in-process :meth:`AsyncVLLMEngine.update_weights`) — all of them while generation stands paused;
 3. ``finish_weight_update`` (with the new ``weight_version``): the layerwise reload is finalised,
    the prefix cache is reset AGAIN with running requests preempted and the call must succeed
    (raised otherwise) — the known trap is ``reset_prefix_cache()`` being a silent no-op while
@@ -20,11 +22,21 @@ A push (the weight-transfer lifecycle of every transport, :meth:`AsyncVLLMEngine
    finds the cache empty, and it is what makes the guarantee independent of the pause's own
    clear — then vLLM's weight version label is set and generation resumes.
 
-So every token sampled after the push is sampled from KV recomputed under the new weights (the
+So every token sampled after the push is sampled from the whole new set of weights (every bucket is
+loaded between the pause and the resume, whatever the transport) and from KV recomputed under them (the
 preempted requests re-prefill prompt + tokens so far), which ``tests/e2e/test_inflight_push.py``
 proves against HF transformers under the new weights, for requests running during the push that
 share a long prefix with cached ones. The response keeps the tokens sampled before the push with
 their log-probs (the behaviour policy of each token is the version that sampled it).
+
+Transports (``CAPS.transports``, the sync engine's: :data:`~megatron_rl.rollout.vllm_engine.VLLM_TRANSPORTS`):
+``gloo`` / ``ray`` (our CPU worker engine) and vLLM's own ``nccl`` / ``ipc`` (CUDA only: refused at
+start-up without it, ``transport.resolve_backend``). The worker sits in ``AsyncLLM``'s engine-core process,
+so every ``collective_rpc`` payload crosses vLLM's msgpack: a Ray bucket goes as bytes, and CUDA IPC handles
+(tuples holding classes, which that msgpack refuses) go pickled to the worker extension
+(:meth:`~megatron_rl.rollout.vllm_worker_ext.AsyncWorkerExtension.mrl_update_weights`), which hands them to
+the worker's own ``update_weights`` — the same call the sync engine makes in-process
+(:func:`core_payload`). NCCL's payloads are plain metadata and cross as they are.
 
 Per-token versions: vLLM labels each output step with the engine's weight version and returns,
 with a finished request, the spans of its output tokens per label (``CompletionOutput.weight_versions``);
@@ -50,9 +62,9 @@ import torch
 
 from .engine import Completion, SamplingParams, validate_prompts
 from .registry import EngineCaps, register_engine
-from .vllm_engine import _VLLM_LOGPROBS_MODE, SAMPLING_CHECK, cpu_engine_args
+from .vllm_engine import _VLLM_LOGPROBS_MODE, SAMPLING_CHECK, VLLM_TRANSPORTS, cpu_engine_args
 from .vllm_requests import prompt_logprobs, request_params, sampled_logprobs, score_params
-from .weight_sync import RoundSource, pack_round
+from .weight_sync import DEFAULT_BUCKET_BYTES, RoundSource, push_inline
 from ..config_parse import LOGPROB_MODES
 
 log = logging.getLogger("megatron_rl.rollout.vllm_async")
@@ -93,15 +105,44 @@ def token_versions(spans, n_tokens: int) -> tuple[int, ...]:
     return tuple(out)
 
 
+def core_payload(method: str, kwargs: dict) -> tuple[str, dict]:
+    """A weight-transfer call as it crosses into ``AsyncLLM``'s engine-core process: ``(rpc method, kwargs)``.
+
+    vLLM's msgpack turns a tensor in a utility call into a nested list and refuses what it cannot encode
+    (``MsgpackEncoder.enc_hook``), so an ``update_weights`` payload is adapted, nothing else:
+
+    * a packed bucket (``buffer``: the ``ray`` transport, the in-process push) goes as a byte view (no copy
+      here; ``transfer_engines.PackedUpdateInfo`` rebuilds the tensor);
+    * CUDA IPC handles (``ipc_handles``: vLLM's ``ipc`` engine; ``torch.multiprocessing`` rebuild arguments,
+      which hold classes) go pickled to :meth:`AsyncWorkerExtension.mrl_update_weights`, which unpickles them
+      in the worker and calls its ``update_weights`` — what vLLM's own HTTP client does with
+      ``ipc_handles_pickled``, without turning on ``VLLM_ALLOW_INSECURE_SERIALIZATION`` (pickle for every
+      message) in the engine; the payload comes from the trainer through Ray, which pickled it already.
+    """
+    info = kwargs.get("update_info") if method == "update_weights" else None
+    if not isinstance(info, dict):
+        return method, kwargs
+    if info.get("ipc_handles") is not None:
+        import pickle  # lazy: only the ipc transport's payload is pickled
+
+        return "mrl_update_weights", {"payload": pickle.dumps(info, protocol=pickle.HIGHEST_PROTOCOL)}
+    if isinstance(info.get("buffer"), torch.Tensor):
+        return method, {**kwargs, "update_info": {**info, "buffer": memoryview(info["buffer"].contiguous().numpy())}}
+    return method, kwargs
+
+
 @register_engine("vllm-async")
 class AsyncVLLMEngine:
     """``RolloutEngine`` on ``vllm.v1.engine.async_llm.AsyncLLM`` with in-flight weight pushes (module docstring).
 
-    ``CAPS``: the CPU transports ``gloo`` / ``ray`` (our worker engine, registered in the spawned
-    worker by :mod:`~megatron_rl.rollout.vllm_worker_ext`); no sleep mode (a sleeping engine has
-    nothing in flight: colocated runs use ``vllm``); tensor parallel size 1; in-flight updates."""
+    ``CAPS``: the sync engine's transports (:data:`~megatron_rl.rollout.vllm_engine.VLLM_TRANSPORTS`):
+    ``gloo`` / ``ray`` (our worker engine, registered in the spawned worker by
+    :mod:`~megatron_rl.rollout.vllm_worker_ext`) and vLLM's ``nccl`` / ``ipc`` (CUDA only; with the
+    training loop's ``placement=separate``, which partial rollouts need, that is ``nccl``: ``ipc`` shares
+    one GPU); no sleep mode (a sleeping engine has nothing in flight: colocated runs use ``vllm``); tensor
+    parallel size 1; in-flight updates."""
 
-    CAPS = EngineCaps(transports={"gloo": "gloo", "ray": "gloo"}, sleep="never", tensor_parallel="never",
+    CAPS = EngineCaps(transports=VLLM_TRANSPORTS, sleep="never", tensor_parallel="never",
                       full_logprobs_any_temperature=False, options=frozenset({"kv_cache_gib", "enforce_eager",
                                                                               "gpu_memory_utilization"}),
                       requires=("vllm",), inflight_updates=True, sampling_check=SAMPLING_CHECK)
@@ -124,6 +165,7 @@ class AsyncVLLMEngine:
         self.pushes = 0
         self.pause_s = 0.0
         self.cache_resets = 0
+        self.last_push: dict = {}               # the last in-process push (update_weights): buckets, bytes
         # generating = a request in flight and generation not paused for a push (:meth:`busy_seconds`);
         # the state changes and the clock run on the loop thread only (:meth:`_mark`)
         self._active, self._paused, self._busy_s, self._t_mark = 0, False, 0.0, time.perf_counter()
@@ -291,10 +333,7 @@ class AsyncVLLMEngine:
                 raise
         if method == "finish_weight_update":
             return self._finish(kwargs.pop("weight_version", None))
-        info = kwargs.get("update_info")
-        if isinstance(info, dict) and isinstance(info.get("buffer"), torch.Tensor):   # the ray bucket, as bytes:
-            kwargs = {**kwargs, "update_info": {**info, "buffer": info["buffer"].numpy().tobytes()}}   # vLLM's msgpack
-        return self._rpc(method, kwargs)                                                  # sends a tensor as a list
+        return self._rpc(*core_payload(method, kwargs))   # what crosses into the engine core (core_payload)
 
     def _finish(self, version: int | None) -> None:
         try:
@@ -314,18 +353,15 @@ class AsyncVLLMEngine:
     def _rpc(self, method: str, kwargs: dict | None = None):
         return self._loop.run(self.llm.collective_rpc(method, kwargs=kwargs or {}))[0]
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], weight_version: int | None = None) -> int:
-        """One in-process round (the bucket carried in the call, as the ``ray`` backend does), with the
-        pause / reset / resume of a push; returns the number of tensors loaded."""
-        src = RoundSource.from_tensors(named_tensors)
-        info = {"names": [m.name for m in src.metadata()], "dtype_names": [str(m.dtype).removeprefix("torch.") for m in src.metadata()],
-                "shapes": [list(m.shape) for m in src.metadata()], "buffer": pack_round(src)}
-        self.weight_transfer("start_weight_update")
-        try:
-            self.weight_transfer("update_weights", update_info=info)
-        finally:
-            self.weight_transfer("finish_weight_update", weight_version=weight_version)
-        return len(info["names"])
+    def update_weights(self, named_tensors: RoundSource | Iterable[tuple[str, torch.Tensor]],
+                       weight_version: int | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> int:
+        """An in-process push (:func:`~megatron_rl.rollout.weight_sync.push_inline`, as the sync engine's):
+        the pause of a push, then buckets of ``bucket_bytes`` carried in the calls (one bucket of host memory at
+        a time, never the model), then the finish (cache reset, version, resume) — so no token is sampled
+        between two buckets. Returns the number of tensors loaded; ``last_push`` is its record."""
+        finish = {} if weight_version is None else {"weight_version": weight_version}
+        self.last_push = push_inline(self.weight_transfer, named_tensors, bucket_bytes, **finish)
+        return self.last_push["tensors"]
 
     def named_parameters(self) -> dict[str, torch.Tensor]:
         """Copies of the worker model's parameters under vLLM's names."""

@@ -26,7 +26,7 @@ from collections.abc import Iterable
 import torch
 
 from .. import patches
-from .weight_sync import RoundSource, pack_round
+from .weight_sync import DEFAULT_BUCKET_BYTES, RoundSource, push_inline
 
 from .engine import Completion, SamplingParams, validate_prompts
 from .registry import OPTIONS, SAMPLER_CHECKED_VLLM, EngineCaps, register_engine
@@ -41,6 +41,13 @@ log = logging.getLogger("megatron_rl.rollout.vllm")
 
 #: vLLM's own limits on sampling values, checked at start-up (``EngineCaps.sampling_check``)
 SAMPLING_CHECK = "megatron_rl.rollout.vllm_requests:sampling_refusal"
+
+#: the weight transports of both vLLM engines (``vllm``, ``vllm-async``: ``EngineCaps.transports``), all
+#: through vLLM's weight-transfer API: ``rollout.sync_backend`` -> the worker's ``weight_transfer_config``
+#: backend. ``gloo`` / ``ray``: our CPU worker engine (``transfer_engines``: a gloo broadcast, or the bucket
+#: carried in the call); ``nccl`` / ``ipc``: vLLM's own (separate GPUs / a shared GPU), which need CUDA —
+#: refused on a machine without it at start-up, in one line (``transport.resolve_backend``).
+VLLM_TRANSPORTS = {"gloo": "gloo", "ray": "gloo", "nccl": "nccl", "ipc": "ipc"}
 
 
 def warn_unchecked_sampler(version: str | None) -> str | None:
@@ -119,7 +126,7 @@ class VLLMEngine:
     no sleep mode, TP 1); raw (``full``) log-probs are taken before the temperature (temperature 1
     only); every optional ``rollout.*`` argument; the stack check pins ``vllm``."""
 
-    CAPS = EngineCaps(transports={"gloo": "gloo", "ray": "gloo", "nccl": "nccl", "ipc": "ipc"}, sleep="cuda",
+    CAPS = EngineCaps(transports=VLLM_TRANSPORTS, sleep="cuda",
                       tensor_parallel="cuda", full_logprobs_any_temperature=False, options=OPTIONS, requires=("vllm",),
                       sampling_check=SAMPLING_CHECK)
 
@@ -159,6 +166,7 @@ class VLLMEngine:
         self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
         self.sleep_mode = enable_sleep_mode
         self.cache_resets = 0   # prefix-cache resets (one per push)
+        self.last_push: dict = {}   # the last in-process push (update_weights): buckets, bytes, seconds
         self.tensor_parallel_size = tensor_parallel_size
 
     def engine_config(self) -> dict:
@@ -216,15 +224,13 @@ class VLLMEngine:
                                "KV blocks): the engine would serve KV computed under the old weights")
         self.cache_resets += 1
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
-        """One in-process round through the weight-transfer API (bucket carried in the call, as the ``ray`` backend does)."""
-        src = RoundSource.from_tensors(named_tensors)
-        info = {"names": [m.name for m in src.metadata()], "dtype_names": [str(m.dtype).removeprefix("torch.") for m in src.metadata()],
-                "shapes": [list(m.shape) for m in src.metadata()], "buffer": pack_round(src)}
-        self.weight_transfer("start_weight_update")
-        self.weight_transfer("update_weights", update_info=info)
-        self.weight_transfer("finish_weight_update")
-        return len(info["names"])
+    def update_weights(self, named_tensors: RoundSource | Iterable[tuple[str, torch.Tensor]],
+                       bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> int:
+        """An in-process push through the weight-transfer API (:func:`~megatron_rl.rollout.weight_sync.push_inline`:
+        buckets of ``bucket_bytes`` carried in the calls, as the ``ray`` transport does — one bucket of host
+        memory at a time, never the model); returns the number of tensors loaded, ``last_push`` its record."""
+        self.last_push = push_inline(self.weight_transfer, named_tensors, bucket_bytes)
+        return self.last_push["tensors"]
 
     def named_parameters(self) -> dict[str, torch.Tensor]:
         """Host copies of the worker model's parameters under vLLM's names (fused ``qkv_proj``,

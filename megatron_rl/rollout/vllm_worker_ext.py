@@ -13,7 +13,8 @@ idempotent and touch only vLLM).
 :class:`AsyncWorkerExtension` carries the calls the engine makes by name across the process
 boundary (a function cannot be pickled into a spawned engine core, and a dict of tensors travels
 in vLLM's own tensor serialisation): the worker model's parameters under HF names (sync
-verification) and the transfer engine's stage times.
+verification), the transfer engine's stage times, and an ``update_weights`` whose payload vLLM's msgpack
+cannot carry (CUDA IPC handles: ``vllm_async_engine.core_payload``).
 """
 from __future__ import annotations
 
@@ -43,6 +44,14 @@ class AsyncWorkerExtension:
     def mrl_params(self) -> dict[str, tuple]:
         """The worker model's parameters under vLLM's names, :func:`encode`d."""
         return encode({n: p.detach() for n, p in self.get_model().named_parameters()})
+
+    def mrl_update_weights(self, payload: bytes) -> None:
+        """The worker's own ``update_weights`` with a pickled update info (``vllm_async_engine.core_payload``:
+        CUDA IPC handles, whose ``torch.multiprocessing`` rebuild arguments hold classes vLLM's msgpack refuses);
+        the worker's checks (an update session open) and its transfer engine run as for any other payload."""
+        import pickle  # lazy: only this payload is pickled
+
+        return self.update_weights(pickle.loads(payload))
 
     def mrl_transfer_stats(self) -> dict:
         """The transfer engine's stage times since the last call (then reset)."""

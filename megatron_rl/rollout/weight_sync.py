@@ -12,6 +12,13 @@ receiver cut the stream identically without exchanging bucket boundaries (vLLM's
 :class:`BucketPacker` copies each produced tensor straight into one of two reusable uint8 buffers
 (the next bucket is packed while the previous one is in flight), so the sender's extra memory is
 at most ``2 × bucket_bytes`` plus the tensor being produced — never the model.
+
+:func:`push_inline` is the round of an engine that takes its buckets in the call itself (the vLLM
+engines' in-process ``update_weights``): ``start_weight_update``, one ``update_weights`` per bucket
+(each bucket a buffer of its own, ``reuse=False``: the receiver may keep views of it, see
+:class:`BucketPacker`), ``finish_weight_update`` — the same lifecycle, and the same bucket size
+(``rollout.bucket_mb``, :data:`DEFAULT_BUCKET_BYTES`), as every transport; never one buffer of the
+whole model.
 """
 from __future__ import annotations
 
@@ -21,6 +28,10 @@ import time
 from collections.abc import Iterable, Iterator
 
 import torch
+
+#: ``rollout.bucket_mb``'s default in bytes: the bucket of a push whose caller names none (the engines'
+#: in-process ``update_weights``, ``SyncedPool``)
+DEFAULT_BUCKET_BYTES = 256 << 20
 
 
 def plan_buckets(sizes: list[int], bucket_bytes: int) -> list[tuple[int, int]]:
@@ -105,10 +116,17 @@ class BucketPacker:
     produced tensor is checked against the metadata (name, dtype, shape) — the receivers sized
     their buffers from it, so a mismatch would otherwise hang or load garbage.
     ``alloc(nbytes)`` makes a buffer (torch by default; numpy-backed for Ray).
+
+    ``reuse=False``: every bucket is a buffer of its own, exactly its size, which the packer keeps no
+    reference to once yielded — for a receiver that holds the views it was handed past its call (vLLM's
+    layerwise reload keeps each loaded tensor until its layer is complete, up to ``finish_weight_update``
+    for a layer it defers, e.g. a padded vocabulary: a reused buffer would be overwritten under it).
+    ``peak_buffer_bytes``: the most bytes of buffers the packer held at once (two slots when reused; the
+    largest bucket otherwise).
     """
 
-    def __init__(self, source: RoundSource, bucket_bytes: int, alloc=None):
-        self.source, self.bucket_bytes = source, bucket_bytes
+    def __init__(self, source: RoundSource, bucket_bytes: int, alloc=None, reuse: bool = True):
+        self.source, self.bucket_bytes, self.reuse = source, bucket_bytes, reuse
         self.sizes = source.sizes()
         self.plan = plan_buckets(self.sizes, bucket_bytes)
         self._alloc = alloc or (lambda n: torch.empty(n, dtype=torch.uint8))
@@ -117,6 +135,9 @@ class BucketPacker:
         self.peak_buffer_bytes = 0
 
     def _buffer(self, slot: int, n: int) -> torch.Tensor:
+        if not self.reuse:
+            self.peak_buffer_bytes = max(self.peak_buffer_bytes, n)
+            return self._alloc(n)
         cur = self._bufs[slot]
         if cur is None or cur.numel() < n:
             self._bufs[slot] = None
@@ -143,7 +164,10 @@ class BucketPacker:
                 self.pack_s += time.perf_counter() - t0
                 off += self.sizes[i]
                 del t
-            yield k, lo, hi, buf[:n]
+            view = buf[:n]
+            del buf
+            yield k, lo, hi, view
+            del view   # reuse=False: the receiver owns the bucket now
         if next(it, None) is not None:
             raise ValueError(f"weight stream yielded more tensors than its metadata ({len(meta)})")
 
@@ -167,11 +191,39 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def pack_round(source: RoundSource) -> torch.Tensor:
-    """The whole round as ONE packed uint8 tensor (in-process engines; small models)."""
-    packer = BucketPacker(source, max(1, source.total_bytes()))
-    out = [view.clone() for _k, _lo, _hi, view in packer.buckets()]
-    return out[0] if out else torch.empty(0, dtype=torch.uint8)
+def update_info(meta, lo: int = 0, hi: int | None = None) -> dict:
+    """The per-round metadata of tensors ``lo:hi`` (names, dtype names, shapes): vLLM's packed update info."""
+    meta = meta[lo:hi]
+    return {"names": [m.name for m in meta], "dtype_names": [str(m.dtype).removeprefix("torch.") for m in meta],
+            "shapes": [list(m.shape) for m in meta]}
+
+
+def push_inline(call, named_tensors, bucket_bytes: int = DEFAULT_BUCKET_BYTES, **finish_kwargs) -> dict:
+    """One push of ``named_tensors`` (a :class:`RoundSource`, or ``(name, tensor)`` pairs) through
+    ``call(method, **kwargs)`` — an engine's ``weight_transfer`` — with every bucket carried in its
+    ``update_weights`` call (``update_info`` plus ``buffer``: the ``ray`` transport's payload).
+
+    ``start_weight_update``, one ``update_weights`` per bucket of ``bucket_bytes`` (a tensor larger than
+    that is a bucket of its own), ``finish_weight_update(**finish_kwargs)`` — also after a failed bucket,
+    so the engine leaves its update (an in-flight engine resumes) and the error is raised. Each bucket is
+    a buffer of its own that this function drops once its call returned (``BucketPacker(reuse=False)``),
+    so the host memory a push adds here is one bucket, never the model.
+
+    Returns ``{"tensors", "buckets", "bytes", "buffer_bytes" (the largest bucket), "seconds"}``.
+    """
+    t0 = time.perf_counter()
+    src = named_tensors if isinstance(named_tensors, RoundSource) else RoundSource.from_tensors(named_tensors)
+    meta = src.metadata()
+    packer = BucketPacker(src, bucket_bytes, reuse=False)
+    call("start_weight_update")
+    try:
+        for _k, lo, hi, view in packer.buckets():
+            call("update_weights", update_info={**update_info(meta, lo, hi), "buffer": view})
+            del view
+    finally:
+        call("finish_weight_update", **finish_kwargs)
+    return {"tensors": len(meta), "buckets": len(packer.plan), "bytes": src.total_bytes(),
+            "buffer_bytes": packer.peak_buffer_bytes, "seconds": time.perf_counter() - t0}
 
 
 def unpack_update(info: dict) -> list[tuple[str, torch.Tensor]]:

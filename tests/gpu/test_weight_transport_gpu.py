@@ -7,6 +7,11 @@
   the largest tensor), and a second sync after killing the engine re-syncs the replacement.
 * ``ipc`` (1 GPU): the same with the engine colocated on the sender's GPU (CUDA IPC handles).
 
+Each for both vLLM engines: ``vllm`` and the in-flight ``vllm-async`` (issue 50), whose worker sits in
+``AsyncLLM``'s engine-core process (IPC handles reach it pickled through the worker extension,
+``vllm_async_engine.core_payload``); with ``nccl`` the async engine's push is also taken while groups run,
+and every response token carries the version that sampled it.
+
 Both need Ray and vLLM importable (skipped with the import error otherwise, e.g. on the lent bring-up
 machine, whose own IPC hand-off check is ``tools/gpu_check_moves.py`` stage ``ipc``).
 """
@@ -66,8 +71,25 @@ def _sync_and_check(client, hf_dir, device):
         assert set(expected) - {"lm_head.weight"} <= set(got)
 
 
+def _inflight(client, push) -> None:
+    """``vllm-async``: groups submitted, ``push()`` while they run, harvested: none lost, versions monotone and
+    the last one the push's."""
+    from megatron_rl.rollout.engine import SamplingParams
+
+    v = client.stats()["rollout/weight_version"]
+    for k in range(4):
+        client.submit(k, [1, 5 + k, 9, 17], SamplingParams(n=2, max_tokens=100, seed=k))
+    push()
+    got = client.harvest(wait_s=300, min_groups=4)
+    assert sorted(k for k, _ in got) == list(range(4))
+    for _k, comps in got:
+        for c in comps:
+            assert list(c.versions) == sorted(c.versions) and set(c.versions) <= {v, v + 1}, c.versions
+
+
 @pytest.mark.requires_gpus(2)
-def test_nccl_sync_is_bit_exact_and_survives_an_engine_restart(tmp_path):
+@pytest.mark.parametrize("engine", ["vllm", "vllm-async"])
+def test_nccl_sync_is_bit_exact_and_survives_an_engine_restart(tmp_path, engine):
     import ray
 
     from megatron_rl.rollout.client import RolloutClient
@@ -77,11 +99,13 @@ def test_nccl_sync_is_bit_exact_and_survives_an_engine_restart(tmp_path):
     torch.cuda.set_device(device)
     hf = _make_hf(tmp_path / "hf")
     ray.init(num_cpus=4, num_gpus=n - 1, include_dashboard=False, log_to_driver=False)
-    client = RolloutClient("vllm", str(hf), 1, {"max_model_len": 128, "gpu_memory_utilization": 0.3},
+    client = RolloutClient(engine, str(hf), 1, {"max_model_len": 128, "gpu_memory_utilization": 0.3},
                            cpus_per_engine=1, gpus_per_engine=1, sync_backend="nccl", bucket_bytes=BUCKET)
     try:
         assert client.backend == "nccl"
         _sync_and_check(client, hf, device)
+        if engine == "vllm-async":
+            _inflight(client, lambda: _sync_and_check(client, hf, device))
         client.kill_engine(0)
         client._restart(0)  # what a failed call does; the replacement is stale until the next sync
         _sync_and_check(client, hf, device)
@@ -91,7 +115,8 @@ def test_nccl_sync_is_bit_exact_and_survives_an_engine_restart(tmp_path):
 
 
 @pytest.mark.requires_gpus(1)
-def test_ipc_sync_colocated_is_bit_exact(tmp_path):
+@pytest.mark.parametrize("engine", ["vllm", "vllm-async"])
+def test_ipc_sync_colocated_is_bit_exact(tmp_path, engine):
     import ray
 
     from megatron_rl.rollout.client import RolloutClient
@@ -100,7 +125,7 @@ def test_ipc_sync_colocated_is_bit_exact(tmp_path):
     torch.cuda.set_device(device)
     hf = _make_hf(tmp_path / "hf")
     ray.init(num_cpus=4, num_gpus=1, include_dashboard=False, log_to_driver=False)
-    client = RolloutClient("vllm", str(hf), 1, {"max_model_len": 128, "gpu_memory_utilization": 0.3},
+    client = RolloutClient(engine, str(hf), 1, {"max_model_len": 128, "gpu_memory_utilization": 0.3},
                            cpus_per_engine=1, gpus_per_engine=0.5, sync_backend="ipc", bucket_bytes=BUCKET)
     try:
         assert client.backend == "ipc"
