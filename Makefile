@@ -45,7 +45,7 @@ gpu-check:
 
 # The trainer's GPU code path on this CPU (docs/simulated-gpu.md): the simulated-device tier's tests.
 gpu-sim: $(STAMP)
-	$(BIN)/python -m pytest tests/unit/test_simulated_gpu.py tests/e2e/test_simulated_gpu.py -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests/unit/test_simulated_gpu_ops.py tests/e2e/test_simulated_gpu.py -q $(PYTEST_ARGS)
 
 # The one wheel the lent GPU machine lacks (Python 3.12 there): megatron-core for cp312 (2.6 MB; its needs,
 # torch / numpy / packaging, are there) into .whl/, which .git/info/exclude keeps out of git (the device tool

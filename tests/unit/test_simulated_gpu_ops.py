@@ -73,7 +73,7 @@ def test_host_syncs_are_counted_with_their_call_site(sim):
     assert (m["sim/host_syncs"], m["sim/sync__local_scalar_dense"], m["sim/sync_tolist"], m["sim/sync_d2h_copy"],
             m["sim/sync_nonzero"]) == (4, 1, 1, 1, 1)
     assert m["sim/d2h_bytes"] == x.nbytes
-    assert any("test_simulated_gpu.py" in site and site.startswith("_local_scalar_dense") for site in sim.sites), sim.sites
+    assert any("test_simulated_gpu_ops.py" in site and site.startswith("_local_scalar_dense") for site in sim.sites), sim.sites
     assert sim.step_metrics()["sim/host_syncs"] == 0     # the counts are per step
 
 
