@@ -265,29 +265,13 @@ class SimulatedGPU:
             self.counts["h2d_bytes"] += src.nbytes
 
     def move(self, func, name: str, args, kwargs):
-        """``t.to(...)`` / ``t.cuda()`` / ``t.cpu()``: as a GPU does it, on host storage."""
+        """``t.to(...)`` / ``t.cuda()`` / ``t.cpu()``: as a GPU does it, on host storage (a blocking D2H copy is a sync)."""
         src = args[0]
-        if name == "cuda":
-            target = VIRTUAL
-            rest = {k: v for k, v in kwargs.items() if k != "device"}
-            conv = src
-        elif name == "cpu":
-            target, conv, rest = HOST, src, {}
+        if name in ("cuda", "cpu"):
+            target, conv, non_blocking = (VIRTUAL if name == "cuda" else HOST), src, kwargs.get("non_blocking", False)
         else:
-            norm = [torch.device("cuda", a) if isinstance(a, int) and not isinstance(a, bool) else a for a in args[1:]]
-            kw = {k: v for k, v in kwargs.items() if k != "copy"}   # (``copy`` is ``to``'s own, not the parser's)
-            if isinstance(kw.get("device"), int) and not isinstance(kw["device"], bool):
-                kw["device"] = torch.device("cuda", kw["device"])   # an index is a CUDA device (no accelerator here)
-            dev, dtype, non_blocking, fmt = torch._C._nn._parse_to(*norm, **kw)
-            target = dev
-            keep = {"dtype": dtype, "non_blocking": non_blocking, "copy": kwargs.get("copy", False)}
-            if fmt is not None:
-                keep["memory_format"] = fmt
-            conv = src.to(**{k: v for k, v in keep.items() if v is not None})
-            rest = {}
-        del rest
-        on_dev = self.tags.has(src)
-        if target is None or (target.type == "cuda") == on_dev:
+            target, conv, non_blocking = self._to_target(src, args[1:], kwargs)
+        if target is None or (target.type == "cuda") == self.tags.has(src):
             return conv                                   # no change of device (a dtype change at most)
         out = conv.clone() if _Tags._storage(conv)[1] == _Tags._storage(src)[1] else conv
         if target.type == "cuda":
@@ -296,8 +280,22 @@ class SimulatedGPU:
         else:
             self.tags.unmark(out)
             self.counts["d2h_bytes"] += out.nbytes
-            self.sync("d2h_copy")
+            if not non_blocking:
+                self.sync("d2h_copy")
         return out
+
+    def _to_target(self, src, rest, kwargs):
+        """``src.to(*rest, **kwargs)``: (target device or None, ``src`` converted on the host, non_blocking)."""
+        if rest and isinstance(rest[0], torch.Tensor):              # ``t.to(other)``: other's device and dtype
+            other = rest[0]
+            return (VIRTUAL if self.tags.has(other) else HOST), src.to(other.dtype), kwargs.get("non_blocking", False)
+        norm = [torch.device("cuda", a) if isinstance(a, int) and not isinstance(a, bool) else a for a in rest]
+        kw = {k: v for k, v in kwargs.items() if k != "copy"}   # (``copy`` is ``to``'s own, not the parser's)
+        if isinstance(kw.get("device"), int) and not isinstance(kw["device"], bool):
+            kw["device"] = torch.device("cuda", kw["device"])   # an index is a CUDA device (no accelerator here)
+        dev, dtype, non_blocking, fmt = torch._C._nn._parse_to(*norm, **kw)
+        keep = {"dtype": dtype, "copy": kwargs.get("copy", False), "memory_format": fmt}
+        return dev, src.to(**{k: v for k, v in keep.items() if v is not None}), non_blocking
 
     def write_report(self, path) -> None:
         """``REPORT``: the run's totals (every step's counts summed) and the host syncs by call site, most first."""

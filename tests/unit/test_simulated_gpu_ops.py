@@ -119,3 +119,13 @@ def test_a_host_tensor_to_an_nccl_group_fails(world, sim):
     t = torch.ones(2)
     dist.all_reduce(t, group=host)
     assert t.tolist() == [1.0, 1.0]
+
+
+def test_to_follows_another_tensor_and_non_blocking_copies_do_not_sync(sim):
+    dev, host = torch.ones(3).cuda(), torch.zeros(2, dtype=torch.float64)
+    assert torch.ones(2).to(dev).is_cuda and not dev.to(host).is_cuda and dev.to(host).dtype == torch.float64
+    sim.step_metrics()
+    dev.to("cpu", non_blocking=True)
+    assert sim.step_metrics()["sim/host_syncs"] == 0
+    dev.to(torch.float64)                                   # a dtype change stays on the device
+    assert dev.to(torch.float64).is_cuda
