@@ -39,7 +39,7 @@ from collections.abc import Callable
 
 import torch
 
-from megatron_rl.algorithms.staleness import StalenessPolicy, staleness, staleness_mask
+from ..algorithms.staleness import StalenessPolicy, staleness, staleness_mask
 
 @dataclasses.dataclass
 class Group:
