@@ -27,6 +27,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.tiny_model import save_tiny_qwen3
+
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = ROOT / "tests/e2e/workers/streamed_push.py"
 BUCKET = 16 << 10
@@ -36,19 +38,8 @@ TOL = 1e-4
 def _make(out: Path, seed: int) -> Path:
     """Qwen3-style, 2 layers, hidden 64, vocabulary 250 (vLLM pads it to 256: its embedding and lm_head load
     late), untied, weights spread wide (std 0.3): ~0.4 MB fp32."""
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    cfg = Qwen3Config(vocab_size=250, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-                      num_key_value_heads=1, head_dim=32, max_position_embeddings=1024, tie_word_embeddings=False,
-                      bos_token_id=1, eos_token_id=2, pad_token_id=0, architectures=["Qwen3ForCausalLM"])
-    torch.manual_seed(seed)
-    m = Qwen3ForCausalLM(cfg)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.normal_(0, 0.3)
-    m.save_pretrained(str(out))
-    return out
+    return save_tiny_qwen3(out, seed, max_positions=1024, vocab_size=250, num_attention_heads=2, num_key_value_heads=1,
+                           tie_word_embeddings=False)
 
 
 @pytest.fixture(scope="module")

@@ -5,13 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def save_tiny_qwen3(d: Path, seed: int = 0, max_positions: int = 256) -> Path:
+def save_tiny_qwen3(d: Path, seed: int = 0, max_positions: int = 256, **config) -> Path:
+    """``config``: Qwen3Config fields that replace this model's (e.g. ``vocab_size``, ``tie_word_embeddings``)."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    cfg = Qwen3Config(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, head_dim=32, max_position_embeddings=max_positions, tie_word_embeddings=True,
-                      bos_token_id=1, eos_token_id=2, pad_token_id=0, architectures=["Qwen3ForCausalLM"])
+    fields = dict(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=32, max_position_embeddings=max_positions, tie_word_embeddings=True,
+                  bos_token_id=1, eos_token_id=2, pad_token_id=0, architectures=["Qwen3ForCausalLM"])
+    cfg = Qwen3Config(**{**fields, **config})
     torch.manual_seed(seed)
     m = Qwen3ForCausalLM(cfg)
     with torch.no_grad():
