@@ -17,9 +17,10 @@ from megatron_rl.patches._cpu_common import MEGATRON_MAX, MEGATRON_MIN, no_cuda
 
 
 def _current_device():
-    from megatron_rl.runtime import simulated_gpu   # patches load before the package's runtime is needed
+    from megatron_rl.runtime import fake_device, simulated_gpu   # patches load before the package's runtime is needed
 
-    return 0 if simulated_gpu.active() is not None else "cpu"   # the simulated GPU: device 0, tagged on use
+    virtual = simulated_gpu.active() is not None or fake_device.active() is not None
+    return 0 if virtual else "cpu"   # the simulated GPU / the dry run's fake device: device 0, tagged on use
 
 
 def _apply() -> None:

@@ -37,9 +37,9 @@ def to_cpu_device(dev):
 
 
 def _simulating() -> bool:
-    from megatron_rl.runtime import simulated_gpu   # patches load before the package's runtime is needed
+    from megatron_rl.runtime import fake_device, simulated_gpu   # patches load before the package's runtime is needed
 
-    return simulated_gpu.active() is not None
+    return simulated_gpu.active() is not None or fake_device.active() is not None   # (the dry run's device)
 
 
 def _wrap(fn):

@@ -30,7 +30,7 @@ def _apply() -> None:
         t = orig(self)
         caller = sys._getframe(1).f_globals.get("__name__", "")
         if caller.startswith("megatron") and t.startswith("torch.") and not t.startswith("torch.cuda."):
-            return "torch.cuda." + t[len("torch."):]
+            return "torch.cuda." + t[len("torch."):].removeprefix("meta.")   # meta: the dry run's device memory
         return t
 
     tensor_type._mrl_orig = orig

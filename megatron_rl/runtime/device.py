@@ -5,7 +5,7 @@ import os
 
 import torch
 
-from megatron_rl.runtime import simulated_gpu
+from megatron_rl.runtime import fake_device, simulated_gpu
 
 
 def has_cuda() -> bool:
@@ -18,7 +18,7 @@ def default_device() -> torch.device:
     host storage tagged as device memory), else ``cpu``."""
     if has_cuda():
         return torch.device("cuda", torch.cuda.current_device())
-    if simulated_gpu.active() is not None:
+    if simulated_gpu.active() is not None or fake_device.active() is not None:   # (the dry run's: trainer/dryrun)
         return simulated_gpu.VIRTUAL
     return torch.device("cpu")
 
