@@ -4,6 +4,7 @@ Each subcommand dispatches to the ``main`` of the module that owns it; this file
 dispatches and turns user errors into one clear line (``--debug`` shows the traceback)::
 
     megatron-rl train --config examples/configs/tiny_cpu_grpo.yaml [a.b=c ...] [--resume auto|PATH]
+    megatron-rl train --config C --dry-run [a.b=c ...]   -> every rank role simulated on this CPU (trainer/dryrun/)
     megatron-rl train --print-config [--algo KIND]    -> every key, default, description (config_doc.py)
     megatron-rl train --print-config --config X [a.b=c ...]  -> X's value of every key, with its description
     megatron-rl demo [--algo bicc_rcc] ...            -> megatron_rl.cli.demo.main(argv)
@@ -122,6 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the trainer's GPU code path on this CPU: tensors carry the device a GPU would give them, "
                         "mixed devices and host tensors to NCCL groups fail, host syncs are counted per step "
                         "(sim/* metrics; docs/simulated-gpu.md)")
+    t.add_argument("--dry-run", action="store_true",
+                   help="simulate every rank role of the config's layout on this CPU (fake process group, meta device "
+                        "memory): build every model, run one RL step, print the memory measured beside megatron-rl plan's "
+                        "(model.hf_path needs only config.json; trainer/dryrun/)")
     t.add_argument("--print-config", action="store_true",
                    help="print every config key with its default and description (a loadable YAML) and exit; "
                         "with --config X [a.b=c ...]: X's values")
@@ -229,6 +234,10 @@ def run_train(args: argparse.Namespace) -> int:
         tree = cfg.to_dict() if callable(getattr(cfg, "to_dict", None)) else cfg
         print(yaml.safe_dump(tree, sort_keys=False, default_flow_style=False) if isinstance(tree, dict) else tree)
         return 0
+    if args.dry_run:
+        from megatron_rl.trainer.dryrun.run import main as dry_run  # lazy: defers torch to the call
+
+        return dry_run(args.config, list(args.overrides))
     if args.simulate_gpu:
         _simulate_gpu()
     from megatron_rl.trainer.loop import rl_loop as loop  # lazy: defers torch to the call
