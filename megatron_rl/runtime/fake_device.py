@@ -19,7 +19,7 @@ the code sees as ``cuda:0``, counted byte for byte, on a machine without a GPU a
   (Megatron's DDP re-points parameters into its meta buffers); a device -> host copy of meta is a real tensor of
   zeros.
 * **Collectives.** The fake process group (``torch.testing._internal.distributed.fake_pg``) for cpu and meta
-  tensors (:func:`init_fake_world`), with Meta kernels for the coalesced c10d ops that have none; object
+  tensors (and cuda: what the view reports; :func:`init_fake_world`), with Meta kernels for the coalesced c10d ops that have none; object
   collectives leave each rank its own object (all-gather: this rank's in every slot).
 * **Accounting.** Every device storage is counted when an op makes it and dropped when it is freed:
   :attr:`FakeDevice.bytes` now, :attr:`FakeDevice.peak` since :meth:`FakeDevice.reset_peak`, and
@@ -307,12 +307,12 @@ class FakeDevice:
 
     # ----- allocation -----------------------------------------------------------------------
     def factory(self, func, name: str, args, kwargs):
-        """A factory called with a device: meta above :data:`SMALL_BYTES`, else real and tagged (with data:
-        ``torch.tensor`` / ``as_tensor``, always real)."""
+        """A factory called with a device: meta above :data:`SMALL_BYTES` or when it requires grad, else real and
+        tagged (with data: ``torch.tensor`` / ``as_tensor``, always real)."""
         if name not in ("tensor", "as_tensor"):
             out = func(*args, **{**kwargs, "device": META})
-            if not isinstance(out, torch.Tensor) or out.nbytes > SMALL_BYTES:
-                return out
+            if not isinstance(out, torch.Tensor) or out.nbytes > SMALL_BYTES or out.requires_grad:
+                return out                       # (a leaf of autograd: meta, as the graph it joins)
         out = func(*args, **{**kwargs, "device": HOST})
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
@@ -387,7 +387,7 @@ def init_fake_world(rank: int, world_size: int) -> None:
     from torch.testing._internal.distributed.fake_pg import FakeStore  # lazy: torch's test utilities
 
     if not dist.is_initialized():
-        dist.init_process_group("cpu:fake,meta:fake", store=FakeStore(), rank=rank, world_size=world_size)
+        dist.init_process_group("cpu:fake,cuda:fake,meta:fake", store=FakeStore(), rank=rank, world_size=world_size)
     _register_coalesced_meta()
     dist.all_gather_object, dist.broadcast_object_list = _all_gather_object, _broadcast_object_list
 

@@ -7,6 +7,6 @@ fake process group at the layout's world size, with the device memory as meta te
 run one RL step (``step.py``); what they allocate is measured (``measure.py``) and printed beside the plan
 (``report.py``), with oracles (``oracles.py``), by ``run.py``.
 
-Modules: ``roles`` (layout, world, roles) · ``flash`` (TE attention's memory in megatron's local spec) ·
+Modules: ``roles`` (layout, world, roles) · ``te_standin`` (TE's attention and norms in megatron's local spec) ·
 ``build`` · ``measure`` · ``step`` · ``oracles`` · ``report`` · ``worker`` · ``run``.
 """

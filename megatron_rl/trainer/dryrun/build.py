@@ -6,9 +6,9 @@ trainer's own classes as ``trainer/loop/setup.py`` builds them (``_build_policy`
   distributed optimizer), the reference (:class:`~megatron_rl.trainer.policy.actor.ReferencePolicy`) when the
   method's KL needs one, the teacher's shadow weights (``trainer/paths/teacher/weights.py``) in snapshot / EMA
   mode; no weights are loaded (the values are meta);
-* as the GPU build makes them: Transformer Engine's attention (``flash.py``'s stand-in in megatron's local layer
-  spec; packed micro-batches as THD), the fused SwiGLU (``bias_activation_fusion``, ``models/provider.py
-  cuda_fusions``), the model built straight on the device (:meth:`FakeDevice.build`).
+* as the GPU build makes them: Transformer Engine's attention and norms (``te_standin.py``: stand-ins in
+  megatron's local layer spec; packed micro-batches as THD), the fused SwiGLU (``bias_activation_fusion``,
+  ``models/provider.py cuda_fusions``), the model built straight on the device (:meth:`FakeDevice.build`).
 
 TP ranks, CP ranks and DP replicas of a stage are alike (``roles.py``); context parallelism needs Transformer
 Engine's ring attention and is not simulated (refused, as on a CPU).
@@ -26,7 +26,7 @@ from megatron_rl.algorithms.sampling import SamplingSpec
 from megatron_rl.models.provider import load_hf_config, recompute_overrides
 from megatron_rl.runtime import determinism, fake_device
 from megatron_rl.runtime.parallel import init_parallel
-from megatron_rl.trainer.dryrun.flash import use_flash
+from megatron_rl.trainer.dryrun.te_standin import use_te_memory
 from megatron_rl.trainer.dryrun.roles import Layout, Role
 from megatron_rl.trainer.loop.setup import _optim_spec
 from megatron_rl.trainer.paths.teacher.weights import TeacherWeights
@@ -81,7 +81,7 @@ def build_models(cfg, info, dev: fake_device.FakeDevice) -> Models:
                                   backend="local")
     for model in (actor, ref):
         if model is not None:
-            use_flash(model.chunks)
+            use_te_memory(model.chunks)
             model.backend = "te"              # packed micro-batches as THD, as on Transformer Engine
             model.set_sampling(mu, train=model is actor and cfg.algo.ratio_space == "sampling")
     hp = cfg.algo.hparams
