@@ -156,6 +156,10 @@ def parse_command(argv: Sequence[str]) -> ParsedCommand:
         _train_usage_error("the following arguments are required: --config (or --print-config)")
     if args.command == "train" and args.print_config and (args.check or args.resume or args.overwrite):
         _train_usage_error("--print-config prints a config and exits; it does not go with --check, --resume or --overwrite")
+    if args.command == "train" and args.dry_run and (args.check or args.resume or args.overwrite or args.simulate_gpu
+                                                     or args.print_config):
+        _train_usage_error("--dry-run simulates the config's rank roles and exits; it does not go with --check, --resume, "
+                           "--overwrite, --simulate-gpu or --print-config")
     if args.command == "train" and args.algo and not args.print_config:
         _train_usage_error("--algo KIND goes with --print-config (a run's method is the override algo.kind=KIND)")
     if extra and args.command == "train" and all(OVERRIDE_RE.match(x) and not x.startswith("-") for x in extra):
@@ -226,6 +230,10 @@ def run_train(args: argparse.Namespace) -> int:
         print_config(args.algo, load_config(args.config, list(args.overrides)))
         return 0
 
+    if args.dry_run:   # the config checked as train checks it, the model's config.json only (trainer/dryrun/run.py)
+        from megatron_rl.trainer.dryrun.run import main as dry_run  # lazy: defers torch to the call
+
+        return dry_run(args.config, list(args.overrides))
     cfg = load_checked(args.config, list(args.overrides))   # fields, then the cross-component rules
     if args.check:
         preflight(cfg, args.resume, args.overwrite, args.allow_config_change)   # train's start-up checks, nothing started
@@ -234,10 +242,6 @@ def run_train(args: argparse.Namespace) -> int:
         tree = cfg.to_dict() if callable(getattr(cfg, "to_dict", None)) else cfg
         print(yaml.safe_dump(tree, sort_keys=False, default_flow_style=False) if isinstance(tree, dict) else tree)
         return 0
-    if args.dry_run:
-        from megatron_rl.trainer.dryrun.run import main as dry_run  # lazy: defers torch to the call
-
-        return dry_run(args.config, list(args.overrides))
     if args.simulate_gpu:
         _simulate_gpu()
     from megatron_rl.trainer.loop import rl_loop as loop  # lazy: defers torch to the call

@@ -12,7 +12,7 @@
   without pipelining), V the padded vocabulary, t TP, p PP. Bytes per parameter: 18 (bf16 weight 2, fp32
   grad 4, fp32 master + Adam m and v 12), or with the distributed optimizer 6 + 12 / (DP·CP). Like the
   original it leaves out QK-norm weights and QKV biases (a few hundred thousand parameters) and divides the
-  norms by t (they are replicated): an estimate to a few parts in a million.
+  norms by t (they are replicated): an estimate to about 1e-4 of a shard.
 """
 from __future__ import annotations
 
