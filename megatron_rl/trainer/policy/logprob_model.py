@@ -193,7 +193,8 @@ class LogProbModel:
         psp = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest,
                               max_seqlen_kv=longest)
         out = model(tokens, pos, None, packed_seq_params=psp)
-        return out.reshape(mb.num_samples, mb.seq_len, *out.shape[2:]) if self.groups.is_last_stage else out
+        last = getattr(unwrap(model), "post_process", self.groups.is_last_stage)   # this chunk's (interleaved 1F1B:
+        return out.reshape(mb.num_samples, mb.seq_len, *out.shape[2:]) if last else out   # a last rank's first isn't)
 
     def _collect_logprobs(self, temperature: float, with_entropy: bool, sampling: bool, mb: TrainBatch,
                           logits: torch.Tensor):
