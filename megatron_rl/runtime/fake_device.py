@@ -13,11 +13,11 @@ the code sees as ``cuda:0``, counted byte for byte, on a machine without a GPU a
   values into a real tensor leaves it as it was. A host read of a meta value (``.item()``, ``.tolist()``,
   ``bool()``) answers 0 / False (:data:`PLACEHOLDER`); an op whose output size depends on meta values raises
   :class:`DataDependent` naming the op.
-* **Allocation.** A factory on the device is meta above :data:`SMALL_BYTES`, else real and tagged (inside
-  :meth:`FakeDevice.build`, a model built on the host, every host factory is meta); a host ->
-  device copy stays real up to :data:`H2D_REAL_BYTES` (host data), else meta, and a parameter's is always meta
-  (Megatron's DDP re-points parameters into its meta buffers); a device -> host copy of meta is a real tensor of
-  zeros.
+* **Allocation.** A factory on the device is meta above :data:`SMALL_BYTES` (and ``empty*``: no values to keep),
+  else real and tagged (inside :meth:`FakeDevice.build`, a model built on the host, every host factory is meta);
+  a host -> device copy stays real up to :data:`H2D_REAL_BYTES` (host data), else meta, and a parameter's is
+  always meta (Megatron's DDP re-points parameters into its meta buffers); a device -> host copy of meta is a
+  real tensor of zeros.
 * **Collectives.** The fake process group (``torch.testing._internal.distributed.fake_pg``) for cpu and meta
   tensors (and cuda: what the view reports; :func:`init_fake_world`), with Meta kernels for the coalesced c10d ops that have none; object
   collectives leave each rank its own object (all-gather: this rank's in every slot).
@@ -97,10 +97,10 @@ class _Ledger:
         self._lock = threading.Lock()
 
     def add(self, t: torch.Tensor, tag: bool = False) -> None:
+        if _key(t) is None or _key(t) in self.live:      # no storage (sparse, nested), or counted already
+            return
         st = t.untyped_storage()
         key = st._cdata
-        if key in self.live:
-            return
         n = st.nbytes()
         with self._lock:
             self.live[key] = n
@@ -116,12 +116,15 @@ class _Ledger:
             self.tagged.discard(key)
 
     def is_device(self, t: torch.Tensor) -> bool:
-        if t.is_meta:
-            return True
-        try:
-            return t.untyped_storage()._cdata in self.tagged
-        except (RuntimeError, NotImplementedError):   # no storage (sparse, nested)
-            return False
+        return t.is_meta or _key(t) in self.tagged
+
+
+def _key(t: torch.Tensor) -> int | None:
+    """The identity of ``t``'s storage (None without one: sparse, nested)."""
+    try:
+        return t.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):
+        return None
 
 
 def _is_method(func, name: str) -> bool:
@@ -205,9 +208,9 @@ class _Ops(TorchDispatchMode):
             return self._on_meta(func, args, kwargs, tensors)
         out = func(*args, **kwargs)
         if any(led.is_device(t) for t in tensors):
-            host = {t.untyped_storage()._cdata for t in tensors if not led.is_device(t)}
+            host = {_key(t) for t in tensors if not led.is_device(t)}
             for t in tree_flatten(out)[0]:
-                if isinstance(t, torch.Tensor) and t.untyped_storage()._cdata not in host:
+                if isinstance(t, torch.Tensor) and _key(t) not in host:
                     led.add(t, tag=True)
         return out
 
@@ -307,12 +310,13 @@ class FakeDevice:
 
     # ----- allocation -----------------------------------------------------------------------
     def factory(self, func, name: str, args, kwargs):
-        """A factory called with a device: meta above :data:`SMALL_BYTES` or when it requires grad, else real and
-        tagged (with data: ``torch.tensor`` / ``as_tensor``, always real)."""
+        """A factory called with a device: meta above :data:`SMALL_BYTES`, when it requires grad or when it is
+        ``empty*``, else real and tagged (with data: ``torch.tensor`` / ``as_tensor``, always real)."""
         if name not in ("tensor", "as_tensor"):
             out = func(*args, **{**kwargs, "device": META})
-            if not isinstance(out, torch.Tensor) or out.nbytes > SMALL_BYTES or out.requires_grad:
-                return out                       # (a leaf of autograd: meta, as the graph it joins)
+            if (not isinstance(out, torch.Tensor) or out.nbytes > SMALL_BYTES or out.requires_grad
+                    or name.startswith("empty")):  # an autograd leaf joins a meta graph; empty has no values to
+                return out                       # keep, and Megatron re-points some (``out.data = meta``)
         out = func(*args, **{**kwargs, "device": HOST})
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
@@ -330,12 +334,12 @@ class FakeDevice:
         if target.type != "cpu":                 # host -> device (a parameter: meta, as the buffers it joins)
             if conv.nbytes > H2D_REAL_BYTES:
                 return conv.to(META)
-            out = conv.clone() if conv.untyped_storage()._cdata == src.untyped_storage()._cdata else conv
+            out = conv.clone() if _key(conv) == _key(src) else conv
             self.ledger.add(out, tag=True)
             return out
         if conv.is_meta:                         # device -> host: zeros, as the device holds no values here
             return torch.zeros(conv.shape, dtype=conv.dtype)
-        return conv.clone() if conv.untyped_storage()._cdata == src.untyped_storage()._cdata else conv
+        return conv.clone() if _key(conv) == _key(src) else conv
 
     # ----- entry ----------------------------------------------------------------------------
     def start(self) -> FakeDevice:

@@ -26,7 +26,7 @@ def dev():
 
 def test_device_factories_meta_when_large_real_when_small(dev):
     big = torch.empty(4 * MiB, dtype=torch.uint8, device="cuda")
-    small = torch.arange(5, device="cuda")
+    small = torch.arange(5, device="cuda")           # (a small empty() is meta: no values to keep)
     assert big.device == torch.device("cuda", 0) and big.is_cuda and not big.is_meta
     assert small.is_cuda and small.tolist() == [0, 1, 2, 3, 4]      # a small device tensor keeps its values
     assert dev.bytes == 4 * MiB + small.nbytes

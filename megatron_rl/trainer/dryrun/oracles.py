@@ -10,7 +10,8 @@
 
   and the most loaded shard holds ``(P_layers / p + V·h) / t`` (+ V·h / t more for an untied output layer
   without pipelining), V the padded vocabulary, t TP, p PP. Bytes per parameter: 18 (bf16 weight 2, fp32
-  grad 4, fp32 master + Adam m and v 12), or with the distributed optimizer 6 + 12 / (DP·CP). Like the
+  grad 4, fp32 master + Adam m and v 12), or with the distributed optimizer 6 + 12 / (DP·CP); in fp32 (which
+  the original does not cover: no master copy) 16, or 8 + 8 / (DP·CP). Like the
   original it leaves out QK-norm weights and QKV biases (a few hundred thousand parameters) and divides the
   norms by t (they are replicated): an estimate to about 1e-4 of a shard.
 """
@@ -44,7 +45,7 @@ class MegatronEstimate:
 
 
 def megatron_state_bytes(arch, padded_vocab: int, tp: int, pp: int, dp: int, cp: int = 1,
-                         dist_opt: bool = True) -> MegatronEstimate:
+                         dist_opt: bool = True, bf16: bool = True) -> MegatronEstimate:
     """The estimate for ``arch`` (a ``planning.arch.ArchSpec``) at a layout (module docstring)."""
     h, a, k, d = arch.hidden, arch.heads, arch.kv_heads, arch.head_dim
     layers = 2 * arch.layers * h * h * ((1 + k / a) * (a * d / h) + (arch.ffn / h) * 1.5 + 1 / h)
@@ -52,5 +53,6 @@ def megatron_state_bytes(arch, padded_vocab: int, tp: int, pp: int, dp: int, cp:
     shard = (layers / pp + emb) / tp
     if not arch.tied and pp == 1:
         shard += emb / tp
-    per = 6 + 12 / (dp * cp) if dist_opt else 18
+    fixed, sharded = (6, 12) if bf16 else (8, 8)
+    per = fixed + sharded / (dp * cp) if dist_opt else fixed + sharded
     return MegatronEstimate(int(round(shard)), per)

@@ -102,7 +102,7 @@ def oracle_lines(cfg, layout: Layout, arch, results: list[dict]) -> list[str]:
     hf = oracles.hf_param_count(cfg.model.hf_path)
     padded = padded_vocab_size(cfg.model.hf_path, layout.tp)
     est = oracles.megatron_state_bytes(arch, padded, layout.tp, layout.pp, layout.dp, layout.cp,
-                                       cfg.optim.use_distributed_optimizer)
+                                       cfg.optim.use_distributed_optimizer, cfg.model.bf16)
     state = max(sum(r["static"][k] for k in ("weights", "grads", "optimizer")) for r in results)
     local = max(r["params"]["local"] for r in results)
     return [f"oracle: parameters over all ranks {total:,} vs transformers' model {hf:,}: "
