@@ -173,7 +173,6 @@ class _View(TorchFunctionMode):
             return self.dev.factory(func, name, args, kwargs)
         return func(*args, **kwargs)
 
-
     def _backward(self, tensors, grad_tensors=None, retain_graph=None, create_graph=False, inputs=None,
                   gradient=None):
         """``torch.autograd.backward`` with this view in force: torch runs a function a mode intercepts with the
