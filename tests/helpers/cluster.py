@@ -25,10 +25,8 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 #: steps of the multi-node runs (tests/cluster): checkpoints at 2 and 4, so a kill after step 2 resumes mid-run
 MULTINODE_STEPS = 6
-#: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: a fresh TCPStore per torchrun restart round (examples/slurm/
-#: train_multinode.sbatch explains why)
 ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "RAY_AUTH_MODE": "disabled", "WANDB_MODE": "offline",
-       "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+       "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)}
 #: metrics that measure time, not the computation
 TIMING = ("time/", "perf/", "rollout/sync_seconds")
 
@@ -105,8 +103,10 @@ class RayCluster:
 
 def train_cmd(nnodes: int, node_rank: int, nproc: int, rdzv: str, overrides: list[str], *, max_restarts: int = 0,
               resume: str = "auto") -> list[str]:
-    """One node's torchrun (c10d rendezvous at ``rdzv``) running ``megatron-rl train``."""
-    return [str(BIN / "torchrun"), f"--nnodes={nnodes}", f"--node-rank={node_rank}", f"--nproc-per-node={nproc}",
+    """One node's torchrun (c10d rendezvous at ``rdzv``) running ``megatron-rl train``. A fresh TCPStore
+    per restart round only when there are restarts, as examples/slurm/train_multinode.sbatch does (it
+    says why)."""
+    return ["env", f"TORCH_DISABLE_SHARE_RDZV_TCP_STORE={int(max_restarts > 0)}", str(BIN / "torchrun"), f"--nnodes={nnodes}", f"--node-rank={node_rank}", f"--nproc-per-node={nproc}",
             f"--max-restarts={max_restarts}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv}", "--rdzv-id=test",
             f"--rdzv-conf=is_host={int(node_rank == 0)}",  # the store on node 0, as on a real cluster
             "--monitor-interval=0.5", "-m", "megatron_rl.cli", "train", "--config",
