@@ -65,8 +65,11 @@ def format_report(rep: PlanReport) -> str:
         f"{_copies_text(i):<44}{g(rep.extra_copies)}",
         f"{'activations (1F1B)':<44}{g(rep.activations)}",
         *([f"{'  of which S x S attention scores (local)':<44}{g(score_total(rep))}"] if i.attention == "local" else []),
-        f"{'logits + fp32 softmax':<44}{g(rep.logits)}",
-        *([f"{'sampling μ pass (' + _sampling_text(i) + ')':<44}{g(rep.sampling)}"] if rep.sampling else []),
+        f"{'logits + fp32 softmax + output wgrad':<44}{g(rep.logits)}",
+        *([f"{'sampling μ pass (' + _sampling_text(i) + ')':<44}{g(rep.sampling)}"
+           f"   [working set {rep.sampling_working / GIB:.2f}{_mu_where(i)}]"] if rep.sampling_working else []),
+        *([f"{'buffers (SP gather' + (', pipeline' if i.pp > 1 else '') + ')':<44}{g(rep.buffers)}"]
+          if rep.buffers else []),
         f"{'overhead (CUDA context, NCCL, workspaces)':<44}{g(rep.overhead)}",
         f"{'= training total':<44}{g(rep.train_total)}",
         f"{'rollout engine weights (TP=' + str(i.rollout_tp) + ')':<44}{g(rep.rollout_weights)}",
@@ -93,6 +96,11 @@ def _sampling_text(i: PlanInputs) -> str:
     """The truncation μ applies and where it runs: ``top-k 20, top-p 0.95; log-prob passes``."""
     rules = [f"top-k {i.top_k}"] * (i.top_k > 0) + [f"top-p {i.top_p:g}"] * (i.top_p < 1) + [f"min-p {i.min_p:g}"] * (i.min_p > 0)
     return ", ".join(rules) + ("; + backward" if i.ratio_space == "sampling" else "")
+
+
+def _mu_where(i: PlanInputs) -> str:
+    """Where the μ pass's working set lands: on top of the update, or in the log-prob passes after the softmax."""
+    return "; in the update" if i.ratio_space == "sampling" else "; log-prob passes, after the softmax frees 8 B/logit"
 
 
 def _copies_text(i: PlanInputs) -> str:

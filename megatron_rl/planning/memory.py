@@ -27,6 +27,9 @@ Transformer Models", eq. 1-2, generalised to GQA + SwiGLU and no dropout), bytes
 
     norms   e·2h/σ                       (inputs of the two RMSNorms)
     attn    e·(h/σ + (q + 2kv)/t + q/t)  (QKV input, Q/K/V, out-proj input)
+            + e·(1 + n_qk)·(q + kv)/t    (the RoPE'd q and k attention keeps beside the QKV output, which its v
+                                         view keeps alive; n_qk = 1 with Qwen3's q/k norms, whose inputs are
+                                         kept too)
             + c·a·R/t                    (the S x S scores, ``--attention``; see below)
     mlp     e·(h/σ + 3f/t)               (fc1 input, gate+up outputs, SwiGLU output), with the fused
                                          SwiGLU (``bias_activation_fusion``, on with CUDA); the unfused
@@ -34,18 +37,30 @@ Transformer Models", eq. 1-2, generalised to GQA + SwiGLU and no dropout), bytes
 
 With 1F1B the first stage keeps p micro-batches of L/p layers in flight, i.e. L layers' worth
 (Korthikanti §4.2.3): activations = T·L·per_layer; interleaved 1F1B with v virtual stages
-(``parallel.vpp``) keeps 1 + (p − 1)/(p·v) times that (Megatron-LM's theoretical memory estimate). Full recompute (Megatron's ``recompute_method``):
-uniform with k layers per unit keeps each unit's input (ceil(n/k)·e·h/σ per token) plus one unit's
-activations (k layers) while it is recomputed; block with k keeps only the inputs of the first k layers
-and everything of the other n − k, plus one recomputed layer. Selective recompute (Megatron's default
-module: core attention) drops the score term only, which flash attention never stores. The last stage also holds the logits:
-T·(V/t)·(e + 4 + 4) (logits, fp32 copy, fp32 softmax for log-prob/entropy backward).
+(``parallel.vpp``) keeps 1 + (p − 1)/(p·v) times that (Megatron-LM's theoretical memory estimate). The stage
+with the output layer also keeps the final norm's and the output layer's inputs, T·2e·h/σ, and a later stage
+of a pipeline its received input, T·e·h/σ. Full recompute (Megatron's ``recompute_method``): uniform with k
+layers per unit keeps each unit's input (ceil(n/k)·e·h/σ per token); block with k keeps only the inputs of
+the first k layers and everything of the other n − k. While a unit is recomputed its activations and the
+gradients through them are held, 2k layers' worth: a first stage holds them beside the inputs, but a stage
+with the output layer peaks at its logits, before any unit is recomputed, so there the unit counts only by
+what it exceeds the logits. Selective recompute (Megatron's default module: core attention) drops the score
+term only, which flash attention never stores. The last stage also holds the logits::
+
+    logits = T·(V/t)·(e + 4·[e < 4] + 8) + (V/t)·h·e
+
+(the shard, its fp32 copy, ``z - max`` and its ``exp``, alive at once in ``vocab_parallel_logprobs``, and the
+output layer's weight gradient in model precision before it is added to ``main_grad``). Buffers held across
+steps (``buffers``): sequence parallelism's all-gather buffer, T·h·e, and on the last of several stages
+2·T·e·h/σ. These terms were measured by the dry run (``megatron-rl train --dry-run``, docs/dry-run.md) on the
+example configs; the plan is within 10% of it per component there.
 
 The sampling distribution μ (``algorithms/sampling.py``; ``--top-k`` / ``--top-p`` / ``--min-p``: ``rollout.*``;
 ``--ratio-space``: ``algo.ratio_space``). When the engines' sampling truncates (min-p > 0, top-p < 1 or 0 < top-k < V),
 the last stage also scores every token under μ (``trainer/policy/vocab_parallel.py``
 ``vocab_parallel_sampled_logprobs``): in the log-prob passes, and with ``ratio_space=sampling`` in the training
-forward and backward too. Its working set, with N = T/c tokens, W = V/t columns of a shard, ρ = min(N, ⌊CHUNK /
+forward and backward too. With ``ratio_space=full`` it runs after the full softmax has freed its two fp32
+temporaries and adds max(0, μ − 8·T·V/t) to the peak; with ``sampling`` its whole working set. Its working set, with N = T/c tokens, W = V/t columns of a shard, ρ = min(N, ⌊CHUNK /
 (4W)⌋) rows per chunk (CHUNK = ``CHUNK_BYTES``, 256 MiB of fp32 work space), C candidates per shard and row
 (k + ``TIE_SLACK`` with top-k, else ``CANDIDATES``)::
 
@@ -59,8 +74,7 @@ forward and backward too. Its working set, with N = T/c tokens, W = V/t columns 
 
 12·N: the kept set of each row (bound, tie weight, normaliser: 3 fp32). The μ forward's fp32 copy of a
 bf16 logits shard (``vocab_parallel._shard``) is the logits term's fp32 copy: the full-softmax pass's is
-freed by then. μ is counted on top of the training total (an upper bound: with ``ratio_space=full`` it
-runs in the no-grad passes, which keep no activations).
+freed by then.
 Not counted: rows whose candidates do not settle the kept set are redone with 8× the candidates (top-p
 without top-k on near-flat rows; at worst a chunk of whole shards: ~(16 + 48·t)·CHUNK/4), and the GPU
 top-k's own workspace.
@@ -298,10 +312,11 @@ def params_per_gpu(arch: ArchSpec, inp: PlanInputs) -> ParamCounts:
 
 
 def activation_bytes(arch: ArchSpec, inp: PlanInputs, padded_v: int) -> tuple[int, int, int]:
-    """Activation bytes for one GPU: (first stage, last stage without logits, logits).
+    """Activation bytes for one GPU: (first stage, last stage without logits, logits), module docstring.
 
     First stage: 1F1B keeps p micro-batches of L/p layers in flight = L layers' worth. The last
-    stage keeps one micro-batch of its L/p layers, plus the logits. With p = 1 both are L layers.
+    stage keeps one micro-batch of its L/p layers, the final norm's and the output layer's inputs, plus
+    the logits. With p = 1 both are L layers and the only stage is the last.
     """
     e = DTYPE_BYTES[inp.dtype]
     t, sig = inp.tp, (inp.tp if inp.sequence_parallel else 1)
@@ -310,24 +325,47 @@ def activation_bytes(arch: ArchSpec, inp: PlanInputs, padded_v: int) -> tuple[in
     mlp = 3 if inp.fused_swiglu else 5
     stored, working = attention_bytes(inp)
     scores = tokens * arch.heads * inp.row_len / t        # S x S elements of one layer of this micro-batch
-    per_tok = e * (2 * h / sig + h / sig + (q + 2 * kv) / t + q / t + h / sig + mlp * arch.ffn / t) \
+    rope = (1 + arch.qk_norm) * (q + kv) / t              # RoPE'd q and k (+ the q/k norms' inputs)
+    per_tok = e * (2 * h / sig + h / sig + (q + 2 * kv) / t + q / t + rope + h / sig + mlp * arch.ffn / t) \
         + stored * arch.heads * inp.row_len / t
+    logits = tokens * (padded_v / t) * logit_bytes(e) + (padded_v / t) * h * e   # + the output layer's wgrad
 
-    def layers_worth(n: int) -> float:
+    def layers_worth(n: int, last: bool) -> float:
         if inp.recompute != "full":
             return tokens * n * per_tok
         k, inputs = min(inp.recompute_num_layers, n), e * h / sig
-        if inp.recompute_method == "uniform":   # each unit's input, plus one unit recomputed
-            return tokens * (math.ceil(n / k) * inputs + k * per_tok)
-        return tokens * (k * inputs + (n - k) * per_tok + per_tok)   # block: k layers recomputed, one at a time
+        unit = 2 * k * per_tok            # a recomputed unit's activations and the gradients through it
+        kept = math.ceil(n / k) * inputs if inp.recompute_method == "uniform" else k * inputs + (n - k) * per_tok
+        # a stage with the output layer peaks at its logits, before any unit is recomputed
+        return tokens * kept + (max(0.0, tokens * unit - logits) if last else tokens * unit)
 
-    logits = tokens * (padded_v / t) * (e + 4 + 4)
     ring = 2 * tokens * (2 * kv / t) * e if inp.cp > 1 else 0   # TE's p2p ring: the KV chunk sent + the one received
+    head = tokens * 2 * e * h / sig                             # the final norm's and the output layer's inputs
+    recv = tokens * e * h / sig if inp.pp > 1 else 0            # a later stage's received input
     # interleaved 1F1B keeps more micro-batches in flight on the first stage: Megatron-LM's
     # theoretical_memory_usage.py penalty 1 + (p - 1) / (p * v)
     penalty = 1 + (inp.pp - 1) / (inp.pp * inp.vpp) if inp.vpp > 1 else 1.0
-    return (int(layers_worth(arch.layers) * penalty + ring + working * scores),
-            int(layers_worth(arch.layers // inp.pp) + ring + working * scores), int(logits))
+    if inp.pp == 1:
+        only = int(layers_worth(arch.layers, True) + head + ring + working * scores)
+        return only, only, int(logits)
+    return (int(layers_worth(arch.layers, False) * penalty + ring + working * scores),
+            int(layers_worth(arch.layers // inp.pp, True) + head + recv + ring + working * scores), int(logits))
+
+
+def logit_bytes(e: int) -> int:
+    """Bytes per logits element of the last stage's peak: the shard (e), its fp32 copy (none in fp32), ``z - max``
+    and its ``exp`` (fp32), all alive at once in ``vocab_parallel_logprobs`` (the backward's ``_probs`` likewise)."""
+    return e + (4 if e < 4 else 0) + 8
+
+
+def buffer_bytes(arch: ArchSpec, inp: PlanInputs, last: bool) -> int:
+    """Buffers held across steps: sequence parallelism's all-gather buffer of a micro-batch (T x h in model
+    precision, Megatron's ``get_global_memory_buffer``), and on the last of several pipeline stages two tensors of a
+    micro-batch's hidden states (2·T·h/σ, what the dry run finds held after the step there)."""
+    e, tokens = DTYPE_BYTES[inp.dtype], math.ceil(inp.micro_batch_tokens / inp.cp)
+    sig = inp.tp if inp.sequence_parallel else 1
+    return (tokens * arch.hidden * e if inp.sequence_parallel else 0) + \
+        (2 * tokens * e * arch.hidden // sig if last and inp.pp > 1 else 0)
 
 
 def sampling_truncates(inp: PlanInputs, vocab: int) -> bool:
@@ -379,14 +417,16 @@ class PlanReport:
     extra_copies: int
     activations: int
     logits: int
-    sampling: int                    # the μ pass's working set (0 when the sampling does not truncate)
+    sampling: int                    # what the μ pass adds to the peak (0 when the sampling does not truncate)
+    sampling_working: int            # the μ pass's working set (``sampling_bytes``)
+    buffers: int                     # Megatron's buffers kept across steps (``buffer_bytes``)
     overhead: int
     rollout_weights: int
     rollout_kv: int
 
     @property
     def train_total(self) -> int:
-        return (self.weights + self.grads + self.optimizer + self.extra_copies + self.activations
+        return (self.weights + self.grads + self.optimizer + self.extra_copies + self.buffers + self.activations
                 + self.logits + self.sampling + self.overhead)
 
     @property
@@ -427,30 +467,50 @@ class PlanReport:
 
 def estimate(arch: ArchSpec, inp: PlanInputs) -> PlanReport:
     """Per-GPU estimate of the heaviest pipeline stage (formulas in the module docstring)."""
+    stages = estimate_stages(arch, inp)
+    return max(stages.values(), key=lambda r: r.train_total) if inp.pp > 1 else stages[0]
+
+
+def estimate_stages(arch: ArchSpec, inp: PlanInputs) -> dict[int, PlanReport]:
+    """The estimates of the first and the last pipeline stage, by stage index (one entry without PP)."""
     counts = params_per_gpu(arch, inp)
     acts_first, acts_last, logits = activation_bytes(arch, inp, counts.padded_vocab)
     e = DTYPE_BYTES[inp.dtype]
     rl = inp.rollout_len or inp.seq_len
     kv_heads = math.ceil(arch.kv_heads / inp.rollout_tp)
-    common = dict(arch=arch, inputs=inp, params=counts, overhead=int(inp.overhead_gib * GIB),
-                  rollout_weights=arch.total_params() * e // inp.rollout_tp,
+    common = dict(arch=arch, inputs=inp, params=counts, overhead=int(inp.overhead_gib * GIB), rollout_weights=arch.total_params() * e // inp.rollout_tp,
                   rollout_kv=2 * arch.layers * kv_heads * arch.head_dim * DTYPE_BYTES[inp.kv_dtype] * inp.rollout_seqs * rl)
     mu = sampling_bytes(arch, inp, counts.padded_vocab)     # the last stage's, like the logits
+    mu_peak = sampling_peak_bytes(arch, inp, counts.padded_vocab, mu)
     if inp.pp == 1:
-        return _stage(common, "only", counts.first_stage, acts_first, logits, mu)
-    first = _stage(common, "first", counts.first_stage, acts_first, 0, 0)
-    last = _stage(common, "last", counts.last_stage, acts_last, logits, mu)
-    return first if first.train_total >= last.train_total else last
+        return {0: _stage(common, "only", counts.first_stage, acts_first, logits, mu_peak, mu,
+                          buffer_bytes(arch, inp, True))}
+    return {0: _stage(common, "first", counts.first_stage, acts_first, 0, 0, 0, buffer_bytes(arch, inp, False)),
+            inp.pp - 1: _stage(common, "last", counts.last_stage, acts_last, logits, mu_peak, mu,
+                               buffer_bytes(arch, inp, True))}
 
 
-def _stage(common: dict, stage: str, n: int, acts: int, logits: int, mu: int) -> PlanReport:
+def sampling_peak_bytes(arch: ArchSpec, inp: PlanInputs, padded_v: int, mu: int) -> int:
+    """What the μ pass adds to the stage's peak. ``ratio_space=sampling``: its whole working set, in the training
+    forward and backward. ``full``: it runs in the no-grad log-prob passes after the full softmax has freed its
+    temporaries, beside the logits shard and its fp32 copy, so it adds only what exceeds the softmax's two fp32
+    temporaries (``z - max``, ``exp``): max(0, μ − 8·T·V/t)."""
+    if inp.ratio_space == "sampling":
+        return mu
+    tokens = math.ceil(inp.micro_batch_tokens / inp.cp)
+    return max(0, mu - 8 * tokens * (padded_v // inp.tp))
+
+
+def _stage(common: dict, stage: str, n: int, acts: int, logits: int, mu: int, mu_working: int,
+           buffers: int) -> PlanReport:
     inp: PlanInputs = common["inputs"]
     e = DTYPE_BYTES[inp.dtype]
     grad_b, opt_b = (4, 12) if e == 2 else (4, 8)
     r = inp.dp * inp.cp if inp.dist_opt else 1      # Megatron's distributed optimizer shards over DP x CP
     copies = (inp.extra_weight_copies + inp.reference) * n * e + inp.teacher_shadow * n * (4 + e)
     return PlanReport(**common, stage=stage, weights=n * e, grads=n * grad_b, optimizer=int(n * opt_b / r),
-                      extra_copies=copies, activations=acts, logits=logits, sampling=mu)
+                      extra_copies=copies, activations=acts, logits=logits, sampling=mu, sampling_working=mu_working,
+                      buffers=buffers)
 
 
 def score_total(rep: PlanReport) -> int:

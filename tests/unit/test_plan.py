@@ -88,9 +88,12 @@ def test_memory_terms_closed_form():
     r = estimate(a, inp)
     n = a.total_params()
     assert (r.weights, r.grads, r.optimizer) == (2 * n, 4 * n, 12 * n // 4)  # bf16 + fp32 grads + 12/DP
-    # per token per layer, e=2: norms 2*64 + qkv-in 64 + qkv (64+64) + ctx 64 + fc1-in 64 + 3*128 = 832 -> 1664 B
-    assert r.activations == 16 * 2 * 1664
-    assert r.logits == 16 * 256 * (2 + 4 + 4)
+    # per token per layer, e=2: norms 2*64 + qkv-in 64 + qkv (64+64) + ctx 64 + fc1-in 64 + 3*128 = 832, and the
+    # RoPE'd q, k (64 + 32) with Qwen3's q/k norms' inputs (64 + 32): 1024 -> 2048 B; once per token, the final
+    # norm's and the output layer's inputs, 2 * 64 * 2 = 256 B
+    assert r.activations == 16 * 2 * 2048 + 16 * 256
+    # logits: the bf16 shard, its fp32 copy, z - max and exp (2 + 4 + 4 + 4 B); the output layer's bf16 wgrad
+    assert r.logits == 16 * 256 * (2 + 4 + 4 + 4) + 256 * 64 * 2
     # KV: 2 (K,V) * 2 layers * 2 kv heads * 16 dim * 2 B * 3 seqs * 10 tokens
     assert r.rollout_kv == 2 * 2 * 2 * 16 * 2 * 30
     # colocated: update = train + slept engine (its overhead, 0 here); generation = resident + engine
@@ -112,11 +115,12 @@ def test_memory_terms_closed_form():
 
 def test_token_budget_sets_the_activation_tokens():
     """A packed micro-batch of B token slots plans T = B tokens (rows x row length <= B), whatever the
-    sequence length; padded plans b x s. Closed form on the tiny model (per token per layer 1664 B)."""
+    sequence length; padded plans b x s. Closed form on the tiny model (per token per layer 2048 B, once 256 B:
+    test_memory_terms_closed_form)."""
     a = ArchSpec.from_hf(TINY["Qwen3ForCausalLM"], "tiny")
     packed = estimate(a, PlanInputs(max_tokens_per_micro_batch=40, seq_len=8, overhead_gib=0))
     assert packed.inputs.micro_batch_tokens == 40
-    assert (packed.activations, packed.logits) == (40 * 2 * 1664, 40 * 256 * (2 + 4 + 4))
+    assert (packed.activations, packed.logits) == (40 * (2 * 2048 + 256), 40 * 256 * 14 + 256 * 64 * 2)
     padded = estimate(a, PlanInputs(micro_batch=5, seq_len=8, overhead_gib=0))
     assert (padded.activations, padded.logits) == (packed.activations, packed.logits)   # 5 x 8 = 40 tokens
     assert padded.inputs.micro_batch_text() == "5 x 8 (padded)"
@@ -129,14 +133,17 @@ def test_token_budget_sets_the_activation_tokens():
     noflash = estimate(a, PlanInputs(max_tokens_per_micro_batch=40, seq_len=8, attention="local", overhead_gib=0))
     # local attention keeps 6 B per S x S element (fp32 softmax + its bf16 cast) in each of the 2 layers, plus
     # one layer's working set of 8 B per element (raw scores, their fp32 copy, megatron's persistent buffer)
-    assert noflash.activations == 40 * 2 * (1664 + 6 * 4 * 8) + 40 * 4 * 8 * 8
+    assert noflash.activations == 40 * 2 * (2048 + 6 * 4 * 8) + 40 * 256 + 40 * 4 * 8 * 8
     # qwen3-8b, TP=4 + SP: the RLCSD recipe's 40960-token budget holds 2.2x the activations of 1 x 18432
     q = load_arch("qwen3-8b")
     big = {"tp": 4, "dp": 2, "sequence_parallel": True, "seq_len": 18432, "rollout_seqs": 16, "offload": "optimizer"}
     r_budget = estimate(q, PlanInputs(max_tokens_per_micro_batch=40960, max_model_len=40960, **big))
     r_one = estimate(q, PlanInputs(micro_batch=1, **big))
     assert r_budget.activations / r_one.activations == pytest.approx(40960 / 18432, rel=1e-6)
-    assert round(r_budget.activations / GIB, 2) == 43.59 and round(r_budget.logits / GIB, 2) == 14.50
+    # per token per layer 2 * (3h/t + (q + 2kv)/t + q/t + 2 (q + kv)/t + h/t + 3f/t) = 36864 B x 36 layers, plus
+    # 2 * 2h/t once; logits 14 B x 40960 x 38016 + the wgrad 38016 x 4096 x 2; SP's gather buffer 40960 x 4096 x 2
+    assert round(r_budget.activations / GIB, 2) == 50.78 and round(r_budget.logits / GIB, 2) == 20.59
+    assert r_budget.buffers == 40960 * 4096 * 2
     assert "raise TP/PP/DP, lower --max-tokens-per-micro-batch" in format_report(r_budget)
 
 
@@ -218,9 +225,11 @@ def test_config_json_folder_and_cli_args(tmp_path, capsys):
 
 
 def test_config_built_copies_swiglu_recompute_and_engine_share():
-    """What a config builds, in closed form on the tiny model (per token per layer 1664 B fused):
+    """What a config builds, in closed form on the tiny model (per token per layer 2048 B fused, once 256 B, logits
+    90112 B: test_memory_terms_closed_form):
     reference = one copy in model precision, teacher shadow = fp32 + the live copy of a teacher pass;
-    the unfused SwiGLU keeps 2f/t more per token per layer; full recompute by method; an engine share
+    the unfused SwiGLU keeps 2f/t more per token per layer; full recompute by method (a stage with the output layer
+    peaks at its logits before any unit is recomputed: the unit counts only where it exceeds them); an engine share
     (gpu_memory_utilization) is taken whole and must hold the engine's need."""
     a = ArchSpec.from_hf(TINY["Qwen3ForCausalLM"], "tiny")
     base = dict(micro_batch=2, seq_len=8, overhead_gib=0, rollout_seqs=3, rollout_len=10)
@@ -228,38 +237,44 @@ def test_config_built_copies_swiglu_recompute_and_engine_share():
     n = a.total_params()
     assert estimate(a, PlanInputs(reference=True, **base)).extra_copies == 2 * n
     assert estimate(a, PlanInputs(teacher_shadow=True, **base)).extra_copies == 6 * n
-    assert estimate(a, PlanInputs(fused_swiglu=False, **base)).activations == 16 * 2 * (1664 + 2 * 2 * 128)
-    per_tok, inp = 16 * 1664, 16 * 2 * 64                    # one layer's activations / one layer's input, 16 tokens
-    assert estimate(a, PlanInputs(recompute="full", **base)).activations == 2 * inp + per_tok
-    assert estimate(a, PlanInputs(recompute="full", recompute_num_layers=2, **base)).activations == inp + 2 * per_tok
-    assert estimate(a, PlanInputs(recompute="full", recompute_method="block", **base)).activations == inp + 2 * per_tok
-    share = estimate(a, PlanInputs(rollout_mem_util=0.5, **base))
-    assert share.rollout_total == 40 * GIB and share.generation_peak == r.trainer_resident + 40 * GIB and fits(share)
+    per_tok, inp, head, logits = 16 * 2048, 16 * 2 * 64, 16 * 256, 90112   # one layer's activations / input, 16 tokens
+    assert estimate(a, PlanInputs(fused_swiglu=False, **base)).activations == 2 * (per_tok + 16 * 2 * 2 * 128) + head
+    # a recomputed unit of k layers: its activations and the gradients through it, 2k layers' worth
+    assert estimate(a, PlanInputs(recompute="full", **base)).activations == 2 * inp + head   # 2 x per_tok < logits
+    assert estimate(a, PlanInputs(recompute="full", recompute_num_layers=2, **base)).activations == \
+        inp + (4 * per_tok - logits) + head
+    assert estimate(a, PlanInputs(recompute="full", recompute_method="block", **base)).activations == \
+        inp + per_tok + head
     from megatron_rl.planning.memory import activation_bytes
 
+    first_full, _, _ = activation_bytes(a, PlanInputs(pp=2, recompute="full", **base), 256)
+    assert first_full == 2 * inp + 2 * per_tok                 # a first stage holds the recomputed unit whole
+    share = estimate(a, PlanInputs(rollout_mem_util=0.5, **base))
+    assert share.rollout_total == 40 * GIB and share.generation_peak == r.trainer_resident + 40 * GIB and fits(share)
     first, last, _ = activation_bytes(a, PlanInputs(pp=2, **base), 256)
     i_first, i_last, _ = activation_bytes(a, PlanInputs(pp=2, vpp=2, **base), 256)   # interleaved: x (1 + (p-1)/(p v))
-    assert (i_first, i_last) == (int(first * 1.25), last) and first == 16 * 2 * 1664
+    assert (i_first, i_last) == (int(first * 1.25), last) and first == 2 * per_tok
+    assert last == per_tok + head + inp                        # one layer, the head's inputs, the received input
     short = estimate(a, PlanInputs(rollout_mem_util=1e-9, **base))
     assert not fits(short) and "holds less than its weights + KV cache" in format_report(short)
 
 
 def test_context_parallel_splits_tokens_adds_the_ring_and_shards_over_dp_cp():
-    """CP c on the tiny model (per token per layer 1664 B, 16 tokens per micro-batch): activations and
+    """CP c on the tiny model (per token per layer 2048 B, once 256 B, 16 tokens per micro-batch): activations and
     logits of 16/c tokens, plus TE's p2p ring of one layer, 2 buffers x (16/c) x 2kv (2 x 32) x e; the
     distributed optimizer shards over DP x CP; the report counts tp x pp x cp x dp GPUs."""
     a = ArchSpec.from_hf(TINY["Qwen3ForCausalLM"], "tiny")
     base = dict(micro_batch=2, seq_len=8, overhead_gib=0, rollout_seqs=3, rollout_len=10, dp=2)
     one, two = estimate(a, PlanInputs(**base)), estimate(a, PlanInputs(cp=2, **base))
     n = a.total_params()
-    assert one.activations == 16 * 2 * 1664
-    assert two.activations == 8 * 2 * 1664 + 2 * 8 * 64 * 2
-    assert (one.logits, two.logits) == (16 * 256 * 10, 8 * 256 * 10)
+    assert one.activations == 16 * (2 * 2048 + 256)
+    assert two.activations == 8 * (2 * 2048 + 256) + 2 * 8 * 64 * 2
+    assert (one.logits, two.logits) == (16 * 256 * 14 + 256 * 64 * 2, 8 * 256 * 14 + 256 * 64 * 2)
     assert (one.optimizer, two.optimizer) == (12 * n // 2, 12 * n // 4)
     assert (two.weights, two.grads) == (one.weights, one.grads)          # CP replicates the weights
     assert "CP=2 DP=2 (4 GPUs)" in format_report(two)
-    full = estimate(a, PlanInputs(cp=4, recompute="full", **base))         # 4 tokens: 2 inputs + one layer + ring
-    assert full.activations == 4 * 2 * 64 * 2 + 4 * 1664 + 2 * 4 * 64 * 2
+    full = estimate(a, PlanInputs(cp=4, recompute="full", **base))   # 4 tokens: 2 inputs + the head's + ring
+    assert full.activations == 4 * 2 * 64 * 2 + 4 * 256 + 2 * 4 * 64 * 2
     with pytest.raises(ValueError, match="cp must be >= 1"):
         PlanInputs(cp=0)
 
@@ -383,20 +398,24 @@ def test_sampling_term_is_the_mu_pass_working_set():
         bwd = n * w * 2 + rows * w * (PM.MU_BACKWARD_BYTES + 4)        # bf16 logits: the fp32 upcast of a chunk
         return PM.MU_ROW_BYTES * n + (max(fwd, bwd) if space == "sampling" else fwd)
 
+    def adds(top_k, top_p, min_p, space):   # full: after the full softmax's two fp32 temporaries (8 B) are freed
+        mu = want(top_k, top_p, min_p, space)
+        return mu if space == "sampling" else max(0, mu - 8 * n * w)
+
     off = estimate(arch, base)
     assert off.sampling == 0
     for k, p, m, space in [(20, 0.95, 0.0, "full"), (-1, 0.7, 0.0, "full"), (-1, 1.0, 0.1, "full"),
                            (3, 1.0, 0.0, "sampling"), (-1, 0.95, 0.0, "sampling")]:
         rep = estimate(arch, dataclasses.replace(base, top_k=k, top_p=p, min_p=m, ratio_space=space))
-        assert rep.sampling == want(k, p, m, space), (k, p, m, space)
-        assert rep.train_total - off.train_total == rep.sampling
+        assert rep.sampling_working == want(k, p, m, space), (k, p, m, space)
+        assert rep.sampling == adds(k, p, m, space) and rep.train_total - off.train_total == rep.sampling
         assert "sampling μ pass" in format_report(rep)
     # the recipe (top-k 20, top-p 0.95): candidates only, ~13 MiB; top-p alone adds one chunk's exp + mask
     assert math.isclose(want(20, 0.95, 0, "full") / 2**20, 12.72, abs_tol=0.01)
     assert PM.MU_ROW_MASS_BYTES * rows * w <= PM.MU_ROW_MASS_BYTES / 4 * CHUNK_BYTES
     assert estimate(arch, dataclasses.replace(base, top_k=arch.vocab)).sampling == 0   # k >= V keeps all
     pp = estimate(arch, dataclasses.replace(base, pp=2, top_p=0.7))                     # the last stage's
-    assert pp.sampling == (want(-1, 0.7, 0, "full") if pp.stage == "last" else 0)
+    assert pp.sampling_working == (want(-1, 0.7, 0, "full") if pp.stage == "last" else 0)
     with pytest.raises(ValueError, match="ratio-space"):
         PlanInputs(ratio_space="mu")
 

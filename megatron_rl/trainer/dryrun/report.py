@@ -7,14 +7,13 @@ Measured (``measure.py``, ``step.py``): the static components by owner; ``activa
 when the last stage's output layer starts (a stage without it: the update's working set); ``logits`` = the rest
 of the update's peak (logits, fp32 softmax, the loss's backward); ``μ`` = how far the log-prob pass with μ
 peaks above the one without. The plan's numbers are ``planning/memory.py``'s (``params_per_gpu``,
-``activation_bytes``, ``sampling_bytes``; its per-GPU overhead is left out on both sides: the dry run measures
+``activation_bytes``, ``sampling_peak_bytes``; its per-GPU overhead is left out on both sides: the dry run measures
 tensors). The peak is the highest phase of the step; X and Y are tensors, without that overhead.
 """
 from __future__ import annotations
 
 from megatron_rl.planning.arch import ArchSpec
-from megatron_rl.planning.memory import (DTYPE_BYTES, GIB, PlanInputs, activation_bytes, params_per_gpu,
-                                         sampling_bytes)
+from megatron_rl.planning.memory import DTYPE_BYTES, GIB, PlanInputs, estimate_stages
 
 #: the devices the peak is held against: (name, bytes)
 DEVICES = (("80 GB", 80e9), ("141 GB", 141e9))
@@ -28,21 +27,14 @@ ROWS = (("weights", "weights"), ("grads", "gradients (fp32 main grads)"),
 
 def plan_stages(arch: ArchSpec, inp: PlanInputs) -> dict[int, dict[str, float]]:
     """``planning/memory.py``'s components of the first and the last pipeline stage (bytes; no overhead)."""
-    counts = params_per_gpu(arch, inp)
-    first_act, last_act, logits = activation_bytes(arch, inp, counts.padded_vocab)
-    e = DTYPE_BYTES[inp.dtype]
-    opt_b = 12 if e == 2 else 8
-    r = inp.dp * inp.cp if inp.dist_opt else 1
-    mu = sampling_bytes(arch, inp, counts.padded_vocab)
-
-    def stage(n: int, acts: int, last: bool) -> dict[str, float]:
-        return {"weights": n * e, "grads": n * 4, "optimizer": n * opt_b / r, "reference": inp.reference * n * e,
-                "teacher": inp.teacher_shadow * n * (4 + e), "other": 0, "activations": acts,
-                "logits": logits if last else 0, "mu": mu if last else 0}
-    if inp.pp == 1:
-        return {0: stage(counts.first_stage, first_act, True)}
-    return {0: stage(counts.first_stage, first_act, False),
-            inp.pp - 1: stage(counts.last_stage, last_act, True)}
+    out = {}
+    for index, rep in estimate_stages(arch, inp).items():
+        n, e = (rep.params.first_stage if index == 0 else rep.params.last_stage), DTYPE_BYTES[inp.dtype]
+        reference, teacher = inp.reference * n * e, inp.teacher_shadow * n * (4 + e)
+        out[index] = {"weights": rep.weights, "grads": rep.grads, "optimizer": rep.optimizer, "reference": reference,
+                      "teacher": teacher, "other": rep.buffers + rep.extra_copies - reference - teacher,
+                      "activations": rep.activations, "logits": rep.logits, "mu": rep.sampling}
+    return out
 
 
 def measured(result: dict) -> dict[str, float]:
