@@ -91,6 +91,13 @@ class LoraSpec:
         return tuple(k for k, hf in MODULES[module][1] if hf.split(".")[-1] in self.targets)
 
 
+def lora_spec(cfg) -> LoraSpec | None:
+    """The :class:`LoraSpec` of a run's ``lora`` config section (``config_sections.LoraConfig``); None when off."""
+    if not cfg.enable:
+        return None
+    return LoraSpec(int(cfg.rank), float(cfg.alpha), tuple(cfg.target_modules))
+
+
 def is_adapter_param(name: str) -> bool:
     """Is ``name`` (a parameter name of a model chunk) a LoRA adapter's?"""
     return ".lora_A." in name or ".lora_B." in name
@@ -281,11 +288,20 @@ def init_adapters(model: torch.nn.Module, layer_offset: int, seed: int, tp: int 
 
 
 def freeze_base(model: torch.nn.Module) -> int:
-    """requires_grad False on every parameter but the adapters'; returns the number of adapter parameters."""
+    """requires_grad False on every parameter but the adapters'; returns the number of adapter parameters.
+
+    The embedding's output is then marked as requiring grad (a forward hook): with the embedding frozen nothing
+    upstream of the first layer needs a gradient, and megatron's full recompute (``CheckpointFunction``, an
+    autograd function) would hand back an output that needs none, so no gradient would reach the adapters
+    inside it (measured: grad norm 0 at ``model.recompute=full``)."""
     n = 0
     for name, p in model.named_parameters():
         p.requires_grad_(is_adapter_param(name))
         n += p.numel() if p.requires_grad else 0
+    emb = getattr(model, "embedding", None)
+    if emb is not None and not getattr(emb, "_lora_input_grads", False):
+        emb.register_forward_hook(lambda _m, _i, out: out.requires_grad_(True) if torch.is_grad_enabled() else out)
+        emb._lora_input_grads = True
     return n
 
 
