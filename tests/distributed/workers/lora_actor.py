@@ -62,7 +62,8 @@ def run_case(hf_dir, out_dir, label, tp, pp, micro_kind, recompute):
     adapters = [p for _, p in names]
     a0 = [p.detach().clone() for p in adapters]
     opt_params = sum(p.numel() for g in actor.optimizer.param_groups for p in g["params"])
-    out = {"adapter_params_local": sum(p.numel() for p in adapters), "optimizer_params_local": opt_params}
+    out = {"adapter_params_local": sum(p.numel() for p in adapters), "optimizer_params_local": opt_params,
+           "dp": actor.groups.dp_size}
     run_dir = Path(out_dir) / f"{label}_run"
     s1 = step(actor, 1, micro)
     save_checkpoint(run_dir, 1, actor, {}, keep_last=2)
