@@ -91,13 +91,6 @@ class LoraSpec:
         return tuple(k for k, hf in MODULES[module][1] if hf.split(".")[-1] in self.targets)
 
 
-def lora_spec(cfg) -> LoraSpec | None:
-    """The :class:`LoraSpec` of a run's ``lora`` config section (``config_sections.LoraConfig``); None when off."""
-    if not cfg.enable:
-        return None
-    return LoraSpec(int(cfg.rank), float(cfg.alpha), tuple(cfg.target_modules))
-
-
 def is_adapter_param(name: str) -> bool:
     """Is ``name`` (a parameter name of a model chunk) a LoRA adapter's?"""
     return ".lora_A." in name or ".lora_B." in name

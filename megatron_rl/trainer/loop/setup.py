@@ -15,7 +15,7 @@ from megatron_rl.data.dataset import DeterministicSampler
 from megatron_rl.data.tokenizer import load_tokenizer
 from megatron_rl.eval.metrics import summarize
 from megatron_rl.eval.training import table_metrics
-from megatron_rl.models.lora import lora_spec
+from megatron_rl.models.lora import LoraSpec
 from megatron_rl.models.provider import load_hf_config, recompute_overrides
 from megatron_rl.rewards.factory import build_rewards
 from megatron_rl.rollout.client import RolloutClient
@@ -252,7 +252,7 @@ def _build_policy(cfg, info, backend: str) -> tuple[PolicyActor, ReferencePolicy
     actor = PolicyActor(hf_cfg, info, _optim_spec(cfg), temperature=cfg.rollout.temperature,
                         sequence_parallel=info.sequence_parallel, backend=backend, fp8=cfg.model.fp8,
                         offload=cfg.trainer.offload,
-                        recompute=recompute, lora=lora_spec(cfg.lora), lora_seed=cfg.lora.init_seed)
+                        recompute=recompute, lora=_lora_spec(cfg), lora_seed=cfg.lora.init_seed)
     actor.load_hf(cfg.model.hf_path)
     r = cfg.rollout
     mu = SamplingSpec(r.temperature, r.top_k, r.top_p, r.min_p)   # what the engines sample from
@@ -266,6 +266,14 @@ def _build_policy(cfg, info, backend: str) -> tuple[PolicyActor, ReferencePolicy
         ref.load_hf(cfg.model.hf_path)
         ref.set_sampling(mu)
     return actor, ref
+
+
+def _lora_spec(cfg) -> LoraSpec | None:
+    """The adapters ``lora`` asks for (``models/lora.py``); None when ``lora.enable`` is off. ``lora.dropout`` and
+    ``lora.push`` have one accepted value each (0, merged), checked at config load."""
+    if not cfg.lora.enable:
+        return None
+    return LoraSpec(int(cfg.lora.rank), float(cfg.lora.alpha), tuple(cfg.lora.target_modules))
 
 
 def _start_engines(cfg, info, client):
