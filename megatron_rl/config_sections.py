@@ -522,3 +522,44 @@ class TeacherConfig:
         _check(self.template in ("auto", "chat", "inline"), f"teacher.template invalid: {self.template!r}; valid: auto|chat|inline")
         _check(self.pack_len >= 0, "teacher.pack_len must be >= 0")
         _check(self.pack in ("auto", "on", "off"), f"teacher.pack invalid: {self.pack!r}; valid: auto|on|off")
+
+
+#: HF projections ``lora.target_modules`` may name (``models/lora.py`` ``TARGETS``; repeated here: config is a leaf)
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraConfig:
+    """LoRA on the policy (``models/lora.py``): y = W x + (alpha / rank) · B A x on the targeted projections,
+    W frozen; the KL reference is the same policy with its adapters off (no second model)."""
+
+    enable: bool = False
+    """Train LoRA adapters instead of the full policy (the base weights are frozen; the optimizer holds the
+    adapters only)."""
+    rank: int = 16
+    """Adapter rank r (>= 1)."""
+    alpha: float = 32.0
+    """Adapter scale numerator: the update is (alpha / rank) · B A."""
+    dropout: float = 0.0
+    """Must be 0: the training pass must compute the distribution the rollout engines sampled from (a dropped-out
+    adapter would not), so any other value is refused."""
+    target_modules: tuple[str, ...] = LORA_TARGETS
+    """HF projections with adapters (PEFT's names): q_proj k_proj v_proj o_proj gate_proj up_proj down_proj."""
+    push: str = "merged"
+    """What the weight sync pushes to the engines: merged (W + (alpha / rank) · B A per projection, the full
+    HF weights as without LoRA). ``adapter`` (vLLM LoRA adapters) is refused: not built."""
+    init_seed: int = 0
+    """Seed of the adapters' initialisation (A uniform, B = 0: the policy starts as the base)."""
+
+    def __post_init__(self):
+        object.__setattr__(self, "target_modules", tuple(self.target_modules))
+        _check(self.rank >= 1, f"lora.rank must be >= 1, got {self.rank}")
+        _check(self.alpha > 0, f"lora.alpha must be > 0, got {self.alpha}")
+        _check(self.dropout == 0, f"lora.dropout={self.dropout} refused: it must be 0 (the training pass must compute "
+               "the same distribution as the rollout engines, which run the adapters without dropout)")
+        bad = sorted(set(self.target_modules) - set(LORA_TARGETS))
+        _check(not bad and bool(self.target_modules),
+               f"lora.target_modules {bad or '[]'} invalid; valid: {list(LORA_TARGETS)}")
+        _check(self.push in ("merged", "adapter"), f"lora.push must be merged|adapter, got {self.push!r}")
+        _check(self.push == "merged", "lora.push=adapter refused: pushing adapters through vLLM's LoRA machinery is "
+               "not built in this version; use lora.push=merged (the engines get W + (alpha/rank)·B·A)")

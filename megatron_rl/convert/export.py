@@ -138,6 +138,9 @@ def _export(ckpt: Path, out: Path, force: bool, max_shard_bytes: int, hf_config,
     arch, _ = arch_info(src)
     rules = name_maps.expand(arch)
     with DcpReader(ckpt / "dist") as reader:
+        if any(".lora_A." in k or ".lora_B." in k for k in reader.tensor_keys()):
+            raise ValueError(f"{ckpt} holds LoRA adapters (lora.enable): this exporter writes the base weights only; use "
+                             "the run's merged export (trainer.export_hf: run_dir/hf) and its PEFT adapter (run_dir/adapter)")
         for r in rules:   # every key present before anything is written
             reader.shape(rule_box(r, arch)[0])
         want = parse_dtype(dtype) if isinstance(dtype, str) else dtype

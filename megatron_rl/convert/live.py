@@ -18,6 +18,7 @@ from megatron_rl.convert import name_maps, transforms
 from megatron_rl.convert.atomic import EXPORT_MARKER, atomic_dir
 from megatron_rl.convert.config_json import with_dtype
 from megatron_rl.convert.hf_io import HFReader, HFWriter, copy_tokenizer_files
+from megatron_rl.models.lora import is_adapter_param, lora_modules
 from megatron_rl.models.provider import ArchInfo, load_hf_config, model_arch_info, padded_vocab_size
 from megatron_rl.runtime.diskspace import check_free_on_rank0, meta_bytes
 
@@ -40,16 +41,31 @@ def _layer_offset(model) -> int:
 
 
 def local_params(model_chunks: Iterable[torch.nn.Module], arch: ArchInfo) -> dict[str, torch.nn.Parameter]:
-    """``{global local-spec Megatron name: parameter}`` for this rank's chunks."""
+    """``{global local-spec Megatron name: parameter}`` for this rank's chunks (the base model's: LoRA
+    adapters, ``models/lora.py``, are no HF tensor and are left out)."""
     out = {}
     for m in model_chunks:
         off = _layer_offset(m)
         for name, p in m.named_parameters():
+            if is_adapter_param(name):
+                continue
             g = name_maps.canonical_local_name(name_maps.local_to_global(name, off))
             if arch.tied_embeddings and g == "output_layer.weight":
                 g = "output_layer.weight(tied)"
             out[g] = p
     return out
+
+
+def merged_local(model_chunks: Iterable[torch.nn.Module]) -> dict[str, torch.nn.Module]:
+    """``{global Megatron weight name: LoRA module}`` of this rank's chunks: what :func:`local_weight` merges."""
+    return {f"decoder.layers.{layer}.{module}.weight": m for c in model_chunks
+            for layer, module, m in lora_modules(c, _layer_offset(c))}
+
+
+def local_weight(params: dict, merged: dict, name: str) -> torch.Tensor:
+    """This rank's tensor of ``name`` as the HF side sees it: with LoRA adapters, W + s·B·A of the shard
+    (``models/lora.py``: the merge is shard-local, in the base's layout), else the parameter itself."""
+    return merged[name].merged_weight() if name in merged else params[name].detach()
 
 
 def build_full(rule: name_maps.Rule, tensors: list[torch.Tensor], arch: ArchInfo) -> torch.Tensor:
@@ -177,14 +193,15 @@ def iter_hf_tensors(model_chunks, hf_cfg) -> Iterator[tuple[str, torch.Tensor]]:
 
     arch = model_arch_info(hf_cfg)
     tp, _, pp, pp_rank = _grid()
-    params = local_params(model_chunks, arch)
+    model_chunks = list(model_chunks)
+    params, merged = local_params(model_chunks, arch), merged_local(model_chunks)
     vpp = _vpp()
     for rule in name_maps.expand(arch):
         owner = _owner_stage(rule, arch, pp, vpp)
         dtype = next(iter(params.values())).dtype
         full = None
         if pp_rank == owner:
-            local = params[rule.mcore].detach()
+            local = local_weight(params, merged, rule.mcore)
             dtype = local.dtype
             if tp > 1:
                 group = ps.get_tensor_model_parallel_group()
@@ -232,7 +249,8 @@ def stream_hf_tensors(model_chunks, hf_cfg, sender: int = 0) -> Iterator[tuple[s
     if me != sender and ps.model_parallel_is_initialized() and (ps.get_data_parallel_rank() != 0
                                                                 or ps.get_context_parallel_rank() != 0):
         return        # another DP / CP replica of the weights (a whole TP group leaves together)
-    params = local_params(model_chunks, arch)
+    model_chunks = list(model_chunks)
+    params, merged = local_params(model_chunks, arch), merged_local(model_chunks)
     dtype = next(iter(params.values())).dtype
     pp_ranks = dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group()) if pp > 1 else [me]
     on_sender_column = sender in pp_ranks
@@ -241,7 +259,7 @@ def stream_hf_tensors(model_chunks, hf_cfg, sender: int = 0) -> Iterator[tuple[s
         owner = _owner_stage(rule, arch, pp, vpp)
         full = None
         if pp_rank == owner:
-            local = params[rule.mcore].detach()
+            local = local_weight(params, merged, rule.mcore)
             shards = [local]
             if tp > 1:
                 shards = [torch.empty_like(local) for _ in range(tp)]

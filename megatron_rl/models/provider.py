@@ -375,10 +375,11 @@ def llama3_inv_freq(inv_freq: torch.Tensor, factor: float, low_freq_factor: floa
 
 
 def build_gpt_model(cfg, config=None, *, pre_process: bool | None = None, post_process: bool | None = None,
-                    backend: str = "auto", vp_stage: int | None = None):
+                    backend: str = "auto", vp_stage: int | None = None, lora=None):
     """Build this rank's ``GPTModel`` chunk. ``pre_process``/``post_process`` default to whether
     this rank is the first / last pipeline stage. ``config`` defaults to
-    :func:`transformer_config_from_hf` at the current TP/PP sizes."""
+    :func:`transformer_config_from_hf` at the current TP/PP sizes. ``lora``: a ``models.lora.LoraSpec``
+    whose adapters the layer spec builds into the targeted linears (None: none)."""
     from megatron.core import parallel_state as ps  # lazy: defers megatron to the call
     from megatron.core.models.gpt import GPTModel  # lazy: defers megatron to the call
 
@@ -392,8 +393,13 @@ def build_gpt_model(cfg, config=None, *, pre_process: bool | None = None, post_p
         pre_process = ps.is_pipeline_first_stage() if ps.model_parallel_is_initialized() else True
     if post_process is None:
         post_process = ps.is_pipeline_last_stage() if ps.model_parallel_is_initialized() else True
+    spec = layer_spec(cfg, resolve_backend(backend))
+    if lora is not None:
+        from megatron_rl.models.lora import lora_layer_spec  # lazy: defers megatron to the call
+
+        spec = lora_layer_spec(spec, lora)
     model = GPTModel(
-        config, layer_spec(cfg, resolve_backend(backend)), vocab_size=padded_vocab_size(cfg, tp),
+        config, spec, vocab_size=padded_vocab_size(cfg, tp),
         max_sequence_length=a.max_position_embeddings, pre_process=pre_process, post_process=post_process,
         share_embeddings_and_output_weights=a.tied_embeddings, position_embedding_type="rope",
         rotary_percent=1.0, rotary_base=int(a.rope_theta), vp_stage=vp_stage)

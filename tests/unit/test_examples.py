@@ -79,7 +79,7 @@ def test_example_config_loads_and_validates(path, tmp_path):
 
     kind = (yaml.safe_load(path.read_text()).get("algo") or {}).get("kind")
     assert kind in ALGO_KINDS, f"{path.name}: algo.kind {kind!r} not in {sorted(ALGO_KINDS)}"
-    m = re.match(r"tiny_cpu_(\w+)$", path.stem)
+    m = re.match(r"tiny_cpu_(\w+?)(?:_lora)?$", path.stem)   # a feature variant: tiny_cpu_<kind>_lora
     if m:
         assert kind == m.group(1), f"{path.name} must run algo.kind={m.group(1)}"
     cfg = load(path, [f"model.hf_path={stand_in_model(path, tmp_path)}"])

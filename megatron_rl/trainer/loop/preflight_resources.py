@@ -116,6 +116,10 @@ def check_backend(cfg) -> str:
 
     backend = resolve_model_backend(cfg.model.backend, cfg.model.fp8, cfg.parallel.sequence_parallel and cfg.parallel.tp > 1)
     check_cp_backend(cfg.parallel.cp, backend)
+    if cfg.lora.enable and backend != "local":
+        raise ValueError(f"lora.enable=true needs the local layer spec (model.backend=local; here it resolves to {backend}): "
+                         "the adapters wrap megatron's Column/RowParallelLinear (models/lora.py), and Transformer Engine's "
+                         "fused norm+linear hides the normalised input they read")
     if backend == "local" and cfg.model.hf_path:
         check_attention_memory(cfg, backend)
     return backend

@@ -195,6 +195,9 @@ def _finish(rn: Run, summary: dict) -> None:
     if cfg.trainer.export_hf:
         with rn.colo.trainer_loaded():
             rn.actor.export_hf(str(Path(cfg.trainer.run_dir) / "hf"), tokenizer_dir=cfg.model.tokenizer_path or cfg.model.hf_path)
+            if rn.actor.lora is not None:   # hf/ holds the merged weights (W + s·BA); adapter/ the PEFT adapter
+                rn.actor.export_adapter(str(Path(cfg.trainer.run_dir) / "adapter"), base_model=cfg.model.hf_path)
+                summary["adapter_export"] = str(Path(cfg.trainer.run_dir) / "adapter")
         summary["hf_export"] = str(Path(cfg.trainer.run_dir) / "hf")
     summary["curve"] = str(rn.logger.finish({k: v for k, v in summary.items() if isinstance(v, (int, float))}) or "")
     summary["metrics"] = str(Path(cfg.trainer.run_dir) / "metrics.jsonl")

@@ -15,6 +15,7 @@ from megatron_rl.data.dataset import DeterministicSampler
 from megatron_rl.data.tokenizer import load_tokenizer
 from megatron_rl.eval.metrics import summarize
 from megatron_rl.eval.training import table_metrics
+from megatron_rl.models.lora import LoraSpec
 from megatron_rl.models.provider import load_hf_config, recompute_overrides
 from megatron_rl.rewards.factory import build_rewards
 from megatron_rl.rollout.client import RolloutClient
@@ -37,7 +38,7 @@ from megatron_rl.trainer.paths import build_path
 from megatron_rl.trainer.contract import CollectContext, PathSetup, SampleDump, UpdateContext
 from megatron_rl.trainer.pipeline.packing import micro_of
 from megatron_rl.trainer.pipeline.update import OPTIMIZER_STEPS_FILE
-from megatron_rl.trainer.policy.actor import PolicyActor, ReferencePolicy
+from megatron_rl.trainer.policy.actor import AdapterOffReference, PolicyActor, ReferencePolicy
 from megatron_rl.trainer.policy.optim import OptimSpec
 from megatron_rl.trainer.state.run_config import save_run_config
 from megatron_rl.trainer.state.run_dir import archive_run, config_inputs
@@ -85,7 +86,7 @@ class Run:
     val_set: PromptDataset | None
     sampler: DeterministicSampler
     actor: PolicyActor
-    ref: ReferencePolicy | None     # when the method's loss needs reference log-probs
+    ref: ReferencePolicy | AdapterOffReference | None     # when the method's loss needs reference log-probs
     client: RolloutClient | None    # the engine pool: the Ray driver (global rank 0) only
     rewards: RewardManager
     logger: RunLogger
@@ -242,27 +243,37 @@ def _prepare_run_dir(cfg, overwrite: bool, keep: tuple) -> None:
         remove_stale_tmp(cfg.trainer.run_dir)    # .tmp-step_* of a save cut short by a crash or kill: one line
 
 
-def _build_policy(cfg, info, backend: str) -> tuple[PolicyActor, ReferencePolicy | None]:
+def _build_policy(cfg, info, backend: str) -> tuple[PolicyActor, ReferencePolicy | AdapterOffReference | None]:
     """The actor from ``model.hf_path``, and the frozen reference when the method's loss needs
-    reference log-probs."""
+    reference log-probs (with ``lora.enable``: the actor with its adapters off, ``AdapterOffReference``)."""
     hf_cfg = load_hf_config(cfg.model.hf_path)
     recompute = {**recompute_overrides(cfg.model.recompute, cfg.model.recompute_method, cfg.model.recompute_num_layers),
                  **determinism.megatron_overrides(cfg.trainer.deterministic)}
     actor = PolicyActor(hf_cfg, info, _optim_spec(cfg), temperature=cfg.rollout.temperature,
                         sequence_parallel=info.sequence_parallel, backend=backend, fp8=cfg.model.fp8,
                         offload=cfg.trainer.offload,
-                        recompute=recompute)
+                        recompute=recompute, lora=_lora_spec(cfg), lora_seed=cfg.lora.init_seed)
     actor.load_hf(cfg.model.hf_path)
     r = cfg.rollout
     mu = SamplingSpec(r.temperature, r.top_k, r.top_p, r.min_p)   # what the engines sample from
     actor.set_sampling(mu, train=cfg.algo.ratio_space == "sampling")
     ref = None
-    if "ref_logp" in A.kind_required_inputs(cfg.algo.kind, cfg.algo.hparams):
+    if "ref_logp" in A.kind_required_inputs(cfg.algo.kind, cfg.algo.hparams) and cfg.lora.enable:
+        ref = AdapterOffReference(actor)      # the base = the actor with its adapters off: no second model
+    elif "ref_logp" in A.kind_required_inputs(cfg.algo.kind, cfg.algo.hparams):
         ref = ReferencePolicy(hf_cfg, cfg.rollout.temperature, info.sequence_parallel, cfg.model.bf16, parallel_info=info,
                               backend=backend, fp8=cfg.model.fp8)
         ref.load_hf(cfg.model.hf_path)
         ref.set_sampling(mu)
     return actor, ref
+
+
+def _lora_spec(cfg) -> LoraSpec | None:
+    """The adapters ``lora`` asks for (``models/lora.py``); None when ``lora.enable`` is off. ``lora.dropout`` and
+    ``lora.push`` have one accepted value each (0, merged), checked at config load."""
+    if not cfg.lora.enable:
+        return None
+    return LoraSpec(int(cfg.lora.rank), float(cfg.lora.alpha), tuple(cfg.lora.target_modules))
 
 
 def _start_engines(cfg, info, client):

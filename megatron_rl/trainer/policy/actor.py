@@ -5,6 +5,7 @@
                     the log-prob / top-k passes (``forward_logprobs``, ``forward_support``) are
                     :class:`~megatron_rl.trainer.policy.logprob_model.LogProbModel`'s.
 ``ReferencePolicy`` a frozen second model instance (no DDP, no optimizer) for KL reference log-probs.
+``AdapterOffReference`` the reference of a LoRA actor: the actor itself with its adapters off (no second model).
 
 Training objective (``train_step``): ``loss_fn(logp, entropy, mb) -> (loss_sum, normaliser, metrics)``
 is called once per micro-batch ``mb``; the step minimises
@@ -42,7 +43,7 @@ from megatron_rl.trainer.policy.optim import OptimSpec, build_optimizer, current
 from megatron_rl.trainer.policy.schedule import Groups, from_last_stage, run_schedule, sum_dp
 from megatron_rl.trainer.policy.vocab_parallel import vocab_parallel_gather_logprobs
 
-__all__ = ["LogProbResult", "LossFn", "NonFiniteLossError", "PolicyActor", "ReferencePolicy", "TrainStepResult",
+__all__ = ["AdapterOffReference", "LogProbResult", "LossFn", "NonFiniteLossError", "PolicyActor", "ReferencePolicy", "TrainStepResult",
            "unwrap"]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor, TrainBatch], tuple]
@@ -96,11 +97,13 @@ class PolicyActor(LogProbModel):
         offload: what :meth:`offload` parks in host memory: none | optimizer | all
             (``trainer/policy/offload.py``).
         recompute: Megatron activation-recompute fields (``models.provider.recompute_overrides``).
+        lora: a ``models.lora.LoraSpec``: adapters on the targeted linears, every other weight frozen (DDP, the
+            optimizer and its checkpoints then hold the adapters only); ``lora_seed`` seeds their initialisation.
     """
 
     def __init__(self, hf_cfg, parallel_info, optim: OptimSpec, temperature: float = 1.0,
                  sequence_parallel: bool = False, backend: str = "local", fp8: str | None = None,
-                 offload: str = "none", recompute: dict | None = None):
+                 offload: str = "none", recompute: dict | None = None, lora=None, lora_seed: int = 0):
         from megatron.core.distributed import (  # lazy: defers megatron to the call
             DistributedDataParallel,
             DistributedDataParallelConfig,
@@ -112,7 +115,9 @@ class PolicyActor(LogProbModel):
 
         g = Groups.current()
         sp = bool(sequence_parallel and g.tp_size > 1)
-        chunks, config = build_chunks(hf_cfg, optim.bf16, g, sp, backend, fp8, **(recompute or {}))
+        chunks, config = build_chunks(hf_cfg, optim.bf16, g, sp, backend, fp8, lora=lora, lora_seed=lora_seed,
+                                      **(recompute or {}))
+        self.lora = lora
         ddp_cfg = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True, overlap_grad_reduce=False,
             use_distributed_optimizer=optim.use_distributed_optimizer)
@@ -136,6 +141,15 @@ class PolicyActor(LogProbModel):
         """Load HF weights, then refresh the optimizer's fp32 main copies from them."""
         super().load_hf(hf_dir)
         self.optimizer.reload_model_params()
+
+    def export_adapter(self, out_dir: str, base_model: str = "") -> None:
+        """Collective: the LoRA adapters as a PEFT adapter dir (``convert/peft_adapter.py``); the merged HF
+        checkpoint is :meth:`export_hf` (its tensors are W + s·B·A)."""
+        from megatron_rl.convert.peft_adapter import export_peft  # lazy: defers safetensors to the call
+
+        if self.lora is None:
+            raise ValueError("export_adapter: this policy has no LoRA adapters (lora.enable=false)")
+        export_peft(self.bare_models(), self.lora, out_dir, base_model=base_model)
 
     # ----- colocated rollouts: free the GPU while the engines generate --------------------------
     def offload(self, mode: str | None = None) -> int:
@@ -310,3 +324,26 @@ class ReferencePolicy(LogProbModel):
             bad = [k for k in missing if not k.endswith("_extra_state")]
             if bad or unexpected:
                 raise RuntimeError(f"ReferencePolicy.copy_from: missing {bad}, unexpected {unexpected}")
+
+
+class AdapterOffReference:
+    """The KL reference of a LoRA actor: the base model is the actor with its adapters off
+    (``models.lora.adapters_disabled``), so its log-probs come from the actor's own chunks and no second
+    model is held. π_ref(y|x) = π_W(y|x) exactly, where the actor computes π_{W + s·BA}."""
+
+    def __init__(self, actor: PolicyActor):
+        self.actor = actor
+
+    @property
+    def chunks(self) -> list:
+        return []       # no weights of its own (what the memory accounting counts)
+
+    def forward_logprobs(self, *args, **kwargs):
+        """``actor.forward_logprobs`` with the adapters off (same arguments and result)."""
+        from megatron_rl.models.lora import adapters_disabled  # lazy: defers megatron to the call
+
+        with adapters_disabled(self.actor.chunks):
+            return self.actor.forward_logprobs(*args, **kwargs)
+
+    def set_sampling(self, *args, **kwargs) -> None:
+        """The actor's sampling spec is the one used (set on the actor)."""

@@ -22,7 +22,8 @@ def unwrap(module: torch.nn.Module) -> torch.nn.Module:
 
 
 def build_chunks(hf_cfg, bf16: bool, g: Groups, sequence_parallel: bool, backend: str = "local",
-                  fp8: str | None = None, **overrides):
+                  fp8: str | None = None, lora=None, lora_seed: int = 0,
+                 **overrides):
     """(list of model chunks, TransformerConfig) from the provider for this pipeline stage, with the
     layer spec of ``backend`` (``models.provider.resolve_model_backend``), TE ``fp8``, the CUDA fusions
     of that backend (``models.provider.cuda_fusions``) and ``overrides`` (``TransformerConfig`` fields:
@@ -31,7 +32,11 @@ def build_chunks(hf_cfg, bf16: bool, g: Groups, sequence_parallel: bool, backend
     Every chunk is on the trainer's device (``device.default_device``) when this returns, whatever
     wraps it later: the distributed optimizer re-points ``param.data`` into its own buffers, but the
     reference and a plain-optimizer actor have no such step, and megatron's local norms are built on
-    the host even without ``use_cpu_initialization``."""
+    the host even without ``use_cpu_initialization``.
+
+    ``lora`` (``models.lora.LoraSpec``): the targeted linears carry adapters (A random, B = 0:
+    ``models.lora.init_adapters`` with ``lora_seed``), every other parameter is frozen (requires_grad False:
+    DDP and the optimizer then hold the adapters only)."""
     from megatron.core import parallel_state as ps  # lazy: defers megatron to the call
 
     backend = resolve_model_backend(backend, fp8, sequence_parallel)
@@ -52,10 +57,17 @@ def build_chunks(hf_cfg, bf16: bool, g: Groups, sequence_parallel: bool, backend
     chunks = []
     for v in range(vpp):
         vp = v if vpp > 1 else None
-        model = build_gpt_model(hf_cfg, config, backend=backend, vp_stage=vp,
+        model = build_gpt_model(hf_cfg, config, backend=backend, vp_stage=vp, lora=lora,
                                 pre_process=ps.is_pipeline_first_stage(ignore_virtual=vpp == 1, vp_stage=vp),
                                 post_process=ps.is_pipeline_last_stage(ignore_virtual=vpp == 1, vp_stage=vp))
         model.to(default_device())
+        if lora is not None:
+            from megatron_rl.models.lora import freeze_base, init_adapters  # lazy: defers megatron to the call
+
+            layers = model.decoder.layers
+            init_adapters(model, int(layers[0].layer_number) - 1 if len(layers) else 0, lora_seed, g.tp_size,
+                          ps.get_tensor_model_parallel_rank())
+            freeze_base(model)
         if bf16:
             from megatron.core.transformer.module import Float16Module  # lazy: defers megatron to the call
             model = Float16Module(config, model)
