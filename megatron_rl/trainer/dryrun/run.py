@@ -19,8 +19,9 @@ from megatron_rl.models.provider import padded_vocab_size
 from megatron_rl.planning.arch import load_arch
 from megatron_rl.planning.config import config_inputs
 from megatron_rl.planning.memory import GIB, PlanInputs
+from megatron_rl.planning.verdict import refusal
 from megatron_rl.trainer.dryrun import oracles
-from megatron_rl.trainer.dryrun.report import peak_of, plan_stages, role_table
+from megatron_rl.trainer.dryrun.report import DEVICES, measured, peak_of, plan_stages, role_table
 from megatron_rl.trainer.dryrun.roles import Layout, Role, layout_of, roles
 from megatron_rl.trainer.dryrun.worker import MARK
 from megatron_rl.trainer.loop.preflight import load_checked
@@ -91,6 +92,7 @@ def format_report(cfg, config: str, layout: Layout, results: list[dict], seconds
                      + ")")
         lines.append("")
     lines += oracle_lines(cfg, layout, arch, results)
+    lines += verdict_lines(results)
     lines.append(last_line(layout, results, plans, seconds))
     return "\n".join(lines)
 
@@ -110,6 +112,17 @@ def oracle_lines(cfg, layout: Layout, arch, results: list[dict]) -> list[str]:
             f"oracle: most loaded rank {local:,} parameters, weights + grads + optimizer {state / GIB:.2f} GiB vs "
             f"Megatron-LM's estimate {est.params:,} x {est.bytes_per_param:g} B = {est.bytes / GIB:.2f} GiB "
             f"({(state - est.bytes) / est.bytes * 100:+.3f}%)"]
+
+
+def verdict_lines(results: list[dict]) -> list[str]:
+    """Per device of ``report.DEVICES`` the most loaded rank does not fit: the line ``train`` would refuse it with
+    (``planning/verdict.py``), from the components measured."""
+    top = max(results, key=lambda r: peak_of(r)[1])
+    out = []
+    for name, device in DEVICES:
+        if line := refusal(measured(top), device, f"dry run: rank {top['role']['rank']} on a {name} GPU"):
+            out.append(line)
+    return out
 
 
 def last_line(layout: Layout, results: list[dict], plans: dict, seconds: float) -> str:

@@ -34,6 +34,7 @@ from megatron_rl.trainer.loop.preflight_inputs import (
 from megatron_rl.trainer.loop.preflight_judge import check_grader
 from megatron_rl.trainer.loop.preflight_resources import (
     check_backend,
+    check_device_memory,
     check_engine_sampling,
     check_export_dir,
     check_kv_cache_memory,
@@ -83,6 +84,7 @@ def preflight(cfg, resume: str | None = None, overwrite: bool = False, allow_con
         check_engine_sampling(cfg)
     check_reward_workers(cfg)
     backend = check_backend(cfg)
+    check_device_memory(cfg)
     check_stack(cfg, backend)
     check_grader(cfg)
     return backend

@@ -12,6 +12,10 @@ import os
 from pathlib import Path
 
 from megatron_rl.config import validate
+from megatron_rl.planning.arch import load_arch
+from megatron_rl.planning.config import config_inputs
+from megatron_rl.planning.memory import GIB, PlanInputs, estimate
+from megatron_rl.planning.verdict import plan_components, refusal
 from megatron_rl.runtime.diskspace import check_writable
 from megatron_rl.runtime.launch_env import check_ray_address, check_torch_env
 from megatron_rl.runtime.stack import check_stack as check
@@ -177,3 +181,24 @@ def check_export_dir(cfg, overwrite: bool = False) -> None:
             check_out_dir(out, force=True)
         except FileExistsError as e:
             raise ValueError(f"trainer.export_hf: {e}; or set trainer.export_hf=false") from None
+
+
+def check_device_memory(cfg, device_bytes: int | None = None) -> None:
+    """On a GPU, a config whose planned peak per GPU (``megatron-rl plan --config``'s estimate, which the dry run
+    keeps within 10% per component: docs/dry-run.md) exceeds the device is refused in one line before anything is
+    allocated, naming the largest component and the config keys that shrink it (``planning/verdict.py``). CPU
+    (``device_bytes`` 0) passes; a model folder without ``config.json`` is left to the weights check."""
+    from megatron_rl.runtime.device import total_memory  # lazy: defers torch to the call
+
+    device_bytes = total_memory() if device_bytes is None else device_bytes
+    if not device_bytes or not (Path(cfg.model.hf_path or "") / "config.json").is_file():
+        return
+    p = cfg.parallel
+    dp = max(1, int(os.environ.get("WORLD_SIZE", p.tp * p.pp * p.cp)) // (p.tp * p.pp * p.cp))
+    # the engines take their gpu_memory_utilization share of this device whatever their sequences need (vLLM
+    # sizes its KV cache to it): one sequence leaves the share as the engine's total
+    rep = estimate(load_arch(cfg.model.hf_path), PlanInputs(**config_inputs(cfg), dp=dp, rollout_seqs=1,
+                                                            gpu_total_gib=device_bytes / GIB))
+    phase, parts = plan_components(rep)
+    if line := refusal(parts, device_bytes, f"plan of {phase}"):
+        raise ValueError(line + " (megatron-rl plan --config / train --dry-run show every part)")
