@@ -1,0 +1,1 @@
+"""Tools for multi-turn rollouts."""
