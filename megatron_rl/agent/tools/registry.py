@@ -28,10 +28,16 @@ import asyncio
 import threading
 import uuid
 from collections import Counter
-from typing import Callable
+from collections.abc import Callable
 
 from megatron_rl.agent.tools.schema import check_arguments, function_schema
-from megatron_rl.agent.tools.types import ERROR_KINDS, BadCall, ToolCall, ToolError, ToolResult
+from megatron_rl.agent.tools.types import (
+    ERROR_KINDS,
+    BadCall,
+    ToolCall,
+    ToolError,
+    ToolResult,
+)
 
 _HOW = ("register one with @megatron_rl.agent.tools.register_tool(name) in a module named under the "
         "config's top-level `plugins:` key")
@@ -194,7 +200,9 @@ class ToolSet:
     def call(self, instance_id: str, call: ToolCall | BadCall) -> ToolResult:
         """Run one parsed call; never raises for a bad call (module docstring); counts the outcome."""
         result = self._run(instance_id, call)
-        self.stats.count(call.name or "<unparsed>", result)
+        # a name the run lacks is counted as "<unknown>": the model's spelling must not grow the metric keys
+        key = call.name if call.name in self.tools else ("<unparsed>" if isinstance(call, BadCall) else "<unknown>")
+        self.stats.count(key, result)
         return result
 
     async def acall(self, instance_id: str, call: ToolCall | BadCall) -> ToolResult:
@@ -212,6 +220,6 @@ class ToolSet:
             out = tool.execute(instance_id, call.arguments)
         except ToolError as e:
             return ToolResult(f"Error: {_first_line(e)}", e.kind)
-        except Exception as e:  # the tool's own failure goes back to the model as text, counted
+        except Exception as e:  # noqa: BLE001 (the tool's own failure goes back to the model as text, counted)
             return ToolResult(f"Error: {call.name} raised {type(e).__name__}: {_first_line(e)}", "tool_exception")
         return out if isinstance(out, ToolResult) else ToolResult(str(out))

@@ -5,7 +5,7 @@ What one :meth:`Sandbox.run` does:
 - **scratch directory**: a fresh ``mkdtemp`` directory, the child's working directory, ``HOME`` and ``TMPDIR``,
   owned by the sandbox user; removed afterwards whatever happened;
 - **unprivileged user** (when the caller is root, as in the usual training container): the child drops to a
-  uid of its own, unique among the runs in flight (reserved with a lock file), no supplementary groups. So it
+  uid of its own, unique among the runs in flight on the host (reserved with a lock), no supplementary groups. So it
   can write only where "others" may (its scratch directory, world-writable directories such as ``/tmp``),
   cannot modify or delete the caller's files, cannot signal the caller's processes, and ``RLIMIT_NPROC``
   (which the kernel does not apply to root) caps its processes and threads: a fork bomb stops at ``max_procs``;
@@ -43,11 +43,9 @@ world-searchable, else ``/usr/bin/python3`` (a pyenv Python under ``/root`` is n
 """
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import itertools
 import os
-import resource
 import selectors
 import shutil
 import signal
@@ -59,9 +57,8 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
-CLONE_NEWNET = 0x40000000
-CLONE_NEWUSER = 0x10000000
 _EXIT_SETUP = 126   # the child could not set itself up (the message is on its stderr)
 
 
@@ -143,8 +140,8 @@ def _mapped(uid: int, count: int) -> bool:
     return any(inside <= uid and uid + count <= inside + n for inside, _outside, n in rows)
 
 
-def pids_of_uid(uid: int) -> list[int]:
-    """Live (not zombie) processes whose real uid is ``uid``, read from ``/proc``."""
+def pids_of_uid(uid: int, zombies: bool = False) -> list[int]:
+    """Processes whose real uid is ``uid``, read from ``/proc`` (live ones; ``zombies``: exited, unreaped ones too)."""
     out = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -154,7 +151,9 @@ def pids_of_uid(uid: int) -> list[int]:
         except OSError:
             continue
         fields = dict(ln.split(":", 1) for ln in text.splitlines() if ":" in ln)
-        if fields.get("Uid", "").split()[:1] == [str(uid)] and not fields.get("State", "").strip().startswith(("Z", "X")):
+        if fields.get("Uid", "").split()[:1] != [str(uid)]:
+            continue
+        if zombies or not fields.get("State", "").strip().startswith(("Z", "X")):
             out.append(int(name))
     return out
 
@@ -175,64 +174,95 @@ def kill_uid(uid: int, rounds: int = 200) -> bool:
 
 
 class _UidPool:
-    """Reserves a uid per run with ``flock`` on ``<tmp>/megatron_rl-sandbox-uids/<uid>`` (other processes of
-    the host too); the lock dies with its holder, so a crashed run frees its uid."""
+    """Reserves a uid per run: one byte-range lock (``lockf``) per uid on one file,
+    ``<tmp>/megatron_rl-sandbox-uids/<first>-<count>.lock``, so runs of other processes on the host skip it
+    too, and a set for the threads of this process (POSIX locks are per process). A lock dies with its
+    process, so a crashed run frees its uid. One pool per range and process, its file never closed (closing
+    any descriptor of the file would drop all of this process's locks on it). A uid that still has processes,
+    exited ones not yet reaped included, is skipped: they count against its ``RLIMIT_NPROC``."""
+
+    _pools: ClassVar[dict[tuple[int, int], _UidPool]] = {}
+    _pools_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    @classmethod
+    def get(cls, start: int, count: int) -> _UidPool:
+        with cls._pools_lock:
+            if (start, count) not in cls._pools:
+                cls._pools[(start, count)] = cls(start, count)
+            return cls._pools[(start, count)]
 
     def __init__(self, start: int, count: int):
         self.start, self.count = start, count
-        self.dir = Path(tempfile.gettempdir()) / "megatron_rl-sandbox-uids"
-        self.dir.mkdir(mode=0o700, exist_ok=True)
+        d = Path(tempfile.gettempdir()) / "megatron_rl-sandbox-uids"
+        d.mkdir(mode=0o700, exist_ok=True)
+        self.fd = os.open(d / f"{start}-{count}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+        self.in_use: set[int] = set()
         self._next = itertools.count(os.getpid() * 7919)
         self._lock = threading.Lock()
 
-    def acquire(self) -> tuple[int, int]:
-        for _ in range(self.count):
-            with self._lock:
-                uid = self.start + next(self._next) % self.count
-            fd = os.open(self.dir / str(uid), os.O_CREAT | os.O_RDWR, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                continue
-            kill_uid(uid)     # leftovers of a run whose parent died
-            return uid, fd
-        raise SandboxUnavailable(f"all {self.count} sandbox uids from {self.start} are in use")
+    def acquire(self) -> int:
+        with self._lock:
+            for _ in range(min(self.count, 10_000)):
+                i = next(self._next) % self.count
+                if i in self.in_use:
+                    continue
+                try:
+                    fcntl.lockf(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, i)
+                except OSError:
+                    continue                         # a run of another process holds it
+                kill_uid(self.start + i)             # leftovers of a run whose parent died
+                if pids_of_uid(self.start + i, zombies=True):
+                    fcntl.lockf(self.fd, fcntl.LOCK_UN, 1, i)
+                    continue
+                self.in_use.add(i)
+                return self.start + i
+        raise SandboxUnavailable(f"no free sandbox uid in [{self.start}, {self.start + self.count})")
 
-    @staticmethod
-    def release(fd: int) -> None:
-        os.close(fd)
+    def release(self, uid: int) -> None:
+        with self._lock:
+            fcntl.lockf(self.fd, fcntl.LOCK_UN, 1, uid - self.start)
+            self.in_use.discard(uid - self.start)
 
 
-def _preexec(limits: SandboxLimits, uid: int | None):
+# Runs in the sandbox interpreter, started by the caller (root or not), before the model's code: the network
+# namespace, the limits, then the uid; then main.py, its traceback printed without this frame. Python >= 3.8.
+# (Not a preexec_fn: that runs Python between fork and exec, unsafe in a threaded caller.)
+_BOOTSTRAP = r"""
+import ctypes, os, resource, sys
+def _setup(uid, mem, cpu, fsize, nofile, nproc):
+    def fail(what):
+        sys.stderr.write("sandbox setup: %s\n" % what)
+        sys.stderr.flush()
+        os._exit(126)
     libc = ctypes.CDLL(None, use_errno=True)
-    mb = 1 << 20
-    rl = [(resource.RLIMIT_AS, limits.memory_mb * mb), (resource.RLIMIT_FSIZE, limits.file_mb * mb),
-          (resource.RLIMIT_NOFILE, limits.open_files), (resource.RLIMIT_CORE, 0)]
-    cpu = (int(limits.cpu_s), int(limits.cpu_s) + 1)
-
-    def fail(what: str) -> None:
-        os.write(2, f"sandbox setup: {what} failed: {os.strerror(ctypes.get_errno())}\n".encode())
-        os._exit(_EXIT_SETUP)
-
-    def child():   # runs in the forked child before exec: system calls only
-        os.setsid()
-        if libc.unshare(CLONE_NEWNET if uid is not None else CLONE_NEWUSER | CLONE_NEWNET) != 0:
-            fail("unshare (network namespace)")
-        for k, v in rl:
-            resource.setrlimit(k, (v, v))
-        resource.setrlimit(resource.RLIMIT_CPU, cpu)
-        os.nice(10)
-        if uid is not None:
-            resource.setrlimit(resource.RLIMIT_NPROC, (limits.max_procs, limits.max_procs))
-            try:
-                os.setgroups([])
-                os.setgid(uid)
-                os.setuid(uid)
-            except OSError as e:
-                os.write(2, f"sandbox setup: setuid({uid}) failed: {e.strerror}\n".encode())
-                os._exit(_EXIT_SETUP)
-    return child
+    if libc.unshare(0x40000000 if uid >= 0 else 0x50000000) != 0:
+        fail("unshare (network namespace) failed: " + os.strerror(ctypes.get_errno()))
+    for k, v in ((resource.RLIMIT_AS, mem), (resource.RLIMIT_FSIZE, fsize), (resource.RLIMIT_NOFILE, nofile),
+                 (resource.RLIMIT_CORE, 0), (resource.RLIMIT_CPU, cpu)):
+        resource.setrlimit(k, (v, v + 1 if k == resource.RLIMIT_CPU else v))
+    os.nice(10)
+    if uid >= 0:
+        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+        except OSError as e:
+            fail("setuid(%d) failed: %s" % (uid, e.strerror))
+_setup(*map(int, sys.argv[1:7]))
+del _setup
+sys.argv = ["main.py"]
+with open("main.py") as _f:
+    _code = compile(_f.read(), "main.py", "exec")
+try:
+    exec(_code, {"__name__": "__main__", "__file__": "main.py", "__builtins__": __builtins__})
+except SystemExit:
+    raise
+except BaseException as _e:
+    import traceback
+    traceback.print_exception(type(_e), _e, _e.__traceback__.tb_next)
+    sys.exit(1)
+"""
 
 
 class Sandbox:
@@ -247,11 +277,11 @@ class Sandbox:
         if self.root and not _mapped(*uid_range):
             raise SandboxUnavailable(f"sandbox uid range {uid_range} is not mapped in this user namespace "
                                      "(/proc/self/uid_map); pass uid_range=(first, count) inside it")
-        self._uids = _UidPool(*uid_range) if self.root else None
+        self._uids = _UidPool.get(*uid_range) if self.root else None
 
     def run(self, code: str) -> SandboxResult:
         """Run ``code`` as ``main.py`` in a fresh scratch directory; never raises for what the code does."""
-        uid, lock_fd = self._uids.acquire() if self._uids else (None, None)
+        uid = self._uids.acquire() if self._uids else None
         scratch = tempfile.mkdtemp(prefix="megatron_rl-sandbox-")
         try:
             main = Path(scratch) / "main.py"
@@ -262,7 +292,7 @@ class Sandbox:
         finally:
             if uid is not None:
                 kill_uid(uid)
-                _UidPool.release(lock_fd)
+                self._uids.release(uid)
             shutil.rmtree(scratch, ignore_errors=True)
 
     def _run(self, scratch: str, uid: int | None) -> SandboxResult:
@@ -271,8 +301,11 @@ class Sandbox:
                "PYTHONIOENCODING": "utf-8", "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1",
                "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         t0 = time.monotonic()
-        p = subprocess.Popen([self.python, "-I", "-u", "main.py"], cwd=scratch, env=env, stdin=subprocess.DEVNULL,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_preexec(lim, uid))
+        mb = 1 << 20
+        argv = [self.python, "-I", "-u", "-c", _BOOTSTRAP] + [str(int(v)) for v in (
+            -1 if uid is None else uid, lim.memory_mb * mb, lim.cpu_s, lim.file_mb * mb, lim.open_files, lim.max_procs)]
+        p = subprocess.Popen(argv, cwd=scratch, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, start_new_session=True)
         bufs = {p.stdout.fileno(): bytearray(), p.stderr.fileno(): bytearray()}
         timed_out = truncated = False
         sel = selectors.DefaultSelector()
