@@ -105,7 +105,10 @@ def _eval(node):
         args = [_eval(a) for a in node.args]
         if node.func.id in ("factorial", "comb", "perm") and any(isinstance(a, int) and a > MAX_FACTORIAL for a in args):
             _bad(f"{node.func.id}: arguments above {MAX_FACTORIAL} are not allowed")
-        return _checked(FUNCTIONS[node.func.id](*args))
+        try:
+            return _checked(FUNCTIONS[node.func.id](*args))
+        except (ArithmeticError, ValueError, TypeError) as e:     # sqrt(-1), factorial(2.5), log(0), min()
+            _bad(f"{node.func.id}: {type(e).__name__}: {e}")
     if isinstance(node, ast.Call):
         _bad(f"only these functions may be called: {sorted(FUNCTIONS)}")
     _bad(f"{type(node).__name__} is not allowed (numbers, + - * / // % **, and the listed functions only)")
