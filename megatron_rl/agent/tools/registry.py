@@ -149,8 +149,8 @@ class ToolStats:
             if result.error is not None:
                 self.failures[result.error] += 1
 
-    def metrics(self, prefix: str = "tools/") -> dict[str, int]:
-        """Flat counters for the logger: ``tools/calls``, ``tools/calls/<tool>``, ``tools/failed/<kind>``."""
+    def metrics(self, prefix: str = "tool/") -> dict[str, int]:
+        """Flat counters for the logger: ``tool/calls``, ``tool/calls/<tool>``, ``tool/failed/<kind>``."""
         with self._lock:
             out = {f"{prefix}calls": sum(self.calls.values())}
             out |= {f"{prefix}calls/{k}": v for k, v in sorted(self.calls.items())}

@@ -109,4 +109,4 @@ def test_code_interpreter_through_a_toolset():
     r = ts.call(iid, ToolCall("code_interpreter", {"source": "print(1)"}))
     assert r.error == "bad_arguments" and "missing required argument(s) ['code']" in r.text
     m = ts.stats.metrics()
-    assert (m["tools/failed/timeout"], m["tools/failed/resource_limit"], m["tools/failed/bad_arguments"]) == (1, 2, 1)
+    assert (m["tool/failed/timeout"], m["tool/failed/resource_limit"], m["tool/failed/bad_arguments"]) == (1, 2, 1)

@@ -192,12 +192,12 @@ def test_every_bad_call_comes_back_as_counted_error_text():
         r = ts.call(iid, call)
         assert r.error == kind and text in r.text and "\n" not in r.text, (call, r)
     m = ts.stats.metrics()
-    assert m["tools/calls"] == 6 and m["tools/calls/test_registry_lookup"] == 4
-    assert m["tools/calls/<unknown>"] == 1 and m["tools/calls/<unparsed>"] == 1     # the model's spelling is no key
-    assert {k: m[f"tools/failed/{k}"] for k in ERROR_KINDS} == {
+    assert m["tool/calls"] == 6 and m["tool/calls/test_registry_lookup"] == 4
+    assert m["tool/calls/<unknown>"] == 1 and m["tool/calls/<unparsed>"] == 1     # the model's spelling is no key
+    assert {k: m[f"tool/failed/{k}"] for k in ERROR_KINDS} == {
         "unknown_tool": 1, "malformed_call": 1, "bad_arguments": 1, "tool_exception": 1, "timeout": 1, "resource_limit": 0}
     r = asyncio.run(ts.acall(iid, ToolCall("test_registry_lookup", {"city": "Rome"})))
-    assert r.text == "Rome in 0 days: sunny" and ts.stats.metrics()["tools/calls"] == 7
+    assert r.text == "Rome in 0 days: sunny" and ts.stats.metrics()["tool/calls"] == 7
 
 
 def test_result_and_error_kinds_are_checked():
