@@ -164,6 +164,7 @@ class CodeInterpreter(Tool):
         super().__init__()
         self.limits = SandboxLimits(**limits)
         self.sandbox = Sandbox(self.limits, python=python)
+        self.sandbox.probe()          # a host that cannot isolate fails when the tool set is built
 
     def execute(self, instance_id: str, arguments: dict) -> ToolResult:
         bad = check_arguments(self.SCHEMA, arguments)

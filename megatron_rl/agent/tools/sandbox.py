@@ -4,6 +4,8 @@ What one :meth:`Sandbox.run` does:
 
 - **scratch directory**: a fresh ``mkdtemp`` directory, the child's working directory, ``HOME`` and ``TMPDIR``,
   owned by the sandbox user; removed afterwards whatever happened;
+- **a bare environment**: ``PATH``, ``HOME``, ``TMPDIR``, locale and thread-count variables only (the caller's
+  variables, tokens and keys included, are not passed), no inherited file descriptors, stdin empty;
 - **unprivileged user** (when the caller is root, as in the usual training container): the child drops to a
   uid of its own, unique among the runs in flight on the host (reserved with a lock), no supplementary groups. So it
   can write only where "others" may (its scratch directory, world-writable directories such as ``/tmp``),
@@ -35,8 +37,10 @@ What it does **not** protect against (it is not a container or a VM):
 - **the kernel**: a kernel exploit or a side channel is out of scope; so is a sandbox escape via a setuid binary
   the system ships;
 - **not root**: without root the uid is not changed (no ``RLIMIT_NPROC`` cap: it would count all of the
-  caller's processes), the tree is killed by process group only (a ``setsid`` escapes it) and the network
-  namespace needs unprivileged user namespaces (:class:`SandboxUnavailable` when the kernel refuses them).
+  caller's processes; the code can write whatever the caller can and read the caller's ``/proc/<pid>/environ``),
+  the tree is killed by process group only (a ``setsid`` escapes it) and the network namespace needs
+  unprivileged user namespaces (:class:`SandboxUnavailable` when the kernel refuses them). This path is not
+  exercised by the tests, which run as root.
 
 The interpreter must be one the sandbox user can run: ``sys.executable`` when every directory above it is
 world-searchable, else ``/usr/bin/python3`` (a pyenv Python under ``/root`` is not); ``python=`` picks one.
@@ -279,6 +283,12 @@ class Sandbox:
                                      "(/proc/self/uid_map); pass uid_range=(first, count) inside it")
         self._uids = _UidPool.get(*uid_range) if self.root else None
 
+    def probe(self) -> None:
+        """Run ``pass`` once: ``SandboxUnavailable`` (one line) now, at start-up, rather than at the first call."""
+        r = self.run("import sys; sys.stdout.write('ok')")
+        if r.stdout != "ok":
+            raise SandboxUnavailable(f"the sandbox's probe run failed: rc={r.returncode} {r.stderr.strip()[-300:]!r}")
+
     def run(self, code: str) -> SandboxResult:
         """Run ``code`` as ``main.py`` in a fresh scratch directory; never raises for what the code does."""
         uid = self._uids.acquire() if self._uids else None
@@ -306,48 +316,58 @@ class Sandbox:
             -1 if uid is None else uid, lim.memory_mb * mb, lim.cpu_s, lim.file_mb * mb, lim.open_files, lim.max_procs)]
         p = subprocess.Popen(argv, cwd=scratch, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, start_new_session=True)
-        bufs = {p.stdout.fileno(): bytearray(), p.stderr.fileno(): bytearray()}
         timed_out = truncated = False
-        sel = selectors.DefaultSelector()
-        for f in (p.stdout, p.stderr):
-            os.set_blocking(f.fileno(), False)
-            sel.register(f.fileno(), selectors.EVENT_READ)
-        exited_at = None
         try:
-            while sel.get_map():
-                now = time.monotonic()
-                if now - t0 >= lim.wall_s:
-                    timed_out = True
-                    break
-                if exited_at is None and p.poll() is not None:
-                    exited_at = now
-                if exited_at is not None and now - exited_at > 0.05:   # main exited; a descendant holds the pipe
-                    break
-                for key, _ in sel.select(timeout=min(0.05, lim.wall_s - (now - t0))):
-                    chunk = os.read(key.fd, 65536)
-                    if not chunk:
-                        sel.unregister(key.fd)
-                        continue
-                    room = lim.output_bytes - sum(len(b) for b in bufs.values())
-                    bufs[key.fd] += chunk[:max(room, 0)]
-                    if len(chunk) > room:
-                        truncated = True
-                if truncated:
-                    break
-            if not (timed_out or truncated):
+            out, err, timed_out, truncated = self._collect(p, t0)
+            if not (timed_out or truncated):     # the pipes closed; the main process may still run
                 try:
                     p.wait(timeout=max(lim.wall_s - (time.monotonic() - t0), 0.0))
                 except subprocess.TimeoutExpired:
                     timed_out = True
         finally:
-            sel.close()
             self._kill_tree(p, uid)
             p.stdout.close()
             p.stderr.close()
-        out, err = (bufs[f].decode("utf-8", "replace") for f in list(bufs))
+        out, err = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
         if p.returncode == _EXIT_SETUP and err.startswith("sandbox setup:"):
             raise SandboxUnavailable(err.strip())
         return SandboxResult(out, err, p.returncode, timed_out, truncated, time.monotonic() - t0)
+
+    def _collect(self, p: subprocess.Popen, t0: float) -> tuple[bytearray, bytearray, bool, bool]:
+        """Read stdout and stderr as they come until both close, the wall clock runs out, the output passes
+        its limit, or the main process has exited and the pipes are drained (a descendant that still writes
+        gets 0.2 s more; it is killed with the rest)."""
+        lim = self.limits
+        out, err = bytearray(), bytearray()
+        bufs = {p.stdout.fileno(): out, p.stderr.fileno(): err}
+        sel = selectors.DefaultSelector()
+        for fd in bufs:
+            os.set_blocking(fd, False)
+            sel.register(fd, selectors.EVENT_READ)
+        exited_at = None
+        try:
+            while sel.get_map():
+                now = time.monotonic()
+                left = lim.wall_s - (now - t0)
+                if left <= 0:
+                    return out, err, True, False
+                if exited_at is None and p.poll() is not None:
+                    exited_at = now
+                events = sel.select(timeout=min(0.05, left))
+                if exited_at is not None and (not events or now - exited_at > 0.2):
+                    break
+                for key, _ in events:
+                    chunk = os.read(key.fd, 65536)
+                    if not chunk:
+                        sel.unregister(key.fd)
+                        continue
+                    room = lim.output_bytes - len(out) - len(err)
+                    bufs[key.fd] += chunk[:max(room, 0)]
+                    if len(chunk) > room:
+                        return out, err, False, True
+        finally:
+            sel.close()
+        return out, err, False, False
 
     @staticmethod
     def _kill_tree(p: subprocess.Popen, uid: int | None) -> None:

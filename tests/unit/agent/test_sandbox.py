@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -80,6 +81,33 @@ def world_visible_dir():
     d.chmod(0o755)
     yield d
     shutil.rmtree(d)
+
+
+def test_a_daemon_still_writing_after_main_exits_is_cut_off_and_killed():
+    code = """
+import os, time
+if os.fork() == 0:
+    os.setsid()
+    while True:
+        print("daemon", flush=True)
+        time.sleep(0.01)
+print(os.getuid(), "main done", flush=True)
+"""
+    r = sandbox(wall_s=5.0).run(code)
+    assert r.returncode == 0 and not r.timed_out and r.seconds < 2.0, r
+    uid = next(ln.split()[0] for ln in r.stdout.splitlines() if ln.endswith("main done"))
+    if os.geteuid() == 0:
+        assert pids_of_uid(int(uid)) == []
+
+
+def test_parallel_runs_get_their_own_uid_and_scratch_dir():
+    sb = sandbox()
+    with ThreadPoolExecutor(3) as ex:
+        runs = list(ex.map(sb.run, ["import os, time\ntime.sleep(0.3)\nprint(os.getuid(), os.getcwd())"] * 3))
+    uids, dirs = zip(*(r.stdout.split() for r in runs))
+    assert len(set(dirs)) == 3 and all(r.returncode == 0 for r in runs)
+    if os.geteuid() == 0:
+        assert len(set(uids)) == 3
 
 
 @root_only
