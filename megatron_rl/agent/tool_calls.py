@@ -105,7 +105,8 @@ def render_tool_responses(texts, generation_prompt: str | None = GENERATION_PROM
 
 
 def render_tool_calls(calls) -> str:
-    """The ``<tool_call>`` blocks of an assistant message's ``tool_calls`` as the templates render them
-    (each preceded by a newline; no ``<|im_end|>``)."""
+    """The ``<tool_call>`` blocks of an assistant message's ``tool_calls`` as Qwen2.5's template renders them
+    after the message's content (each preceded by a newline; no ``<|im_end|>``). Qwen3's template leaves out
+    the newline before the first block when the message has no content."""
     return "".join('\n<tool_call>\n{"name": "' + c.name + '", "arguments": '
                    + json.dumps(c.arguments, ensure_ascii=False) + "}\n</tool_call>" for c in calls)
