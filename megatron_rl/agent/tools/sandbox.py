@@ -2,21 +2,23 @@
 
 What one :meth:`Sandbox.run` does:
 
-- **scratch directory**: a fresh ``mkdtemp`` directory, the child's working directory, ``HOME`` and ``TMPDIR``,
-  owned by the sandbox user; removed afterwards whatever happened;
+- **scratch directory**: the child's working directory, ``HOME`` and ``TMPDIR``; removed afterwards whatever
+  happened. For a root caller it is a tmpfs of ``tmp_mb`` MiB owned by the sandbox user, in a private mount
+  namespace that also puts a fresh tmpfs of that size over ``/tmp``, ``/var/tmp`` and ``/dev/shm``: what the code
+  writes there never reaches the host's disk, is bounded in size, and vanishes with the run's last process;
 - **a bare environment**: ``PATH``, ``HOME``, ``TMPDIR``, locale and thread-count variables only (the caller's
   variables, tokens and keys included, are not passed), no inherited file descriptors, stdin empty;
 - **unprivileged user** (when the caller is root, as in the usual training container): the child drops to a
   uid of its own, unique among the runs in flight on the host (reserved with a lock), no supplementary groups. So it
-  can write only where "others" may (its scratch directory, world-writable directories such as ``/tmp``),
+  can write only where "others" may (its scratch directory and the private tmpfs mounts, other world-writable directories),
   cannot modify or delete the caller's files, cannot signal the caller's processes, and ``RLIMIT_NPROC``
   (which the kernel does not apply to root) caps its processes and threads: a fork bomb stops at ``max_procs``;
-- **no network**: a new, empty network namespace (``unshare(CLONE_NEWNET)``; ``CLONE_NEWUSER`` with it when
-  not root): no interface but a down loopback, so no TCP/UDP to anywhere, the caller's localhost included,
+- **no network**: a new, empty network namespace (``unshare(CLONE_NEWNET)``, with ``CLONE_NEWNS`` for the mounts
+  above; ``CLONE_NEWUSER`` with it when not root): no interface but a down loopback, so no TCP/UDP to anywhere, the caller's localhost included,
   and no abstract Unix sockets of the host;
 - **limits** (``setrlimit``, per process): address space (``RLIMIT_AS``, a memory bomb gets ``MemoryError``),
   CPU seconds (``RLIMIT_CPU``: ``SIGXCPU``, then ``SIGKILL`` a second later), file size (``RLIMIT_FSIZE``), open
-  files, no core dumps; ``nice`` 10;
+  files, no core dumps; ``nice`` 10; ``no_new_privs`` (a setuid program gains nothing);
 - **wall clock and output**: the parent reads stdout and stderr as they come, keeps at most ``output_bytes``
   (a flood is killed at the limit, never buffered), and kills at ``wall_s``;
 - **the whole tree dies**: the child leads a new session; at the end the session's process group is killed
@@ -28,14 +30,15 @@ What it does **not** protect against (it is not a container or a VM):
 - **reading**: the code reads every file "others" may read (system files, a world-readable repository or
   data set, other users' world-readable files) and sees every process in ``/proc`` (command lines included);
   keep secrets out of world-readable places;
-- **writing world-writable places**: ``/tmp``, ``/var/tmp``, ``/dev/shm`` stay writable; files left there are
-  not removed, and there is no disk quota (``RLIMIT_FSIZE`` bounds one file, not their number);
+- **other world-writable places**: a world-writable directory other than ``/tmp``, ``/var/tmp``, ``/dev/shm``
+  (``/run/lock``, a shared data directory with mode 777) stays writable, without quota; the private tmpfs
+  mounts live in RAM (up to four times ``tmp_mb`` per run in flight);
 - **Unix sockets on the filesystem** that "others" may write (a world-writable socket of a local service) are
   reachable: the network namespace isolates IP and abstract sockets only;
 - **aggregate load**: limits are per process, so up to ``max_procs`` processes may each use ``memory_mb`` and
   ``cpu_s``; there is no cgroup, so the host's memory and CPU are shared;
-- **the kernel**: a kernel exploit or a side channel is out of scope; so is a sandbox escape via a setuid binary
-  the system ships;
+- **the kernel**: a kernel exploit or a side channel is out of scope (``no_new_privs`` is set, so a setuid
+  program does not raise the code's privileges, but there is no seccomp filter on system calls);
 - **not root**: without root the uid is not changed (no ``RLIMIT_NPROC`` cap: it would count all of the
   caller's processes; the code can write whatever the caller can and read the caller's ``/proc/<pid>/environ``),
   the tree is killed by process group only (a ``setsid`` escapes it) and the network namespace needs
@@ -88,9 +91,11 @@ class SandboxLimits:
     """Largest file the code may write, MiB (``RLIMIT_FSIZE``)."""
     open_files: int = 64
     """Open file descriptors per process (``RLIMIT_NOFILE``)."""
+    tmp_mb: int = 64
+    """Size of each private tmpfs (the scratch directory, ``/tmp``, ``/var/tmp``, ``/dev/shm``), MiB; root callers only."""
 
     def __post_init__(self):
-        for k in ("wall_s", "cpu_s", "memory_mb", "output_bytes", "max_procs", "file_mb", "open_files"):
+        for k in ("wall_s", "cpu_s", "memory_mb", "output_bytes", "max_procs", "file_mb", "open_files", "tmp_mb"):
             v = getattr(self, k)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
                 raise ValueError(f"SandboxLimits.{k} must be a positive number, got {v!r}")
@@ -233,18 +238,40 @@ class _UidPool:
 # (Not a preexec_fn: that runs Python between fork and exec, unsafe in a threaded caller.)
 _BOOTSTRAP = r"""
 import ctypes, os, resource, sys
-def _setup(uid, mem, cpu, fsize, nofile, nproc):
+def _mounts(libc, uid, tmp_mb, fail):
+    # a private mount namespace: tmpfs over /tmp, /var/tmp, /dev/shm and over the scratch directory itself
+    libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p)
+    def mount(src, dst, fstype, flags, data):
+        if libc.mount(src, dst.encode(), fstype, flags, data) != 0:
+            fail("mount on %s failed: %s" % (dst, os.strerror(ctypes.get_errno())))
+    mount(b"none", "/", None, 0x4000 | 0x40000, None)          # MS_REC | MS_PRIVATE: nothing reaches the host
+    scratch = os.getcwd()
+    for d in ("/tmp", "/var/tmp", "/dev/shm"):
+        if os.path.isdir(d) and not os.path.islink(d):
+            mount(b"tmpfs", d, b"tmpfs", 2 | 4, b"size=%dm,nr_inodes=8192,mode=1777" % tmp_mb)  # MS_NOSUID | MS_NODEV
+    os.makedirs(scratch, exist_ok=True)
+    mount(b"tmpfs", scratch, b"tmpfs", 2 | 4, b"size=%dm,nr_inodes=8192,mode=0700,uid=%d,gid=%d" % (tmp_mb, uid, uid))
+    os.chdir(scratch)
+def _setup(uid, mem, cpu, fsize, nofile, nproc, tmp_mb):
     def fail(what):
         sys.stderr.write("sandbox setup: %s\n" % what)
         sys.stderr.flush()
         os._exit(126)
+    with open("main.py") as f:         # read before the private mounts hide the caller's scratch directory
+        src = f.read()
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(0x40000000 if uid >= 0 else 0x50000000) != 0:
-        fail("unshare (network namespace) failed: " + os.strerror(ctypes.get_errno()))
+    if libc.unshare(0x40000000 | 0x00020000 if uid >= 0 else 0x50000000) != 0:   # NEWNET | NEWNS; NEWUSER | NEWNET
+        fail("unshare (network and mount namespaces) failed: " + os.strerror(ctypes.get_errno()))
+    if uid >= 0:
+        _mounts(libc, uid, tmp_mb, fail)
+        with open("main.py", "w") as f:     # for the traceback's source lines; root's file: read-only to the code
+            f.write(src)
     for k, v in ((resource.RLIMIT_AS, mem), (resource.RLIMIT_FSIZE, fsize), (resource.RLIMIT_NOFILE, nofile),
                  (resource.RLIMIT_CORE, 0), (resource.RLIMIT_CPU, cpu)):
         resource.setrlimit(k, (v, v + 1 if k == resource.RLIMIT_CPU else v))
     os.nice(10)
+    if libc.prctl(38, 1, 0, 0, 0) != 0:        # PR_SET_NO_NEW_PRIVS: a setuid program runs without its privileges
+        fail("prctl(PR_SET_NO_NEW_PRIVS) failed: " + os.strerror(ctypes.get_errno()))
     if uid >= 0:
         resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
         try:
@@ -253,11 +280,11 @@ def _setup(uid, mem, cpu, fsize, nofile, nproc):
             os.setuid(uid)
         except OSError as e:
             fail("setuid(%d) failed: %s" % (uid, e.strerror))
-_setup(*map(int, sys.argv[1:7]))
-del _setup
+    return src
+_src = _setup(*map(int, sys.argv[1:8]))
+del _setup, _mounts
 sys.argv = ["main.py"]
-with open("main.py") as _f:
-    _code = compile(_f.read(), "main.py", "exec")
+_code = compile(_src, "main.py", "exec")
 try:
     exec(_code, {"__name__": "__main__", "__file__": "main.py", "__builtins__": __builtins__})
 except SystemExit:
@@ -296,8 +323,8 @@ class Sandbox:
         try:
             main = Path(scratch) / "main.py"
             main.write_text(code)
-            if uid is not None:
-                os.chown(scratch, uid, uid)
+            if uid is None:                  # not root: the code works in this directory itself
+                os.chmod(scratch, 0o700)
             return self._run(scratch, uid)
         finally:
             if uid is not None:
@@ -313,7 +340,8 @@ class Sandbox:
         t0 = time.monotonic()
         mb = 1 << 20
         argv = [self.python, "-I", "-u", "-c", _BOOTSTRAP] + [str(int(v)) for v in (
-            -1 if uid is None else uid, lim.memory_mb * mb, lim.cpu_s, lim.file_mb * mb, lim.open_files, lim.max_procs)]
+            -1 if uid is None else uid, lim.memory_mb * mb, lim.cpu_s, lim.file_mb * mb, lim.open_files, lim.max_procs,
+            lim.tmp_mb)]
         p = subprocess.Popen(argv, cwd=scratch, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, start_new_session=True)
         timed_out = truncated = False

@@ -3,12 +3,12 @@ the control that shows the attack works outside the sandbox. The uid-based guara
 writes to the caller's files, the uid sweep) need a root caller, as in the training container."""
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -76,8 +76,10 @@ def test_spinning_fork_bomb_is_killed_at_the_wall_clock():
 
 @pytest.fixture
 def world_visible_dir():
-    """A directory of the caller's that others may enter and read (pytest's tmp_path sits under a 0700 one)."""
-    d = Path(tempfile.mkdtemp())
+    """A directory of the caller's that others may enter and read, outside the temporary directories the sandbox
+    replaces with its own (pytest's tmp_path is one of those, and sits under a 0700 directory)."""
+    d = Path(__file__).resolve().parent / f"_sandbox_probe_{os.getpid()}"
+    d.mkdir(mode=0o755)
     d.chmod(0o755)
     yield d
     shutil.rmtree(d)
@@ -119,7 +121,7 @@ def test_cannot_write_modify_or_delete_files_outside(world_visible_dir):
     code = f"""
 import os
 tries = {{"create": lambda: open({str(tmp_path / 'new.txt')!r}, "w"), "append": lambda: open({str(keep)!r}, "a"),
-          "delete": lambda: os.remove({str(keep)!r}), "rename": lambda: os.rename({str(keep)!r}, "stolen"),
+          "delete": lambda: os.remove({str(keep)!r}), "rename": lambda: os.rename({str(keep)!r}, {str(tmp_path / 'stolen')!r}),
           "chmod": lambda: os.chmod({str(keep)!r}, 0o777)}}
 for what, f in tries.items():
     try:
@@ -136,6 +138,33 @@ for what, f in tries.items():
     # control: the same code run by the caller does all of it
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, check=False).stdout
     assert "create allowed" in out and "append allowed" in out
+
+
+@root_only
+def test_tmp_is_private_bounded_and_gone_after_the_run():
+    marker = f"megatron_rl_sandbox_probe_{os.getpid()}"
+    code = f"""
+import os
+for d in ("/tmp", "/dev/shm", "."):
+    with open(os.path.join(d, {marker!r}), "w") as f:
+        f.write("x")
+print(sorted(os.listdir("/tmp")), flush=True)
+try:
+    with open("big", "wb") as f:
+        for _ in range(16):
+            f.write(b"0" * 2**20)
+    print("wrote 16 MiB")
+except OSError as e:
+    print("disk full", e.errno)
+"""
+    r = sandbox(tmp_mb=4, file_mb=64).run(code)
+    listing, full = r.stdout.splitlines()
+    names = ast.literal_eval(listing)
+    # the sandbox's /tmp holds its marker and (the scratch directory being under /tmp) the path to its
+    # scratch tmpfs, none of the host's files
+    assert marker in names and all(n == marker or n.startswith("megatron_rl-sandbox-") for n in names), names
+    assert full == "disk full 28", r                    # ENOSPC at the 4 MiB tmpfs, before RLIMIT_FSIZE
+    assert not (Path("/tmp") / marker).exists() and not (Path("/dev/shm") / marker).exists()
 
 
 def test_no_network_not_even_the_callers_localhost():
