@@ -45,6 +45,10 @@ What it does **not** protect against (it is not a container or a VM):
   unprivileged user namespaces (:class:`SandboxUnavailable` when the kernel refuses them). This path is not
   exercised by the tests, which run as root.
 
+The uids come from ``uid_range`` (default ``[1_500_000_000, +1_000_000)``), which must be mapped in the
+caller's user namespace; the reservation covers the processes of one host (one ``/tmp``). Containers that
+share a kernel and a uid range should get different ranges: the kernel counts ``RLIMIT_NPROC`` per uid across them.
+
 The interpreter must be one the sandbox user can run: ``sys.executable`` when every directory above it is
 world-searchable, else ``/usr/bin/python3`` (a pyenv Python under ``/root`` is not); ``python=`` picks one.
 """
@@ -323,8 +327,6 @@ class Sandbox:
         try:
             main = Path(scratch) / "main.py"
             main.write_text(code)
-            if uid is None:                  # not root: the code works in this directory itself
-                os.chmod(scratch, 0o700)
             return self._run(scratch, uid)
         finally:
             if uid is not None:
