@@ -85,7 +85,7 @@ def test_config_is_a_leaf_of_the_setup_layer():
 
 LAYERS = {   # lower number = lower layer; a module imports only its own layer or lower ones
     "runtime": 0, "config": 1, "config_sections": 1, "config_parse": 1, "config_foreign": 1, "plugins": 1, "algorithms": 1,
-    "models": 2, "convert": 2, "rewards": 2, "data": 2, "rollout": 2, "eval": 2, "planning": 2,
+    "models": 2, "convert": 2, "rewards": 2, "data": 2, "rollout": 2, "eval": 2, "planning": 2, "agent": 2,
     "trainer": 3, "cli": 4, "recipes": 4,
 }
 #: registries of names and declared capabilities that config validation asks (``rollout.engine``,

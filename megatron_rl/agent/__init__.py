@@ -1,0 +1,1 @@
+"""Multi-turn agent rollouts: tools and their calls (issue 53)."""
