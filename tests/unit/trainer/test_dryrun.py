@@ -2,6 +2,7 @@
 oracles, and one 8B example end to end on this CPU (about 45 s on 2 shared cores)."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -63,12 +64,19 @@ def _dry_run(config: str, *overrides: str, timeout: int = 600) -> subprocess.Com
 
 
 def test_dry_run_of_an_8b_example_measures_what_plan_and_megatron_say():
-    """Llama-3.1-8B DAPO at TP 4 x DP 4, 22528-token micro-batches: 20 s on 2 idle cores, 43 s beside a long job
-    (4 s of imports and the fake world, a log-prob pass and the update over 32 meta layers; Qwen3-8B GRPO, with a
-    reference and μ, takes 42 s / 110 s)."""
-    r = _dry_run("examples/configs/llama3_1_8b_dapo.yaml", f"model.hf_path={FIXTURES / 'llama3_1_8b'}")
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = r.stdout
+    """Llama-3.1-8B DAPO at TP 4 x DP 4, 22528-token micro-batches (13 s on 2 idle cores, 43 s beside a long job:
+    imports and the fake world, a log-prob pass and the update over 32 meta layers). What it measures is what
+    docs/dry-run-results.json records for it, byte for byte (the record the docs' table and the plan's 10% check
+    read: tests/unit/test_dry_run_table.py)."""
+    from megatron_rl.trainer.dryrun.run import run
+    from tests.helpers.tools import load_tool
+
+    drt = load_tool("dry_run_table")
+    # the command docs/dry-run.md gives, run as the CLI runs it (its config and overrides)
+    cmd = (ROOT / "docs/dry-run.md").read_text().split("```bash\n", 1)[1].split("```", 1)[0].split()
+    assert cmd[:5] == ["megatron-rl", "train", "--config", "examples/configs/llama3_1_8b_dapo.yaml", "--dry-run"], cmd
+    assert cmd[5:] == drt.overrides("llama3_1_8b_dapo")
+    out, results = run(str(ROOT / cmd[3]), cmd[5:])
     last = out.strip().splitlines()[-1]
     assert re.fullmatch(r"dry run: 1 rank roles, peak \d+\.\d\d GiB on rank 0 \(plan \d+\.\d\d GiB\), "
                         r"parameters 8\.030 B over all ranks", last), last
@@ -78,6 +86,11 @@ def test_dry_run_of_an_8b_example_measures_what_plan_and_megatron_say():
         assert line.rstrip().endswith("+0.0%"), line          # the static state is the plan's, to the byte's 0.05%
     est = next(x for x in out.splitlines() if "Megatron-LM's estimate" in x)
     assert abs(float(re.search(r"\(([+-][\d.]+)%\)", est).group(1))) < 0.1, est
+    now = drt.record_of("llama3_1_8b_dapo", results, 0.0)
+    recorded = json.loads(drt.RECORD.read_text())["llama3_1_8b_dapo"]
+    assert [{k: v for k, v in r.items()} for r in now["roles"]] == recorded["roles"], \
+        "the dry run measures otherwise than docs/dry-run-results.json says: run `python tools/dry_run_table.py`"
+    assert now["shape"] == recorded["shape"]
 
 
 def test_dry_run_refuses_a_model_without_its_config_json(tmp_path):
