@@ -451,6 +451,8 @@ class TrainerConfig:
         _check(self.steps >= 1 and (self.micro_batch_size is None or self.micro_batch_size >= 1),
                "trainer.steps and micro_batch_size must be >= 1")
         _check(self.max_tokens_per_micro_batch >= 0, "trainer.max_tokens_per_micro_batch must be >= 0 (0 = padded micro-batches)")
+        _check(self.max_tokens_per_micro_batch < 2**31, f"trainer.max_tokens_per_micro_batch={self.max_tokens_per_micro_batch} "
+               "must be < 2**31: a packed micro-batch's cu_seqlens are int32 (Transformer Engine's THD layout)")
         _check(not (self.max_tokens_per_micro_batch and self.micro_batch_size is not None),
                f"trainer.micro_batch_size={self.micro_batch_size} sets padded micro-batches, but "
                f"trainer.max_tokens_per_micro_batch={self.max_tokens_per_micro_batch} packs them by tokens: remove one")
