@@ -54,7 +54,8 @@ def record_of(name: str, results: list[dict], seconds: float) -> dict:
     for r in results:
         phase, peak = peak_of(r)
         roles.append({"pp_rank": r["role"]["pp_rank"], "rank": r["role"]["rank"], "peak": peak, "phase": phase,
-                      "components": {k: int(v) for k, v in measured(r).items()}, "params": r["params"]["unique"]})
+                      "components": {k: int(v) for k, v in measured(r).items()}, "params": r["params"]["unique"],
+                      "push": r["phases"]["weight push"]["working"], "flops": r["phases"]["update"]["flops"]})
     return {"shape": results[0]["shape"]["text"], "seconds": round(seconds, 1), "roles": roles}
 
 
@@ -99,7 +100,8 @@ def table(rec: dict) -> str:
     """The markdown table of the record, the plan column from the code."""
     gib = 2**30
     lines = ["| config | layout | the step's micro-batches per DP rank | role | measured peak (phase) | plan | Δ "
-             "| largest component Δ | seconds |", "|---|---|---|---|---|---|---|---|---|"]
+             "| largest component Δ | push working set | update TFLOP | seconds |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name in sorted(rec):
         layout, plans = plan_of(name)
         entry = rec[name]
@@ -112,7 +114,8 @@ def table(rec: dict) -> str:
             stage = f"stage {role['pp_rank']}, rank {role['rank']}"
             lines.append(f"| `{name}` | {layout} | {entry['shape'].removesuffix(' per DP rank')} | {stage} "
                          f"| {role['peak'] / gib:.2f} ({role['phase']}) | {total / gib:.2f} "
-                         f"| {(role['peak'] - total) / total * 100:+.1f}% | {worst_text} | {entry['seconds']:g} |")
+                         f"| {(role['peak'] - total) / total * 100:+.1f}% | {worst_text} | {role['push'] / gib:.2f} "
+                         f"| {role['flops'] / 1e12:.0f} | {entry['seconds']:g} |")
     return "\n".join(lines) + "\n"
 
 

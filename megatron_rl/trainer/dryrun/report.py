@@ -81,4 +81,11 @@ def role_table(result: dict, name: str, plan: dict | None) -> list[str]:
     lines.append(f"  {'peak (' + phase + ')':<40}{_g(peak)} {_g(p_total) if plan else ''} {_delta(peak, p_total)}")
     fits = ", ".join(f"{'fits' if peak <= b else 'DOES NOT FIT'} {n} ({b / GIB:.1f} GiB)" for n, b in DEVICES)
     lines.append(f"  {'':<40}{'':9} against the device: {fits}")
+    ph = result["phases"]
+    if "weight push" in ph:
+        lines.append(f"  weight push: {ph['weight push']['working'] / GIB:.2f} GiB working set (gathered HF tensors, "
+                     f"two device buckets), peak {ph['weight push']['peak'] / GIB:.2f} GiB")
+    if "flops" in ph["update"]:
+        lines.append(f"  update: {ph['update']['flops'] / 1e12:.1f} TFLOP on this rank (torch's flop registry: "
+                     "the matmuls, forward + backward + recompute)")
     return lines

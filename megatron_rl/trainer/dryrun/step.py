@@ -16,7 +16,9 @@ Phases, in the loop's order (``trainer/pipeline/update.py``), each its peak over
                             saved aside), alone and around a log-prob pass
     update                  ``PolicyActor.train_step``: forward and backward of every micro-batch, the
                             optimizer's step; the loss is a token mean of the log-probs (the method's own
-                            loss adds per-token terms only)
+                            loss adds per-token terms only); its FLOPs counted with torch's flop registry (:class:`MatmulFlops`)
+    weight push             the trainer's side of a push (:func:`push_stream`): gathered HF tensors and the
+                            two device buckets
 
 In the update, the bytes held when the last stage's output layer starts (a forward pre-hook: the layers'
 activations of the micro-batches in flight) split its peak into activations and logits (the logits, their fp32
@@ -29,7 +31,13 @@ import dataclasses
 import math
 
 import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry
 
+from megatron_rl.convert.live import hf_tensor_meta, stream_hf_tensors
+from megatron_rl.rollout.weight_sync import BucketPacker, RoundSource, param_meta
+from megatron_rl.runtime.device import default_device
 from megatron_rl.trainer.dryrun.measure import phase
 from megatron_rl.trainer.pipeline.batch import TrainBatch
 from megatron_rl.trainer.pipeline.packing import micro_of
@@ -118,10 +126,55 @@ def run_step(cfg, models, dev, shape: StepShape) -> dict:
     if not models.info.is_last_stage:
         actor._reduce_step = _empty_result           # the last stage's broadcast result (module docstring)
     held = _output_layer_probe(actor, dev)
-    with phase(dev, phases, "update"):
+    flops = MatmulFlops()
+    with phase(dev, phases, "update"), flops:
         actor.train_step(batch, token_mean_loss, micro)
     phases["update"]["at_output_layer"] = max(held, default=phases["update"]["start"])
+    phases["update"]["flops"] = flops.total
+    with phase(dev, phases, "weight push"):
+        push_stream(actor, cfg.rollout.bucket_mb << 20)
     return phases
+
+
+class MatmulFlops(TorchDispatchMode):
+    """The FLOPs of the ops torch's flop counter knows (``torch.utils.flop_counter.flop_registry``: matmuls,
+    convolutions, SDPA), summed over what runs under it. Not ``FlopCounterMode`` itself: its module tracker's
+    hooks keep the outputs of recomputed (checkpointed) layers alive, which the dry run saw as +65% activations
+    under full recompute."""
+
+    def __init__(self):
+        super().__init__()
+        self.total = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        count = flop_registry.get(func._overloadpacket)
+        if count is not None:
+            self.total += count(*args, **kwargs, out_val=out)
+        return out
+
+
+def push_stream(actor, bucket_bytes: int) -> None:
+    """The weight push as the trainer runs it (``trainer/loop/sync_stage.push``): every rank streams its shards
+    (``convert/live.stream_hf_tensors``: the owning stage all-gathers a tensor's TP shards, a later stage sends
+    it to global rank 0), and rank 0 packs the HF tensors into two reused buckets of ``rollout.bucket_mb``
+    (``rollout/weight_sync.BucketPacker``) — on the device here, as a GPU transport packs them; the engines'
+    side is not simulated (the dry run starts none)."""
+    models = actor.bare_models()
+    stream = stream_hf_tensors(models, actor.hf_cfg, sender=0)
+    if dist.get_rank() != 0:
+        for _ in stream:
+            pass
+        return
+    dtype = next(models[0].parameters()).dtype
+    meta = [param_meta(n, d, s) for n, d, s in hf_tensor_meta(actor.hf_cfg, dtype)]
+    device = default_device()
+    packer = BucketPacker(RoundSource(meta, stream), bucket_bytes,
+                          alloc=lambda n: torch.empty(n, dtype=torch.uint8, device=device))
+    for _k, _lo, _hi, view in packer.buckets():
+        del view
+    packer.close()
 
 
 def _empty_result() -> TrainStepResult:

@@ -86,6 +86,12 @@ def test_dry_run_of_an_8b_example_measures_what_plan_and_megatron_say():
         assert line.rstrip().endswith("+0.0%"), line          # the static state is the plan's, to the byte's 0.05%
     est = next(x for x in out.splitlines() if "Megatron-LM's estimate" in x)
     assert abs(float(re.search(r"\(([+-][\d.]+)%\)", est).group(1))) < 0.1, est
+    # the update's matmul FLOPs (torch's flop registry) are Kaplan's 6·N·T to the FLOP: N this rank's weights
+    # that multiply (the 2L + 1 RMSNorm weights and the embedding lookup do not), T = 22528 tokens
+    r = results[0]
+    n_matmul = r["params"]["local"] - 128512 * 4096 // 4 - (2 * 32 + 1) * 4096
+    assert r["phases"]["update"]["flops"] == 6 * n_matmul * 22528
+    assert 0 < r["phases"]["weight push"]["working"] < 5 * 2**30          # gathered tensors + two 256 MiB buckets
     now = drt.record_of("llama3_1_8b_dapo", results, 0.0)
     recorded = json.loads(drt.RECORD.read_text())["llama3_1_8b_dapo"]
     assert [{k: v for k, v in r.items()} for r in now["roles"]] == recorded["roles"], \
