@@ -133,6 +133,28 @@ class SyncedPool(EnginePool):
         self._stats.sync_seconds += time.perf_counter() - t0
         return self._stats.weight_version
 
+    def update_adapter(self, tensors: dict[str, torch.Tensor], config: dict) -> int:
+        """``lora.push: adapter``: send only the LoRA adapters (PEFT names and ``adapter_config.json``) to every
+        engine, which installs them as the next version through vLLM's LoRA support (``VLLMEngine.load_adapter``);
+        the weight-transfer group is not used. The tensors go into Ray's object store once, whatever the number
+        of engines. Returns the new weight version; ``last_sync`` holds the bytes and seconds (the slowest
+        engine's load)."""
+        t0 = time.perf_counter()
+        version = self._stats.weight_version + 1
+        nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+        ref = self._ray.put({k: v.detach().cpu().contiguous() for k, v in tensors.items()})
+        try:
+            loads = self._ray.get([a.load_adapter.remote(version, config, ref) for a in self.actors])
+        except Exception as e:
+            raise RuntimeError(f"adapter push (version {version}) failed: {e}") from e
+        self._stale.clear()
+        self._stats.weight_version = version
+        self._stats.sync_bytes += nbytes
+        self._stats.sync_seconds += time.perf_counter() - t0
+        self.last_sync = {"bytes": nbytes, "tensors": len(tensors), "seconds": time.perf_counter() - t0,
+                          "engine_load_s": max(d["seconds"] for d in loads)}
+        return version
+
     def _open_transfer(self) -> None:
         self._sync_client = ActorSyncClient(self.actors, ranks_per_engine=self.tp,   # every engine TP rank receives
                                             versioned=caps(self.kind).inflight_updates)
