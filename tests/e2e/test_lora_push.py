@@ -89,6 +89,7 @@ def test_pushed_adapters_serve_peft_logprobs_and_swap_cleanly(setup):
     assert client.last_sync["bytes"] == sum(t.numel() * 4 for t in t1.values()) and client.last_sync["tensors"] == len(t1)
     v1 = client.generate(SHORT + shared[0], sp)
     gap1 = _oracle_gap(m1, v1)
+    print(f"engine vs PEFT, max |log-prob gap|: adapter v1 {gap1:.3g}")
     assert gap1 < 1e-4, f"engine serving adapter v1 vs PEFT: max |Δ log-prob| {gap1}"
     assert [c.response_ids for c in v1[:len(SHORT)]] != [c.response_ids for c in base_comps]   # the adapter acts
 
@@ -96,6 +97,7 @@ def test_pushed_adapters_serve_peft_logprobs_and_swap_cleanly(setup):
     assert client.update_adapter(t2, cfg) == 2
     v2 = client.generate(SHORT + shared[1], sp)    # shared[1]: the prefix's KV blocks were cached under v1
     gap2 = _oracle_gap(m2, v2)
+    print(f"engine vs PEFT, max |log-prob gap|: adapter v2 {gap2:.3g}")
     assert gap2 < 1e-4, f"engine serving adapter v2 vs PEFT after the swap: max |Δ log-prob| {gap2}"
 
     (loaded,) = client.engine_adapter_tensors()
