@@ -33,6 +33,7 @@ import time
 
 #: (hidden, layers, heads, kv heads, head dim, ffn, vocab) — Qwen3's config.json values; demo: cli/demo.py
 SHAPES = {"demo": (128, 2, 4, 2, 32, 512, 384), "qwen3-0.6b": (1024, 28, 16, 8, 128, 3072, 151936),
+          "qwen3-0.6b-8l": (1024, 8, 16, 8, 128, 3072, 151936),
           "qwen3-1.7b": (2048, 28, 16, 8, 128, 6144, 151936)}
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -55,6 +56,12 @@ def write_random_model(name: str, d: str) -> None:
               os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
 
 
+def _rss(what: str) -> None:
+    import psutil
+
+    print(f"[rss] {what}: {psutil.Process().memory_info().rss / 2**30:.2f} GiB", file=sys.stderr, flush=True)
+
+
 def child(name: str, rank: int, repeats: int, bucket_mb: int) -> dict:
     """One model: the LoRA actor (B random, so merged != base), then a plain engine (full, merged) and a LoRA engine
     (adapter), one after the other."""
@@ -74,6 +81,7 @@ def child(name: str, rank: int, repeats: int, bucket_mb: int) -> dict:
     info = init_parallel(1, 1, seed=0)
     actor = PolicyActor(load_hf_config(d), info, OptimSpec(lr=1e-4), lora=LoraSpec(rank, 2.0 * rank, TARGETS))
     actor.load_hf(d)
+    _rss("actor built")
     with torch.no_grad():
         for n_, p in actor.bare_models()[0].named_parameters():
             if "lora_B" in n_:
@@ -84,7 +92,7 @@ def child(name: str, rank: int, repeats: int, bucket_mb: int) -> dict:
     client = RolloutClient("vllm", d, 1, engine, cpus_per_engine=1, sync_backend="ray", bucket_bytes=bucket)
     try:
         push(actor, client, bucket)   # warm-up
-        for mode in ("full", "merged"):
+        for mode in (() if os.environ.get("BENCH_ADAPTER_ONLY") else ("full", "merged")):
             best = None
             for _ in range(repeats):
                 ctx = adapters_disabled(actor.chunks) if mode == "full" else contextlib.nullcontext()
@@ -95,6 +103,7 @@ def child(name: str, rank: int, repeats: int, bucket_mb: int) -> dict:
                 row = {**client.last_sync, "wall_s": wall}
                 best = row if best is None or wall < best["wall_s"] else best
             out[mode] = best
+            _rss(f"after {mode}")
     finally:
         client.shutdown()
     client = RolloutClient("vllm", d, 1, {**engine, "lora_rank": rank}, cpus_per_engine=1)
@@ -109,6 +118,7 @@ def child(name: str, rank: int, repeats: int, bucket_mb: int) -> dict:
             push_adapter(actor, client)
             wall = time.perf_counter() - t0
             row = {**client.last_sync, "wall_s": wall, "gather_s": t_gather}
+            print(f"[adapter] {row}", file=sys.stderr, flush=True)
             best = row if best is None or wall < best["wall_s"] else best
         out["adapter"] = best
     finally:
@@ -149,10 +159,10 @@ def main() -> int:
                             str(a.repeats), "--bucket-mb", str(a.bucket_mb)], capture_output=True, text=True)
         line = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
         if r.returncode or not line:
-            print(f"{name}: failed\n{r.stderr[-3000:]}")
+            print(f"{name}: failed (exit {r.returncode})\n{r.stderr[-3000:]}")
             return 1
         rows.append(json.loads(line[0][7:]))
-        print(f"[{name}: {time.time() - t0:.0f} s]", file=sys.stderr)
+        print(f"[{name}: {time.time() - t0:.0f} s] {line[0][7:]}", file=sys.stderr, flush=True)
     table(rows)
     return 0
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Iterable
 
 import torch
@@ -250,9 +251,7 @@ class VLLMEngine:
         written to this engine's :class:`AdapterStore`, loaded by vLLM (``add_lora``: it reads the dir now),
         made the adapter of every later request; the previous version is unloaded and its dir removed, and the
         prefix cache is reset (its blocks hold KV computed under the previous adapter). Returns
-        ``{"seconds", "bytes"}``."""
-        import time  # lazy: only this call times itself
-
+        ``{"seconds", "bytes", "stages": {"write_s", "add_lora_s", "unload_reset_s"}}``."""
         from vllm.lora.request import LoRARequest  # lazy: defers vllm to the call
 
         if self.adapters is None:
@@ -260,6 +259,7 @@ class VLLMEngine:
         t0 = time.perf_counter()
         req = LoRARequest(lora_name=f"policy-v{int(version)}", lora_int_id=int(version),
                           lora_path=str(self.adapters.write(version, config, tensors)))
+        t1 = time.perf_counter()
         old = self.lora_request
         if old is not None and old.lora_int_id == req.lora_int_id:   # the same version re-sent: reload it
             self.llm.llm_engine.remove_lora(old.lora_int_id)
@@ -267,11 +267,14 @@ class VLLMEngine:
         if not self.llm.llm_engine.add_lora(req):
             raise RuntimeError(f"vLLM did not load adapter version {version} from {req.lora_path}")
         self.lora_request = req
+        t2 = time.perf_counter()
         if old is not None:
             self.llm.llm_engine.remove_lora(old.lora_int_id)
             self.adapters.drop(old.lora_int_id)
         self.reset_caches()
-        return {"seconds": time.perf_counter() - t0, "bytes": sum(t.numel() * t.element_size() for t in tensors.values())}
+        t3 = time.perf_counter()
+        return {"seconds": t3 - t0, "bytes": sum(t.numel() * t.element_size() for t in tensors.values()),
+                "stages": {"write_s": t1 - t0, "add_lora_s": t2 - t1, "unload_reset_s": t3 - t2}}
 
     def adapter_tensors(self) -> dict[str, torch.Tensor]:
         """The tensors of the adapter every request carries, as vLLM loaded them (its dir; ``{}`` for none):
