@@ -10,9 +10,15 @@
 
 Split by stage. full / merged (``ray`` transport, ``ray_transport.RaySender.last``): produce — the trainer's HF
 stream (TP gather, HF split, and the merge for merged), pack — bucket copies, transfer — the rest of the sender's
-wall time (object store + the engine's load, which it waits for). adapter: gather — ``gather_adapters``; send +
-load — ``update_adapter`` (``ray.put``, the engine's dir write and vLLM's ``add_lora``; ``load`` = the engine's own
-share). Seconds are the best of ``--repeats`` after a warm-up push; bytes are what crosses to the engines.
+wall time (object store + the engine's load, which it waits for). adapter: gather — ``gather_adapters``; ray.put;
+engine — ``VLLMEngine.load_adapter`` (the dir write, vLLM's ``add_lora``, the previous version's unload and the
+prefix-cache reset); the rest of the call (Ray's dispatch). Seconds are the best of ``--repeats`` after a warm-up
+push; bytes are what crosses to the engines. The child process prints its RSS after building the actor and after
+each full-weight mode (``[rss]``, stderr).
+
+``qwen3-1.7b`` does not fit this 23 GiB, 2-core machine: the fp32 actor (6.9 GB) beside the vLLM-CPU engine, which
+keeps a second copy of its linear weights for re-packing (``patches/``: 13.8 GB), leaves nothing for Ray and the
+other processes; ``qwen3-0.6b`` (2.4 GB of weights, 134 s for the three modes) is the largest measured here.
 
 Models (random weights, real shapes, fp32 on CPU): ``demo`` (``megatron-rl demo``'s policy: hidden 128, ffn 512,
 2 layers, tied, vocabulary 384) and ``qwen3-0.6b`` / ``qwen3-1.7b`` (Qwen3's published config.json shapes). Each
@@ -92,7 +98,7 @@ def child(name: str, rank: int, repeats: int, bucket_mb: int) -> dict:
     client = RolloutClient("vllm", d, 1, engine, cpus_per_engine=1, sync_backend="ray", bucket_bytes=bucket)
     try:
         push(actor, client, bucket)   # warm-up
-        for mode in (() if os.environ.get("BENCH_ADAPTER_ONLY") else ("full", "merged")):
+        for mode in ("full", "merged"):
             best = None
             for _ in range(repeats):
                 ctx = adapters_disabled(actor.chunks) if mode == "full" else contextlib.nullcontext()
@@ -118,7 +124,6 @@ def child(name: str, rank: int, repeats: int, bucket_mb: int) -> dict:
             push_adapter(actor, client)
             wall = time.perf_counter() - t0
             row = {**client.last_sync, "wall_s": wall, "gather_s": t_gather}
-            print(f"[adapter] {row}", file=sys.stderr, flush=True)
             best = row if best is None or wall < best["wall_s"] else best
         out["adapter"] = best
     finally:
@@ -133,8 +138,10 @@ def table(rows: list[dict]) -> None:
         for mode in ("full", "merged", "adapter"):
             x = r[mode]
             if mode == "adapter":
-                stages = (f"gather {x['gather_s']:.3f}, send+load {x['seconds']:.3f} "
-                          f"(engine load {x['engine_load_s']:.3f})")
+                e = x["engine_stages"]
+                stages = (f"gather {x['gather_s']:.3f}, ray.put {x['put_s']:.3f}, engine {x['engine_load_s']:.3f} "
+                          f"(write {e['write_s']:.3f}, add_lora {e['add_lora_s']:.3f}, unload + cache reset "
+                          f"{e['unload_reset_s']:.3f}), rest of the call {x['seconds'] - x['put_s'] - x['engine_load_s']:.3f}")
             else:
                 stages = f"produce {x['produce_s']:.3f}, pack {x['pack_s']:.3f}, transfer {x['transfer_s']:.3f}"
             print(f"{r['model']:<12}{mode:<9}{x['bytes']:>12,}{x['wall_s']:>9.3f}{x['wall_s'] / full['wall_s']:>9.3f}"
