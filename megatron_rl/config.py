@@ -229,12 +229,12 @@ def check_adapter_push(r) -> None:
     """``lora.push=adapter`` against the ``rollout`` section ``r``: the adapters are served by vLLM's LoRA
     support (``rollout.engine=vllm``); the asynchronous, partial and colocated paths push full weights
     (in-flight updates, a sleep that discards the base) and are not built for adapters: one line each."""
-    if r.engine != "vllm":
-        raise ValueError(f"lora.push=adapter needs rollout.engine=vllm (vLLM's LoRA support serves the adapters), "
-                         f"got {r.engine}; use lora.push=merged")
     if r.max_staleness > 0 or r.partial.enable:
         raise ValueError("lora.push=adapter refused with asynchronous or partial rollouts (rollout.max_staleness > 0, "
                          "rollout.partial.enable): not built for adapters; use lora.push=merged")
+    if r.engine != "vllm":
+        raise ValueError(f"lora.push=adapter needs rollout.engine=vllm (vLLM's LoRA support serves the adapters), "
+                         f"got {r.engine}; use lora.push=merged")
     if r.placement == "colocated":
         raise ValueError("lora.push=adapter refused with rollout.placement=colocated (the engines' sleep discards the "
                          "base weights, which an adapter push does not resend); use lora.push=merged")

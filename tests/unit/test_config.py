@@ -115,7 +115,8 @@ def test_a_verl_section_points_at_ours():
 @pytest.mark.parametrize("ov,msg", [
     (["rollout.engine=hf"], r"lora.push=adapter needs rollout.engine=vllm .vLLM's LoRA support serves the adapters., got hf"),
     (["rollout.max_staleness=1"], "lora.push=adapter refused with asynchronous or partial rollouts"),
-    (["rollout.partial.enable=true"], "lora.push=adapter refused with asynchronous or partial rollouts"),
+    (["rollout.engine=vllm-async", "rollout.partial.enable=true"],
+     "lora.push=adapter refused with asynchronous or partial rollouts"),
     (["rollout.placement=colocated"], "lora.push=adapter refused with rollout.placement=colocated"),
 ], ids=["engine", "async", "partial", "colocated"])
 def test_adapter_push_refuses_what_it_does_not_serve(ov, msg):
