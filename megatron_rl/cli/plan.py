@@ -57,8 +57,9 @@ def format_report(rep: PlanReport) -> str:
         f"recompute {_recompute_text(i)}, attention {i.attention}, "
         f"SwiGLU {'fused' if i.fused_swiglu else 'unfused'}",
         f"params per GPU: first stage {rep.params.first_stage / 1e6:.1f} M, last stage {rep.params.last_stage / 1e6:.1f} M",
-        *([f"LoRA rank {i.lora_rank} on {','.join(i.lora_targets)}: {lora_params_per_layer(a, i) * (a.layers // i.pp) / 1e6:.2f} M "
-           "adapter params per GPU, the base frozen (grads and optimizer: adapters only)"] if i.lora_rank else []),
+        *([(f"LoRA rank {i.lora_rank} on {','.join(i.lora_targets)}: "
+            f"{lora_params_per_layer(a, i) * (a.layers // i.pp) / 1e6:.2f} M adapter params per GPU, the base frozen "
+            "(grads and optimizer: adapters only)")] if i.lora_rank else []),
         "",
         f"{'component (' + rep.stage + ' pipeline stage)':<44}{'GiB/GPU':>9}",
         f"{'-' * 53}",

@@ -94,7 +94,10 @@ def sync(run) -> None:
 def push_adapter(actor, client, base_model: str = "") -> int | None:
     """Collective: gather ``actor``'s LoRA adapters (PEFT names, fp32, full tensors) to rank 0, whose
     ``client`` sends them with PEFT's adapter config. Returns the new weight version on rank 0."""
-    from megatron_rl.convert.peft_adapter import adapter_config, gather_adapters  # lazy: LoRA runs only
+    from megatron_rl.convert.peft_adapter import (  # lazy: LoRA runs only
+        adapter_config,
+        gather_adapters,
+    )
 
     tensors = gather_adapters(actor.bare_models())
     if client is None:

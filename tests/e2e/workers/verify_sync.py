@@ -59,11 +59,11 @@ def prepare(root: Path) -> dict:
 
 
 def main(work: str) -> int:
+    from megatron_rl.rewards.registry import register_reward
     from megatron_rl.runtime.parallel import init_parallel
     from megatron_rl.trainer.loop.preflight import load_checked
     from megatron_rl.trainer.loop.rl_loop import run
     from megatron_rl.trainer.loop.setup import client_args
-    from megatron_rl.rewards.registry import register_reward
     from tests.helpers.sync_faults import FaultyClient
 
     register_reward("digit_share")(digit_share)

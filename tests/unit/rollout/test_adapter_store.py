@@ -7,7 +7,11 @@ import typing
 import pytest
 import torch
 
-from megatron_rl.rollout.adapter_store import VLLM_LORA_RANKS, AdapterStore, vllm_max_lora_rank
+from megatron_rl.rollout.adapter_store import (
+    VLLM_LORA_RANKS,
+    AdapterStore,
+    vllm_max_lora_rank,
+)
 
 
 def test_versions_are_whole_peft_dirs_and_old_ones_go(tmp_path):
