@@ -225,6 +225,21 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     return from_dict(tree)
 
 
+def check_adapter_push(r) -> None:
+    """``lora.push=adapter`` against the ``rollout`` section ``r``: the adapters are served by vLLM's LoRA
+    support (``rollout.engine=vllm``); the asynchronous, partial and colocated paths push full weights
+    (in-flight updates, a sleep that discards the base) and are not built for adapters: one line each."""
+    if r.max_staleness > 0 or r.partial.enable:
+        raise ValueError("lora.push=adapter refused with asynchronous or partial rollouts (rollout.max_staleness > 0, "
+                         "rollout.partial.enable): not built for adapters; use lora.push=merged")
+    if r.engine != "vllm":
+        raise ValueError(f"lora.push=adapter needs rollout.engine=vllm (vLLM's LoRA support serves the adapters), "
+                         f"got {r.engine}; use lora.push=merged")
+    if r.placement == "colocated":
+        raise ValueError("lora.push=adapter refused with rollout.placement=colocated (the engines' sleep discards the "
+                         "base weights, which an adapter push does not resend); use lora.push=merged")
+
+
 def validate(cfg: Config, world_size: int | None = None) -> None:
     """Layout rules the config decides with the model's ``config.json`` (clear messages, at start-up):
     the batch over ``world_size`` ranks, the model directory, TP/PP against the model's sizes. The
@@ -258,5 +273,7 @@ def validate(cfg: Config, world_size: int | None = None) -> None:
         raise ValueError(f"trainer.max_tokens_per_micro_batch={budget} is below rollout.max_model_len={longest} (rounded up "
                          f"to {-(-longest // q) * q}, a multiple of 8 x parallel.tp), the longest sequence a pass can hold "
                          "(teacher and conditioned prompts included); raise the budget")
+    if cfg.lora.enable and cfg.lora.push == "adapter":
+        check_adapter_push(cfg.rollout)
     if cfg.model.hf_path:     # the layout against the model's config.json: preflight_rules.check_config (models/)
         check_model_path(cfg.model.hf_path)

@@ -549,7 +549,9 @@ class LoraConfig:
     """HF projections with adapters (PEFT's names): q_proj k_proj v_proj o_proj gate_proj up_proj down_proj."""
     push: str = "merged"
     """What the weight sync pushes to the engines: merged (W + (alpha / rank) · B A per projection, the full
-    HF weights as without LoRA). ``adapter`` (vLLM LoRA adapters) is refused: not built."""
+    HF weights as without LoRA) | adapter (the adapters only, served by vLLM's LoRA support on the base of
+    ``model.hf_path``: ``rollout.engine=vllm``, synchronous rollouts, separate placement; other combinations
+    are refused at config load)."""
     init_seed: int = 0
     """Seed of the adapters' initialisation (A uniform, B = 0: the policy starts as the base)."""
 
@@ -563,5 +565,3 @@ class LoraConfig:
         _check(not bad and bool(self.target_modules),
                f"lora.target_modules {bad or '[]'} invalid; valid: {list(LORA_TARGETS)}")
         _check(self.push in ("merged", "adapter"), f"lora.push must be merged|adapter, got {self.push!r}")
-        _check(self.push == "merged", "lora.push=adapter refused: pushing adapters through vLLM's LoRA machinery is "
-               "not built in this version; use lora.push=merged (the engines get W + (alpha/rank)·B·A)")

@@ -33,6 +33,7 @@ from megatron_rl.planning.memory import (
     engine_holds,
     estimate,
     fits,
+    lora_params_per_layer,
     score_total,
 )
 from megatron_rl.runtime.usage import EXIT_USAGE
@@ -56,6 +57,9 @@ def format_report(rep: PlanReport) -> str:
         f"recompute {_recompute_text(i)}, attention {i.attention}, "
         f"SwiGLU {'fused' if i.fused_swiglu else 'unfused'}",
         f"params per GPU: first stage {rep.params.first_stage / 1e6:.1f} M, last stage {rep.params.last_stage / 1e6:.1f} M",
+        *([(f"LoRA rank {i.lora_rank} on {','.join(i.lora_targets)}: "
+            f"{lora_params_per_layer(a, i) * (a.layers // i.pp) / 1e6:.2f} M adapter params per GPU, the base frozen "
+            "(grads and optimizer: adapters only)")] if i.lora_rank else []),
         "",
         f"{'component (' + rep.stage + ' pipeline stage)':<44}{'GiB/GPU':>9}",
         f"{'-' * 53}",
@@ -172,6 +176,11 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--extra-weight-copies", type=int, default=d.extra_weight_copies,
                    help="further weight copies (model precision) kept on the GPU")
     _add_sampling_arguments(p, d)
+    p.add_argument("--lora-rank", type=int, default=d.lora_rank,
+                   help="lora.rank: LoRA adapters of this rank on a frozen base (0 = full fine-tuning): main grads and "
+                   "optimizer state for the adapters only")
+    p.add_argument("--lora-targets", type=lambda v: tuple(x for x in v.split(",") if x), default=d.lora_targets,
+                   help="lora.target_modules, comma-separated HF projections (default: all seven)")
     p.add_argument("--config", help="run config (YAML): layout, precision, micro-batching, seq-len, max-model-len, "
                    "placement, trainer.offload and engine count come from it (planning/config.py)")
     p.add_argument("--separate", dest="colocated", action="store_false", help="rollout engines on other GPUs")

@@ -53,8 +53,9 @@ def _bare(chunks: Iterable[torch.nn.Module]) -> list[torch.nn.Module]:
 
 
 def gather_adapters(chunks: Iterable[torch.nn.Module], grad: bool = False) -> dict[str, torch.Tensor]:
-    """Collective over the trainer: ``{PEFT name: full tensor}`` (fp32, CPU) of every adapter, on global rank 0
-    (``{}`` elsewhere). ``grad``: the adapters' gradients (``main_grad`` under megatron DDP, else ``.grad``)."""
+    """Collective over the trainer: ``{PEFT name: full tensor}`` (fp32, CPU, owned copies: a snapshot, not views into
+    Megatron's parameter buffer) of every adapter, on global rank 0 (``{}`` elsewhere). ``grad``: the adapters'
+    gradients (``main_grad`` under megatron DDP, else ``.grad``)."""
     from megatron.core import parallel_state as ps  # lazy: defers megatron to the call
 
     tp, _, group = _tp()
@@ -71,7 +72,7 @@ def gather_adapters(chunks: Iterable[torch.nn.Module], grad: bool = False) -> di
                         shards = [torch.empty_like(t) for _ in range(tp)]
                         dist.all_gather(shards, t.contiguous(), group=group)
                         t = torch.cat(shards, dim=0 if which == "B" else 1)
-                    mine[peft_name(layer, hf[k], which)] = t.cpu()
+                    mine[peft_name(layer, hf[k], which)] = t.to("cpu", copy=True)   # not a view of DDP's buffer
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return mine
     first = ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0 \

@@ -16,7 +16,9 @@ the config decides::
     rollout_tp                  rollout.tensor_parallel_size
     rollout_mem_util            rollout.gpu_memory_utilization (null: the placement's auto share)
     recompute, recompute_method, recompute_num_layers   model.recompute*
-    reference                   the method needs reference log-probs (its KL loss / in-reward KL is on)
+    reference                   the method needs reference log-probs (its KL loss / in-reward KL is on) and
+                                lora.enable is off (LoRA's reference is the policy with its adapters off: no copy)
+    lora_rank, lora_targets     lora.rank, lora.target_modules when lora.enable (else rank 0: full fine-tuning)
     teacher_shadow              the method's teacher_mode is snapshot or ema (an fp32 copy, trainer/paths/teacher/weights.py)
     fused_swiglu                true: a GPU build fuses SwiGLU (models/provider.py cuda_fusions)
     top_k, top_p, min_p         rollout.top_k / top_p / min_p (the sampling distribution μ the trainer scores)
@@ -48,7 +50,7 @@ KEYS = {"tp": "parallel.tp", "pp": "parallel.pp", "vpp": "parallel.vpp", "cp": "
         "recompute_num_layers": "model.recompute_num_layers", "reference": "algo.<kind> (its KL needs a reference)",
         "teacher_shadow": "algo.<kind>.teacher_mode", "fused_swiglu": "the GPU build (fused SwiGLU)",
         "attention": "model.backend", "top_k": "rollout.top_k", "top_p": "rollout.top_p", "min_p": "rollout.min_p",
-        "ratio_space": "algo.ratio_space"}
+        "ratio_space": "algo.ratio_space", "lora_rank": "lora.rank (lora.enable)", "lora_targets": "lora.target_modules"}
 
 
 def config_inputs(cfg) -> dict[str, Any]:
@@ -65,7 +67,9 @@ def config_inputs(cfg) -> dict[str, Any]:
             "colocated": cfg.rollout.placement == "colocated", "rollout_tp": r.tensor_parallel_size,
             "rollout_mem_util": engine_memory_utilization(r.gpu_memory_utilization, r.placement),
             "recompute": m.recompute, "recompute_method": m.recompute_method, "recompute_num_layers": m.recompute_num_layers,
-            "reference": "ref_logp" in kind_required_inputs(cfg.algo.kind, cfg.algo.hparams),
+            "reference": "ref_logp" in kind_required_inputs(cfg.algo.kind, cfg.algo.hparams) and not cfg.lora.enable,
+            "lora_rank": cfg.lora.rank if cfg.lora.enable else 0,
+            **({"lora_targets": tuple(cfg.lora.target_modules)} if cfg.lora.enable else {}),
             "teacher_shadow": _teacher_shadow(cfg.algo.hparams),
             "top_k": r.top_k, "top_p": r.top_p, "min_p": r.min_p, "ratio_space": cfg.algo.ratio_space,
             "fused_swiglu": True, **({"attention": _ATTENTION[m.backend]} if m.backend in _ATTENTION else {})}

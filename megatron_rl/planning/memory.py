@@ -22,6 +22,20 @@ Training state per parameter (Megatron distributed-optimizer table; ``--no-dist-
     bf16/fp16:  2 (param) + 4 (fp32 main grad) + 12/r' (fp32 master, Adam m, v)
     fp32:       4 (param) + 4 (grad)           +  8/r' (Adam m, v)
 
+LoRA (``lora.enable``, ``--lora-rank`` ρ, ``--lora-targets``; ``models/lora.py``, docs/lora.md): the base is
+frozen, so only the adapters have a main grad and optimizer state; the weights are the base's plus the
+adapters'. Adapter parameters per layer and GPU, sharded as the base weight: a column-parallel projection
+(q, k, v, gate, up: d_in -> d_out) splits B by its rows and replicates A, a row-parallel one (o, down) splits
+A by its columns and replicates B::
+
+    column  ρ·d_in + d_out·ρ/t         row  ρ·d_in/t + d_out·ρ
+    (q: h -> q, k / v: h -> kv, o: q -> h, gate / up: h -> f, down: f -> h)
+    adapters = (L/p)·Σ_targets ·   →   weights = (n + adapters)·e, grads = adapters·g, optimizer = adapters·o/r'
+
+with g, o the per-parameter bytes above. Each adapter keeps its A x (ρ elements per token, model precision) for
+B's gradient: activations add e·ρ·|targets| per token and layer. No reference copy: the KL reference is the
+policy with its adapters off (``AdapterOffReference``).
+
 Activations (rough; after Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
 Transformer Models", eq. 1-2, generalised to GQA + SwiGLU and no dropout), bytes per token per layer::
 
@@ -149,6 +163,8 @@ DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 OFFLOAD_MODES = ("none", "optimizer", "all")   # trainer.offload (trainer/policy/offload.py; no torch import here)
 ATTENTION = ("flash", "local")                 # the attention the layers run: TE's fused kernels | megatron's local
 RATIO_SPACES = ("full", "sampling")            # algo.ratio_space (config.py)
+#: the HF projections LoRA may target (``config_sections.LORA_TARGETS``; planning sits below config)
+LORA_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 #: the μ pass's sizes (``algorithms/sampling.py`` CHUNK_BYTES, CANDIDATES, TIE_SLACK: no torch import here;
 #: ``tests/unit/test_plan.py`` pins them to the code's)
 MU_CHUNK_BYTES = 256 * 2**20
@@ -202,6 +218,8 @@ class PlanInputs:
     top_p: float = 1.0               # rollout.top_p (1 = off)
     min_p: float = 0.0               # rollout.min_p (0 = off)
     ratio_space: str = "full"        # algo.ratio_space: sampling = μ's forward and backward in the training step
+    lora_rank: int = 0               # lora.rank (0: no LoRA, the whole policy trains)
+    lora_targets: tuple[str, ...] = LORA_PROJECTIONS   # lora.target_modules (HF projections), with lora_rank > 0
 
     def __post_init__(self):
         for f in ("tp", "pp", "vpp", "cp", "dp", "micro_batch", "seq_len", "rollout_tp", "rollout_seqs", "rollout_engines",
@@ -226,6 +244,11 @@ class PlanInputs:
             raise ValueError(f"--ratio-space must be one of {'|'.join(RATIO_SPACES)}, got {self.ratio_space!r}")
         if not (0.0 < self.top_p <= 1.0 and 0.0 <= self.min_p <= 1.0):
             raise ValueError(f"--top-p must be in (0, 1] and --min-p in [0, 1], got {self.top_p} / {self.min_p}")
+        if self.lora_rank < 0 or (self.lora_rank and (not self.lora_targets
+                                                      or set(self.lora_targets) - set(LORA_PROJECTIONS))):
+            raise ValueError(f"--lora-rank must be >= 0 and --lora-targets among {','.join(LORA_PROJECTIONS)}, got "
+                             f"{self.lora_rank} / {','.join(self.lora_targets) or '(none)'}")
+        object.__setattr__(self, "lora_targets", tuple(self.lora_targets))
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("sequence_parallel needs tp > 1")
         if not self.gpu_mem_gib > 0 or self.overhead_gib < 0:
@@ -311,6 +334,22 @@ def params_per_gpu(arch: ArchSpec, inp: PlanInputs) -> ParamCounts:
     return ParamCounts(body + emb, body + h + emb, v)  # last stage: output layer or tied copy
 
 
+def lora_params_per_layer(arch: ArchSpec, inp: PlanInputs) -> int:
+    """Adapter parameters of one layer on one GPU (module docstring): column-parallel ρ·d_in + d_out·ρ/t,
+    row-parallel ρ·d_in/t + d_out·ρ, summed over ``inp.lora_targets``; 0 without LoRA."""
+    if not inp.lora_rank:
+        return 0
+    r, t, h, f = inp.lora_rank, inp.tp, arch.hidden, arch.ffn
+    q, kv = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
+    shape = {"q_proj": (h, q, "col"), "k_proj": (h, kv, "col"), "v_proj": (h, kv, "col"), "o_proj": (q, h, "row"),
+             "gate_proj": (h, f, "col"), "up_proj": (h, f, "col"), "down_proj": (f, h, "row")}
+    n = 0
+    for name in inp.lora_targets:
+        d_in, d_out, kind = shape[name]
+        n += r * d_in + d_out * r // t if kind == "col" else r * d_in // t + d_out * r
+    return n
+
+
 def activation_bytes(arch: ArchSpec, inp: PlanInputs, padded_v: int) -> tuple[int, int, int]:
     """Activation bytes for one GPU: (first stage, last stage without logits, logits), module docstring.
 
@@ -327,7 +366,7 @@ def activation_bytes(arch: ArchSpec, inp: PlanInputs, padded_v: int) -> tuple[in
     scores = tokens * arch.heads * inp.row_len / t        # S x S elements of one layer of this micro-batch
     rope = (1 + arch.qk_norm) * (q + kv) / t              # RoPE'd q and k (+ the q/k norms' inputs)
     per_tok = e * (2 * h / sig + h / sig + (q + 2 * kv) / t + q / t + rope + h / sig + mlp * arch.ffn / t) \
-        + stored * arch.heads * inp.row_len / t
+        + stored * arch.heads * inp.row_len / t + e * inp.lora_rank * len(inp.lora_targets) * bool(inp.lora_rank)
     logits = tokens * (padded_v / t) * logit_bytes(e) + (padded_v / t) * h * e   # + the output layer's wgrad
 
     def layers_worth(n: int, last: bool) -> float:
@@ -508,7 +547,10 @@ def _stage(common: dict, stage: str, n: int, acts: int, logits: int, mu: int, mu
     grad_b, opt_b = (4, 12) if e == 2 else (4, 8)
     r = inp.dp * inp.cp if inp.dist_opt else 1      # Megatron's distributed optimizer shards over DP x CP
     copies = (inp.extra_weight_copies + inp.reference) * n * e + inp.teacher_shadow * n * (4 + e)
-    return PlanReport(**common, stage=stage, weights=n * e, grads=n * grad_b, optimizer=int(n * opt_b / r),
+    adapters = common["arch"].layers // inp.pp * lora_params_per_layer(common["arch"], inp)
+    trained = adapters if inp.lora_rank else n      # LoRA: the base is frozen (no main grad, no optimizer state)
+    return PlanReport(**common, stage=stage, weights=(n + adapters) * e, grads=trained * grad_b,
+                      optimizer=int(trained * opt_b / r),
                       extra_copies=copies, activations=acts, logits=logits, sampling=mu, sampling_working=mu_working,
                       buffers=buffers)
 

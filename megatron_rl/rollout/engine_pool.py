@@ -88,6 +88,17 @@ class _EngineActor:
     def hf_named_parameters(self) -> dict:
         return self.engine.hf_named_parameters()
 
+    def load_adapter(self, version: int, config: dict, tensors: dict) -> dict:
+        """``lora.push: adapter``: install adapter ``version`` (``VLLMEngine.load_adapter``)."""
+        return self.engine.load_adapter(version, config, tensors)
+
+    def adapter_tensors(self) -> dict:
+        return self.engine.adapter_tensors()
+
+    def adapter_versions(self) -> list[int]:
+        """The adapter versions on this engine's disk (the current one only, between pushes)."""
+        return self.engine.adapters.versions() if getattr(self.engine, "adapters", None) is not None else []
+
     def sleep(self, level: int):
         self.engine.sleep(level)
 
@@ -221,6 +232,12 @@ class EnginePool:
         engine holding the current weights (replaced engines waiting for a sync are left out): sync
         verification. Copied out of the object store one engine at a time."""
         return [{k: v.clone() for k, v in self._ray.get(self.actors[i].hf_named_parameters.remote()).items()}
+                for i in self._fresh()]
+
+    def engine_adapter_tensors(self) -> list[dict[str, torch.Tensor]]:
+        """Every fresh engine's current adapter tensors (PEFT names, as vLLM loaded them): sync verification of
+        ``lora.push: adapter``, one engine at a time, copied out of the object store."""
+        return [{k: v.clone() for k, v in self._ray.get(self.actors[i].adapter_tensors.remote()).items()}
                 for i in self._fresh()]
 
     def kill_engine(self, i: int) -> None:

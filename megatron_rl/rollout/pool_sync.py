@@ -133,6 +133,32 @@ class SyncedPool(EnginePool):
         self._stats.sync_seconds += time.perf_counter() - t0
         return self._stats.weight_version
 
+    def update_adapter(self, tensors: dict[str, torch.Tensor], config: dict) -> int:
+        """``lora.push: adapter``: send only the LoRA adapters (PEFT names and ``adapter_config.json``) to every
+        engine, which installs them as the next version through vLLM's LoRA support (``VLLMEngine.load_adapter``);
+        the weight-transfer group is not used. The tensors go into Ray's object store once, whatever the number
+        of engines, each as an owned copy (a view would carry its whole storage: measured, 112 adapter views into
+        Megatron's 11.5 MB parameter buffer pickled 1.3 GB and took 1.7-5.9 s). Returns the new weight version; ``last_sync`` holds the bytes and seconds (the slowest
+        engine's load)."""
+        t0 = time.perf_counter()
+        version = self._stats.weight_version + 1
+        nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+        # owned copies: a view (an adapter inside DDP's contiguous parameter buffer) would pickle its whole storage
+        ref = self._ray.put({k: v.detach().to("cpu", copy=True) for k, v in tensors.items()})
+        t_put = time.perf_counter() - t0
+        try:
+            loads = self._ray.get([a.load_adapter.remote(version, config, ref) for a in self.actors])
+        except Exception as e:
+            raise RuntimeError(f"adapter push (version {version}) failed: {e}") from e
+        self._stale.clear()
+        self._stats.weight_version = version
+        self._stats.sync_bytes += nbytes
+        self._stats.sync_seconds += time.perf_counter() - t0
+        self.last_sync = {"bytes": nbytes, "tensors": len(tensors), "seconds": time.perf_counter() - t0,
+                          "put_s": t_put, "engine_load_s": max(d["seconds"] for d in loads),
+                          "engine_stages": loads[0].get("stages", {})}
+        return version
+
     def _open_transfer(self) -> None:
         self._sync_client = ActorSyncClient(self.actors, ranks_per_engine=self.tp,   # every engine TP rank receives
                                             versioned=caps(self.kind).inflight_updates)

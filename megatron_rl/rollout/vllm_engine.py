@@ -16,16 +16,25 @@ that ends a push for every backend (``gloo``, ``ray``, ``nccl``, ``ipc``, the in
 ``update_weights``), so no transport can skip it. Requests never straddle a push: the engine is
 the synchronous ``LLM`` inside a Ray actor, whose methods run one at a time, so no request is in
 flight when ``finish_weight_update`` runs (and vLLM refuses the reset if one were: raised here).
+
+``lora_rank`` > 0 (``lora.push: adapter``): the engine is built with vLLM's LoRA support
+(``enable_lora``, ``max_lora_rank`` = :func:`~megatron_rl.rollout.adapter_store.vllm_max_lora_rank`, one
+adapter at a time) and keeps the base weights of its model dir; :meth:`VLLMEngine.load_adapter` installs
+each pushed adapter version (a PEFT dir on this engine's disk, ``rollout/adapter_store.py``) as
+``LoRARequest("policy-v{version}", version, path)``, unloads the previous version and resets the prefix
+cache; every ``generate`` / ``score`` carries the current ``LoRARequest``.
 """
 from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Iterable
 
 import torch
 
 from .. import patches
+from .adapter_store import AdapterStore, vllm_max_lora_rank
 from .weight_sync import DEFAULT_BUCKET_BYTES, RoundSource, push_inline
 
 from .engine import Completion, SamplingParams, validate_prompts
@@ -133,7 +142,7 @@ class VLLMEngine:
     def __init__(self, model_dir: str, *, dtype: str = "float32", seed: int = 0, max_model_len: int = 512,
                  kv_cache_gib: float = 1.0, max_num_seqs: int = 256, gpu_memory_utilization: float = 0.5,
                  enable_sleep_mode: bool = False, weight_transfer: str = "gloo", logprobs: str = "processed",
-                 tensor_parallel_size: int = 1, enforce_eager: bool = True):
+                 tensor_parallel_size: int = 1, enforce_eager: bool = True, lora_rank: int = 0):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
         patches.apply_all(("vllm",))
@@ -158,16 +167,20 @@ class VLLMEngine:
         # TP > 1: vLLM's multiprocessing executor, its workers on the GPUs Ray gave this actor (one bundle
         # of TP GPUs on one node, rollout/ray_cluster.py), whatever Ray placement group the actor sits in
         tp_exec = {"distributed_executor_backend": "mp"} if tensor_parallel_size > 1 else {}
+        lora = ({"enable_lora": True, "max_lora_rank": vllm_max_lora_rank(lora_rank), "max_loras": 1, "max_cpu_loras": 1}
+                if lora_rank > 0 else {})
         self.llm = LLM(model=model_dir, skip_tokenizer_init=True, dtype=dtype, enforce_eager=enforce_eager,
                        max_model_len=max_model_len, seed=seed, max_num_seqs=max_num_seqs,
                        gpu_memory_utilization=gpu_memory_utilization, logprobs_mode=_VLLM_LOGPROBS_MODE[logprobs],
                        enable_sleep_mode=enable_sleep_mode, tensor_parallel_size=tensor_parallel_size,
-                       weight_transfer_config={"backend": weight_transfer}, **kv, **tp_exec)
+                       weight_transfer_config={"backend": weight_transfer}, **kv, **tp_exec, **lora)
         self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
         self.sleep_mode = enable_sleep_mode
         self.cache_resets = 0   # prefix-cache resets (one per push)
         self.last_push: dict = {}   # the last in-process push (update_weights): buckets, bytes, seconds
         self.tensor_parallel_size = tensor_parallel_size
+        self.adapters = AdapterStore() if lora_rank > 0 else None   # lora.push=adapter: the pushed versions
+        self.lora_request = None   # the adapter every request carries (None: the base)
 
     def engine_config(self) -> dict:
         """The settings the engine was built with, as vLLM recorded them (``rollout.*`` keys reach it)."""
@@ -185,7 +198,8 @@ class VLLMEngine:
 
         validate_prompts(prompts, self.max_model_len, sampling.max_tokens, self.vocab_size)
         reqs = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
-        outs = self.llm.generate(reqs, [self._params(sampling, i) for i in range(len(prompts))], use_tqdm=False)
+        outs = self.llm.generate(reqs, [self._params(sampling, i) for i in range(len(prompts))], use_tqdm=False,
+                                 lora_request=self.lora_request)
         result = []
         for i, (p, o) in enumerate(zip(prompts, outs)):
             for j, c in enumerate(o.outputs):
@@ -198,7 +212,7 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt  # lazy: defers vllm to the call
 
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(s)) for s in sequences], score_params(temperature),
-                                 use_tqdm=False)
+                                 use_tqdm=False, lora_request=self.lora_request)
         return [prompt_logprobs(o, list(s), n) for s, n, o in zip(sequences, prompt_lens, outs)]
 
     def weight_transfer(self, method: str, **kwargs):
@@ -231,6 +245,43 @@ class VLLMEngine:
         memory at a time, never the model); returns the number of tensors loaded, ``last_push`` its record."""
         self.last_push = push_inline(self.weight_transfer, named_tensors, bucket_bytes)
         return self.last_push["tensors"]
+
+    def load_adapter(self, version: int, config: dict, tensors: dict[str, torch.Tensor]) -> dict:
+        """Install adapter ``version`` (>= 1; PEFT's ``adapter_config.json`` dict and tensors under PEFT's names):
+        written to this engine's :class:`AdapterStore`, loaded by vLLM (``add_lora``: it reads the dir now),
+        made the adapter of every later request; the previous version is unloaded and its dir removed, and the
+        prefix cache is reset (its blocks hold KV computed under the previous adapter). Returns
+        ``{"seconds", "bytes", "stages": {"write_s", "add_lora_s", "unload_reset_s"}}``."""
+        from vllm.lora.request import LoRARequest  # lazy: defers vllm to the call
+
+        if self.adapters is None:
+            raise RuntimeError("load_adapter: this engine was built without LoRA (lora_rank=0; lora.push=merged)")
+        t0 = time.perf_counter()
+        req = LoRARequest(lora_name=f"policy-v{int(version)}", lora_int_id=int(version),
+                          lora_path=str(self.adapters.write(version, config, tensors)))
+        t1 = time.perf_counter()
+        old = self.lora_request
+        if old is not None and old.lora_int_id == req.lora_int_id:   # the same version re-sent: reload it
+            self.llm.llm_engine.remove_lora(old.lora_int_id)
+            old = None
+        if not self.llm.llm_engine.add_lora(req):
+            raise RuntimeError(f"vLLM did not load adapter version {version} from {req.lora_path}")
+        self.lora_request = req
+        t2 = time.perf_counter()
+        if old is not None:
+            self.llm.llm_engine.remove_lora(old.lora_int_id)
+            self.adapters.drop(old.lora_int_id)
+        self.reset_caches()
+        t3 = time.perf_counter()
+        return {"seconds": t3 - t0, "bytes": sum(t.numel() * t.element_size() for t in tensors.values()),
+                "stages": {"write_s": t1 - t0, "add_lora_s": t2 - t1, "unload_reset_s": t3 - t2}}
+
+    def adapter_tensors(self) -> dict[str, torch.Tensor]:
+        """The tensors of the adapter every request carries, as vLLM loaded them (its dir; ``{}`` for none):
+        what sync verification compares with the trainer's adapters."""
+        if self.lora_request is None:
+            return {}
+        return self.adapters.read(self.lora_request.lora_int_id)
 
     def named_parameters(self) -> dict[str, torch.Tensor]:
         """Host copies of the worker model's parameters under vLLM's names (fused ``qkv_proj``,
@@ -268,3 +319,5 @@ class VLLMEngine:
 
     def shutdown(self) -> None:
         del self.llm
+        if self.adapters is not None:
+            self.adapters.close()

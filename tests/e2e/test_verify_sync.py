@@ -36,6 +36,17 @@ def test_healthy_run_verifies_every_push(res):
         assert v["time/verify"] > 0, v
 
 
+def test_adapter_push_run_verifies_every_push(res):
+    """``lora.push: adapter`` (issue 54): Megatron's log-probs against the engine serving the pushed adapter, at
+    every push of a 2-step run whose adapters moved (the export's B non-zero); the same fp32 bounds as the healthy
+    run, and the engine's loaded adapter equal to the trainer's bit for bit (``sync/verify_tensors_bad``)."""
+    r = res["lora_adapter"]
+    assert r["exit"] == "ok" and r["steps"] == [1, 2], r
+    assert r["adapter_max_abs_B"] > 0, r      # a non-trivial adapter was served at the last verification
+    for v in r["verify"]:
+        assert v["sync/verify_tensors_bad"] == 0 and v["sync/verify_gap_mean"] < 1e-5 and v["sync/verify_gap_max"] < 1e-4, v
+
+
 @pytest.mark.parametrize("case, named", [
     ("skip_tensor", ["model.layers.1.mlp.down_proj.weight (engine 0: max |diff|"]),
     ("swap_qk", ["model.layers.0.self_attn.q_proj.weight (engine 0", "model.layers.0.self_attn.k_proj.weight (engine 0"]),

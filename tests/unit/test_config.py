@@ -110,3 +110,21 @@ def test_foreign_keys_follow_the_mapping_page():
 def test_a_verl_section_points_at_ours():
     with pytest.raises(ValueError, match=r"actor_rollout_ref.rollout.n -> rollout.n\).*coming-from-verl.md"):
         load_config(None, ["actor_rollout_ref.rollout.n=4"])
+
+
+@pytest.mark.parametrize("ov,msg", [
+    (["rollout.engine=hf"], r"lora.push=adapter needs rollout.engine=vllm .vLLM's LoRA support serves the adapters., got hf"),
+    (["rollout.max_staleness=1"], "lora.push=adapter refused with asynchronous or partial rollouts"),
+    (["rollout.engine=vllm-async", "rollout.partial.enable=true"],
+     "lora.push=adapter refused with asynchronous or partial rollouts"),
+    (["rollout.placement=colocated"], "lora.push=adapter refused with rollout.placement=colocated"),
+], ids=["engine", "async", "partial", "colocated"])
+def test_adapter_push_refuses_what_it_does_not_serve(ov, msg):
+    """``lora.push=adapter`` (docs/lora.md): accepted on the synchronous vllm path, refused elsewhere in one line;
+    without ``lora.enable`` the key has nothing to push and nothing is refused."""
+    base = ["lora.enable=true", "lora.push=adapter"]
+    assert load_config(None, base).lora.push == "adapter"
+    with pytest.raises(ValueError, match=msg) as e:
+        load_config(None, base + ov)
+    assert "\n" not in str(e.value)
+    load_config(None, ["lora.push=adapter", *ov])

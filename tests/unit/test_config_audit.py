@@ -151,9 +151,8 @@ REJECTED = {   # key -> (value, words of the start-up error on this CPU machine)
     "reward.grader_required": ("true", "grader unreachable"),   # papo + closed port: with false it starts
     # imported at load (a method from outside the package): tests/unit/trainer/test_paths.py trains one
     "plugins": ("[no_such_plugin_mod]", "plugins: cannot import 'no_such_plugin_mod'"),
-    # issue 54: one accepted value each (docs/lora.md); the adapters themselves: tests/distributed/test_lora.py
+    # issue 54: one accepted value (docs/lora.md); the adapters themselves: tests/distributed/test_lora.py
     "lora.dropout": ("0.1", "lora.dropout=0.1 refused"),
-    "lora.push": ("adapter", "lora.push=adapter refused"),
 }
 READ = {   # key -> module that consumes it (``cfg.<key>`` or the section alias read there)
     "trainer.eval_data_dir": "megatron_rl/eval/training.py",
@@ -199,6 +198,8 @@ READ = {   # key -> module that consumes it (``cfg.<key>`` or the section alias 
     "lora.enable": "megatron_rl/trainer/loop/setup.py", "lora.rank": "megatron_rl/trainer/loop/setup.py",
     "lora.alpha": "megatron_rl/trainer/loop/setup.py", "lora.target_modules": "megatron_rl/trainer/loop/setup.py",
     "lora.init_seed": "megatron_rl/trainer/loop/setup.py",
+    # adapter-only pushes (tests/e2e/test_lora_push.py; refusals: tests/unit/test_config.py)
+    "lora.push": "megatron_rl/trainer/loop/sync_stage.py",
 }
 #: keys whose setting is known to be overridden today (owned elsewhere; the audit records it)
 KNOWN_DEAD: dict[str, str] = {}

@@ -26,7 +26,8 @@ LARGE_YAMLS = [p for p in YAMLS if not p.stem.startswith("tiny_cpu_")]
 #: scripts 32 (bicc/papo spec §1.7, §2.5); the DAPO recipe's train_prompt_mini_bsz 32 (512 prompts: 16 optimizer steps)
 PAPER_MINI_BATCHES = {**{f"qwen3_8b_{k}": (16, 1) for k in ("grpo", "grpo_separate", *TEACHER_KINDS)},
                       "qwen2_5_14b_rlcsd": (16, 1), "qwen3_8b_bicc_rcc": (8, 1), "qwen2_5_7b_papo": (32, 1),
-                      "llama3_1_8b_dapo": (32, 1), "qwen3_8b_gspo": (16, 1), "qwen3_8b_cispo": (16, 1)}
+                      "llama3_1_8b_dapo": (32, 1), "qwen3_8b_gspo": (16, 1), "qwen3_8b_cispo": (16, 1),
+                      "qwen2_5_14b_grpo_lora": (16, 1)}   # qwen3_8b_grpo's recipe on LoRA adapters
 
 
 #: example file prefix -> `megatron-rl plan` preset whose published config.json stands in for the weights

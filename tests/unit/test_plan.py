@@ -428,3 +428,55 @@ def test_plan_config_reads_the_sampling_and_ratio_space(tmp_path):
     path = load_tool("example_plans").CONFIGS / "qwen3_8b_bicc_rcc.yaml"
     got = plan_config(path)
     assert (got["top_k"], got["top_p"], got["min_p"], got["ratio_space"]) == (-1, 0.7, 0.0, "full")
+
+
+ALL_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@pytest.mark.parametrize("targets", [ALL_TARGETS, ("q_proj", "v_proj"), ("o_proj", "down_proj")])
+def test_lora_adapter_count_matches_peft(targets):
+    """The planned adapter parameters (TP = 1) are what ``peft`` counts trainable on the same HF model (the oracle)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from megatron_rl.planning.memory import lora_params_per_layer
+
+    hf = TINY["Qwen3ForCausalLM"]
+    m = Qwen3ForCausalLM(Qwen3Config(**{k: v for k, v in hf.items() if k not in ("architectures", "model_type")}))
+    trainable, _ = get_peft_model(m, LoraConfig(r=4, lora_alpha=8, target_modules=list(targets))).get_nb_trainable_parameters()
+    a = ArchSpec.from_hf(hf, "tiny")
+    assert a.layers * lora_params_per_layer(a, PlanInputs(lora_rank=4, lora_targets=targets)) == trainable
+
+
+def test_lora_frozen_base_closed_form():
+    """LoRA (module docstring): adapters sharded as the base (column: B split, row: A split), the base frozen (main
+    grads and optimizer state for the adapters only), each adapter's A x kept (e·ρ per token, layer and target)."""
+    from megatron_rl.planning.memory import lora_params_per_layer
+
+    a = ArchSpec.from_hf(TINY["Qwen3ForCausalLM"], "tiny")   # h 64, q 64, kv 32, f 128
+    # TP = 2, rank 4: q 4·64 + 64·4/2 = 384, k = v 4·64 + 32·4/2 = 320, o 4·64/2 + 64·4 = 384,
+    # gate = up 4·64 + 128·4/2 = 512, down 4·128/2 + 64·4 = 512
+    assert lora_params_per_layer(a, PlanInputs(tp=2, lora_rank=4)) == 384 + 2 * 320 + 384 + 2 * 512 + 512
+    inp = PlanInputs(tp=1, pp=1, dp=4, micro_batch=2, seq_len=8, overhead_gib=0)
+    full, lora = estimate(a, inp), estimate(a, dataclasses.replace(inp, lora_rank=4))
+    n, ad = a.total_params(), 2 * 4096       # 4096 adapter params per layer at TP = 1 (PEFT's count, above)
+    assert (lora.weights, lora.grads, lora.optimizer) == (2 * (n + ad), 4 * ad, 12 * ad // 4)
+    assert lora.activations - full.activations == 16 * 2 * 2 * 4 * 7   # tokens x layers x e·ρ·|targets|
+    assert (lora.logits, lora.rollout_weights) == (full.logits, full.rollout_weights)
+    with pytest.raises(ValueError, match="--lora-targets among"):
+        PlanInputs(lora_rank=4, lora_targets=("lm_head",))
+
+
+def test_plan_config_reads_lora():
+    """``--config`` with ``lora.enable``: rank and targets from ``lora.*``, and no reference copy (the KL's reference
+    is the policy with its adapters off)."""
+    from megatron_rl.planning.config import config_inputs
+    from megatron_rl.trainer.loop.preflight import load_checked
+    from tests.helpers.tools import load_tool
+
+    path = load_tool("example_plans").CONFIGS / "qwen3_8b_grpo.yaml"
+    base = config_inputs(load_checked(path, ["model.hf_path="]))
+    got = config_inputs(load_checked(path, ["model.hf_path=", "lora.enable=true", "lora.rank=32",
+                                            "lora.target_modules=[q_proj,v_proj]", "model.backend=local"]))
+    assert base["lora_rank"] == 0 and base["reference"]
+    assert (got["lora_rank"], got["lora_targets"], got["reference"]) == (32, ("q_proj", "v_proj"), False)

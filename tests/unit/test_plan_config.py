@@ -61,7 +61,10 @@ def test_example_plan_counts_what_the_config_builds(path):
 
     cfg, rep = load(path.stem), EP.example_report(path)
     i = rep.inputs
-    assert i.reference == ("ref_logp" in kind_required_inputs(cfg.algo.kind, cfg.algo.hparams))
+    # LoRA: the reference is the policy with its adapters off (no copy); the adapters' state is planned instead
+    assert i.reference == ("ref_logp" in kind_required_inputs(cfg.algo.kind, cfg.algo.hparams) and not cfg.lora.enable)
+    assert (i.lora_rank, i.lora_targets if cfg.lora.enable else ()) == \
+        ((cfg.lora.rank, tuple(cfg.lora.target_modules)) if cfg.lora.enable else (0, ()))
     hp = cfg.algo.hparams
     assert i.teacher_shadow == (isinstance(hp, TeacherHParams) and hp.teacher_mode in ("snapshot", "ema"))
     assert (i.rollout_tp, i.rollout_mem_util) == (cfg.rollout.tensor_parallel_size, engine_memory_utilization(

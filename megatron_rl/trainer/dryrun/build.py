@@ -5,8 +5,11 @@ trainer's own classes as ``trainer/loop/setup.py`` builds them (``_build_policy`
 * the policy: :class:`~megatron_rl.trainer.policy.actor.PolicyActor` (provider chunks, Megatron DDP, the
   distributed optimizer), the reference (:class:`~megatron_rl.trainer.policy.actor.ReferencePolicy`) when the
   method's KL needs one, the teacher's shadow weights (``trainer/paths/teacher/weights.py``) in snapshot / EMA
-  mode; no weights are loaded (the values are meta);
-* as the GPU build makes them: Transformer Engine's attention and norms (``te_standin.py``: stand-ins in
+  mode; no weights are loaded (the values are meta); with ``lora.enable`` the policy carries its adapters (frozen
+  base: DDP and the optimizer hold the adapters only) and the reference is the policy with its adapters off
+  (:class:`~megatron_rl.trainer.policy.actor.AdapterOffReference`, no second model), as ``_build_policy`` builds them;
+* as the GPU build makes them (``model.backend`` te / auto; a ``local`` config, which LoRA requires, keeps megatron's
+  local attention and norms, as its run does): Transformer Engine's attention and norms (``te_standin.py``: stand-ins in
   megatron's local layer spec; packed micro-batches as THD), the fused SwiGLU (``bias_activation_fusion``,
   ``models/provider.py cuda_fusions``), the model built straight on the device (:meth:`FakeDevice.build`).
 
@@ -28,9 +31,9 @@ from megatron_rl.runtime import determinism, fake_device
 from megatron_rl.runtime.parallel import init_parallel
 from megatron_rl.trainer.dryrun.te_standin import use_te_memory
 from megatron_rl.trainer.dryrun.roles import Layout, Role
-from megatron_rl.trainer.loop.setup import _optim_spec
+from megatron_rl.trainer.loop.setup import _lora_spec, _optim_spec
 from megatron_rl.trainer.paths.teacher.weights import TeacherWeights
-from megatron_rl.trainer.policy.actor import PolicyActor, ReferencePolicy
+from megatron_rl.trainer.policy.actor import AdapterOffReference, PolicyActor, ReferencePolicy
 
 #: TransformerConfig fields of the GPU build that a CPU build sets otherwise (``models/provider.py``
 #: ``cuda_fusions``: the fused SwiGLU keeps its input only; TE's fused RoPE is left out: it needs TE's kernel)
@@ -42,7 +45,7 @@ class Models:
     """What the method holds on this rank."""
 
     actor: PolicyActor
-    ref: ReferencePolicy | None
+    ref: ReferencePolicy | AdapterOffReference | None
     teacher: TeacherWeights | None
     info: object
 
@@ -71,18 +74,23 @@ def build_models(cfg, info, dev: fake_device.FakeDevice) -> Models:
                  **determinism.megatron_overrides(cfg.trainer.deterministic), **GPU_BUILD}
     r = cfg.rollout
     mu = SamplingSpec(r.temperature, r.top_k, r.top_p, r.min_p)
+    te = cfg.model.backend != "local"      # the layers the run builds (LoRA: local only, preflight refuses te)
     with dev.build():
         actor = PolicyActor(hf_cfg, info, _optim_spec(cfg), temperature=r.temperature,
                             sequence_parallel=info.sequence_parallel, backend="local", fp8=None,
-                            offload=cfg.trainer.offload, recompute=overrides)
+                            offload=cfg.trainer.offload, recompute=overrides, lora=_lora_spec(cfg),
+                            lora_seed=cfg.lora.init_seed)
         ref = None
-        if "ref_logp" in A.kind_required_inputs(cfg.algo.kind, cfg.algo.hparams):
+        if "ref_logp" in A.kind_required_inputs(cfg.algo.kind, cfg.algo.hparams) and cfg.lora.enable:
+            ref = AdapterOffReference(actor)
+        elif "ref_logp" in A.kind_required_inputs(cfg.algo.kind, cfg.algo.hparams):
             ref = ReferencePolicy(hf_cfg, r.temperature, info.sequence_parallel, cfg.model.bf16, parallel_info=info,
                                   backend="local")
-    for model in (actor, ref):
+    for model in (actor, ref if not isinstance(ref, AdapterOffReference) else None):
         if model is not None:
-            use_te_memory(model.chunks)
-            model.backend = "te"              # packed micro-batches as THD, as on Transformer Engine
+            if te:
+                use_te_memory(model.chunks)
+                model.backend = "te"          # packed micro-batches as THD, as on Transformer Engine
             model.set_sampling(mu, train=model is actor and cfg.algo.ratio_space == "sampling")
     hp = cfg.algo.hparams
     teacher = None

@@ -78,10 +78,14 @@ def phase(dev, into: dict, name: str):
 def param_counts(models, tp: int, padded_vocab: int, vocab: int) -> dict[str, int]:
     """This rank's parameters: ``local`` (what it holds), and ``unique`` — its share of the model's count, summed
     over the roles to the HF count: TP-sharded tensors times TP, replicated ones once, the tied embedding's copy
-    on the last stage left out, the vocabulary padding taken off."""
-    local = unique = 0
+    on the last stage left out, the vocabulary padding taken off; ``adapters`` — this rank's LoRA adapter parameters
+    (``lora.enable``), counted in neither (transformers' model has none)."""
+    local = unique = adapters = 0
     for chunk in models.actor.chunks:
         for name, p in chunk.named_parameters():
+            if ".lora_A." in name or ".lora_B." in name:
+                adapters += p.numel()
+                continue
             local += p.numel()
             if getattr(p, "shared_embedding", False) and "output_layer" in name:
                 continue                                 # the tied copy (megatron's shared_embedding)
@@ -89,4 +93,4 @@ def param_counts(models, tp: int, padded_vocab: int, vocab: int) -> dict[str, in
             if ("word_embeddings" in name or "output_layer" in name) and p.shape[0] * tp == padded_vocab:
                 n = n // padded_vocab * vocab           # embedding / output layer rows: the padding off
             unique += n
-    return {"local": local, "unique": unique}
+    return {"local": local, "unique": unique, "adapters": adapters}

@@ -107,11 +107,16 @@ def oracle_lines(cfg, layout: Layout, arch, results: list[dict]) -> list[str]:
                                        cfg.optim.use_distributed_optimizer, cfg.model.bf16)
     state = max(sum(r["static"][k] for k in ("weights", "grads", "optimizer")) for r in results)
     local = max(r["params"]["local"] for r in results)
-    return [f"oracle: parameters over all ranks {total:,} vs transformers' model {hf:,}: "
-            f"{'equal' if total == hf else f'DIFFER by {total - hf:+,}'}",
-            f"oracle: most loaded rank {local:,} parameters, weights + grads + optimizer {state / GIB:.2f} GiB vs "
-            f"Megatron-LM's estimate {est.params:,} x {est.bytes_per_param:g} B = {est.bytes / GIB:.2f} GiB "
-            f"({(state - est.bytes) / est.bytes * 100:+.3f}%)"]
+    head = [(f"oracle: parameters over all ranks {total:,} vs transformers' model {hf:,}: "
+             f"{'equal' if total == hf else f'DIFFER by {total - hf:+,}'}")]
+    if cfg.lora.enable:   # a frozen base: Megatron-LM's estimate (every weight trained) does not apply
+        most = max(r["params"].get("adapters", 0) for r in results)
+        return head + [(f"oracle: LoRA (lora.rank={cfg.lora.rank}): the base frozen, at most {most:,} adapter "
+                        "parameters on a rank; Megatron-LM's estimate trains every weight and is not held against this "
+                        "run (the plan column counts the adapters' grads and optimizer state)")]
+    return head + [(f"oracle: most loaded rank {local:,} parameters, weights + grads + optimizer {state / GIB:.2f} GiB vs "
+                    f"Megatron-LM's estimate {est.params:,} x {est.bytes_per_param:g} B = {est.bytes / GIB:.2f} GiB "
+                    f"({(state - est.bytes) / est.bytes * 100:+.3f}%)")]
 
 
 def verdict_lines(results: list[dict]) -> list[str]:

@@ -160,6 +160,8 @@ def client_args(cfg, trainer_world: int = 1, cuda: bool | None = None) -> dict:
                "gpu_memory_utilization": engine_memory_utilization(r.gpu_memory_utilization, r.placement),
                "enforce_eager": engine_eager(r.enforce_eager, cuda), "tensor_parallel_size": r.tensor_parallel_size}
     kw.update((k, v) for k, v in options.items() if k in caps(r.engine).options)   # those the engine class takes
+    if cfg.lora.enable and cfg.lora.push == "adapter":   # engines serve the pushed adapters (vLLM LoRA, config.py)
+        kw["lora_rank"] = int(cfg.lora.rank)
     return {"engine": r.engine, "model": cfg.model.hf_path, "num_engines": r.num_engines, "engine_kwargs": kw,
             "cpus_per_engine": r.cpus_per_engine, "ray_address": r.ray_address, "sync_backend": r.sync_backend,
             "bucket_bytes": r.bucket_mb << 20, "trainer_world": trainer_world, "placement": r.placement}
@@ -269,8 +271,8 @@ def _build_policy(cfg, info, backend: str) -> tuple[PolicyActor, ReferencePolicy
 
 
 def _lora_spec(cfg) -> LoraSpec | None:
-    """The adapters ``lora`` asks for (``models/lora.py``); None when ``lora.enable`` is off. ``lora.dropout`` and
-    ``lora.push`` have one accepted value each (0, merged), checked at config load."""
+    """The adapters ``lora`` asks for (``models/lora.py``); None when ``lora.enable`` is off. ``lora.dropout`` has
+    one accepted value (0), checked at config load; ``lora.push`` is the sync's (``sync_stage.sync``)."""
     if not cfg.lora.enable:
         return None
     return LoraSpec(int(cfg.lora.rank), float(cfg.lora.alpha), tuple(cfg.lora.target_modules))

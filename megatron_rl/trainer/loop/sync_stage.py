@@ -24,6 +24,12 @@ engine log-probs are the ones ``generate`` reported, never ``score``'s: vLLM ski
 for prompt log-probs (``SamplingParams.skip_reading_prefix_cache``), so a score could not see a
 stale cache. A failure is one line naming the step, the numbers and the first differing tensors;
 the loop stops at the step boundary after checkpointing (``loop._train_steps``).
+
+``lora.push: adapter``: :func:`push_adapter` sends only the LoRA adapters (``convert.peft_adapter.gather_adapters``:
+full PEFT-named tensors on rank 0, collective) and PEFT's adapter config; the engines (built with vLLM's LoRA
+support) install them as the next version (``RolloutClient.update_adapter``). Verification is the same
+probe, and the parameter comparison becomes the adapters' (:func:`adapter_mismatches`: every engine's
+loaded adapter against the trainer's, bit for bit); the base is never pushed (it is the model dir's, frozen).
 """
 from __future__ import annotations
 
@@ -70,9 +76,33 @@ def verify_due(spec: str, step: int, verified: int) -> bool:
     return spec.startswith("every:") and step % int(spec.split(":", 1)[1]) == 0
 
 
+def adapter_push(cfg) -> bool:
+    """Whether the run pushes adapters only (``lora.enable`` and ``lora.push: adapter``)."""
+    return bool(cfg.lora.enable) and cfg.lora.push == "adapter"
+
+
 def sync(run) -> None:
-    """Collective: one full weight push from the trainer's shards to every engine."""
-    push(run.actor, run.client if run.info.is_driver else None, run.cfg.rollout.bucket_mb << 20)
+    """Collective: one weight push from the trainer's shards to every engine (the adapters only with
+    ``lora.push: adapter``; else the full merged weights)."""
+    client = run.client if run.info.is_driver else None
+    if adapter_push(run.cfg):
+        push_adapter(run.actor, client, base_model=run.cfg.model.hf_path)
+    else:
+        push(run.actor, client, run.cfg.rollout.bucket_mb << 20)
+
+
+def push_adapter(actor, client, base_model: str = "") -> int | None:
+    """Collective: gather ``actor``'s LoRA adapters (PEFT names, fp32, full tensors) to rank 0, whose
+    ``client`` sends them with PEFT's adapter config. Returns the new weight version on rank 0."""
+    from megatron_rl.convert.peft_adapter import (  # lazy: LoRA runs only
+        adapter_config,
+        gather_adapters,
+    )
+
+    tensors = gather_adapters(actor.bare_models())
+    if client is None:
+        return None
+    return client.update_adapter(tensors, adapter_config(actor.lora, base_model))
 
 
 def push(actor, client, bucket_bytes: int) -> int | None:
@@ -196,6 +226,32 @@ def weight_mismatches(actor, client, limit: int = 3) -> list[str]:
     return broadcast_object(bad)
 
 
+def adapter_mismatches(actor, client, limit: int = 3) -> list[str]:
+    """Collective (``lora.push: adapter``): the first ``limit`` adapter tensors whose copy loaded by some engine
+    differs from the trainer's (:func:`~megatron_rl.convert.peft_adapter.gather_adapters`, compared bit for bit,
+    dtype and shape first), as :func:`weight_mismatches` words them; the same list on every rank."""
+    from megatron_rl.convert.peft_adapter import gather_adapters  # lazy: LoRA runs only
+
+    mine = gather_adapters(actor.bare_models())
+    if client is None:
+        return broadcast_object(None)
+    bad = []
+    for i, eng in enumerate(client.engine_adapter_tensors()):
+        for name in sorted(set(mine) | set(eng)):
+            t, e = mine.get(name), eng.get(name)
+            if e is None or t is None:
+                why = "missing" if e is None else "engine only"
+            elif e.dtype != t.dtype or e.shape != t.shape:
+                why = f"{str(e.dtype).removeprefix('torch.')} {tuple(e.shape)}, trainer {str(t.dtype).removeprefix('torch.')} {tuple(t.shape)}"
+            elif not torch.equal(e, t):
+                why = f"max |diff| {float((e.float() - t.float()).abs().max()):.3g}"
+            else:
+                continue
+            if len(bad) < limit:
+                bad.append(f"{name} (engine {i}: {why})")
+    return broadcast_object(bad)
+
+
 class SyncVerifyError(RuntimeError):
     """A verified weight push left the engines disagreeing with the trainer (``rollout.verify_sync``)."""
 
@@ -207,7 +263,8 @@ def verify_push(run, step: int) -> dict:
     dtype = "bfloat16" if run.cfg.model.bf16 else "float32"
     tol_mean, tol_max = TOLERANCE[dtype]
     g = probe_gap(run)
-    bad = weight_mismatches(run.actor, run.client if run.info.is_driver else None)
+    client = run.client if run.info.is_driver else None
+    bad = (adapter_mismatches if adapter_push(run.cfg) else weight_mismatches)(run.actor, client)
     out = {"sync/verify_gap_mean": g["gap_mean"], "sync/verify_gap_max": g["gap_max"], "sync/verify_tensors_bad": len(bad)}
     if g["gap_mean"] > tol_mean or g["gap_max"] > tol_max or bad:
         raise SyncVerifyError(

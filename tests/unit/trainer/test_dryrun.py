@@ -102,3 +102,25 @@ def test_dry_run_of_an_8b_example_measures_what_plan_and_megatron_say():
 def test_dry_run_refuses_a_model_without_its_config_json(tmp_path):
     r = _dry_run("examples/configs/qwen3_8b_grpo.yaml", f"model.hf_path={tmp_path}", timeout=120)
     assert r.returncode == 2 and "config.json" in r.stderr and "tests/fixtures/hf_configs" in r.stderr, r.stderr
+
+
+def test_dry_run_builds_the_lora_policy():
+    """``lora.enable`` (issue 54): the dry run builds the adapters on the frozen base and the adapter-off reference
+    (no second model); weights, grads and optimizer are the plan's (adapters' state only, ``planning/memory.py``),
+    the base's parameters sum to transformers' count, the adapters are counted apart. ~35 s on 2 busy cores."""
+    from megatron_rl.planning.arch import load_arch
+    from megatron_rl.planning.memory import PlanInputs, lora_params_per_layer
+
+    r = _dry_run("examples/configs/qwen3_8b_grpo.yaml", f"model.hf_path={FIXTURES / 'qwen3_8b'}", "lora.enable=true",
+                 "model.backend=local")
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout
+    for row in ("weights", "gradients (fp32 main grads)", "optimizer (fp32 master + Adam, /DP)"):
+        line = next(x for x in out.splitlines() if x.strip().startswith(row))
+        assert line.rstrip().endswith("+0.0%"), line
+    ref = next(x for x in out.splitlines() if x.strip().startswith("reference weights"))
+    assert ref.split()[2:4] == ["0.00", "0.00"], ref
+    assert "vs transformers' model 8,190,735,360: equal" in out
+    arch = load_arch(str(FIXTURES / "qwen3_8b"))
+    adapters = arch.layers * lora_params_per_layer(arch, PlanInputs(tp=4, lora_rank=16))   # qwen3_8b_grpo: TP 4
+    assert f"at most {adapters:,} adapter parameters on a rank" in out, out[-1500:]
