@@ -29,7 +29,7 @@ BEGIN, END = "<!-- dry-run-table: begin (python tools/dry_run_table.py) -->", "<
 FIXTURES = REPO / "tests" / "fixtures" / "hf_configs"
 #: a component's plan within this fraction of the measurement, or within ABS_SLACK bytes
 REL_TOL, ABS_SLACK = 0.10, 0.05 * 2**30
-COMPONENTS = ("weights", "grads", "optimizer", "reference", "teacher", "other", "activations", "logits", "mu")
+COMPONENTS = ("weights", "grads", "optimizer", "reference", "teacher", "other", "activations", "logits", "mu", "push")
 
 
 def examples() -> list[str]:
@@ -55,7 +55,7 @@ def record_of(name: str, results: list[dict], seconds: float) -> dict:
         phase, peak = peak_of(r)
         roles.append({"pp_rank": r["role"]["pp_rank"], "rank": r["role"]["rank"], "peak": peak, "phase": phase,
                       "components": {k: int(v) for k, v in measured(r).items()}, "params": r["params"]["unique"],
-                      "push": r["phases"]["weight push"]["working"], "flops": r["phases"]["update"]["flops"]})
+                      "flops": r["phases"]["update"]["flops"]})
     return {"shape": results[0]["shape"]["text"], "seconds": round(seconds, 1), "roles": roles}
 
 
@@ -98,6 +98,8 @@ def off_components(role: dict, plan: dict[str, float]) -> list[tuple[str, float,
 
 def table(rec: dict) -> str:
     """The markdown table of the record, the plan column from the code."""
+    from megatron_rl.trainer.dryrun.report import plan_total
+
     gib = 2**30
     lines = ["| config | layout | the step's micro-batches per DP rank | role | measured peak (phase) | plan | Δ "
              "| largest component Δ | push working set | update TFLOP | seconds |",
@@ -107,14 +109,14 @@ def table(rec: dict) -> str:
         entry = rec[name]
         for role in entry["roles"]:
             plan = plans[role["pp_rank"]]
-            total = sum(plan.values())
+            total = plan_total(plan)
             worst = max(COMPONENTS, key=lambda k: abs(role["components"][k] - plan[k]))
             m, p = role["components"][worst], plan[worst]
             worst_text = f"{worst} {m / gib:.2f} vs {p / gib:.2f}" + (f" ({(m - p) / p * 100:+.1f}%)" if p else "")
             stage = f"stage {role['pp_rank']}, rank {role['rank']}"
             lines.append(f"| `{name}` | {layout} | {entry['shape'].removesuffix(' per DP rank')} | {stage} "
                          f"| {role['peak'] / gib:.2f} ({role['phase']}) | {total / gib:.2f} "
-                         f"| {(role['peak'] - total) / total * 100:+.1f}% | {worst_text} | {role['push'] / gib:.2f} "
+                         f"| {(role['peak'] - total) / total * 100:+.1f}% | {worst_text} | {role['components']['push'] / gib:.2f} "
                          f"| {role['flops'] / 1e12:.0f} | {entry['seconds']:g} |")
     return "\n".join(lines) + "\n"
 

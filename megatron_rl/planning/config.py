@@ -71,7 +71,7 @@ def config_inputs(cfg) -> dict[str, Any]:
             "lora_rank": cfg.lora.rank if cfg.lora.enable else 0,
             **({"lora_targets": tuple(cfg.lora.target_modules)} if cfg.lora.enable else {}),
             "teacher_shadow": _teacher_shadow(cfg.algo.hparams),
-            "top_k": r.top_k, "top_p": r.top_p, "min_p": r.min_p, "ratio_space": cfg.algo.ratio_space,
+            "top_k": r.top_k, "top_p": r.top_p, "min_p": r.min_p, "ratio_space": cfg.algo.ratio_space, "bucket_mb": r.bucket_mb,
             "fused_swiglu": True, **({"attention": _ATTENTION[m.backend]} if m.backend in _ATTENTION else {})}
 
 

@@ -56,17 +56,19 @@ with the output layer also keeps the final norm's and the output layer's inputs,
 of a pipeline its received input, T·e·h/σ. Full recompute (Megatron's ``recompute_method``): uniform with k
 layers per unit keeps each unit's input (ceil(n/k)·e·h/σ per token); block with k keeps only the inputs of
 the first k layers and everything of the other n − k. While a unit is recomputed its activations and the
-gradients through them are held, 2k layers' worth: a first stage holds them beside the inputs, but a stage
-with the output layer peaks at its logits, before any unit is recomputed, so there the unit counts only by
-what it exceeds the logits. Selective recompute (Megatron's default module: core attention) drops the score
+gradients through them are held, 2k layers' worth: a first stage holds them beside the inputs; on a stage
+with the output layer the logits are freed before any unit is recomputed, so there the ``logits`` term is
+max(logits, unit) (the dry run's "from the output layer on"), and the forward's one-layer attention working
+set (below) counts only by what it exceeds that. Selective recompute (Megatron's default module: core attention) drops the score
 term only, which flash attention never stores. The last stage also holds the logits::
 
     logits = T·(V/t)·(e + 4·[e < 4] + 8) + (V/t)·h·e
 
 (the shard, its fp32 copy, ``z - max`` and its ``exp``, alive at once in ``vocab_parallel_logprobs``, and the
-output layer's weight gradient in model precision before it is added to ``main_grad``). Buffers held across
-steps (``buffers``): sequence parallelism's all-gather buffer, T·h·e, and on the last of several stages
-2·T·e·h/σ. These terms were measured by the dry run (``megatron-rl train --dry-run``, docs/dry-run.md) on the
+output layer's weight gradient in model precision before it is added to ``main_grad``; none with LoRA, whose
+base is frozen). Buffers held across
+steps (``buffers``): sequence parallelism's all-gather buffer, T·h·e, on the last of several stages
+2·T·e·h/σ, and with local attention Megatron's persistent score buffer, e·T·a·R/t. These terms were measured by the dry run (``megatron-rl train --dry-run``, docs/dry-run.md) on the
 example configs; the plan is within 10% of it per component there.
 
 The sampling distribution μ (``algorithms/sampling.py``; ``--top-k`` / ``--top-p`` / ``--min-p``: ``rollout.*``;
@@ -102,9 +104,9 @@ S x S tensor: c = 0. ``local`` (megatron-core 0.16's ``DotProductAttention`` + `
 R x R scores, R the row length (``--seq-len`` padded; packed rows are as long as the longest sequence,
 ``--max-model-len``): autograd keeps the fp32 softmax output and its cast back to the model dtype, c = 4 + e
 bytes per element (6 in bf16; 4 in fp32, where the cast is a no-op). One layer at a time also holds its
-working set, counted once: the raw scores, their fp32 copy and megatron's persistent score buffer (the
-global memory buffer ``baddbmm`` is given, kept across steps), w = 2e + 4 per element (2e in fp32), times
-T·a·R/t. Selective recompute stores no scores but recomputes one layer's: c = 0, w += 4 + e.
+working set, counted once: the raw scores and their fp32 copy, w = e + 4 per element (4 in fp32), times
+T·a·R/t; megatron's persistent score buffer (the global memory buffer ``baddbmm`` is given, kept across steps)
+is a buffer, e·T·a·R/t. Selective recompute stores no scores but recomputes one layer's: c = 0, w += 4 + e.
 
 Context parallelism c (``parallel.cp``, Transformer Engine's p2p ring, ``trainer/policy/context_parallel.py``):
 each GPU holds T/c of every micro-batch's tokens, so activations and logits above use T/c; the ring
@@ -218,6 +220,7 @@ class PlanInputs:
     top_p: float = 1.0               # rollout.top_p (1 = off)
     min_p: float = 0.0               # rollout.min_p (0 = off)
     ratio_space: str = "full"        # algo.ratio_space: sampling = μ's forward and backward in the training step
+    bucket_mb: int = 256             # rollout.bucket_mb: the weight push's buckets
     lora_rank: int = 0               # lora.rank (0: no LoRA, the whole policy trains)
     lora_targets: tuple[str, ...] = LORA_PROJECTIONS   # lora.target_modules (HF projections), with lora_rank > 0
 
@@ -367,16 +370,24 @@ def activation_bytes(arch: ArchSpec, inp: PlanInputs, padded_v: int) -> tuple[in
     rope = (1 + arch.qk_norm) * (q + kv) / t              # RoPE'd q and k (+ the q/k norms' inputs)
     per_tok = e * (2 * h / sig + h / sig + (q + 2 * kv) / t + q / t + rope + h / sig + mlp * arch.ffn / t) \
         + stored * arch.heads * inp.row_len / t + e * inp.lora_rank * len(inp.lora_targets) * bool(inp.lora_rank)
-    logits = tokens * (padded_v / t) * logit_bytes(e) + (padded_v / t) * h * e   # + the output layer's wgrad
+    # + the output layer's wgrad (none with LoRA: the base, the output layer included, is frozen)
+    logits = tokens * (padded_v / t) * logit_bytes(e) + (padded_v / t) * h * e * (not inp.lora_rank)
 
-    def layers_worth(n: int, last: bool) -> float:
+    def stored_and_unit(n: int) -> tuple[float, float]:
+        """(what n layers keep, the recomputed unit held while its backward runs: 0 without full recompute)."""
         if inp.recompute != "full":
-            return tokens * n * per_tok
+            return tokens * n * per_tok, 0.0
         k, inputs = min(inp.recompute_num_layers, n), e * h / sig
-        unit = 2 * k * per_tok            # a recomputed unit's activations and the gradients through it
         kept = math.ceil(n / k) * inputs if inp.recompute_method == "uniform" else k * inputs + (n - k) * per_tok
-        # a stage with the output layer peaks at its logits, before any unit is recomputed
-        return tokens * kept + (max(0.0, tokens * unit - logits) if last else tokens * unit)
+        return tokens * kept, tokens * 2 * k * per_tok   # a unit's activations and the gradients through them
+
+    def with_output_layer(n: int) -> tuple[float, float]:
+        """A stage with the output layer: (activations, what it holds above them from the output layer on). Its
+        forward's attention working set comes before the logits, a recomputed unit after them (the logits are
+        freed by then): each counts only by what it exceeds the other."""
+        stored, unit = stored_and_unit(n)
+        after = max(logits, unit)
+        return stored + max(0.0, working * scores - after), after
 
     ring = 2 * tokens * (2 * kv / t) * e if inp.cp > 1 else 0   # TE's p2p ring: the KV chunk sent + the one received
     head = tokens * 2 * e * h / sig                             # the final norm's and the output layer's inputs
@@ -385,10 +396,11 @@ def activation_bytes(arch: ArchSpec, inp: PlanInputs, padded_v: int) -> tuple[in
     # theoretical_memory_usage.py penalty 1 + (p - 1) / (p * v)
     penalty = 1 + (inp.pp - 1) / (inp.pp * inp.vpp) if inp.vpp > 1 else 1.0
     if inp.pp == 1:
-        only = int(layers_worth(arch.layers, True) + head + ring + working * scores)
-        return only, only, int(logits)
-    return (int(layers_worth(arch.layers, False) * penalty + ring + working * scores),
-            int(layers_worth(arch.layers // inp.pp, True) + head + recv + ring + working * scores), int(logits))
+        acts, after = with_output_layer(arch.layers)
+        return int(acts + head + ring), int(acts + head + ring), int(after)
+    stored, unit = stored_and_unit(arch.layers)
+    acts, after = with_output_layer(arch.layers // inp.pp)
+    return int(stored * penalty + unit + ring + working * scores), int(acts + head + recv + ring), int(after)
 
 
 def logit_bytes(e: int) -> int:
@@ -400,10 +412,13 @@ def logit_bytes(e: int) -> int:
 def buffer_bytes(arch: ArchSpec, inp: PlanInputs, last: bool) -> int:
     """Buffers held across steps: sequence parallelism's all-gather buffer of a micro-batch (T x h in model
     precision, Megatron's ``get_global_memory_buffer``), and on the last of several pipeline stages two tensors of a
-    micro-batch's hidden states (2·T·h/σ, what the dry run finds held after the step there)."""
+    micro-batch's hidden states (2·T·h/σ, what the dry run finds held after the step there); with local attention,
+    Megatron's persistent score buffer, one layer's S x S scores in model precision (e·T·a·R/t, the global memory
+    buffer ``baddbmm`` writes into)."""
     e, tokens = DTYPE_BYTES[inp.dtype], math.ceil(inp.micro_batch_tokens / inp.cp)
     sig = inp.tp if inp.sequence_parallel else 1
-    return (tokens * arch.hidden * e if inp.sequence_parallel else 0) + \
+    scores = tokens * arch.heads * inp.row_len // inp.tp if inp.attention == "local" else 0
+    return (tokens * arch.hidden * e if inp.sequence_parallel else 0) + e * scores + \
         (2 * tokens * e * arch.hidden // sig if last and inp.pp > 1 else 0)
 
 
@@ -430,13 +445,13 @@ def sampling_bytes(arch: ArchSpec, inp: PlanInputs, padded_v: int) -> int:
 
 def attention_bytes(inp: PlanInputs) -> tuple[int, int]:
     """Bytes per S x S element: (kept by autograd per layer, one layer's working set), module docstring.
-    ``flash``: (0, 0). ``local``: (4 + e, 2e + 4) in bf16 / fp16, (4, 2e) in fp32; selective recompute
-    keeps none and adds the recomputed layer's (4 + e) to the working set; full recompute keeps them in the
-    layers it holds (``layers_worth``)."""
+    ``flash``: (0, 0). ``local``: (4 + e, e + 4) in bf16 / fp16, (4, 4) in fp32 (the raw scores and their fp32
+    copy; Megatron's persistent score buffer is in :func:`buffer_bytes`); selective recompute keeps none and adds
+    the recomputed layer's (4 + e) to the working set; full recompute keeps them in the layers it holds."""
     if inp.attention == "flash":
         return 0, 0
     e = DTYPE_BYTES[inp.dtype]
-    keep, working = (4 + e, 2 * e + 4) if e < 4 else (4, 2 * e)
+    keep, working = (4 + e, e + 4) if e < 4 else (4, 4)
     if inp.recompute == "selective":
         return 0, working + keep
     return keep, working        # full recompute: the layers held (a recomputed unit, block's others) keep theirs
@@ -459,14 +474,15 @@ class PlanReport:
     sampling: int                    # what the μ pass adds to the peak (0 when the sampling does not truncate)
     sampling_working: int            # the μ pass's working set (``sampling_bytes``)
     buffers: int                     # Megatron's buffers kept across steps (``buffer_bytes``)
+    push: int                        # the weight push's working set, a phase of its own (``push_bytes``)
     overhead: int
     rollout_weights: int
     rollout_kv: int
 
     @property
     def train_total(self) -> int:
-        return (self.weights + self.grads + self.optimizer + self.extra_copies + self.buffers + self.activations
-                + self.logits + self.sampling + self.overhead)
+        return (self.weights + self.grads + self.optimizer + self.extra_copies + self.buffers + self.overhead
+                + max(self.activations + self.logits + self.sampling, self.push))
 
     @property
     def rollout_need(self) -> int:
@@ -523,10 +539,25 @@ def estimate_stages(arch: ArchSpec, inp: PlanInputs) -> dict[int, PlanReport]:
     mu_peak = sampling_peak_bytes(arch, inp, counts.padded_vocab, mu)
     if inp.pp == 1:
         return {0: _stage(common, "only", counts.first_stage, acts_first, logits, mu_peak, mu,
-                          buffer_bytes(arch, inp, True))}
-    return {0: _stage(common, "first", counts.first_stage, acts_first, 0, 0, 0, buffer_bytes(arch, inp, False)),
+                          buffer_bytes(arch, inp, True), push_bytes(arch, inp, 0))}
+    return {0: _stage(common, "first", counts.first_stage, acts_first, 0, 0, 0, buffer_bytes(arch, inp, False),
+                      push_bytes(arch, inp, 0)),
             inp.pp - 1: _stage(common, "last", counts.last_stage, acts_last, logits, mu_peak, mu,
-                               buffer_bytes(arch, inp, True))}
+                               buffer_bytes(arch, inp, True), push_bytes(arch, inp, inp.pp - 1))}
+
+
+def push_bytes(arch: ArchSpec, inp: PlanInputs, stage: int) -> int:
+    """The trainer's side of a weight push on pipeline stage ``stage`` (``convert/live.stream_hf_tensors`` into
+    ``rollout/weight_sync.BucketPacker``), set by the largest HF tensor, E = V·h·e (the embedding / output
+    layer, V padded): its owner gathers the TP shards (E) and joins them (E); rank 0 packs every tensor into
+    one of two reused buckets of max(E, B) bytes, B = ``rollout.bucket_mb``. Without PP rank 0 does all of it,
+    2E + 2·max(E, B); with PP the first stage (rank 0) holds E + 2·max(E, B) (the later stages' tensors arrive
+    joined), a later stage 2E (measured by the dry run on every example: 2E, 3E, 4E)."""
+    big = padded_vocab(arch.vocab, inp.tp, inp.vocab_multiple) * arch.hidden * DTYPE_BYTES[inp.dtype]
+    bucket = max(big, inp.bucket_mb << 20)
+    if inp.pp == 1:
+        return 2 * big + 2 * bucket
+    return big + 2 * bucket if stage == 0 else 2 * big
 
 
 def sampling_peak_bytes(arch: ArchSpec, inp: PlanInputs, padded_v: int, mu: int) -> int:
@@ -541,7 +572,7 @@ def sampling_peak_bytes(arch: ArchSpec, inp: PlanInputs, padded_v: int, mu: int)
 
 
 def _stage(common: dict, stage: str, n: int, acts: int, logits: int, mu: int, mu_working: int,
-           buffers: int) -> PlanReport:
+           buffers: int, push: int) -> PlanReport:
     inp: PlanInputs = common["inputs"]
     e = DTYPE_BYTES[inp.dtype]
     grad_b, opt_b = (4, 12) if e == 2 else (4, 8)
@@ -552,7 +583,7 @@ def _stage(common: dict, stage: str, n: int, acts: int, logits: int, mu: int, mu
     return PlanReport(**common, stage=stage, weights=(n + adapters) * e, grads=trained * grad_b,
                       optimizer=int(trained * opt_b / r),
                       extra_copies=copies, activations=acts, logits=logits, sampling=mu, sampling_working=mu_working,
-                      buffers=buffers)
+                      buffers=buffers, push=push)
 
 
 def score_total(rep: PlanReport) -> int:

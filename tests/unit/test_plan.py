@@ -131,9 +131,11 @@ def test_token_budget_sets_the_activation_tokens():
     assert longer.activations == packed.activations and longer.rollout_kv == 5 * packed.rollout_kv
     # the unfused softmax term is per row of s tokens: e * heads * s / t per token per layer
     noflash = estimate(a, PlanInputs(max_tokens_per_micro_batch=40, seq_len=8, attention="local", overhead_gib=0))
-    # local attention keeps 6 B per S x S element (fp32 softmax + its bf16 cast) in each of the 2 layers, plus
-    # one layer's working set of 8 B per element (raw scores, their fp32 copy, megatron's persistent buffer)
-    assert noflash.activations == 40 * 2 * (2048 + 6 * 4 * 8) + 40 * 256 + 40 * 4 * 8 * 8
+    # local attention keeps 6 B per S x S element (fp32 softmax + its bf16 cast) in each of the 2 layers; one
+    # layer's working set (raw scores + their fp32 copy, 6 B) comes before the logits and stays below them;
+    # megatron's persistent score buffer (2 B per element of one layer) is a buffer
+    assert noflash.activations == 40 * 2 * (2048 + 6 * 4 * 8) + 40 * 256
+    assert noflash.buffers == 2 * 40 * 4 * 8
     # qwen3-8b, TP=4 + SP: the RLCSD recipe's 40960-token budget holds 2.2x the activations of 1 x 18432
     q = load_arch("qwen3-8b")
     big = {"tp": 4, "dp": 2, "sequence_parallel": True, "seq_len": 18432, "rollout_seqs": 16, "offload": "optimizer"}
@@ -241,8 +243,8 @@ def test_config_built_copies_swiglu_recompute_and_engine_share():
     assert estimate(a, PlanInputs(fused_swiglu=False, **base)).activations == 2 * (per_tok + 16 * 2 * 2 * 128) + head
     # a recomputed unit of k layers: its activations and the gradients through it, 2k layers' worth
     assert estimate(a, PlanInputs(recompute="full", **base)).activations == 2 * inp + head   # 2 x per_tok < logits
-    assert estimate(a, PlanInputs(recompute="full", recompute_num_layers=2, **base)).activations == \
-        inp + (4 * per_tok - logits) + head
+    two = estimate(a, PlanInputs(recompute="full", recompute_num_layers=2, **base))   # the unit outweighs the logits:
+    assert (two.activations, two.logits) == (inp + head, 4 * per_tok)                  # held after them, in their place
     assert estimate(a, PlanInputs(recompute="full", recompute_method="block", **base)).activations == \
         inp + per_tok + head
     from megatron_rl.planning.memory import activation_bytes
@@ -352,23 +354,28 @@ def test_params_per_gpu_match_sharded_megatron_model(case, sharded_counts):
 
 def test_local_attention_is_planned_as_megatron_builds_it():
     """Qwen3-1.7B at 4,096 tokens without Transformer Engine: megatron's local attention keeps 28 layers x 16
-    heads x 4096^2 scores x 6 B (fp32 softmax output + its bf16 cast) = 42.0 GiB beside flash's 0; packed rows
-    are as long as the longest sequence (--max-model-len), not the budget; fp32 keeps 4 B; selective recompute
-    none (one layer's 14 B working set only); --config takes it from model.backend (te: flash, local: local)."""
+    heads x 4096^2 scores x 6 B (fp32 softmax output + its bf16 cast) = 42.0 GiB beside flash's 0, and one
+    layer's persistent score buffer (2 B); packed rows are as long as the longest sequence (--max-model-len),
+    not the budget; fp32 keeps 4 B; selective recompute none. One layer's working set (raw scores + fp32 copy,
+    6 B; 12 B recomputed under selective) precedes the logits and counts only where it outweighs them, as at
+    32,768 tokens; --config takes the attention from model.backend (te: flash, local: local)."""
     q = load_arch("qwen3-1.7b")
     base = dict(seq_len=4096, dtype="bf16", reference=True, overhead_gib=0)
     flash, local = estimate(q, PlanInputs(**base)), estimate(q, PlanInputs(attention="local", **base))
     stored = 28 * 16 * 4096 ** 2 * 6
-    assert local.activations - flash.activations == stored + 16 * 4096 ** 2 * 8
+    assert local.activations - flash.activations == stored and 6 * 16 * 4096 ** 2 < local.logits
+    assert local.buffers - flash.buffers == 2 * 16 * 4096 ** 2
     assert round(stored / GIB, 1) == 42.0 and local.train_total > 80e9 > flash.train_total   # the old bring-up default: no fit
     sel = estimate(q, PlanInputs(attention="local", recompute="selective", **base))
-    assert sel.activations - estimate(q, PlanInputs(recompute="selective", **base)).activations == 16 * 4096 ** 2 * 14
+    assert sel.activations == estimate(q, PlanInputs(recompute="selective", **base)).activations   # 12 B < logits
     fp32 = estimate(q, PlanInputs(attention="local", **{**base, "dtype": "fp32"}))
-    assert fp32.activations - estimate(q, PlanInputs(**{**base, "dtype": "fp32"})).activations == \
-        28 * 16 * 4096 ** 2 * 4 + 16 * 4096 ** 2 * 8
+    assert fp32.activations - estimate(q, PlanInputs(**{**base, "dtype": "fp32"})).activations == 28 * 16 * 4096 ** 2 * 4
+    long = {**base, "seq_len": 32768}
+    big, big_flash = estimate(q, PlanInputs(attention="local", **long)), estimate(q, PlanInputs(**long))
+    assert big.activations - big_flash.activations == 28 * 16 * 32768 ** 2 * 6 + (6 * 16 * 32768 ** 2 - big.logits)
     packed = dict(max_tokens_per_micro_batch=40960, max_model_len=8192, seq_len=4096, overhead_gib=0)
     d = estimate(q, PlanInputs(attention="local", **packed)).activations - estimate(q, PlanInputs(**packed)).activations
-    assert d == 40960 * 16 * 8192 * (28 * 6 + 8)          # 5 rows of 8192 tokens
+    assert d == 40960 * 16 * 8192 * 28 * 6                # 5 rows of 8192 tokens
     assert "of which S x S attention scores (local)" in format_report(local)
     with pytest.raises(ValueError, match="--attention must be one of flash|local"):
         PlanInputs(attention="sdpa")
@@ -462,7 +469,8 @@ def test_lora_frozen_base_closed_form():
     n, ad = a.total_params(), 2 * 4096       # 4096 adapter params per layer at TP = 1 (PEFT's count, above)
     assert (lora.weights, lora.grads, lora.optimizer) == (2 * (n + ad), 4 * ad, 12 * ad // 4)
     assert lora.activations - full.activations == 16 * 2 * 2 * 4 * 7   # tokens x layers x e·ρ·|targets|
-    assert (lora.logits, lora.rollout_weights) == (full.logits, full.rollout_weights)
+    # the frozen output layer makes no weight gradient: the logits term without its bf16 wgrad (256 x 64 x 2)
+    assert (lora.logits, lora.rollout_weights) == (full.logits - 256 * 64 * 2, full.rollout_weights)
     with pytest.raises(ValueError, match="--lora-targets among"):
         PlanInputs(lora_rank=4, lora_targets=("lm_head",))
 

@@ -22,7 +22,7 @@ ROWS = (("weights", "weights"), ("grads", "gradients (fp32 main grads)"),
         ("optimizer", "optimizer (fp32 master + Adam, /DP)"), ("reference", "reference weights"),
         ("teacher", "teacher (fp32 shadow + swap scratch)"), ("other", "other (RoPE, SP gather buffer, ...)"),
         ("activations", "activations (update)"), ("logits", "logits + fp32 softmax + loss backward"),
-        ("mu", "μ pass (above the log-prob pass)"))
+        ("mu", "μ pass (above the log-prob pass)"), ("push", "weight push (its own phase)"))
 
 
 def plan_stages(arch: ArchSpec, inp: PlanInputs) -> dict[int, dict[str, float]]:
@@ -33,8 +33,19 @@ def plan_stages(arch: ArchSpec, inp: PlanInputs) -> dict[int, dict[str, float]]:
         reference, teacher = inp.reference * n * e, inp.teacher_shadow * n * (4 + e)
         out[index] = {"weights": rep.weights, "grads": rep.grads, "optimizer": rep.optimizer, "reference": reference,
                       "teacher": teacher, "other": rep.buffers + rep.extra_copies - reference - teacher,
-                      "activations": rep.activations, "logits": rep.logits, "mu": rep.sampling}
+                      "activations": rep.activations, "logits": rep.logits, "mu": rep.sampling, "push": rep.push}
     return out
+
+
+#: the components of the update's working set; ``push`` is a phase of its own
+UPDATE = ("activations", "logits", "mu")
+
+
+def plan_total(plan: dict[str, float]) -> float:
+    """The plan's peak of a stage (no overhead): what is held + the larger of the update's working set and the
+    push's (``PlanReport.train_total``)."""
+    held = sum(v for k, v in plan.items() if k not in UPDATE and k != "push")
+    return held + max(sum(plan[k] for k in UPDATE), plan.get("push", 0))
 
 
 def measured(result: dict) -> dict[str, float]:
@@ -48,6 +59,7 @@ def measured(result: dict) -> dict[str, float]:
     out["logits"] = upd["peak"] - upd["at_output_layer"] if last else 0
     with_mu, without = ph.get("old log-probs + μ"), ph["old log-probs"]
     out["mu"] = max(0, with_mu["peak"] - without["peak"]) if with_mu else 0
+    out["push"] = ph["weight push"]["working"] if "weight push" in ph else 0
     return out
 
 
@@ -77,14 +89,11 @@ def role_table(result: dict, name: str, plan: dict | None) -> list[str]:
         p = plan.get(key) if plan else None
         lines.append(f"  {label:<40}{_g(m[key])} {_g(p) if p is not None else '        '} {_delta(m[key], p)}")
     phase, peak = peak_of(result)
-    p_total = sum(plan.values()) if plan else None
+    p_total = plan_total(plan) if plan else None
     lines.append(f"  {'peak (' + phase + ')':<40}{_g(peak)} {_g(p_total) if plan else ''} {_delta(peak, p_total)}")
     fits = ", ".join(f"{'fits' if peak <= b else 'DOES NOT FIT'} {n} ({b / GIB:.1f} GiB)" for n, b in DEVICES)
     lines.append(f"  {'':<40}{'':9} against the device: {fits}")
     ph = result["phases"]
-    if "weight push" in ph:
-        lines.append(f"  weight push: {ph['weight push']['working'] / GIB:.2f} GiB working set (gathered HF tensors, "
-                     f"two device buckets), peak {ph['weight push']['peak'] / GIB:.2f} GiB")
     if "flops" in ph["update"]:
         lines.append(f"  update: {ph['update']['flops'] / 1e12:.1f} TFLOP on this rank (torch's flop registry: "
                      "the matmuls, forward + backward + recompute)")

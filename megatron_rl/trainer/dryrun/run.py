@@ -21,7 +21,7 @@ from megatron_rl.planning.config import config_inputs
 from megatron_rl.planning.memory import GIB, PlanInputs
 from megatron_rl.planning.verdict import refusal
 from megatron_rl.trainer.dryrun import oracles
-from megatron_rl.trainer.dryrun.report import DEVICES, measured, peak_of, plan_stages, role_table
+from megatron_rl.trainer.dryrun.report import DEVICES, measured, peak_of, plan_stages, plan_total, role_table
 from megatron_rl.trainer.dryrun.roles import Layout, Role, layout_of, roles
 from megatron_rl.trainer.dryrun.worker import MARK
 from megatron_rl.trainer.loop.preflight import load_checked
@@ -134,7 +134,7 @@ def last_line(layout: Layout, results: list[dict], plans: dict, seconds: float) 
     """``dry run: R rank roles, peak X GiB on rank K (plan Y GiB), parameters Z B over all ranks``."""
     top = max(results, key=lambda r: peak_of(r)[1])
     plan = plans.get(top["role"]["pp_rank"])
-    plan_text = f"{sum(plan.values()) / GIB:.2f} GiB" if plan else "n/a"
+    plan_text = f"{plan_total(plan) / GIB:.2f} GiB" if plan else "n/a"
     total = sum(r["params"]["unique"] for r in results)
     return (f"dry run: {len(results)} rank roles, peak {peak_of(top)[1] / GIB:.2f} GiB on rank {top['role']['rank']} "
             f"(plan {plan_text}), parameters {total / 1e9:.3f} B over all ranks")
