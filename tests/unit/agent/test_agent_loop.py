@@ -1,0 +1,120 @@
+"""The agent loop (megatron_rl/agent/loop.py) on a real engine (``HFEngine``) and a real tokenizer whose chat
+template is a real tool template (``tests/helpers/agent_fixture.py``).
+
+Oracles: the chat template (the trajectory's tokens must be the template's rendering of the conversation), the
+engine's own scoring (``HFEngine.score`` of the final sequence gives the log-prob recorded for every sampled
+token: the context each turn was sampled in is the one the trajectory records).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from megatron_rl.agent.loop import Budgets, agent_loop_class, agent_loop_names, loop_metrics, register_agent_loop
+from megatron_rl.agent.tools import ToolSet
+from megatron_rl.rollout.engine import SamplingParams
+
+CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2 + 2"}}\n</tool_call>'
+SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
+USER = {"role": "user", "content": "What is 2 + 2?"}
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    from megatron_rl.data.tokenizer import load_tokenizer
+    from megatron_rl.rollout.hf_engine import HFEngine
+    from tests.helpers.agent_fixture import build_tool_model
+
+    d = build_tool_model(tmp_path_factory.mktemp("tool_model"))
+    return load_tokenizer(d, {"enable_thinking": True}), HFEngine(str(d), max_model_len=512), d
+
+
+def _loop(tok, name="tool_agent", **budgets):
+    return agent_loop_class(name)(tok, ToolSet(["calculator"]), Budgets(**{"max_response_tokens": 96, **budgets}))
+
+
+def _prefilled(tok) -> list[int]:
+    """[system, user] + generation prompt + an assistant turn begun with a thought and a calculator call."""
+    head = tok.apply_chat_template([SYSTEM, USER], True)
+    assert head.endswith("<|im_start|>assistant\n<think>\n")
+    return tok.encode(head + "add them\n</think>\n\n" + CALL)
+
+
+def test_prefilled_call_is_answered_as_the_chat_template_renders_it(setup):
+    tok, eng, _ = setup
+    every = tuple(range(eng.vocab_size))      # any token ends a turn: one real sampled token per turn
+    sp = SamplingParams(greedy=True, max_tokens=96, stop_token_ids=every)
+    prompt = _prefilled(tok)
+    loop = _loop(tok)
+    (t,) = loop.run(eng, [prompt], sp)
+    assert (t.turns, t.tool_calls, t.tool_errors) == (2, 1, 0)
+    x, y = t.response_ids[0], t.response_ids[-1]
+    assert t.response_mask == [1] + [0] * (len(t.response_ids) - 2) + [1]
+    assert all(lp == 0.0 for lp, m in zip(t.logprobs, t.response_mask) if not m)
+    # the oracle: the template's rendering of [system, user, assistant(thought + call), tool("4")] + generation prompt
+    convo = [SYSTEM, USER, {"role": "assistant", "content": "add them\n</think>\n\n",
+                            "tool_calls": [{"type": "function", "function": {"name": "calculator",
+                                                                             "arguments": {"expression": "2 + 2"}}}]},
+             {"role": "tool", "content": "4"}]
+    want = tok.encode(tok.apply_chat_template(convo, True))
+    im_end = tok.encode("<|im_end|>")[0]
+    got = prompt + t.response_ids[:-1] if x == im_end else prompt + t.response_ids[1:-1]
+    assert got == want
+    # every sampled token's log-prob is the engine's score of it in the recorded context (greedy: temperature 1)
+    scored = eng.score([prompt + t.response_ids], [len(prompt)])[0]
+    assert t.logprobs[0] == pytest.approx(scored[0], abs=1e-4) and t.logprobs[-1] == pytest.approx(scored[-1], abs=1e-4)
+    assert loop_metrics([t])["multi_turn/tool_calls_mean"] == 1.0
+    assert loop.tools.stats.metrics()["tool/calls/calculator"] == 1
+
+
+def test_budgets_cut_the_loop(setup):
+    tok, eng, _ = setup
+    sp = SamplingParams(greedy=True, max_tokens=96, stop_token_ids=tuple(range(eng.vocab_size)))
+    (t,) = _loop(tok, max_assistant_turns=1).run(eng, [_prefilled(tok)], sp)
+    assert (t.turns, t.tool_calls, t.response_mask) == (1, 0, [1])      # the call is never executed
+    (t,) = _loop(tok, max_user_turns=0).run(eng, [_prefilled(tok)], sp)
+    assert (t.turns, t.tool_calls) == (1, 0)
+    (t,) = _loop(tok, max_response_tokens=10).run(eng, [_prefilled(tok)], sp)   # the tool response would not fit
+    assert (t.turns, t.tool_calls, t.finish_reason, len(t.response_ids)) == (1, 1, "length", 1)
+
+
+def test_bad_and_parallel_calls(setup):
+    tok, eng, _ = setup
+    sp = SamplingParams(greedy=True, max_tokens=96, stop_token_ids=tuple(range(eng.vocab_size)))
+    head = tok.apply_chat_template([SYSTEM, USER], True)
+    bad = '<tool_call>\n{"name": "nope", "arguments": {}}\n</tool_call>\n' + CALL + "\n" + CALL
+    loop = _loop(tok, max_parallel_calls=2)
+    (t,) = loop.run(eng, [tok.encode(head + "x\n</think>\n\n" + bad)], sp)
+    assert (t.tool_calls, t.tool_errors) == (2, 1)                       # the third call is over the limit
+    assert [m["content"] for m in t.messages if m["role"] == "tool"][1] == "4"
+    assert "unknown tool 'nope'" in t.messages[1]["content"]
+    assert loop.tools.stats.metrics()["tool/failed/unknown_tool"] == 1
+
+
+def test_sampled_turns_keep_tokens_and_logprobs_as_sampled(setup):
+    """Sampled multi-token turns (temperature 1, no truncation): the recorded log-probs are the engine's
+    scores of the final sequences; single_turn_agent is the plain generate call, token for token."""
+    tok, eng, _ = setup
+    prompts = [tok.encode(tok.apply_chat_template([SYSTEM, {"role": "user", "content": q}], True)) for q in ("1+1?", "7*6?")]
+    sp = SamplingParams(n=1, temperature=1.0, max_tokens=12, seed=3)
+    trajs = _loop(tok).run(eng, prompts, sp)
+    assert [(t.prompt_index, t.sample_index) for t in trajs] == [(0, 0), (1, 0)]
+    scored = eng.score([list(t.prompt_ids) + t.response_ids for t in trajs], [len(t.prompt_ids) for t in trajs])
+    for t, s in zip(trajs, scored):
+        assert len(t.response_ids) == len(t.logprobs) == len(t.response_mask) <= 12
+        assert [a for a, m in zip(t.logprobs, t.response_mask) if m] == pytest.approx(
+            [b for b, m in zip(s, t.response_mask) if m], abs=1e-4)
+    plain = eng.generate(prompts, sp)
+    single = agent_loop_class("single_turn_agent")(tok, None, Budgets(12)).run(eng, prompts, sp)
+    assert [list(c.response_ids) for c in plain] == [t.response_ids for t in single]
+    assert all(t.response_mask == [1] * len(t.response_ids) for t in single)
+
+
+def test_registry_names_and_how_to_add_one():
+    assert {"single_turn_agent", "tool_agent"} <= set(agent_loop_names())
+    with pytest.raises(KeyError, match="unknown agent loop 'nope'.*register_agent_loop.*plugins"):
+        agent_loop_class("nope")
+    with pytest.raises(ValueError, match="registered twice"):
+        register_agent_loop("tool_agent")(type("X", (agent_loop_class("tool_agent"),), {}))
+    assert dataclasses.is_dataclass(Budgets)
