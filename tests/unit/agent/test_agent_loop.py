@@ -11,6 +11,7 @@ import dataclasses
 
 import pytest
 
+from megatron_rl.agent.template_check import template_drift
 from megatron_rl.agent.loop import Budgets, agent_loop_class, agent_loop_names, loop_metrics, register_agent_loop
 from megatron_rl.agent.tools import ToolSet
 from megatron_rl.rollout.engine import SamplingParams
@@ -21,13 +22,11 @@ USER = {"role": "user", "content": "What is 2 + 2?"}
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
+def setup(tool_model):
     from megatron_rl.data.tokenizer import load_tokenizer
     from megatron_rl.rollout.hf_engine import HFEngine
-    from tests.helpers.agent_fixture import build_tool_model
 
-    d = build_tool_model(tmp_path_factory.mktemp("tool_model"))
-    return load_tokenizer(d, {"enable_thinking": True}), HFEngine(str(d), max_model_len=512), d
+    return load_tokenizer(tool_model, {"enable_thinking": True}), HFEngine(str(tool_model), max_model_len=512), tool_model
 
 
 def _loop(tok, name="tool_agent", **budgets):
@@ -66,6 +65,40 @@ def test_prefilled_call_is_answered_as_the_chat_template_renders_it(setup):
     assert t.logprobs[0] == pytest.approx(scored[0], abs=1e-4) and t.logprobs[-1] == pytest.approx(scored[-1], abs=1e-4)
     assert loop_metrics([t])["multi_turn/tool_calls_mean"] == 1.0
     assert loop.tools.stats.metrics()["tool/calls/calculator"] == 1
+    # the tokenization check: all of it is the template's but the sampled token after the call (text after the
+    # last </tool_call> is no part of the parsed message), unless that token was <|im_end|>
+    drift = template_drift(tok, [SYSTEM, USER] + t.messages, t.prompt_ids, t.response_ids, t.turn_starts)
+    assert (drift.tokens, drift.at, drift.turn) == ((0, -1, 0) if x == im_end else (len(t.response_ids), len(prompt), 1))
+
+
+def test_tokenization_check_names_qwen3s_dropped_think_block(setup):
+    """Thinking off, Qwen3's template opens each generation with an empty think block and drops it from the
+    earlier turns when the conversation is rendered again: the check finds it, strict stops naming it."""
+    from types import SimpleNamespace
+
+    from megatron_rl.config import from_dict
+    from megatron_rl.data.tokenizer import load_tokenizer
+    from megatron_rl.trainer.paths.agent_rollouts import AgentRollouts
+
+    _, eng, d = setup
+    tok = load_tokenizer(d)                                    # the template's default: thinking off
+    head = tok.apply_chat_template([SYSTEM, USER], True)
+    assert head.endswith("<think>\n\n</think>\n\n")
+    prompt = tok.encode(head + CALL)
+    sp = SamplingParams(greedy=True, max_tokens=96, stop_token_ids=tuple(range(eng.vocab_size)))
+    (t,) = _loop(tok).run(eng, [prompt], sp)
+    drift = template_drift(tok, [SYSTEM, USER] + t.messages, t.prompt_ids, t.response_ids, t.turn_starts)
+    assert drift.tokens > 0 and drift.turn == 0 and drift.at < len(prompt)     # the prompt's empty think block
+    assert tok.decode(prompt[drift.at:drift.at + 1]) == "<think>"
+    rows = [SimpleNamespace(messages=(SYSTEM, USER))]
+    for mode, frac in (("warn", 1.0), ("off", None)):
+        cfg = from_dict({"rollout": {"max_tokens": 96}, "multi_turn": {"enable": True, "tools": ["calculator"],
+                                                                       "tokenization_check": mode}})
+        assert AgentRollouts(cfg, tok).drift(rows, [t]).get("multi_turn/template_drift_frac") == frac
+    strict = from_dict({"rollout": {"max_tokens": 96}, "multi_turn": {"enable": True, "tools": ["calculator"],
+                                                                      "tokenization_check": "strict"}})
+    with pytest.raises(RuntimeError, match=r"tokenization_check=strict: sample 0/0 turn 0: token \d+ differs"):
+        AgentRollouts(strict, tok).drift(rows, [t])
 
 
 def test_budgets_cut_the_loop(setup):
