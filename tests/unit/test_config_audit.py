@@ -154,6 +154,8 @@ REJECTED = {   # key -> (value, words of the start-up error on this CPU machine)
     # issue 54: one accepted value each (docs/lora.md); the adapters themselves: tests/distributed/test_lora.py
     "lora.dropout": ("0.1", "lora.dropout=0.1 refused"),
     "lora.push": ("adapter", "lora.push=adapter refused"),
+    # issue 53: one format is built (hermes); the loop itself: tests/unit/agent/test_agent_loop.py
+    "multi_turn.format": ("xml", "multi_turn.format='xml' invalid"),
 }
 READ = {   # key -> module that consumes it (``cfg.<key>`` or the section alias read there)
     "trainer.eval_data_dir": "megatron_rl/eval/training.py",
@@ -199,6 +201,15 @@ READ = {   # key -> module that consumes it (``cfg.<key>`` or the section alias 
     "lora.enable": "megatron_rl/trainer/loop/setup.py", "lora.rank": "megatron_rl/trainer/loop/setup.py",
     "lora.alpha": "megatron_rl/trainer/loop/setup.py", "lora.target_modules": "megatron_rl/trainer/loop/setup.py",
     "lora.init_seed": "megatron_rl/trainer/loop/setup.py",
+    # issue 53: multi-turn rollouts (tests/unit/agent/test_agent_loop.py, test_verl_agentic_rows.py; refusals:
+    # tests/unit/agent/test_multi_turn_config.py)
+    "multi_turn.enable": "megatron_rl/trainer/paths/plain.py", "multi_turn.loop": "megatron_rl/trainer/paths/agent_rollouts.py",
+    "multi_turn.tools": "megatron_rl/trainer/paths/agent_rollouts.py",
+    "multi_turn.max_assistant_turns": "megatron_rl/trainer/paths/agent_rollouts.py",
+    "multi_turn.max_user_turns": "megatron_rl/trainer/paths/agent_rollouts.py",
+    "multi_turn.max_parallel_calls": "megatron_rl/trainer/paths/agent_rollouts.py",
+    "multi_turn.max_tool_response_length": "megatron_rl/trainer/paths/agent_rollouts.py",
+    "multi_turn.tokenization_check": "megatron_rl/trainer/paths/agent_rollouts.py",
 }
 #: keys whose setting is known to be overridden today (owned elsewhere; the audit records it)
 KNOWN_DEAD: dict[str, str] = {}
@@ -272,6 +283,7 @@ def test_key_value_is_rejected_at_start_up(key, work):
 def test_key_is_read_by_its_consumer(key, work):
     section, name = key.split(".", 1)
     src = (REPO / READ[key]).read_text()
-    alias = {"rollout": "r.", "reward": "r.", "teacher": "cfg.teacher.", "algo": "cfg.algo.", "trainer": "t."}.get(section)
+    alias = {"rollout": "r.", "reward": "r.", "teacher": "cfg.teacher.", "algo": "cfg.algo.", "trainer": "t.",
+             "multi_turn": "mt."}.get(section)
     assert f"cfg.{key}" in src or f"{alias}{name}" in src or (section == "algo" and "hp" in src and name == "hparams"), \
         f"{READ[key]} does not read {key}"

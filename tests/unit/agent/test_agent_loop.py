@@ -130,16 +130,16 @@ def test_sampled_turns_keep_tokens_and_logprobs_as_sampled(setup):
     scores of the final sequences; single_turn_agent is the plain generate call, token for token."""
     tok, eng, _ = setup
     prompts = [tok.encode(tok.apply_chat_template([SYSTEM, {"role": "user", "content": q}], True)) for q in ("1+1?", "7*6?")]
-    sp = SamplingParams(n=1, temperature=1.0, max_tokens=12, seed=3)
+    sp = SamplingParams(n=1, temperature=1.0, max_tokens=6, seed=3)
     trajs = _loop(tok).run(eng, prompts, sp)
     assert [(t.prompt_index, t.sample_index) for t in trajs] == [(0, 0), (1, 0)]
     scored = eng.score([list(t.prompt_ids) + t.response_ids for t in trajs], [len(t.prompt_ids) for t in trajs])
     for t, s in zip(trajs, scored):
-        assert len(t.response_ids) == len(t.logprobs) == len(t.response_mask) <= 12
+        assert len(t.response_ids) == len(t.logprobs) == len(t.response_mask) <= 6
         assert [a for a, m in zip(t.logprobs, t.response_mask) if m] == pytest.approx(
             [b for b, m in zip(s, t.response_mask) if m], abs=1e-4)
     plain = eng.generate(prompts, sp)
-    single = agent_loop_class("single_turn_agent")(tok, None, Budgets(12)).run(eng, prompts, sp)
+    single = agent_loop_class("single_turn_agent")(tok, None, Budgets(6)).run(eng, prompts, sp)
     assert [list(c.response_ids) for c in plain] == [t.response_ids for t in single]
     assert all(t.response_mask == [1] * len(t.response_ids) for t in single)
 
