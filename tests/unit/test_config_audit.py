@@ -166,7 +166,7 @@ READ = {   # key -> module that consumes it (``cfg.<key>`` or the section alias 
     "model.recompute_num_layers": "megatron_rl/trainer/loop/setup.py",
     "rollout.bucket_mb": "megatron_rl/trainer/loop/setup.py",
     "data.max_prompt_len": "megatron_rl/trainer/loop/preflight_inputs.py", "data.on_error": "megatron_rl/trainer/loop/preflight_inputs.py",   # prompt_datasets
-    "data.chat_template_kwargs": "megatron_rl/trainer/loop/setup.py",
+    "data.chat_template_kwargs": "megatron_rl/trainer/paths/agent_rollouts.py",   # template_kwargs: setup.py, preflight_inputs.py
     "trainer.steps": "megatron_rl/trainer/loop/rl_loop.py", "trainer.eval_every": "megatron_rl/trainer/loop/rl_loop.py",
     "trainer.eval_prompts": "megatron_rl/trainer/loop/setup.py", "trainer.ckpt_every": "megatron_rl/trainer/loop/rl_loop.py",
     "trainer.keep_last": "megatron_rl/trainer/loop/setup.py",
