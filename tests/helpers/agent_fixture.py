@@ -68,4 +68,4 @@ def warm_start(d: Path, seqs: list[tuple[list[int], list[int]]], steps: int = 30
         if loss.item() < 0.01:
             break
     model.save_pretrained(str(d))
-    return float(loss)
+    return loss.item()
