@@ -235,6 +235,8 @@ class ToolAgentLoop(AgentLoop):
         t.response_ids += obs
         t.logprobs += [0.0] * len(obs)
         t.response_mask += [0] * len(obs)
+        if t.versions:      # an engine labelling tokens with weight versions: a tool token takes its turn's
+            t.versions += (t.versions[-1],) * len(obs)
         live.append((t, iid))
 
     def _cut(self, text: str) -> str:

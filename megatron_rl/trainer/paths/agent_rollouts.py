@@ -36,6 +36,13 @@ def template_kwargs(cfg) -> dict:
     return kw
 
 
+def tools_kwargs(row) -> dict | None:
+    """The row's ``extra_info.tools_kwargs`` without the entries a parquet struct column fills with null for the
+    tools other rows name (pyarrow reads a struct's every field on every row)."""
+    kw = (row.extra_info or {}).get("tools_kwargs") or {}
+    return {k: v for k, v in kw.items() if v is not None} or None
+
+
 class AgentRollouts:
     """The loops of one run, built once (each the first time a row names it)."""
 
@@ -46,6 +53,7 @@ class AgentRollouts:
                                mt.max_parallel_calls, mt.max_tool_response_length)
         self.loops: dict = {}
         self.check = mt.tokenization_check
+        self.loop(mt.loop)      # built at start-up (``build_path``): a tokenizer without a chat template fails here
 
     def loop(self, name: str):
         if name not in self.loops:
@@ -60,7 +68,7 @@ class AgentRollouts:
             by_loop.setdefault(getattr(r, "agent_name", "") or self.cfg.multi_turn.loop, []).append(k)
         trajs = []
         for name, ks in by_loop.items():
-            kwargs = [(rows[k].extra_info or {}).get("tools_kwargs") or None for k in ks]
+            kwargs = [tools_kwargs(rows[k]) for k in ks]
             for t in self.loop(name).run(client, [list(rows[k].prompt_ids) for k in ks], sampling, kwargs):
                 t.prompt_index = ks[t.prompt_index]
                 trajs.append(t)

@@ -62,3 +62,20 @@ def test_verl_gsm8k_tool_rows_roll_out_through_the_named_loop(tmp_path, tool_mod
     for key in ("multi_turn/turns_mean", "multi_turn/tool_calls_mean", "tool/calls", "tool/failed/malformed_call",
                 "multi_turn/template_drift_tokens"):
         assert key in ro.stats
+
+
+def test_struct_nulls_of_other_rows_tools_are_not_tools_kwargs(tmp_path, chat_tokenizer):
+    """pyarrow reads a struct column's every field on every row: a row's ``tools_kwargs`` holds null for the tools
+    only other rows name; those are no create arguments (``agent_rollouts.tools_kwargs``)."""
+    from megatron_rl.data.dataset import PromptDataset
+    from megatron_rl.trainer.paths.agent_rollouts import tools_kwargs
+
+    a, b = V.rows()
+    b["extra_info"]["tools_kwargs"] = {"calculator": {"create_kwargs": {"x": 1}}}
+    path = V.write(tmp_path / "train.parquet", [a, b])
+    check_agent_rows(_cfg(path, tools=["calc_gsm8k_reward", "calculator"]))
+    ds = PromptDataset.from_parquet(path, chat_tokenizer, 1024)
+    assert ds[0].extra_info["tools_kwargs"]["calculator"] is None                  # what pyarrow hands over
+    assert tools_kwargs(ds[0]) == {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "7"}}}
+    assert tools_kwargs(ds[1]) == {"calculator": {"create_kwargs": {"x": 1}}}
+    ToolSet(["calc_gsm8k_reward", "calculator"]).create(None, tools_kwargs(ds[0]))  # the loop's call: accepted
