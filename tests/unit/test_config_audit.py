@@ -166,7 +166,7 @@ READ = {   # key -> module that consumes it (``cfg.<key>`` or the section alias 
     "model.recompute_num_layers": "megatron_rl/trainer/loop/setup.py",
     "rollout.bucket_mb": "megatron_rl/trainer/loop/setup.py",
     "data.max_prompt_len": "megatron_rl/trainer/loop/preflight_inputs.py", "data.on_error": "megatron_rl/trainer/loop/preflight_inputs.py",   # prompt_datasets
-    "data.chat_template_kwargs": "megatron_rl/trainer/paths/agent_rollouts.py",   # template_kwargs: setup.py, preflight_inputs.py
+    "data.chat_template_kwargs": "megatron_rl/agent/run_config.py",   # template_kwargs: setup.py, preflight_inputs.py
     "trainer.steps": "megatron_rl/trainer/loop/rl_loop.py", "trainer.eval_every": "megatron_rl/trainer/loop/rl_loop.py",
     "trainer.eval_prompts": "megatron_rl/trainer/loop/setup.py", "trainer.ckpt_every": "megatron_rl/trainer/loop/rl_loop.py",
     "trainer.keep_last": "megatron_rl/trainer/loop/setup.py",
@@ -204,7 +204,7 @@ READ = {   # key -> module that consumes it (``cfg.<key>`` or the section alias 
     # issue 53: multi-turn rollouts (tests/unit/agent/test_agent_loop.py, test_verl_agentic_rows.py; refusals:
     # tests/unit/agent/test_multi_turn_config.py)
     "multi_turn.enable": "megatron_rl/trainer/paths/plain.py", "multi_turn.loop": "megatron_rl/trainer/paths/agent_rollouts.py",
-    "multi_turn.tools": "megatron_rl/trainer/paths/agent_rollouts.py",
+    "multi_turn.tools": "megatron_rl/agent/run_config.py",
     "multi_turn.max_assistant_turns": "megatron_rl/trainer/paths/agent_rollouts.py",
     "multi_turn.max_user_turns": "megatron_rl/trainer/paths/agent_rollouts.py",
     "multi_turn.max_parallel_calls": "megatron_rl/trainer/paths/agent_rollouts.py",

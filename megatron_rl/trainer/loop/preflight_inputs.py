@@ -194,7 +194,7 @@ def _prompt_key(cfg, path: str) -> tuple:
 
 
 def _template_kwargs(cfg) -> dict:
-    from megatron_rl.trainer.paths.agent_rollouts import template_kwargs  # lazy: defers the agent package
+    from megatron_rl.agent.run_config import template_kwargs  # lazy: defers the agent package
 
     return template_kwargs(cfg)
 

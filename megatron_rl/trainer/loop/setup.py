@@ -35,7 +35,7 @@ from megatron_rl.rollout.rollouts import eval_sampling, generate, score
 from megatron_rl.runtime.broadcast import broadcast_object
 from megatron_rl.trainer.loop.sync_stage import startup_gate, sync
 from megatron_rl.trainer.paths import build_path
-from megatron_rl.trainer.paths.agent_rollouts import template_kwargs
+from megatron_rl.agent.run_config import template_kwargs
 from megatron_rl.trainer.contract import CollectContext, PathSetup, SampleDump, UpdateContext
 from megatron_rl.trainer.pipeline.packing import micro_of
 from megatron_rl.trainer.pipeline.update import OPTIMIZER_STEPS_FILE

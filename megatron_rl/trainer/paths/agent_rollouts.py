@@ -5,8 +5,8 @@ with its ``response_mask`` (1 = sampled by the policy), which the pipeline folds
 
 Per row: the loop its ``agent_name`` names (verl's column; else ``multi_turn.loop``), the tools' per-sample
 ``create`` arguments from ``extra_info.tools_kwargs`` (verl's ``{tool: {"create_kwargs": {...}}}``). The
-prompts were rendered with the tools' schemas (:func:`template_kwargs`: ``tools=`` for every rendering of the
-chat template, as verl's agent loop renders them). Metrics: ``multi_turn/*`` (``agent.loop.loop_metrics``),
+prompts were rendered with the tools' schemas (``agent/run_config.template_kwargs``: ``tools=`` for every
+rendering of the chat template, as verl's agent loop renders them). Metrics: ``multi_turn/*`` (``agent.loop.loop_metrics``),
 ``tool/*`` (the run's counters, ``ToolStats``), ``multi_turn/template_drift_tokens`` and
 ``multi_turn/template_drift_frac`` (``agent/template_check.py``) unless the check is off.
 """
@@ -16,24 +16,10 @@ import logging
 
 from megatron_rl.agent.loop import Budgets, agent_loop_class, loop_metrics
 from megatron_rl.agent.template_check import template_drift
-from megatron_rl.agent.tools import ToolSet
+from megatron_rl.agent.run_config import tool_set
 from megatron_rl.rollout import rollouts as R
 
 log = logging.getLogger("megatron_rl.multi_turn")
-
-
-def tool_set(cfg) -> ToolSet | None:
-    """The run's tools (``multi_turn.tools``), None without any."""
-    return ToolSet(cfg.multi_turn.tools) if cfg.multi_turn.tools else None
-
-
-def template_kwargs(cfg) -> dict:
-    """``data.chat_template_kwargs`` plus, for a multi-turn run with tools, ``tools=`` their schemas: every
-    rendering of the chat template (prompts, the generation prompt, the tokenization check) lists them."""
-    kw = dict(cfg.data.chat_template_kwargs)
-    if cfg.multi_turn.enable and cfg.multi_turn.tools:
-        kw["tools"] = tool_set(cfg).schemas()
-    return kw
 
 
 def tools_kwargs(row) -> dict | None:

@@ -37,7 +37,8 @@ def test_verl_gsm8k_tool_rows_roll_out_through_the_named_loop(tmp_path, tool_mod
     from megatron_rl.data.tokenizer import load_tokenizer
     from megatron_rl.rollout.engine import SamplingParams
     from megatron_rl.rollout.hf_engine import HFEngine
-    from megatron_rl.trainer.paths.agent_rollouts import AgentRollouts, template_kwargs
+    from megatron_rl.agent.run_config import template_kwargs
+    from megatron_rl.trainer.paths.agent_rollouts import AgentRollouts
 
     path = V.write(tmp_path / "train.parquet", V.rows())
     d = tool_model
