@@ -7,14 +7,18 @@ never re-templating what the engine sampled::
     repeat:
         turn = engine.generate(context)                  sampled ids kept as sampled   (mask 1, engine log-probs)
         calls = parse_tool_calls(decode(turn))           hermes <tool_call> blocks (agent/tool_calls.py)
-        stop if: no call | turn hit the token budget ("length") | max_assistant_turns | max_user_turns
+        stop if: turn hit the token budget ("length") | max_assistant_turns | max_user_turns
+        no call: the row's interaction (agent/interactions.py) answers with a user turn
+                 (sep + <|im_start|>user\n{text}<|im_end|>\n + generation_prompt, mask 0), or it ends (no interaction:
+                 ends)
         results = ToolSet.call(c) for c in calls[:max_parallel_calls]     failures come back as error text
         obs = encode(sep + render_tool_responses(texts) ) + generation_prompt     (mask 0, log-prob 0)
         stop ("length") if |response| + |obs| >= max_response_tokens      (the response ends on a sampled token)
         context += turn + obs
 
 ``sep`` is ``"\\n"`` after a turn that ended with ``<|im_end|>`` (what the chat template writes after it),
-``"<|im_end|>\\n"`` otherwise. Each tool text is cut to ``max_tool_response_length`` tokens before rendering.
+``"<|im_end|>\\n"`` otherwise. A user turn (an interaction's or a tool response) counts against
+``max_user_turns``. Each tool text is cut to ``max_tool_response_length`` tokens before rendering.
 ``generation_prompt`` is the tokenizer's own: its chat template rendered with and without
 ``add_generation_prompt`` (:func:`generation_prompt_ids`; Qwen3 with thinking off adds an empty think block).
 
@@ -38,7 +42,8 @@ from __future__ import annotations
 import dataclasses
 import uuid
 
-from megatron_rl.agent.tool_calls import IM_END, parse_tool_calls, render_tool_responses
+from megatron_rl.agent.interactions import make_interaction
+from megatron_rl.agent.tool_calls import IM_END, IM_START, parse_tool_calls, render_tool_responses
 
 _HOW = ("register one with @megatron_rl.agent.loop.register_agent_loop(name) on an AgentLoop subclass in a "
         "module named under the config's top-level `plugins:` key")
@@ -74,6 +79,8 @@ class Trajectory:
     versions: tuple[int, ...] = ()
     turn_starts: list[int] = dataclasses.field(default_factory=list)
     """Where each assistant turn starts in ``response_ids``."""
+    interaction_turns: int = 0
+    """User turns an interaction wrote (``agent/interactions.py``)."""
 
 
 _LOOPS: dict[str, type] = {}
@@ -123,7 +130,8 @@ class AgentLoop:
     def __init__(self, tokenizer, tools, budgets: Budgets):
         self.tok, self.tools, self.budgets = tokenizer, tools, budgets
 
-    def run(self, engine, prompts: list[list[int]], sampling, tools_kwargs: list[dict] | None = None) -> list[Trajectory]:
+    def run(self, engine, prompts: list[list[int]], sampling, tools_kwargs: list[dict] | None = None,
+            interaction_kwargs: list[dict] | None = None) -> list[Trajectory]:
         raise NotImplementedError
 
     def first_turn(self, engine, prompts, sampling) -> list[tuple[Trajectory, object]]:
@@ -150,7 +158,7 @@ class AgentLoop:
 class SingleTurnAgentLoop(AgentLoop):
     """One engine turn: the plain rollout (mask all 1)."""
 
-    def run(self, engine, prompts, sampling, tools_kwargs=None):
+    def run(self, engine, prompts, sampling, tools_kwargs=None, interaction_kwargs=None):
         out = [t for t, _ in self.first_turn(engine, prompts, sampling)]
         for t in out:
             t.messages = [{"role": "assistant", "content": self.tok.decode(t.response_ids)}]
@@ -169,15 +177,22 @@ class ToolAgentLoop(AgentLoop):
         ends = tokenizer.encode(IM_END)
         self.im_end = ends[0] if len(ends) == 1 else None
 
-    def run(self, engine, prompts, sampling, tools_kwargs=None):
+    def run(self, engine, prompts, sampling, tools_kwargs=None, interaction_kwargs=None):
+        """``interaction_kwargs``: per prompt, None or verl's ``{"name": <interaction>, ...its start arguments}``."""
         b = self.budgets
-        if tools_kwargs is not None and len(tools_kwargs) != len(prompts):
-            raise ValueError(f"tools_kwargs: {len(tools_kwargs)} entries for {len(prompts)} prompts")
+        for what, xs in (("tools_kwargs", tools_kwargs), ("interaction_kwargs", interaction_kwargs)):
+            if xs is not None and len(xs) != len(prompts):
+                raise ValueError(f"{what}: {len(xs)} entries for {len(prompts)} prompts")
         done: list[Trajectory] = []
         live: list[tuple[Trajectory, str]] = []
+        self._inter: dict = {}
         try:
             for t, c in self.first_turn(engine, prompts, sampling):
                 iid = self.tools.create(uuid.uuid4().hex, (tools_kwargs or [None] * len(prompts))[t.prompt_index])
+                ik = dict((interaction_kwargs or [None] * len(prompts))[t.prompt_index] or {})
+                if ik.get("name"):
+                    self._inter[iid] = make_interaction(ik.pop("name"))
+                    self._inter[iid].start(iid, **ik)
                 self._after_turn(t, iid, c, live, done, self.prefill(t.prompt_ids))
             turn = 1
             while live:
@@ -196,6 +211,8 @@ class ToolAgentLoop(AgentLoop):
         except BaseException:
             for _, iid in live:
                 self.tools.release(iid)
+                if iid in self._inter:
+                    self._inter.pop(iid).finish(iid)
             raise
         return sorted(done, key=lambda t: (t.prompt_index, t.sample_index))
 
@@ -219,25 +236,47 @@ class ToolAgentLoop(AgentLoop):
                                                                             "arguments": getattr(k, "arguments", {})}}
                                           for k in calls]})
         user_turns = t.turns - 1
-        if (c.finish_reason == "length" or not calls or t.turns >= b.max_assistant_turns
-                or user_turns >= b.max_user_turns):
+        if c.finish_reason == "length" or t.turns >= b.max_assistant_turns or user_turns >= b.max_user_turns:
             return self._finish(t, iid, done)
+        sep = "\n" if c.response_ids and c.response_ids[-1] == self.im_end else IM_END + "\n"
+        if not calls:
+            return self._interact(t, iid, sep, live, done)
         results = [self.tools.call(iid, k) for k in calls]
         t.tool_calls += len(results)
         t.tool_errors += sum(not r.ok for r in results)
         texts = [self._cut(r.text) for r in results]
-        sep = "\n" if c.response_ids and c.response_ids[-1] == self.im_end else IM_END + "\n"
         obs = list(self.tok.encode(sep + render_tool_responses(texts, None))) + self.gen_prompt
-        t.messages += [{"role": "tool", "content": x} for x in texts]
+        if self._append(t, iid, obs, live, done):
+            t.messages += [{"role": "tool", "content": x} for x in texts]
+
+    def _interact(self, t: Trajectory, iid: str, sep: str, live: list, done: list) -> None:
+        """A turn without a call: the row's interaction answers with a user turn, or the trajectory ends."""
+        inter = self._inter.get(iid)
+        if inter is None:
+            return self._finish(t, iid, done)
+        reply = inter.respond(iid, t.messages)
+        if reply.stop:
+            return self._finish(t, iid, done)
+        if self._append(t, iid, list(self.tok.encode(f"{sep}{IM_START}user\n{reply.text}{IM_END}\n")) + self.gen_prompt,
+                        live, done):
+            t.interaction_turns += 1
+            t.messages.append({"role": "user", "content": reply.text})
+
+    def _append(self, t: Trajectory, iid: str, obs: list[int], live: list, done: list) -> bool:
+        """Append non-policy tokens (mask 0, log-prob 0) and keep the trajectory live (True), unless they would
+        not leave room for a sampled token (then it ends, "length": False)."""
+        b = self.budgets
         if len(t.response_ids) + len(obs) >= b.max_response_tokens:
             t.finish_reason = "length"
-            return self._finish(t, iid, done)
+            self._finish(t, iid, done)
+            return False
         t.response_ids += obs
         t.logprobs += [0.0] * len(obs)
         t.response_mask += [0] * len(obs)
         if t.versions:      # an engine labelling tokens with weight versions: a tool token takes its turn's
             t.versions += (t.versions[-1],) * len(obs)
         live.append((t, iid))
+        return True
 
     def _cut(self, text: str) -> str:
         ids = self.tok.encode(text)
@@ -247,6 +286,8 @@ class ToolAgentLoop(AgentLoop):
     def _finish(self, t: Trajectory, iid: str, done: list) -> None:
         t.tool_rewards = self.tools.rewards(iid)
         self.tools.release(iid)
+        if iid in self._inter:
+            self._inter.pop(iid).finish(iid)
         done.append(t)
 
 
@@ -258,4 +299,5 @@ def loop_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     return {"multi_turn/turns_mean": sum(t.turns for t in trajs) / n,
             "multi_turn/tool_calls_mean": sum(t.tool_calls for t in trajs) / n,
             "multi_turn/tool_errors_mean": sum(t.tool_errors for t in trajs) / n,
+            "multi_turn/interaction_turns_mean": sum(t.interaction_turns for t in trajs) / n,
             "multi_turn/policy_token_frac": sum(sum(t.response_mask) for t in trajs) / max(1, tokens)}

@@ -151,12 +151,13 @@ def check_row_fields(cfg) -> None:
 def check_agent_rows(cfg) -> None:
     """With ``multi_turn.enable``, verl's agentic columns of ``data.train`` name what this run has: a row's
     ``agent_name`` a registered agent loop, its ``extra_info.tools_kwargs`` tools of ``multi_turn.tools`` (and is
-    present where ``extra_info.need_tools_kwargs`` says so), its ``extra_info.interaction_kwargs.name`` an
-    interaction (none is built: refused). One line naming the first offending row and the fix."""
+    present where ``extra_info.need_tools_kwargs`` says so), its ``extra_info.interaction_kwargs.name`` a registered
+    interaction (``agent/interactions.py``). One line naming the first offending row and the fix."""
     if not cfg.multi_turn.enable:
         return
     import pyarrow.parquet as pq  # lazy: defers pyarrow to the call
 
+    from megatron_rl.agent.interactions import make_interaction  # lazy: the agent package on use
     from megatron_rl.agent.loop import agent_loop_class  # lazy: the agent package on use
 
     f = pq.ParquetFile(cfg.data.train)
@@ -179,8 +180,10 @@ def check_agent_rows(cfg) -> None:
                              f"{unknown}; add them to multi_turn.tools (registered tools: docs/tools.md)")
         inter = (extra.get("interaction_kwargs") or {}).get("name")
         if inter:
-            raise ValueError(f"{where}: row {i} names interaction {inter!r} (extra_info.interaction_kwargs.name); no "
-                             "interaction is registered in this version (docs/multi-turn.md): drop the column")
+            try:
+                make_interaction(inter)
+            except KeyError as e:
+                raise ValueError(f"{where}: row {i} extra_info.interaction_kwargs.name: {e.args[0]}") from None
 
 
 _PROMPTS: dict = {}   # (file, its size and mtime, tokenizer, length, on_error) -> PromptDataset, built once

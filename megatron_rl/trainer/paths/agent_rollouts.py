@@ -29,6 +29,12 @@ def tools_kwargs(row) -> dict | None:
     return {k: v for k, v in kw.items() if v is not None} or None
 
 
+def interaction_kwargs(row) -> dict | None:
+    """The row's ``extra_info.interaction_kwargs`` when it names an interaction (verl's form; nulls dropped)."""
+    kw = {k: v for k, v in ((row.extra_info or {}).get("interaction_kwargs") or {}).items() if v is not None}
+    return kw if kw.get("name") else None
+
+
 class AgentRollouts:
     """The loops of one run, built once (each the first time a row names it)."""
 
@@ -55,7 +61,8 @@ class AgentRollouts:
         trajs = []
         for name, ks in by_loop.items():
             kwargs = [tools_kwargs(rows[k]) for k in ks]
-            for t in self.loop(name).run(client, [list(rows[k].prompt_ids) for k in ks], sampling, kwargs):
+            inter = [interaction_kwargs(rows[k]) for k in ks]
+            for t in self.loop(name).run(client, [list(rows[k].prompt_ids) for k in ks], sampling, kwargs, inter):
                 t.prompt_index = ks[t.prompt_index]
                 trajs.append(t)
         trajs.sort(key=lambda t: (t.prompt_index, t.sample_index))

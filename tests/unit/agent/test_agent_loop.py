@@ -117,7 +117,7 @@ def test_bad_and_parallel_calls(setup):
     sp = SamplingParams(greedy=True, max_tokens=96, stop_token_ids=tuple(range(eng.vocab_size)))
     head = tok.apply_chat_template([SYSTEM, USER], True)
     bad = '<tool_call>\n{"name": "nope", "arguments": {}}\n</tool_call>\n' + CALL + "\n" + CALL
-    loop = _loop(tok, max_parallel_calls=2)
+    loop = _loop(tok, max_parallel_calls=2, max_response_tokens=256)
     (t,) = loop.run(eng, [tok.encode(head + "x\n</think>\n\n" + bad)], sp)
     assert (t.tool_calls, t.tool_errors) == (2, 1)                       # the third call is over the limit
     assert [m["content"] for m in t.messages if m["role"] == "tool"][1] == "4"
@@ -151,3 +151,32 @@ def test_registry_names_and_how_to_add_one():
     with pytest.raises(ValueError, match="registered twice"):
         register_agent_loop("tool_agent")(type("X", (agent_loop_class("tool_agent"),), {}))
     assert dataclasses.is_dataclass(Budgets)
+
+
+def test_interaction_answers_turns_without_a_call(setup):
+    """verl's ``gsm8k`` interaction: a wrong answer gets "incorrect, try again" as a user turn (the template's
+    rendering of that user message, mask 0) until max_user_turns; a right one ends the conversation."""
+    from megatron_rl.agent.interactions import make_interaction
+
+    tok, eng, _ = setup
+    sp = SamplingParams(greedy=True, max_tokens=96, stop_token_ids=tuple(range(eng.vocab_size)))
+    prompt = tok.encode(tok.apply_chat_template([SYSTEM, USER], True))
+    (t,) = _loop(tok, max_user_turns=2, max_response_tokens=256).run(eng, [prompt], sp, None,
+                                                                      [{"name": "gsm8k", "ground_truth": "4"}])
+    assert (t.turns, t.interaction_turns, t.tool_calls) == (3, 2, 0)
+    k = len(t.response_ids)
+    starts = t.turn_starts
+    assert [t.response_mask[s] for s in starts] == [1, 1, 1] and sum(t.response_mask) == 3
+    # the appended user turn is the template's rendering of the feedback message after the first assistant turn
+    x = tok.tok.decode(t.response_ids[:1], skip_special_tokens=False)
+    fb = [m["content"] for m in t.messages if m["role"] == "user"]
+    assert fb == ["Your response is incorrect! You need to reflect on your answer and try again."] * 2
+    convo = [SYSTEM, USER, {"role": "assistant", "content": x}, {"role": "user", "content": fb[0]}]
+    want = tok.apply_chat_template(convo, True)
+    got = tok.tok.decode(prompt + t.response_ids[:starts[1]], skip_special_tokens=False)
+    assert got.endswith(want[want.index(fb[0]) - len("<|im_start|>user\n"):])
+    assert k < 256
+    right = make_interaction("gsm8k")
+    right.start("a", ground_truth="4")
+    assert right.respond("a", [{"role": "assistant", "content": "2 + 2 = 4\n#### 4"}]).stop
+    assert not right.respond("a", [{"role": "assistant", "content": "#### 5"}]).stop

@@ -23,7 +23,8 @@ def _cfg(path, **mt):
     (V.rows("nope"), "row 0 agent_name: unknown agent loop 'nope'.*register_agent_loop"),
     (V.rows(tools_kwargs={"calculator": {"create_kwargs": {"x": 1}}}), r"tools this run does not configure: \['calculator'\]"),
     (V.rows(tools_kwargs=None), "need_tools_kwargs but has no extra_info.tools_kwargs"),
-    (V.rows(interaction_kwargs={"name": "gsm8k", "query": "q", "ground_truth": "7"}), "interaction 'gsm8k'"),
+    (V.rows(interaction_kwargs={"name": "nope", "query": "q", "ground_truth": "7"}),
+     "row 0 extra_info.interaction_kwargs.name: unknown interaction 'nope'; valid: .*'gsm8k'.*register_interaction"),
 ], ids=["unknown_loop", "unconfigured_tool", "missing_tools_kwargs", "interaction"])
 def test_rows_naming_what_the_run_lacks_are_refused(tmp_path, rows, match):
     path = V.write(tmp_path / "train.parquet", rows)
@@ -80,3 +81,14 @@ def test_struct_nulls_of_other_rows_tools_are_not_tools_kwargs(tmp_path, chat_to
     assert tools_kwargs(ds[0]) == {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "7"}}}
     assert tools_kwargs(ds[1]) == {"calculator": {"create_kwargs": {"x": 1}}}
     ToolSet(["calc_gsm8k_reward", "calculator"]).create(None, tools_kwargs(ds[0]))  # the loop's call: accepted
+
+
+def test_rows_naming_a_registered_interaction_pass(tmp_path):
+    """verl's gsm8k_multiturn_w_interaction rows: ``interaction_kwargs`` {name: gsm8k, query, ground_truth}."""
+    from megatron_rl.trainer.paths.agent_rollouts import interaction_kwargs
+
+    rows = V.rows(interaction_kwargs={"name": "gsm8k", "query": "q", "ground_truth": "7"})
+    check_agent_rows(_cfg(V.write(tmp_path / "train.parquet", rows)))
+    row = type("Row", (), {"extra_info": rows[0]["extra_info"]})()
+    assert interaction_kwargs(row) == {"name": "gsm8k", "query": "q", "ground_truth": "7"}
+    assert interaction_kwargs(type("Row", (), {"extra_info": V.rows()[0]["extra_info"]})()) is None   # no name: none
