@@ -2,12 +2,14 @@
 options of every chat-template rendering (``tools=`` the tools' schemas, as verl's agent loop renders them)."""
 from __future__ import annotations
 
-from megatron_rl.agent.tools import ToolSet
 
+def tool_set(cfg):
+    """The run's ``ToolSet`` (``multi_turn.tools``), None without any."""
+    if not cfg.multi_turn.tools:
+        return None
+    from megatron_rl.agent.tools import ToolSet  # lazy: a single-turn run imports no tool (setup reads this module)
 
-def tool_set(cfg) -> ToolSet | None:
-    """The run's tools (``multi_turn.tools``), None without any."""
-    return ToolSet(cfg.multi_turn.tools) if cfg.multi_turn.tools else None
+    return ToolSet(cfg.multi_turn.tools)
 
 
 def template_kwargs(cfg) -> dict:
