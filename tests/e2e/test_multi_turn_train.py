@@ -7,7 +7,8 @@ response, ``#### <answer>`` — so its sampled trajectories call the tool. Check
 calls happened and tool tokens are in the responses (``multi_turn/policy_token_frac`` < 1); the trainer's
 log-probs equal the engine's over the policy's tokens (``rollout/logprob_gap`` at fp32 noise: a tool token's
 engine log-prob is 0, so a mask that let one in would show a gap of nats); the tokenization check reports
-Qwen3's dropped empty think block (thinking off: every generation prompt opens with one).
+Qwen3's dropped empty think block (thinking off: every generation prompt opens with one; the re-rendered
+conversation keeps it in the last assistant turn only).
 """
 from __future__ import annotations
 
@@ -74,5 +75,7 @@ def test_grpo_trains_on_tool_trajectories(tmp_path):
     assert any(r["multi_turn/tool_calls_mean"] > 0 and r["multi_turn/policy_token_frac"] < 1 for r in rows)
     assert all(r["multi_turn/turns_mean"] >= 1 for r in rows)
     assert all(r["rollout/logprob_gap"] < 1e-4 for r in rows), [r["rollout/logprob_gap"] for r in rows]
-    assert all(r["multi_turn/template_drift_frac"] == 1.0 for r in rows)            # Qwen3's dropped think block
+    # Qwen3's template drops the empty think block of every assistant turn but the last: each trajectory with a
+    # tool turn drifts (one that ended in its first turn renders as it was sampled)
+    assert any(r["multi_turn/template_drift_frac"] > 0 for r in rows)
     assert "multi-turn trajectory drifts from the chat template: turn 0" in p.stderr + p.stdout
