@@ -43,7 +43,12 @@ import dataclasses
 import uuid
 
 from megatron_rl.agent.interactions import make_interaction
-from megatron_rl.agent.tool_calls import IM_END, IM_START, parse_tool_calls, render_tool_responses
+from megatron_rl.agent.tool_calls import (
+    IM_END,
+    IM_START,
+    parse_tool_calls,
+    render_tool_responses,
+)
 
 _HOW = ("register one with @megatron_rl.agent.loop.register_agent_loop(name) on an AgentLoop subclass in a "
         "module named under the config's top-level `plugins:` key")

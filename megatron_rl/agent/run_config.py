@@ -7,7 +7,9 @@ def tool_set(cfg):
     """The run's ``ToolSet`` (``multi_turn.tools``), None without any."""
     if not cfg.multi_turn.tools:
         return None
-    from megatron_rl.agent.tools import ToolSet  # lazy: a single-turn run imports no tool (setup reads this module)
+    from megatron_rl.agent.tools import (
+        ToolSet,  # lazy: a single-turn run imports no tool (setup reads this module)
+    )
 
     return ToolSet(cfg.multi_turn.tools)
 

@@ -35,13 +35,17 @@ PREAMBLE = ("# Tools\n\nYou may call one or more functions to assist with the us
 
 
 def _call(sol: str) -> str:
-    return '<tool_call>\n{"name": "calc_gsm8k_reward", "arguments": {"answer": "%s"}}\n</tool_call>' % sol
+    return '<tool_call>\n{"name": "calc_gsm8k_reward", "arguments": {"answer": "' + sol + '"}}\n</tool_call>'
 
 
 def _model(d: Path) -> Path:
     from megatron_rl.agent.tools import ToolSet
     from megatron_rl.data.tokenizer import load_tokenizer
-    from tests.helpers.agent_fixture import build_tool_model, conversation_ids, warm_start
+    from tests.helpers.agent_fixture import (
+        build_tool_model,
+        conversation_ids,
+        warm_start,
+    )
 
     schema = json.dumps(ToolSet(["calc_gsm8k_reward"]).schemas()[0])
     text = [V.SYSTEM + r["prompt"][1]["content"] + schema + _call(sol) + f"Current parsed answer='{sol}' reward=1.0"

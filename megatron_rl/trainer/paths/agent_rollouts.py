@@ -15,8 +15,8 @@ from __future__ import annotations
 import logging
 
 from megatron_rl.agent.loop import Budgets, agent_loop_class, loop_metrics
-from megatron_rl.agent.template_check import template_drift
 from megatron_rl.agent.run_config import tool_set
+from megatron_rl.agent.template_check import template_drift
 from megatron_rl.rollout import rollouts as R
 
 log = logging.getLogger("megatron_rl.multi_turn")

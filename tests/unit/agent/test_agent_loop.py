@@ -11,8 +11,14 @@ import dataclasses
 
 import pytest
 
+from megatron_rl.agent.loop import (
+    Budgets,
+    agent_loop_class,
+    agent_loop_names,
+    loop_metrics,
+    register_agent_loop,
+)
 from megatron_rl.agent.template_check import template_drift
-from megatron_rl.agent.loop import Budgets, agent_loop_class, agent_loop_names, loop_metrics, register_agent_loop
 from megatron_rl.agent.tools import ToolSet
 from megatron_rl.rollout.engine import SamplingParams
 
@@ -48,7 +54,7 @@ def test_prefilled_call_is_answered_as_the_chat_template_renders_it(setup):
     loop = _loop(tok)
     (t,) = loop.run(eng, [prompt], sp)
     assert (t.turns, t.tool_calls, t.tool_errors) == (2, 1, 0)
-    x, y = t.response_ids[0], t.response_ids[-1]
+    x = t.response_ids[0]
     assert t.response_mask == [1] + [0] * (len(t.response_ids) - 2) + [1]
     assert all(lp == 0.0 for lp, m in zip(t.logprobs, t.response_mask) if not m)
     # the oracle: the template's rendering of [system, user, assistant(thought + call), tool("4")] + generation prompt

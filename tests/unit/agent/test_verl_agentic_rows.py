@@ -34,11 +34,11 @@ def test_rows_naming_what_the_run_lacks_are_refused(tmp_path, rows, match):
 
 
 def test_verl_gsm8k_tool_rows_roll_out_through_the_named_loop(tmp_path, tool_model):
+    from megatron_rl.agent.run_config import template_kwargs
     from megatron_rl.data.dataset import PromptDataset
     from megatron_rl.data.tokenizer import load_tokenizer
     from megatron_rl.rollout.engine import SamplingParams
     from megatron_rl.rollout.hf_engine import HFEngine
-    from megatron_rl.agent.run_config import template_kwargs
     from megatron_rl.trainer.paths.agent_rollouts import AgentRollouts
 
     path = V.write(tmp_path / "train.parquet", V.rows())

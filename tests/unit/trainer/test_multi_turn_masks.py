@@ -23,6 +23,7 @@ from megatron_rl.trainer.pipeline.logprobs import logprob_gap
 from megatron_rl.trainer.pipeline.sequences import rollout_sequences
 
 MASKS = [[1, 1, 0, 0, 0, 1, 1], [1, 1, 1], [1, 0, 1, 1, 0, 0, 1, 1, 1]]
+FLAT = [b for m in MASKS for b in m]
 
 
 def _trajs():
@@ -41,7 +42,7 @@ def _ctx(max_resp=8):
 
 def test_tool_tokens_leave_the_masks_and_nothing_else():
     ro = R.from_completions([None] * 3, _trajs(), None)
-    assert ro.response_mask.dtype == torch.uint8 and ro.response_mask.tolist() == sum(MASKS, [])
+    assert ro.response_mask.dtype == torch.uint8 and ro.response_mask.tolist() == FLAT
     plain = R.from_completions([None] * 3, [SimpleNamespace(**{k: v for k, v in vars(t).items() if k != "response_mask"},
                                                               ) for t in _trajs()], None)
     assert plain.response_mask is None
@@ -69,8 +70,8 @@ def test_tool_tokens_leave_the_masks_and_nothing_else():
 def test_the_mask_travels_with_the_batch():
     ro = R.from_completions([None] * 3, _trajs(), None)
     assert R.Rollouts.select(ro, [2, 0]).response_mask.tolist() == MASKS[2] + MASKS[0]
-    assert R.concat([ro, ro]).response_mask.tolist() == sum(MASKS, []) * 2
-    assert pickle.loads(pickle.dumps(ro)).response_mask.tolist() == sum(MASKS, [])
+    assert R.concat([ro, ro]).response_mask.tolist() == FLAT * 2
+    assert pickle.loads(pickle.dumps(ro)).response_mask.tolist() == FLAT
     assert ro.hold([1], [1]).response_mask.tolist() == MASKS[1]
     # a masked batch is not shared out over data-parallel ranks: each rank's masks cover every row
     assert dispatch.share_plan(ro, micro=2, dp=2, rows_per_mini_batch=0, shares_rows=True) is None
