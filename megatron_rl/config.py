@@ -25,6 +25,7 @@ from megatron_rl.config_sections import (
     LoggingConfig,
     LoraConfig,
     ModelConfig,
+    MultiTurnConfig,
     OptimConfig,
     ParallelConfig,
     PartialConfig,
@@ -36,7 +37,7 @@ from megatron_rl.config_sections import (
 from megatron_rl.plugins import import_plugins, plugin_names
 from megatron_rl.runtime.path_kind import check_model_path
 
-__all__ = ["AlgoConfig", "Config", "DataConfig", "LoggingConfig", "LoraConfig", "ModelConfig", "OptimConfig", "ParallelConfig",
+__all__ = ["AlgoConfig", "Config", "DataConfig", "LoggingConfig", "LoraConfig", "ModelConfig", "MultiTurnConfig", "OptimConfig", "ParallelConfig",
            "PartialConfig", "RENAMED", "RewardConfig", "RolloutConfig", "TeacherConfig", "TrainerConfig", "check_renamed",
            "from_dict", "load_config", "validate"]
 
@@ -127,6 +128,7 @@ class Config:
     teacher: TeacherConfig = dataclasses.field(default_factory=TeacherConfig)
     logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
     lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)
+    multi_turn: MultiTurnConfig = dataclasses.field(default_factory=MultiTurnConfig)
     plugins: tuple[str, ...] = ()
     """Modules imported before the ``algo`` section is read, so the methods they register (kinds,
     advantages, losses, hparams) can be named there: importable module names (``my_pkg.my_method``,
@@ -135,9 +137,11 @@ class Config:
     def to_dict(self) -> dict:
         d = {"plugins": list(self.plugins)} if self.plugins else {}   # absent when unset (earlier dumps' shape)
         d.update({f.name: dataclasses.asdict(getattr(self, f.name)) for f in dataclasses.fields(self)
-                  if f.name not in ("algo", "plugins", "lora")})
+                  if f.name not in ("algo", "plugins", "lora", "multi_turn")})
         if self.lora != LoraConfig():   # absent when unset (earlier dumps' shape)
             d["lora"] = {**dataclasses.asdict(self.lora), "target_modules": list(self.lora.target_modules)}
+        if self.multi_turn != MultiTurnConfig():   # absent when unset (earlier dumps' shape)
+            d["multi_turn"] = dataclasses.asdict(self.multi_turn)
         d["algo"] = {"kind": self.algo.kind, self.algo.kind: dataclasses.asdict(self.algo.hparams)}
         # the off-policy and ratio knobs only when set (a synchronous run's dump keeps its earlier shape); the
         # correction's thresholds as a mapping, absent for a mode without any (bypass)

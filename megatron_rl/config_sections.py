@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 from megatron_rl.config_parse import LOGPROB_MODES, check_truncation
 
@@ -565,3 +566,52 @@ class LoraConfig:
         _check(not bad and bool(self.target_modules),
                f"lora.target_modules {bad or '[]'} invalid; valid: {list(LORA_TARGETS)}")
         _check(self.push in ("merged", "adapter"), f"lora.push must be merged|adapter, got {self.push!r}")
+
+
+#: multi-turn tool formats the parser reads (``agent/tool_calls.py``)
+TOOL_FORMATS = ("hermes",)
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiTurnConfig:
+    """Multi-turn rollouts with tools (docs/multi-turn.md): an agent loop (``agent/loop.py``) runs each sample's
+    turns token in / token out; the loss and the engine-mismatch metrics read the sampled tokens only."""
+
+    enable: bool = False
+    """Roll out through the agent loop (GRPO-family methods on the plain path; the others are refused at start-up)."""
+    loop: str = "tool_agent"
+    """The default agent loop: single_turn_agent | tool_agent | one a ``plugins:`` module registers; a row's
+    ``agent_name`` (verl's column) picks another."""
+    format: str = "hermes"
+    """Tool-call format: hermes (``<tool_call>`` JSON blocks, Qwen2.5 / Qwen3 templates)."""
+    max_assistant_turns: int = 5
+    """Engine turns per trajectory (>= 1)."""
+    max_user_turns: int = 5
+    """Tool-response turns per trajectory (>= 0)."""
+    max_parallel_calls: int = 1
+    """Calls executed per assistant turn (the first ones; >= 1)."""
+    max_tool_response_length: int = 256
+    """Tokens of one tool response kept (the rest cut before rendering; >= 1)."""
+    tools: Any = dataclasses.field(default_factory=dict)
+    """The run's tools: a list of registered names, or a mapping name -> the tool's config (``docs/tools.md``)."""
+    tokenization_check: str = "warn"
+    """Each trajectory's tokens against the chat template applied to its messages: off | warn (metric
+    ``multi_turn/template_drift_tokens`` and a warning) | strict (the first drift stops the run naming the turn
+    and the differing tokens)."""
+
+    def __post_init__(self):
+        tools = self.tools
+        if isinstance(tools, (list, tuple)):
+            tools = {n: {} for n in tools}
+        _check(isinstance(tools, dict) and all(isinstance(k, str) and isinstance(v, (dict, type(None)))
+                                               for k, v in tools.items()),
+               f"multi_turn.tools: expected a list of tool names or a mapping name -> config, got {self.tools!r}")
+        object.__setattr__(self, "tools", {k: dict(v or {}) for k, v in tools.items()})
+        _check(self.format in TOOL_FORMATS, f"multi_turn.format={self.format!r} invalid; valid: {list(TOOL_FORMATS)}")
+        _check(self.max_assistant_turns >= 1, f"multi_turn.max_assistant_turns must be >= 1, got {self.max_assistant_turns}")
+        _check(self.max_user_turns >= 0, f"multi_turn.max_user_turns must be >= 0, got {self.max_user_turns}")
+        _check(self.max_parallel_calls >= 1, f"multi_turn.max_parallel_calls must be >= 1, got {self.max_parallel_calls}")
+        _check(self.max_tool_response_length >= 1,
+               f"multi_turn.max_tool_response_length must be >= 1, got {self.max_tool_response_length}")
+        _check(self.tokenization_check in ("off", "warn", "strict"),
+               f"multi_turn.tokenization_check={self.tokenization_check!r} invalid; valid: off|warn|strict")

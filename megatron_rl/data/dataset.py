@@ -25,6 +25,9 @@ class PromptRow:
     reward: str = ""
     """The reward the row names (``reward_model.reward``: rows of ``megatron-rl data prepare``), "" for none
     (its ``data_source`` selects one, ``rewards/sources.py``)."""
+    agent_name: str = ""
+    """The agent loop the row names (verl's ``agent_name`` column: ``single_turn_agent``, ``tool_agent``), ""
+    for none (``multi_turn.loop``; read only with ``multi_turn.enable``, docs/multi-turn.md)."""
 
     def __reduce__(self):
         """Pickled (a step's batch to every rank, checkpoints) with its prompt ids as one int32 byte
@@ -138,7 +141,7 @@ def _row(i: int, r: dict, tokenizer, max_len: int, add_bos: bool) -> PromptRow:
         raise ValueError("reward_model.ground_truth is missing")
     return PromptRow(i, tuple(ids), str(r["data_source"]), gt, dict(r.get("extra_info") or {}),
                      tuple({"role": str(m.get("role", "user")), "content": str(m["content"])} for m in msgs),
-                     str((rm or {}).get("reward") or ""))
+                     str((rm or {}).get("reward") or ""), str(r.get("agent_name") or ""))
 
 
 def epoch_permutation(n: int, seed: int, epoch: int) -> list[int]:

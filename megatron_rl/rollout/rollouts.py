@@ -9,6 +9,8 @@ tokens in all, ``P`` prompt tokens in all)::
     response_ids     int32 [T]     every sample's response, back to back
     response_offsets int64 [N+1]   sample i's response (and its per-token fields) = [response_offsets[i]:…[i+1]]
     response_logp    fp32  [T]     the engine's log-prob of each response token (``rollout/engine.py``)
+    response_mask    uint8 [T]     multi-turn only (else None): 1 = sampled by the policy, 0 = a tool response or
+                                   template token the agent loop appended (log-prob 0; out of the loss, docs/multi-turn.md)
     group_ids        int64 [N]     dense group index of each sample
     rewards, correct, greedy_rewards, process   [N] per-sample tensors (None until filled)
     rows, finish                   per-sample Python metadata (the prompt row, "stop" | "length")
@@ -49,7 +51,7 @@ from ..algorithms import dapo_overlong_penalty
 from .engine import SamplingParams
 
 #: per-token tensors, aligned with ``response_ids`` (offsets ``response_offsets``)
-TOKEN_FIELDS = ("response_ids", "response_logp", "token_versions")
+TOKEN_FIELDS = ("response_ids", "response_logp", "token_versions", "response_mask")
 #: optional per-sample tensors ([N]); ``group_ids`` is renumbered by select / offset by concat
 SAMPLE_FIELDS = ("rewards", "correct", "greedy_rewards", "process")
 
@@ -161,6 +163,7 @@ class Rollouts:
     token_versions: torch.Tensor | None = None   # int32 [T] the weight version that sampled each response token
     #                                              (engines with in-flight updates: a response may span pushes)
     share: Share | None = None   # a DP replica's share of the batch (module docstring); None = not shared out
+    response_mask: torch.Tensor | None = None    # uint8 [T] 1 = policy-sampled token (multi-turn; None = all are)
 
     @classmethod
     def from_lists(cls, rows: list, prompts, responses, logps, finish: list[str], group_ids, texts=(),
@@ -275,9 +278,11 @@ class Rollouts:
         prompt_ids = _rows_of(self.prompt_ids, self.prompt_offsets, held)
         response_ids = _rows_of(self.response_ids, self.response_offsets, held)
         response_logp = _rows_of(self.response_logp, self.response_offsets, held)
+        response_mask = None if self.response_mask is None else _rows_of(self.response_mask, self.response_offsets, held)
         keep = set(held)
         return dataclasses.replace(self, rows=[r if i in keep else None for i, r in enumerate(self.rows)],
                                    prompt_ids=prompt_ids, response_ids=response_ids, response_logp=response_logp,
+                                   response_mask=response_mask,
                                    texts=[], stats=dict(self.stats),
                                    share=Share(h, torch.as_tensor(owned, dtype=torch.long)))
 
@@ -307,6 +312,7 @@ class Rollouts:
             return dataclasses.replace(self, **frame, prompt_ids=cat(self.prompt_ids, pl, 0),
                                        response_ids=cat(self.response_ids, rl, 1),
                                        response_logp=cat(self.response_logp, rl, 1),
+                                       response_mask=None if self.response_mask is None else cat(self.response_mask, rl, 1),
                                        share=Share(torch.as_tensor(keep, dtype=torch.long), torch.zeros(0, dtype=torch.long)))
         tok = {name: None if getattr(self, name) is None else _gather(getattr(self, name), self.response_offsets, t)[0]
                for name in TOKEN_FIELDS}
@@ -335,9 +341,15 @@ def from_completions(rows: list, comps: list, tokenizer) -> Rollouts:
     if any(labelled) and not all(labelled):
         raise RuntimeError("some completions carry per-token weight versions and others not (engines of one pool differ)")
     vers = torch.from_numpy(np.fromiter(chain(c.versions for c in comps), np.int32, sum(n_resp))) if all(labelled) and comps else None
+    masked = [getattr(c, "response_mask", None) is not None for c in comps]   # agent-loop trajectories (multi-turn)
+    mask = torch.from_numpy(np.fromiter(chain(c.response_mask for c in comps), np.uint8, sum(n_resp))) \
+        if any(masked) else None
+    if mask is not None and not all(len(c.response_mask) == len(c.response_ids) for c in comps):
+        raise RuntimeError("agent loop returned a response mask that is not one entry per response token")
     return Rollouts([rows[c.prompt_index] for c in comps], prompt, _offsets(n_prompt), resp, off, logp,
                     [c.finish_reason for c in comps], torch.tensor([c.prompt_index for c in comps], dtype=torch.long),
-                    [] if tokenizer is None else decode_batch(tokenizer, resp, off), token_versions=vers)
+                    [] if tokenizer is None else decode_batch(tokenizer, resp, off), token_versions=vers,
+                    response_mask=mask)
 
 
 def _flat_floats(parts: list, total: int) -> torch.Tensor:

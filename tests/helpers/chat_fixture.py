@@ -110,8 +110,9 @@ def corpus(seed: int) -> list[str]:
     return out + [SCORE_INSTRUCTION, "Other attempts at this problem", "Attempt", "---"]
 
 
-def train_tokenizer(out_dir: Path, seed: int = 0, vocab_size: int = 384):
-    """Byte-level BPE with Qwen's special tokens and the ChatML template, saved HF-style."""
+def train_tokenizer(out_dir: Path, seed: int = 0, vocab_size: int = 384, extra_text: tuple[str, ...] = ()):
+    """Byte-level BPE with Qwen's special tokens and the ChatML template, saved HF-style; ``extra_text`` joins
+    the training text (a task's own phrases become few tokens)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -121,7 +122,7 @@ def train_tokenizer(out_dir: Path, seed: int = 0, vocab_size: int = 384):
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIALS), show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(corpus(seed), trainer=trainer)
+    tok.train_from_iterator(corpus(seed) + list(extra_text), trainer=trainer)
     from tokenizers import AddedToken
 
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK_TOKENS])

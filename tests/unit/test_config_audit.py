@@ -153,6 +153,8 @@ REJECTED = {   # key -> (value, words of the start-up error on this CPU machine)
     "plugins": ("[no_such_plugin_mod]", "plugins: cannot import 'no_such_plugin_mod'"),
     # issue 54: one accepted value (docs/lora.md); the adapters themselves: tests/distributed/test_lora.py
     "lora.dropout": ("0.1", "lora.dropout=0.1 refused"),
+    # issue 53: one format is built (hermes); the loop itself: tests/unit/agent/test_agent_loop.py
+    "multi_turn.format": ("xml", "multi_turn.format='xml' invalid"),
 }
 READ = {   # key -> module that consumes it (``cfg.<key>`` or the section alias read there)
     "trainer.eval_data_dir": "megatron_rl/eval/training.py",
@@ -163,7 +165,7 @@ READ = {   # key -> module that consumes it (``cfg.<key>`` or the section alias 
     "model.recompute_num_layers": "megatron_rl/trainer/loop/setup.py",
     "rollout.bucket_mb": "megatron_rl/trainer/loop/setup.py",
     "data.max_prompt_len": "megatron_rl/trainer/loop/preflight_inputs.py", "data.on_error": "megatron_rl/trainer/loop/preflight_inputs.py",   # prompt_datasets
-    "data.chat_template_kwargs": "megatron_rl/trainer/loop/setup.py",
+    "data.chat_template_kwargs": "megatron_rl/agent/run_config.py",   # template_kwargs: setup.py, preflight_inputs.py
     "trainer.steps": "megatron_rl/trainer/loop/rl_loop.py", "trainer.eval_every": "megatron_rl/trainer/loop/rl_loop.py",
     "trainer.eval_prompts": "megatron_rl/trainer/loop/setup.py", "trainer.ckpt_every": "megatron_rl/trainer/loop/rl_loop.py",
     "trainer.keep_last": "megatron_rl/trainer/loop/setup.py",
@@ -200,6 +202,15 @@ READ = {   # key -> module that consumes it (``cfg.<key>`` or the section alias 
     "lora.init_seed": "megatron_rl/trainer/loop/setup.py",
     # adapter-only pushes (tests/e2e/test_lora_push.py; refusals: tests/unit/test_config.py)
     "lora.push": "megatron_rl/trainer/loop/sync_stage.py",
+    # issue 53: multi-turn rollouts (tests/unit/agent/test_agent_loop.py, test_verl_agentic_rows.py; refusals:
+    # tests/unit/agent/test_multi_turn_config.py)
+    "multi_turn.enable": "megatron_rl/trainer/paths/plain.py", "multi_turn.loop": "megatron_rl/trainer/paths/agent_rollouts.py",
+    "multi_turn.tools": "megatron_rl/agent/run_config.py",
+    "multi_turn.max_assistant_turns": "megatron_rl/trainer/paths/agent_rollouts.py",
+    "multi_turn.max_user_turns": "megatron_rl/trainer/paths/agent_rollouts.py",
+    "multi_turn.max_parallel_calls": "megatron_rl/trainer/paths/agent_rollouts.py",
+    "multi_turn.max_tool_response_length": "megatron_rl/trainer/paths/agent_rollouts.py",
+    "multi_turn.tokenization_check": "megatron_rl/trainer/paths/agent_rollouts.py",
 }
 #: keys whose setting is known to be overridden today (owned elsewhere; the audit records it)
 KNOWN_DEAD: dict[str, str] = {}
@@ -273,6 +284,7 @@ def test_key_value_is_rejected_at_start_up(key, work):
 def test_key_is_read_by_its_consumer(key, work):
     section, name = key.split(".", 1)
     src = (REPO / READ[key]).read_text()
-    alias = {"rollout": "r.", "reward": "r.", "teacher": "cfg.teacher.", "algo": "cfg.algo.", "trainer": "t."}.get(section)
+    alias = {"rollout": "r.", "reward": "r.", "teacher": "cfg.teacher.", "algo": "cfg.algo.", "trainer": "t.",
+             "multi_turn": "mt."}.get(section)
     assert f"cfg.{key}" in src or f"{alias}{name}" in src or (section == "algo" and "hp" in src and name == "hparams"), \
         f"{READ[key]} does not read {key}"

@@ -24,6 +24,7 @@ import os
 from megatron_rl.config import load_config
 from megatron_rl.runtime import determinism
 from megatron_rl.trainer.loop.preflight_inputs import (
+    check_agent_rows,
     check_data,
     check_files,
     check_model_weights,
@@ -68,6 +69,7 @@ def preflight(cfg, resume: str | None = None, overwrite: bool = False, allow_con
     check_data(cfg)
     check_reward_sources(cfg)
     check_row_fields(cfg)
+    check_agent_rows(cfg)
     check_prompts(cfg)
     check_run_dir_writable(cfg)
     check_run_dir(cfg.trainer.run_dir, resume, overwrite)

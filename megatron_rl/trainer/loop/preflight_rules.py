@@ -40,6 +40,7 @@ def check_config(cfg) -> None:
     path.validate(cfg)
     check_async(cfg.algo.kind, path, cfg.rollout.max_staleness, cfg.algo.off_policy)
     check_partial(cfg, path)
+    check_multi_turn(cfg, path)
     check_ratio_space(cfg)
     if cfg.algo.off_policy == "bypass":
         check_bypass(cfg)
@@ -131,6 +132,35 @@ def check_partial(cfg, path_cls) -> None:
         raise ValueError(f"rollout.partial.enable=true with algo.kind={cfg.algo.kind!r} (data path "
                          f"{getattr(path_cls, 'name', path_cls.__name__)!r}): {why}; the partial source drives the plain "
                          "sampling path only (no dynamic sampling, no greedy baseline); set rollout.partial.enable=false")
+
+
+def check_multi_turn(cfg, path_cls) -> None:
+    """``multi_turn.enable`` (docs/multi-turn.md): the loop and tools are registered names (one line saying how to
+    register one otherwise), the tools build from their config, ``tool_agent`` has tools, the method's data path
+    takes multi-turn rollouts (``DataPath.multi_turn_unsupported``), no partial rollouts."""
+    mt = cfg.multi_turn
+    if not mt.enable:
+        return
+    from megatron_rl.agent.loop import agent_loop_class  # lazy: the agent package on use
+    from megatron_rl.agent.tools import ToolSet  # lazy: the agent package on use
+
+    try:
+        agent_loop_class(mt.loop)
+    except KeyError as e:
+        raise ValueError(f"multi_turn.loop: {e.args[0]}") from None
+    try:
+        ToolSet(mt.tools)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"multi_turn.tools: {e.args[0] if e.args else e}") from None
+    if mt.loop == "tool_agent" and not mt.tools:
+        raise ValueError("multi_turn.loop=tool_agent with no multi_turn.tools: name the tools the model may call "
+                         "(e.g. multi_turn.tools=[calculator]), or use multi_turn.loop=single_turn_agent")
+    if why := path_cls.multi_turn_unsupported:
+        raise ValueError(f"multi_turn.enable=true with algo.kind={cfg.algo.kind!r} (data path "
+                         f"{getattr(path_cls, 'name', path_cls.__name__)!r}): {why}; set multi_turn.enable=false")
+    if cfg.rollout.partial.enable:
+        raise ValueError("multi_turn.enable=true with rollout.partial.enable=true: the partial pool resumes single "
+                         "engine requests across weight pushes, not agent-loop trajectories; set one of them false")
 
 
 def warn_inert_knobs(cfg) -> list[str]:

@@ -35,6 +35,7 @@ from megatron_rl.rollout.rollouts import eval_sampling, generate, score
 from megatron_rl.runtime.broadcast import broadcast_object
 from megatron_rl.trainer.loop.sync_stage import startup_gate, sync
 from megatron_rl.trainer.paths import build_path
+from megatron_rl.agent.run_config import template_kwargs
 from megatron_rl.trainer.contract import CollectContext, PathSetup, SampleDump, UpdateContext
 from megatron_rl.trainer.pipeline.packing import micro_of
 from megatron_rl.trainer.pipeline.update import OPTIMIZER_STEPS_FILE
@@ -209,7 +210,7 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
         determinism.apply(cfg.trainer.seed)
     if not cfg.model.hf_path:
         raise ValueError("model.hf_path is required (HF model dir with config.json + safetensors)")
-    tok = load_tokenizer(cfg.model.tokenizer_path or cfg.model.hf_path, cfg.data.chat_template_kwargs)
+    tok = load_tokenizer(cfg.model.tokenizer_path or cfg.model.hf_path, template_kwargs(cfg))
     path = build_path(cfg, tok)     # template / layout errors surface here, before any model is built
     train, val = prompt_datasets(cfg, tok)   # read and checked by preflight (check_prompts): the same objects
     sampler = DeterministicSampler(len(train), cfg.data.prompts_per_step, cfg.data.seed)

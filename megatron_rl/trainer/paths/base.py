@@ -49,6 +49,9 @@ class DataPath(abc.ABC):
     #: a path says True when its data is one ``Rollouts`` and no hook reads the tokens of rows other than
     #: those it trains (False: every rank receives the whole batch)
     shares_rows: ClassVar[bool] = False
+    #: why the path cannot take multi-turn rollouts (``multi_turn.enable``, docs/multi-turn.md; "" = it can): the
+    #: agent loop replaces the plain path's sampling rounds only
+    multi_turn_unsupported: ClassVar[str] = "its collection is not the plain sampling rounds the agent loop replaces"
 
     def __init__(self, cfg, tok):
         self.cfg, self.hp, self.tok = cfg, cfg.algo.hparams, tok

@@ -83,6 +83,8 @@ def bicc_inputs(rollouts, hp, l_max: int, max_total_len: int, layout: BiccLayout
 
 @register_path("bicc_context")
 class BiccPath(PlainPath):
+    multi_turn_unsupported = ("BiCC inserts the group's other answers before each response, which with tool "
+                              "responses inside a response is not defined")
     hparams = BiCCHParams
     prompt_context = "group_answers"
     shares_rows = False      # a row's context is its group's opposite-correctness responses: the whole batch

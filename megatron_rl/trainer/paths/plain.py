@@ -19,6 +19,7 @@ from megatron_rl.algorithms.hparams import SamplingHParams
 from megatron_rl.rollout import rollouts as R
 from megatron_rl.rollout.pending_rewards import PendingRewards
 
+from .agent_rollouts import AgentRollouts
 from .base import BASE_INPUTS, DataPath, register_path
 from megatron_rl.trainer.contract import CollectContext, UpdateContext
 
@@ -35,12 +36,20 @@ class PlainPath(DataPath):
     #: collection itself reads no reward (no dynamic sampling, no greedy baseline) and runs in step with
     #: the update (``rollout.max_staleness=0``); a subclass whose ``collect`` reads rewards says False
     defer_rewards: ClassVar[bool] = True
+    multi_turn_unsupported: ClassVar[str] = ""
 
     def __init__(self, cfg, tok):
         super().__init__(cfg, tok)
         self.sampling = self.hp if isinstance(self.hp, SamplingHParams) else None
         self.greedy = self.wants_greedy(self.hp)
         self.deferred = PendingRewards() if self.defers_rewards() else None
+        self.agent = AgentRollouts(cfg, tok) if cfg.multi_turn.enable else None
+
+    def generate(self, ctx: CollectContext, idx: list[int], sampling):
+        """One generation batch of rows ``idx``: the plain rollout, or the agent loops' (``multi_turn.enable``)."""
+        if self.agent is not None:
+            return self.agent.generate(ctx.client, ctx.train_set, idx, sampling)
+        return R.generate(ctx.client, ctx.train_set, idx, sampling, self.tok)
 
     def defers_rewards(self) -> bool:
         """Are this run's rewards scored beside the log-prob passes (``defer_rewards``)?"""
@@ -79,8 +88,7 @@ class PlainPath(DataPath):
         if self.sampling is not None and self.sampling.filter_groups:
             return collect_dynamic(self, ctx, step, self.sampling)
         if self.deferred is not None:    # scored on the driver's worker thread; joined after the log-prob passes
-            ro = R.generate(ctx.client, ctx.train_set, ctx.sampler.next_batch(),
-                            R.sampling_params(self.cfg, step, 0, eos_id=self.tok.eos_id), self.tok)
+            ro = self.generate(ctx, ctx.sampler.next_batch(), R.sampling_params(self.cfg, step, 0, eos_id=self.tok.eos_id))
             self.deferred.start(ro, ctx.rewards, self.shape)
             return ro
         return self.round(ctx, step, 0)
@@ -106,8 +114,8 @@ class PlainPath(DataPath):
         greedy baseline (driver)."""
         cfg, tok = self.cfg, self.tok
         idx = ctx.sampler.next_batch()
-        part = self.shape(R.score(R.generate(ctx.client, ctx.train_set, idx,
-                                             R.sampling_params(cfg, step, round_, eos_id=tok.eos_id), tok), ctx.rewards))
+        part = self.shape(R.score(self.generate(ctx, idx, R.sampling_params(cfg, step, round_, eos_id=tok.eos_id)),
+                                  ctx.rewards))
         if self.greedy:
             sp = R.sampling_params(cfg, step, round_ + 1, greedy=True, eos_id=tok.eos_id)
             g = R.score(R.generate(ctx.client, ctx.train_set, idx, sp, tok), ctx.rewards)
@@ -120,6 +128,7 @@ class GreedyPath(PlainPath):
     """ReMax: the plain path plus one greedy rollout per prompt (its reward is the baseline)."""
 
     provides = BASE_INPUTS | {"greedy_rewards"}
+    multi_turn_unsupported = "ReMax's greedy baseline is a single-turn rollout (its reward would not be a baseline of the trajectories')"
 
     @classmethod
     def wants_greedy(cls, hp) -> bool:

@@ -92,6 +92,7 @@ class PendingGrades:
 
 @register_path("process_reward")
 class ProcessRewardPath(PlainPath):
+    multi_turn_unsupported = "PAPO's rubric grader reads a single-turn answer"
     hparams = PAPOHParams
     provides = BASE_INPUTS | {"process"}
     uses_grader = True

@@ -175,6 +175,8 @@ class TwoAttemptsPath(DataPath):
     provides = frozenset({"rewards", "group_ids", "mask", "logp", "ref_logp", "first_logp", "first_ref_logp",
                           "first_mask", "first_rewards"})
     importance_weights = False    # REINFORCE on both attempts: no proximal ratio to weight
+    multi_turn_unsupported = ("SCoRe's second attempt is a single-turn corrector prompt built from the first "
+                              "(x1 ++ y1 ++ instruction); a tool conversation has no such layout")
     async_unsupported = ("SCoRe's objective is REINFORCE on two attempts with no proximal-policy ratio, and its "
                          "registered loss takes no importance weight, so attempts sampled by older weights would "
                          "enter the gradient uncorrected")

@@ -89,9 +89,11 @@ def step_rows(lengths: list[int], micro: TokenBudget | int, dp: int,
 def share_plan(data: Any, *, micro: TokenBudget | int, dp: int, rows_per_mini_batch: int,
                shares_rows: bool) -> tuple[list[list[int]], list[list[int]]] | None:
     """Driver: (held, owned) per DP replica for ``data`` (:func:`step_rows`), or None when it travels whole
-    (DP = 1, a path that does not share rows out, not a batch, per-token weight versions). Metric
+    (DP = 1, a path that does not share rows out, not a batch, per-token weight versions, a multi-turn response
+    mask: every rank's masks then cover every row, ``sequences.policy_tokens_only``). Metric
     ``data/held_frac``: the largest share's token data (ids and log-probs) over the batch's (1/DP at best)."""
-    if dp == 1 or not shares_rows or not isinstance(data, Rollouts) or data.token_versions is not None or not len(data):
+    if dp == 1 or not shares_rows or not isinstance(data, Rollouts) or data.token_versions is not None \
+            or data.response_mask is not None or not len(data):
         return None
     lengths = (data.prompt_lens + data.response_lens).tolist()
     held, owned = step_rows(lengths, micro, dp, rows_per_mini_batch)

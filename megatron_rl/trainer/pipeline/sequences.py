@@ -67,7 +67,24 @@ def rollout_sequences(run, ro) -> SeqBatch:
         k = min(b, max_resp)
         pos[i, :k] = frame[:k] + (a - 1)
         mask[i, :k] = 1.0
+    if ro.response_mask is not None:
+        policy_tokens_only(ro, pl, rl, loss_mask, mask)
     return SeqBatch(TrainBatch(tokens, loss_mask, {"resp_pos": pos, "resp_mask": mask}), pos, mask)
+
+
+def policy_tokens_only(ro, pl: list[int], rl: list[int], loss_mask: torch.Tensor, mask: torch.Tensor) -> None:
+    """Multi-turn rollouts (``Rollouts.response_mask``, docs/multi-turn.md): the tool-response and template
+    tokens the agent loop appended leave the loss mask and the response-frame mask, in place, so every
+    loss aggregation, advantage and engine-mismatch metric reads the policy's sampled tokens only:
+    ``m[n, r] ← m[n, r] · response_mask[n, r]``. Such a batch travels whole to every rank
+    (``dispatch.share_plan``), so every row's mask is set."""
+    rows, _, starts = ro.token_spans()
+    for i, r0 in zip(rows, starts):
+        a, b = pl[i], rl[i]
+        m = ro.response_mask[r0:r0 + b].to(loss_mask.dtype)
+        loss_mask[i, a - 1:a + b - 1] *= m
+        k = min(b, mask.shape[1])
+        mask[i, :k] *= m[:k]
 
 
 def response_frame(x: torch.Tensor, sb: SeqBatch) -> torch.Tensor:

@@ -41,6 +41,9 @@ def step_rng(seed: int, step: int) -> random.Random:
 class TeacherPath(PlainPath):
     """Shared part of the two teacher paths (not registered itself)."""
 
+    multi_turn_unsupported = ("the self-distillation teacher scores the response in a teacher context built for a "
+                              "single-turn answer (tool responses have no teacher context)")
+
     kl_in_reward = False     # its own update (teacher terms); the RLCSD family uses a KL loss instead
     prompt_context = "hint"  # the teacher prompt's reference answer
     shares_rows = False      # sibling hints (a group's texts) and per-row teacher sequences: the whole batch

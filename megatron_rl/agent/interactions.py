@@ -1,0 +1,85 @@
+"""Interactions: a registered provider of user turns in a multi-turn rollout (verl's ``BaseInteraction``;
+docs/multi-turn.md). After an assistant turn with no tool call, the row's interaction (its
+``extra_info.interaction_kwargs.name``) reads the conversation and answers with a user message, or ends it.
+
+Life cycle, per trajectory: ``start(instance_id, **interaction_kwargs)``, ``respond(instance_id, messages) ->
+Reply`` after each such turn, ``finish(instance_id)``. Built-in: ``gsm8k`` (verl's ``Gsm8kInteraction``): the last
+assistant message is graded by verl's strict GSM8K rule (``rewards/verl_rules.gsm8k_verdict``: the ``#### <n>``
+line) against ``ground_truth``; right → "Your response is correct!" and the conversation ends, wrong → "Your
+response is incorrect! You need to reflect on your answer and try again." and the policy writes again.
+``@register_interaction(name)`` on a subclass in a module named under ``plugins:`` adds one.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from megatron_rl.rewards.verl_rules import gsm8k_verdict
+
+_HOW = ("register one with @megatron_rl.agent.interactions.register_interaction(name) on an Interaction subclass "
+        "in a module named under the config's top-level `plugins:` key")
+
+
+@dataclasses.dataclass(frozen=True)
+class Reply:
+    """An interaction's answer: end the conversation (``stop``), the user message ``text``, a turn ``score``."""
+
+    stop: bool
+    text: str
+    score: float = 0.0
+
+
+class Interaction:
+    """A user-turn provider (module docstring); the default keeps each instance's kwargs in ``self.instances``."""
+
+    name = ""
+
+    def __init__(self):
+        self.instances: dict[str, dict] = {}
+
+    def start(self, instance_id: str, **kwargs) -> None:
+        self.instances[instance_id] = dict(kwargs)
+
+    def respond(self, instance_id: str, messages: list[dict]) -> Reply:
+        raise NotImplementedError
+
+    def finish(self, instance_id: str) -> None:
+        self.instances.pop(instance_id, None)
+
+
+_INTERACTIONS: dict[str, type] = {}
+
+
+def register_interaction(name: str):
+    def deco(cls):
+        if name in _INTERACTIONS:
+            raise ValueError(f"interaction {name!r} registered twice")
+        if not (isinstance(cls, type) and issubclass(cls, Interaction)):
+            raise TypeError(f"register_interaction({name!r}) decorates an Interaction subclass, got {cls!r}")
+        cls.name = name
+        _INTERACTIONS[name] = cls
+        return cls
+    return deco
+
+
+def interaction_names() -> list[str]:
+    return sorted(_INTERACTIONS)
+
+
+def make_interaction(name: str) -> Interaction:
+    """A new interaction of the registered ``name``; ``KeyError`` with the valid names and how to add one."""
+    try:
+        return _INTERACTIONS[name]()
+    except KeyError:
+        raise KeyError(f"unknown interaction {name!r}; valid: {interaction_names()}; {_HOW}") from None
+
+
+@register_interaction("gsm8k")
+class Gsm8kInteraction(Interaction):
+    """verl's GSM8K interaction (module docstring)."""
+
+    def respond(self, instance_id: str, messages: list[dict]) -> Reply:
+        last = next((m.get("content") or "" for m in reversed(messages) if m.get("role") == "assistant"), "")
+        ok = float(gsm8k_verdict(last, self.instances[instance_id].get("ground_truth"))) == 1.0
+        if ok:
+            return Reply(True, "Your response is correct!", 1.0)
+        return Reply(False, "Your response is incorrect! You need to reflect on your answer and try again.", 0.0)
