@@ -176,11 +176,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--extra-weight-copies", type=int, default=d.extra_weight_copies,
                    help="further weight copies (model precision) kept on the GPU")
     _add_sampling_arguments(p, d)
-    p.add_argument("--lora-rank", type=int, default=d.lora_rank,
-                   help="lora.rank: LoRA adapters of this rank on a frozen base (0 = full fine-tuning): main grads and "
-                   "optimizer state for the adapters only")
-    p.add_argument("--lora-targets", type=lambda v: tuple(x for x in v.split(",") if x), default=d.lora_targets,
-                   help="lora.target_modules, comma-separated HF projections (default: all seven)")
+    _add_lora_arguments(p, d)
     p.add_argument("--config", help="run config (YAML): layout, precision, micro-batching, seq-len, max-model-len, "
                    "placement, trainer.offload and engine count come from it (planning/config.py)")
     p.add_argument("--separate", dest="colocated", action="store_false", help="rollout engines on other GPUs")
@@ -200,6 +196,14 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--gpu-total-gib", type=float, default=d.gpu_total_gib,
                    help="the device's memory, of which gpu_memory_utilization is a fraction")
     return p
+
+
+def _add_lora_arguments(p: argparse.ArgumentParser, d: PlanInputs) -> None:
+    p.add_argument("--lora-rank", type=int, default=d.lora_rank,
+                   help="lora.rank: LoRA adapters of this rank on a frozen base (0 = full fine-tuning): main grads and "
+                   "optimizer state for the adapters only")
+    p.add_argument("--lora-targets", type=lambda v: tuple(x for x in v.split(",") if x), default=d.lora_targets,
+                   help="lora.target_modules, comma-separated HF projections (default: all seven)")
 
 
 def _add_sampling_arguments(p: argparse.ArgumentParser, d: PlanInputs) -> None:

@@ -4,7 +4,7 @@ trainer's own classes as ``trainer/loop/setup.py`` builds them (``_build_policy`
 
 * the policy: :class:`~megatron_rl.trainer.policy.actor.PolicyActor` (provider chunks, Megatron DDP, the
   distributed optimizer), the reference (:class:`~megatron_rl.trainer.policy.actor.ReferencePolicy`) when the
-  method's KL needs one, the teacher's shadow weights (``trainer/paths/teacher/weights.py``) in snapshot / EMA
+  method's KL needs one, the teacher's shadow weights (the path's ``resident_weights``, ``trainer/paths/teacher/weights.py``) in snapshot / EMA
   mode; no weights are loaded (the values are meta); with ``lora.enable`` the policy carries its adapters (frozen
   base: DDP and the optimizer hold the adapters only) and the reference is the policy with its adapters off
   (:class:`~megatron_rl.trainer.policy.actor.AdapterOffReference`, no second model), as ``_build_policy`` builds them;
@@ -32,7 +32,7 @@ from megatron_rl.runtime.parallel import init_parallel
 from megatron_rl.trainer.dryrun.te_standin import use_te_memory
 from megatron_rl.trainer.dryrun.roles import Layout, Role
 from megatron_rl.trainer.loop.setup import _lora_spec, _optim_spec
-from megatron_rl.trainer.paths.teacher.weights import TeacherWeights
+from megatron_rl.trainer.paths import path_class
 from megatron_rl.trainer.policy.actor import AdapterOffReference, PolicyActor, ReferencePolicy
 
 #: TransformerConfig fields of the GPU build that a CPU build sets otherwise (``models/provider.py``
@@ -46,7 +46,7 @@ class Models:
 
     actor: PolicyActor
     ref: ReferencePolicy | AdapterOffReference | None
-    teacher: TeacherWeights | None
+    teacher: object | None           # the path's resident weights (TeacherWeights for the teacher family)
     info: object
 
 
@@ -95,5 +95,5 @@ def build_models(cfg, info, dev: fake_device.FakeDevice) -> Models:
     hp = cfg.algo.hparams
     teacher = None
     if isinstance(hp, TeacherHParams) and hp.teacher_mode in ("snapshot", "ema"):
-        teacher = TeacherWeights(actor, hp.teacher_mode, hp.teacher_sync_interval, hp.ema_decay)
+        teacher = path_class(cfg.algo.kind).resident_weights(actor, hp)   # the path's own copies
     return Models(actor, ref, teacher, info)

@@ -68,6 +68,13 @@ class DataPath(abc.ABC):
         return cls.async_unsupported or "its collection is not one sampled group per prompt"
 
     @classmethod
+    def resident_weights(cls, actor, hp):
+        """The copies of the weights this path keeps on the device beside the policy's under ``hp`` (None here;
+        the teacher family's shadow in snapshot / EMA mode): what :meth:`setup` builds, for the dry run
+        (``trainer/dryrun/build.py``), which measures it without running the path."""
+        return None
+
+    @classmethod
     def row_fields(cls, cfg) -> list[tuple[tuple[str, ...], str]]:
         """``extra_info`` fields every training row must carry under ``cfg``: ``[(keys (any one of them
         suffices), what reads it)]``; checked against ``data.train`` at start-up (``preflight``). None here."""

@@ -82,10 +82,14 @@ class TeacherPath(PlainPath):
             return []
         return [(SOLUTION_KEYS, f"the reference solution of algo.kind={cfg.algo.kind}'s teacher prompt (teacher.template=chat)")]
 
+    @classmethod
+    def resident_weights(cls, actor, hp) -> TeacherWeights:
+        """The teacher's weights (its fp32 shadow in snapshot / EMA mode)."""
+        return TeacherWeights(actor, hp.teacher_mode, hp.teacher_sync_interval, hp.ema_decay)
+
     def setup(self, ctx: PathSetup) -> None:
         super().setup(ctx)
-        hp = self.hp
-        self.teacher = TeacherWeights(ctx.actor, hp.teacher_mode, hp.teacher_sync_interval, hp.ema_decay)
+        self.teacher = self.resident_weights(ctx.actor, self.hp)
         pack = self.cfg.teacher.pack   # decided from the backend the actor was built with (one resolution)
         self.packed = pack == "on" or (pack == "auto" and ctx.actor.backend == "local")
         log.info("teacher passes: %s", "packed (block-diagonal attention)" if self.packed
