@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from megatron_rl.agent.class_registry import ClassRegistry
 from megatron_rl.rewards.verl_rules import gsm8k_verdict
 
 _HOW = ("register one with @megatron_rl.agent.interactions.register_interaction(name) on an Interaction subclass "
@@ -46,31 +47,15 @@ class Interaction:
         self.instances.pop(instance_id, None)
 
 
-_INTERACTIONS: dict[str, type] = {}
-
-
-def register_interaction(name: str):
-    def deco(cls):
-        if name in _INTERACTIONS:
-            raise ValueError(f"interaction {name!r} registered twice")
-        if not (isinstance(cls, type) and issubclass(cls, Interaction)):
-            raise TypeError(f"register_interaction({name!r}) decorates an Interaction subclass, got {cls!r}")
-        cls.name = name
-        _INTERACTIONS[name] = cls
-        return cls
-    return deco
-
-
-def interaction_names() -> list[str]:
-    return sorted(_INTERACTIONS)
+_INTERACTIONS = ClassRegistry("interaction", Interaction, _HOW)
+#: class decorator: register an :class:`Interaction` subclass under ``name`` (twice raises)
+register_interaction = _INTERACTIONS.register
+interaction_names = _INTERACTIONS.names
 
 
 def make_interaction(name: str) -> Interaction:
     """A new interaction of the registered ``name``; ``KeyError`` with the valid names and how to add one."""
-    try:
-        return _INTERACTIONS[name]()
-    except KeyError:
-        raise KeyError(f"unknown interaction {name!r}; valid: {interaction_names()}; {_HOW}") from None
+    return _INTERACTIONS.get(name)()
 
 
 @register_interaction("gsm8k")

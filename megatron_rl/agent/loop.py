@@ -42,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 
+from megatron_rl.agent.class_registry import ClassRegistry
 from megatron_rl.agent.interactions import make_interaction
 from megatron_rl.agent.tool_calls import (
     IM_END,
@@ -88,34 +89,6 @@ class Trajectory:
     """User turns an interaction wrote (``agent/interactions.py``)."""
 
 
-_LOOPS: dict[str, type] = {}
-
-
-def register_agent_loop(name: str):
-    """Class decorator: register an :class:`AgentLoop` subclass under ``name`` (twice raises)."""
-    def deco(cls):
-        if name in _LOOPS:
-            raise ValueError(f"agent loop {name!r} registered twice")
-        if not (isinstance(cls, type) and issubclass(cls, AgentLoop)):
-            raise TypeError(f"register_agent_loop({name!r}) decorates an AgentLoop subclass, got {cls!r}")
-        cls.name = name
-        _LOOPS[name] = cls
-        return cls
-    return deco
-
-
-def agent_loop_names() -> list[str]:
-    return sorted(_LOOPS)
-
-
-def agent_loop_class(name: str) -> type:
-    """The registered loop class; ``KeyError`` with the valid names and how to add one otherwise."""
-    try:
-        return _LOOPS[name]
-    except KeyError:
-        raise KeyError(f"unknown agent loop {name!r}; valid: {agent_loop_names()}; {_HOW}") from None
-
-
 def generation_prompt_ids(tokenizer) -> list[int]:
     """The ids the tokenizer's chat template appends for ``add_generation_prompt`` (rendered with and
     without it for one user message; the difference must be a suffix)."""
@@ -157,6 +130,14 @@ class AgentLoop:
         t.versions = t.versions + tuple(getattr(c, "versions", ()) or ())
         t.finish_reason = c.finish_reason
         t.turns += 1
+
+
+_LOOPS = ClassRegistry("agent loop", AgentLoop, _HOW)
+#: class decorator: register an :class:`AgentLoop` subclass under ``name`` (twice raises)
+register_agent_loop = _LOOPS.register
+agent_loop_names = _LOOPS.names
+#: the registered loop class; ``KeyError`` with the valid names and how to add one otherwise
+agent_loop_class = _LOOPS.get
 
 
 @register_agent_loop("single_turn_agent")
