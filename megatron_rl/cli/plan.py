@@ -72,8 +72,7 @@ def format_report(rep: PlanReport) -> str:
         f"{'logits + fp32 softmax + output wgrad':<44}{g(rep.logits)}",
         *([f"{'sampling μ pass (' + _sampling_text(i) + ')':<44}{g(rep.sampling)}"
            f"   [working set {rep.sampling_working / GIB:.2f}{_mu_where(i)}]"] if rep.sampling_working else []),
-        *([f"{'buffers (SP gather' + (', pipeline' if i.pp > 1 else '') + ')':<44}{g(rep.buffers)}"]
-          if rep.buffers else []),
+        *([f"{'buffers (' + _buffers_text(i) + ')':<44}{g(rep.buffers)}"] if rep.buffers else []),
         f"{'overhead (CUDA context, NCCL, workspaces)':<44}{g(rep.overhead)}",
         f"{'= training total':<44}{g(rep.train_total)}",
         f"{'rollout engine weights (TP=' + str(i.rollout_tp) + ')':<44}{g(rep.rollout_weights)}",
@@ -100,6 +99,12 @@ def _sampling_text(i: PlanInputs) -> str:
     """The truncation μ applies and where it runs: ``top-k 20, top-p 0.95; log-prob passes``."""
     rules = [f"top-k {i.top_k}"] * (i.top_k > 0) + [f"top-p {i.top_p:g}"] * (i.top_p < 1) + [f"min-p {i.min_p:g}"] * (i.min_p > 0)
     return ", ".join(rules) + ("; + backward" if i.ratio_space == "sampling" else "")
+
+
+def _buffers_text(i: PlanInputs) -> str:
+    """What the buffers line holds (``planning/memory.py`` ``buffer_bytes``)."""
+    parts = ["SP gather"] * i.sequence_parallel + ["score buffer"] * (i.attention == "local") + ["pipeline"] * (i.pp > 1)
+    return ", ".join(parts)
 
 
 def _mu_where(i: PlanInputs) -> str:
