@@ -11,6 +11,7 @@ response is incorrect! You need to reflect on your answer and try again." and th
 """
 from __future__ import annotations
 
+import abc
 import dataclasses
 
 from megatron_rl.agent.class_registry import ClassRegistry
@@ -29,7 +30,7 @@ class Reply:
     score: float = 0.0
 
 
-class Interaction:
+class Interaction(abc.ABC):
     """A user-turn provider (module docstring); the default keeps each instance's kwargs in ``self.instances``."""
 
     name = ""
@@ -40,8 +41,9 @@ class Interaction:
     def start(self, instance_id: str, **kwargs) -> None:
         self.instances[instance_id] = dict(kwargs)
 
+    @abc.abstractmethod
     def respond(self, instance_id: str, messages: list[dict]) -> Reply:
-        raise NotImplementedError
+        """The user turn after ``messages`` (the trajectory so far), or one that ends it."""
 
     def finish(self, instance_id: str) -> None:
         self.instances.pop(instance_id, None)

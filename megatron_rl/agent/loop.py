@@ -39,6 +39,7 @@ config's ``plugins:`` adds one. Imports nothing of the trainer or rollout packag
 """
 from __future__ import annotations
 
+import abc
 import dataclasses
 import uuid
 
@@ -100,7 +101,7 @@ def generation_prompt_ids(tokenizer) -> list[int]:
     return list(tokenizer.encode(with_[len(without):]))
 
 
-class AgentLoop:
+class AgentLoop(abc.ABC):
     """Runs trajectories for a batch of prompts (module docstring). ``tools``: a ToolSet or None."""
 
     name = ""
@@ -108,9 +109,10 @@ class AgentLoop:
     def __init__(self, tokenizer, tools, budgets: Budgets):
         self.tok, self.tools, self.budgets = tokenizer, tools, budgets
 
+    @abc.abstractmethod
     def run(self, engine, prompts: list[list[int]], sampling, tools_kwargs: list[dict] | None = None,
             interaction_kwargs: list[dict] | None = None) -> list[Trajectory]:
-        raise NotImplementedError
+        """The trajectories of ``prompts`` (one a prompt, in order)."""
 
     def first_turn(self, engine, prompts, sampling) -> list[tuple[Trajectory, object]]:
         """Turn 0: the plain ``generate`` call; each completion as a new trajectory with its turn."""

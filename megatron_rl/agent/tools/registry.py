@@ -24,6 +24,7 @@ tool's exception or its time-out become a :class:`ToolResult` whose ``text`` the
 """
 from __future__ import annotations
 
+import abc
 import asyncio
 import threading
 import uuid
@@ -43,10 +44,10 @@ _HOW = ("register one with @megatron_rl.agent.tools.register_tool(name) in a mod
         "config's top-level `plugins:` key")
 
 
-class Tool:
+class Tool(abc.ABC):
     """A tool with per-trajectory state (module docstring). Subclasses set ``name`` and :meth:`schema`
-    (or ``SCHEMA``) and override :meth:`execute`; the default ``create`` / ``release`` keep a dict of
-    ``create_kwargs`` per instance in ``self.instances``."""
+    (or ``SCHEMA``: :func:`register_tool` refuses a class with neither) and implement :meth:`execute`; the default
+    ``create`` / ``release`` keep a dict of ``create_kwargs`` per instance in ``self.instances``."""
 
     name: str = ""
     SCHEMA: dict | None = None
@@ -58,15 +59,14 @@ class Tool:
 
     def schema(self) -> dict:
         """The OpenAI function-tool schema (``{"type": "function", "function": {...}}``)."""
-        if self.SCHEMA is None:
-            raise NotImplementedError(f"tool {self.name!r} defines no SCHEMA")
         return self.SCHEMA
 
     def create(self, instance_id: str, **create_kwargs) -> None:
         self.instances[instance_id] = dict(create_kwargs)
 
+    @abc.abstractmethod
     def execute(self, instance_id: str, arguments: dict) -> ToolResult | str:
-        raise NotImplementedError
+        """Run one call of the trajectory ``instance_id``: its result, or the text the model reads."""
 
     def reward(self, instance_id: str) -> float:
         return 0.0
@@ -103,6 +103,8 @@ def register_tool(name: str):
         if name in _TOOLS:
             raise ValueError(f"tool {name!r} registered twice")
         if isinstance(obj, type) and issubclass(obj, Tool):
+            if obj.SCHEMA is None and obj.schema is Tool.schema:
+                raise TypeError(f"tool {name!r}: {obj.__name__} defines neither SCHEMA nor schema()")
             obj.name = name
 
             def factory(**config):
