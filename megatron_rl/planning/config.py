@@ -55,8 +55,12 @@ KEYS = {"tp": "parallel.tp", "pp": "parallel.pp", "vpp": "parallel.vpp", "cp": "
 
 def config_inputs(cfg) -> dict[str, Any]:
     """The PlanInputs fields that the loaded run config ``cfg`` decides (module docstring)."""
-    from megatron_rl.algorithms import kind_required_inputs  # lazy: defers torch to the call
-    from megatron_rl.rollout.placement import engine_memory_utilization  # lazy: defers torch to the call
+    from megatron_rl.algorithms import (
+        kind_required_inputs,  # lazy: defers torch to the call
+    )
+    from megatron_rl.rollout.placement import (
+        engine_memory_utilization,  # lazy: defers torch to the call
+    )
 
     budget, m, r = cfg.trainer.max_tokens_per_micro_batch, cfg.model, cfg.rollout
     return {"tp": cfg.parallel.tp, "pp": cfg.parallel.pp, "vpp": cfg.parallel.vpp, "cp": cfg.parallel.cp, "sequence_parallel": cfg.parallel.sequence_parallel,
@@ -77,7 +81,9 @@ def config_inputs(cfg) -> dict[str, Any]:
 
 def _teacher_shadow(hp) -> bool:
     """Whether the method keeps the teacher's own weights (an fp32 copy): a teacher method in snapshot or ema mode."""
-    from megatron_rl.algorithms.hparams import TeacherHParams  # lazy: defers torch to the call
+    from megatron_rl.algorithms.hparams import (
+        TeacherHParams,  # lazy: defers torch to the call
+    )
 
     return isinstance(hp, TeacherHParams) and hp.teacher_mode in ("snapshot", "ema")
 

@@ -159,24 +159,26 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from megatron_rl.planning.arch import ArchSpec
+from megatron_rl.planning.mu import (  # noqa: F401  (the μ pass's sizes, re-exported for the plan's readers)
+    MU_BACKWARD_BYTES,
+    MU_CANDIDATES,
+    MU_CHUNK_BYTES,
+    MU_GATHERED_BYTES,
+    MU_LOCAL_BYTES,
+    MU_ROW_BYTES,
+    MU_ROW_MASS_BYTES,
+    MU_TIE_SLACK,
+    sampling_bytes,
+    sampling_peak_bytes,
+    sampling_truncates,
+)
+from megatron_rl.planning.units import DTYPE_BYTES, GIB
 
-GIB = 1024 ** 3
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 OFFLOAD_MODES = ("none", "optimizer", "all")   # trainer.offload (trainer/policy/offload.py; no torch import here)
 ATTENTION = ("flash", "local")                 # the attention the layers run: TE's fused kernels | megatron's local
 RATIO_SPACES = ("full", "sampling")            # algo.ratio_space (config.py)
 #: the HF projections LoRA may target (``config_sections.LORA_TARGETS``; planning sits below config)
 LORA_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-#: the μ pass's sizes (``algorithms/sampling.py`` CHUNK_BYTES, CANDIDATES, TIE_SLACK: no torch import here;
-#: ``tests/unit/test_plan.py`` pins them to the code's)
-MU_CHUNK_BYTES = 256 * 2**20
-MU_CANDIDATES = 512
-MU_TIE_SLACK = 32
-MU_ROW_MASS_BYTES = 5          # per element of a forward chunk (top-p without top-k): exp (fp32) + min-p's mask
-MU_LOCAL_BYTES = 12            # per candidate of a shard: its value (fp32) + top-k's int64 position
-MU_GATHERED_BYTES = 32         # per gathered candidate (t·C a row): all-gather copy, sort (fp32 + int64), rules' temps
-MU_BACKWARD_BYTES = 9          # per element of a backward chunk: exp(z − log Z) + its temporary (fp32), the masks
-MU_ROW_BYTES = 12              # per token: the kept set's bound, tie weight and normaliser (fp32)
 
 
 @dataclass(frozen=True)
@@ -422,27 +424,6 @@ def buffer_bytes(arch: ArchSpec, inp: PlanInputs, last: bool) -> int:
         (2 * tokens * e * arch.hidden // sig if last and inp.pp > 1 else 0)
 
 
-def sampling_truncates(inp: PlanInputs, vocab: int) -> bool:
-    """Whether the engines' sampling drops tokens (``SamplingSpec.truncates``): the trainer then scores under μ."""
-    return inp.min_p > 0.0 or inp.top_p < 1.0 or 0 < inp.top_k < vocab
-
-
-def sampling_bytes(arch: ArchSpec, inp: PlanInputs, padded_v: int) -> int:
-    """The μ pass's working set on the last stage (module docstring), 0 when the sampling does not truncate."""
-    if not sampling_truncates(inp, arch.vocab):
-        return 0
-    e = DTYPE_BYTES[inp.dtype]
-    n, w = math.ceil(inp.micro_batch_tokens / inp.cp), padded_v // inp.tp
-    rows = min(n, max(1, MU_CHUNK_BYTES // (4 * w)))
-    c = inp.top_k + MU_TIE_SLACK if inp.top_k > 0 else MU_CANDIDATES
-    row_mass = inp.top_p < 1.0 and inp.top_k <= 0
-    forward = rows * (MU_ROW_MASS_BYTES * w * row_mass + MU_LOCAL_BYTES * c + MU_GATHERED_BYTES * inp.tp * c)
-    if inp.ratio_space != "sampling":
-        return MU_ROW_BYTES * n + forward
-    backward = n * w * e + rows * w * (MU_BACKWARD_BYTES + (4 if e < 4 else 0))
-    return MU_ROW_BYTES * n + max(forward, backward)
-
-
 def attention_bytes(inp: PlanInputs) -> tuple[int, int]:
     """Bytes per S x S element: (kept by autograd per layer, one layer's working set), module docstring.
     ``flash``: (0, 0). ``local``: (4 + e, e + 4) in bf16 / fp16, (4, 4) in fp32 (the raw scores and their fp32
@@ -558,17 +539,6 @@ def push_bytes(arch: ArchSpec, inp: PlanInputs, stage: int) -> int:
     if inp.pp == 1:
         return 2 * big + 2 * bucket
     return big + 2 * bucket if stage == 0 else 2 * big
-
-
-def sampling_peak_bytes(arch: ArchSpec, inp: PlanInputs, padded_v: int, mu: int) -> int:
-    """What the μ pass adds to the stage's peak. ``ratio_space=sampling``: its whole working set, in the training
-    forward and backward. ``full``: it runs in the no-grad log-prob passes after the full softmax has freed its
-    temporaries, beside the logits shard and its fp32 copy, so it adds only what exceeds the softmax's two fp32
-    temporaries (``z - max``, ``exp``): max(0, μ − 8·T·V/t)."""
-    if inp.ratio_space == "sampling":
-        return mu
-    tokens = math.ceil(inp.micro_batch_tokens / inp.cp)
-    return max(0, mu - 8 * tokens * (padded_v // inp.tp))
 
 
 def _stage(common: dict, stage: str, n: int, acts: int, logits: int, mu: int, mu_working: int,
