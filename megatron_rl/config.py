@@ -20,12 +20,11 @@ from typing import Any
 
 from megatron_rl.config_foreign import foreign_hint
 from megatron_rl.config_parse import Override, build, read_yaml, section_mapping, set_dotted, typed
+from megatron_rl.config_features import LoraConfig, MultiTurnConfig
 from megatron_rl.config_sections import (
     DataConfig,
     LoggingConfig,
-    LoraConfig,
     ModelConfig,
-    MultiTurnConfig,
     OptimConfig,
     ParallelConfig,
     PartialConfig,

@@ -1,6 +1,6 @@
 """The generated pages of the docs site: the config reference and the CLI reference.
 
-One source of truth: the config reference is read from the config dataclasses (``megatron_rl/config.py`` and ``config_sections.py``,
+One source of truth: the config reference is read from the config dataclasses (``megatron_rl/config.py``, ``config_sections.py`` and ``config_features.py``,
 the methods' hyper-parameter dataclasses registered in ``megatron_rl.algorithms.ALGO_KINDS``) with the
 descriptions ``megatron-rl train --print-config`` prints (``megatron_rl/cli/config_doc.py``); the CLI reference
 from the argparse parsers of ``megatron-rl`` and of the owners of its pass-through commands. The mkdocs
@@ -91,7 +91,7 @@ def config_reference() -> str:
 
     hints = typing.get_type_hints(Config)
     out = ["# Config reference", "",
-           "Generated at build time from the config dataclasses (`megatron_rl/config.py`, `megatron_rl/config_sections.py`) and the methods'",
+           "Generated at build time from the config dataclasses (`megatron_rl/config.py`, `megatron_rl/config_sections.py`, `megatron_rl/config_features.py`) and the methods'",
            "hyper-parameter dataclasses (`megatron_rl/algorithms/hparams.py`): the same descriptions as",
            "`megatron-rl train --print-config [--algo KIND]`, which prints them as a loadable YAML. A run is one",
            "YAML file with these sections plus dotted overrides on the command line",

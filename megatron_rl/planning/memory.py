@@ -177,7 +177,7 @@ from megatron_rl.planning.units import DTYPE_BYTES, GIB
 OFFLOAD_MODES = ("none", "optimizer", "all")   # trainer.offload (trainer/policy/offload.py; no torch import here)
 ATTENTION = ("flash", "local")                 # the attention the layers run: TE's fused kernels | megatron's local
 RATIO_SPACES = ("full", "sampling")            # algo.ratio_space (config.py)
-#: the HF projections LoRA may target (``config_sections.LORA_TARGETS``; planning sits below config)
+#: the HF projections LoRA may target (``config_features.LORA_TARGETS``; planning sits below config)
 LORA_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 

@@ -1,4 +1,4 @@
-"""``multi_turn.*`` at start-up (``preflight_rules.check_multi_turn``, ``config_sections.MultiTurnConfig``): every
+"""``multi_turn.*`` at start-up (``preflight_rules.check_multi_turn``, ``config_features.MultiTurnConfig``): every
 refusal one line naming the key and the fix; a multi-turn GRPO config passes; off, the dump keeps its shape."""
 from __future__ import annotations
 
