@@ -327,8 +327,8 @@ def resolve_model_backend(backend: str = "auto", fp8: str | None = None, sequenc
 
 
 #: bytes per S x S score element that megatron's local attention keeps per layer (the fp32 softmax output + its
-#: cast to the model dtype) and one layer's working set (raw scores, their fp32 copy, the persistent score
-#: buffer): ``planning/memory.py`` derives them from megatron-core 0.16's ``DotProductAttention``
+#: cast to the model dtype) and one layer's (raw scores and their fp32 copy: ``attention_bytes``) with the persistent
+#: score buffer (``buffer_bytes``): ``planning/memory.py`` derives them from megatron-core 0.16's ``DotProductAttention``
 LOCAL_SCORE_BYTES = {"bf16": (6, 8), "fp32": (4, 8)}
 
 

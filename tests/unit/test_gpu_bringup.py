@@ -113,9 +113,10 @@ def test_local_attention_that_cannot_fit_is_refused(requested, need, device, exp
 
 
 def test_local_attention_bytes_follow_plan():
-    """The start-up figure is plan's local-attention term (``planning/memory.py``) for the same micro-batch."""
+    """The start-up figure is plan's local-attention terms (``planning/memory.py``) for the same micro-batch: the
+    scores every layer keeps, one layer's working set and megatron's persistent score buffer."""
     from megatron_rl.planning.arch import PRESETS, ArchSpec
-    from megatron_rl.planning.memory import PlanInputs, estimate, score_total
+    from megatron_rl.planning.memory import PlanInputs, attention_bytes, buffer_bytes
     from megatron_rl.models.provider import ArchInfo, local_attention_bytes
 
     q = PRESETS["qwen3-8b"]
@@ -123,9 +124,13 @@ def test_local_attention_bytes_follow_plan():
                     q["num_key_value_heads"], q["head_dim"], q["intermediate_size"], q["vocab_size"], False, False,
                     True, 1e-6, 1e6, None, 40960)
     need = local_attention_bytes(arch, tp=4, pp=1, tokens=40960, row_len=40960, bf16=True)
-    rep = estimate(ArchSpec.from_hf(PRESETS["qwen3-8b"], "qwen3-8b"), PlanInputs(
-        tp=4, max_tokens_per_micro_batch=40960, max_model_len=40960, seq_len=40960, attention="local"))
-    assert need == score_total(rep) and need > 80 << 30     # the 8B packed rows: certain OOM, now refused
+    spec = ArchSpec.from_hf(PRESETS["qwen3-8b"], "qwen3-8b")
+    inp = PlanInputs(tp=4, max_tokens_per_micro_batch=40960, max_model_len=40960, seq_len=40960, attention="local")
+    keep, working = attention_bytes(inp)
+    elements = 40960 * 40960 * 32 // 4                                   # one layer's scores on this GPU
+    assert buffer_bytes(spec, inp, True) == 2 * elements                # the persistent buffer, bf16
+    assert need == elements * (keep * 36 + working) + buffer_bytes(spec, inp, True)
+    assert need > 80 << 30                                              # the 8B packed rows: certain OOM, now refused
 
 
 def test_the_wheel_the_gpu_page_fetches_is_the_one_the_lent_machine_needs():
