@@ -86,6 +86,15 @@ PAPER: dict[str, Recipe] = {
         "its 4 training GPUs cannot hold a 40960-token micro-batch without activation recompute, and a budget may not "
         "be below rollout.max_model_len (40960)")),
     "qwen3_8b_rlcsd": _rlcsd("rlcsd", 0.0),
+    "qwen2_5_14b_grpo_lora": _rlcsd(
+        "grpo", 0.001,
+        data__max_prompt_len="LoRA needs megatron's local attention, whose S x S scores cap a row at 4096 tokens",
+        rollout__max_tokens="as data.max_prompt_len: 1024 + 3072 tokens a row under local attention",
+        trainer__eval_max_tokens="as rollout.max_tokens: a row of local attention",
+        trainer__max_tokens_per_micro_batch="padded rows of 4096 tokens with full recompute (local attention)",
+        optim__lr="LoRA adapters: ten times the full fine-tune's 1e-6",
+        optim__weight_decay="no decay pulling the adapters back to the base",
+        data__chat_template_kwargs="Qwen2.5 has no thinking mode"),
     "qwen2_5_14b_rlcsd": _rlcsd("rlcsd", 0.0, data__chat_template_kwargs="Qwen2.5 has no thinking mode"),
     "qwen3_8b_opsd": _rlcsd("opsd", 0.0, clip=0.1),
     "qwen3_8b_opsd_ectr": _rlcsd("opsd_ectr", 0.001, clip=0.1),
