@@ -9,10 +9,16 @@ log-probs equal the engine's over the policy's tokens (``rollout/logprob_gap`` a
 engine log-prob is 0, so a mask that let one in would show a gap of nats); the tokenization check reports
 Qwen3's dropped empty think block (thinking off: every generation prompt opens with one; the re-rendered
 conversation keeps it in the last assistant turn only).
+
+The same model (a module fixture) then trains one step of SRPO (the self-distillation family, ground-truth
+teacher with the rows' reference solution; its student top-k pass, teacher gather, entropy weight and routing):
+the teacher scored exactly the policy's tokens (``teacher/scored_tokens`` = policy-token fraction x response
+tokens), not the tool responses it read.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -38,6 +44,12 @@ def _call(sol: str) -> str:
     return '<tool_call>\n{"name": "calc_gsm8k_reward", "arguments": {"answer": "' + sol + '"}}\n</tool_call>'
 
 
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    """The warm-started tool model, built once for the module's runs."""
+    return _model(tmp_path_factory.mktemp("tool_model") / "model")
+
+
 def _model(d: Path) -> Path:
     from megatron_rl.agent.tools import ToolSet
     from megatron_rl.data.tokenizer import load_tokenizer
@@ -60,20 +72,25 @@ def _model(d: Path) -> Path:
     return d
 
 
-def test_grpo_trains_on_tool_trajectories(tmp_path):
-    d = _model(tmp_path / "model")
-    train = V.write(tmp_path / "gsm8k_tool.parquet", V.rows())
+def _train(d: Path, tmp_path: Path, table_rows: list[dict], *extra: str):
+    """``megatron-rl train`` on ``table_rows`` (HF engine, 2 prompts x n=2 a step); the process and its metric rows."""
+    train = V.write(tmp_path / "gsm8k_tool.parquet", table_rows)
     run = tmp_path / "run"
     p = subprocess.run([sys.executable, "-m", "megatron_rl.cli", "train", "--config", "examples/configs/tiny_cpu_grpo.yaml",
                         f"model.hf_path={d}", f"data.train={train}", "data.val=", "data.max_prompt_len=400",
                         "rollout.max_tokens=96", "rollout.max_model_len=512", "rollout.engine=hf", "rollout.n=2",
-                        "data.prompts_per_step=2", "trainer.micro_batch_size=4", "trainer.steps=2", "trainer.ckpt_every=0",
+                        "data.prompts_per_step=2", "trainer.micro_batch_size=4", "trainer.ckpt_every=0",
                         "trainer.eval_every=0", f"trainer.run_dir={run}", "trainer.export_hf=false", "logging.progress=false",
-                        "logging.wandb_mode=disabled", "multi_turn.enable=true", "multi_turn.tools=[calc_gsm8k_reward]"],
+                        "logging.wandb_mode=disabled", "multi_turn.enable=true", "multi_turn.tools=[calc_gsm8k_reward]",
+                        *extra],
                        capture_output=True, text=True, timeout=500, cwd=ROOT, check=False,
                        env=repo_env({**os.environ, "RAY_AUTH_MODE": "disabled", "WANDB_MODE": "offline", "OMP_NUM_THREADS": "2"}))
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return p, [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_grpo_trains_on_tool_trajectories(model, tmp_path):
+    p, rows = _train(model, tmp_path, V.rows(), "trainer.steps=2")
     assert [r["step"] for r in rows] == [1, 2]
     assert sum(r["tool/calls/calc_gsm8k_reward"] for r in rows[-1:]) >= 1           # counters: cumulative
     assert any(r["multi_turn/tool_calls_mean"] > 0 and r["multi_turn/policy_token_frac"] < 1 for r in rows)
@@ -83,3 +100,18 @@ def test_grpo_trains_on_tool_trajectories(tmp_path):
     # tool turn drifts (one that ended in its first turn renders as it was sampled)
     assert any(r["multi_turn/template_drift_frac"] > 0 for r in rows)
     assert "multi-turn trajectory drifts from the chat template: turn 0" in p.stderr + p.stdout
+
+
+def test_self_distillation_trains_on_tool_trajectories(model, tmp_path):
+    table = V.rows()
+    for r, (_, raw, _) in zip(table, V.ITEMS):
+        r["extra_info"]["solution"] = raw              # the chat teacher prompt's reference solution
+    _, rows = _train(model, tmp_path, table, "trainer.steps=1", "algo.kind=srpo", "algo.srpo.top_k=8")
+    (m,) = rows
+    assert m["multi_turn/tool_calls_mean"] > 0 and m["multi_turn/policy_token_frac"] < 1
+    policy_tokens = m["multi_turn/policy_token_frac"] * m["response/len_mean"] * 4       # 2 prompts x n=2
+    assert m["teacher/scored_tokens"] == pytest.approx(policy_tokens, abs=1e-6), (m["teacher/scored_tokens"], policy_tokens)
+    assert m["teacher/tokens"] > m["teacher/scored_tokens"] and m["teacher/kept_frac"] == 1.0
+    assert m["rollout/logprob_gap"] < 1e-4 and m["actor/update_successful"] == 1.0
+    assert "distill/jsd_support" in m and "distill/teacher_minus_student" in m
+    assert all(math.isfinite(v) for v in m.values() if isinstance(v, float)), m

@@ -1,5 +1,6 @@
 """``multi_turn.*`` at start-up (``preflight_rules.check_multi_turn``, ``config_features.MultiTurnConfig``): every
-refusal one line naming the key and the fix; a multi-turn GRPO config passes; off, the dump keeps its shape."""
+refusal one line naming the key and the fix; a multi-turn GRPO or self-distillation config passes; off, the dump
+keeps its shape."""
 from __future__ import annotations
 
 import pytest
@@ -19,17 +20,17 @@ ON = {"enable": True, "tools": ["calculator"]}
     ({"multi_turn": ON, "algo": {"kind": "remax"}}, "data path 'greedy'.: ReMax's greedy baseline"),
     ({"multi_turn": ON, "algo": {"kind": "bicc"}}, "data path 'bicc_context'.: BiCC inserts"),
     ({"multi_turn": ON, "algo": {"kind": "papo"}, "reward": {"grader_url": "http://127.0.0.1:9/v1"}}, "data path 'process_reward'.: PAPO's rubric grader"),
-    ({"multi_turn": ON, "algo": {"kind": "rlcsd"}}, "self-distillation teacher"),
     ({"multi_turn": ON, "rollout": {"engine": "vllm-async", "partial": {"enable": True}}}, "rollout.partial.enable=true: the partial pool"),
-], ids=["loop", "tool", "tool_config", "no_tools", "score", "remax", "bicc", "papo", "rlcsd", "partial"])
+], ids=["loop", "tool", "tool_config", "no_tools", "score", "remax", "bicc", "papo", "partial"])
 def test_refused_in_one_line(tree, match):
     with pytest.raises(ValueError, match=match) as e:
         check_config(from_dict(tree))
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("kind", ["grpo", "dapo", "drgrpo", "rloo", "gspo", "cispo"])
-def test_grpo_family_takes_it(kind):
+@pytest.mark.parametrize("kind", ["grpo", "dapo", "drgrpo", "rloo", "gspo", "cispo",
+                                  "rlcsd", "opsd", "sdpo", "srpo", "rlsd", "opsd_ectr", "rlsd_ectr"])
+def test_grpo_and_self_distillation_families_take_it(kind):
     check_config(from_dict({"multi_turn": ON, "algo": {"kind": kind}, "rollout": {"max_tokens": 4096, "max_model_len": 8192}}))
 
 

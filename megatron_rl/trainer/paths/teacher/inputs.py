@@ -35,8 +35,8 @@ from pathlib import Path
 import torch
 
 from megatron_rl import algorithms as A
-from megatron_rl.rewards.problem import problem_text
 from megatron_rl.models.provider import model_arch_info
+from megatron_rl.rewards.problem import problem_text
 from megatron_rl.trainer.pipeline.batch import TrainBatch
 
 # ------------------------------------------------------------------------------------ templates
@@ -171,8 +171,8 @@ def plan_hints(ro, template, *, k_max: int = 4, source: str = "self_rollout",
 class Packed:
     """Packed teacher sequences. ``batch``: rows of length S (with ``segment_ids`` when packed), in
     decreasing ``row_used`` (the tokens up to a row's last real one); ``target_pos`` ``[M, R]`` flat
-    index into the ``[rows * (S-1)]`` target frame of sequence m's response token r (0 where
-    ``resp_mask`` is 0). The forward runs blocks of ``group_rows`` consecutive rows narrowed to their
+    index into the ``[rows * (S-1)]`` target frame of sequence m's response token r (read where
+    ``resp_mask``, the scored tokens, is 1). The forward runs blocks of ``group_rows`` consecutive rows narrowed to their
     widest row (:meth:`widths`); ``slots`` counts each row at its block's width (not the copies the
     actor appends to fill a last micro-batch) and ``pad_frac = 1 - real_tokens / slots``."""
 
@@ -261,7 +261,8 @@ def _ffd_widths(longest: int, top: int, multiple: int) -> list[int]:
 
 
 def pack(seqs: Sequence[tuple[Sequence[int], Sequence[int]]], max_resp: int, pad_id: int, row_len: int,
-         multiple: int = 8, packed: bool = True, group_rows: int = 1, attn_len: float = math.inf) -> Packed:
+         multiple: int = 8, packed: bool = True, group_rows: int = 1, attn_len: float = math.inf,
+         masks: Sequence[torch.Tensor] | None = None) -> Packed:
     """Lay out ``(prompt, response)`` pairs in rows for the teacher forward. Prompts must be non-empty.
 
     Candidate layouts: one sequence per row, and (``packed``) first-fit-decreasing bins of width s for
@@ -277,7 +278,12 @@ def pack(seqs: Sequence[tuple[Sequence[int], Sequence[int]]], max_resp: int, pad
 
     ``packed=True`` marks each row's sequences in ``segment_ids`` (block-diagonal causal mask); with
     ``packed=False`` (attention kernels that take no such mask) it is one sequence per row under the
-    plain causal mask."""
+    plain causal mask.
+
+    ``masks[i]`` (response frame, at least ``min(len(response_i), max_resp)`` entries): which response tokens of
+    sequence i the teacher scores (a multi-turn response: the policy's tokens, not the tool / user tokens,
+    which stay in the row as context); None scores every response token. Unscored tokens are off ``resp_mask``
+    and the loss mask, so the pass computes nothing there and :meth:`Packed.gather` gives 0."""
     if not seqs:
         raise ValueError("pack: no sequences")
     lens = [len(p) + len(r) for p, r in seqs]
@@ -304,7 +310,8 @@ def pack(seqs: Sequence[tuple[Sequence[int], Sequence[int]]], max_resp: int, pad
             best, best_cost = ([(new_row[r], off) for r, off in place], used), c
     place, used = best
     rows = len(used)
-    tokens, seg, tpos, rmask, loss_mask = _lay_out(seqs, place, rows, _ceil(used[0], multiple), max_resp, pad_id)
+    tokens, seg, tpos, rmask, loss_mask = _lay_out(seqs, place, rows, _ceil(used[0], multiple), max_resp, pad_id,
+                                                   masks)
     g = max(1, min(group_rows, rows))
     slots = sum(min(g, rows - b * g) * w for b, w in enumerate(_block_widths(used, group_rows, multiple)))
     extras = {"segment_ids": seg} if packed else {}
@@ -312,10 +319,10 @@ def pack(seqs: Sequence[tuple[Sequence[int], Sequence[int]]], max_resp: int, pad
                   slots)
 
 
-def _lay_out(seqs, place: list, rows: int, s: int, max_resp: int, pad_id: int):
+def _lay_out(seqs, place: list, rows: int, s: int, max_resp: int, pad_id: int, masks=None):
     """The tensors of a layout: sequence i at ``place[i] = (row, offset)`` in ``rows`` rows of width ``s``:
     tokens and segment ids ``[rows, s]``, the flat target position and mask of each response token
-    ``[N, max_resp]``, and the loss mask ``[rows, s-1]``."""
+    ``[N, max_resp]`` (``masks[i]`` where given: the scored tokens), and the loss mask ``[rows, s-1]``."""
     tokens = torch.full((rows, s), pad_id, dtype=torch.long)
     seg = torch.full((rows, s), -1, dtype=torch.long)
     tpos = torch.zeros((len(seqs), max_resp), dtype=torch.long)
@@ -328,8 +335,9 @@ def _lay_out(seqs, place: list, rows: int, s: int, max_resp: int, pad_id: int):
         k = min(len(r), max_resp)
         cols = torch.arange(off + len(p) - 1, off + len(p) - 1 + k)
         tpos[i, :k] = row * (s - 1) + cols
-        rmask[i, :k] = 1.0
-        loss_mask[row, cols] = 1.0
+        m = 1.0 if masks is None else (torch.as_tensor(masks[i][:k], dtype=torch.float32) > 0).float()
+        rmask[i, :k] = m
+        loss_mask[row, cols] = m
     return tokens, seg, tpos, rmask, loss_mask
 
 

@@ -11,6 +11,11 @@ advantages were computed before, on full groups) and keeps the surviving rows wi
 (``mini_batch_inputs``: their teacher sequences, ``teacher_sequences``, run under θ̄ of that moment
 by ``support.py``), and after each optimizer step the
 schedule advances (``after_optimizer_step``: EMA, snapshot counter — optimizer steps, docs/methods/self-distillation.md).
+
+Multi-turn rollouts (``multi_turn.enable``, docs/multi-turn.md) are collected by the plain path's agent loop:
+the teacher reads the whole response (the policy's turns and the tool / user turns) after its own prompt and
+scores the policy's tokens only (the rows' response-frame mask), so every teacher term, top-k support and
+normaliser counts mask-1 tokens; a sibling's hint is its decoded trajectory, tool responses included.
 """
 from __future__ import annotations
 
@@ -21,12 +26,19 @@ import random
 
 from megatron_rl.algorithms.hparams import HintHParams, TeacherHParams
 from megatron_rl.models.provider import resolve_backend
-from megatron_rl.trainer.pipeline.sequences import sequences
+from megatron_rl.trainer.contract import PathSetup, UpdateContext
+from megatron_rl.trainer.pipeline.sequences import rollout_sequences
 
 from ..base import BASE_INPUTS, register_path
-from megatron_rl.trainer.contract import PathSetup, UpdateContext
 from ..plain import PlainPath
-from .inputs import SOLUTION_KEYS, make_template, plan_gt, plan_hints, template_name, truncate_left
+from .inputs import (
+    SOLUTION_KEYS,
+    make_template,
+    plan_gt,
+    plan_hints,
+    template_name,
+    truncate_left,
+)
 from .support import teacher_tensors
 from .weights import TeacherWeights
 
@@ -41,9 +53,6 @@ def step_rng(seed: int, step: int) -> random.Random:
 class TeacherPath(PlainPath):
     """Shared part of the two teacher paths (not registered itself)."""
 
-    multi_turn_unsupported = ("the self-distillation teacher scores the response in a teacher context built for a "
-                              "single-turn answer (tool responses have no teacher context)")
-
     kl_in_reward = False     # its own update (teacher terms); the RLCSD family uses a KL loss instead
     prompt_context = "hint"  # the teacher prompt's reference answer
     shares_rows = False      # sibling hints (a group's texts) and per-row teacher sequences: the whole batch
@@ -51,7 +60,7 @@ class TeacherPath(PlainPath):
     hparams = TeacherHParams
 
     #: the support passes' counts are summed over the step's optimizer steps, the sync counter is the last
-    summed_metrics = ("teacher/sequences", "teacher/rows", "teacher/tokens")
+    summed_metrics = ("teacher/sequences", "teacher/rows", "teacher/tokens", "teacher/scored_tokens")
     last_metrics = ("teacher/syncs",)
 
     def __init__(self, cfg, tok):
@@ -63,10 +72,9 @@ class TeacherPath(PlainPath):
     @classmethod
     def validate(cls, cfg) -> None:
         super().validate(cfg)
-        if cfg.teacher.pack == "on":
-            if resolve_backend(cfg.model.backend) == "te":
-                raise ValueError("teacher.pack=on needs the local attention path (block-diagonal masks); Transformer "
-                                 "Engine's causal kernels ignore them. Use teacher.pack=auto/off or model.backend=local")
+        if cfg.teacher.pack == "on" and resolve_backend(cfg.model.backend) == "te":
+            raise ValueError("teacher.pack=on needs the local attention path (block-diagonal masks); Transformer "
+                             "Engine's causal kernels ignore them. Use teacher.pack=auto/off or model.backend=local")
 
     @classmethod
     def shows_solution(cls, hp) -> bool:
@@ -101,7 +109,8 @@ class TeacherPath(PlainPath):
 
     def train_rows(self, ctx: UpdateContext, s, rows, lp, step: int, metrics: dict):
         """The plan's kept rows (their own, shorter padding) with the plan; none survive: the update is
-        skipped and the teacher counter stays (docs/methods/self-distillation.md)."""
+        skipped and the teacher counter stays (docs/methods/self-distillation.md). A multi-turn row keeps its
+        policy-token mask (``rollout_sequences``: tool / user tokens leave the loss and response-frame masks)."""
         ro = s.ro
         plan = self.plan(ro, step)
         metrics.update({"teacher/kept_frac": len(plan.keep) / len(ro),
@@ -113,7 +122,7 @@ class TeacherPath(PlainPath):
             return rows.select([])
         keep = plan.keep
         sub = ro.select(keep)
-        seqs = sequences(ctx, sub.prompts, sub.responses)
+        seqs = rollout_sequences(ctx, sub)
         ex = {k: v[keep] for k, v in rows.extras.items()}
         ex.update({"group_ids": sub.group_ids, "resp_pos": seqs.resp_pos, "resp_mask": seqs.resp_mask})
         return dataclasses.replace(rows, seqs=seqs, extras=ex, ro=sub, plan=plan)
@@ -125,7 +134,9 @@ class TeacherPath(PlainPath):
     def teacher_sequences(self, ctx: UpdateContext, rows, step: int) -> tuple[list[tuple], list[tuple[int, int]]]:
         """The teacher's (prompt, response) pairs of ``rows``, prompts left-truncated to fit
         ``max_model_len``, and each pair's owner ``(row j, slot)``: slot 0 the positive context, slot
-        s > 0 negative s."""
+        s > 0 negative s. The response is the whole sampled one (a multi-turn response with its tool / user
+        turns, the teacher's context for the policy's next turn); which of its tokens the teacher scores is
+        the row's response-frame mask (``support.teacher_tensors``)."""
         seqs, owner = [], []
         for j, prompts in enumerate(rows.plan.prompts):
             resp = rows.ro.response(j)

@@ -10,7 +10,9 @@ What runs is read from the loss's registration, never from a method name: its to
 them from one no-grad pass of the current θ) and ``teacher_neg_topk`` among its inputs (negatives
 gathered at the positive teacher's ids: a second pass). Every teacher sequence of the mini-batch (K_i + 1
 per kept sample on the hint path, one per sample on the ground-truth path) is packed into rows of
-``teacher.pack_len`` tokens and run as one forward-only schedule.
+``teacher.pack_len`` tokens and run as one forward-only schedule. The teacher scores the tokens of its row's
+response-frame mask only (``inputs.pack(masks=...)``): a multi-turn response's tool / user tokens are context,
+every teacher output there is 0 and off the loss mask (``teacher/scored_tokens`` counts the scored ones).
 
 At train time the student's support is re-gathered with gradient at the same ids (``support_idx``,
 read by ``trainer/pipeline/objective.Objective``).
@@ -25,10 +27,10 @@ import time
 import torch
 
 from megatron_rl import algorithms as A
+from megatron_rl.trainer.contract import UpdateContext
 from megatron_rl.trainer.pipeline.packing import TokenBudget
 from megatron_rl.trainer.policy.vocab_parallel import with_tail
 
-from megatron_rl.trainer.contract import UpdateContext
 from .inputs import Packed, attention_crossover, pack
 
 
@@ -96,6 +98,7 @@ def teacher_tensors(ctx: UpdateContext, path, rows, hp, loss: str, step: int) ->
     top_k = hp.top_k if chooser is not None else None   # support losses' hparams carry top_k
     t0 = time.perf_counter()
     seqs, owner = path.teacher_sequences(ctx, rows, step)
+    masks = [rows.seqs.resp_mask[j] for j, _ in owner]     # scored: the policy's tokens (multi-turn: not the tools')
     packer = functools.partial(pack, max_resp=cfg.rollout.max_tokens, pad_id=path.tok.pad_id,
                                row_len=cfg.teacher.pack_len or cfg.rollout.max_model_len,
                                multiple=8 * max(1, ctx.info.tp), packed=path.packed,
@@ -103,14 +106,14 @@ def teacher_tensors(ctx: UpdateContext, path, rows, hp, loss: str, step: int) ->
                                attn_len=attention_crossover(ctx.actor.hf_cfg))
     passer = functools.partial(teacher_pass, ctx.actor, path.teacher, dp=ctx.info.dp, mbs=ctx.micro)
     if "teacher_neg_topk" in A.loss_inputs(loss, hp):
-        ex, packs = _paired_passes(seqs, owner, packer, passer, top_k)
+        ex, packs = _paired_passes(seqs, masks, owner, packer, passer, top_k)
     else:
         student_idx = None
         if chooser == "student":        # the support is the student's top-k at the current θ
             st = ctx.actor.forward_support(rows.seqs.batch, ctx.micro, k=top_k)
             student_idx = st["idx"].gather(1, rows.seqs.resp_pos[..., None].expand(-1, -1, top_k))
         k_neg = max((s for _, s in owner), default=0)
-        ex, packs = _one_pass(seqs, owner, packer, passer, chooser, top_k, student_idx, len(rows), k_neg,
+        ex, packs = _one_pass(seqs, masks, owner, packer, passer, chooser, top_k, student_idx, len(rows), k_neg,
                               cfg.rollout.max_tokens)
     idx_resp = ex.pop("support_idx_resp", None)
     if idx_resp is not None:
@@ -119,25 +122,27 @@ def teacher_tensors(ctx: UpdateContext, path, rows, hp, loss: str, step: int) ->
     slots = sum(pk.slots for pk in packs)
     metrics = {"teacher/sequences": len(seqs), "teacher/rows": sum(pk.batch.num_samples for pk in packs),
                "teacher/pad_frac": 1.0 - real / slots, "teacher/tokens": real,
+               "teacher/scored_tokens": sum(float(pk.resp_mask.sum()) for pk in packs),
                "time/teacher": time.perf_counter() - t0, "teacher/syncs": path.teacher.syncs}
     return ex, metrics
 
 
-def _paired_passes(seqs, owner, packer, passer, top_k):
+def _paired_passes(seqs, masks, owner, packer, passer, top_k):
     """Two passes: the positives' top-k, then the negatives' log-probs at the positives' ids."""
-    pk_pos = packer([seqs[m] for m, (_, s) in enumerate(owner) if s == 0])
+    pos_m, neg_m = ([m for m, (_, s) in enumerate(owner) if s == slot] for slot in (0, 1))
+    pk_pos = packer([seqs[m] for m in pos_m], masks=[masks[m] for m in pos_m])
     pos = passer(pk_pos, k=top_k)
-    pk_neg = packer([seqs[m] for m, (_, s) in enumerate(owner) if s == 1])
+    pk_neg = packer([seqs[m] for m in neg_m], masks=[masks[m] for m in neg_m])
     neg = passer(pk_neg, index=pos["idx"])
     ex = {"teacher_topk": with_tail(pos["logp"]), "teacher_neg_topk": with_tail(neg["logp"]),
           "support_idx_resp": pos["idx"], "teacher_logp": pos["token_logp"]}
     return ex, (pk_pos, pk_neg)
 
 
-def _one_pass(seqs, owner, packer, passer, chooser, top_k, student_idx, n: int, k_neg: int, R_max: int):
+def _one_pass(seqs, masks, owner, packer, passer, chooser, top_k, student_idx, n: int, k_neg: int, R_max: int):
     """One pass over every sequence: the positives' token log-probs, entropy and (for a support loss)
     top-k at the chosen ids; the negatives' token log-probs laid out ``[n, k_neg, R]`` with a mask."""
-    pk = packer(seqs)
+    pk = packer(seqs, masks=masks)
     index = None if student_idx is None else torch.cat([student_idx[j:j + 1] for j, _ in owner], 0)
     out = passer(pk, k=top_k if chooser == "teacher" else None, index=index)
     slot0 = [m for m, (_, s) in enumerate(owner) if s == 0]
