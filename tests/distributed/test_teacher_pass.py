@@ -1,4 +1,6 @@
-"""Packed teacher passes == single-sequence computations (1e-5, fp32) at TP=1, TP=2 and PP=2."""
+"""Packed teacher passes == single-sequence computations (1e-5, fp32) at TP=1, TP=2 and PP=2; multi-turn
+teacher sequences scored on the policy's tokens only == HF transformers there (1e-4), RLSD's loss on them ==
+its formula over those tokens (``workers/teacher_pass.masked_against_hf``)."""
 from __future__ import annotations
 
 from pathlib import Path
