@@ -95,10 +95,7 @@ def second_turn(tok, hp, max_prompt_len: int | None = None, max_tokens: int = 0,
                          "the self-correction instruction text (docs/methods/score.md)")
     turn = chat.NextUserTurn.of(tok, hp.instruction)
     if max_prompt_len is not None and max_model_len is not None:
-        need = max_prompt_len + 2 * max_tokens + len(turn.suffix)
-        if need > max_model_len:
-            raise ValueError(f"SCoRe: data.max_prompt_len + 2*rollout.max_tokens + {len(turn.suffix)} instruction-turn "
-                             f"tokens = {need} > rollout.max_model_len={max_model_len}; raise max_model_len")
+        frame_check(max_prompt_len, max_tokens, len(turn.suffix), max_model_len)
     return turn
 
 
