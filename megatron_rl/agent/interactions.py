@@ -7,6 +7,10 @@ Reply`` after each such turn, ``finish(instance_id)``. Built-in: ``gsm8k`` (verl
 assistant message is graded by verl's strict GSM8K rule (``rewards/verl_rules.gsm8k_verdict``: the ``#### <n>``
 line) against ``ground_truth``; right → "Your response is correct!" and the conversation ends, wrong → "Your
 response is incorrect! You need to reflect on your answer and try again." and the policy writes again.
+``self_correct`` (SCoRe, docs/methods/score.md): after the first attempt it answers with the self-correction
+instruction (start argument ``instruction``; ``turn_ids``, when given, the turn's ids as the chat template renders
+it, or the instruction's own ids on a template-less tokenizer: ``trainer/paths/two_attempts.py``), after the
+second it ends the conversation.
 ``@register_interaction(name)`` on a subclass in a module named under ``plugins:`` adds one.
 """
 from __future__ import annotations
@@ -23,11 +27,14 @@ _HOW = ("register one with @megatron_rl.agent.interactions.register_interaction(
 
 @dataclasses.dataclass(frozen=True)
 class Reply:
-    """An interaction's answer: end the conversation (``stop``), the user message ``text``, a turn ``score``."""
+    """An interaction's answer: end the conversation (``stop``), the user message ``text``, a turn ``score``;
+    ``ids``: the turn's token ids as the template renders it after the assistant's content (appended as they are,
+    agent/loop.py), None: the loop renders ``text`` as a user turn."""
 
     stop: bool
     text: str
     score: float = 0.0
+    ids: tuple[int, ...] | None = None
 
 
 class Interaction(abc.ABC):
@@ -70,3 +77,21 @@ class Gsm8kInteraction(Interaction):
         if ok:
             return Reply(True, "Your response is correct!", 1.0)
         return Reply(False, "Your response is incorrect! You need to reflect on your answer and try again.", 0.0)
+
+
+@register_interaction("self_correct")
+class SelfCorrectInteraction(Interaction):
+    """SCoRe's correction turn (module docstring): the instruction once, then the end."""
+
+    def start(self, instance_id: str, **kwargs) -> None:
+        if not str(kwargs.get("instruction", "")).strip() and not kwargs.get("turn_ids"):
+            raise ValueError("interaction self_correct needs its `instruction` text (interaction_kwargs)")
+        super().start(instance_id, corrected=False, **kwargs)
+
+    def respond(self, instance_id: str, messages: list[dict]) -> Reply:
+        inst = self.instances[instance_id]
+        if inst["corrected"]:
+            return Reply(True, "")
+        inst["corrected"] = True
+        ids = inst.get("turn_ids")
+        return Reply(False, inst.get("instruction", ""), ids=None if ids is None else tuple(ids))

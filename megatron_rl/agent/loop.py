@@ -7,10 +7,10 @@ never re-templating what the engine sampled::
     repeat:
         turn = engine.generate(context)                  sampled ids kept as sampled   (mask 1, engine log-probs)
         calls = parse_tool_calls(decode(turn))           hermes <tool_call> blocks (agent/tool_calls.py)
-        stop if: turn hit the token budget ("length") | max_assistant_turns | max_user_turns
+        stop if: turn hit the response budget ("length") | max_assistant_turns | max_user_turns
         no call: the row's interaction (agent/interactions.py) answers with a user turn
-                 (sep + <|im_start|>user\n{text}<|im_end|>\n + generation_prompt, mask 0), or it ends (no interaction:
-                 ends)
+                 (sep + <|im_start|>user\n{text}<|im_end|>\n + generation_prompt, or its own ids, mask 0), or it
+                 ends (no interaction: ends)
         results = ToolSet.call(c) for c in calls[:max_parallel_calls]     failures come back as error text
         obs = encode(sep + render_tool_responses(texts) ) + generation_prompt     (mask 0, log-prob 0)
         stop ("length") if |response| + |obs| >= max_response_tokens      (the response ends on a sampled token)
@@ -18,19 +18,28 @@ never re-templating what the engine sampled::
 
 ``sep`` is ``"\\n"`` after a turn that ended with ``<|im_end|>`` (what the chat template writes after it),
 ``"<|im_end|>\\n"`` otherwise. A user turn (an interaction's or a tool response) counts against
-``max_user_turns``. Each tool text is cut to ``max_tool_response_length`` tokens before rendering.
+``max_user_turns``. Each tool text is cut to ``max_tool_response_length`` tokens before rendering. An
+interaction may answer with the ids of its turn as the template renders it after the assistant's content
+(``Reply.ids``; SCoRe's correction turn, ``trainer/paths/two_attempts.py``): they are appended as they are,
+except that ids opening with the EOS id share it with a turn that ended on EOS (ChatML's closing
+``<|im_end|>`` is written once).
 ``generation_prompt`` is the tokenizer's own: its chat template rendered with and without
 ``add_generation_prompt`` (:func:`generation_prompt_ids`; Qwen3 with thinking off adds an empty think block).
 
 Per trajectory: ``response_ids`` (every token after the prompt), ``response_mask`` (1 = sampled by the
 policy, 0 = tool / template tokens), ``logprobs`` (the engine's, 0 where the mask is 0), ``turns`` (assistant
 turns), ``tool_calls``, ``tool_errors`` and ``messages`` (the turns as chat messages, for the tokenization
-check). The token budget: a turn's ``max_tokens`` is ``max_response_tokens − |response|`` (the rollout's
-``max_tokens``), so a response never exceeds the training frame.
+check), ``turn_finish`` (each turn's finish reason). The token budget: a turn's ``max_tokens`` is
+``max_response_tokens − |response|`` (the rollout's ``max_tokens``), so a response never exceeds the training
+frame, capped at ``max_turn_tokens`` when that is set (a turn cut by that cap alone goes on to the next turn).
 
-Batching: every turn is one ``generate`` call over the live trajectories that share a remaining budget;
+Without tools (``tools=None``: a loop of engine and interaction turns, SCoRe's) a turn's text is not read for
+calls, and a tokenizer without a chat template serves as long as every interaction answers with ids.
+
+Batching: every turn is one ``generate`` call over the live trajectories that share a turn budget;
 turn 0 is the plain call (``n`` samples per prompt, the caller's sampling), later turns ``n=1`` with seed
-``seed + 7919 · turn`` (the engine adds the context's index).
+``seed + 104729 · turn`` (the engine adds the context's index): turn k draws as generation round k of the step
+(``rollout.rollouts.sampling_seed``'s round stride; the step stride 7919 would give turn 1 the next step's seed).
 
 Registry: ``single_turn_agent`` (one engine turn, mask all 1: the plain rollout), ``tool_agent`` (the loop
 above); :func:`register_agent_loop` on a subclass of :class:`AgentLoop` in a module named under the
@@ -65,6 +74,8 @@ class Budgets:
     max_user_turns: int = 5
     max_parallel_calls: int = 1
     max_tool_response_length: int = 256
+    max_turn_tokens: int = 0
+    """A turn's own token cap (0: only the remaining ``max_response_tokens``)."""
 
 
 @dataclasses.dataclass
@@ -88,6 +99,8 @@ class Trajectory:
     """Where each assistant turn starts in ``response_ids``."""
     interaction_turns: int = 0
     """User turns an interaction wrote (``agent/interactions.py``)."""
+    turn_finish: list[str] = dataclasses.field(default_factory=list)
+    """Each assistant turn's finish reason (``finish_reason`` is the last one's)."""
 
 
 def generation_prompt_ids(tokenizer) -> list[int]:
@@ -131,6 +144,7 @@ class AgentLoop(abc.ABC):
         t.response_mask += [1] * len(c.response_ids)
         t.versions = t.versions + tuple(getattr(c, "versions", ()) or ())
         t.finish_reason = c.finish_reason
+        t.turn_finish.append(c.finish_reason)
         t.turns += 1
 
 
@@ -155,19 +169,22 @@ class SingleTurnAgentLoop(AgentLoop):
 
 @register_agent_loop("tool_agent")
 class ToolAgentLoop(AgentLoop):
-    """Engine turns and tool turns until no call or a budget (module docstring)."""
+    """Engine turns, tool turns and interaction turns until no call or a budget (module docstring); ``tools=None``:
+    engine and interaction turns only."""
 
     def __init__(self, tokenizer, tools, budgets: Budgets):
         super().__init__(tokenizer, tools, budgets)
-        if tools is None:
-            raise ValueError("tool_agent needs a ToolSet (multi_turn.tools)")
-        self.gen_prompt = generation_prompt_ids(tokenizer)
-        ends = tokenizer.encode(IM_END)
+        try:
+            self.gen_prompt = generation_prompt_ids(tokenizer)
+        except ValueError:
+            if tools is not None:
+                raise
+            self.gen_prompt = None     # no template: interactions must answer with ids (``_interact``)
+        ends = tokenizer.encode(IM_END) if self.gen_prompt is not None else []
         self.im_end = ends[0] if len(ends) == 1 else None
 
     def run(self, engine, prompts, sampling, tools_kwargs=None, interaction_kwargs=None):
         """``interaction_kwargs``: per prompt, None or verl's ``{"name": <interaction>, ...its start arguments}``."""
-        b = self.budgets
         for what, xs in (("tools_kwargs", tools_kwargs), ("interaction_kwargs", interaction_kwargs)):
             if xs is not None and len(xs) != len(prompts):
                 raise ValueError(f"{what}: {len(xs)} entries for {len(prompts)} prompts")
@@ -176,7 +193,9 @@ class ToolAgentLoop(AgentLoop):
         self._inter: dict = {}
         try:
             for t, c in self.first_turn(engine, prompts, sampling):
-                iid = self.tools.create(uuid.uuid4().hex, (tools_kwargs or [None] * len(prompts))[t.prompt_index])
+                iid = uuid.uuid4().hex
+                if self.tools is not None:
+                    self.tools.create(iid, (tools_kwargs or [None] * len(prompts))[t.prompt_index])
                 ik = dict((interaction_kwargs or [None] * len(prompts))[t.prompt_index] or {})
                 if ik.get("name"):
                     self._inter[iid] = make_interaction(ik.pop("name"))
@@ -186,11 +205,11 @@ class ToolAgentLoop(AgentLoop):
             while live:
                 by_budget: dict[int, list] = {}
                 for t, iid in live:
-                    by_budget.setdefault(b.max_response_tokens - len(t.response_ids), []).append((t, iid))
+                    by_budget.setdefault(self._turn_tokens(t), []).append((t, iid))
                 live = []
                 for left, group in sorted(by_budget.items()):
                     sp = dataclasses.replace(sampling, n=1, max_tokens=left,
-                                             seed=None if sampling.seed is None else (sampling.seed + 7919 * turn) % 2 ** 31)
+                                             seed=None if sampling.seed is None else (sampling.seed + 104_729 * turn) % 2 ** 31)
                     comps = engine.generate([list(t.prompt_ids) + t.response_ids for t, _ in group], sp)
                     for (t, iid), c in zip(group, comps):
                         self.add_turn(t, c)
@@ -198,15 +217,30 @@ class ToolAgentLoop(AgentLoop):
                 turn += 1
         except BaseException:
             for _, iid in live:
-                self.tools.release(iid)
+                if self.tools is not None:
+                    self.tools.release(iid)
                 if iid in self._inter:
                     self._inter.pop(iid).finish(iid)
             raise
         return sorted(done, key=lambda t: (t.prompt_index, t.sample_index))
 
+    def _turn_tokens(self, t: Trajectory) -> int:
+        """The next turn's ``max_tokens``: what is left of the response budget, capped at ``max_turn_tokens``."""
+        b = self.budgets
+        left = b.max_response_tokens - len(t.response_ids)
+        return min(left, b.max_turn_tokens) if b.max_turn_tokens > 0 else left
+
+    def _out_of_room(self, t: Trajectory, c) -> bool:
+        """The turn hit a token limit other than ``max_turn_tokens`` alone: the response budget is spent."""
+        b = self.budgets
+        turn_cap_only = 0 < b.max_turn_tokens == len(c.response_ids) and len(t.response_ids) < b.max_response_tokens
+        return c.finish_reason == "length" and not turn_cap_only
+
     def prefill(self, prompt_ids) -> list[int]:
         """The tokens of an assistant turn the prompt already began (after its last generation prompt; usually
         none): turn 0's text is read for calls from there (a prompt may force a call by writing it)."""
+        if self.tools is None:
+            return []
         g, p = self.gen_prompt, list(prompt_ids)
         for i in range(len(p) - len(g), -1, -1):
             if p[i:i + len(g)] == g:
@@ -217,14 +251,14 @@ class ToolAgentLoop(AgentLoop):
         """Parse the turn just added; finish the trajectory or append the tool responses and keep it live."""
         b = self.budgets
         text = self.tok.decode(list(prefill) + list(c.response_ids))
-        parsed = parse_tool_calls(text)
-        calls = parsed.calls[:b.max_parallel_calls]
+        parsed = parse_tool_calls(text) if self.tools is not None else None
+        calls = parsed.calls[:b.max_parallel_calls] if parsed is not None else []
         t.messages.append({"role": "assistant", "content": parsed.content if calls else text,
                            "tool_calls": [{"type": "function", "function": {"name": getattr(k, "name", ""),
                                                                             "arguments": getattr(k, "arguments", {})}}
                                           for k in calls]})
         user_turns = t.turns - 1
-        if c.finish_reason == "length" or t.turns >= b.max_assistant_turns or user_turns >= b.max_user_turns:
+        if self._out_of_room(t, c) or t.turns >= b.max_assistant_turns or user_turns >= b.max_user_turns:
             return self._finish(t, iid, done)
         sep = "\n" if c.response_ids and c.response_ids[-1] == self.im_end else IM_END + "\n"
         if not calls:
@@ -245,8 +279,16 @@ class ToolAgentLoop(AgentLoop):
         reply = inter.respond(iid, t.messages)
         if reply.stop:
             return self._finish(t, iid, done)
-        if self._append(t, iid, list(self.tok.encode(f"{sep}{IM_START}user\n{reply.text}{IM_END}\n")) + self.gen_prompt,
-                        live, done):
+        if reply.ids is not None:
+            eos = getattr(self.tok, "eos_id", None)
+            shared = bool(reply.ids) and reply.ids[0] == eos and bool(t.response_ids) and t.response_ids[-1] == eos
+            obs = list(reply.ids[1:] if shared else reply.ids)
+        elif self.gen_prompt is None:
+            raise ValueError(f"interaction {inter.name!r} answered with text, but the tokenizer has no chat template "
+                             "to render a user turn; answer with Reply.ids")
+        else:
+            obs = list(self.tok.encode(f"{sep}{IM_START}user\n{reply.text}{IM_END}\n")) + self.gen_prompt
+        if self._append(t, iid, obs, live, done):
             t.interaction_turns += 1
             t.messages.append({"role": "user", "content": reply.text})
 
@@ -272,8 +314,9 @@ class ToolAgentLoop(AgentLoop):
         return text if len(ids) <= n else self.tok.decode(ids[:n])
 
     def _finish(self, t: Trajectory, iid: str, done: list) -> None:
-        t.tool_rewards = self.tools.rewards(iid)
-        self.tools.release(iid)
+        if self.tools is not None:
+            t.tool_rewards = self.tools.rewards(iid)
+            self.tools.release(iid)
         if iid in self._inter:
             self._inter.pop(iid).finish(iid)
         done.append(t)

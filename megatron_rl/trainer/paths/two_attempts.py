@@ -1,11 +1,18 @@
 """The ``two_attempts`` data path (SCoRe, ``algo.kind=score``): two-attempt rollouts and the training
 rows of the two-stage self-correction objective (spec Part 2, ``algorithms/score.py``).
 
-Rollout (rank 0 drives the engines, the result is broadcast):
+Rollout (rank 0 drives the engines, the result is broadcast): ONE interaction on the agent loop
+(``agent/loop.py``, no tools; the ``self_correct`` interaction of ``agent/interactions.py`` answers the first
+attempt with ``turn`` and ends the trajectory after the second):
 
-    x1 = prompt;                 y1 ~ π_θ(· | x1)        (``rollout.n`` samples per prompt)
-    x2 = x1 ++ y1 ++ turn;       y2 ~ π_θ(· | x2)        (one sample per attempt 1)
+    x1 = prompt;                 y1 ~ π_θ(· | x1)        (turn 0: ``rollout.n`` samples per prompt)
+    x2 = x1 ++ y1 ++ turn;       y2 ~ π_θ(· | x2)        (turn 1: one sample per attempt 1, seed of round 1)
     r1 = R(y1), r2 = R(y2)       (the run's reward manager, same row / ground truth)
+
+The trajectory is ``x1 → y1 (mask 1) ++ turn (mask 0) ++ y2 (mask 1)``; each attempt has its own
+``rollout.max_tokens`` (the loop's ``max_turn_tokens``, in a response budget of ``2·max_tokens + |turn|``), and a
+truncated y1 gets its second attempt all the same. :func:`attempts_of` cuts it into the two sample-aligned
+attempts at the mask (y1 = the first turn's tokens) and at the second turn's start (x2 = x1 ++ everything before).
 
 On a chat-template model (docs/methods/score.md) x2 is the template over [system, user, assistant(y1),
 user(instruction)] plus the generation prompt: ``turn`` is the template's own text after the
@@ -18,7 +25,7 @@ so the reference's corrector probably sees only y1's answer (docs/methods/score.
 sees all of y1, which is what the reference's helper meant to do. An empty
 ``algo.score.instruction`` on a chat model is a start-up error, and so is a
 ``data.max_prompt_len + 2·rollout.max_tokens + |turn|`` over ``rollout.max_model_len`` (no x2 can
-then be cut).
+then be cut; the template-less instruction too).
 
 The template-less CPU demo task (character-level tokenizer over ``R 0123456789=``) has no turns:
 ``turn`` is the short instruction :data:`DEMO_INSTRUCTION` = ``"R="`` ("redo:"), after y1 WITH its EOS.
@@ -46,15 +53,16 @@ import dataclasses
 
 import torch
 
+from megatron_rl.agent.loop import Budgets, agent_loop_class
 from megatron_rl.algorithms.hparams import ScoreHParams
 from megatron_rl.data import chat
-from megatron_rl.rollout.engine import SamplingParams
 from megatron_rl.rollout import rollouts as R
+from megatron_rl.rollout.engine import Completion
+from megatron_rl.trainer.contract import CollectContext, Sampled, UpdateContext
 from megatron_rl.trainer.pipeline.logprobs import logprob_gap
 from megatron_rl.trainer.pipeline.sequences import sequences
 
 from .base import DataPath, register_path
-from megatron_rl.trainer.contract import CollectContext, Sampled, UpdateContext
 
 DEMO_INSTRUCTION = "R="
 """Self-correction instruction of the CPU demo task ("redo:"; characters of its tokenizer)."""
@@ -62,7 +70,8 @@ DEMO_INSTRUCTION = "R="
 
 @dataclasses.dataclass
 class TwoAttempts:
-    """Sample-aligned attempts: ``second.prompts[i] == first.prompts[i] + first.responses[i] + instr``."""
+    """Sample-aligned attempts of one trajectory each: ``second.prompts[i] == first.prompts[i] + first.responses[i]
+    + turn`` (y1's closing EOS shared with a turn that opens with it)."""
 
     first: R.Rollouts
     second: R.Rollouts
@@ -86,10 +95,7 @@ def second_turn(tok, hp, max_prompt_len: int | None = None, max_tokens: int = 0,
                          "the self-correction instruction text (docs/methods/score.md)")
     turn = chat.NextUserTurn.of(tok, hp.instruction)
     if max_prompt_len is not None and max_model_len is not None:
-        need = max_prompt_len + 2 * max_tokens + len(turn.suffix)
-        if need > max_model_len:
-            raise ValueError(f"SCoRe: data.max_prompt_len + 2*rollout.max_tokens + {len(turn.suffix)} instruction-turn "
-                             f"tokens = {need} > rollout.max_model_len={max_model_len}; raise max_model_len")
+        frame_check(max_prompt_len, max_tokens, len(turn.suffix), max_model_len)
     return turn
 
 
@@ -102,44 +108,46 @@ def instruction_ids(tok, hp) -> list[int]:
     return ids
 
 
-def second_prompts(first: R.Rollouts, turn, max_len: int, eos_id: int | None = None) -> list[list[int]]:
-    """x2 per sample: ``turn.second_prompt(x1, y1)`` for a chat layout, else ``x1 ++ y1 ++ turn`` (ids);
-    a prompt longer than ``max_len`` is an error naming the sample (truncating would cut the
-    instruction, docs/methods/score.md)."""
-    out = []
-    for i, (p, r) in enumerate(zip(first.prompts, first.responses)):
-        x2 = turn.second_prompt(p, r, eos_id) if hasattr(turn, "second_prompt") else list(p) + list(r) + list(turn)
-        if len(x2) > max_len:
-            raise ValueError(f"SCoRe attempt-2 prompt of sample {i} has {len(x2)} tokens > {max_len} "
-                             "(rollout.max_model_len - rollout.max_tokens); raise max_model_len")
-        out.append(x2)
-    return out
+def frame_check(max_prompt_len: int, max_tokens: int, n_turn: int, max_model_len: int) -> None:
+    """Start-up: x1 ++ y1 ++ turn ++ y2 fits ``rollout.max_model_len`` for every prompt."""
+    need = max_prompt_len + 2 * max_tokens + n_turn
+    if need > max_model_len:
+        raise ValueError(f"SCoRe: data.max_prompt_len + 2*rollout.max_tokens + {n_turn} instruction-turn "
+                         f"tokens = {need} > rollout.max_model_len={max_model_len}; raise max_model_len")
 
 
-def _second_rollouts(ctx: CollectContext, tok, first: R.Rollouts, prompts: list[list[int]],
-                     sampling: SamplingParams) -> R.Rollouts:
-    comps = ctx.client.generate(prompts, dataclasses.replace(sampling, n=1))
-    if len(comps) != len(prompts):
-        raise RuntimeError(f"attempt 2: {len(comps)} completions for {len(prompts)} prompts")
-    for i, c in enumerate(comps):
-        if not c.response_ids:
-            raise RuntimeError(f"engine returned an empty attempt-2 response for sample {i}")
-    second = R.from_completions(list(first.rows), comps, tok)   # completion i: prompt i = sample i of attempt 1
-    second.group_ids = first.group_ids.clone()
-    return second
+def attempt_budgets(max_tokens: int, n_turn: int) -> Budgets:
+    """The trajectory's limits: two assistant turns of ``max_tokens`` each around one ``n_turn``-token user turn."""
+    return Budgets(max_response_tokens=2 * max_tokens + n_turn, max_assistant_turns=2, max_user_turns=1,
+                   max_turn_tokens=max_tokens)
 
 
-def collect_two(ctx: CollectContext, cfg, tok, step: int, turn) -> TwoAttempts:
-    """Driver only: attempt 1 (``rollout.n`` per prompt), attempt 2 (one per attempt 1) after ``turn``
-    (the chat layout or the instruction ids), both scored. No collective (the loop broadcasts)."""
-    idx = ctx.sampler.next_batch()
-    first = R.score(R.generate(ctx.client, ctx.train_set, idx, R.sampling_params(cfg, step, eos_id=tok.eos_id),
-                               tok), ctx.rewards)
-    x2 = second_prompts(first, turn, cfg.rollout.max_model_len - cfg.rollout.max_tokens, tok.eos_id)
-    sp2 = R.sampling_params(cfg, step, round_=1, n=1, eos_id=tok.eos_id)
-    second = R.score(_second_rollouts(ctx, tok, first, x2, sp2), ctx.rewards)
-    ctx.samples(step, "score_second", [p + r for p, r in zip(second.prompts, second.responses)])
-    return TwoAttempts(first, second)
+def attempts_of(trajs: list, rows: list, tok) -> TwoAttempts:
+    """The two attempts of each trajectory (module docstring), as sample-aligned :class:`Rollouts`; a
+    trajectory that ended before its second attempt is an error naming it."""
+    firsts, seconds = [], []
+    for t in trajs:
+        if t.turns != 2 or 0 not in t.response_mask:
+            raise RuntimeError(f"SCoRe trajectory {t.prompt_index}/{t.sample_index} ended after {t.turns} attempt(s) "
+                               f"({t.finish_reason}), not 2")
+        e, k = t.response_mask.index(0), t.turn_starts[1]       # end of y1, start of y2
+        ids, lp, v, x1 = tuple(t.response_ids), tuple(t.logprobs), tuple(t.versions), tuple(t.prompt_ids)
+        firsts.append(Completion(t.prompt_index, t.sample_index, x1, ids[:e], lp[:e], t.turn_finish[0], v[:e]))
+        seconds.append(Completion(t.prompt_index, t.sample_index, x1 + ids[:k], ids[k:], lp[k:], t.turn_finish[1], v[k:]))
+    return TwoAttempts(R.from_completions(rows, firsts, tok), R.from_completions(rows, seconds, tok))
+
+
+def collect_two(ctx: CollectContext, cfg, tok, step: int, loop, interaction: dict) -> TwoAttempts:
+    """Driver only: the trajectories of one batch of prompts (``rollout.n`` each) on the agent ``loop`` with the
+    ``interaction`` (its kwargs), cut into the two attempts, both scored. No collective (the loop broadcasts)."""
+    rows = [ctx.train_set[i] for i in ctx.sampler.next_batch()]
+    trajs = loop.run(ctx.client, [list(r.prompt_ids) for r in rows], R.sampling_params(cfg, step, eos_id=tok.eos_id),
+                     None, [interaction] * len(rows))
+    two = attempts_of(trajs, rows, tok)
+    R.score(two.first, ctx.rewards)
+    R.score(two.second, ctx.rewards)
+    ctx.samples(step, "score_second", [p + r for p, r in zip(two.second.prompts, two.second.responses)])
+    return two
 
 
 def first_positions(two: TwoAttempts, max_resp: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -166,17 +174,19 @@ def score_metrics(two: TwoAttempts, stage: int) -> dict:
 
 @register_path("two_attempts")
 class TwoAttemptsPath(DataPath):
-    """Attempt 1, attempt 2 on ``x1 ++ y1 ++ turn``, both scored; the pipeline's one old / ref pass over
-    ``x2 ++ y2`` serves both attempts. The second-turn layout of the chat template (:func:`second_turn`)
-    is built at start-up, so a template that cannot host it fails before any model is built."""
+    """Attempt 1, attempt 2 on ``x1 ++ y1 ++ turn`` (one agent-loop interaction), both scored; the pipeline's one
+    old / ref pass over ``x2 ++ y2`` serves both attempts. The second-turn layout of the chat template
+    (:func:`second_turn`) and the loop are built at start-up, so a template that cannot host the turn fails before
+    any model is built."""
 
     hparams = ScoreHParams
     prompt_context = "corrector_turn"
     provides = frozenset({"rewards", "group_ids", "mask", "logp", "ref_logp", "first_logp", "first_ref_logp",
                           "first_mask", "first_rewards"})
     importance_weights = False    # REINFORCE on both attempts: no proximal ratio to weight
-    multi_turn_unsupported = ("SCoRe's second attempt is a single-turn corrector prompt built from the first "
-                              "(x1 ++ y1 ++ instruction); a tool conversation has no such layout")
+    multi_turn_unsupported = ("SCoRe's rollout is itself a two-turn interaction on the agent loop (attempt, "
+                              "correction instruction, attempt); tool turns inside its attempts would leave r1 = "
+                              "R(y1) and the lp1 / lp2 split without a meaning")
     async_unsupported = ("SCoRe's objective is REINFORCE on two attempts with no proximal-policy ratio, and its "
                          "registered loss takes no importance weight, so attempts sampled by older weights would "
                          "enter the gradient uncorrected")
@@ -184,12 +194,16 @@ class TwoAttemptsPath(DataPath):
     def __init__(self, cfg, tok):
         super().__init__(cfg, tok)
         r = cfg.rollout
-        self.turn = second_turn(tok, self.hp, cfg.data.max_prompt_len, r.max_tokens, r.max_model_len)
-        if self.turn is None:          # template-less tokenizer: the instruction's own ids
-            self.turn = instruction_ids(tok, self.hp)
+        turn = second_turn(tok, self.hp, cfg.data.max_prompt_len, r.max_tokens, r.max_model_len)
+        # the chat template's turn after y1's content, or (template-less tokenizer) the instruction's own ids
+        ids = list(turn.suffix) if turn is not None else instruction_ids(tok, self.hp)
+        frame_check(cfg.data.max_prompt_len, r.max_tokens, len(ids), r.max_model_len)
+        self.loop = agent_loop_class("tool_agent")(tok, None, attempt_budgets(r.max_tokens, len(ids)))
+        self.interaction = {"name": "self_correct", "instruction": self.hp.instruction or DEMO_INSTRUCTION,
+                            "turn_ids": ids}
 
     def collect(self, ctx: CollectContext, step: int):
-        return collect_two(ctx, self.cfg, self.tok, step, self.turn)
+        return collect_two(ctx, self.cfg, self.tok, step, self.loop, self.interaction)
 
     def sampled(self, ctx: UpdateContext, data: TwoAttempts, step: int):
         """The sequences ``x2 ++ y2`` (their rollouts: attempt 2), attempt 1's rewards for the credit

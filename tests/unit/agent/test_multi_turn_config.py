@@ -16,7 +16,7 @@ ON = {"enable": True, "tools": ["calculator"]}
     ({"multi_turn": {**ON, "tools": ["nope"]}}, "multi_turn.tools: unknown tool 'nope'.*register_tool"),
     ({"multi_turn": {**ON, "tools": {"calculator": {"wall_s": 3}}}}, "multi_turn.tools: function tool 'calculator' takes no config"),
     ({"multi_turn": {"enable": True}}, "multi_turn.loop=tool_agent with no multi_turn.tools"),
-    ({"multi_turn": ON, "algo": {"kind": "score"}}, "algo.kind='score' .data path 'two_attempts'.: SCoRe's second attempt"),
+    ({"multi_turn": ON, "algo": {"kind": "score"}}, "algo.kind='score' .data path 'two_attempts'.: SCoRe's rollout is itself a two-turn interaction"),
     ({"multi_turn": ON, "algo": {"kind": "remax"}}, "data path 'greedy'.: ReMax's greedy baseline"),
     ({"multi_turn": ON, "algo": {"kind": "bicc"}}, "data path 'bicc_context'.: BiCC inserts"),
     ({"multi_turn": ON, "algo": {"kind": "papo"}, "reward": {"grader_url": "http://127.0.0.1:9/v1"}}, "data path 'process_reward'.: PAPO's rubric grader"),
