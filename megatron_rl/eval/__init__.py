@@ -14,6 +14,13 @@ Writes ``samples.jsonl`` (per sample: row, sample, score, correct) and ``summary
 pass@k for each k of ``--k``, default n, per data source and overall; ``eval/metrics.py``) into
 ``--out``, which must be new or empty, or an earlier eval output with ``--force`` (``eval/out_dir.py``).
 
+Multi-turn (``--config RUN/config.yaml`` of a run with ``multi_turn.enable``): each row runs through the run's agent
+loops, tools, interactions and budgets (``eval/agent.py``; ``--max-tokens`` defaults to its ``rollout.max_tokens``,
+the budget of a whole response); the completions file holds each trajectory with its tool turns, and the summary
+adds ``tool_call_rate``, ``tool_success_rate``, ``tool_calls_mean``, ``turns_mean``::
+
+    megatron-rl eval --config runs/tools/config.yaml --model runs/tools/hf --data val.parquet --out o
+
 Named benchmarks (``--benchmarks aime24,amc23`` or a paper's preset such as ``rlcsd_math``, with
 ``--data-dir`` and ``--model`` or ``--completions-dir``; ``--two-attempt``: SCoRe's protocol) write
 the papers' table instead (``eval/bench.py``)::
@@ -32,6 +39,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from megatron_rl.agent.rows import eval_metrics
+from megatron_rl.agent.run_config import template_kwargs
 from megatron_rl.config_parse import check_truncation
 from megatron_rl.data.tokenizer import load_tokenizer
 from megatron_rl.eval.bench import check_bench_args, run_benchmarks
@@ -42,7 +51,16 @@ from megatron_rl.runtime.diskspace import NotWritableError, check_writable
 from megatron_rl.runtime.path_kind import expect_hf
 from megatron_rl.runtime.usage import EXIT_USAGE, OneLineParser, error_status
 
-from .completions import check_completions, load_completions, load_rows, model_lengths, open_engine, score_responses
+from .agent import agent_runner, run_agent_eval, write_records
+from .completions import (
+    check_completions,
+    load_agent_counts,
+    load_completions,
+    load_rows,
+    model_lengths,
+    open_engine,
+    score_responses,
+)
 from .metrics import pass_at_k, summarize
 
 #: ``eval`` output: the libraries' INFO and warnings (the console keeps ours and errors; ``--verbose``: all)
@@ -87,6 +105,9 @@ def run_eval(eval_parquet, completions_jsonl, k, out_dir, reward_by_source: dict
     summary = {"k": ks[0] if len(ks) == 1 else list(ks), "n": n_used if n_used is not None else [counts[0], counts[-1]],
                "rows": len(rows)}
     summary.update(summarize(scored, ks_all))
+    counts = load_agent_counts(completions_jsonl)   # multi-turn trajectories: the tool numbers of the same samples
+    if counts is not None:
+        summary.update(eval_metrics([c for i in range(len(rows)) for c in (counts.get(i, [])[:n] if n else counts.get(i, []))]))
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 
@@ -94,24 +115,29 @@ def run_eval(eval_parquet, completions_jsonl, k, out_dir, reward_by_source: dict
 def generate_completions(eval_parquet, model_dir, k: int, out_jsonl, max_tokens: int | None = None,
                          temperature: float = 1.0, engine: str = "vllm", top_p: float = 1.0, top_k: int = -1,
                          min_p: float = 0.0, chat_template_kwargs: dict | None = None, tp: int = 1,
-                         seed: int = 0) -> Path:
+                         seed: int = 0, agent_cfg=None) -> Path:
     """Sample k completions per row with a rollout engine (tokenizer from the model dir; prompts
-    rendered with ``chat_template_kwargs``; each JSONL line also carries its rendered ``prompt``)."""
+    rendered with ``chat_template_kwargs``; each JSONL line also carries its rendered ``prompt``).
+    ``agent_cfg``: a config with ``multi_turn.enable``: each row's trajectories through its agent loops
+    (``eval/agent.py``; prompts rendered with the tools' schemas; ``max_tokens`` the whole response's budget),
+    each line a trajectory with its counters and turns."""
     from megatron_rl.data.dataset import PromptDataset  # lazy: defers torch to the call
     from megatron_rl.rollout.engine import SamplingParams  # lazy: defers torch to the call
 
+    if agent_cfg is not None:   # the tools' schemas in every rendering, as training renders them
+        chat_template_kwargs = {**template_kwargs(agent_cfg), **(chat_template_kwargs or {})}
     tok = load_tokenizer(model_dir, chat_template_kwargs)
     ds = PromptDataset.from_parquet(eval_parquet, tok, max_prompt_len=4096)
     max_tokens, context = model_lengths(model_dir, max(len(r.prompt_ids) for r in ds.rows), max_tokens)
     eng = open_engine(engine, model_dir, context, tp)
-    comps = eng.generate([list(r.prompt_ids) for r in ds.rows],
-                         SamplingParams(n=k, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-                                        max_tokens=max_tokens, seed=seed, stop_token_ids=(tok.eos_id,)))
-    with open(out_jsonl, "w") as f:
-        for c in comps:
-            f.write(json.dumps({"index": c.prompt_index, "response": tok.decode(c.response_ids),
-                                "prompt": tok.decode(c.prompt_ids)}) + "\n")
-    return Path(out_jsonl)
+    sp = SamplingParams(n=k, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, max_tokens=max_tokens,
+                        seed=seed, stop_token_ids=(tok.eos_id,))
+    if agent_cfg is not None:
+        _, records, _ = run_agent_eval(agent_runner(agent_cfg, tok, max_tokens), eng, list(ds.rows), sp, tok)
+    else:
+        records = [{"index": c.prompt_index, "response": tok.decode(c.response_ids), "prompt": tok.decode(c.prompt_ids)}
+                   for c in eng.generate([list(r.prompt_ids) for r in ds.rows], sp)]
+    return write_records(out_jsonl, records)
 
 
 def _ks(text: str) -> list[int]:
@@ -178,6 +204,33 @@ def _check_args(a) -> str | None:
         problem = _check_tp_here(a.tp, a.engine) or _check_engine_sampling(a)
         if problem:
             return problem
+    return _check_config(a)
+
+
+def _check_config(a) -> str | None:
+    """``--config``: a loadable training config; with its ``multi_turn.enable`` (``a.agent_cfg``) the rows of
+    ``--data`` name what it has (``agent/rows.check_agent_rows``) and ``--model`` generates them."""
+    a.agent_cfg = None
+    if a.config is None:
+        return None
+    from megatron_rl.agent.rows import check_agent_rows  # lazy: the agent package on use
+    from megatron_rl.config import load_config  # lazy: the config's plugins are imported on use
+
+    try:
+        cfg = load_config(a.config)
+    except (ValueError, FileNotFoundError) as e:
+        return f"--config {a.config}: {e}"
+    if not cfg.multi_turn.enable:
+        return None
+    if a.benchmarks or not a.model:
+        return (f"--config {a.config} has multi_turn.enable: the multi-turn evaluation generates from --model on "
+                "--data (not --benchmarks, not --completions: a completions file is scored as it is)")
+    try:
+        check_agent_rows(a.data, f"--data {a.data}", cfg.multi_turn.tools)
+    except ValueError as e:
+        return str(e)
+    a.agent_cfg = cfg
+    a.max_tokens = a.max_tokens or cfg.rollout.max_tokens
     return None
 
 
@@ -258,6 +311,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true",
                    help="replace an earlier eval output of megatron-rl in --out (other files are never touched)")
     p.add_argument("--engine", default="vllm", choices=("vllm", "hf"))
+    p.add_argument("--config", default=None, metavar="YAML",
+                   help="a training config (e.g. RUN/config.yaml); with its multi_turn.enable the --model rows run "
+                        "through its agent loops, tools and budgets (docs/multi-turn.md)")
     p.add_argument("--max-tokens", type=int, default=None,
                    help="response length cap (default: 256, or less where the model's positions end)")
     p.add_argument("--reward", default=None, metavar="NAME",
@@ -312,7 +368,7 @@ def _run(a) -> int:
             prepare_eval_out(a.out, a.force)
         comp = a.completions or generate_completions(
             a.data, a.model, n, Path(a.out) / "completions.jsonl", a.max_tokens, a.temperature, a.engine,
-            a.top_p, a.top_k, a.min_p, a.chat_template_kwargs, a.tp, a.seed)
+            a.top_p, a.top_k, a.min_p, a.chat_template_kwargs, a.tp, a.seed, a.agent_cfg)
         s = run_eval(a.data, comp, a.k, a.out, a.reward_by_source, n=a.n, reward_default=a.reward,
                      prepare_out=None if a.model else (lambda: prepare_eval_out(a.out, a.force, keep=a.completions)))
     except (ValueError, FileNotFoundError, FileExistsError) as e:

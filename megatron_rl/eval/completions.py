@@ -47,6 +47,20 @@ def load_completions(path) -> dict[int, list[str]]:
     return out
 
 
+def load_agent_counts(path) -> dict[int, list[dict]] | None:
+    """A multi-turn completions file's counters per row (``turns``, ``tool_calls``, ``tool_errors`` of each line,
+    in file order: ``agent/rows.trajectory_record``), None when its lines carry none (a single-turn file)."""
+    out: dict[int, list[dict]] = defaultdict(list)
+    for raw in Path(path).read_bytes().splitlines():
+        obj = json.loads(raw) if raw.strip() else None
+        if obj is None:
+            continue
+        if "tool_calls" not in obj:
+            return None
+        out[int(obj["index"])].append({k: int(obj.get(k, 0)) for k in ("turns", "tool_calls", "tool_errors")})
+    return out or None
+
+
 def score_responses(rows: list, resps: list[list[str]], rm) -> list[list[float]]:
     """Every response of row i (``resps[i]``) scored by the reward its ``data_source`` selects
     (``RewardManager``: the training loop's verifiers and reward pool)."""

@@ -194,7 +194,8 @@ def format_summary(summary: dict, title: str = "megatron-rl train: done", resume
     """The end-of-run summary of ``megatron-rl train`` and ``megatron-rl demo``: a few aligned lines.
 
     ``summary`` is ``trainer.loop.run``'s dict (``start_step``, ``end_step``, ``val_acc_before`` /
-    ``val_acc_after``, the paths of :data:`SUMMARY_PATHS`); keys it lacks are left out, so a run
+    ``val_acc_after``, a multi-turn run's ``val_tool_call_rate_*`` / ``val_tool_success_rate_*``, the paths of
+    :data:`SUMMARY_PATHS`); keys it lacks are left out, so a run
     without a val set or an export prints no empty line. The accuracy line reads
     ``before RL A -> after RL B`` (tests and scripts parse it). ``resume``: the command that
     continues the run; ``prefix``: put before every line (the demo's ``[demo] ``).
@@ -207,6 +208,10 @@ def format_summary(summary: dict, title: str = "megatron-rl train: done", resume
     if before is not None or after is not None:
         fmt = lambda v: "n/a" if v is None else f"{v:.3f}"
         rows.append(("held-out accuracy", f"before RL {fmt(before)} -> after RL {fmt(after)}"))
+        for key, label in (("tool_call_rate", "tool-call rate"), ("tool_success_rate", "tool success")):
+            b, a = summary.get(f"val_{key}_before"), summary.get(f"val_{key}_after")
+            if b is not None or a is not None:   # a multi-turn run's held-out evaluation (eval/agent.py)
+                rows.append((label, f"before RL {fmt(b)} -> after RL {fmt(a)}"))
     rows += [(label, str(summary[key])) for key, label in SUMMARY_PATHS if summary.get(key)]
     if resume:
         rows.append(("resume", resume))

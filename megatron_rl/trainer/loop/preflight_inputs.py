@@ -149,41 +149,16 @@ def check_row_fields(cfg) -> None:
 
 
 def check_agent_rows(cfg) -> None:
-    """With ``multi_turn.enable``, verl's agentic columns of ``data.train`` name what this run has: a row's
-    ``agent_name`` a registered agent loop, its ``extra_info.tools_kwargs`` tools of ``multi_turn.tools`` (and is
-    present where ``extra_info.need_tools_kwargs`` says so), its ``extra_info.interaction_kwargs.name`` a registered
-    interaction (``agent/interactions.py``). One line naming the first offending row and the fix."""
+    """With ``multi_turn.enable``, verl's agentic columns of ``data.train`` and ``data.val`` name what this run has
+    (``agent/rows.check_agent_rows``: a registered loop, tools of ``multi_turn.tools``, a registered interaction).
+    One line naming the first offending row and the fix."""
     if not cfg.multi_turn.enable:
         return
-    import pyarrow.parquet as pq  # lazy: defers pyarrow to the call
+    from megatron_rl.agent.rows import check_agent_rows as check  # lazy: the agent package on use
 
-    from megatron_rl.agent.interactions import make_interaction  # lazy: the agent package on use
-    from megatron_rl.agent.loop import agent_loop_class  # lazy: the agent package on use
-
-    f = pq.ParquetFile(cfg.data.train)
-    cols = [c for c in ("agent_name", "extra_info") if c in f.schema_arrow.names]
-    table = f.read(columns=cols).to_pylist() if cols else []
-    where = f"data.train={cfg.data.train}"
-    for i, r in enumerate(table):
-        name, extra = r.get("agent_name"), r.get("extra_info") or {}
-        if name:
-            try:
-                agent_loop_class(name)
-            except KeyError as e:
-                raise ValueError(f"{where}: row {i} agent_name: {e.args[0]}") from None
-        kw = extra.get("tools_kwargs") or {}
-        if extra.get("need_tools_kwargs") and not kw:
-            raise ValueError(f"{where}: row {i} says need_tools_kwargs but has no extra_info.tools_kwargs")
-        unknown = sorted(k for k, v in kw.items() if v is not None and k not in cfg.multi_turn.tools)
-        if unknown:
-            raise ValueError(f"{where}: row {i} extra_info.tools_kwargs names tools this run does not configure: "
-                             f"{unknown}; add them to multi_turn.tools (registered tools: docs/tools.md)")
-        inter = (extra.get("interaction_kwargs") or {}).get("name")
-        if inter:
-            try:
-                make_interaction(inter)
-            except KeyError as e:
-                raise ValueError(f"{where}: row {i} extra_info.interaction_kwargs.name: {e.args[0]}") from None
+    for key, path in (("data.train", cfg.data.train), ("data.val", cfg.data.val)):
+        if path:
+            check(path, f"{key}={path}", cfg.multi_turn.tools)
 
 
 _PROMPTS: dict = {}   # (file, its size and mtime, tokenizer, length, on_error) -> PromptDataset, built once

@@ -100,7 +100,7 @@ def run(cfg, resume: str | None = None, client=None, overwrite: bool = False, al
         rn.state.source = open_source(rn)
         try:
             if rn.val_set is not None and rn.state.step == 0:
-                summary["val_acc_before"] = evaluate(rn, 0)["eval/acc"]
+                _eval_summary(summary, evaluate(rn, 0), "before")
             stop.arm(lambda: rn.state.last_checkpoint)
             stopped = _train_steps(rn, stop)
             if stopped:
@@ -185,11 +185,19 @@ def _train_step(rn: Run, stop: GracefulStop, step: int) -> int | str:
     return 0
 
 
+def _eval_summary(summary: dict, metrics: dict, when: str) -> None:
+    """``val_acc_<when>``; a multi-turn run's ``val_tool_call_rate_<when>`` / ``val_tool_success_rate_<when>`` too."""
+    summary[f"val_acc_{when}"] = metrics["eval/acc"]
+    for key in ("tool_call_rate", "tool_success_rate"):
+        if f"eval/{key}" in metrics:
+            summary[f"val_{key}_{when}"] = metrics[f"eval/{key}"]
+
+
 def _finish(rn: Run, summary: dict) -> None:
     """After the last step: held-out accuracy, the final checkpoint and HF export, the curve."""
     cfg = rn.cfg
     if rn.val_set is not None:
-        summary["val_acc_after"] = evaluate(rn, cfg.trainer.steps)["eval/acc"]
+        _eval_summary(summary, evaluate(rn, cfg.trainer.steps), "after")
     if rn.state.step > summary["start_step"] and (not cfg.trainer.ckpt_every or rn.state.step % cfg.trainer.ckpt_every):
         rn.checkpoint()
     if cfg.trainer.export_hf:

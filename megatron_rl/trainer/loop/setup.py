@@ -13,6 +13,7 @@ from megatron_rl.algorithms.sampling import SamplingSpec
 from megatron_rl.config import validate
 from megatron_rl.data.dataset import DeterministicSampler
 from megatron_rl.data.tokenizer import load_tokenizer
+from megatron_rl.eval.agent import agent_runner, run_agent_eval, write_records
 from megatron_rl.eval.metrics import summarize
 from megatron_rl.eval.training import table_metrics
 from megatron_rl.models.lora import LoraSpec
@@ -45,6 +46,7 @@ from megatron_rl.trainer.state.run_config import save_run_config
 from megatron_rl.trainer.state.run_dir import archive_run, config_inputs
 
 if TYPE_CHECKING:   # annotations only: the components are imported where they are built (setup_run)
+    from megatron_rl.agent.rows import AgentRunner
     from megatron_rl.config import Config
     from megatron_rl.data.dataset import DeterministicSampler, PromptDataset
     from megatron_rl.data.tokenizer import Tokenizer
@@ -98,6 +100,8 @@ class Run:
     #: ``trainer.max_tokens_per_micro_batch``) or the padded rows per micro-batch (``packing.micro_of``)
     micro: TokenBudget | int
     state: RunState
+    #: ``multi_turn.enable`` with a held-out set, on the driver: the evaluation's agent loops (``eval/agent.py``)
+    eval_agent: AgentRunner | None = None
 
     def seq_len(self, prompts, responses) -> int:
         """Padded sequence length of a batch (multiple of 8 and of TP for sequence parallel)."""
@@ -225,10 +229,18 @@ def setup_run(cfg, resume: str | None = None, client=None, overwrite: bool = Fal
         colo.engines = client
     samples = SampleDump(cfg.logging.dump_samples, info.is_driver, tok, cfg.trainer.run_dir)
     run = Run(cfg, info, tok, train, val, sampler, actor, ref, client, rewards, _open_logger(cfg, info, state), path,
-              colo, samples, micro_of(cfg, info.tp), state)
+              colo, samples, micro_of(cfg, info.tp), state, _eval_agent(cfg, tok, info.is_driver and val is not None))
     sync_weights(run)  # engines start from the HF dir; after a resume they must get the checkpoint's weights
     state.gate = startup_gate(run)  # stops the run if trainer and engines disagree after the first sync
     return run
+
+
+def _eval_agent(cfg, tok, wanted: bool):
+    """The held-out evaluation's agent loops (``multi_turn.enable``; ``wanted``: a held-out set, on the driver):
+    the whole-response budget is the evaluation's ``max_tokens`` (``eval_sampling``)."""
+    if not (wanted and cfg.multi_turn.enable):
+        return None
+    return agent_runner(cfg, tok, eval_sampling(cfg, 0, tok.eos_id).max_tokens)
 
 
 def _prepare_run_dir(cfg, overwrite: bool, keep: tuple) -> None:
@@ -340,15 +352,23 @@ def evaluate(run: Run, step: int) -> dict:
     """Held-out accuracy of the current engine weights (rank 0 runs it; broadcast): ``eval/acc`` =
     mean@n over ``trainer.eval_n`` samples per prompt, and with n > 1 ``eval/mean@n``, ``eval/pass@n``; with
     ``trainer.eval_benchmarks`` the papers' table instead (``eval/training.py``: ``eval/<bench>/<metric>``,
-    ``eval/avg`` = ``eval/acc``)."""
+    ``eval/avg`` = ``eval/acc``). ``multi_turn.enable``: the rows run through the agent loops (``eval/agent.py``),
+    with ``eval/tool_call_rate``, ``eval/tool_success_rate``, ``eval/tool_calls_mean``, ``eval/turns_mean`` and the
+    trajectories in ``run_dir/eval/step_<step>.jsonl``."""
     out = None
     if run.info.is_driver:
         n = min(run.cfg.trainer.eval_prompts, len(run.val_set))
         sp = eval_sampling(run.cfg, step, run.tok.eos_id)
         blocks = getattr(run.val_set, "blocks", None)   # trainer.eval_benchmarks: the papers' table
         n = len(run.val_set) if blocks else n
-        ro = score(generate(run.client, run.val_set, list(range(n)), sp, run.tok), run.rewards)
-        corr = ro.correct.view(n, sp.n).tolist()
+        extra = {}
+        if run.eval_agent is not None:
+            ro, records, m = run_agent_eval(run.eval_agent, run.client, [run.val_set[i] for i in range(n)], sp, run.tok)
+            write_records(Path(run.cfg.trainer.run_dir) / "eval" / f"step_{step}.jsonl", records)
+            extra = {f"eval/{k}": v for k, v in m.items()}
+        else:
+            ro = generate(run.client, run.val_set, list(range(n)), sp, run.tok)
+        corr = score(ro, run.rewards).correct.view(n, sp.n).tolist()
         if blocks:
             out = table_metrics(run.cfg, run.val_set, corr, sp.n, step)
         else:
@@ -356,4 +376,5 @@ def evaluate(run: Run, step: int) -> dict:
             out = {"eval/acc": s[f"mean@{sp.n}"]}
             if sp.n > 1:
                 out.update({f"eval/mean@{sp.n}": s[f"mean@{sp.n}"], f"eval/pass@{sp.n}": s[f"pass@{sp.n}"]})
+        out.update(extra)
     return broadcast_object(out)

@@ -58,7 +58,7 @@ def test_verl_gsm8k_tool_rows_roll_out_through_the_named_loop(tmp_path, tool_mod
     assert tools.rewards(iid) == {"calc_gsm8k_reward": 1.0}
     agent = AgentRollouts(cfg, tok)
     ro = agent.generate(HFEngine(str(d), max_model_len=1100), ds, [1, 0], SamplingParams(n=2, max_tokens=8, seed=0))
-    assert len(ro) == 4 and ro.response_mask is not None and list(agent.loops) == ["tool_agent"]
+    assert len(ro) == 4 and ro.response_mask is not None and list(agent.runner.loops) == ["tool_agent"]
     assert len(ro.response_mask) == len(ro.response_ids) and ro.group_ids.tolist() == [0, 0, 1, 1]
     assert [r.index for r in ro.rows] == [1, 1, 0, 0]
     for key in ("multi_turn/turns_mean", "multi_turn/tool_calls_mean", "tool/calls", "tool/failed/malformed_call",
@@ -68,9 +68,9 @@ def test_verl_gsm8k_tool_rows_roll_out_through_the_named_loop(tmp_path, tool_mod
 
 def test_struct_nulls_of_other_rows_tools_are_not_tools_kwargs(tmp_path, chat_tokenizer):
     """pyarrow reads a struct column's every field on every row: a row's ``tools_kwargs`` holds null for the tools
-    only other rows name; those are no create arguments (``agent_rollouts.tools_kwargs``)."""
+    only other rows name; those are no create arguments (``agent/rows.tools_kwargs``)."""
+    from megatron_rl.agent.rows import tools_kwargs
     from megatron_rl.data.dataset import PromptDataset
-    from megatron_rl.trainer.paths.agent_rollouts import tools_kwargs
 
     a, b = V.rows()
     b["extra_info"]["tools_kwargs"] = {"calculator": {"create_kwargs": {"x": 1}}}
@@ -78,17 +78,16 @@ def test_struct_nulls_of_other_rows_tools_are_not_tools_kwargs(tmp_path, chat_to
     check_agent_rows(_cfg(path, tools=["calc_gsm8k_reward", "calculator"]))
     ds = PromptDataset.from_parquet(path, chat_tokenizer, 1024)
     assert ds[0].extra_info["tools_kwargs"]["calculator"] is None                  # what pyarrow hands over
-    assert tools_kwargs(ds[0]) == {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "7"}}}
-    assert tools_kwargs(ds[1]) == {"calculator": {"create_kwargs": {"x": 1}}}
-    ToolSet(["calc_gsm8k_reward", "calculator"]).create(None, tools_kwargs(ds[0]))  # the loop's call: accepted
+    assert tools_kwargs(ds[0].extra_info) == {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "7"}}}
+    assert tools_kwargs(ds[1].extra_info) == {"calculator": {"create_kwargs": {"x": 1}}}
+    ToolSet(["calc_gsm8k_reward", "calculator"]).create(None, tools_kwargs(ds[0].extra_info))  # the loop's call: accepted
 
 
 def test_rows_naming_a_registered_interaction_pass(tmp_path):
     """verl's gsm8k_multiturn_w_interaction rows: ``interaction_kwargs`` {name: gsm8k, query, ground_truth}."""
-    from megatron_rl.trainer.paths.agent_rollouts import interaction_kwargs
+    from megatron_rl.agent.rows import interaction_kwargs
 
     rows = V.rows(interaction_kwargs={"name": "gsm8k", "query": "q", "ground_truth": "7"})
     check_agent_rows(_cfg(V.write(tmp_path / "train.parquet", rows)))
-    row = type("Row", (), {"extra_info": rows[0]["extra_info"]})()
-    assert interaction_kwargs(row) == {"name": "gsm8k", "query": "q", "ground_truth": "7"}
-    assert interaction_kwargs(type("Row", (), {"extra_info": V.rows()[0]["extra_info"]})()) is None   # no name: none
+    assert interaction_kwargs(rows[0]["extra_info"]) == {"name": "gsm8k", "query": "q", "ground_truth": "7"}
+    assert interaction_kwargs(V.rows()[0]["extra_info"]) is None   # no name: none
