@@ -8,7 +8,12 @@ calls happened and tool tokens are in the responses (``multi_turn/policy_token_f
 log-probs equal the engine's over the policy's tokens (``rollout/logprob_gap`` at fp32 noise: a tool token's
 engine log-prob is 0, so a mask that let one in would show a gap of nats); the tokenization check reports
 Qwen3's dropped empty think block (thinking off: every generation prompt opens with one; the re-rendered
-conversation keeps it in the last assistant turn only).
+conversation keeps it in the last assistant turn only). The held-out evaluation runs the agent loop too
+(``data.val``: before RL and after it; ``eval/agent.py``), and ``megatron-rl eval --config run/config.yaml``
+(in-process) samples the same rows through it: both write trajectories with their tool turns, and their accuracy
+equals verl's GSM8K rule applied by hand to the written responses (the oracle: the last ``#### N`` of the last 300
+characters, ``,`` / ``$`` removed, equal to the ground truth), their tool-call rate the share of written
+trajectories with a call.
 
 The same model (a module fixture) then trains one step of SRPO (the self-distillation family, ground-truth
 teacher with the rows' reference solution; its student top-k pass, teacher gather, entropy weight and routing):
@@ -20,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +48,23 @@ PREAMBLE = ("# Tools\n\nYou may call one or more functions to assist with the us
 
 def _call(sol: str) -> str:
     return '<tool_call>\n{"name": "calc_gsm8k_reward", "arguments": {"answer": "' + sol + '"}}\n</tool_call>'
+
+
+def _verl_gsm8k(response: str, truth: str) -> bool:
+    """verl's ``gsm8k.compute_score`` (strict), written from its source: the last ``#### N`` of the last 300 chars."""
+    found = re.findall(r"#### (\-?[0-9\.\,]+)", response[-300:])
+    return bool(found) and found[-1].replace(",", "").replace("$", "") == truth
+
+
+def _check_written(records: list[dict], acc: float, call_rate: float) -> None:
+    """The accuracy and tool-call rate reported for ``records`` (one written trajectory each) against a hand count."""
+    truth = {i: sol for i, (_, _, sol) in enumerate(V.ITEMS)}
+    assert acc == pytest.approx(sum(_verl_gsm8k(r["response"], truth[r["index"]]) for r in records) / len(records))
+    assert call_rate == pytest.approx(sum(r["tool_calls"] > 0 for r in records) / len(records))
+    for r in records:     # a trajectory with a call wrote the tool's turn, and its response text holds it
+        tools = [m for m in r["messages"] if m["role"] == "tool"]
+        assert bool(tools) == (r["tool_calls"] > 0)
+        assert all(m["content"] in r["response"] for m in tools)
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +113,8 @@ def _train(d: Path, tmp_path: Path, table_rows: list[dict], *extra: str):
 
 
 def test_grpo_trains_on_tool_trajectories(model, tmp_path):
-    p, rows = _train(model, tmp_path, V.rows(), "trainer.steps=2")
+    val = V.write(tmp_path / "gsm8k_tool_val.parquet", V.rows(split="test"))
+    p, rows = _train(model, tmp_path, V.rows(), "trainer.steps=2", f"data.val={val}")
     assert [r["step"] for r in rows] == [1, 2]
     assert sum(r["tool/calls/calc_gsm8k_reward"] for r in rows[-1:]) >= 1           # counters: cumulative
     assert any(r["multi_turn/tool_calls_mean"] > 0 and r["multi_turn/policy_token_frac"] < 1 for r in rows)
@@ -100,6 +124,29 @@ def test_grpo_trains_on_tool_trajectories(model, tmp_path):
     # tool turn drifts (one that ended in its first turn renders as it was sampled)
     assert any(r["multi_turn/template_drift_frac"] > 0 for r in rows)
     assert "multi-turn trajectory drifts from the chat template: turn 0" in p.stderr + p.stdout
+
+    # the held-out evaluation through the agent loop, before RL (step 0) and after it (step 2): the summary's numbers
+    run = tmp_path / "run"
+    written = {k: [json.loads(x) for x in (run / "eval" / f"step_{k}.jsonl").read_text().splitlines()] for k in (0, 2)}
+    assert all(len(w) == 2 for w in written.values())
+    assert any(r["tool_calls"] > 0 for w in written.values() for r in w), written        # tools called at eval
+    said = {what: re.search(rf"{what}\s+before RL ([0-9.]+) -> after RL ([0-9.]+)", p.stdout)
+            for what in ("held-out accuracy", "tool-call rate")}
+    assert all(said.values()), p.stdout[-1500:]
+    for k, when in ((0, 1), (2, 2)):     # 2 rows: 0, 0.5 or 1, exact at 3 decimals
+        _check_written(written[k], float(said["held-out accuracy"].group(when)), float(said["tool-call rate"].group(when)))
+
+    # megatron-rl eval with the run's config: the same agent loop, sampled (2 per row), written, scored
+    from megatron_rl.eval import main as eval_main
+
+    out = tmp_path / "ev"
+    assert eval_main(["--config", str(run / "config.yaml"), "--model", str(model), "--data", str(val), "--out", str(out),
+                      "--engine", "hf", "--n", "2", "--temperature", "1.0", "--seed", "3"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    records = [json.loads(x) for x in (out / "completions.jsonl").read_text().splitlines()]
+    assert len(records) == 4 and sorted((r["index"], r["sample"]) for r in records) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert summary["tool_call_rate"] > 0 and 0 <= summary["tool_success_rate"] <= 1 and summary["turns_mean"] >= 1
+    _check_written(records, summary["mean@2"], summary["tool_call_rate"])
 
 
 def test_self_distillation_trains_on_tool_trajectories(model, tmp_path):
