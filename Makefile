@@ -3,7 +3,8 @@ PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
-ALGO    ?= bicc_rcc
+TASK    ?= reverse
+ALGO    ?= $(if $(filter tools,$(TASK)),grpo,bicc_rcc)
 PYTEST_ARGS ?=
 # `make test` on 2 pytest-xdist workers, each test module on one worker (tests/conftest.py says why);
 # PYTEST_WORKERS=0 runs it in one process
@@ -58,7 +59,7 @@ gpu-wheels:
 	ls -l .whl
 
 demo: $(STAMP)
-	$(BIN)/megatron-rl demo --algo $(ALGO)
+	$(BIN)/megatron-rl demo --task $(TASK) --algo $(ALGO)
 
 # The docs site (docs/ + the config and CLI references generated from the code by tools/docs_reference.py),
 # built strictly: a warning, a broken link or anchor fails it. mkdocs because it is one small pure-Python

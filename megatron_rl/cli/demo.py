@@ -61,14 +61,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="megatron-rl demo", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
 
-    p.add_argument("--algo", default=os.environ.get("ALGO", "bicc_rcc"), choices=tuple(ALGO_KINDS),
-                   help="RL method (any registered algo.kind)")
-    p.add_argument("--steps", type=int, default=60, help="RL steps")
+    p.add_argument("--task", default="reverse", choices=("reverse", "tools"),
+                   help="reverse: 4-digit reversal (single-turn); tools: products with the calculator tool, multi-turn "
+                        "(demo_tools.py, docs/tool-use-demo.md)")
+    p.add_argument("--algo", default=os.environ.get("ALGO"), choices=tuple(ALGO_KINDS),
+                   help="RL method (any registered algo.kind; default bicc_rcc, grpo with --task tools)")
+    p.add_argument("--steps", type=int, default=None, help="RL steps (default 60; --task tools: its config's)")
     p.add_argument("--run-dir", default=None, help="output dir (default runs/demo_<algo>)")
     p.add_argument("--seed", type=int, default=0, help="seed of data split, init and sampling")
-    p.add_argument("--engine", default="vllm", choices=("vllm", "hf"), help="rollout engine")
+    p.add_argument("--engine", default=None, choices=("vllm", "hf"),
+                   help="rollout engine (default vllm; --task tools: its config's, hf)")
     p.add_argument("--warm-threshold", type=float, default=0.30, help="stop SFT at this greedy val accuracy")
-    p.add_argument("--lr", type=float, default=3e-4, help="RL learning rate")
+    p.add_argument("--lr", type=float, default=None, help="RL learning rate (default 3e-4; --task tools: its config's)")
+    p.add_argument("--sft-steps", type=int, default=150, help="--task tools: warm-start steps (batch 32)")
+    p.add_argument("--call-frac", type=float, default=0.3,
+                   help="--task tools: the share of warm-start traces that call the calculator")
     p.add_argument("--init-from", default=None, metavar="RUN_DIR",
                    help="reuse the data, tokenizer and warm-started policy (sft_hf/) of an earlier demo run dir: "
                         "skips steps 1-5 (the warm start must suit the algo: teacher kinds need a hint warm start)")
@@ -121,7 +128,14 @@ def check_demo_dir(run_dir: Path) -> None:
                               "empty --run-dir (or an earlier demo run's)")
 
 
+def reverse_defaults(args) -> None:
+    """The reversal demo's defaults of the flags ``--task tools`` takes from its config instead."""
+    args.algo, args.steps = args.algo or "bicc_rcc", 60 if args.steps is None else args.steps
+    args.engine, args.lr = args.engine or "vllm", 3e-4 if args.lr is None else args.lr
+
+
 def demo_config(args, run_dir: Path, paths: dict, hf_dir: Path):
+    reverse_defaults(args)
     ov = [f"model.hf_path={hf_dir}", f"data.train={paths['train']}", f"data.val={paths['test']}",
           "data.prompts_per_step=32", "data.max_prompt_len=16", f"data.seed={args.seed}",
           f"rollout.engine={args.engine}", "rollout.n=8", "rollout.max_tokens=6", "rollout.max_model_len=128",
@@ -154,6 +168,14 @@ def demo_config(args, run_dir: Path, paths: dict, hf_dir: Path):
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.task == "tools":
+        if args.init_from:
+            build_parser().error("--init-from reuses a reversal demo's warm start; not with --task tools")
+        args.algo = args.algo or "grpo"
+        from megatron_rl.cli.demo_tools import main_tools  # lazy: the tool-use demo's modules on use
+
+        return main_tools(args)
+    reverse_defaults(args)
     run_dir = Path(args.run_dir or f"runs/demo_{args.algo}").resolve()
     check_demo_dir(run_dir)   # nothing of the user's is overwritten (before anything is set up)
     demo_config(args, run_dir, {"train": "", "val": "", "test": ""}, "")   # --steps, --lr, -o ...: before any file

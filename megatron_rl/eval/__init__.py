@@ -216,8 +216,9 @@ def _check_config(a) -> str | None:
     from megatron_rl.agent.rows import check_agent_rows  # lazy: the agent package on use
     from megatron_rl.config import load_config  # lazy: the config's plugins are imported on use
 
-    try:
-        cfg = load_config(a.config)
+    try:   # its model and data are the flags' (a run's config may name files moved since)
+        cfg = load_config(a.config, [f"model.hf_path={a.model or ''}", f"model.tokenizer_path={a.model or ''}",
+                                     f"data.train={a.data or ''}", "data.val="])
     except (ValueError, FileNotFoundError) as e:
         return f"--config {a.config}: {e}"
     if not cfg.multi_turn.enable:

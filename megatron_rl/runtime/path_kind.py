@@ -93,7 +93,8 @@ def demo_hint(path: str) -> str:
     m = re.search(r"(?:^|/)runs/demo_(\w+)/", f"{path}/")
     if not m:
         return ""
-    return (f"; `megatron-rl demo --algo {m.group(1)}` creates it" + (" (so does `make demo`)" if m.group(1) == "bicc_rcc"
+    how = "--task tools" if m.group(1) == "tools" else f"--algo {m.group(1)}"     # the tool-use demo: demo_tools.py
+    return (f"; `megatron-rl demo {how}` creates it" + (" (so does `make demo`)" if m.group(1) == "bicc_rcc"
             else "") + ", or point model.hf_path and data.* at your own model and prompts")
 
 
