@@ -9,7 +9,9 @@ run's ``multi_turn.loop``), the tools' per-sample ``create`` arguments from ``ex
 """
 from __future__ import annotations
 
+from megatron_rl.agent.interactions import make_interaction
 from megatron_rl.agent.loop import Budgets, Trajectory, agent_loop_class
+from megatron_rl.agent.run_config import tool_set
 
 
 def tools_kwargs(extra_info) -> dict | None:
@@ -31,8 +33,6 @@ def check_agent_rows(path, where: str, tools) -> None:
     ``extra_info.interaction_kwargs.name`` a registered interaction. One ``ValueError`` line naming the first
     offending row (``where``: how the file was named, e.g. ``data.train=...``) and the fix."""
     import pyarrow.parquet as pq  # lazy: defers pyarrow to the call
-
-    from megatron_rl.agent.interactions import make_interaction
 
     f = pq.ParquetFile(path)
     cols = [c for c in ("agent_name", "extra_info") if c in f.schema_arrow.names]
@@ -63,8 +63,6 @@ class AgentRunner:
     ``max_response_tokens``: the budget of a whole response (training: ``rollout.max_tokens``)."""
 
     def __init__(self, cfg, tok, max_response_tokens: int):
-        from megatron_rl.agent.run_config import tool_set
-
         mt = cfg.multi_turn
         self.default, self.tok, self.tools = mt.loop, tok, tool_set(cfg)
         self.budgets = Budgets(max_response_tokens, mt.max_assistant_turns, mt.max_user_turns, mt.max_parallel_calls,

@@ -73,8 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rollout engine (default vllm; --task tools: its config's, hf)")
     p.add_argument("--warm-threshold", type=float, default=0.30, help="stop SFT at this greedy val accuracy")
     p.add_argument("--lr", type=float, default=None, help="RL learning rate (default 3e-4; --task tools: its config's)")
-    p.add_argument("--sft-steps", type=int, default=150, help="--task tools: warm-start steps (batch 32)")
-    p.add_argument("--call-frac", type=float, default=0.3,
+    p.add_argument("--sft-steps", type=int, default=300, help="--task tools: warm-start steps (batch 32)")
+    p.add_argument("--call-frac", type=float, default=0.4,
                    help="--task tools: the share of warm-start traces that call the calculator")
     p.add_argument("--init-from", default=None, metavar="RUN_DIR",
                    help="reuse the data, tokenizer and warm-started policy (sft_hf/) of an earlier demo run dir: "
@@ -171,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.task == "tools":
         if args.init_from:
             build_parser().error("--init-from reuses a reversal demo's warm start; not with --task tools")
-        args.algo = args.algo or "grpo"
+        args.algo, args.run_dir = args.algo or "grpo", args.run_dir or "runs/demo_tools"
+        check_demo_dir(Path(args.run_dir).resolve())   # nothing of the user's is overwritten
         from megatron_rl.cli.demo_tools import main_tools  # lazy: the tool-use demo's modules on use
 
         return main_tools(args)

@@ -175,13 +175,11 @@ def tools_config(args, run_dir: Path, paths: dict, hf_dir) -> object:
 
 def main_tools(args) -> int:
     """``megatron-rl demo --task tools`` (module docstring)."""
-    from megatron_rl.cli.demo import check_demo_dir  # lazy: demo.py imports this module on use
     from megatron_rl.runtime.console import format_summary, quiet_console  # lazy: the trainer on use
     from megatron_rl.runtime.usage import begin_run  # lazy: the trainer on use
     from megatron_rl.trainer.loop.rl_loop import run  # lazy: the trainer on use
 
-    run_dir = Path(args.run_dir or "runs/demo_tools").resolve()
-    check_demo_dir(run_dir)   # nothing of the user's is overwritten (before anything is set up)
+    run_dir = Path(args.run_dir).resolve()     # checked by demo.main: new, empty or an earlier demo's
     tools_config(args, run_dir, {"train": "", "val": ""}, "")   # --steps, --lr, -o ...: checked before any file
     quiet_console()   # console: [demo] lines, warnings, progress bar; INFO + library warnings -> run_dir/train.log
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
