@@ -33,6 +33,16 @@ def test_rows_naming_what_the_run_lacks_are_refused(tmp_path, rows, match):
     check_agent_rows(from_dict({"data": {"train": str(path)}}))      # single-turn runs read none of it
 
 
+def test_held_out_rows_are_checked_as_training_rows_are(tmp_path):
+    """The held-out evaluation runs ``data.val`` through the agent loops too (``eval/agent.py``): its rows are refused
+    the same way, the line naming ``data.val``."""
+    train, val = V.write(tmp_path / "train.parquet", V.rows()), V.write(tmp_path / "val.parquet", V.rows("nope"))
+    cfg = _cfg(train)
+    check_agent_rows(cfg)
+    with pytest.raises(ValueError, match=rf"data.val={val}: row 0 agent_name: unknown agent loop 'nope'"):
+        check_agent_rows(from_dict({**cfg.to_dict(), "data": {**cfg.to_dict()["data"], "val": str(val)}}))
+
+
 def test_verl_gsm8k_tool_rows_roll_out_through_the_named_loop(tmp_path, tool_model):
     from megatron_rl.agent.run_config import template_kwargs
     from megatron_rl.data.dataset import PromptDataset
