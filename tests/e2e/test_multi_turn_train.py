@@ -95,12 +95,13 @@ def _model(d: Path) -> Path:
     return d
 
 
-def _train(d: Path, tmp_path: Path, table_rows: list[dict], *extra: str):
-    """``megatron-rl train`` on ``table_rows`` (HF engine, 2 prompts x n=2 a step); the process and its metric rows."""
+def _train(d: Path, tmp_path: Path, table_rows: list[dict], *extra: str, val: Path | str = ""):
+    """``megatron-rl train`` on ``table_rows`` (HF engine, 2 prompts x n=2 a step; ``val``: the held-out rows, none by
+    default); the process and its metric rows."""
     train = V.write(tmp_path / "gsm8k_tool.parquet", table_rows)
     run = tmp_path / "run"
     p = subprocess.run([sys.executable, "-m", "megatron_rl.cli", "train", "--config", "examples/configs/tiny_cpu_grpo.yaml",
-                        f"model.hf_path={d}", f"data.train={train}", "data.val=", "data.max_prompt_len=400",
+                        f"model.hf_path={d}", f"data.train={train}", f"data.val={val}", "data.max_prompt_len=400",
                         "rollout.max_tokens=96", "rollout.max_model_len=512", "rollout.engine=hf", "rollout.n=2",
                         "data.prompts_per_step=2", "trainer.micro_batch_size=4", "trainer.ckpt_every=0",
                         "trainer.eval_every=0", f"trainer.run_dir={run}", "trainer.export_hf=false", "logging.progress=false",
@@ -114,7 +115,7 @@ def _train(d: Path, tmp_path: Path, table_rows: list[dict], *extra: str):
 
 def test_grpo_trains_on_tool_trajectories(model, tmp_path):
     val = V.write(tmp_path / "gsm8k_tool_val.parquet", V.rows(split="test"))
-    p, rows = _train(model, tmp_path, V.rows(), "trainer.steps=2", f"data.val={val}")
+    p, rows = _train(model, tmp_path, V.rows(), "trainer.steps=2", val=val)
     assert [r["step"] for r in rows] == [1, 2]
     assert sum(r["tool/calls/calc_gsm8k_reward"] for r in rows[-1:]) >= 1           # counters: cumulative
     assert any(r["multi_turn/tool_calls_mean"] > 0 and r["multi_turn/policy_token_frac"] < 1 for r in rows)
