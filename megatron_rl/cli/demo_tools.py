@@ -148,9 +148,12 @@ def corpus(pairs: list[tuple[int, int]]) -> list[str]:
 
 def prepare(run_dir: Path, seed: int, call_frac: float, sft_steps: int) -> tuple[dict, Path]:
     """Steps 1-3: the task's parquet files, the tiny tool model, its warm start; ``(paths, sft_hf)``."""
+    from transformers.utils import logging as hf_logging  # lazy: defers transformers to the call
+
     from megatron_rl.agent.tools import ToolSet  # lazy: the agent package on use
     from megatron_rl.data.tokenizer import load_tokenizer  # lazy: defers transformers to the call
 
+    hf_logging.disable_progress_bar()   # the console keeps the [demo] lines (no save / load bars)
     paths = T.write_task(run_dir / "data", seed, SIZES)
     pairs = T.split_pairs(seed, SIZES)["train"]
     hf = build_tiny_tool_model(run_dir / "sft_hf", corpus(pairs[:2000]), seed)
