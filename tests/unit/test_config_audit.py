@@ -204,12 +204,13 @@ READ = {   # key -> module that consumes it (``cfg.<key>`` or the section alias 
     "lora.push": "megatron_rl/trainer/loop/sync_stage.py",
     # issue 53: multi-turn rollouts (tests/unit/agent/test_agent_loop.py, test_verl_agentic_rows.py; refusals:
     # tests/unit/agent/test_multi_turn_config.py)
-    "multi_turn.enable": "megatron_rl/trainer/paths/plain.py", "multi_turn.loop": "megatron_rl/trainer/paths/agent_rollouts.py",
+    # (the loops and their budgets: agent/rows.AgentRunner, shared by training and the multi-turn evaluation)
+    "multi_turn.enable": "megatron_rl/trainer/paths/plain.py", "multi_turn.loop": "megatron_rl/agent/rows.py",
     "multi_turn.tools": "megatron_rl/agent/run_config.py",
-    "multi_turn.max_assistant_turns": "megatron_rl/trainer/paths/agent_rollouts.py",
-    "multi_turn.max_user_turns": "megatron_rl/trainer/paths/agent_rollouts.py",
-    "multi_turn.max_parallel_calls": "megatron_rl/trainer/paths/agent_rollouts.py",
-    "multi_turn.max_tool_response_length": "megatron_rl/trainer/paths/agent_rollouts.py",
+    "multi_turn.max_assistant_turns": "megatron_rl/agent/rows.py",
+    "multi_turn.max_user_turns": "megatron_rl/agent/rows.py",
+    "multi_turn.max_parallel_calls": "megatron_rl/agent/rows.py",
+    "multi_turn.max_tool_response_length": "megatron_rl/agent/rows.py",
     "multi_turn.tokenization_check": "megatron_rl/trainer/paths/agent_rollouts.py",
 }
 #: keys whose setting is known to be overridden today (owned elsewhere; the audit records it)
