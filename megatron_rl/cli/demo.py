@@ -168,6 +168,8 @@ def demo_config(args, run_dir: Path, paths: dict, hf_dir: Path):
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if not (0.0 <= args.call_frac <= 1.0 and args.sft_steps >= 0):
+        build_parser().error(f"--call-frac must be in [0, 1] and --sft-steps >= 0, got {args.call_frac}, {args.sft_steps}")
     if args.task == "tools":
         if args.init_from:
             build_parser().error("--init-from reuses a reversal demo's warm start; not with --task tools")

@@ -137,7 +137,7 @@ def warm_start(model_dir: Path, seqs: list[tuple[list[int], list[int]]], steps: 
 
 def corpus(pairs: list[tuple[int, int]]) -> list[str]:
     """The tokenizer's training text: the task's conversations as the template renders them, the special
-    tokens left out (the trainer never sees them: they are split off before the BPE)."""
+    tokens left out (the tokenizer splits them off before its BPE, so they take no part in the merges)."""
     out = []
     for a, b in pairs:
         n = a * b

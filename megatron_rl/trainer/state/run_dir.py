@@ -31,7 +31,7 @@ log = logging.getLogger("megatron_rl.run_dir")
 #: what a training run writes into its run_dir (``--overwrite`` moves every entry but the inputs; this list
 #: is what the demo's directory check and the docs name)
 RUN_ARTIFACTS = ("checkpoints", "metrics.jsonl", "curve.png", "wandb", "wandb_id.txt", "hf", "train.log", "config.yaml",
-                 "samples.jsonl", "optimizer_steps.jsonl")
+                 "samples.jsonl", "optimizer_steps.jsonl", "eval")   # eval/: the held-out tables and trajectories
 #: row logs a run appends to: a non-empty one marks the directory as used
 RUN_LOGS = ("metrics.jsonl", "optimizer_steps.jsonl", "samples.jsonl")
 ARCHIVE = "archive"
