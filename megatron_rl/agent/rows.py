@@ -50,12 +50,17 @@ def check_agent_rows(path, where: str, tools) -> None:
         if unknown:
             raise ValueError(f"{where}: row {i} extra_info.tools_kwargs names tools this run does not configure: "
                              f"{unknown}; add them to multi_turn.tools (registered tools: docs/tools.md)")
-        inter = (extra.get("interaction_kwargs") or {}).get("name")
-        if inter:
+        ik = interaction_kwargs(extra)
+        if ik:
             try:
-                make_interaction(inter)
+                inter = make_interaction(ik.pop("name"))
             except KeyError as e:
                 raise ValueError(f"{where}: row {i} extra_info.interaction_kwargs.name: {e.args[0]}") from None
+            try:                  # its start arguments, as the loop will hand them (``Interaction.start`` checks them)
+                inter.start("check", **ik)
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"{where}: row {i} extra_info.interaction_kwargs: {e}") from None
+            inter.finish("check")
 
 
 class AgentRunner:

@@ -25,7 +25,9 @@ def _cfg(path, **mt):
     (V.rows(tools_kwargs=None), "need_tools_kwargs but has no extra_info.tools_kwargs"),
     (V.rows(interaction_kwargs={"name": "nope", "query": "q", "ground_truth": "7"}),
      "row 0 extra_info.interaction_kwargs.name: unknown interaction 'nope'; valid: .*'gsm8k'.*register_interaction"),
-], ids=["unknown_loop", "unconfigured_tool", "missing_tools_kwargs", "interaction"])
+    (V.rows(interaction_kwargs={"name": "self_correct"}),      # its start arguments are checked at start-up too
+     "row 0 extra_info.interaction_kwargs: interaction self_correct needs its `instruction` text"),
+], ids=["unknown_loop", "unconfigured_tool", "missing_tools_kwargs", "interaction", "interaction_arguments"])
 def test_rows_naming_what_the_run_lacks_are_refused(tmp_path, rows, match):
     path = V.write(tmp_path / "train.parquet", rows)
     with pytest.raises(ValueError, match=match):
