@@ -92,17 +92,16 @@ def _cli(tmp_path: Path, fx: dict, kind: str, extra: list[str], nproc: int = 1) 
     return p, run
 
 
-@pytest.mark.parametrize("layout", ["parallel.tp=2", "parallel.tp=1"], ids=["tp2", "dp2"])
-def test_two_ranks_on_the_simulated_gpu(chat_fixture, tmp_path, layout):
-    """TP = 2 (Megatron's tensor-parallel groups, vocab-parallel passes) and DP = 2 (the replica shares, the
-    engine frame assembled over the DP group: NCCL-semantics, so staged through the device)."""
-    p, run = _cli(tmp_path, chat_fixture, "grpo", [layout, "trainer.steps=1"], nproc=2)
+def test_tp2_by_dp2_on_the_simulated_gpu(chat_fixture, tmp_path):
+    """Four ranks, TP = 2 x DP = 2, in one launch: Megatron's 2-rank tensor-parallel groups (vocab-parallel passes)
+    and 2-rank data-parallel groups (the replica shares, the engine frame assembled over the DP group:
+    NCCL-semantics, so staged through the device)."""
+    p, run = _cli(tmp_path, chat_fixture, "grpo", ["parallel.tp=2", "trainer.steps=1"], nproc=4)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]
     rows = _rows(run)
     _counted(rows)
-    if layout.endswith("=1"):
-        assert rows[0]["data/held_frac"] < 1.0                 # each replica received its share only
-        assert any("engine_frame" in s for s in json.loads((run / "simulated_gpu.json").read_text())["sites"])
+    assert rows[0]["data/held_frac"] < 1.0                 # each replica received its share only
+    assert any("engine_frame" in s for s in json.loads((run / "simulated_gpu.json").read_text())["sites"])
 
 
 def test_partial_rollouts_on_the_simulated_gpu(chat_fixture, tmp_path):
