@@ -1,10 +1,10 @@
 """The trainer's GPU code path on this CPU (``megatron-rl train --simulate-gpu``, ``runtime/simulated_gpu.py``):
-every method family, one-step-off, partial rollouts, checkpoint / ``--resume auto`` / export, and two-rank
-TP = 2 and DP = 2 runs, each with device tensors where a GPU puts them, every op's operands on one device,
+every method family, one-step-off, partial rollouts, checkpoint / ``--resume auto`` / export, and a four-rank
+TP = 2 x DP = 2 run, each with device tensors where a GPU puts them, every op's operands on one device,
 host tensors refused by NCCL-semantics collectives, and the host syncs and transfers counted per step.
 
 One worker process runs the families on one engine pool (``tests/e2e/workers/simulated_gpu.py``); the
-partial and two-rank runs go through the CLI flag itself. What the tier cannot see (kernels, streams, the
+partial and four-rank runs go through the CLI flag itself. What the tier cannot see (kernels, streams, the
 allocator, NCCL itself) is listed in its module docstring and ``docs/simulated-gpu.md``.
 """
 from __future__ import annotations
