@@ -54,6 +54,8 @@ def stand_in_model(path: Path, tmp: Path) -> str:
 
     prefix = next((k for k in PRESET_OF if path.stem.startswith(k + "_")), None)
     cfg = TINY_HF if path.stem.startswith("tiny_cpu_") else PRESETS[PRESET_OF[prefix]] if prefix else None
+    if path.stem.endswith("_tools"):   # the tool-use demo's model (cli/demo_tools.py): 512 positions, a BPE vocabulary
+        cfg = {**TINY_HF, "max_position_embeddings": 512, "vocab_size": 512}
     assert cfg is not None, f"{path.name}: no known model for this file name; extend PRESET_OF"
     d = tmp / path.stem
     d.mkdir(parents=True, exist_ok=True)
@@ -80,7 +82,7 @@ def test_example_config_loads_and_validates(path, tmp_path):
 
     kind = (yaml.safe_load(path.read_text()).get("algo") or {}).get("kind")
     assert kind in ALGO_KINDS, f"{path.name}: algo.kind {kind!r} not in {sorted(ALGO_KINDS)}"
-    m = re.match(r"tiny_cpu_(\w+?)(?:_lora)?$", path.stem)   # a feature variant: tiny_cpu_<kind>_lora
+    m = re.match(r"tiny_cpu_(\w+?)(?:_lora|_tools)?$", path.stem)   # a feature variant: tiny_cpu_<kind>_lora / _tools
     if m:
         assert kind == m.group(1), f"{path.name} must run algo.kind={m.group(1)}"
     cfg = load(path, [f"model.hf_path={stand_in_model(path, tmp_path)}"])
