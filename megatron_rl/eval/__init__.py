@@ -39,7 +39,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from megatron_rl.agent.rows import eval_metrics
+from megatron_rl.agent.rows import AgentRunner, eval_metrics
 from megatron_rl.agent.run_config import template_kwargs
 from megatron_rl.config_parse import check_truncation
 from megatron_rl.data.tokenizer import load_tokenizer
@@ -51,7 +51,7 @@ from megatron_rl.runtime.diskspace import NotWritableError, check_writable
 from megatron_rl.runtime.path_kind import expect_hf
 from megatron_rl.runtime.usage import EXIT_USAGE, OneLineParser, error_status
 
-from .agent import agent_runner, run_agent_eval, write_records
+from .agent import run_agent_eval, write_records
 from .completions import (
     check_completions,
     load_agent_counts,
@@ -133,7 +133,7 @@ def generate_completions(eval_parquet, model_dir, k: int, out_jsonl, max_tokens:
     sp = SamplingParams(n=k, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, max_tokens=max_tokens,
                         seed=seed, stop_token_ids=(tok.eos_id,))
     if agent_cfg is not None:
-        _, records, _ = run_agent_eval(agent_runner(agent_cfg, tok, max_tokens), eng, list(ds.rows), sp, tok)
+        _, records, _ = run_agent_eval(AgentRunner(agent_cfg, tok, max_tokens), eng, list(ds.rows), sp, tok)
     else:
         records = [{"index": c.prompt_index, "response": tok.decode(c.response_ids), "prompt": tok.decode(c.prompt_ids)}
                    for c in eng.generate([list(r.prompt_ids) for r in ds.rows], sp)]

@@ -17,16 +17,12 @@ from pathlib import Path
 from megatron_rl.agent.rows import AgentRunner, eval_metrics, trajectory_record
 
 
-def agent_runner(cfg, tok, max_tokens: int) -> AgentRunner:
-    """The evaluation's loops: its own tool set, so the training run's cumulative ``tool/*`` counters count
-    training calls only; ``max_tokens`` the budget of a whole response."""
-    return AgentRunner(cfg, tok, max_tokens)
-
-
 def run_agent_eval(runner: AgentRunner, client, rows: list, sampling, tok):
     """``sampling.n`` trajectories per row -> (their ``Rollouts`` with decoded texts, ordered by row then sample;
     the completions-file records; :func:`~megatron_rl.agent.rows.eval_metrics`)."""
-    from megatron_rl.rollout.rollouts import from_completions  # lazy: defers torch to the call
+    from megatron_rl.rollout.rollouts import (
+        from_completions,  # lazy: defers torch to the call
+    )
 
     trajs = runner.run(client, rows, sampling)
     ro = from_completions(rows, trajs, tok)

@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from megatron_rl import algorithms as A
+from megatron_rl.agent.rows import AgentRunner
 from megatron_rl.algorithms.sampling import SamplingSpec
 from megatron_rl.config import validate
 from megatron_rl.data.dataset import DeterministicSampler
 from megatron_rl.data.tokenizer import load_tokenizer
-from megatron_rl.eval.agent import agent_runner, run_agent_eval, write_records
+from megatron_rl.eval.agent import run_agent_eval, write_records
 from megatron_rl.eval.metrics import summarize
 from megatron_rl.eval.training import table_metrics
 from megatron_rl.models.lora import LoraSpec
@@ -240,7 +241,7 @@ def _eval_agent(cfg, tok, wanted: bool):
     the whole-response budget is the evaluation's ``max_tokens`` (``eval_sampling``)."""
     if not (wanted and cfg.multi_turn.enable):
         return None
-    return agent_runner(cfg, tok, eval_sampling(cfg, 0, tok.eos_id).max_tokens)
+    return AgentRunner(cfg, tok, eval_sampling(cfg, 0, tok.eos_id).max_tokens)   # its own tool set: tool/* counts training calls
 
 
 def _prepare_run_dir(cfg, overwrite: bool, keep: tuple) -> None:
